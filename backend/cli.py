@@ -1,0 +1,72 @@
+"""`tunedeck` command line: one parser, subcommands registered by the modules that own them.
+
+Each command module exposes `register(subparsers)` and keeps its heavy imports inside
+the handlers, so `tunedeck presets` starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order here is the order in `tunedeck --help`.
+COMMAND_MODULES = [
+    "backend.cli_spec",  # presets, schema, validate, export
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tunedeck",
+        description="Control panel and CLI for distributed LLM fine-tuning (DDP, DeepSpeed ZeRO, FSDP).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    """SPEC plus repeatable --set, shared by every command that takes a job."""
+    parser.add_argument("spec", metavar="SPEC", help="a preset id (see `tunedeck presets`) or a job YAML file")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override one field, e.g. --set strategy.kind=zero2 (repeatable)",
+    )
+
+
+def load_spec_or_exit(args: argparse.Namespace):
+    """Resolve SPEC and --set, or print each problem (field and fix) and exit 2."""
+    from backend.spec import SpecError, resolve_spec
+
+    try:
+        return resolve_spec(args.spec, args.overrides)
+    except SpecError as exc:
+        print_problems([("error", path, msg) for path, msg in exc.problems])
+        raise SystemExit(2) from None
+
+
+def print_problems(rows) -> None:
+    """rows: (level, field, message) triples, printed one per line to stderr."""
+    for level, field, message in rows:
+        print(f"{level}: {field or 'spec'}: {message}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `tunedeck presets | head`
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""Spec commands: `tunedeck presets | schema | validate | export`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("presets", help="list the presets")
+    p.set_defaults(handler=cmd_presets)
+
+    p = sub.add_parser("schema", help="print the job spec's JSON Schema")
+    p.set_defaults(handler=cmd_schema)
+
+    p = sub.add_parser("validate", help="check a job and print its problems")
+    add_spec_arguments(p)
+    p.set_defaults(handler=cmd_validate)
+
+    p = sub.add_parser("export", help="write the job's files (accelerate YAML, DeepSpeed JSON, ...) to a folder")
+    add_spec_arguments(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the bundle into")
+    p.set_defaults(handler=cmd_export)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from backend.spec import load_presets
+
+    rows = []
+    for preset in load_presets().values():
+        spec = preset.build()
+        rows.append(
+            (
+                preset.id,
+                preset.title,
+                spec.method,
+                spec.strategy.kind,
+                f"{spec.launch.num_processes}x{'CPU' if spec.launch.use_cpu else 'GPU'}",
+                preset.description,
+            )
+        )
+    header = ("ID", "TITLE", "METHOD", "STRATEGY", "PROCS", "DESCRIPTION")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from backend.spec import JobSpec
+
+    print(json.dumps(JobSpec.model_json_schema(), indent=2))
+    return 0
+
+
+def _check(spec) -> tuple[list, bool]:
+    from backend.validate import validate
+
+    problems = validate(spec)
+    print_problems((p.level, p.field, p.message) for p in problems)
+    return problems, any(p.level == "error" for p in problems)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    spec = load_spec_or_exit(args)
+    problems, failed = _check(spec)
+    if failed:
+        return 2
+    print(
+        f"ok: {spec.method} on {spec.model.name_or_path}, {spec.strategy.kind}, "
+        f"{spec.launch.num_processes} processes, global batch {spec.global_batch_size}"
+        + (f" ({len(problems)} warnings)" if problems else "")
+    )
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from backend.render import render_bundle
+
+    spec = load_spec_or_exit(args)
+    _, failed = _check(spec)
+    if failed:
+        print("nothing exported: fix the errors above", flush=True)
+        return 2
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in render_bundle(spec).items():
+        path = out / name
+        path.write_text(text, encoding="utf-8")
+        if name.endswith(".sh"):
+            path.chmod(0o755)
+        print(path)
+    return 0

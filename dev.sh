@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One entry point for a fresh checkout with only Python 3.11:
+#   bash dev.sh demo   set up .venv, build the demo model/data, open the panel on the demo preset
+#   bash dev.sh test   set up .venv (and Chromium for the browser tests), run the whole test suite
+# Extra arguments go to the panel (demo) or to pytest (test).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+
+setup_venv() {
+  local stamp=.venv/.tunedeck-installed want
+  want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "==> installing tunedeck and its training stack into .venv (about 2 minutes)"
+    .venv/bin/python -m pip install -q --upgrade pip
+    # torch first: on a CPU machine this takes the CPU build; otherwise deepspeed/peft pull a CUDA one.
+    .venv/bin/python -m pip install -q torch==2.13.0
+    .venv/bin/python -m pip install -q -c constraints.txt -e ".[train,test]"
+    echo "$want" >"$stamp"
+  fi
+}
+
+setup_chromium() {
+  # The browser tests drive Debian's chromium; Playwright cannot download its own browser here.
+  command -v chromium >/dev/null && return
+  echo "==> installing Debian's chromium for the browser tests"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo -n"
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium fonts-dejavu-core >/dev/null
+}
+
+case "${1:-}" in
+  demo)
+    shift
+    setup_venv
+    exec .venv/bin/tunedeck presets  # the panel arrives with issue 4
+    ;;
+  test)
+    shift
+    setup_venv
+    setup_chromium
+    exec .venv/bin/python -m pytest "$@"
+    ;;
+  *)
+    echo "usage: bash dev.sh demo | bash dev.sh test [pytest args]" >&2
+    exit 2
+    ;;
+esac
