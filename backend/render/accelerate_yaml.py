@@ -1,0 +1,133 @@
+"""accelerate_config.yaml: the file `accelerate config` would write for this job.
+
+The dict has the keys and value types of accelerate's ClusterConfig and is dumped the
+way `ClusterConfig.to_yaml_file` dumps it (yaml.safe_dump, sorted keys), so a reader
+who knows accelerate sees a familiar file. accelerate itself is not imported here:
+the panel must stay light (tests load the result with accelerate's own loader).
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from backend import catalog
+from backend.spec import JobSpec
+
+DEEPSPEED_CONFIG_FILE = "ds_config.json"
+
+# Mixed precision names of `accelerate config` by training.precision.
+_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+
+
+def fsdp_layer_cls(spec: JobSpec) -> str | None:
+    """The decoder layer class FSDP wraps: the spec's, else the model architecture's, else None."""
+    explicit = spec.strategy.fsdp_transformer_layer_cls_to_wrap
+    if explicit:
+        return explicit
+    arch = catalog.lookup(spec.model.name_or_path)
+    return arch.decoder_layer_cls if arch is not None else None
+
+
+def distributed_type(spec: JobSpec) -> str:
+    """accelerate's distributed_type for the job."""
+    if spec.strategy.is_deepspeed:
+        return "DEEPSPEED"
+    if spec.strategy.kind == "fsdp":
+        return "FSDP"
+    if spec.launch.num_processes == 1:
+        # `accelerate config` refuses MULTI_GPU with one process on one machine.
+        return "NO"
+    # Also on CPU: MULTI_GPU + use_cpu runs real DDP over gloo, while MULTI_CPU and
+    # `--cpu` silently start ONE process (measured, see notes/cpu-distributed.md).
+    return "MULTI_GPU"
+
+
+def accelerate_config_dict(spec: JobSpec) -> dict:
+    launch = spec.launch
+    kind = distributed_type(spec)
+    config: dict = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": kind,
+        "downcast_bf16": "no",
+        "enable_cpu_affinity": False,
+        "machine_rank": launch.machine_rank,
+        "main_training_function": "main",
+        "num_machines": launch.num_machines,
+        "num_processes": launch.num_processes,
+        "rdzv_backend": launch.rdzv_backend,
+        "same_network": launch.same_network,
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+        # DeepSpeed on CPU runs with use_cpu false (the DeepSpeed CPU accelerator does the work).
+        "use_cpu": launch.use_cpu and kind in ("MULTI_GPU", "NO"),
+    }
+    if not launch.use_cpu:
+        config["gpu_ids"] = launch.gpu_ids
+    if launch.num_machines > 1:
+        config["main_process_ip"] = launch.main_process_ip
+        config["main_process_port"] = launch.main_process_port
+    if kind == "DEEPSPEED":
+        # No mixed_precision here: with deepspeed_config_file accelerate refuses it; ds_config.json decides.
+        config["deepspeed_config"] = _deepspeed_section(spec)
+    else:
+        config["mixed_precision"] = _MIXED_PRECISION[spec.training.precision]
+    if kind == "FSDP":
+        config["fsdp_config"] = _fsdp_section(spec)
+        parallelism = _hybrid_shard_parallelism(spec)
+        if parallelism:
+            config["parallelism_config"] = parallelism
+    return config
+
+
+def _deepspeed_section(spec: JobSpec) -> dict:
+    section: dict = {"deepspeed_config_file": DEEPSPEED_CONFIG_FILE}
+    if spec.strategy.zero_stage == 3:
+        # Build the model already sharded: a 70B model never exists whole on one GPU or in host RAM.
+        section["zero3_init_flag"] = True
+    if spec.launch.num_machines > 1:
+        # One launcher per node, like torchrun: no pdsh hostfile needed.
+        section["deepspeed_multinode_launcher"] = "standard"
+    return section
+
+
+def _fsdp_section(spec: JobSpec) -> dict:
+    s = spec.strategy
+    section: dict = {
+        "fsdp_activation_checkpointing": s.fsdp_activation_checkpointing,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_cpu_ram_efficient_loading": s.fsdp_cpu_ram_efficient_loading,
+        "fsdp_offload_params": s.offload_params == "cpu",
+        "fsdp_state_dict_type": s.fsdp_state_dict_type,
+        "fsdp_transformer_layer_cls_to_wrap": fsdp_layer_cls(spec),
+        "fsdp_version": s.fsdp_version,
+    }
+    if s.fsdp_version == 2:
+        # FSDP2 has no sharding-strategy enum: SHARD_GRAD_OP = keep parameters gathered after forward;
+        # HYBRID_SHARD = FULL_SHARD inside a node + replication across nodes (parallelism_config).
+        section["fsdp_reshard_after_forward"] = s.fsdp_sharding_strategy != "SHARD_GRAD_OP"
+    else:
+        section["fsdp_reshard_after_forward"] = s.fsdp_sharding_strategy
+        section["fsdp_backward_prefetch"] = "BACKWARD_PRE"
+        section["fsdp_forward_prefetch"] = False
+        section["fsdp_use_orig_params"] = True  # frozen base + trainable adapters in one unit need it
+        section["fsdp_sync_module_states"] = True  # required by cpu_ram_efficient_loading; harmless otherwise
+    return section
+
+
+def _hybrid_shard_parallelism(spec: JobSpec) -> dict:
+    s, launch = spec.strategy, spec.launch
+    if s.fsdp_version != 2 or s.fsdp_sharding_strategy != "HYBRID_SHARD":
+        return {}
+    prefix = "parallelism_config_"
+    return {
+        prefix + "dp_replicate_size": launch.num_machines,
+        prefix + "dp_shard_size": launch.processes_per_machine,
+        prefix + "tp_size": 1,
+        prefix + "cp_size": 1,
+    }
+
+
+def render_accelerate_config(spec: JobSpec) -> str:
+    return yaml.safe_dump(accelerate_config_dict(spec), sort_keys=True)

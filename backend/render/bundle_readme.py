@@ -1,0 +1,64 @@
+"""README.md of a bundle: what each file is and how to run it without tunedeck."""
+
+from __future__ import annotations
+
+from backend.spec import JobSpec
+
+_FILE_ROLES = {
+    "job.yaml": "the tunedeck job spec: model, method, LoRA, quantization, dataset (read by train_sft.py)",
+    "accelerate_config.yaml": "accelerate's launch config: distributed type, processes, machines",
+    "ds_config.json": "DeepSpeed config; \"auto\" values are filled from training_args.yaml by transformers",
+    "training_args.yaml": "TRL SFTConfig keyword arguments, passed unchanged",
+    "launch.sh": "the exact `accelerate launch` command",
+    "train_sft.py": "the training script (TRL SFTTrainer); needs only the Hugging Face stack",
+    "README.md": "this file",
+}
+
+_STRATEGY_NAMES = {
+    "ddp": "DDP (a full model copy per process)",
+    "zero1": "DeepSpeed ZeRO-1 (optimizer states sharded)",
+    "zero2": "DeepSpeed ZeRO-2 (optimizer states and gradients sharded)",
+    "zero3": "DeepSpeed ZeRO-3 (optimizer states, gradients and parameters sharded)",
+    "fsdp": "PyTorch FSDP",
+}
+
+
+def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
+    launch, t = spec.launch, spec.training
+    device = "CPU processes (gloo)" if launch.use_cpu else "GPUs"
+    lines = [
+        f"# {spec.method} fine-tuning of {spec.model.name_or_path}",
+        "",
+        f"- Strategy: {_STRATEGY_NAMES[spec.strategy.kind]}",
+        f"- {launch.num_processes} {device} on {launch.num_machines} machine(s)",
+        f"- Global batch: {spec.global_batch_size} sequences per optimizer step "
+        f"= {t.per_device_train_batch_size} per device x {launch.num_processes} processes "
+        f"x {t.gradient_accumulation_steps} accumulation steps",
+        f"- Output: `{spec.output_dir}/` (checkpoints and the final "
+        f"{'adapter' if spec.uses_adapter else 'model'})",
+        "",
+        "## Files",
+        "",
+        *[f"- `{name}`: {_FILE_ROLES.get(name, '')}" for name in names],
+        "",
+        "## Run",
+        "",
+        "Install the training stack (torch first, then the rest), then start the job in this folder:",
+        "",
+        "```bash",
+        "pip install torch",
+        "pip install transformers trl peft accelerate datasets pyyaml"
+        + (" deepspeed" if spec.strategy.is_deepspeed else "")
+        + (" bitsandbytes" if spec.quantization.bits else ""),
+        "bash launch.sh",
+        "```",
+    ]
+    if launch.num_machines > 1:
+        lines += [
+            "",
+            f"On each of the {launch.num_machines} machines, with the same files, run "
+            "`MACHINE_RANK=<0..N-1> MAIN_PROCESS_IP=<address of machine 0> bash launch.sh`.",
+        ]
+    if "train_sft.py" not in names:
+        lines += ["", "This bundle has no `train_sft.py` yet: add the training script next to these files."]
+    return "\n".join(lines) + "\n"
