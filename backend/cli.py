@@ -13,6 +13,7 @@ import sys
 # Order here is the order in `tunedeck --help`.
 COMMAND_MODULES = [
     "backend.cli_spec",  # presets, schema, validate, export
+    "app.cli_ui",  # ui
 ]
 
 

@@ -1,0 +1,104 @@
+"""Plotly figures of a run's metrics: loss (with EMA smoothing, eval loss, overlay), lr, grad norm, tokens/s.
+
+Figures are built from plain lists of metrics records, downsampled to at most
+MAX_POINTS per series, so a week-long run draws as fast as a demo.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+MAX_POINTS = 2000
+COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
+_LAYOUT = dict(
+    margin=dict(l=50, r=20, t=40, b=40),
+    template="plotly_white",
+    legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
+    uirevision="keep",  # keep the user's zoom across updates
+)
+
+
+def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int = MAX_POINTS) -> tuple[list, list]:
+    """At most max_points (x, y) pairs: an even stride over the series, always keeping the last point."""
+    n = len(xs)
+    if n <= max_points:
+        return list(xs), list(ys)
+    stride = math.ceil(n / (max_points - 1))
+    idx = list(range(0, n - 1, stride)) + [n - 1]
+    return [xs[i] for i in idx], [ys[i] for i in idx]
+
+
+def ema(values: Sequence[float], weight: float) -> list[float]:
+    """Exponential moving average with the start-up bias removed (as TensorBoard's smoothing)."""
+    out, last, debias = [], 0.0, 1.0
+    for v in values:
+        last = last * weight + (1 - weight) * v
+        debias *= weight
+        out.append(last / (1 - debias) if debias < 1 else v)
+    return out
+
+
+def series(records: Sequence[dict], key: str) -> tuple[list, list]:
+    """(steps, values) of the records that carry a finite number under `key`."""
+    xs, ys = [], []
+    for r in records:
+        value = r.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value) and r.get("step") is not None:
+            xs.append(r["step"])
+            ys.append(value)
+    return xs, ys
+
+
+def loss_figure(
+    runs: Sequence[tuple[str, Sequence[dict]]], smoothing: float = 0.6, log_scale: bool = False
+) -> go.Figure:
+    """Loss per step for one run, or two overlaid: raw (faint), EMA-smoothed (bold), eval loss (markers)."""
+    fig = go.Figure()
+    for (label, records), color in zip(runs, COLORS):
+        steps, loss = series(records, "loss")
+        if steps:
+            x, y = downsample(steps, loss)
+            fig.add_scatter(x=x, y=y, mode="lines", name=f"{label} loss", line=dict(color=color, width=1), opacity=0.3)
+            if smoothing > 0:
+                x, y = downsample(steps, ema(loss, smoothing))
+                fig.add_scatter(x=x, y=y, mode="lines", name=f"{label} smoothed", line=dict(color=color, width=2.5))
+        steps, eval_loss = series(records, "eval_loss")
+        if steps:
+            x, y = downsample(steps, eval_loss)
+            fig.add_scatter(
+                x=x, y=y, mode="lines+markers", name=f"{label} eval loss", line=dict(color=color, dash="dot"), marker=dict(size=7)
+            )
+    fig.update_layout(title="Loss", xaxis_title="step", height=340, **_LAYOUT)
+    fig.update_yaxes(type="log" if log_scale else "linear")
+    return fig
+
+
+def metrics_figure(records: Sequence[dict]) -> go.Figure:
+    """Learning rate, gradient norm and throughput side by side."""
+    panels = (("learning_rate", "learning rate"), ("grad_norm", "grad norm"), ("tokens_per_second", "tokens / s"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[title for _, title in panels], horizontal_spacing=0.08)
+    for col, (key, title) in enumerate(panels, start=1):
+        x, y = downsample(*series(records, key))
+        fig.add_scatter(x=x, y=y, mode="lines", name=title, line=dict(color=COLORS[0]), row=1, col=col, showlegend=False)
+        fig.update_xaxes(title_text="step", row=1, col=col)
+    fig.update_layout(height=260, **{**_LAYOUT, "margin": dict(l=50, r=20, t=30, b=40)})
+    return fig
+
+
+def sparkline(values: Sequence[float], title: str, unit: str, y_max: float | None = None) -> go.Figure:
+    """A small history line for the monitor (last samples, newest at the right)."""
+    fig = go.Figure(go.Scatter(y=list(values), mode="lines", fill="tozeroy", line=dict(color=COLORS[0], width=1.5)))
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=12)),
+        height=150,
+        margin=dict(l=40, r=10, t=30, b=20),
+        template="plotly_white",
+        showlegend=False,
+        yaxis=dict(range=[0, y_max] if y_max else None, ticksuffix=unit),
+        xaxis=dict(showticklabels=False),
+    )
+    return fig

@@ -1,0 +1,48 @@
+"""`tunedeck ui`: serve the control panel."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ui", help="open the control panel in the browser (Gradio)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --auth)")
+    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR", help="folder of run folders (default ./runs)")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--auth", metavar="USER:PASS", help="require this user and password")
+    who.add_argument("--auth-file", metavar="FILE", help="require a login from this file of USER:PASS lines")
+    p.add_argument("--preset", metavar="ID", help="open the page on this preset (e.g. demo; see `tunedeck presets`)")
+    p.set_defaults(handler=cmd_ui)
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from app.serving import ServingError, check_exposure, parse_credentials
+
+    try:  # refuse before the slow part (importing Gradio, building the demo)
+        credentials = parse_credentials(args.auth, args.auth_file)
+        check_exposure(args.host, credentials)
+    except ServingError as exc:
+        print(f"tunedeck ui: {exc}", file=sys.stderr)
+        return 2
+
+    from backend.spec import load_presets
+
+    if args.preset and args.preset not in load_presets():
+        print(f"tunedeck ui: unknown preset {args.preset!r}; see `tunedeck presets`", file=sys.stderr)
+        return 2
+    if args.preset == "demo":
+        from backend.demo import ensure_demo
+
+        print("tunedeck ui: making sure the demo model and dataset are built (once, about a minute)...", flush=True)
+        print(f"tunedeck ui: demo assets in {ensure_demo()}", flush=True)
+
+    from app.page import build_page
+    from app.serving import launch
+
+    page = build_page(Path(args.runs_dir).resolve(), preset_id=args.preset)
+    launch(page, args.host, args.port, credentials)
+    return 0

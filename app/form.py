@@ -1,0 +1,52 @@
+"""The job form: one Gradio component per spec field, grouped in section tabs.
+
+Components come from backend.fields (the spec's own registry): widget kind from the
+field type, label from its name, help text from its description. Nothing here is
+written per field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from backend.fields import FORM_FIELDS, FormField, section_titles
+
+
+def element_id(path: str) -> str:
+    """DOM id of a field's component (tests and CSS find fields by their spec path)."""
+    return "field-" + path.replace(".", "-").replace("_", "-")
+
+
+def _component(field: FormField, value: Any) -> gr.components.Component:
+    common = dict(label=field.label, info=field.help, elem_id=element_id(field.path), interactive=True)
+    if field.kind == "bool":
+        return gr.Checkbox(value=value, **common)
+    if field.kind == "choice":
+        choices = [("(none)" if c is None else str(c), "" if c is None else c) for c in field.choices]
+        return gr.Dropdown(choices=choices, value=value, filterable=False, **common)
+    if field.kind == "int":
+        return gr.Number(value=value, precision=0, **common)
+    return gr.Textbox(value=value, max_lines=1, **common)
+
+
+@dataclass
+class Form:
+    components: list[gr.components.Component]  # in FORM_FIELDS order
+    section_tabs: dict[str, gr.Tab]
+
+
+def build_form(initial: dict[str, Any]) -> Form:
+    """Render the form inside the current Blocks context; `initial` holds widget values by path."""
+    components: dict[str, gr.components.Component] = {}
+    tabs: dict[str, gr.Tab] = {}
+    with gr.Tabs(elem_id="form-sections"):
+        for title in section_titles():
+            with gr.Tab(title, elem_id="section-" + title.split()[0].lower()) as tab:
+                tabs[title] = tab
+                for field in FORM_FIELDS:
+                    if field.section == title:
+                        components[field.path] = _component(field, initial.get(field.path))
+    return Form(components=[components[f.path] for f in FORM_FIELDS], section_tabs=tabs)

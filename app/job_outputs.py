@@ -1,0 +1,88 @@
+"""What the page shows beside the form, computed in one pass from the form's values.
+
+Parse -> validate -> render, once per change: the files, the problems and the global
+batch all come from the same JobSpec, so they can never disagree. Pure Python (no
+Gradio), so it is tested directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from html import escape
+
+from backend.fields import Values, spec_from_values
+from backend.spec import JobSpec, SpecError
+
+
+@dataclass(frozen=True)
+class Issue:
+    level: str  # "error" | "warning"
+    field: str  # dotted spec path, "" for the whole job
+    message: str
+
+
+@dataclass
+class JobResult:
+    values: Values
+    spec: JobSpec | None
+    issues: list[Issue] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def has_errors(self) -> bool:
+        return any(i.level == "error" for i in self.issues)
+
+    @property
+    def error_fields(self) -> set[str]:
+        return {i.field for i in self.issues if i.level == "error" and i.field}
+
+
+def evaluate(values: Values) -> JobResult:
+    from backend.render import render_bundle
+    from backend.validate import validate
+
+    try:
+        spec = spec_from_values(values)
+    except SpecError as exc:
+        return JobResult(values, None, [Issue("error", path, msg) for path, msg in exc.problems])
+    issues = [Issue(p.level, p.field, p.message) for p in validate(spec)]
+    try:
+        files = render_bundle(spec)
+    except Exception as exc:  # a generator bug must read as a message, not a blank page
+        files = {}
+        issues.append(Issue("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
+    return JobResult(values, spec, issues, files)
+
+
+def issues_markdown(result: JobResult) -> str:
+    if not result.issues:
+        return "✓ **No problems.** The files on the right are exactly what Start runs."
+    errors = [i for i in result.issues if i.level == "error"]
+    warnings = [i for i in result.issues if i.level == "warning"]
+    head = []
+    if errors:
+        head.append(f"✗ **{len(errors)} error{'s' * (len(errors) > 1)}**: Start and the bundle download are disabled until fixed.")
+    if warnings:
+        head.append(f"⚠ **{len(warnings)} warning{'s' * (len(warnings) > 1)}**")
+    lines = [" · ".join(head)]
+    for issue in errors + warnings:
+        mark = "✗" if issue.level == "error" else "⚠"
+        where = f"`{issue.field}`: " if issue.field else ""
+        lines.append(f"- {mark} {where}{escape(issue.message)}")
+    return "\n".join(lines)
+
+
+def batch_markdown(values: Values) -> str:
+    """Global batch = per-device batch x processes x accumulation, stated with its factors."""
+    per_device = values.get("training.per_device_train_batch_size")
+    processes = values.get("launch.num_processes")
+    accumulation = values.get("training.gradient_accumulation_steps")
+    if not all(isinstance(v, int) and v > 0 for v in (per_device, processes, accumulation)):
+        return "**Global batch:** (fix the batch fields to see it)"
+    total = per_device * processes * accumulation
+    tokens = values.get("dataset.max_seq_length")
+    token_note = f" · up to {total * tokens:,} tokens per step" if isinstance(tokens, int) else ""
+    return (
+        f"**Global batch: {total}** sequences per optimizer step = {per_device} per device "
+        f"× {processes} processes × {accumulation} accumulation steps{token_note}"
+    )

@@ -1,0 +1,84 @@
+"""Serving the panel safely: loopback by default, a password required anywhere else.
+
+The panel starts training jobs and reads files on the machine it runs on, so whoever
+can reach it can use the GPUs. Bound to 127.0.0.1 only this machine's users (or an SSH
+tunnel) reach it; on any other address it refuses to start without --auth/--auth-file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from pathlib import Path
+
+LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+class ServingError(ValueError):
+    """A refused serving setup; the message says why and what to do instead."""
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to a public address, so treat it as exposed
+
+
+def parse_credentials(auth: str | None = None, auth_file: str | Path | None = None) -> list[tuple[str, str]] | None:
+    """USER:PASS, or a file of USER:PASS lines (# comments, blank lines ignored) -> credential pairs."""
+    lines: list[tuple[str, str]] = []
+    if auth:
+        lines.append(("--auth", auth))
+    if auth_file:
+        path = Path(auth_file)
+        if not path.is_file():
+            raise ServingError(f"--auth-file {path}: no such file")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                lines.append((f"{path}:{number}", line.strip()))
+    if not lines:
+        return None
+    pairs = []
+    for where, text in lines:
+        user, sep, password = text.partition(":")
+        if not sep or not user or not password:
+            raise ServingError(f"{where}: expected USER:PASS with both parts non-empty")
+        pairs.append((user, password))
+    return pairs
+
+
+def check_exposure(host: str, credentials: list[tuple[str, str]] | None) -> None:
+    if is_loopback(host) or credentials:
+        return
+    raise ServingError(
+        f"refusing to serve on {host} without a password: anyone who can reach this address could start "
+        "jobs on this machine's GPUs and read its files. Either add --auth USER:PASS (or --auth-file FILE), "
+        "or keep the default --host 127.0.0.1 and reach the panel through an SSH tunnel: "
+        "ssh -L 7860:127.0.0.1:7860 <this-server>, then open http://127.0.0.1:7860."
+    )
+
+
+def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None, block: bool = True):
+    """Serve `page`; no tracebacks in responses (show_error=False), small uploads only."""
+    import gradio as gr
+
+    check_exposure(host, credentials)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
+    return page.launch(
+        server_name=host,
+        server_port=port,
+        auth=credentials,
+        auth_message="tunedeck: sign in with the user and password given to `tunedeck ui --auth`.",
+        show_error=False,
+        ssr_mode=False,
+        max_file_size="1mb",
+        footer_links=[],
+        prevent_thread_lock=not block,
+        theme=gr.themes.Soft(),
+        css=getattr(page, "tunedeck_css", None),
+        quiet=False,
+    )

@@ -1,0 +1,212 @@
+"""The form's view of the job spec: which widget, which section, and whether a field applies.
+
+Everything here is derived from the JobSpec's own field registry (backend.spec.iter_fields):
+the widget kind comes from the field's type, the help text from its description, the
+section from its top-level key. A field added to the spec appears in the form with no
+change here. The only hand-written knowledge is APPLIES_WHEN: a short list of glob rules
+saying when a family of fields matters (LoRA knobs only with adapters, ZeRO-3 knobs only
+with ZeRO-3, ...), so the form can hide what does not apply to the current job.
+
+No Gradio here: the panel turns FormField into components, tests read it directly.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, Callable, Literal
+
+from backend.spec import DEEPSPEED_KINDS, JobSpec, SpecError, get_path, iter_fields, parse_spec
+
+# Form sections in page order; a field goes to the first section whose prefixes match its path.
+SECTIONS: list[tuple[str, tuple[str, ...]]] = [
+    ("Model", ("model.",)),
+    ("Dataset", ("dataset.",)),
+    ("LoRA / Quantization", ("method", "lora.", "quantization.")),
+    ("Strategy", ("strategy.",)),
+    ("Training", ("training.", "output_dir")),
+    ("Hardware / Launch", ("launch.",)),
+]
+OTHER_SECTION = "Other"
+
+Values = dict[str, Any]  # dotted path -> value, the flat shape the form works in
+
+_DATASET_FORMAT_FIELDS = {
+    "text": {"text_field"},
+    "prompt-completion": {"prompt_field", "completion_field"},
+    "messages": {"messages_field"},
+    "alpaca": {"instruction_field", "input_field", "output_field"},
+}
+
+
+def _format_uses(v: Values, path: str) -> bool:
+    return path.rsplit(".", 1)[1] in _DATASET_FORMAT_FIELDS.get(v.get("dataset.format"), set())
+
+
+def _deepspeed(v: Values) -> bool:
+    return v.get("strategy.kind") in DEEPSPEED_KINDS
+
+
+def _offloads_to_nvme(v: Values) -> bool:
+    return "nvme" in (v.get("strategy.offload_optimizer"), v.get("strategy.offload_params"))
+
+
+# (glob over dotted paths, predicate(values, path)). First matching rule decides; no rule = always shown.
+APPLIES_WHEN: list[tuple[str, Callable[[Values, str], bool]]] = [
+    ("lora.*", lambda v, p: v.get("method") in ("lora", "qlora")),
+    ("quantization.bits", lambda v, p: v.get("method") in ("lora", "qlora")),
+    ("quantization.bnb_4bit_*", lambda v, p: v.get("quantization.bits") == 4),
+    ("dataset.*_field", _format_uses),
+    ("training.per_device_eval_batch_size", lambda v, p: bool(v.get("dataset.eval_split"))),
+    ("training.eval_steps", lambda v, p: bool(v.get("dataset.eval_split"))),
+    ("training.ddp_find_unused_parameters", lambda v, p: v.get("strategy.kind") == "ddp"),
+    ("strategy.offload_optimizer", lambda v, p: v.get("strategy.kind") != "ddp"),
+    ("strategy.offload_params", lambda v, p: v.get("strategy.kind") in ("zero3", "fsdp")),
+    ("strategy.nvme_path", lambda v, p: _offloads_to_nvme(v)),
+    ("strategy.allgather_bucket_size", lambda v, p: v.get("strategy.kind") in ("zero1", "zero2")),
+    ("strategy.stage3_*", lambda v, p: v.get("strategy.kind") == "zero3"),
+    ("strategy.fsdp_*", lambda v, p: v.get("strategy.kind") == "fsdp"),
+    ("strategy.*", lambda v, p: p == "strategy.kind" or _deepspeed(v)),  # the remaining DeepSpeed knobs
+    ("launch.machine_rank", lambda v, p: (v.get("launch.num_machines") or 1) > 1),
+    ("launch.main_process_ip", lambda v, p: (v.get("launch.num_machines") or 1) > 1),
+    ("launch.rdzv_backend", lambda v, p: (v.get("launch.num_machines") or 1) > 1),
+    ("launch.same_network", lambda v, p: (v.get("launch.num_machines") or 1) > 1),
+]
+
+
+@dataclass(frozen=True)
+class FormField:
+    path: str
+    section: str
+    label: str
+    help: str
+    kind: Literal["choice", "bool", "int", "float", "text"]  # float is typed as text: "2e-4" works
+    choices: tuple = ()  # for "choice": the allowed values, None first when the field is optional
+    optional: bool = False  # None is allowed (shown as an empty box or "(none)")
+    accepts_int: bool = False  # a text box that may hold a number, e.g. Union[int, Literal["auto"]]
+    default: Any = None
+
+    def to_form(self, value: Any) -> Any:
+        """Spec value -> what the widget holds."""
+        if value is None and self.kind in ("text", "float", "choice"):
+            return ""
+        if self.kind == "float":
+            return f"{value:g}"  # 0.0002, 1e-05: what people type
+        if self.kind == "text":
+            return ", ".join(value) if isinstance(value, list) else str(value)
+        return value
+
+    def from_form(self, raw: Any) -> Any:
+        """Widget value -> spec value (the spec itself then checks ranges and choices)."""
+        if raw is None or (isinstance(raw, str) and raw.strip() == ""):
+            return None if (self.optional or self.kind != "text") else ""
+        if self.kind == "int" and isinstance(raw, float) and raw.is_integer():
+            return int(raw)
+        if self.kind == "float" and isinstance(raw, str):
+            try:
+                return float(raw.strip())
+            except ValueError:
+                return raw  # the spec rejects it with the field's name
+        if self.kind == "text" and self.accepts_int:
+            text = raw.strip()
+            return int(text.replace("_", "")) if text.replace("_", "").isdigit() else text
+        if self.kind == "text":
+            return raw.strip()
+        return raw
+
+
+def _section_of(path: str) -> str:
+    for title, prefixes in SECTIONS:
+        if any(path == p or (p.endswith(".") and path.startswith(p)) for p in prefixes):
+            return title
+    return OTHER_SECTION
+
+
+def _describe_type(annotation: Any) -> tuple[str, tuple, bool, bool]:
+    """(kind, choices, optional, accepts_int) for a field annotation."""
+    origin = typing.get_origin(annotation)
+    members = typing.get_args(annotation) if origin in (typing.Union, types.UnionType) else (annotation,)
+    optional = type(None) in members
+    members = tuple(m for m in members if m is not type(None))
+    literal_values = [a for m in members if typing.get_origin(m) is Literal for a in typing.get_args(m)]
+    others = [m for m in members if typing.get_origin(m) is not Literal]
+    if literal_values and not others:
+        return "choice", ((None,) if optional else ()) + tuple(literal_values), optional, False
+    if others == [bool]:
+        return "bool", (), optional, False
+    if others == [int] and not literal_values:
+        return "int", (), optional, False
+    if others == [float] and not literal_values:
+        return "float", (), optional, False
+    return "text", (), optional, int in others
+
+
+def _build_fields() -> list[FormField]:
+    fields = []
+    for path, info in iter_fields():
+        kind, choices, optional, accepts_int = _describe_type(info.annotation)
+        fields.append(FormField(
+            path=path,
+            section=_section_of(path),
+            label=path.rsplit(".", 1)[-1],
+            help=info.description or "",
+            kind=kind,
+            choices=choices,
+            optional=optional,
+            accepts_int=accepts_int,
+            default=info.get_default(call_default_factory=True),
+        ))
+    return fields
+
+
+FORM_FIELDS: list[FormField] = _build_fields()
+FIELDS_BY_PATH: dict[str, FormField] = {f.path: f for f in FORM_FIELDS}
+
+
+def section_titles() -> list[str]:
+    used = {f.section for f in FORM_FIELDS}
+    return [t for t, _ in SECTIONS if t in used] + ([OTHER_SECTION] if OTHER_SECTION in used else [])
+
+
+def applies(path: str, values: Values) -> bool:
+    """Does this field matter for the job described by `values`?"""
+    for pattern, predicate in APPLIES_WHEN:
+        if fnmatchcase(path, pattern):
+            return bool(predicate(values, path))
+    return True
+
+
+def values_from_spec(spec: JobSpec) -> Values:
+    return {f.path: get_path(spec, f.path) for f in FORM_FIELDS}
+
+
+def values_from_form(raw: list[Any]) -> Values:
+    """Widget values in FORM_FIELDS order -> spec values."""
+    return {f.path: f.from_form(r) for f, r in zip(FORM_FIELDS, raw)}
+
+
+def spec_from_values(values: Values) -> JobSpec:
+    """Flat values -> a validated JobSpec; raises SpecError naming each bad field."""
+    data: dict = {}
+    for path, value in values.items():
+        *parents, leaf = path.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return parse_spec(data)
+
+
+__all__ = [
+    "FORM_FIELDS",
+    "FIELDS_BY_PATH",
+    "FormField",
+    "SpecError",
+    "applies",
+    "section_titles",
+    "spec_from_values",
+    "values_from_form",
+    "values_from_spec",
+]

@@ -1,0 +1,73 @@
+"""A stand-in for pynvml with GPUs this machine does not have (tests only).
+
+It exposes only names the real nvidia-ml-py module has (checked on construction), uses
+the real module's exception classes, and returns the real module's value shapes, so
+the monitor's code path is the one that runs on a GPU server.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pynvml
+
+
+class FakeNvml:
+    NVMLError = pynvml.NVMLError
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+
+    def __init__(self, gpus: list[dict], power_supported: bool = True):
+        self.gpus = gpus
+        self.power_supported = power_supported
+        self.initialised = False
+        for name in dir(self):
+            if name.startswith("nvml") or name.startswith("NVML"):
+                assert hasattr(pynvml, name), f"pynvml has no {name}: the fake would hide a typo"
+
+    def nvmlInit(self):
+        self.initialised = True
+
+    def nvmlShutdown(self):
+        self.initialised = False
+
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetName(self, handle):
+        return self.gpus[handle]["name"].encode()  # bytes, as older drivers return
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        g = self.gpus[handle]
+        return SimpleNamespace(total=g["total_mb"] * 2**20, used=g["used_mb"] * 2**20, free=(g["total_mb"] - g["used_mb"]) * 2**20)
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return SimpleNamespace(gpu=self.gpus[handle]["util"], memory=0)
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return self.gpus[handle]["temp"]
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        if not self.power_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.gpus[handle]["power_w"] * 1000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        if not self.power_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 700_000
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mb * 2**20) for pid, mb in self.gpus[handle].get("procs", [])]
+
+
+def two_h100s(pid: int) -> FakeNvml:
+    return FakeNvml(
+        [
+            {"name": "NVIDIA H100 80GB HBM3", "total_mb": 81559, "used_mb": 40000, "util": 97, "temp": 64, "power_w": 512, "procs": [(pid, 39000)]},
+            {"name": "NVIDIA H100 80GB HBM3", "total_mb": 81559, "used_mb": 500, "util": 0, "temp": 35, "power_w": 70},
+        ]
+    )

@@ -1,0 +1,54 @@
+"""Serving safety: loopback by default, other addresses only with a password."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from app.serving import ServingError, check_exposure, is_loopback, parse_credentials
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"])
+def test_loopback_hosts(host):
+    assert is_loopback(host)
+    check_exposure(host, None)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "gpu-server.example.com"])
+def test_exposed_hosts_need_a_password(host):
+    assert not is_loopback(host)
+    with pytest.raises(ServingError, match="--auth"):
+        check_exposure(host, None)
+    check_exposure(host, [("ann", "s3cret")])
+
+
+def test_credentials_from_flag_and_file(tmp_path):
+    assert parse_credentials("ann:pa:ss") == [("ann", "pa:ss")]
+    file = tmp_path / "users"
+    file.write_text("# team\nann:one\n\nbob:two\n")
+    assert parse_credentials(auth_file=file) == [("ann", "one"), ("bob", "two")]
+    with pytest.raises(ServingError, match="USER:PASS"):
+        parse_credentials("ann")
+    with pytest.raises(ServingError, match="no such file"):
+        parse_credentials(auth_file=tmp_path / "missing")
+    assert parse_credentials() is None
+
+
+def test_cli_refuses_public_bind_without_auth():
+    proc = subprocess.run(
+        [sys.executable, "-m", "backend.cli", "ui", "--host", "0.0.0.0", "--port", "7999"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "refusing to serve on 0.0.0.0 without a password" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_rejects_unknown_preset():
+    proc = subprocess.run(
+        [sys.executable, "-m", "backend.cli", "ui", "--preset", "nope", "--port", "7999"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2 and "unknown preset 'nope'" in proc.stderr
