@@ -1,0 +1,249 @@
+"""The built-in demo: a tiny Llama, a tokenizer trained locally and a learnable dataset.
+
+Everything comes from assets/demo/recipe.yaml, built deterministically with no
+downloads, so anyone (and CI) can watch a real distributed run on a CPU machine.
+
+    <demo_home>/model/           LlamaForCausalLM + tokenizer (with a chat template)
+    <demo_home>/data/train.jsonl  prompt-completion records (+ eval.jsonl)
+    <demo_home>/formats/<f>.jsonl the same task in each dataset format: text,
+                                  prompt-completion, messages, alpaca
+    <demo_home>/BUILD             stamp: which recipe and builder made this folder
+
+`ensure_demo()` is cheap when the demo is built; otherwise it runs the build in a
+subprocess (`python -m backend.demo`), so the panel never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from backend.spec import REPO_ROOT, demo_home
+
+RECIPE_PATH = REPO_ROOT / "assets" / "demo" / "recipe.yaml"
+FORMATS = ("text", "prompt-completion", "messages", "alpaca")
+
+# Assistant turns are wrapped in {% generation %} so TRL's assistant_only_loss works too.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|assistant|>\n' }}{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
+def build_stamp() -> str:
+    """Identity of a build: the recipe and this builder's code. A change of either rebuilds."""
+    digest = hashlib.sha256(RECIPE_PATH.read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    return digest.hexdigest()
+
+
+def is_built(home: Path) -> bool:
+    try:
+        return json.loads((home / "BUILD").read_text())["stamp"] == build_stamp()
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def ensure_demo(home: Path | None = None) -> Path:
+    """Build the demo once (in a subprocess: torch stays out of the caller) and return its folder."""
+    home = Path(home) if home is not None else demo_home()
+    if is_built(home):
+        return home
+    result = subprocess.run(
+        [sys.executable, "-m", "backend.demo", "--home", str(home)],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+    )
+    if result.returncode != 0 or not is_built(home):
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
+        raise RuntimeError(f"building the demo in {home} failed (python -m backend.demo --home {home}):\n{tail}")
+    return home
+
+
+@contextlib.contextmanager
+def _build_lock(home: Path):
+    # Several processes (tests, the panel, the CLI) may ask for the demo at once: one builds.
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with open(home.parent / f".{home.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def build_demo(home: Path) -> Path:
+    """Build the demo into `home` (replacing an outdated build). Imports torch: call in a subprocess."""
+    home = Path(home)
+    with _build_lock(home):
+        if is_built(home):
+            return home
+        recipe = yaml.safe_load(RECIPE_PATH.read_text(encoding="utf-8"))
+        staging = home.parent / f".{home.name}.building-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        examples = _write_datasets(staging, recipe)
+        tokenizer = _train_tokenizer(staging / "model", recipe, examples)
+        n_params = _build_model(staging / "model", recipe, tokenizer)
+        (staging / "BUILD").write_text(
+            json.dumps({"stamp": build_stamp(), "parameters": n_params, "vocab_size": len(tokenizer)}, indent=2) + "\n"
+        )
+        if home.exists():
+            shutil.rmtree(home)
+        staging.rename(home)
+    return home
+
+
+# ---------------------------------------------------------------- the task
+
+
+def make_examples(rng: random.Random, count: int, data: dict) -> list[dict]:
+    """Small instruction tasks a tiny model learns in a few dozen steps: sums, differences, reversals."""
+    examples = []
+    for _ in range(count):
+        kind = rng.choice(("add", "subtract", "reverse"))
+        if kind == "reverse":
+            n = rng.randint(data["min_letters"], data["max_letters"])
+            letters = [rng.choice(data["letters"]) for _ in range(n)]
+            instruction, given = "Reverse the letters.", " ".join(letters)
+            answer = " ".join(reversed(letters))
+        else:
+            a, b = rng.randint(0, data["max_number"]), rng.randint(0, data["max_number"])
+            if kind == "subtract":
+                a, b = max(a, b), min(a, b)
+            op = "+" if kind == "add" else "-"
+            instruction, given = ("Add the numbers." if kind == "add" else "Subtract the numbers."), f"{a} {op} {b}"
+            answer = str(a + b if kind == "add" else a - b)
+        examples.append({"instruction": instruction, "input": given, "answer": answer})
+    return examples
+
+
+def as_format(example: dict, fmt: str) -> dict:
+    """One example in one of the spec's dataset formats (default field names)."""
+    question = f"{example['instruction']} {example['input']}"
+    if fmt == "prompt-completion":
+        return {"prompt": f"Q: {question}\nA:", "completion": f" {example['answer']}"}
+    if fmt == "text":
+        return {"text": f"Q: {question}\nA: {example['answer']}"}
+    if fmt == "messages":
+        return {
+            "messages": [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": example["answer"]},
+            ]
+        }
+    if fmt == "alpaca":
+        return {"instruction": example["instruction"], "input": example["input"], "output": example["answer"]}
+    raise ValueError(f"unknown dataset format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _write_datasets(root: Path, recipe: dict) -> list[dict]:
+    data = recipe["data"]
+    rng = random.Random(recipe["seed"])
+    train = make_examples(rng, data["train_examples"], data)
+    evaluation = make_examples(rng, data["eval_examples"], data)
+    _write_jsonl(root / "data" / "train.jsonl", [as_format(e, "prompt-completion") for e in train])
+    _write_jsonl(root / "data" / "eval.jsonl", [as_format(e, "prompt-completion") for e in evaluation])
+    sample = train[: data["format_examples"]]
+    for fmt in FORMATS:
+        _write_jsonl(root / "formats" / f"{fmt}.jsonl", [as_format(e, fmt) for e in sample])
+    return train + evaluation
+
+
+# ---------------------------------------------------------------- tokenizer and model
+
+
+def _train_tokenizer(model_dir: Path, recipe: dict, examples: list[dict]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    spec = recipe["tokenizer"]
+    # Each digit its own token (numbers stay learnable); byte-level so any text encodes.
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec["vocab_size"],
+        special_tokens=spec["special_tokens"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = []
+    for example in examples:
+        for fmt in FORMATS:
+            record = as_format(example, fmt)
+            corpus.append(json.dumps(record, ensure_ascii=False))
+            corpus.extend(str(v) for v in record.values() if isinstance(v, str))
+    tok.train_from_iterator(corpus, trainer, length=len(corpus))
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=recipe["model"]["max_position_embeddings"],
+        chat_template=CHAT_TEMPLATE,
+    )
+    tokenizer.save_pretrained(model_dir)
+    return tokenizer
+
+
+def _build_model(model_dir: Path, recipe: dict, tokenizer) -> int:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(recipe["seed"])
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **recipe["model"],
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, recipe["lm_head_init_std"])
+    model.save_pretrained(model_dir)
+    return sum(p.numel() for p in model.parameters())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build the tiny demo model, tokenizer and dataset (no downloads).")
+    parser.add_argument("--home", type=Path, default=None, help="target folder (default: $TUNEDECK_HOME/demo)")
+    args = parser.parse_args(argv)
+    home = build_demo(args.home or demo_home())
+    print(home)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
