@@ -3,13 +3,39 @@
 Interface used across the project (keep it stable):
     lookup(name_or_path) -> ModelArch | None
     ModelArch.decoder_layer_cls, .hidden_size, .num_hidden_layers, ...
+    ModelArch.num_parameters            exact parameter count, no weights needed
+    ModelArch.lora_trainable(r, target_modules)   what PEFT would train
+
+Every number in KNOWN is copied from the model's published config.json on the
+Hugging Face hub (the URL is in `source`). The weight matrices of one decoder layer
+are listed the way transformers 5 builds them (`layer_weights`), so parameter counts,
+LoRA counts, quantized bytes and the largest layer all come from one description.
+The tests build each family on PyTorch's meta device and compare counts.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One weight matrix kind of a decoder layer: an nn.Linear, or a fused expert tensor."""
+
+    name: str  # module name in transformers (what LoRA target_modules match)
+    in_features: int
+    out_features: int
+    bias: bool = False
+    copies: int = 1  # MoE experts stacked in one tensor
+    is_linear: bool = True  # nn.Linear: what PEFT "all-linear" and bitsandbytes replace
+
+    @property
+    def numel(self) -> int:
+        return self.copies * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
 
 
 @dataclass(frozen=True)
@@ -23,17 +49,218 @@ class ModelArch:
     intermediate_size: int
     vocab_size: int
     tie_word_embeddings: bool = False
+    head_dim: int | None = None  # when not hidden_size / num_attention_heads (Gemma 2)
+    attention_bias: bool = False  # q/k/v projections carry biases (Qwen2)
+    num_local_experts: int = 0  # Mixtral-style mixture of experts
+    num_experts_per_tok: int = 0
+    final_logit_softcapping: float | None = None  # Gemma 2: tanh on the logits (one more vocab-sized tensor)
+    source: str = ""  # the config.json the numbers come from
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_size
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_size
+
+    @cached_property
+    def layer_weights(self) -> tuple[Weight, ...]:
+        """The weight matrices of one decoder layer, as transformers 5 builds the model type."""
+        h, i = self.hidden_size, self.intermediate_size
+        bias = self.attention_bias
+        if self.model_type == "phi3":  # fused projections
+            attention = [
+                Weight("qkv_proj", h, self.q_size + 2 * self.kv_size),
+                Weight("o_proj", self.q_size, h),
+            ]
+        else:
+            attention = [
+                Weight("q_proj", h, self.q_size, bias),
+                Weight("k_proj", h, self.kv_size, bias),
+                Weight("v_proj", h, self.kv_size, bias),
+                Weight("o_proj", self.q_size, h),
+            ]
+        if self.num_local_experts:
+            # transformers 5 stores experts as stacked parameters and the router as a plain
+            # parameter: neither is an nn.Linear, so neither gets LoRA nor 4-bit weights.
+            e = self.num_local_experts
+            mlp = [
+                Weight("router", h, e, is_linear=False),
+                Weight("experts.gate_up_proj", h, 2 * i, copies=e, is_linear=False),
+                Weight("experts.down_proj", i, h, copies=e, is_linear=False),
+            ]
+        elif self.model_type == "phi3":
+            mlp = [Weight("gate_up_proj", h, 2 * i), Weight("down_proj", i, h)]
+        else:
+            mlp = [Weight("gate_proj", h, i), Weight("up_proj", h, i), Weight("down_proj", i, h)]
+        return tuple(attention + mlp)
+
+    @property
+    def norms_per_layer(self) -> int:
+        # Gemma 2 adds pre/post feed-forward norms; Qwen3 normalises q and k per head.
+        return 4 if self.model_type == "gemma2" else 2
+
+    @property
+    def layer_norm_params(self) -> int:
+        extra = 2 * self.head_size if self.model_type == "qwen3" else 0
+        return self.norms_per_layer * self.hidden_size + extra
+
+    @property
+    def layer_params(self) -> int:
+        return sum(w.numel for w in self.layer_weights) + self.layer_norm_params
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def head_params(self) -> int:
+        """The output projection (lm_head), 0 when it shares the input embedding."""
+        return 0 if self.tie_word_embeddings else self.embedding_params
+
+    @cached_property
+    def num_parameters(self) -> int:
+        """Exact count, as sum(p.numel() for p in model.parameters()) reports it (tied weights once)."""
+        final_norm = self.hidden_size
+        return self.embedding_params + self.num_hidden_layers * self.layer_params + final_norm + self.head_params
+
+    @property
+    def linear_params(self) -> int:
+        """Parameters in the decoder layers' nn.Linear weights: what bitsandbytes quantizes."""
+        return self.num_hidden_layers * sum(w.numel for w in self.layer_weights if w.is_linear)
+
+    @property
+    def largest_layer_params(self) -> int:
+        """The biggest module's own parameters (DeepSpeed's model_to_params: largest_layer_params)."""
+        experts = sum(w.numel for w in self.layer_weights if w.copies > 1)
+        return max([self.embedding_params, experts] + [w.numel for w in self.layer_weights])
+
+    def adapted_weights(self, target_modules: str | Iterable[str]) -> list[Weight]:
+        """Weights of one layer that PEFT wraps with LoRA for these target_modules.
+
+        "all-linear" is every nn.Linear except the output layer (lm_head), as PEFT resolves it.
+        """
+        if target_modules == "all-linear":
+            return [w for w in self.layer_weights if w.is_linear]
+        names = {target_modules} if isinstance(target_modules, str) else set(target_modules)
+        return [w for w in self.layer_weights if w.is_linear and w.name in names]
+
+    def lora_trainable(self, r: int, target_modules: str | Iterable[str], use_dora: bool = False) -> int:
+        """Trainable parameters PEFT's get_peft_model creates (bias="none")."""
+        per_layer = 0
+        for w in self.adapted_weights(target_modules):
+            per_layer += r * (w.in_features + w.out_features)
+            if use_dora:
+                per_layer += w.out_features  # the magnitude vector
+        return self.num_hidden_layers * per_layer
 
 
-_LLAMA2_7B = ModelArch("llama", "LlamaDecoderLayer", 32, 4096, 32, 32, 11008, 32000)
-_LLAMA2_13B = ModelArch("llama", "LlamaDecoderLayer", 40, 5120, 40, 40, 13824, 32000)
-_LLAMA2_70B = ModelArch("llama", "LlamaDecoderLayer", 80, 8192, 64, 8, 28672, 32000)
+def _llama(layers, hidden, heads, kv_heads, intermediate, vocab, tied=False, *, source, **extra) -> ModelArch:
+    return ModelArch("llama", "LlamaDecoderLayer", layers, hidden, heads, kv_heads, intermediate, vocab, tied, source=source, **extra)
 
-KNOWN: dict[str, ModelArch] = {
-    "meta-llama/Llama-2-7b-hf": _LLAMA2_7B,
-    "meta-llama/Llama-2-13b-hf": _LLAMA2_13B,
-    "meta-llama/Llama-2-70b-hf": _LLAMA2_70B,
+
+def _hub(repo: str) -> str:
+    return f"https://huggingface.co/{repo}/blob/main/config.json"
+
+
+_LLAMA2_7B = _llama(32, 4096, 32, 32, 11008, 32000, source=_hub("meta-llama/Llama-2-7b-hf"))
+_LLAMA2_13B = _llama(40, 5120, 40, 40, 13824, 32000, source=_hub("meta-llama/Llama-2-13b-hf"))
+_LLAMA2_70B = _llama(80, 8192, 64, 8, 28672, 32000, source=_hub("meta-llama/Llama-2-70b-hf"))
+_LLAMA3_8B = _llama(32, 4096, 32, 8, 14336, 128256, source=_hub("meta-llama/Meta-Llama-3-8B"))
+_LLAMA3_70B = _llama(80, 8192, 64, 8, 28672, 128256, source=_hub("meta-llama/Meta-Llama-3-70B"))
+_LLAMA32_1B = _llama(16, 2048, 32, 8, 8192, 128256, True, head_dim=64, source=_hub("meta-llama/Llama-3.2-1B"))
+_LLAMA32_3B = _llama(28, 3072, 24, 8, 8192, 128256, True, head_dim=128, source=_hub("meta-llama/Llama-3.2-3B"))
+_YI_34B = _llama(60, 7168, 56, 8, 20480, 64000, source=_hub("01-ai/Yi-34B"))
+
+
+def _mistral(vocab: int, repo: str) -> ModelArch:
+    return ModelArch("mistral", "MistralDecoderLayer", 32, 4096, 32, 8, 14336, vocab, source=_hub(repo))
+
+
+_MIXTRAL_8X7B = ModelArch(
+    "mixtral", "MixtralDecoderLayer", 32, 4096, 32, 8, 14336, 32000,
+    num_local_experts=8, num_experts_per_tok=2, source=_hub("mistralai/Mixtral-8x7B-v0.1"),
+)  # fmt: skip
+
+
+def _qwen25(layers, hidden, heads, kv_heads, intermediate, vocab, tied, size) -> ModelArch:
+    return ModelArch(
+        "qwen2", "Qwen2DecoderLayer", layers, hidden, heads, kv_heads, intermediate, vocab, tied,
+        attention_bias=True, source=_hub(f"Qwen/Qwen2.5-{size}"),
+    )  # fmt: skip
+
+
+def _gemma2(layers, hidden, heads, kv_heads, head_dim, intermediate, size) -> ModelArch:
+    return ModelArch(
+        "gemma2", "Gemma2DecoderLayer", layers, hidden, heads, kv_heads, intermediate, 256000, True,
+        head_dim=head_dim, final_logit_softcapping=30.0, source=_hub(f"google/gemma-2-{size}"),
+    )  # fmt: skip
+
+
+def _phi3(layers, hidden, heads, kv_heads, intermediate, repo) -> ModelArch:
+    return ModelArch("phi3", "Phi3DecoderLayer", layers, hidden, heads, kv_heads, intermediate, 32064, source=_hub(repo))
+
+
+_QWEN = {
+    "0.5B": _qwen25(24, 896, 14, 2, 4864, 151936, True, "0.5B"),
+    "1.5B": _qwen25(28, 1536, 12, 2, 8960, 151936, True, "1.5B"),
+    "3B": _qwen25(36, 2048, 16, 2, 11008, 151936, True, "3B"),
+    "7B": _qwen25(28, 3584, 28, 4, 18944, 152064, False, "7B"),
+    "14B": _qwen25(48, 5120, 40, 8, 13824, 152064, False, "14B"),
+    "32B": _qwen25(64, 5120, 40, 8, 27648, 152064, False, "32B"),
+    "72B": _qwen25(80, 8192, 64, 8, 29568, 152064, False, "72B"),
 }
+_GEMMA2 = {
+    "2b": _gemma2(26, 2304, 8, 4, 256, 9216, "2b"),
+    "9b": _gemma2(42, 3584, 16, 8, 256, 14336, "9b"),
+    "27b": _gemma2(46, 4608, 32, 16, 128, 36864, "27b"),
+}
+_PHI3_MINI = _phi3(32, 3072, 32, 32, 8192, "microsoft/Phi-3-mini-4k-instruct")
+_PHI3_MEDIUM = _phi3(40, 5120, 40, 10, 17920, "microsoft/Phi-3-medium-4k-instruct")
+
+
+def _with_variants(base: dict[str, ModelArch]) -> dict[str, ModelArch]:
+    # Chat/instruct checkpoints share their base model's architecture.
+    out = dict(base)
+    for name, arch in base.items():
+        if name.endswith("-hf"):
+            out[name.replace("-hf", "-chat-hf")] = arch
+        elif not name.endswith("-Instruct"):
+            out[f"{name}-Instruct"] = arch
+    return out
+
+
+KNOWN: dict[str, ModelArch] = _with_variants(
+    {
+        "meta-llama/Llama-2-7b-hf": _LLAMA2_7B,
+        "meta-llama/Llama-2-13b-hf": _LLAMA2_13B,
+        "meta-llama/Llama-2-70b-hf": _LLAMA2_70B,
+        "meta-llama/Meta-Llama-3-8B": _LLAMA3_8B,
+        "meta-llama/Meta-Llama-3-70B": _LLAMA3_70B,
+        "meta-llama/Llama-3.1-8B": _LLAMA3_8B,  # 3.1 changes rope scaling and context only
+        "meta-llama/Llama-3.1-70B": _LLAMA3_70B,
+        "meta-llama/Llama-3.2-1B": _LLAMA32_1B,
+        "meta-llama/Llama-3.2-3B": _LLAMA32_3B,
+        "meta-llama/Llama-3.3-70B-Instruct": _LLAMA3_70B,
+        "mistralai/Mistral-7B-v0.1": _mistral(32000, "mistralai/Mistral-7B-v0.1"),
+        "mistralai/Mistral-7B-v0.3": _mistral(32768, "mistralai/Mistral-7B-v0.3"),
+        "mistralai/Mixtral-8x7B-v0.1": _MIXTRAL_8X7B,
+        **{f"Qwen/Qwen2.5-{size}": arch for size, arch in _QWEN.items()},
+        **{f"google/gemma-2-{size}": arch for size, arch in _GEMMA2.items()},
+        "microsoft/Phi-3-mini-4k-instruct": _PHI3_MINI,
+        "microsoft/Phi-3-medium-4k-instruct": _PHI3_MEDIUM,
+        "01-ai/Yi-34B": _YI_34B,
+    }
+)
+KNOWN["mistralai/Mistral-7B-Instruct-v0.2"] = _mistral(32000, "mistralai/Mistral-7B-Instruct-v0.2")
+KNOWN["mistralai/Mixtral-8x7B-Instruct-v0.1"] = _MIXTRAL_8X7B
+for _size in _GEMMA2:
+    KNOWN[f"google/gemma-2-{_size}-it"] = _GEMMA2[_size]
 
 # model_type in config.json -> decoder layer class, for local folders.
 DECODER_LAYER_BY_MODEL_TYPE = {
@@ -41,12 +268,14 @@ DECODER_LAYER_BY_MODEL_TYPE = {
     "mistral": "MistralDecoderLayer",
     "mixtral": "MixtralDecoderLayer",
     "qwen2": "Qwen2DecoderLayer",
+    "qwen3": "Qwen3DecoderLayer",
     "gemma2": "Gemma2DecoderLayer",
     "phi3": "Phi3DecoderLayer",
 }
 
 
-def from_config(config: dict) -> ModelArch | None:
+def from_config(config: dict, source: str = "") -> ModelArch | None:
+    """Facts from a config.json dict; None for a model type whose layout tunedeck does not know."""
     model_type = config.get("model_type", "")
     layer = DECODER_LAYER_BY_MODEL_TYPE.get(model_type)
     if layer is None:
@@ -61,7 +290,13 @@ def from_config(config: dict) -> ModelArch | None:
         num_key_value_heads=config.get("num_key_value_heads") or heads,
         intermediate_size=config["intermediate_size"],
         vocab_size=config["vocab_size"],
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", model_type == "gemma2")),
+        head_dim=config.get("head_dim"),
+        attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+        num_local_experts=config.get("num_local_experts", 0) if model_type == "mixtral" else 0,
+        num_experts_per_tok=config.get("num_experts_per_tok", 0) if model_type == "mixtral" else 0,
+        final_logit_softcapping=config.get("final_logit_softcapping"),
+        source=source,
     )
 
 
@@ -71,5 +306,9 @@ def lookup(name_or_path: str) -> ModelArch | None:
         return KNOWN[name_or_path]
     config_file = Path(name_or_path) / "config.json"
     if config_file.is_file():
-        return from_config(json.loads(config_file.read_text(encoding="utf-8")))
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+            return from_config(config, source=str(config_file))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # unreadable or incomplete config: treated as an unknown model
     return None
