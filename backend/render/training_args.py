@@ -58,7 +58,10 @@ def training_args_dict(spec: JobSpec) -> dict:
     if launch.use_cpu:
         # DeepSpeed drives the CPU itself (its CPU accelerator), so it must not see use_cpu.
         args["use_cpu"] = not s.is_deepspeed
-        args["ddp_backend"] = "gloo"
+        if launch.num_processes > 1 or s.is_deepspeed:
+            # Ranks talk over gloo. A lone process started without a launcher has no rank
+            # environment, and SFTConfig fails to build a gloo group there: leave it out then.
+            args["ddp_backend"] = "gloo"
     return args
 
 
