@@ -109,6 +109,9 @@ def _fsdp_section(spec: JobSpec) -> dict:
         section["fsdp_reshard_after_forward"] = s.fsdp_sharding_strategy != "SHARD_GRAD_OP"
     else:
         section["fsdp_reshard_after_forward"] = s.fsdp_sharding_strategy
+        # accelerate 1.15's launcher always exports FSDP_SHARDING_STRATEGY (default FULL_SHARD) and the
+        # FSDP1 plugin prefers it over reshard_after_forward: without this key SHARD_GRAD_OP is lost.
+        section["fsdp_sharding_strategy"] = s.fsdp_sharding_strategy
         section["fsdp_backward_prefetch"] = "BACKWARD_PRE"
         section["fsdp_forward_prefetch"] = False
         section["fsdp_use_orig_params"] = True  # frozen base + trainable adapters in one unit need it
