@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
@@ -57,40 +58,36 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _check(spec) -> tuple[list, bool]:
-    from backend.validate import validate
+    from backend.validate import has_errors, validate
 
     problems = validate(spec)
     print_problems((p.level, p.field, p.message) for p in problems)
-    return problems, any(p.level == "error" for p in problems)
+    return problems, has_errors(problems)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from backend.validate import describe_global_batch
+
     spec = load_spec_or_exit(args)
     problems, failed = _check(spec)
     if failed:
         return 2
     print(
         f"ok: {spec.method} on {spec.model.name_or_path}, {spec.strategy.kind}, "
-        f"{spec.launch.num_processes} processes, global batch {spec.global_batch_size}"
+        f"{spec.launch.num_processes} processes, {describe_global_batch(spec)}"
         + (f" ({len(problems)} warnings)" if problems else "")
     )
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from backend.render import render_bundle
+    from backend.render import render_bundle, write_bundle
 
     spec = load_spec_or_exit(args)
     _, failed = _check(spec)
     if failed:
-        print("nothing exported: fix the errors above", flush=True)
+        print("nothing exported: fix the errors above", file=sys.stderr)
         return 2
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in render_bundle(spec).items():
-        path = out / name
-        path.write_text(text, encoding="utf-8")
-        if name.endswith(".sh"):
-            path.chmod(0o755)
+    for path in write_bundle(render_bundle(spec), Path(args.output)):
         print(path)
     return 0
