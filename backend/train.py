@@ -517,11 +517,13 @@ def main(argv=None) -> int:
         training_args = read_yaml(args_path, "training arguments")
         status = train(job, training_args, metrics, stop, terminal)
     except BaseException as exc:  # noqa: BLE001 - every failure must end the run's record
-        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        traceback.print_exc()
-        JsonlWriter(run_dir / "errors.jsonl").write(
-            {"rank": rank, "time": time.time(), "error": error, "traceback": traceback.format_exc()}
-        )
+        if isinstance(exc, JobError):  # the user's input: the message says it all
+            error, trace = str(exc), None
+            print(f"error: {error}", file=sys.stderr)
+        else:
+            error, trace = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__), traceback.format_exc()
+            traceback.print_exc()
+        JsonlWriter(run_dir / "errors.jsonl").write({"rank": rank, "time": time.time(), "error": error, "traceback": trace})
     if metrics:
         metrics.write(
             {"event": "end", "time": time.time(), "status": status, "runtime_s": time.time() - started, "error": error}

@@ -1,0 +1,342 @@
+"""Run manager: start a job as a run folder, watch it, stop it, re-attach, list past runs.
+
+A run is a folder under the runs directory (see DESIGN.md, "A run folder"): the job's
+bundle (job.yaml, accelerate_config.yaml, ds_config.json, training_args.yaml, launch.sh,
+train_sft.py), status.json, metrics.jsonl, logs/. The disk is the message bus: the
+manager keeps no state that a restart could lose. Each run is owned by a small
+supervisor process (backend/supervisor.py) in its own session, which starts
+`accelerate launch` in its own process group, carries out stops and records the exit
+code; the manager only writes requests and reads status.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from backend import supervisor
+from backend.spec import spec_to_dict
+from backend.supervisor import ACTIVE_STATES, STOP_FILE, is_alive, read_status, write_status
+
+RUN_ID_PATTERN = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
+DEFAULT_GRACE_S = 60.0
+
+
+class RunError(Exception):
+    """Why a run cannot be started, found or stopped; the message is for the user."""
+
+
+@dataclass
+class RunStatus:
+    run_id: str
+    state: str  # queued | running | stopping | finished | failed | stopped
+    pid: int | None  # the launcher (`accelerate launch`), leader of the run's process group
+    started_at: float | None  # seconds since the epoch
+    ended_at: float | None
+    exit_code: int | None
+    error: str | None  # on failure: the error lines of the rank that failed first
+    title: str  # one line: model, method, strategy
+
+
+def gpu_indices() -> list[int]:
+    """Indices of this machine's NVIDIA GPUs (NVML), or [] without a GPU or driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # pynvml.NVMLError and ImportError alike: no usable GPU
+        return []
+    try:
+        return list(range(pynvml.nvmlDeviceGetCount()))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def run_title(job: dict) -> str:
+    model = str((job.get("model") or {}).get("name_or_path", "?"))
+    if os.path.isabs(model) or model.startswith("."):
+        model = "/".join(Path(model).parts[-2:])  # a local folder: its last two names say enough
+    strategy, launch = job.get("strategy") or {}, job.get("launch") or {}
+    where = "CPU" if launch.get("use_cpu") else "GPU"
+    return f"{model} · {job.get('method', '?')} · {strategy.get('kind', '?')} · {launch.get('num_processes', 1)}x{where}"
+
+
+class RunManager:
+    def __init__(self, runs_dir: Path | str = "runs"):
+        self.runs_dir = Path(runs_dir).resolve()
+        self._supervisors: dict[str, subprocess.Popen] = {}
+
+    # ------------------------------------------------------------ start
+
+    def start(self, spec) -> str:
+        """Validate, create the run folder and launch it; returns the run id. Raises RunError."""
+        from backend.render import render_bundle, write_bundle
+        from backend.validate import validate
+
+        errors = [p for p in validate(spec) if p.level == "error"]
+        if errors:
+            raise RunError("the job has errors:\n" + "\n".join(f"- {p.field}: {p.message}" for p in errors))
+        gpus = self._claim_gpus(spec)
+        accelerate = self._accelerate_command()
+        self._ensure_demo_if_used(spec)
+
+        run_id = self._new_run_id()
+        run_dir = self.runs_dir / run_id
+        write_bundle(render_bundle(spec), run_dir)
+        (run_dir / "logs").mkdir(exist_ok=True)
+        env_changes = self._env_changes(spec, gpus)
+        write_status(
+            run_dir,
+            {
+                "run_id": run_id,
+                "state": "queued",
+                "title": run_title(spec_to_dict(spec)),
+                "created_at": time.time(),
+                "started_at": None,
+                "ended_at": None,
+                "exit_code": None,
+                "error": None,
+                "gpu_ids": gpus,
+                "argv": [accelerate, *self._launch_args(spec)],
+                # What tunedeck set on top of its own environment (PATH only gains the venv's bin).
+                "env": {k: v for k, v in env_changes.items() if k != "PATH"},
+            },
+        )
+        # From here on the supervisor is the only writer of status.json (it records itself first).
+        try:
+            with open(run_dir / "logs" / "supervisor.log", "ab") as log:
+                self._supervisors[run_id] = subprocess.Popen(
+                    [sys.executable, "-m", "backend.supervisor", str(run_dir)],
+                    cwd=run_dir,
+                    env={**os.environ, **env_changes},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # survives the manager (and a Ctrl-C in its terminal)
+                )
+        except OSError as exc:
+            supervisor.update_status(run_dir, state="failed", ended_at=time.time(), error=f"could not start the supervisor: {exc}")
+            raise RunError(f"could not start the run: {exc}") from None
+        self._wait_until_launched(run_id)
+        return run_id
+
+    def _claim_gpus(self, spec) -> list[int] | None:
+        """The GPUs the run will use; refuses GPUs that a live run holds. None for CPU runs."""
+        launch = spec.launch
+        if launch.use_cpu:
+            return None
+        available = gpu_indices()
+        if not available:
+            raise RunError(
+                "no NVIDIA GPU found on this machine: set launch.use_cpu to true to train on CPU processes "
+                "(gloo), as the demo preset does"
+            )
+        wanted = available if launch.gpu_ids == "all" else [int(i) for i in launch.gpu_ids.split(",") if i]
+        missing = [i for i in wanted if i not in available]
+        if missing:
+            raise RunError(
+                f"launch.gpu_ids: GPU {', '.join(map(str, missing))} does not exist here; this machine has GPUs "
+                f"{', '.join(map(str, available))}"
+            )
+        wanted = wanted[: launch.processes_per_machine]
+        if len(wanted) < launch.processes_per_machine:
+            raise RunError(
+                f"launch.num_processes: {launch.processes_per_machine} processes need as many GPUs, and only "
+                f"{len(wanted)} are available: lower launch.num_processes"
+            )
+        for other in self.list_runs():
+            if other.state not in ACTIVE_STATES:
+                continue
+            held = set(read_status(self.run_dir(other.run_id)).get("gpu_ids") or [])
+            clash = sorted(held & set(wanted))
+            if clash:
+                raise RunError(
+                    f"GPU {', '.join(map(str, clash))} is in use by run {other.run_id} ({other.title}): stop it, "
+                    f"or set launch.gpu_ids to free GPUs"
+                )
+        return wanted
+
+    @staticmethod
+    def _accelerate_command() -> str:
+        # The console script of the same environment as this Python, not whatever PATH finds first.
+        candidate = Path(sys.executable).parent / "accelerate"
+        if candidate.is_file():
+            return str(candidate)
+        raise RunError(
+            f"the accelerate command is not installed next to {sys.executable}: install the training stack "
+            "(pip install 'tunedeck[train]')"
+        )
+
+    @staticmethod
+    def _launch_args(spec) -> list[str]:
+        from backend.render.launch import launch_argv
+
+        args = launch_argv(spec)
+        if spec.launch.num_machines == 1:
+            # On one machine the rendezvous port is private: let accelerate pick a free one, so
+            # two runs (or a run and someone's notebook) never collide on 29500.
+            args[1:1] = ["--main_process_port", "0"]
+        return args
+
+    @staticmethod
+    def _env_changes(spec, gpus: list[int] | None) -> dict[str, str]:
+        per_machine = spec.launch.processes_per_machine
+        env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        if gpus is None:
+            # Measured: several threads per process on a small machine make training ~6x slower.
+            env["OMP_NUM_THREADS"] = "1"
+            env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run stays on the CPU even on a GPU machine
+        else:
+            env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // per_machine))
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        return env
+
+    @staticmethod
+    def _ensure_demo_if_used(spec) -> None:
+        from backend.spec import demo_home
+
+        home = str(demo_home())
+        if str(spec.model.name_or_path).startswith(home) or str(spec.dataset.path).startswith(home):
+            from backend.demo import ensure_demo
+
+            try:
+                ensure_demo()
+            except RuntimeError as exc:
+                raise RunError(str(exc)) from None
+
+    def _new_run_id(self) -> str:
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+            try:
+                (self.runs_dir / run_id).mkdir()
+                return run_id
+            except FileExistsError:
+                continue
+
+    def _wait_until_launched(self, run_id: str, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.status(run_id).state == "queued":
+            time.sleep(0.05)
+
+    # ------------------------------------------------------------ stop
+
+    def stop(self, run_id: str, grace_s: float = DEFAULT_GRACE_S) -> RunStatus:
+        """Ask the run to stop: ranks finish their step and save, SIGKILL after grace_s. Returns at once."""
+        status = self.status(run_id)
+        if status.state not in ACTIVE_STATES:
+            return status
+        run_dir = self.run_dir(run_id)
+        (run_dir / STOP_FILE).write_text(json.dumps({"grace_s": grace_s, "time": time.time()}) + "\n")
+        if not is_alive(read_status(run_dir).get("supervisor")):
+            self._stop_without_supervisor(run_dir, grace_s)
+        return self.status(run_id)
+
+    @staticmethod
+    def _stop_without_supervisor(run_dir: Path, grace_s: float) -> None:
+        # Only when the supervisor died (killed by hand): signal the group ourselves, then settle the status.
+        import signal
+
+        launcher = read_status(run_dir).get("launcher")
+        if is_alive(launcher):
+            supervisor._signal_group(launcher["pgid"], signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while is_alive(launcher) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            supervisor._reap_group(launcher["pgid"])
+        state, error = supervisor.final_state(run_dir, None, stop_requested=True)
+        supervisor.update_status(run_dir, state=state, ended_at=time.time(), error=error)
+
+    def wait(self, run_id: str, timeout: float | None = None, poll_s: float = 0.5) -> RunStatus:
+        """Block until the run has ended (or timeout seconds pass); returns its status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status(run_id)
+            if status.state not in ACTIVE_STATES or (deadline is not None and time.monotonic() > deadline):
+                return status
+            time.sleep(poll_s)
+
+    # ------------------------------------------------------------ read
+
+    def run_dir(self, run_id: str) -> Path:
+        """The folder of a run id; refuses anything but a plain run id (no paths, no traversal)."""
+        if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id):
+            raise RunError(f"{run_id!r} is not a run id (they look like 20250101-120000-a1b2c3)")
+        return self.runs_dir / run_id
+
+    def status(self, run_id: str) -> RunStatus:
+        run_dir = self.run_dir(run_id)
+        try:
+            data = read_status(run_dir)
+        except FileNotFoundError:
+            raise RunError(f"there is no run {run_id} in {self.runs_dir}") from None
+        except ValueError:
+            raise RunError(f"run {run_id}: status.json is damaged") from None
+        proc = self._supervisors.get(run_id)
+        if proc is not None:
+            proc.poll()  # reap our own child so it does not linger as a zombie
+        if data["state"] in ACTIVE_STATES:
+            data = self._reattach(run_dir, data)
+        launcher = data.get("launcher") or {}
+        return RunStatus(
+            run_id=run_id,
+            state=data["state"],
+            pid=launcher.get("pid"),
+            started_at=data.get("started_at"),
+            ended_at=data.get("ended_at"),
+            exit_code=data.get("exit_code"),
+            error=data.get("error"),
+            title=data.get("title", ""),
+        )
+
+    @staticmethod
+    def _reattach(run_dir: Path, data: dict) -> dict:
+        """Trust an active state only while the supervisor that owns the run is alive (pid + start time)."""
+        if is_alive(data.get("supervisor")):
+            if data["state"] == "running" and (run_dir / STOP_FILE).exists():
+                data = {**data, "state": "stopping"}
+            return data
+        # Between write and spawn the supervisor is not recorded yet: a fresh queued run is still fine.
+        if data["state"] == "queued" and not data.get("supervisor") and time.time() - data["created_at"] < 30:
+            return data
+        data = read_status(run_dir)  # it may have finished between our two reads
+        if data["state"] not in ACTIVE_STATES:
+            return data
+        if is_alive(data.get("launcher")):
+            return data  # the supervisor was killed but training goes on: still running
+        state, error = supervisor.final_state(run_dir, None, (run_dir / STOP_FILE).exists())
+        return supervisor.update_status(run_dir, state=state, ended_at=data.get("ended_at") or time.time(), error=error)
+
+    def list_runs(self) -> list[RunStatus]:
+        """Every run in the runs folder, newest first."""
+        if not self.runs_dir.is_dir():
+            return []
+        runs = []
+        for entry in sorted(self.runs_dir.iterdir(), reverse=True):
+            if RUN_ID_PATTERN.match(entry.name) and (entry / supervisor.STATUS_FILE).is_file():
+                try:
+                    runs.append(self.status(entry.name))
+                except RunError:
+                    continue
+        return runs
+
+    def active_run(self) -> str | None:
+        """The newest run that is queued, running or stopping, if any."""
+        for run in self.list_runs():
+            if run.state in ACTIVE_STATES:
+                return run.run_id
+        return None
+
+    def job(self, run_id: str) -> dict:
+        """The run's job.yaml as a dict."""
+        return yaml.safe_load((self.run_dir(run_id) / "job.yaml").read_text(encoding="utf-8")) or {}

@@ -1,0 +1,237 @@
+"""The run supervisor: a small process that owns one run's launcher from start to exit.
+
+    python -m backend.supervisor RUN_DIR
+
+The run manager starts it in its own session and returns; the supervisor starts the
+launcher (argv and environment prepared by the manager, recorded in status.json),
+records pid and process start time, carries out a stop request (the manager drops a
+`stop.request` file), and writes the final state and exit code to status.json when the
+launcher exits. Because it outlives the manager, a panel restart loses nothing: the new
+manager re-attaches by reading status.json and checking pids and start times.
+
+Stop: SIGTERM to the ranks (the launcher's children), which finish their step, save a
+checkpoint and exit; the launcher then exits by itself. The launcher itself is not
+signalled first: torch's elastic agent answers SIGTERM by killing its workers 30 s later,
+which could cut a large checkpoint in half. After the grace period, SIGKILL to the whole
+process group. Whatever is left in the group when the launcher exits is killed too, so
+no process of a run outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+STATUS_FILE = "status.json"
+STOP_FILE = "stop.request"
+LAUNCHER_LOG = "logs/launcher.log"
+ACTIVE_STATES = ("queued", "running", "stopping")
+POLL_S = 0.2
+ERROR_LINES = 20
+
+
+# ---------------------------------------------------------------- status.json
+
+
+def read_status(run_dir: Path) -> dict:
+    return json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
+
+
+def write_status(run_dir: Path, status: dict) -> None:
+    """Atomic replace: a reader never sees a half-written file."""
+    tmp = run_dir / f".{STATUS_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, run_dir / STATUS_FILE)
+
+
+def update_status(run_dir: Path, **changes) -> dict:
+    status = read_status(run_dir)
+    status.update(changes)
+    write_status(run_dir, status)
+    return status
+
+
+def process_identity(pid: int) -> dict:
+    """pid plus start time: a pid alone may have been reused by an unrelated process."""
+    return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+
+
+def is_alive(identity: dict | None) -> bool:
+    if not identity or not identity.get("pid"):
+        return False
+    try:
+        proc = psutil.Process(identity["pid"])
+        return abs(proc.create_time() - identity["create_time"]) < 0.5 and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+# ---------------------------------------------------------------- how a run ended
+
+
+def end_record(run_dir: Path) -> dict | None:
+    """The training's own {"event": "end"} record from metrics.jsonl, if it wrote one."""
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - 65536))
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == "end":
+            return record
+    return None
+
+
+def first_failure(run_dir: Path) -> str | None:
+    """The error lines of the rank that failed first (train.py's errors.jsonl), else the launcher log's tail."""
+    failures = []
+    try:
+        for line in (run_dir / "errors.jsonl").read_text(encoding="utf-8").splitlines():
+            try:
+                failures.append(json.loads(line))
+            except ValueError:
+                continue
+    except FileNotFoundError:
+        pass
+    if failures:
+        first = min(failures, key=lambda f: f.get("time", 0))
+        trace = [l for l in (first.get("traceback") or "").splitlines() if l.strip()]
+        if len(trace) > ERROR_LINES:
+            trace = ["  ...", *trace[-ERROR_LINES:]]
+        return "\n".join([f"rank {first.get('rank')} failed first: {first.get('error')}", *trace])
+    try:
+        lines = (run_dir / LAUNCHER_LOG).read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    lines = [l for l in lines if l.strip()][-ERROR_LINES:]
+    return "\n".join(lines) or None
+
+
+def final_state(run_dir: Path, exit_code: int | None, stop_requested: bool) -> tuple[str, str | None]:
+    """(state, error) of a run whose launcher has exited."""
+    end = end_record(run_dir)
+    trained = end.get("status") if end else None
+    if trained == "finished":
+        return "finished", None
+    if stop_requested:
+        return "stopped", None
+    if exit_code == 0 and trained in (None, "stopped"):
+        return ("stopped" if trained == "stopped" else "finished"), None
+    headline = f"the launcher exited with code {exit_code}" if exit_code is not None else "the run's processes are gone"
+    return "failed", first_failure(run_dir) or headline
+
+
+# ---------------------------------------------------------------- supervising
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children()
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send sig to a process group; False when the group is empty."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _reap_group(pgid: int, timeout: float = 5.0) -> None:
+    """Kill whatever is left in the run's process group and wait until it is empty."""
+    deadline = time.monotonic() + timeout
+    while _signal_group(pgid, signal.SIGKILL) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def supervise(run_dir: Path) -> int:
+    run_dir = run_dir.resolve()
+    status = update_status(run_dir, supervisor=process_identity(os.getpid()))
+    (run_dir / "logs").mkdir(exist_ok=True)
+    # The manager may be asked to stop before we even start: then there is nothing to run.
+    if (run_dir / STOP_FILE).exists():
+        update_status(run_dir, state="stopped", ended_at=time.time(), exit_code=None)
+        return 0
+    with open(run_dir / LAUNCHER_LOG, "ab") as log:
+        try:
+            launcher = subprocess.Popen(
+                status["argv"],
+                cwd=run_dir,
+                # The manager started us with the run's environment; the launcher inherits it.
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop and cleanup address the whole run
+            )
+        except OSError as exc:
+            update_status(run_dir, state="failed", ended_at=time.time(), error=f"could not start {status['argv'][0]}: {exc}")
+            return 1
+    update_status(
+        run_dir,
+        state="running",
+        started_at=time.time(),
+        launcher={**process_identity(launcher.pid), "pgid": launcher.pid},
+    )
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stray group signal must not orphan the run
+    stop_since = stop_deadline = None
+    signalled: set[int] = set()
+    while launcher.poll() is None:
+        stop_file = run_dir / STOP_FILE
+        if stop_file.exists():
+            if stop_deadline is None:
+                stop_since = time.monotonic()
+                stop_deadline = stop_since + _grace_seconds(stop_file)
+                update_status(run_dir, state="stopping", stop_requested_at=time.time())
+            # Ranks may still be starting: signal each one as it appears, once.
+            for child in _children(launcher.pid):
+                if child.pid not in signalled:
+                    signalled.add(child.pid)
+                    try:
+                        child.send_signal(signal.SIGTERM)
+                    except psutil.NoSuchProcess:
+                        pass
+            if time.monotonic() > stop_deadline:
+                _signal_group(launcher.pid, signal.SIGKILL)
+            elif signalled and not _children(launcher.pid) and time.monotonic() > stop_since + 5:
+                launcher.terminate()  # the ranks are gone but the launcher lingers
+        time.sleep(POLL_S)
+    exit_code = launcher.returncode
+    _reap_group(launcher.pid)
+    state, error = final_state(run_dir, exit_code, stop_deadline is not None)
+    update_status(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
+    return 0
+
+
+def _grace_seconds(stop_file: Path) -> float:
+    try:
+        return float(json.loads(stop_file.read_text())["grace_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 60.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m backend.supervisor RUN_DIR", file=sys.stderr)
+        return 2
+    return supervise(Path(args[0]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
