@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES = [
     "backend.cli_spec",  # presets, schema, validate, export
     "app.cli_ui",  # ui
+    "backend.cli_runs",  # train, runs
 ]
 
 

@@ -1,0 +1,268 @@
+"""Run commands: `tunedeck train SPEC` (headless, with a progress bar) and `tunedeck runs [show|stop]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
+
+# Exit codes of `tunedeck train`: the training's own status.
+EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="run a job headless here, with a progress bar (Ctrl-C stops it gracefully)")
+    add_spec_arguments(p)
+    _add_runs_dir(p)
+    p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser("runs", help="list runs; `runs show ID`, `runs stop ID`")
+    _add_runs_dir(p)
+    p.set_defaults(handler=cmd_runs_list)
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    show = actions.add_parser("show", help="a run's state, facts, last metrics and error")
+    show.add_argument("run_id", metavar="ID")
+    _add_runs_dir(show)
+    show.set_defaults(handler=cmd_runs_show)
+    stop = actions.add_parser("stop", help="stop a run: ranks finish their step and save a checkpoint")
+    stop.add_argument("run_id", metavar="ID")
+    stop.add_argument("--grace", type=float, default=60.0, metavar="S", help="seconds before a hard kill (default 60)")
+    stop.add_argument("--no-wait", action="store_true", help="return once the stop is requested")
+    _add_runs_dir(stop)
+    stop.set_defaults(handler=cmd_runs_stop)
+
+
+def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runs-dir", type=Path, default=argparse.SUPPRESS, metavar="DIR", help="folder of the run folders (default: ./runs)"
+    )
+
+
+def _manager(args):
+    from backend.runs import RunManager
+
+    return RunManager(getattr(args, "runs_dir", Path("runs")))
+
+
+# ---------------------------------------------------------------- train
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from backend.runs import RunError
+    from backend.validate import validate
+
+    spec = load_spec_or_exit(args)
+    problems = validate(spec)
+    print_problems((p.level, p.field, p.message) for p in problems)
+    if any(p.level == "error" for p in problems):
+        print("nothing started: fix the errors above", file=sys.stderr)
+        return 2
+    manager = _manager(args)
+    _say_if_building_demo(spec)
+    try:
+        run_id = manager.start(spec)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"run {run_id}: {manager.status(run_id).title}")
+    print(f"folder {manager.run_dir(run_id)}", flush=True)
+    status = _follow(manager, run_id)
+    if status.state == "failed":
+        print(f"failed: {status.error or 'see ' + str(manager.run_dir(run_id) / 'logs')}", file=sys.stderr)
+    else:
+        print(f"{status.state} in {_duration((status.ended_at or time.time()) - (status.started_at or time.time()))}")
+    return EXIT_CODES.get(status.state, 1)
+
+
+def _say_if_building_demo(spec) -> None:
+    from backend.demo import is_built
+    from backend.spec import demo_home
+
+    home = demo_home()
+    if str(home) in (spec.model.name_or_path + spec.dataset.path) and not is_built(home):
+        print(f"building the demo model and data in {home} (once, a few seconds)", flush=True)
+
+
+def _follow(manager, run_id: str):
+    """Print the start facts and a progress line per log record until the run ends; Ctrl-C stops it."""
+    from backend.tail import JsonlTail
+
+    tail = JsonlTail(manager.run_dir(run_id) / "metrics.jsonl")
+    bar = ProgressBar(sys.stdout)
+    stopping = False
+    while True:
+        try:
+            for record in tail.read_new():
+                if record.get("event") == "start":
+                    print(describe_start(record), flush=True)
+                elif record.get("event") == "log":
+                    bar.update(record)
+            status = manager.status(run_id)
+            if status.state not in ("queued", "running", "stopping"):
+                for record in tail.read_new():
+                    if record.get("event") == "log":
+                        bar.update(record)
+                bar.close()
+                return status
+            time.sleep(0.5)
+        except KeyboardInterrupt:
+            if stopping:
+                bar.close()
+                print(f"left run {run_id} stopping in the background", file=sys.stderr)
+                return manager.status(run_id)
+            stopping = True
+            bar.close()
+            print("stopping: the ranks finish their step and save a checkpoint (Ctrl-C again to leave)", file=sys.stderr)
+            manager.stop(run_id)
+
+
+class ProgressBar:
+    """One updating line on a terminal (step/total, loss, ETA); one line per update otherwise."""
+
+    WIDTH = 24
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.first: tuple[float, int] | None = None
+        self.drawn = False
+
+    def update(self, record: dict) -> None:
+        step, total = record.get("step", 0), record.get("max_steps") or 0
+        if "loss" not in record:  # an evaluation record
+            self._emit(f"step {step}/{total}  eval_loss {record.get('eval_loss', float('nan')):.4f}", newline=True)
+            return
+        now = record.get("time", time.time())
+        if self.first is None:
+            self.first = (now, step)
+        eta = ""
+        done_steps = step - self.first[1]
+        if done_steps > 0 and total:
+            eta = f"  ETA {_duration((now - self.first[0]) / done_steps * (total - step))}"
+        filled = int(self.WIDTH * step / total) if total else 0
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        self._emit(f"[{bar}] step {step}/{total}  loss {record['loss']:.4f}{eta}", newline=not self.tty)
+
+    def _emit(self, text: str, newline: bool) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K" + text + ("\n" if newline else ""))
+            self.drawn = not newline
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
+
+
+def describe_start(record: dict) -> str:
+    """The start record's facts in one line, e.g. "2 ranks · DeepSpeed ZeRO-3 · DeepSpeedEngine · 0.4% trainable"."""
+    ranks = record.get("world_size", 1)
+    kind = record.get("distributed_type", "?")
+    if record.get("zero_stage") is not None:
+        kind = f"DeepSpeed ZeRO-{record['zero_stage']}"
+    elif record.get("fsdp"):
+        kind = "FSDP"
+    trainable, total = record.get("trainable_params") or 0, record.get("total_params") or 0
+    share = f"{100 * trainable / total:.1f}% of {total:,} parameters trainable" if total else "parameters unknown"
+    return f"{ranks} rank{'s' if ranks != 1 else ''} · {kind} · {record.get('model_class', '?')} · {share}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+# ---------------------------------------------------------------- runs
+
+
+def _metrics(manager, run_id: str) -> tuple[dict | None, dict | None]:
+    """(start record, last training log record) of a run."""
+    from backend.tail import JsonlTail
+
+    start = last = None
+    for record in JsonlTail(manager.run_dir(run_id) / "metrics.jsonl").read_new():
+        if record.get("event") == "start":
+            start = record
+        elif record.get("event") == "log" and "loss" in record:
+            last = record
+    return start, last
+
+
+def cmd_runs_list(args: argparse.Namespace) -> int:
+    manager = _manager(args)
+    runs = manager.list_runs()
+    if not runs:
+        print(f"no runs in {manager.runs_dir}")
+        return 0
+    rows = [("ID", "STATE", "STEP", "LOSS", "STARTED", "TITLE")]
+    for run in runs:
+        _, last = _metrics(manager, run.run_id)
+        rows.append(
+            (
+                run.run_id,
+                run.state,
+                f"{last['step']}/{last['max_steps']}" if last else "-",
+                f"{last['loss']:.4f}" if last else "-",
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at)) if run.started_at else "-",
+                run.title,
+            )
+        )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
+def cmd_runs_show(args: argparse.Namespace) -> int:
+    from backend.runs import RunError
+
+    manager = _manager(args)
+    try:
+        status = manager.status(args.run_id)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    start, last = _metrics(manager, args.run_id)
+    print(f"run      {status.run_id}")
+    print(f"title    {status.title}")
+    print(f"state    {status.state}" + (f" (exit code {status.exit_code})" if status.exit_code is not None else ""))
+    print(f"folder   {manager.run_dir(args.run_id)}")
+    if status.started_at:
+        end = status.ended_at or time.time()
+        print(f"started  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(status.started_at))}, ran {_duration(end - status.started_at)}")
+    if start:
+        print(f"got      {describe_start(start)}")
+    if last:
+        print(f"progress step {last['step']}/{last['max_steps']}, loss {last['loss']:.4f}")
+    if status.error:
+        print("error:\n" + status.error)
+    return 0
+
+
+def cmd_runs_stop(args: argparse.Namespace) -> int:
+    from backend.runs import RunError
+
+    manager = _manager(args)
+    try:
+        status = manager.stop(args.run_id, grace_s=args.grace)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if status.state not in ("queued", "running", "stopping"):
+        print(f"run {args.run_id} is not running ({status.state})")
+        return 0
+    if args.no_wait:
+        print(f"stop requested for run {args.run_id}")
+        return 0
+    print(f"stopping run {args.run_id}: the ranks finish their step and save a checkpoint", flush=True)
+    status = manager.wait(args.run_id, timeout=args.grace + 30)
+    print(f"run {args.run_id}: {status.state}")
+    return 0 if status.state in ("stopped", "finished", "failed") else 1
