@@ -26,8 +26,8 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def file_element_id(name: str) -> str:
-    return "file-" + name.replace(".", "-").replace("_", "-")
+def language_of(name: str) -> str | None:
+    return LANGUAGES.get(PurePath(name).suffix)
 
 
 class DerivedView:
@@ -57,34 +57,42 @@ class JobView:
             self.zip = gr.DownloadButton("⬇ Download bundle (.zip)", elem_id="download-zip", interactive=False)
 
     def build_files(self) -> None:
-        """One tab per generated file, then every file as its own download."""
-        self.codes, self.tabs = [], []
-        with gr.Tabs(elem_id="file-tabs"):
-            for name in self.file_names:
-                with gr.Tab(name, id=name, elem_id="tab-" + file_element_id(name)) as tab:
-                    language = LANGUAGES.get(PurePath(name).suffix)
-                    self.codes.append(
-                        gr.Code(
-                            language=language,
-                            label=name,
-                            interactive=False,
-                            max_lines=40,
-                            elem_id=file_element_id(name),
-                            buttons=["copy", "download"],
-                        )
-                    )
-                self.tabs.append(tab)
+        """A tab strip of the bundle's files (exactly the files of this job), one viewer, per-file downloads.
+
+        The strip is a Radio: its choices follow the job (ds_config.json comes and goes with
+        DeepSpeed), which Gradio's Tabs cannot do reliably once rendered.
+        """
+        self.file_choice = gr.Radio(
+            choices=self.file_names, value=self.file_names[0], show_label=False, elem_id="file-tabs", container=False
+        )
+        self.code = gr.Code(
+            language=language_of(self.file_names[0]),
+            label=self.file_names[0],
+            interactive=False,
+            max_lines=45,
+            elem_id="file-view",
+            buttons=["copy", "download"],
+        )
         with gr.Accordion("Download one file", open=False, elem_id="bundle-files-accordion"):
             self.files = gr.File(label="Each file alone", file_count="multiple", interactive=False, elem_id="bundle-files")
         self.shown = gr.State({})
+        self.file_choice.input(
+            self.show_file, inputs=[self.file_choice, self.shown], outputs=[self.code, self.shown], show_progress="hidden"
+        )
+
+    def show_file(self, name: str, shown: dict) -> list:
+        shown = dict(shown or {})
+        text = (shown.get("files") or {}).get(name, "")
+        shown.update(choice=name, code=(name, _digest(text)))
+        return [gr.update(value=text, language=language_of(name), label=name), shown]
 
     @property
     def outputs(self) -> list:
         extra = [c for view in self.derived for c in view.outputs]
         return [
             *self.form.components,
-            *self.codes,
-            *self.tabs,
+            self.file_choice,
+            self.code,
             self.issues,
             self.batch,
             self.start,
@@ -118,17 +126,16 @@ class JobView:
             shown[field.path] = look
 
         files = result.files
-        for name in self.file_names:
-            text = files.get(name)
-            key = "file:" + name
-            digest = _digest(text) if text is not None else None
-            out.append(gr.skip() if shown.get(key) == digest else (text or ""))
-            shown[key] = digest
-        for name in self.file_names:
-            visible = name in files or not files  # with no files (parse error) keep the tabs in place
-            key = "tab:" + name
-            out.append(gr.skip() if shown.get(key) == visible else gr.update(visible=visible))
-            shown[key] = visible
+        if files:  # with no files (the spec does not parse) the last ones stay in view
+            names = list(files)
+            choice = shown.get("choice") if shown.get("choice") in names else names[0]
+            out.append(gr.skip() if shown.get("names") == names else gr.update(choices=names, value=choice))
+            digest = _digest(files[choice])
+            same = shown.get("code") == (choice, digest)
+            out.append(gr.skip() if same else gr.update(value=files[choice], language=language_of(choice), label=choice))
+            shown.update(names=names, choice=choice, code=(choice, digest), files=files)
+        else:
+            out += [gr.skip(), gr.skip()]
 
         out.append(issues_markdown(result))
         out.append(batch_markdown(result.values))

@@ -31,21 +31,10 @@ def ordered_presets() -> list[Preset]:
     return first + [p for i, p in sorted(presets.items()) if i not in PRESET_ORDER]
 
 
-def bundle_file_names(presets: list[Preset]) -> list[str]:
-    """Every file name the generators produce for any preset and any strategy, in display order."""
+def initial_file_names(spec: JobSpec) -> list[str]:
     from backend.render import render_bundle
-    from backend.spec import set_paths
 
-    names: list[str] = []
-    for preset in presets:
-        spec = preset.build()
-        for kind in ("ddp", "zero3", "fsdp"):
-            previous = None
-            for name in render_bundle(set_paths(spec, {"strategy.kind": kind})):
-                if name not in names:  # keep the generators' order: insert after its predecessor
-                    names.insert(names.index(previous) + 1 if previous else 0, name)
-                previous = name
-    return names
+    return list(render_bundle(spec))
 
 
 def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
@@ -71,7 +60,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
                     with gr.Column(scale=1):
                         form = build_form({f.path: f.to_form(initial_values[f.path]) for f in FORM_FIELDS})
                     with gr.Column(scale=1):
-                        job = JobView(form, bundle_file_names(presets), writer)
+                        job = JobView(form, initial_file_names(initial_spec), writer)
                         job.build_status()
                         job.build_files()
 
@@ -99,14 +88,14 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
                 return [*(gr.skip() for _ in job.outputs), message]
             return fill_with(spec, shown, message)
 
-        upload.upload(on_upload, inputs=[upload, job.shown], outputs=[*job.outputs, notice])
+        upload.upload(on_upload, inputs=[upload, job.shown], outputs=[*job.outputs, notice], show_progress="hidden")
 
         @shown_as_message
         def on_load(*args):
             *raw, shown = args
             return job.updates(evaluate(values_from_form(raw)), {}, fill=False)
 
-        page.load(on_load, inputs=[*form.components, job.shown], outputs=job.outputs)
+        page.load(on_load, inputs=[*form.components, job.shown], outputs=job.outputs, show_progress="hidden")
     page.tunedeck_css = CSS  # launch() takes css in Gradio 6
     page.main_tabs = main_tabs
     return page

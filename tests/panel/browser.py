@@ -1,0 +1,126 @@
+"""Browser-test helpers: a real `tunedeck ui` server, and ways to drive Gradio widgets.
+
+Never `playwright install`: the browser is Debian's /usr/bin/chromium.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts" / "panel"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PanelServer:
+    """`tunedeck ui` in its own process group; stopped (group and all) at the end of the module."""
+
+    def __init__(self, runs_dir: Path, *args: str, env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.runs_dir = runs_dir
+        self.log_path = runs_dir.parent / f"panel-{self.port}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "backend.cli", "ui", "--port", str(self.port), "--runs-dir", str(runs_dir), *args],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        deadline = time.monotonic() + 240  # the demo preset may build the demo assets first
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"panel exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                urllib.request.urlopen(self.url, timeout=2)
+                return
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"panel did not answer on {self.url}:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+# ---------------------------------------------------------------- page helpers
+
+
+def field(page, path: str):
+    """The input element of a spec field's widget (by its dotted path)."""
+    from app.form import element_id
+
+    return page.locator(f"#{element_id(path)}").locator("input, textarea").first
+
+
+def set_field(page, path: str, value: str) -> None:
+    box = field(page, path)
+    box.fill(str(value))
+    box.dispatch_event("input")
+
+
+def choose(page, path: str, option: str) -> None:
+    """Pick an option of a dropdown field."""
+    from app.form import element_id
+
+    field(page, path).click()
+    page.locator(f'#{element_id(path)} li[role=option][aria-label="{option}"]').click()
+
+
+def open_tab(page, tabs_id: str, name: str) -> None:
+    """Select a tab by its title, also when Gradio moved it into the '...' overflow menu."""
+    tab = page.locator(f"#{tabs_id} [role=tablist] > button[role=tab]", has_text=re.compile(rf"^{re.escape(name)}$"))
+    if tab.count() and tab.first.is_visible():
+        tab.first.click()
+    else:
+        page.locator(f"#{tabs_id} .overflow-menu > button").first.click()
+        page.locator(f"#{tabs_id} .overflow-dropdown button", has_text=re.compile(rf"^{re.escape(name)}$")).first.click()
+
+
+def show_file(page, name: str) -> None:
+    """Pick a generated file in the file strip."""
+    page.locator("#file-tabs label", has_text=re.compile(rf"^\s*{re.escape(name)}\s*$")).click()
+
+
+def file_names(page) -> list[str]:
+    return [t.strip() for t in page.locator("#file-tabs label").all_inner_texts()]
+
+
+def code_text(page, elem_id: str = "file-view") -> str:
+    return page.locator(f"#{elem_id} .cm-content").inner_text()
