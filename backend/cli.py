@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "backend.cli_spec",  # presets, schema, validate, export
     "app.cli_ui",  # ui
     "backend.cli_runs",  # train, runs
+    "backend.cli_estimate",  # estimate
 ]
 
 

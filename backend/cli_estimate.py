@@ -1,0 +1,131 @@
+"""`tunedeck estimate SPEC [--set ...] [--gpu-mem GB] [--json]`: memory per GPU and the advice."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
+
+DEFAULT_GPU_GB = 80.0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "estimate",
+        help="predict GPU memory per strategy and recommend the fastest that fits",
+        description="Predict the peak memory per GPU of a job for every strategy (DDP, ZeRO-1/2/3 with offload, "
+        "FSDP, QLoRA) and recommend the fastest that fits the GPU.",
+    )
+    add_spec_arguments(p)
+    p.add_argument(
+        "--gpu-mem",
+        metavar="GB",
+        help="memory of one GPU in GB, or a GPU name such as A100-80GB or RTX4090 "
+        "(default: the first GPU NVML reports, else 80)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object: current, strategies, recommended")
+    p.set_defaults(handler=cmd_estimate)
+
+
+def detect_gpu_memory_gb() -> tuple[float, str] | None:
+    """Total memory of GPU 0 through NVML, or None on a machine without an NVIDIA GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+            name = pynvml.nvmlDeviceGetName(handle)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVMLError (no driver/GPU) or a missing library: no GPU to read
+        return None
+    name = name.decode() if isinstance(name, bytes) else name
+    return total / 2**30, f"{name} (NVML)"
+
+
+def _gpu_memory(args: argparse.Namespace) -> tuple[float, str]:
+    from backend.estimate import gpu_memory_gb
+
+    if args.gpu_mem is not None:
+        try:
+            return gpu_memory_gb(args.gpu_mem), "--gpu-mem"
+        except ValueError as exc:
+            print_problems([("error", "--gpu-mem", str(exc))])
+            raise SystemExit(2) from None
+    detected = detect_gpu_memory_gb()
+    if detected is not None:
+        return detected
+    return DEFAULT_GPU_GB, f"no NVIDIA GPU found, assumed {DEFAULT_GPU_GB:g} GB (pass --gpu-mem)"
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from backend.estimate import EstimateError, compare_strategies, estimate, fits, recommend
+
+    spec = load_spec_or_exit(args)
+    gpu_gb, gpu_source = _gpu_memory(args)
+    try:
+        current = estimate(spec)
+        options = compare_strategies(spec, gpu_gb)
+        advice = recommend(spec, gpu_gb)
+    except EstimateError as exc:
+        print_problems([("error", exc.field, str(exc))])
+        return 2
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": spec.model.name_or_path,
+                    "gpu_mem_gb": round(gpu_gb, 2),
+                    "gpu_mem_source": gpu_source,
+                    "current": {"fits": fits(current, gpu_gb), **current.to_dict()},
+                    "strategies": [o.to_dict() for o in options],
+                    "recommended": advice.to_dict(),
+                },
+                indent=2,
+            )
+        )
+        return 0
+    _print_report(spec, current, options, advice, gpu_gb, gpu_source)
+    return 0
+
+
+def _print_report(spec, current, options, advice, gpu_gb: float, gpu_source: str) -> None:
+    from backend.estimate import TERMS, format_gb
+
+    out = sys.stdout.write
+    t = spec.training
+    share = current.trainable_params / current.params
+    out(
+        f"{spec.model.name_or_path} · {spec.method} · {spec.strategy.kind} · {spec.launch.num_processes} process(es)"
+        f" · micro batch {t.per_device_train_batch_size} x {spec.dataset.max_seq_length} tokens\n"
+        f"parameters {current.params:,}, trainable {current.trainable_params:,} ({share:.2%})\n"
+        f"GPU memory {gpu_gb:g} GB ({gpu_source})\n\n"
+    )
+    out(f"as given: {format_gb(current.per_gpu_gb)} per GPU")
+    if current.cpu_gb or current.nvme_gb:
+        out(f", {current.cpu_gb:.1f} GB CPU RAM and {current.nvme_gb:.1f} GB NVMe per machine")
+    out("\n")
+    for key, label in TERMS.items():
+        if current.breakdown[key] > 0:
+            out(f"  {label:24s} {current.breakdown[key]:9.3f} GB\n")
+    for note in current.notes:
+        out(f"  note: {note}\n")
+    out(f"\n{'STRATEGY':34s} {'GPU GB':>8s}  {'FITS':4s} {'CPU GB':>7s} {'NVME GB':>8s}\n")
+    for o in options:
+        name = o.strategy + (" (current)" if o.current else "")
+        e = o.estimate
+        out(f"{name:34s} {e.per_gpu_gb:8.1f}  {'yes' if o.fits else 'no':4s} {e.cpu_gb:7.1f} {e.nvme_gb:8.1f}\n")
+    out(f"\n{advice.reason}\n")
+    if advice.changes:
+        sets = " ".join(f"--set {k}={_cli_value(v)}" for k, v in advice.changes.items())
+        out(f"apply: {sets}\n")
+
+
+def _cli_value(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
