@@ -236,22 +236,14 @@ def _adapter_strategy(spec: JobSpec) -> Iterator[Problem]:
     if spec.method == "lora" and kind in ("zero3", "fsdp"):
         arch = catalog.lookup(spec.model.name_or_path)
         if arch is not None:
-            base_gb = _approx_params(arch) * 2 / 1e9
+            base_gb = arch.num_parameters * 2 / 1e9
             if base_gb <= 16:
+                size = f"about {base_gb:.0f} GB" if base_gb >= 1 else "under 1 GB"
                 yield _warning(
                     "strategy.kind",
-                    f"the 16-bit base is about {base_gb:.0f} GB and only adapters train: if it fits on one GPU, "
+                    f"the 16-bit base is {size} and only adapters train: if it fits on one GPU, "
                     f"DDP (strategy.kind=ddp) is faster than {kind}, which gathers the sharded weights every step.",
                 )
-
-
-def _approx_params(arch: catalog.ModelArch) -> int:
-    # Attention + MLP per layer, plus embeddings (and an untied head): within a few % of exact counts.
-    head_dim = arch.hidden_size // arch.num_attention_heads
-    attn = 2 * arch.hidden_size * arch.hidden_size + 2 * arch.hidden_size * arch.num_key_value_heads * head_dim
-    mlp = 3 * arch.hidden_size * arch.intermediate_size
-    embeddings = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
-    return arch.num_hidden_layers * (attn + mlp) + embeddings
 
 
 # ---------------------------------------------------------------- CPU traps (measured)
