@@ -26,6 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the bundle into")
     p.set_defaults(handler=cmd_export)
 
+    p = sub.add_parser(
+        "check",
+        help="check an exported bundle with accelerate, TRL and DeepSpeed themselves (needs the training stack)",
+    )
+    p.add_argument("bundle", metavar="DIR", help="a folder written by `tunedeck export`")
+    p.set_defaults(handler=cmd_check)
+
 
 def cmd_presets(args: argparse.Namespace) -> int:
     from backend.spec import load_presets
@@ -90,4 +97,29 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 2
     for path in write_bundle(render_bundle(spec), Path(args.output)):
         print(path)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from backend.bundle_check import BundleCheckError, check_bundle
+    from backend.spec import SpecError
+
+    folder = Path(args.bundle)
+    if not (folder / "job.yaml").is_file():
+        print_problems([("error", "bundle", f"{folder} has no job.yaml: give a folder written by `tunedeck export`")])
+        return 2
+    try:
+        result = check_bundle(folder)
+    except SpecError as exc:
+        print_problems([("error", f"job.yaml: {path}", msg) for path, msg in exc.problems])
+        return 2
+    except BundleCheckError as exc:
+        print_problems([("error", "bundle", str(exc))])
+        return 2
+    stage = f", ZeRO-{result.zero_stage}" if result.zero_stage is not None else ""
+    print(
+        f"ok: accelerate starts {result.num_processes} processes ({result.processes_per_machine} per machine) "
+        f"with its {result.launcher} launcher as {result.distributed_type}{stage}; "
+        f"trl.SFTConfig builds{' (GPU probes assumed: this bundle is for GPUs)' if result.gpu_assumed else ''}"
+    )
     return 0

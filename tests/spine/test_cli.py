@@ -109,3 +109,16 @@ def test_presets_table_and_schema():
     assert {"model", "method", "lora", "quantization", "dataset", "training", "strategy", "launch"} <= set(
         schema["properties"]
     )
+
+
+def test_check_command_reports_what_accelerate_would_start(tmp_path):
+    assert tunedeck("export", "7b-full-zero2", "-o", str(tmp_path)).returncode == 0
+    ok = tunedeck("check", str(tmp_path))
+    assert ok.returncode == 0, ok.stderr
+    assert "accelerate starts 8 processes (8 per machine) with its deepspeed launcher as DEEPSPEED, ZeRO-2" in ok.stdout
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(ds.read_text().replace('"stage": 2', '"stage": 9'))
+    bad = tunedeck("check", str(tmp_path))
+    assert bad.returncode == 2
+    assert "error: bundle: ds_config.json: DeepSpeed refused it" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -163,3 +163,28 @@ def test_fsdp1_sharding_strategy_and_offload(export, check):
     # accelerate wraps FSDP1 with `sharding_strategy or reshard_after_forward` (accelerator.py).
     assert (plugin.sharding_strategy or plugin.reshard_after_forward) == ShardingStrategy.SHARD_GRAD_OP
     assert plugin.cpu_offload.offload_params is True
+
+
+@pytest.mark.parametrize(
+    "file, edit, words",
+    [
+        ("ds_config.json", lambda text: text.replace('"stage": 3', '"stage": 7'), "Input should be 0, 1, 2, 3"),
+        ("ds_config.json", lambda text: text.replace('"train_batch_size": "auto"', '"train_batch_size": 999'), "train_batch_size"),
+        ("accelerate_config.yaml", lambda text: text + "num_gpus: 8\n", "unknown keys"),
+        ("accelerate_config.yaml", lambda text: text.replace("num_processes: 8", "num_processes: -1"), "num_processes"),
+        ("training_args.yaml", lambda text: text + "learning_rat: 0.1\n", "learning_rat"),
+        ("training_args.yaml", lambda text: text.replace("fp16: false", "fp16: true"), "fp16 and bf16"),
+    ],
+)
+def test_the_checks_refuse_broken_files(file, edit, words, export, check):
+    """The checks are real: a broken file is refused, with the file named and the library's words."""
+    from backend.bundle_check import BundleCheckError
+
+    folder = export(resolve_spec("70b-qlora-zero3"))
+    path = folder / file
+    path.write_text(edit(path.read_text()))
+    with pytest.raises(BundleCheckError) as err:
+        check(folder)
+    assert str(err.value).startswith(f"{file}: ")
+    assert words in str(err.value)
+
