@@ -1,0 +1,39 @@
+"""GPU check 1: the monitor's real NVML path reads every GPU and sees an allocation appear."""
+
+import sys
+import time
+
+from backend.monitor import Monitor
+
+
+def main() -> int:
+    monitor = Monitor(interval_s=0.5)
+    if monitor.gpu_error:
+        print(f"FAIL nvml: {monitor.gpu_error}")
+        return 1
+    before = monitor.sample_once()
+    for gpu in before.gpus:
+        print(
+            f"  GPU {gpu.index} {gpu.name}: util {gpu.utilization_pct}% mem {gpu.memory_used_mb:.0f}/"
+            f"{gpu.memory_total_mb:.0f} MiB temp {gpu.temperature_c} C power {gpu.power_w}/{gpu.power_limit_w} W"
+        )
+    import torch
+
+    block = torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda")  # 4 GiB the driver must see
+    block.fill_(1)
+    torch.cuda.synchronize()
+    monitor.start()
+    time.sleep(2.0)
+    after = monitor.latest()
+    history = monitor.history()
+    monitor.stop()
+    grew_mb = after.gpus[0].memory_used_mb - before.gpus[0].memory_used_mb
+    pids = [p.pid for p in after.gpus[0].processes]
+    print(f"  after a 4 GiB allocation: +{grew_mb:.0f} MiB; processes listed by NVML: {pids}; samples: {len(history)}")
+    ok = grew_mb >= 4000 and len(history) >= 3 and monitor.total_gpu_memory_gb() > 10
+    print(("PASS" if ok else "FAIL") + f" nvml: {len(before.gpus)} GPU(s), allocation seen: {grew_mb >= 4000}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
