@@ -31,11 +31,15 @@ class Weight:
     out_features: int
     bias: bool = False
     copies: int = 1  # MoE experts stacked in one tensor
-    is_linear: bool = True  # nn.Linear: what PEFT "all-linear" and bitsandbytes replace
+    is_linear: bool = True  # an nn.Linear: what bitsandbytes quantizes
+    lora_rank_multiplier: int = 1  # PEFT's LoRA rank on this weight, in units of r
 
     @property
     def numel(self) -> int:
         return self.copies * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+
+    def lora_params(self, r: int) -> int:
+        return r * self.lora_rank_multiplier * (self.in_features + self.out_features)
 
 
 @dataclass(frozen=True)
@@ -86,13 +90,15 @@ class ModelArch:
                 Weight("o_proj", self.q_size, h),
             ]
         if self.num_local_experts:
-            # transformers 5 stores experts as stacked parameters and the router as a plain
-            # parameter: neither is an nn.Linear, so neither gets LoRA nor 4-bit weights.
+            # transformers 5 stores the experts as stacked 3D parameters and the router as a plain
+            # parameter: none is an nn.Linear, so bitsandbytes leaves them in 16 bits. PEFT 0.21's
+            # "all-linear" still adapts them: the router like a linear layer, each stacked tensor
+            # through a ParamWrapper of rank r x experts (x 2 for the fused gate/up projection).
             e = self.num_local_experts
             mlp = [
-                Weight("router", h, e, is_linear=False),
-                Weight("experts.gate_up_proj", h, 2 * i, copies=e, is_linear=False),
-                Weight("experts.down_proj", i, h, copies=e, is_linear=False),
+                Weight("gate", h, e, is_linear=False),
+                Weight("experts.gate_up_proj", h, 2 * i, copies=e, is_linear=False, lora_rank_multiplier=2 * e),
+                Weight("experts.down_proj", i, h, copies=e, is_linear=False, lora_rank_multiplier=e),
             ]
         elif self.model_type == "phi3":
             mlp = [Weight("gate_up_proj", h, 2 * i), Weight("down_proj", i, h)]
@@ -131,8 +137,9 @@ class ModelArch:
 
     @property
     def linear_params(self) -> int:
-        """Parameters in the decoder layers' nn.Linear weights: what bitsandbytes quantizes."""
-        return self.num_hidden_layers * sum(w.numel for w in self.layer_weights if w.is_linear)
+        """Weights (not biases) of the decoder layers' nn.Linear modules: what bitsandbytes quantizes."""
+        per_layer = sum(w.copies * w.in_features * w.out_features for w in self.layer_weights if w.is_linear)
+        return self.num_hidden_layers * per_layer
 
     @property
     def largest_layer_params(self) -> int:
@@ -143,18 +150,18 @@ class ModelArch:
     def adapted_weights(self, target_modules: str | Iterable[str]) -> list[Weight]:
         """Weights of one layer that PEFT wraps with LoRA for these target_modules.
 
-        "all-linear" is every nn.Linear except the output layer (lm_head), as PEFT resolves it.
+        "all-linear" is every linear layer except the output layer (lm_head), as PEFT resolves it.
         """
         if target_modules == "all-linear":
-            return [w for w in self.layer_weights if w.is_linear]
+            return list(self.layer_weights)
         names = {target_modules} if isinstance(target_modules, str) else set(target_modules)
-        return [w for w in self.layer_weights if w.is_linear and w.name in names]
+        return [w for w in self.layer_weights if w.name in names]
 
     def lora_trainable(self, r: int, target_modules: str | Iterable[str], use_dora: bool = False) -> int:
         """Trainable parameters PEFT's get_peft_model creates (bias="none")."""
         per_layer = 0
         for w in self.adapted_weights(target_modules):
-            per_layer += r * (w.in_features + w.out_features)
+            per_layer += w.lora_params(r)
             if use_dora:
                 per_layer += w.out_features  # the magnitude vector
         return self.num_hidden_layers * per_layer

@@ -659,9 +659,9 @@ def _per_layer_activation_bytes(job: _Job) -> float:
     lora = 0.0
     if job.method != "full":
         for w in arch.adapted_weights(job.lora_targets):
-            if job.lora_dropout > 0:
+            if job.lora_dropout > 0 and w.is_linear:
                 lora += (a + 1) * w.in_features  # dropout output + its boolean mask
-            lora += a * job.lora_r  # lora_A output, kept by lora_B
+            lora += a * job.lora_r * w.lora_rank_multiplier  # lora_A output, kept by lora_B
     return norm + attention + mlp + lora
 
 
