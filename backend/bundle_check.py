@@ -69,7 +69,7 @@ def check_bundle(directory: str | Path) -> BundleCheck:
     spec = load_spec_file(directory / JOB_FILE)
     cluster = _load_accelerate_config(directory)
     launcher, args, env = _dry_launch(directory, spec)
-    training_args = yaml.safe_load((directory / TRAINING_ARGS_FILE).read_text(encoding="utf-8"))
+    training_args = _read_training_args(directory)
     for_gpus = not spec.launch.use_cpu
     if spec.launch.use_cpu and launcher != "simple":
         # A CPU bundle runs its ranks on machines like this one: be rank 0 of a world of one.
@@ -96,6 +96,16 @@ def check_bundle(directory: str | Path) -> BundleCheck:
         zero_stage=deepspeed_config.zero_optimization_stage if deepspeed_config else None,
         gpu_assumed=for_gpus,
     )
+
+
+def _read_training_args(directory: Path) -> dict:
+    try:
+        data = yaml.safe_load((directory / TRAINING_ARGS_FILE).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise BundleCheckError(f"{TRAINING_ARGS_FILE}: not readable YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BundleCheckError(f"{TRAINING_ARGS_FILE}: expected key: value lines (SFTConfig keyword arguments)")
+    return data
 
 
 def _load_accelerate_config(directory: Path):
