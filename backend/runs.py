@@ -143,9 +143,9 @@ class RunManager:
         wanted = available if launch.gpu_ids == "all" else [int(i) for i in launch.gpu_ids.split(",") if i]
         missing = [i for i in wanted if i not in available]
         if missing:
+            names = f"GPU {missing[0]} does" if len(missing) == 1 else f"GPUs {', '.join(map(str, missing))} do"
             raise RunError(
-                f"launch.gpu_ids: GPU {', '.join(map(str, missing))} does not exist here; this machine has GPUs "
-                f"{', '.join(map(str, available))}"
+                f"launch.gpu_ids: {names} not exist here; this machine has GPUs {', '.join(map(str, available))}"
             )
         wanted = wanted[: launch.processes_per_machine]
         if len(wanted) < launch.processes_per_machine:
@@ -159,9 +159,9 @@ class RunManager:
             held = set(read_status(self.run_dir(other.run_id)).get("gpu_ids") or [])
             clash = sorted(held & set(wanted))
             if clash:
+                names = f"GPU {clash[0]} is" if len(clash) == 1 else f"GPUs {', '.join(map(str, clash))} are"
                 raise RunError(
-                    f"GPU {', '.join(map(str, clash))} is in use by run {other.run_id} ({other.title}): stop it, "
-                    f"or set launch.gpu_ids to free GPUs"
+                    f"{names} in use by run {other.run_id} ({other.title}): stop it, or set launch.gpu_ids to free GPUs"
                 )
         return wanted
 
@@ -244,16 +244,17 @@ class RunManager:
 
     @staticmethod
     def _stop_without_supervisor(run_dir: Path, grace_s: float) -> None:
-        # Only when the supervisor died (killed by hand): signal the group ourselves, then settle the status.
+        # Only when the supervisor died (killed by hand): stop the launcher's tree ourselves, then settle the status.
         import signal
+
+        import psutil
 
         launcher = read_status(run_dir).get("launcher")
         if is_alive(launcher):
-            supervisor._signal_group(launcher["pgid"], signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while is_alive(launcher) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            supervisor._reap_group(launcher["pgid"])
+            root = psutil.Process(launcher["pid"])
+            tree = [root, *root.children(recursive=True)]
+            supervisor.kill_tree(root.children(), signal.SIGTERM, timeout=grace_s)
+            supervisor.kill_tree(tree)
         state, error = supervisor.final_state(run_dir, None, stop_requested=True)
         supervisor.update_status(run_dir, state=state, ended_at=time.time(), error=error)
 

@@ -12,9 +12,11 @@ manager re-attaches by reading status.json and checking pids and start times.
 Stop: SIGTERM to the ranks (the launcher's children), which finish their step, save a
 checkpoint and exit; the launcher then exits by itself. The launcher itself is not
 signalled first: torch's elastic agent answers SIGTERM by killing its workers 30 s later,
-which could cut a large checkpoint in half. After the grace period, SIGKILL to the whole
-process group. Whatever is left in the group when the launcher exits is killed too, so
-no process of a run outlives it.
+which could cut a large checkpoint in half. After the grace period, SIGKILL to every
+process of the run. Signalling the launcher's process group would not do: the elastic
+agent starts each rank in a session of its own. The supervisor is a child subreaper, so
+ranks orphaned by a dead launcher stay its descendants; whatever is left when the
+launcher exits is killed, so no process of a run outlives it.
 """
 
 from __future__ import annotations
@@ -137,6 +139,21 @@ def final_state(run_dir: Path, exit_code: int | None, stop_requested: bool) -> t
 # ---------------------------------------------------------------- supervising
 
 
+def _become_subreaper() -> None:
+    """Adopt orphaned descendants (Linux): if the launcher dies first, its ranks become ours, not init's.
+
+    torch's elastic agent starts every rank in a session of its own, so neither the launcher's
+    process group nor its tree alone is a reliable handle on a run's processes.
+    """
+    try:
+        import ctypes
+
+        PR_SET_CHILD_SUBREAPER = 36
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the final sweep still kills the launcher's tree
+
+
 def _children(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children()
@@ -144,20 +161,21 @@ def _children(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send sig to a process group; False when the group is empty."""
+def _descendants(pid: int) -> list[psutil.Process]:
     try:
-        os.killpg(pgid, sig)
-        return True
-    except ProcessLookupError:
-        return False
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
-def _reap_group(pgid: int, timeout: float = 5.0) -> None:
-    """Kill whatever is left in the run's process group and wait until it is empty."""
-    deadline = time.monotonic() + timeout
-    while _signal_group(pgid, signal.SIGKILL) and time.monotonic() < deadline:
-        time.sleep(0.05)
+def kill_tree(processes: list[psutil.Process], sig: int = signal.SIGKILL, timeout: float = 5.0) -> None:
+    """Signal processes and wait (reaping our own children) until they are gone."""
+    for proc in processes:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=timeout)
 
 
 def supervise(run_dir: Path) -> int:
@@ -168,6 +186,7 @@ def supervise(run_dir: Path) -> int:
     if (run_dir / STOP_FILE).exists():
         update_status(run_dir, state="stopped", ended_at=time.time(), exit_code=None)
         return 0
+    _become_subreaper()
     with open(run_dir / LAUNCHER_LOG, "ab") as log:
         try:
             launcher = subprocess.Popen(
@@ -177,7 +196,7 @@ def supervise(run_dir: Path) -> int:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stop and cleanup address the whole run
+                start_new_session=True,  # a Ctrl-C or signal meant for us does not reach the run
             )
         except OSError as exc:
             update_status(run_dir, state="failed", ended_at=time.time(), error=f"could not start {status['argv'][0]}: {exc}")
@@ -188,7 +207,7 @@ def supervise(run_dir: Path) -> int:
         started_at=time.time(),
         launcher={**process_identity(launcher.pid), "pgid": launcher.pid},
     )
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stray group signal must not orphan the run
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stray signal must not orphan the run
     stop_since = stop_deadline = None
     signalled: set[int] = set()
     while launcher.poll() is None:
@@ -207,12 +226,12 @@ def supervise(run_dir: Path) -> int:
                     except psutil.NoSuchProcess:
                         pass
             if time.monotonic() > stop_deadline:
-                _signal_group(launcher.pid, signal.SIGKILL)
+                kill_tree(_descendants(os.getpid()), timeout=1.0)
             elif signalled and not _children(launcher.pid) and time.monotonic() > stop_since + 5:
                 launcher.terminate()  # the ranks are gone but the launcher lingers
         time.sleep(POLL_S)
     exit_code = launcher.returncode
-    _reap_group(launcher.pid)
+    kill_tree(_descendants(os.getpid()))  # nothing of the run outlives it
     state, error = final_state(run_dir, exit_code, stop_deadline is not None)
     update_status(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
     return 0

@@ -320,6 +320,10 @@ def describe_run(trainer, job: dict) -> dict:
     fsdp = bool(trainer.is_fsdp_enabled) or _has_fsdp_modules(wrapped)
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     trainable, total = count_parameters(trainer.model)
+    quantized: dict[str, int] = {}
+    for module in trainer.model.modules():
+        if type(module).__module__.startswith("bitsandbytes"):
+            quantized[type(module).__name__] = quantized.get(type(module).__name__, 0) + 1
     return {
         "event": "start",
         "time": time.time(),
@@ -332,6 +336,7 @@ def describe_run(trainer, job: dict) -> dict:
         "device": str(trainer.args.device),
         "backend": dist.get_backend() if dist.is_available() and dist.is_initialized() else None,
         "method": job.get("method", "lora"),
+        "quantized_modules": quantized,  # bitsandbytes layers actually in the model: {"Linear4bit": 21}
         "trainable_params": trainable,
         "total_params": total,
         "max_steps": trainer.state.max_steps,

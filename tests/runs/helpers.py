@@ -1,0 +1,95 @@
+"""Helpers for the run tests: read what a run wrote, find its processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def start_record(run_dir: Path) -> dict:
+    records = [r for r in read_metrics(run_dir) if r["event"] == "start"]
+    assert len(records) == 1, f"expected one start record, got {records}\n{logs_tail(run_dir)}"
+    return records[0]
+
+
+def log_records(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if r["event"] == "log" and "loss" in r]
+
+
+def end_record(run_dir: Path) -> dict:
+    records = [r for r in read_metrics(run_dir) if r["event"] == "end"]
+    assert len(records) == 1, f"expected one end record, got {records}\n{logs_tail(run_dir)}"
+    return records[0]
+
+
+def logs_tail(run_dir: Path, lines: int = 30) -> str:
+    """The end of every log of a run, for assertion messages."""
+    out = []
+    for log in sorted((Path(run_dir) / "logs").glob("*.log")):
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"--- {log.name}\n" + "\n".join(text))
+    return "\n".join(out)
+
+
+def status_json(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "status.json").read_text())
+
+
+def run_processes(run_dir: Path) -> list[psutil.Process]:
+    """The launcher and everything under it (the ranks run in sessions of their own)."""
+    launcher = psutil.Process(status_json(run_dir)["launcher"]["pid"])
+    return [launcher, *launcher.children(recursive=True)]
+
+
+def still_alive(processes: list[psutil.Process]) -> list[int]:
+    """Those of the processes, or members of their process groups, that are alive (not zombies)."""
+    groups = set()
+    alive = []
+    for proc in processes:
+        groups.add(proc.pid)  # each was started as leader of its own group, or in the launcher's
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except psutil.NoSuchProcess:
+            pass
+    for other in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(other.pid) in groups and other.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(other.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return sorted(set(alive))
+
+
+def processes_working_in(run_dir: Path) -> list[int]:
+    """Live processes whose working folder is the run folder (the launcher and every rank work there)."""
+    target = str(Path(run_dir).resolve())
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.cwd() == target:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

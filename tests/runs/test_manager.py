@@ -1,0 +1,123 @@
+"""The run manager's checks that need no training: ids, refusals, re-attach bookkeeping.
+
+The GPU inventory comes from NVML, which this machine lacks: only that function is
+replaced (by an inventory of four GPUs); every other part is real.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from backend import runs
+from backend.runs import RunError, RunManager
+
+
+def fake_run(runs_dir, run_id: str, state: str, holder: subprocess.Popen | None, gpu_ids=None) -> None:
+    """A run folder as the supervisor leaves it, owned by `holder` (a real process)."""
+    folder = runs_dir / run_id
+    folder.mkdir(parents=True)
+    identity = {"pid": holder.pid, "create_time": psutil.Process(holder.pid).create_time()} if holder else None
+    (folder / "status.json").write_text(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "state": state,
+                "title": "m · lora · ddp · 2xGPU",
+                "created_at": time.time() - 100,
+                "started_at": time.time() - 99,
+                "ended_at": None,
+                "exit_code": None,
+                "error": None,
+                "gpu_ids": gpu_ids,
+                "supervisor": identity,
+                "launcher": None,
+            }
+        )
+    )
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("bad", ["../etc", "a/b", "", "20250101-120000-zzzzzz", "20250101-120000-abcdef/..", None])
+def test_run_dir_rejects_anything_but_a_plain_run_id(runs_dir, bad):
+    with pytest.raises(RunError, match="is not a run id"):
+        RunManager(runs_dir).run_dir(bad)
+
+
+def test_unknown_run_is_a_clear_error(runs_dir):
+    manager = RunManager(runs_dir)
+    assert manager.run_dir("20250101-120000-abcdef") == runs_dir.resolve() / "20250101-120000-abcdef"
+    with pytest.raises(RunError, match="there is no run 20250101-120000-abcdef"):
+        manager.status("20250101-120000-abcdef")
+    assert manager.list_runs() == [] and manager.active_run() is None
+
+
+def test_invalid_spec_is_refused_before_anything_is_created(runs_dir, demo_spec):
+    spec = demo_spec({"strategy.kind": "fsdp"})  # FSDP on CPU silently degrades to DDP: validation refuses it
+    with pytest.raises(RunError, match="strategy.kind: FSDP cannot run on CPU"):
+        RunManager(runs_dir).start(spec)
+    assert list(runs_dir.iterdir()) == []
+
+
+def test_gpu_job_without_gpu_says_what_to_do(runs_dir, demo_spec, monkeypatch):
+    monkeypatch.setattr(runs, "gpu_indices", lambda: [])
+    with pytest.raises(RunError, match="no NVIDIA GPU found.*launch.use_cpu"):
+        RunManager(runs_dir).start(demo_spec({"launch.use_cpu": False}))
+    assert list(runs_dir.iterdir()) == []
+
+
+def test_refuses_gpus_held_by_a_live_run(runs_dir, demo_spec, monkeypatch, sleeper):
+    monkeypatch.setattr(runs, "gpu_indices", lambda: [0, 1, 2, 3])
+    fake_run(runs_dir, "20250101-120000-aaaaaa", "running", sleeper, gpu_ids=[1, 2])
+    manager = RunManager(runs_dir)
+    gpu_job = {"launch.use_cpu": False, "launch.gpu_ids": "0,1"}
+    with pytest.raises(RunError, match=r"GPU 1 is in use by run 20250101-120000-aaaaaa \(m · lora · ddp · 2xGPU\)"):
+        manager.start(demo_spec(gpu_job))
+    with pytest.raises(RunError, match="launch.gpu_ids: GPU 7 does not exist here; this machine has GPUs 0, 1, 2, 3"):
+        manager.start(demo_spec({**gpu_job, "launch.gpu_ids": "3,7"}))
+    assert manager.active_run() == "20250101-120000-aaaaaa"
+    assert [p.name for p in runs_dir.iterdir()] == ["20250101-120000-aaaaaa"]  # nothing half-launched
+
+
+def test_a_run_whose_processes_vanished_is_settled_as_failed(runs_dir, sleeper):
+    # The supervisor (here: sleep) is alive, so the run is running; once it is gone, re-attach settles it.
+    fake_run(runs_dir, "20250101-120000-bbbbbb", "running", sleeper, gpu_ids=[0])
+    manager = RunManager(runs_dir)
+    assert manager.status("20250101-120000-bbbbbb").state == "running"
+    sleeper.kill()
+    sleeper.wait()
+    status = RunManager(runs_dir).status("20250101-120000-bbbbbb")
+    assert status.state == "failed" and "gone" in status.error
+    assert json.loads((runs_dir / "20250101-120000-bbbbbb" / "status.json").read_text())["state"] == "failed"
+    assert manager.active_run() is None
+
+
+def test_a_reused_pid_is_not_mistaken_for_the_run(runs_dir, sleeper):
+    fake_run(runs_dir, "20250101-120000-cccccc", "running", sleeper)
+    status_file = runs_dir / "20250101-120000-cccccc" / "status.json"
+    data = json.loads(status_file.read_text())
+    data["supervisor"]["create_time"] -= 3600  # same pid, another process start time
+    status_file.write_text(json.dumps(data))
+    assert RunManager(runs_dir).status("20250101-120000-cccccc").state == "failed"
+
+
+def test_list_runs_newest_first(runs_dir):
+    for run_id in ["20250101-120000-000001", "20250301-120000-000003", "20250201-120000-000002"]:
+        fake_run(runs_dir, run_id, "finished", None)
+    (runs_dir / "not-a-run").mkdir()
+    assert [r.run_id for r in RunManager(runs_dir).list_runs()] == [
+        "20250301-120000-000003",
+        "20250201-120000-000002",
+        "20250101-120000-000001",
+    ]

@@ -1,0 +1,182 @@
+"""Real training runs: `accelerate launch` subprocesses with several ranks on CPU (gloo).
+
+Each test checks the start record, what the run actually got, not only the exit
+code: several launch modes exit 0 while running one process (notes/cpu-distributed.md).
+Steps are kept few; a distributed case costs ~15 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from backend.runs import RunManager
+
+from .helpers import end_record, log_records, logs_tail, read_metrics, start_record
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+BIN = Path(sys.executable).parent
+
+
+def run_to_end(runs_dir, spec, timeout: float = 300):
+    manager = RunManager(runs_dir)
+    run_id = manager.start(spec)
+    status = manager.wait(run_id, timeout=timeout)
+    return manager, run_id, status
+
+
+def assert_finished(manager, run_id, status):
+    run_dir = manager.run_dir(run_id)
+    assert status.state == "finished", f"{status}\n{logs_tail(run_dir)}"
+    assert status.exit_code == 0
+    assert end_record(run_dir)["status"] == "finished"
+
+
+def test_tunedeck_train_demo_as_a_new_user_runs_it(tmp_path):
+    """The README's `tunedeck train demo`: 2 ranks of DDP over gloo, under 90 s, loss at least halved."""
+    runs_dir = tmp_path / "runs"
+    began = time.monotonic()
+    result = subprocess.run(
+        [str(BIN / "tunedeck"), "train", "demo", "--runs-dir", str(runs_dir)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    wall = time.monotonic() - began
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 ranks · MULTI_CPU · DistributedDataParallel" in result.stdout
+    assert "step 60/60" in result.stdout and "finished in" in result.stdout
+    (run_dir,) = runs_dir.iterdir()
+    start = start_record(run_dir)
+    assert start["world_size"] == 2 and start["backend"] == "gloo"
+    assert start["model_class"] == "DistributedDataParallel" and start["zero_stage"] is None and not start["fsdp"]
+    assert 0 < start["trainable_params"] < start["total_params"]
+    losses = [r["loss"] for r in log_records(run_dir)]
+    assert [r["step"] for r in log_records(run_dir)] == list(range(1, 61))
+    assert losses[-1] <= losses[0] / 2, losses
+    assert wall < 90, f"the demo took {wall:.0f} s"
+    assert (run_dir / "output" / "adapter_model.safetensors").is_file()
+    assert (run_dir / "logs" / "rank0.log").is_file() and (run_dir / "logs" / "rank1.log").is_file()
+
+    listing = subprocess.run([str(BIN / "tunedeck"), "runs", "--runs-dir", str(runs_dir)], capture_output=True, text=True)
+    assert run_dir.name in listing.stdout and "finished" in listing.stdout and "60/60" in listing.stdout
+    show = subprocess.run(
+        [str(BIN / "tunedeck"), "runs", "show", run_dir.name, "--runs-dir", str(runs_dir)], capture_output=True, text=True
+    )
+    assert "state    finished (exit code 0)" in show.stdout and "2 ranks" in show.stdout
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_zero_two_ranks(stage, runs_dir, demo_spec):
+    spec = demo_spec({"strategy.kind": f"zero{stage}", "training.max_steps": 3, "training.save_steps": 100})
+    manager, run_id, status = run_to_end(runs_dir, spec)
+    assert_finished(manager, run_id, status)
+    start = start_record(manager.run_dir(run_id))
+    assert start["world_size"] == 2
+    assert start["distributed_type"] == "DEEPSPEED" and start["zero_stage"] == stage
+    assert start["model_class"] == "DeepSpeedEngine"
+    assert start["optimizer_class"] == ("DeepSpeedZeroOptimizer_Stage3" if stage == 3 else "DeepSpeedZeroOptimizer")
+    assert len(log_records(manager.run_dir(run_id))) == 3
+    assert (manager.run_dir(run_id) / "output" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_qlora_4bit(processes, runs_dir, demo_spec):
+    spec = demo_spec(
+        {
+            "method": "qlora",
+            "quantization.bits": 4,
+            "quantization.bnb_4bit_compute_dtype": "float32",
+            "launch.num_processes": processes,
+            "training.max_steps": 3,
+        }
+    )
+    manager, run_id, status = run_to_end(runs_dir, spec)
+    assert_finished(manager, run_id, status)
+    start = start_record(manager.run_dir(run_id))
+    assert start["world_size"] == processes and start["method"] == "qlora"
+    assert start["quantized_modules"].get("Linear4bit", 0) >= 7  # the base's linear layers really are 4-bit
+    assert start["model_class"] == ("DistributedDataParallel" if processes == 2 else "PeftModelForCausalLM")
+    assert 0 < start["trainable_params"] < start["total_params"]
+
+
+def test_messages_dataset_with_evaluation(runs_dir, demo_spec, demo_home):
+    spec = demo_spec(
+        {
+            "dataset.path": str(demo_home / "formats" / "messages.jsonl"),
+            "dataset.format": "messages",
+            "dataset.split": "train[:90%]",
+            "dataset.eval_split": "train[90%:]",
+            "training.eval_steps": 2,
+            "training.max_steps": 4,
+            "launch.num_processes": 1,
+        }
+    )
+    manager, run_id, status = run_to_end(runs_dir, spec)
+    assert_finished(manager, run_id, status)
+    run_dir = manager.run_dir(run_id)
+    start = start_record(run_dir)
+    assert start["world_size"] == 1 and start["distributed_type"] == "NO"
+    assert [r["step"] for r in log_records(run_dir)] == [1, 2, 3, 4]
+    evaluated = [r for r in read_metrics(run_dir) if r["event"] == "log" and "eval_loss" in r]
+    assert [r["step"] for r in evaluated] == [2, 4] and all(r["eval_loss"] > 0 for r in evaluated)
+
+
+def test_resume_continues_the_step_count(runs_dir, demo_spec, tmp_path):
+    output = tmp_path / "shared-output"
+    first = demo_spec({"output_dir": str(output), "training.max_steps": 4, "training.save_steps": 2, "launch.num_processes": 1})
+    manager, run_id, status = run_to_end(runs_dir, first)
+    assert_finished(manager, run_id, status)
+    assert (output / "checkpoint-4" / "trainer_state.json").is_file()
+
+    second = demo_spec(
+        {
+            "output_dir": str(output),
+            "training.max_steps": 6,
+            "training.save_steps": 2,
+            "training.resume_from_checkpoint": True,
+            "launch.num_processes": 1,
+        }
+    )
+    manager, run_id, status = run_to_end(runs_dir, second)
+    assert_finished(manager, run_id, status)
+    run_dir = manager.run_dir(run_id)
+    assert start_record(run_dir)["resumed_from_step"] == 4
+    assert [r["step"] for r in log_records(run_dir)] == [5, 6]
+    assert (output / "checkpoint-6").is_dir()
+
+
+def test_exported_bundle_trains_without_tunedeck(tmp_path, demo_spec):
+    """`bash launch.sh` in a bare folder, with tunedeck's packages made unimportable."""
+    from backend.render import render_bundle, write_bundle
+
+    bundle = tmp_path / "bundle"
+    write_bundle(render_bundle(demo_spec({"training.max_steps": 3})), bundle)
+    # Packages named like tunedeck's, first on the path, that refuse to be imported.
+    poison = tmp_path / "poison"
+    for package in ("backend", "app"):
+        (poison / package).mkdir(parents=True)
+        (poison / package / "__init__.py").write_text("raise ImportError('the bundle must not import tunedeck')\n")
+    env = {
+        "PATH": f"{BIN}:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "PYTHONPATH": str(poison),
+        "HF_HUB_OFFLINE": "1",
+    }
+    result = subprocess.run(
+        ["bash", str(bundle / "launch.sh")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs_tail(bundle)
+    start = start_record(bundle)
+    assert start["world_size"] == 2 and start["model_class"] == "DistributedDataParallel"
+    assert end_record(bundle)["status"] == "finished"
+    assert len(log_records(bundle)) == 3
+    assert (bundle / "output" / "adapter_model.safetensors").is_file()
