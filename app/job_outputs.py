@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
 
 from backend.fields import Values, spec_from_values
-from backend.spec import JobSpec, SpecError
+from backend.spec import JobSpec, SpecError, spec_from_yaml
+
+UPLOAD_LIMIT_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -86,3 +89,23 @@ def batch_markdown(values: Values) -> str:
         f"**Global batch: {total}** sequences per optimizer step = {per_device} per device "
         f"× {processes} processes × {accumulation} accumulation steps{token_note}"
     )
+
+
+def read_uploaded_spec(path: str | None) -> tuple[str, JobSpec | None]:
+    """(message, spec or None): an invalid upload says what is wrong and changes nothing."""
+    if not path:
+        return "No file received.", None
+    file = Path(path)
+    name = file.name
+    if file.stat().st_size > UPLOAD_LIMIT_BYTES:
+        return f"✗ **{name}** is larger than {UPLOAD_LIMIT_BYTES // 1024} KB; a job spec is a short YAML file.", None
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return f"✗ **{name}** is not a text file; upload a job.yaml.", None
+    try:
+        spec = spec_from_yaml(text)
+    except SpecError as exc:
+        lines = "\n".join(f"- `{p or 'job'}`: {m}" for p, m in exc.problems)
+        return f"✗ **{name}** was not loaded; the form is unchanged:\n{lines}", None
+    return f"Loaded **{name}**.", spec

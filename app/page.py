@@ -1,28 +1,39 @@
-"""The page's layout: presets on top, then Job · Run · GPUs tabs. Wiring lives in the views."""
+"""The page: presets on top, then Job · Run · GPUs tabs, and the events that connect them.
+
+Layout and wiring only; what each part shows is computed in job_view, run_view and
+monitor_view. Every handler goes through errors.shown_as_message.
+"""
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 
 import gradio as gr
 
+from app import monitor_view, run_view
 from app.downloads import BundleWriter
-from app.errors import shown_as_message
+from app.errors import shown_as_message, user_message
 from app.form import build_form
-from app.job_outputs import evaluate
+from app.job_outputs import evaluate, read_uploaded_spec
 from app.job_view import JobView
-from backend.fields import FORM_FIELDS, values_from_form, values_from_spec
-from backend.spec import JobSpec, Preset, load_presets, spec_from_yaml
+from app.monitor_view import MonitorView
+from app.run_view import RunView
+from backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
+from backend.monitor import shared_monitor
+from backend.runs import RunError, RunManager
+from backend.spec import JobSpec, Preset, SpecError, load_presets
 
 # Presets in the order a newcomer reads them: the runnable demo, then growing model sizes.
 PRESET_ORDER = ("demo", "7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp")
-UPLOAD_LIMIT_BYTES = 256 * 1024
+TICK_S = 1.0
 
 CSS = """
 #presets button { min-width: 0; }
 .invalid input, .invalid textarea, .invalid .wrap { border-color: var(--error-border-color, #ef4444) !important; }
 #job-issues { min-height: 2.5em; }
-"""
+#file-tabs { gap: 4px; }
+""" + monitor_view.CSS + run_view.CSS
 
 
 def ordered_presets() -> list[Preset]:
@@ -44,7 +55,8 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
         raise ValueError(f"unknown preset {preset_id!r}; choose one of: {', '.join(by_id)}")
     initial_spec = by_id[preset_id].build() if preset_id else JobSpec()
     initial_values = values_from_spec(initial_spec)
-    writer = BundleWriter()
+    runs = RunView(RunManager(runs_dir))
+    monitor = MonitorView(shared_monitor())
 
     with gr.Blocks(title="tunedeck") as page:
         gr.Markdown("## tunedeck · distributed fine-tuning control panel", elem_id="title")
@@ -60,10 +72,17 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
                     with gr.Column(scale=1):
                         form = build_form({f.path: f.to_form(initial_values[f.path]) for f in FORM_FIELDS})
                     with gr.Column(scale=1):
-                        job = JobView(form, initial_file_names(initial_spec), writer)
+                        job = JobView(form, initial_file_names(initial_spec), BundleWriter())
                         job.build_status()
                         job.build_files()
+            with gr.Tab("Run", id="run", elem_id="tab-run"):
+                runs.build()
+            with gr.Tab("GPUs", id="gpus", elem_id="tab-gpus") as gpus_tab:
+                monitor.build()
+        timer = gr.Timer(TICK_S)
+        monitor_seen = gr.State({"tab": "job", "sample": None})
 
+        # ---------------------------------------------------------- job
         @shown_as_message
         def on_form_change(*args):
             *raw, shown = args
@@ -90,34 +109,63 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
 
         upload.upload(on_upload, inputs=[upload, job.shown], outputs=[*job.outputs, notice], show_progress="hidden")
 
+        # ---------------------------------------------------------- runs
+        @shown_as_message
+        def on_start(*args):
+            *raw, view = args
+            try:
+                spec = spec_from_values(values_from_form(raw))  # what the form shows is what runs
+                run_id, view = runs.start(spec, view)
+            except (SpecError, RunError) as exc:
+                return f"✗ **Not started:** {escape(user_message(exc))}", gr.skip(), gr.skip()
+            return f"Started run `{run_id}`.", view, gr.Tabs(selected="run")
+
+        job.start.click(
+            on_start, inputs=[*form.components, runs.view], outputs=[notice, runs.view, main_tabs], concurrency_limit=1,
+            show_progress="minimal", show_progress_on=[job.start],
+        )
+        runs.wire(timer, notice, shown_as_message)
+
+        # ---------------------------------------------------------- timer: the run, and the monitor when in view
+        @shown_as_message
+        def on_tick(view, smoothing, log_scale, overlay, seen):
+            out = runs.render(view, smoothing, log_scale, overlay or None)
+            if seen.get("tab") != "gpus":
+                return [*out, gr.skip(), gr.skip(), seen]
+            gauges, seen["sample"] = monitor.render(seen.get("sample"))
+            return [*out, *gauges, seen]
+
+        timer.tick(
+            on_tick,
+            inputs=[runs.view, *runs.chart_inputs, monitor_seen],
+            outputs=[*runs.outputs, *monitor.outputs, monitor_seen],
+            show_progress="hidden",
+            trigger_mode="always_last",
+        )
+
+        def on_tab(seen, evt: gr.SelectData):
+            seen = {**seen, "tab": {"GPUs": "gpus", "Run": "run"}.get(evt.value, "job"), "sample": None}
+            if seen["tab"] != "gpus":
+                return [gr.skip(), gr.skip(), seen]
+            gauges, seen["sample"] = monitor.render(None)
+            return [*gauges, seen]
+
+        main_tabs.select(shown_as_message(on_tab), inputs=[monitor_seen], outputs=[*monitor.outputs, monitor_seen], show_progress="hidden")
+
+        # ---------------------------------------------------------- first paint, and re-attach to a live run
         @shown_as_message
         def on_load(*args):
-            *raw, shown = args
-            return job.updates(evaluate(values_from_form(raw)), {}, fill=False)
+            *raw, shown, view, smoothing, log_scale, overlay = args
+            return [
+                *job.updates(evaluate(values_from_form(raw)), {}, fill=False),
+                *runs.render(view, smoothing, log_scale, overlay or None, force=True),
+            ]
 
-        page.load(on_load, inputs=[*form.components, job.shown], outputs=job.outputs, show_progress="hidden")
+        page.load(
+            on_load,
+            inputs=[*form.components, job.shown, runs.view, *runs.chart_inputs],
+            outputs=[*job.outputs, *runs.outputs],
+            show_progress="hidden",
+        )
     page.tunedeck_css = CSS  # launch() takes css in Gradio 6
-    page.main_tabs = main_tabs
     return page
-
-
-def read_uploaded_spec(path: str | None) -> tuple[str, JobSpec | None]:
-    """(message, spec or None): an invalid upload says what is wrong and changes nothing."""
-    from backend.spec import SpecError
-
-    if not path:
-        return "No file received.", None
-    file = Path(path)
-    name = file.name
-    if file.stat().st_size > UPLOAD_LIMIT_BYTES:
-        return f"✗ **{name}** is larger than {UPLOAD_LIMIT_BYTES // 1024} KB; a job spec is a short YAML file.", None
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        return f"✗ **{name}** is not a text file; upload a job.yaml.", None
-    try:
-        spec = spec_from_yaml(text)
-    except SpecError as exc:
-        lines = "\n".join(f"- `{p or 'job'}`: {m}" for p, m in exc.problems)
-        return f"✗ **{name}** was not loaded; the form is unchanged:\n{lines}", None
-    return f"Loaded **{name}**.", spec

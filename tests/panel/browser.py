@@ -124,3 +124,26 @@ def file_names(page) -> list[str]:
 
 def code_text(page, elem_id: str = "file-view") -> str:
     return page.locator(f"#{elem_id} .cm-content").inner_text()
+
+
+def text_of(page, selector: str) -> str:
+    """Visible text of a Markdown/HTML output (without Gradio's hidden progress tracker)."""
+    return page.locator(f"{selector} .prose, {selector} .td-progress, {selector} .td-cards").first.inner_text()
+
+
+def wait_text(page, selector: str, text: str, timeout: float = 20_000) -> None:
+    page.wait_for_function(
+        "([s, t]) => { const e = document.querySelector(s); return e && e.innerText.includes(t); }",
+        arg=[selector, text],
+        timeout=timeout,
+    )
+
+
+def plot_points(page, elem_id: str) -> dict[str, int]:
+    """{trace name: number of points} of the plotly chart in a gr.Plot."""
+    return page.evaluate(
+        """id => { const d = document.querySelector('#' + id + ' .js-plotly-plot');
+                   if (!d || !d.data) return {};
+                   return Object.fromEntries(d.data.map(t => [t.name, (t.x || []).length])); }""",
+        elem_id,
+    )

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 import yaml
-from panel.browser import PanelServer, choose, code_text, field, file_names, open_tab, set_field, show_file
+from panel.browser import PanelServer, choose, code_text, field, file_names, open_tab, set_field, show_file, wait_text
 
 pytestmark = pytest.mark.browser
 
@@ -23,14 +23,6 @@ def load(page, server):
     page.goto(server.url)
     page.wait_for_selector("#file-view .cm-content")
     page.wait_for_function("document.querySelector('#global-batch').innerText.includes('Global batch')")
-
-
-def wait_text(page, selector: str, text: str, timeout: float = 20_000) -> None:
-    page.wait_for_function(
-        "([s, t]) => { const e = document.querySelector(s); return e && e.innerText.includes(t); }",
-        arg=[selector, text],
-        timeout=timeout,
-    )
 
 
 def test_70b_qlora_zero3_preset_shows_stage3_and_4bit(page, server):

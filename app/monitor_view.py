@@ -1,0 +1,132 @@
+"""The GPU monitor tab: gauges per GPU (NVML) and for the host (psutil), with sparklines.
+
+Reads the shared Monitor's ring buffer; never touches NVML itself. Without an NVIDIA
+GPU it says so plainly and still shows CPU and RAM.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+import gradio as gr
+import plotly.graph_objects as go
+import psutil
+from plotly.subplots import make_subplots
+
+from backend.monitor import GpuSample, Monitor, Sample
+
+SPARK_SAMPLES = 120  # two minutes at one sample a second
+
+
+def _bar(label: str, fraction: float | None, text: str) -> str:
+    width = 0 if fraction is None else max(0.0, min(1.0, fraction)) * 100
+    color = "#dc2626" if width > 90 else "#f59e0b" if width > 70 else "#4f46e5"
+    return (
+        f'<div class="td-gauge"><div class="td-gauge-label">{escape(label)}<span>{escape(text)}</span></div>'
+        f'<div class="td-gauge-track"><div class="td-gauge-fill" style="width:{width:.1f}%;background:{color}"></div></div></div>'
+    )
+
+
+def _process_label(pid: int) -> str:
+    """'pid 123 · rank 0 · python' when the process is a training rank (RANK in its environment)."""
+    try:
+        proc = psutil.Process(pid)
+        name = proc.name()
+        rank = proc.environ().get("RANK")
+    except (psutil.Error, OSError):
+        return f"pid {pid}"
+    return f"pid {pid} · rank {rank} · {name}" if rank is not None else f"pid {pid} · {name}"
+
+
+def gpu_card(gpu: GpuSample) -> str:
+    mem_fraction = gpu.memory_used_mb / gpu.memory_total_mb if gpu.memory_total_mb else None
+    rows = [
+        _bar("utilisation", (gpu.utilization_pct or 0) / 100 if gpu.utilization_pct is not None else None,
+             f"{gpu.utilization_pct:.0f}%" if gpu.utilization_pct is not None else "n/a"),
+        _bar("memory", mem_fraction, f"{gpu.memory_used_mb / 1024:.1f} / {gpu.memory_total_mb / 1024:.1f} GB"),
+    ]
+    if gpu.power_w is not None:
+        limit = gpu.power_limit_w
+        rows.append(_bar("power", gpu.power_w / limit if limit else None, f"{gpu.power_w:.0f} W" + (f" / {limit:.0f} W" if limit else "")))
+    temp = f" · {gpu.temperature_c:.0f} °C" if gpu.temperature_c is not None else ""
+    procs = "".join(
+        f"<li>{escape(_process_label(p.pid))}" + (f" — {p.used_mb / 1024:.1f} GB" if p.used_mb else "") + "</li>"
+        for p in gpu.processes
+    )
+    procs_html = f"<ul class='td-procs'>{procs}</ul>" if procs else "<div class='td-procs'>no processes</div>"
+    return f"<div class='td-card'><b>GPU {gpu.index} · {escape(gpu.name)}</b>{temp}{''.join(rows)}{procs_html}</div>"
+
+
+def monitor_html(monitor: Monitor, sample: Sample | None) -> str:
+    parts = []
+    if monitor.gpu_error and not (sample and sample.gpus):
+        parts.append(f"<div class='td-card td-nogpu' id='no-gpu'>{escape(monitor.gpu_error)} CPU and RAM are still shown.</div>")
+    elif monitor.gpu_error:
+        parts.append(f"<div class='td-card td-nogpu'>{escape(monitor.gpu_error)}</div>")
+    if sample:
+        parts.extend(gpu_card(g) for g in sample.gpus)
+        host = [
+            _bar("CPU", sample.cpu_percent / 100, f"{sample.cpu_percent:.0f}% of {psutil.cpu_count()} cores"),
+            _bar("RAM", sample.ram_used_gb / sample.ram_total_gb, f"{sample.ram_used_gb:.1f} / {sample.ram_total_gb:.1f} GB"),
+        ]
+        parts.append(f"<div class='td-card' id='host-gauges'><b>Host</b>{''.join(host)}</div>")
+    else:
+        parts.append("<div class='td-card'>Waiting for the first sample…</div>")
+    return f"<div class='td-cards'>{''.join(parts)}</div>"
+
+
+def sparklines(history: list[Sample]) -> go.Figure:
+    """CPU, RAM and, per GPU, utilisation and memory over the last samples."""
+    history = history[-SPARK_SAMPLES:]
+    gpu_count = max((len(s.gpus) for s in history), default=0)
+    titles = ["CPU %", "RAM %"] + [t for i in range(gpu_count) for t in (f"GPU {i} util %", f"GPU {i} memory %")]
+    cols = 2
+    rows = (len(titles) + 1) // 2
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, vertical_spacing=0.5 / max(rows, 1))
+    seconds = [s.time - history[-1].time for s in history] if history else []
+    series = [
+        [s.cpu_percent for s in history],
+        [100 * s.ram_used_gb / s.ram_total_gb for s in history],
+    ]
+    for i in range(gpu_count):
+        series.append([(s.gpus[i].utilization_pct or 0) if i < len(s.gpus) else None for s in history])
+        series.append([100 * s.gpus[i].memory_used_mb / s.gpus[i].memory_total_mb if i < len(s.gpus) else None for s in history])
+    for n, (title, ys) in enumerate(zip(titles, series)):
+        fig.add_scatter(x=seconds, y=ys, name=title, mode="lines", fill="tozeroy", line=dict(color="#4f46e5", width=1.5),
+                        row=n // cols + 1, col=n % cols + 1, showlegend=False)
+    fig.update_yaxes(range=[0, 100])
+    fig.update_xaxes(title_text="seconds ago", showticklabels=True)
+    fig.update_layout(height=190 * rows, margin=dict(l=40, r=10, t=30, b=30), template="plotly_white", uirevision="keep")
+    return fig
+
+
+class MonitorView:
+    def __init__(self, monitor: Monitor):
+        self.monitor = monitor
+
+    def build(self) -> None:
+        self.gauges = gr.HTML(monitor_html(self.monitor, self.monitor.latest()), elem_id="gpu-monitor")
+        self.history = gr.Plot(show_label=False, elem_id="monitor-sparklines")
+
+    @property
+    def outputs(self) -> list:
+        return [self.gauges, self.history]
+
+    def render(self, last_time: float | None) -> tuple[list, float | None]:
+        """Outputs for the newest sample; skipped when no new sample arrived since `last_time`."""
+        sample = self.monitor.latest()
+        if sample is not None and sample.time == last_time:
+            return [gr.skip(), gr.skip()], last_time
+        return [monitor_html(self.monitor, sample), sparklines(self.monitor.history())], sample.time if sample else None
+
+
+CSS = """
+.td-cards { display: flex; flex-wrap: wrap; gap: 12px; }
+.td-card { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 10px 14px; min-width: 300px; flex: 1; }
+.td-nogpu { background: var(--background-fill-secondary); font-weight: 600; flex-basis: 100%; }
+.td-gauge { margin-top: 6px; }
+.td-gauge-label { display: flex; justify-content: space-between; font-size: 0.85em; }
+.td-gauge-track { height: 10px; border-radius: 5px; background: var(--background-fill-secondary); overflow: hidden; }
+.td-gauge-fill { height: 100%; }
+.td-procs { font-size: 0.8em; margin: 6px 0 0 0; }
+"""

@@ -1,0 +1,185 @@
+"""The run half of the page with real demo runs (2 CPU ranks, DDP over gloo), in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from panel.browser import PanelServer, open_tab, plot_points, set_field, text_of, wait_text
+
+pytestmark = pytest.mark.browser
+
+LONG_RUN = 5000  # steps: long enough that the run is still going when the test stops it
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, demo_home):
+    server = PanelServer(tmp_path_factory.mktemp("runs"), "--preset", "demo")
+    yield server
+    from backend.runs import RunManager
+
+    manager = RunManager(server.runs_dir)  # never leave a run behind, whatever failed
+    for run in manager.list_runs():
+        if run.state in ("queued", "running", "stopping"):
+            manager.stop(run.run_id, grace_s=5)
+            manager.wait(run.run_id, timeout=60)
+    server.stop()
+
+
+def load(page, server):
+    page.goto(server.url)
+    page.wait_for_selector("#file-view .cm-content")
+    wait_text(page, "#job-issues", "No problems")
+
+
+def shown_run_id(page) -> str:
+    return re.search(r"\d{8}-\d{6}-[0-9a-f]{6}", text_of(page, "#run-state")).group(0)
+
+
+def loss_points(page) -> int:
+    return plot_points(page, "loss-chart").get("this run loss", 0)
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def run_processes(run_dir: Path) -> list[psutil.Process]:
+    """Live processes that belong to the run: its launcher's group, or working in its folder."""
+    status = json.loads((run_dir / "status.json").read_text())
+    pgid = (status.get("launcher") or {}).get("pgid")
+    found = []
+    for proc in psutil.process_iter(["pid", "cwd"]):
+        try:
+            in_group = pgid is not None and os.getpgid(proc.pid) == pgid
+            in_folder = (proc.info["cwd"] or "").startswith(str(run_dir))
+        except (psutil.Error, ProcessLookupError):
+            continue
+        if (in_group or in_folder) and proc.status() != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, server):
+    load(page, server)
+    open_tab(page, "form-sections", "Training")
+    set_field(page, "training.max_steps", str(LONG_RUN))
+    wait_text(page, "#global-batch", "Global batch")
+    wait_text(page, "#job-issues", "No problems")
+    page.click("#start-run")
+    wait_text(page, "#notice", "Started run")
+    wait_text(page, "#run-state", "running", timeout=60_000)
+    run_id = shown_run_id(page)
+
+    first = wait_for(lambda: loss_points(page) >= 2 and loss_points(page), 180, "the first loss points")
+    log_before = page.locator("#run-log textarea").input_value()
+    later = wait_for(lambda: loss_points(page) > first + 2 and loss_points(page), 90, "the loss chart to grow")
+    assert later > first
+    wait_for(lambda: len(page.locator("#run-log textarea").input_value()) > len(log_before), 30, "new log lines")
+    facts = text_of(page, "#run-facts")
+    assert "2 ranks · DDP" in facts and "of parameters trainable" in facts
+    assert "ETA" in text_of(page, "#run-progress") and f"/{LONG_RUN}" in text_of(page, "#run-progress")
+    assert set(plot_points(page, "metrics-chart")) >= {"learning rate", "grad norm", "tokens / s"}
+
+    page.click("#stop-run")
+    wait_text(page, "#run-state", "stopped", timeout=120_000)
+    run_dir = server.runs_dir / run_id
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "stopped"
+    wait_for(lambda: not run_processes(run_dir), 20, "the run's processes to exit")
+    assert page.locator("#stop-run").is_disabled()
+
+
+def test_reloading_the_page_reattaches_to_a_live_run(page, server):
+    from backend.runs import RunManager
+    from backend.spec import resolve_spec, set_paths
+
+    # Started outside the page (as `tunedeck train` would): the disk is the message bus.
+    manager = RunManager(server.runs_dir)
+    run_id = manager.start(set_paths(resolve_spec("demo"), {"training.max_steps": LONG_RUN}))
+    try:
+        page.goto(server.url)
+        page.click("#tab-run-button")
+        wait_text(page, "#run-state", run_id, timeout=30_000)
+        wait_text(page, "#run-state", "running", timeout=60_000)
+        before = wait_for(lambda: loss_points(page) >= 2 and loss_points(page), 180, "loss points")
+
+        page.reload()
+        page.click("#tab-run-button")
+        wait_text(page, "#run-state", run_id, timeout=30_000)
+        assert "running" in text_of(page, "#run-state")
+        wait_for(lambda: loss_points(page) >= before, 30, "the reloaded chart to show the run so far")
+        wait_for(lambda: loss_points(page) > before, 60, "the reloaded chart to keep growing")
+    finally:
+        manager.stop(run_id, grace_s=20)
+    wait_text(page, "#run-state", "stopped", timeout=120_000)
+
+
+def test_past_runs_reopen_and_overlay_two_loss_curves(page, server):
+    from backend.runs import RunManager
+    from backend.spec import resolve_spec, set_paths
+
+    manager = RunManager(server.runs_dir)
+    with_metrics = [r for r in manager.list_runs() if (manager.run_dir(r.run_id) / "metrics.jsonl").exists()]
+    while len(with_metrics) < 2:  # when run alone: make two short runs
+        run_id = manager.start(set_paths(resolve_spec("demo"), {"training.max_steps": 5}))
+        manager.wait(run_id, timeout=180)
+        with_metrics = [r for r in manager.list_runs() if (manager.run_dir(r.run_id) / "metrics.jsonl").exists()]
+    older, newer = with_metrics[1].run_id, with_metrics[0].run_id
+
+    page.goto(server.url)
+    page.click("#tab-run-button")
+    wait_text(page, "#runs-table", older)
+    page.locator("#run-select input").click()
+    page.locator(f'#run-select li[role=option]:has-text("{older}")').click()
+    wait_text(page, "#run-state", older)
+    wait_for(lambda: loss_points(page) > 0, 30, "the reopened run's loss curve")
+
+    page.locator("#overlay-select input").click()
+    page.locator(f'#overlay-select li[role=option]:has-text("{newer}")').click()
+    traces = wait_for(lambda: any(newer in name for name in plot_points(page, "loss-chart")) and plot_points(page, "loss-chart"), 30, "the overlaid curve")
+    assert traces["this run loss"] > 0 and traces[f"{newer} loss"] > 0
+
+
+def test_a_failing_run_shows_its_error_lines(page, server):
+    load(page, server)
+    open_tab(page, "form-sections", "Dataset")
+    set_field(page, "dataset.path", "/nonexistent/train.jsonl")
+    wait_text(page, "#job-issues", "No problems")  # only the run can find out
+    page.click("#start-run")
+    wait_text(page, "#run-state", "failed", timeout=120_000)
+    error = page.locator("#run-error")
+    error.wait_for(state="visible")
+    assert "/nonexistent/train.jsonl" in error.inner_text()
+    assert "Traceback (most recent call last)" not in page.inner_text("#notice")
+
+
+def test_a_refused_start_says_why_and_launches_nothing(page, server):
+    load(page, server)
+    before = set(p.name for p in server.runs_dir.iterdir())
+    page.click("#preset-7b-lora-ddp")  # 4 GPUs: this machine has none
+    wait_text(page, "#notice", "7B LoRA DDP")
+    page.click("#start-run")
+    wait_text(page, "#notice", "no NVIDIA GPU found", timeout=30_000)
+    assert "launch.use_cpu" in page.inner_text("#notice")
+    assert set(p.name for p in server.runs_dir.iterdir()) == before
+
+
+def test_gpu_tab_shows_the_no_gpu_state_and_host_gauges(page, server):
+    page.goto(server.url)
+    page.click("#tab-gpus-button")
+    wait_text(page, "#gpu-monitor", "No NVIDIA GPU found", timeout=20_000)
+    gauges = text_of(page, "#gpu-monitor")
+    assert "CPU" in gauges and "RAM" in gauges and "GB" in gauges
+    wait_for(lambda: len(plot_points(page, "monitor-sparklines")) >= 2, 20, "CPU and RAM sparklines")
