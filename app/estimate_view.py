@@ -3,7 +3,8 @@ recommendation and the measured-vs-predicted line of a run.
 
 No Gradio here: the page calls these on every form change (one estimate takes well under a
 millisecond). Every builder turns an estimate error (an unknown model) into a message, so a
-traceback never reaches the page.
+traceback never reaches the page. `cpu_mem_gb` (host RAM per machine, e.g. from psutil)
+lets offloading strategies fit only when the offloaded states fit in RAM.
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ TERM_COLORS = {
 }
 
 
-def estimate_table(spec: JobSpec, gpu_mem_gb: float | str) -> tuple[list[str], list[list]]:
+def estimate_table(
+    spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None
+) -> tuple[list[str], list[list]]:
     """(headers, rows): one row per strategy, fastest first; the current one and the advice marked."""
     try:
         gb = gpu_memory_gb(gpu_mem_gb)
-        options = compare_strategies(spec, gb)
-        chosen = recommend(spec, gb).strategy
+        options = compare_strategies(spec, gb, cpu_mem_gb=cpu_mem_gb)
+        chosen = recommend(spec, gb, cpu_mem_gb=cpu_mem_gb).strategy
     except (EstimateError, ValueError):
         return HEADERS, []
     rows = []
@@ -67,7 +70,7 @@ def estimate_table(spec: JobSpec, gpu_mem_gb: float | str) -> tuple[list[str], l
     return HEADERS, rows
 
 
-def estimate_figure(spec: JobSpec, gpu_mem_gb: float | str) -> go.Figure:
+def estimate_figure(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None) -> go.Figure:
     """One stacked bar per strategy (a segment per memory term) and a line at the GPU's capacity."""
     fig = go.Figure()
     fig.update_layout(
@@ -80,8 +83,8 @@ def estimate_figure(spec: JobSpec, gpu_mem_gb: float | str) -> go.Figure:
     )
     try:
         gb = gpu_memory_gb(gpu_mem_gb)
-        options = compare_strategies(spec, gb)
-        chosen = recommend(spec, gb).strategy
+        options = compare_strategies(spec, gb, cpu_mem_gb=cpu_mem_gb)
+        chosen = recommend(spec, gb, cpu_mem_gb=cpu_mem_gb).strategy
     except (EstimateError, ValueError) as exc:
         # Plotly draws annotation text as (limited) HTML: keep the message's words, not its markup.
         text = str(exc).replace("<", "‹").replace(">", "›")
@@ -116,12 +119,12 @@ def estimate_figure(spec: JobSpec, gpu_mem_gb: float | str) -> go.Figure:
     return fig
 
 
-def recommendation_markdown(spec: JobSpec, gpu_mem_gb: float | str) -> str:
+def recommendation_markdown(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None) -> str:
     """The advice in one paragraph: what to use, why, and the fields it changes."""
     try:
         gb = gpu_memory_gb(gpu_mem_gb)
         current = estimate(spec)
-        advice = recommend(spec, gb)
+        advice = recommend(spec, gb, cpu_mem_gb=cpu_mem_gb)
     except EstimateError as exc:
         return f"**Memory estimate unavailable** ({exc.field}): {escape(str(exc))}."
     except ValueError as exc:

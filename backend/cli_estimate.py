@@ -25,6 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="memory of one GPU in GB, or a GPU name such as A100-80GB or RTX4090 "
         "(default: the first GPU NVML reports, else 80)",
     )
+    p.add_argument(
+        "--cpu-mem",
+        metavar="GB",
+        type=float,
+        help="host RAM per machine for offloaded states (default: this machine's RAM)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object: current, strategies, recommended")
     p.set_defaults(handler=cmd_estimate)
 
@@ -62,15 +68,27 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[float, str]:
     return DEFAULT_GPU_GB, f"no NVIDIA GPU found, assumed {DEFAULT_GPU_GB:g} GB (pass --gpu-mem)"
 
 
+def _cpu_memory(args: argparse.Namespace) -> float:
+    if args.cpu_mem is not None:
+        if args.cpu_mem <= 0:
+            print_problems([("error", "--cpu-mem", f"{args.cpu_mem:g} GB of RAM: give the RAM of one machine, e.g. 256")])
+            raise SystemExit(2)
+        return args.cpu_mem
+    import psutil
+
+    return psutil.virtual_memory().total / 2**30
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     from backend.estimate import EstimateError, compare_strategies, estimate, fits, recommend
 
     spec = load_spec_or_exit(args)
     gpu_gb, gpu_source = _gpu_memory(args)
+    cpu_gb = _cpu_memory(args)
     try:
         current = estimate(spec)
-        options = compare_strategies(spec, gpu_gb)
-        advice = recommend(spec, gpu_gb)
+        options = compare_strategies(spec, gpu_gb, cpu_mem_gb=cpu_gb)
+        advice = recommend(spec, gpu_gb, cpu_mem_gb=cpu_gb)
     except EstimateError as exc:
         print_problems([("error", exc.field, str(exc))])
         return 2
@@ -81,7 +99,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                     "model": spec.model.name_or_path,
                     "gpu_mem_gb": round(gpu_gb, 2),
                     "gpu_mem_source": gpu_source,
-                    "current": {"fits": fits(current, gpu_gb), **current.to_dict()},
+                    "cpu_mem_gb": round(cpu_gb, 2),
+                    "current": {"fits": fits(current, gpu_gb, cpu_gb), **current.to_dict()},
                     "strategies": [o.to_dict() for o in options],
                     "recommended": advice.to_dict(),
                 },
@@ -89,11 +108,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    _print_report(spec, current, options, advice, gpu_gb, gpu_source)
+    _print_report(spec, current, options, advice, gpu_gb, gpu_source, cpu_gb)
     return 0
 
 
-def _print_report(spec, current, options, advice, gpu_gb: float, gpu_source: str) -> None:
+def _print_report(spec, current, options, advice, gpu_gb: float, gpu_source: str, cpu_gb: float) -> None:
     from backend.estimate import TERMS, format_gb
 
     out = sys.stdout.write
@@ -103,7 +122,7 @@ def _print_report(spec, current, options, advice, gpu_gb: float, gpu_source: str
         f"{spec.model.name_or_path} · {spec.method} · {spec.strategy.kind} · {spec.launch.num_processes} process(es)"
         f" · micro batch {t.per_device_train_batch_size} x {spec.dataset.max_seq_length} tokens\n"
         f"parameters {current.params:,}, trainable {current.trainable_params:,} ({share:.2%})\n"
-        f"GPU memory {gpu_gb:g} GB ({gpu_source})\n\n"
+        f"GPU memory {gpu_gb:g} GB ({gpu_source}), host RAM {cpu_gb:.0f} GB per machine\n\n"
     )
     out(f"as given: {format_gb(current.per_gpu_gb)} per GPU")
     if current.cpu_gb or current.nvme_gb:

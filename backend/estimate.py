@@ -160,8 +160,11 @@ def estimate(spec: JobSpec, *, loss: str = "fused") -> Estimate:
     return _estimate(_inputs(spec, loss))
 
 
-def compare_strategies(spec: JobSpec, gpu_mem_gb: float, *, loss: str = "fused") -> list[StrategyEstimate]:
-    """Every sensible strategy for this job, fastest first, with whether it fits `gpu_mem_gb`."""
+def compare_strategies(
+    spec: JobSpec, gpu_mem_gb: float, *, cpu_mem_gb: float | None = None, loss: str = "fused"
+) -> list[StrategyEstimate]:
+    """Every sensible strategy for this job, fastest first, with whether it fits `gpu_mem_gb`
+    per GPU (and, when given, `cpu_mem_gb` of host RAM per machine for offloaded states)."""
     values = _inputs(spec, loss)
     current = _strategy_key(values)
     out = []
@@ -173,34 +176,44 @@ def compare_strategies(spec: JobSpec, gpu_mem_gb: float, *, loss: str = "fused")
                 strategy=label,
                 changes=changes,
                 estimate=est,
-                fits=fits(est, gpu_mem_gb),
+                fits=fits(est, gpu_mem_gb, cpu_mem_gb),
                 current=_strategy_key(variant) == current,
             )
         )
     return out
 
 
-def recommend(spec: JobSpec, gpu_mem_gb: float, *, loss: str = "fused") -> Recommendation:
+def recommend(
+    spec: JobSpec, gpu_mem_gb: float, *, cpu_mem_gb: float | None = None, loss: str = "fused"
+) -> Recommendation:
     """The fastest strategy that fits, in the seed guides' order, with a one-sentence reason."""
     values = _inputs(spec, loss)
-    options = compare_strategies(spec, gpu_mem_gb, loss=loss)
-    chosen = next((o for o in options if o.fits), None)
+    options = compare_strategies(spec, gpu_mem_gb, cpu_mem_gb=cpu_mem_gb, loss=loss)
+    # NVMe offload needs a fast local disk the job names; without one it is shown, not advised.
+    usable = [o for o in options if values["strategy.nvme_path"] or "nvme" not in o.changes.values()]
+    chosen = next((o for o in usable if o.fits), None)
     if chosen is None:
         smallest = min(options, key=lambda o: o.estimate.per_gpu_gb)
+        host = f" and {cpu_mem_gb:g} GB of CPU RAM" if cpu_mem_gb is not None else ""
         reason = (
-            f"Nothing fits in {gpu_mem_gb:g} GB per GPU: even {smallest.strategy} needs "
-            f"{format_gb(smallest.estimate.per_gpu_gb)}, so add GPUs, lower dataset.max_seq_length "
+            f"Nothing fits in {gpu_mem_gb:g} GB per GPU{host}: even {smallest.strategy} needs "
+            f"{format_gb(smallest.estimate.per_gpu_gb)}"
+            + (f" and {smallest.estimate.cpu_gb:.0f} GB of CPU RAM" if smallest.estimate.cpu_gb else "")
+            + ", so add GPUs, lower dataset.max_seq_length "
             f"or training.per_device_train_batch_size"
             + ("" if values["training.gradient_checkpointing"] else ", or turn on training.gradient_checkpointing")
             + "."
         )
         return Recommendation(None, {}, reason, smallest.estimate, False)
     changes = {k: v for k, v in chosen.changes.items() if values.get(k) != v}
-    faster = [o for o in options[: options.index(chosen)] if not o.fits]
+    faster = [o for o in usable[: usable.index(chosen)] if not o.fits]
     return Recommendation(chosen.strategy, changes, _reason(values, chosen, faster, gpu_mem_gb), chosen.estimate, True)
 
 
-def fits(est: Estimate, gpu_mem_gb: float) -> bool:
+def fits(est: Estimate, gpu_mem_gb: float, cpu_mem_gb: float | None = None) -> bool:
+    """Below FIT_FRACTION of the GPU, and of the host RAM when it is known."""
+    if cpu_mem_gb is not None and est.cpu_gb > FIT_FRACTION * cpu_mem_gb:
+        return False
     return est.per_gpu_gb <= FIT_FRACTION * gpu_mem_gb
 
 
@@ -772,7 +785,6 @@ def _reason(v: dict, chosen: StrategyEstimate, skipped: list[StrategyEstimate], 
             f"offloading moves states to host memory ({est.cpu_gb:.0f} GB of CPU RAM"
             + (f" and {est.nvme_gb:.0f} GB of NVMe" if est.nvme_gb else "")
             + " per machine), slower steps but the last resort before quantizing"
-            + (" (set strategy.nvme_path to a fast local disk)" if est.nvme_gb and not v["strategy.nvme_path"] else "")
         )
     elif kind == "ddp":
         why = (
