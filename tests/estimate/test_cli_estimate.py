@@ -1,0 +1,77 @@
+"""`tunedeck estimate` as a user runs it: the real console script in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([TUNEDECK, "estimate", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+
+
+def estimate_json(*args: str) -> dict:
+    result = run(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_json_has_current_strategies_and_recommended():
+    data = estimate_json("7b-full-zero2", "--gpu-mem", "40", "--cpu-mem", "512")
+    current = data["current"]
+    assert {"per_gpu_gb", "cpu_gb", "breakdown", "fits"} <= current.keys()
+    assert current["per_gpu_gb"] == pytest.approx(sum(current["breakdown"].values()), abs=0.05)
+    labels = [s["strategy"] for s in data["strategies"]]
+    assert {"ZeRO-2", "ZeRO-3", "FSDP FULL_SHARD", "DDP"} <= set(labels)
+    for s in data["strategies"]:
+        assert {"strategy", "fits", "changes", "per_gpu_gb", "breakdown"} <= s.keys()
+        assert s["fits"] == (s["per_gpu_gb"] <= 0.9 * 40 and s["cpu_gb"] <= 0.9 * 512)
+    assert [s["strategy"] for s in data["strategies"] if s["current"]] == ["ZeRO-2"]
+    rec = data["recommended"]
+    assert rec["strategy"] == "ZeRO-2" and rec["changes"] == {} and rec["reason"].endswith(".")
+
+
+def test_set_overrides_and_gpu_names_change_the_answer():
+    big = estimate_json("13b-lora-fsdp", "--gpu-mem", "A100-80GB")
+    small = estimate_json("13b-lora-fsdp", "--gpu-mem", "RTX 4090")
+    assert big["gpu_mem_gb"] == 80 and small["gpu_mem_gb"] == 24
+    assert big["recommended"]["strategy"] == "DDP" and small["recommended"]["strategy"] != "DDP"
+    longer = estimate_json("13b-lora-fsdp", "--gpu-mem", "80", "--set", "dataset.max_seq_length=8192")
+    assert longer["current"]["breakdown"]["activations"] > 3 * big["current"]["breakdown"]["activations"]
+
+
+def test_text_report_shows_the_breakdown_table_and_advice():
+    result = run("70b-qlora-zero3", "--gpu-mem", "24", "--cpu-mem", "256")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "meta-llama/Llama-2-70b-hf · qlora · zero3 · 8 process(es)" in out
+    assert "Activations" in out and "STRATEGY" in out and "ZeRO-3 (current)" in out
+    assert "is the fastest option that fits" in out
+
+
+def test_without_a_gpu_it_says_what_it_assumed():
+    data = estimate_json("demo")
+    assert data["gpu_mem_gb"] > 0 and data["gpu_mem_source"]
+
+
+@pytest.mark.parametrize(
+    "args,field",
+    [
+        (["7b-lora-ddp", "--gpu-mem", "banana"], "--gpu-mem"),
+        (["7b-lora-ddp", "--cpu-mem", "-4"], "--cpu-mem"),
+        (["7b-lora-ddp", "--set", "model.name_or_path=nobody/secret-model"], "model.name_or_path"),
+        (["7b-lora-ddp", "--set", "lora.r=0"], "lora.r"),
+        (["no-such-preset"], "spec"),
+    ],
+)
+def test_bad_input_names_the_field_and_exits_nonzero(args, field):
+    result = run(*args)
+    assert result.returncode == 2
+    assert f"error: {field}:" in result.stderr
+    assert "Traceback" not in result.stderr
