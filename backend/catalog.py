@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Iterable
 
@@ -312,10 +312,18 @@ def lookup(name_or_path: str) -> ModelArch | None:
     if name_or_path in KNOWN:
         return KNOWN[name_or_path]
     config_file = Path(name_or_path) / "config.json"
-    if config_file.is_file():
-        try:
-            config = json.loads(config_file.read_text(encoding="utf-8"))
-            return from_config(config, source=str(config_file))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # unreadable or incomplete config: treated as an unknown model
-    return None
+    try:
+        mtime = config_file.stat().st_mtime_ns
+    except OSError:
+        return None
+    return _read_local(str(config_file), mtime)
+
+
+@lru_cache(maxsize=64)
+def _read_local(config_file: str, mtime_ns: int) -> ModelArch | None:
+    # Keyed on the modification time: the panel asks on every form change, the file rarely changes.
+    try:
+        config = json.loads(Path(config_file).read_text(encoding="utf-8"))
+        return from_config(config, source=config_file)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable or incomplete config: treated as an unknown model
