@@ -12,12 +12,16 @@ The peak on one GPU is modelled as the sum of these terms (each cites its source
   activations                    kept for the backward pass (Korthikanti et al. 2022,
                                  "Reducing Activation Recomputation", §4, redone for
                                  Llama-style blocks: RMSNorm, SwiGLU, GQA)
-  logits                         the vocabulary-sized tensors of the loss
+  logits                         the loss's tensors: TRL's fused LM head (tiles, what
+                                 tunedeck runs) or materialized (tokens x vocab) logits
   gathered                       parameters all-gathered by ZeRO-3/FSDP, or held whole
   buckets                        gradient communication buffers (DDP, DeepSpeed)
   cuda_context, allocator        CUDA/NCCL context and caching-allocator overhead
 The peak sits at the start of the backward pass: all activations and the loss's
 tensors alive at once, on top of the model states.
+
+tests/data/measured_peaks.yaml holds published measured peaks; bench/estimate_accuracy.py
+prints how close the model comes to each (tests require every run within 20%).
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ ALLOCATOR_FRACTION = 0.4
 INPUT_PATHS = (
     "model.name_or_path", "model.dtype", "model.attn_implementation", "method",
     "lora.r", "lora.lora_dropout", "lora.target_modules", "lora.use_dora",
-    "quantization.bits", "quantization.bnb_4bit_use_double_quant", "quantization.bnb_4bit_compute_dtype",
+    "quantization.bits", "quantization.bnb_4bit_quant_type", "quantization.bnb_4bit_use_double_quant",
+    "quantization.bnb_4bit_compute_dtype",
     "quantization.bnb_4bit_quant_storage", "dataset.max_seq_length",
     "training.per_device_train_batch_size", "training.gradient_checkpointing", "training.precision",
     "training.optim", "training.learning_rate",
@@ -771,37 +776,36 @@ def _bucket_bytes(job: _Job) -> float:
 
 
 def _reason(v: dict, chosen: StrategyEstimate, skipped: list[StrategyEstimate], gpu_mem_gb: float) -> str:
-    label = chosen.strategy
+    """One sentence: what fits, what the faster option would need, and why this one."""
     est = chosen.estimate
     kind = chosen.changes.get("strategy.kind", v["strategy.kind"])
     method = chosen.changes.get("method", v["method"])
-    offload = chosen.changes.get("strategy.offload_optimizer", "none") != "none"
+    sharding = chosen.changes.get("strategy.fsdp_sharding_strategy")
     if method == "qlora" and v["method"] != "qlora":
         why = "storing the frozen base in 4-bit NF4 (QLoRA) is what makes this job fit"
         if v["method"] == "full":
             why += ", with adapters trained at learning rate 2e-4 instead of every weight"
-    elif offload:
-        why = (
-            f"offloading moves states to host memory ({est.cpu_gb:.0f} GB of CPU RAM"
-            + (f" and {est.nvme_gb:.0f} GB of NVMe" if est.nvme_gb else "")
-            + " per machine), slower steps but the last resort before quantizing"
-        )
+    elif chosen.changes.get("strategy.offload_optimizer", "none") != "none":
+        where = f"{est.cpu_gb:.0f} GB of CPU RAM" + (f" and {est.nvme_gb:.0f} GB of NVMe" if est.nvme_gb else "")
+        why = f"offloading moves states to host memory ({where} per machine): slower steps, the last resort before quantizing"
+    elif kind == "ddp" and method != "full":
+        why = "only the adapter's gradients cross the network, so plain data parallelism is fastest"
     elif kind == "ddp":
+        why = "every GPU keeps everything and only gradients are all-reduced, the fastest setup"
+    elif kind in ("zero1", "zero2") or sharding == "SHARD_GRAD_OP":
         why = (
-            "only the adapter's gradients cross the network, so plain data parallelism is fastest"
-            if method != "full"
-            else "every GPU keeps everything and only gradients are all-reduced, the fastest setup"
+            "it shards optimizer states and gradients while every GPU keeps whole weights, "
+            "the usual choice for full fine-tuning of 7-13B models"
         )
-    elif kind in ("zero1", "zero2") or (kind == "fsdp" and chosen.changes.get("strategy.fsdp_sharding_strategy") == "SHARD_GRAD_OP"):
-        why = "it shards optimizer states and gradients while every GPU keeps whole weights, the usual choice for full fine-tuning of 7-13B models"
     else:
-        why = "it shards the weights as well and gathers each layer just in time: more communication, but what this model size needs"
+        why = "it shards the weights as well and gathers each layer just in time: more communication, but it fits"
     skipped_text = ""
     if skipped:
-        first = skipped[0]
-        skipped_text = f" ({first.strategy} would need {format_gb(first.estimate.per_gpu_gb)})"
+        first = skipped[0].estimate
+        need = format_gb(first.per_gpu_gb) if not fits(first, gpu_mem_gb) else f"{first.cpu_gb:.0f} GB of CPU RAM"
+        skipped_text = f" ({skipped[0].strategy} would need {need})"
     kept = " (as set)" if chosen.current else ""
     return (
-        f"{label}{kept} is the fastest option that fits: {format_gb(est.per_gpu_gb)} of {gpu_mem_gb:g} GB per GPU"
-        f"{skipped_text}; {why}."
+        f"{chosen.strategy}{kept} is the fastest option that fits: {format_gb(est.per_gpu_gb)} of {gpu_mem_gb:g} GB "
+        f"per GPU{skipped_text}; {why}."
     )
