@@ -104,6 +104,14 @@ def _lora(spec: JobSpec) -> Iterator[Problem]:
             "lora.lora_alpha",
             f"lora_alpha/r = {ratio:g} scales the update oddly; the usual choice is lora_alpha = 2 x r = {2 * lora.r}.",
         )
+    arch = catalog.lookup(spec.model.name_or_path)
+    if arch is not None and arch.num_local_experts and lora.target_modules == "all-linear" and lora.lora_dropout > 0:
+        # PEFT 0.21 adapts the stacked expert weights as parameters, and those refuse dropout.
+        yield _error(
+            "lora.lora_dropout",
+            "a mixture-of-experts model with target_modules=all-linear adapts its expert weights, which PEFT "
+            "only allows without dropout: set lora.lora_dropout=0 (or list attention modules only).",
+        )
     if lora.lora_dropout > 0.3:
         yield _warning("lora.lora_dropout", f"dropout {lora.lora_dropout:g} is high for adapters; 0.0-0.1 is usual.")
 

@@ -40,6 +40,7 @@ CASES = [
     ("7b-lora-ddp", ["model.dtype=float16"], "error", "training.precision", "model.dtype=bfloat16"),
     ("7b-lora-ddp", ["method=full", "model.dtype=float16", "training.precision=fp16", "training.learning_rate=2e-5"], "error", "model.dtype", "model.dtype=float32"),
     ("7b-full-zero2", ["training.learning_rate=2e-4"], "warning", "training.learning_rate", "1e-5 to 2e-5"),
+    ("7b-lora-ddp", ["model.name_or_path=mistralai/Mixtral-8x7B-v0.1"], "error", "lora.lora_dropout", "lora.lora_dropout=0"),
     ("70b-qlora-zero3", ["training.precision=fp16", "model.dtype=float16"], "warning", "quantization.bnb_4bit_compute_dtype", "bnb_4bit_compute_dtype=float16"),
     ("7b-lora-ddp", ["model.attn_implementation=flash_attention_2", "model.dtype=float32", "training.precision=fp32"], "warning", "model.attn_implementation", "attn_implementation=sdpa"),
     ("demo", ["model.attn_implementation=flash_attention_2"], "error", "model.attn_implementation", "attn_implementation=sdpa"),
