@@ -11,6 +11,7 @@ code; the manager only writes requests and reads status.json.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -192,6 +193,11 @@ class RunManager:
         per_machine = spec.launch.processes_per_machine
         env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        if spec.strategy.is_deepspeed and not os.environ.get("TORCH_EXTENSIONS_DIR"):
+            # DeepSpeed compiles an op against this environment's torch on first use (~1 min); keyed by
+            # environment, two virtualenvs on one machine do not keep rebuilding each other's copy.
+            key = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
+            env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "torch_extensions" / f"tunedeck-{key}")
         if gpus is None:
             # Measured: several threads per process on a small machine make training ~6x slower.
             env["OMP_NUM_THREADS"] = "1"
