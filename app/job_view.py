@@ -31,11 +31,17 @@ def language_of(name: str) -> str | None:
 
 
 class DerivedView:
-    """Something else the page derives from the job (the memory estimate): outputs + update(result)."""
+    """Something else the page derives from the job (the memory estimate).
 
+    `inputs` are its own controls (read with every job event), `outputs` what it shows;
+    update(result, shown, *input values) returns one value per output (`shown` is the
+    session's memo of what the browser has, to skip unchanged outputs).
+    """
+
+    inputs: list
     outputs: list
 
-    def update(self, result: JobResult) -> list:  # pragma: no cover - interface
+    def update(self, result: JobResult, shown: dict, *values) -> list:  # pragma: no cover - interface
         raise NotImplementedError
 
 
@@ -104,7 +110,21 @@ class JobView:
 
     # ------------------------------------------------------------ updates
 
-    def updates(self, result: JobResult, shown: dict, fill: bool) -> list:
+    @property
+    def extra_inputs(self) -> list:
+        return [c for view in self.derived for c in view.inputs]
+
+    @property
+    def inputs(self) -> list:
+        """What every job event reads: the form, the session's `shown` state, the derived views' controls."""
+        return [*self.form.components, self.shown, *self.extra_inputs]
+
+    def split(self, args) -> tuple[list, dict, list]:
+        """Handler arguments in `inputs` order -> (form values, shown, derived controls' values)."""
+        n = len(self.form.components)
+        return list(args[:n]), args[n], list(args[n + 1 :])
+
+    def updates(self, result: JobResult, shown: dict, fill: bool, extra: list = ()) -> list:
         """Every output for `result`; `fill` also writes the values into the form (preset, upload)."""
         shown = dict(shown or {})
         out: list[Any] = []
@@ -151,17 +171,19 @@ class JobView:
         else:  # an invalid job downloads nothing
             out += [gr.update(interactive=False), None]
             shown["zip"] = None
-        out.append(shown)
+        out.append(shown)  # the same dict: derived views below still add their memo to it
+        extra = list(extra)
         for view in self.derived:
-            out += view.update(result)
+            values, extra = extra[: len(view.inputs)], extra[len(view.inputs) :]
+            out += view.update(result, shown, *values)
         return out
 
     def wire(self, handler: Callable) -> None:
-        """Any edit of any field -> one call of `handler(*values, shown)`."""
+        """Any edit of any field (or of a derived view's control) -> one call of `handler(*inputs)`."""
         gr.on(
-            [c.input for c in self.form.components],
+            [c.input for c in [*self.form.components, *self.extra_inputs]],
             handler,
-            inputs=[*self.form.components, self.shown],
+            inputs=self.inputs,
             outputs=self.outputs,
             trigger_mode="always_last",
             show_progress="hidden",

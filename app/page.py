@@ -13,6 +13,7 @@ import gradio as gr
 
 from app import monitor_view, run_view
 from app.downloads import BundleWriter
+from app.estimate_panel import EstimatePanel, measured_vs_predicted
 from app.errors import shown_as_message, user_message
 from app.form import build_form
 from app.job_outputs import evaluate, read_uploaded_spec
@@ -22,7 +23,7 @@ from app.run_view import RunView
 from backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
 from backend.monitor import shared_monitor
 from backend.runs import RunError, RunManager
-from backend.spec import JobSpec, Preset, SpecError, load_presets
+from backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
 
 # Presets in the order a newcomer reads them: the runnable demo, then growing model sizes.
 PRESET_ORDER = ("demo", "7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp")
@@ -57,6 +58,8 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
     initial_values = values_from_spec(initial_spec)
     runs = RunView(RunManager(runs_dir))
     monitor = MonitorView(shared_monitor())
+    estimate = EstimatePanel(shared_monitor())
+    runs.memory_hook = measured_vs_predicted
 
     with gr.Blocks(title="tunedeck") as page:
         gr.Markdown("## tunedeck · distributed fine-tuning control panel", elem_id="title")
@@ -74,7 +77,10 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
                     with gr.Column(scale=1):
                         job = JobView(form, initial_file_names(initial_spec), BundleWriter())
                         job.build_status()
+                        estimate.build_advice()
                         job.build_files()
+                estimate.build_details()
+                job.derived.append(estimate)
             with gr.Tab("Run", id="run", elem_id="tab-run"):
                 runs.build()
             with gr.Tab("GPUs", id="gpus", elem_id="tab-gpus") as gpus_tab:
@@ -85,29 +91,43 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
         # ---------------------------------------------------------- job
         @shown_as_message
         def on_form_change(*args):
-            *raw, shown = args
-            return job.updates(evaluate(values_from_form(raw)), shown, fill=False)
+            raw, shown, extra = job.split(args)
+            return job.updates(evaluate(values_from_form(raw)), shown, fill=False, extra=extra)
 
-        def fill_with(spec: JobSpec, shown: dict, message: str) -> list:
-            return [*job.updates(evaluate(values_from_spec(spec)), shown, fill=True), message]
+        def fill_with(spec: JobSpec, shown: dict, extra: list, message: str) -> list:
+            return [*job.updates(evaluate(values_from_spec(spec)), shown, fill=True, extra=extra), message]
 
         job.wire(on_form_change)
         for preset, button in zip(presets, preset_buttons):
 
             @shown_as_message
-            def on_preset(shown, preset=preset):
-                return fill_with(preset.build(), shown, f"Loaded preset **{preset.title}**: {preset.description}")
+            def on_preset(*args, preset=preset):
+                _, shown, extra = job.split(args)
+                return fill_with(preset.build(), shown, extra, f"Loaded preset **{preset.title}**: {preset.description}")
 
-            button.click(on_preset, inputs=[job.shown], outputs=[*job.outputs, notice], show_progress="hidden")
+            button.click(on_preset, inputs=job.inputs, outputs=[*job.outputs, notice], show_progress="hidden")
 
         @shown_as_message
-        def on_upload(path, shown):
+        def on_upload(path, *args):
+            _, shown, extra = job.split(args)
             message, spec = read_uploaded_spec(path)
             if spec is None:
                 return [*(gr.skip() for _ in job.outputs), message]
-            return fill_with(spec, shown, message)
+            return fill_with(spec, shown, extra, message)
 
-        upload.upload(on_upload, inputs=[upload, job.shown], outputs=[*job.outputs, notice], show_progress="hidden")
+        upload.upload(on_upload, inputs=[upload, *job.inputs], outputs=[*job.outputs, notice], show_progress="hidden")
+
+        @shown_as_message
+        def on_apply(*args):
+            raw, shown, extra = job.split(args)
+            spec = spec_from_values(values_from_form(raw))
+            strategy, changes = estimate.recommended_changes(spec, *extra)
+            if not changes:
+                return [*(gr.skip() for _ in job.outputs), "The job already follows the recommendation."]
+            applied = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
+            return fill_with(set_paths(spec, changes), shown, extra, f"Applied **{strategy}**: {applied}.")
+
+        estimate.apply.click(on_apply, inputs=job.inputs, outputs=[*job.outputs, notice], show_progress="hidden")
 
         # ---------------------------------------------------------- runs
         @shown_as_message
@@ -155,15 +175,16 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
         # ---------------------------------------------------------- first paint, and re-attach to a live run
         @shown_as_message
         def on_load(*args):
-            *raw, shown, view, smoothing, log_scale, overlay = args
+            *job_args, view, smoothing, log_scale, overlay = args
+            raw, _, extra = job.split(job_args)
             return [
-                *job.updates(evaluate(values_from_form(raw)), {}, fill=False),
+                *job.updates(evaluate(values_from_form(raw)), {}, fill=False, extra=extra),
                 *runs.render(view, smoothing, log_scale, overlay or None, force=True),
             ]
 
         page.load(
             on_load,
-            inputs=[*form.components, job.shown, runs.view, *runs.chart_inputs],
+            inputs=[*job.inputs, runs.view, *runs.chart_inputs],
             outputs=[*job.outputs, *runs.outputs],
             show_progress="hidden",
         )

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 import yaml
-from panel.browser import PanelServer, choose, code_text, field, file_names, open_tab, set_field, show_file, wait_text
+from panel.browser import PanelServer, choose, code_text, field, file_names, fill, open_tab, set_field, show_file, wait_text
 
 pytestmark = pytest.mark.browser
 
@@ -158,3 +158,30 @@ def test_file_route_serves_nothing_outside_the_panel_files(server):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{server.url}gradio_api/file={target}", timeout=10)
         assert refused.value.code in (403, 404)
+
+
+def test_recommendation_follows_gpu_memory_and_model_and_applies(page, server):
+    load(page, server)
+    wait_text(page, "#recommendation", "Keep DDP")  # 7B LoRA fits in 80 GB with plain DDP
+    assert page.locator("#apply-recommendation").is_disabled()
+    wait_text(page, "#estimate-table", "FSDP FULL_SHARD")
+    assert "DDP (current, ★ recommended)" in page.inner_text("#estimate-table")
+    assert page.locator("#estimate-chart .js-plotly-plot").count() == 1
+
+    gpu = page.locator("#gpu-memory textarea, #gpu-memory input").first
+    fill(gpu, "16")
+    wait_text(page, "#recommendation", "Recommended: FSDP")
+    assert "of 16 GB" in page.inner_text("#recommendation")
+    fill(gpu, "80")
+    wait_text(page, "#recommendation", "Keep DDP")
+
+    set_field(page, "model.name_or_path", "meta-llama/Llama-2-70b-hf")
+    wait_text(page, "#recommendation", "Recommended: FSDP")
+    assert page.locator("#apply-recommendation").is_enabled()
+    page.click("#apply-recommendation")
+    wait_text(page, "#notice", "Applied")
+    open_tab(page, "form-sections", "Strategy")
+    assert field(page, "strategy.kind").input_value() == "fsdp"
+    wait_text(page, "#recommendation", "Keep FSDP")
+    show_file(page, "accelerate_config.yaml")
+    wait_text(page, "#file-view .cm-content", "distributed_type: FSDP")
