@@ -91,7 +91,7 @@ MANAGER_SCRIPT = textwrap.dedent(
     from backend.runs import RunManager
     from backend.spec import resolve_spec, set_paths
     manager = RunManager(sys.argv[1])
-    run_id = manager.start(set_paths(resolve_spec("demo"), {"training.max_steps": 40}))
+    run_id = manager.start(set_paths(resolve_spec("demo"), {"training.max_steps": 150}))
     print(run_id, flush=True)
     time.sleep(600)
     """
@@ -118,5 +118,5 @@ def test_killed_manager_reattaches_and_every_step_is_logged_once(runs_dir, demo_
     status = restarted.wait(run_id, timeout=120)
     assert status.state == "finished" and status.exit_code == 0, f"{status}\n{logs_tail(run_dir)}"
     assert start_record(run_dir)["world_size"] == 2
-    assert [r["step"] for r in log_records(run_dir)] == list(range(1, 41))
+    assert [r["step"] for r in log_records(run_dir)] == list(range(1, 151))
     assert restarted.active_run() is None
