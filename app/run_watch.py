@@ -53,7 +53,8 @@ class RunWatch:
                 if text:
                     changed = True
                     # A progress bar rewrites its line with \r: keep what the terminal would show.
-                    self.lines[name].extend(line.rsplit("\r", 1)[-1] for line in text.splitlines())
+                    lines = text.removesuffix("\n").split("\n")  # not splitlines(): it splits at \r too
+                    self.lines[name].extend(line.rsplit("\r", 1)[-1] for line in lines)
             if changed:
                 self.version += 1
             return self.version
