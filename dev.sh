@@ -36,7 +36,7 @@ case "${1:-}" in
   demo)
     shift
     setup_venv
-    exec .venv/bin/tunedeck presets  # the panel arrives with issue 4
+    exec .venv/bin/tunedeck ui --preset demo "$@"
     ;;
   test)
     shift

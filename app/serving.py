@@ -68,6 +68,10 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
     check_exposure(host, credentials)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
+    where = f"[{host}]" if ":" in host else host
+    print(f"tunedeck: the panel is at http://{where}:{port}/  (Ctrl-C stops the panel; runs keep going)", flush=True)
+    if is_loopback(host):
+        print(f"tunedeck: from another machine: ssh -L {port}:127.0.0.1:{port} <this-server>, then open that address", flush=True)
     return page.launch(
         server_name=host,
         server_port=port,
@@ -80,5 +84,5 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
         prevent_thread_lock=not block,
         theme=gr.themes.Soft(),
         css=getattr(page, "tunedeck_css", None),
-        quiet=False,
+        quiet=True,
     )
