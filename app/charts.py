@@ -85,7 +85,8 @@ def metrics_figure(records: Sequence[dict]) -> go.Figure:
         x, y = downsample(*series(records, key))
         fig.add_scatter(x=x, y=y, mode="lines", name=title, line=dict(color=COLORS[0]), row=1, col=col, showlegend=False)
         fig.update_xaxes(title_text="step", row=1, col=col)
-    fig.update_yaxes(rangemode="tozero", exponentformat="e")  # a constant lr of 5e-3 must not read as 0
+    fig.update_yaxes(rangemode="tozero")  # a constant lr of 5e-3 must not read as 0
+    fig.update_yaxes(exponentformat="e", row=1, col=1)
     fig.update_layout(height=260, **{**_LAYOUT, "margin": dict(l=50, r=20, t=30, b=40)})
     return fig
 

@@ -44,5 +44,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from app.serving import launch
 
     page = build_page(Path(args.runs_dir).resolve(), preset_id=args.preset)
-    launch(page, args.host, args.port, credentials)
+    try:
+        launch(page, args.host, args.port, credentials)
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        reason = str(exc).split(". You can")[0].rstrip(".")
+        print(f"tunedeck ui: cannot serve on {args.host}:{args.port}: {reason}. Choose another --port.", file=sys.stderr)
+        return 2
     return 0

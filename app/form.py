@@ -42,7 +42,7 @@ def build_form(initial: dict[str, Any]) -> Form:
     """Render the form inside the current Blocks context; `initial` holds widget values by path."""
     components: dict[str, gr.components.Component] = {}
     tabs: dict[str, gr.Tab] = {}
-    with gr.Tabs(elem_id="form-sections"):
+    with gr.Tabs(elem_id="form-sections", overflow_behavior="wrap"):
         for title in section_titles():
             with gr.Tab(title, elem_id="section-" + title.split()[0].lower()) as tab:
                 tabs[title] = tab

@@ -72,9 +72,9 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
         with gr.Tabs(elem_id="main-tabs") as main_tabs:
             with gr.Tab("Job", id="job", elem_id="tab-job"):
                 with gr.Row():
-                    with gr.Column(scale=1):
+                    with gr.Column(scale=6):
                         form = build_form({f.path: f.to_form(initial_values[f.path]) for f in FORM_FIELDS})
-                    with gr.Column(scale=1):
+                    with gr.Column(scale=5):
                         job = JobView(form, initial_file_names(initial_spec), BundleWriter())
                         job.build_status()
                         estimate.build_advice()

@@ -68,11 +68,7 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
     check_exposure(host, credentials)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
-    where = f"[{host}]" if ":" in host else host
-    print(f"tunedeck: the panel is at http://{where}:{port}/  (Ctrl-C stops the panel; runs keep going)", flush=True)
-    if is_loopback(host):
-        print(f"tunedeck: from another machine: ssh -L {port}:127.0.0.1:{port} <this-server>, then open that address", flush=True)
-    return page.launch(
+    app = page.launch(
         server_name=host,
         server_port=port,
         auth=credentials,
@@ -81,8 +77,15 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
         ssr_mode=False,
         max_file_size="1mb",
         footer_links=[],
-        prevent_thread_lock=not block,
+        prevent_thread_lock=True,
         theme=gr.themes.Soft(),
         css=getattr(page, "tunedeck_css", None),
         quiet=True,
     )
+    where = f"[{host}]" if ":" in host else host
+    print(f"tunedeck: the panel is at http://{where}:{port}/  (Ctrl-C stops the panel; runs keep going)", flush=True)
+    if is_loopback(host):
+        print(f"tunedeck: from another machine: ssh -L {port}:127.0.0.1:{port} <this-server>, then open that address", flush=True)
+    if block:
+        page.block_thread()
+    return app

@@ -24,10 +24,10 @@ from backend.spec import DEEPSPEED_KINDS, JobSpec, SpecError, get_path, iter_fie
 SECTIONS: list[tuple[str, tuple[str, ...]]] = [
     ("Model", ("model.",)),
     ("Dataset", ("dataset.",)),
-    ("LoRA / Quantization", ("method", "lora.", "quantization.")),
+    ("LoRA/Quantization", ("method", "lora.", "quantization.")),
     ("Strategy", ("strategy.",)),
     ("Training", ("training.", "output_dir")),
-    ("Hardware / Launch", ("launch.",)),
+    ("Hardware/Launch", ("launch.",)),
 ]
 OTHER_SECTION = "Other"
 

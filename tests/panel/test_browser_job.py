@@ -34,7 +34,7 @@ def test_70b_qlora_zero3_preset_shows_stage3_and_4bit(page, server):
     wait_text(page, "#file-view .cm-content", '"stage": 3')
     ds_config = code_text(page)
     assert '"stage3_max_live_parameters"' in ds_config
-    open_tab(page, "form-sections", "LoRA / Quantization")
+    open_tab(page, "form-sections", "LoRA/Quantization")
     assert field(page, "method").input_value() == "qlora"
     assert field(page, "quantization.bits").input_value() == "4"
     assert field(page, "quantization.bnb_4bit_quant_type").input_value() == "nf4"
@@ -63,7 +63,7 @@ def test_changing_a_field_updates_the_files_within_a_second(page, server):
 def test_invalid_value_names_the_field_and_disables_start(page, server):
     load(page, server)
     assert page.locator("#start-run").is_enabled()
-    open_tab(page, "form-sections", "LoRA / Quantization")
+    open_tab(page, "form-sections", "LoRA/Quantization")
     set_field(page, "lora.r", "0")
     wait_text(page, "#job-issues", "lora.r")
     assert "greater than or equal to 1" in page.inner_text("#job-issues")
@@ -92,7 +92,7 @@ def test_fields_that_do_not_apply_are_hidden(page, server):
     assert page.locator("#field-strategy-offload-params").is_visible()
     assert not page.locator("#field-strategy-fsdp-version").is_visible()
     page.wait_for_function("document.querySelector('#file-tabs').innerText.includes('ds_config.json')")
-    open_tab(page, "form-sections", "LoRA / Quantization")
+    open_tab(page, "form-sections", "LoRA/Quantization")
     choose(page, "method", "full")
     page.locator("#field-lora-r").wait_for(state="hidden")
 

@@ -1,0 +1,47 @@
+"""Regenerate the README's screenshots of the panel on the demo preset (not a test).
+
+    .venv/bin/python tests/panel/make_screenshots.py      # writes docs/screenshot.png, docs/screenshot-run.png
+
+Starts `tunedeck ui --preset demo` on a fresh runs folder, photographs the Job tab,
+runs the demo to its end from the page, and photographs the Run tab.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+from panel.browser import CHROMIUM, CHROMIUM_FLAGS, PanelServer, wait_text  # noqa: E402
+
+
+def main() -> int:
+    from playwright.sync_api import sync_playwright
+
+    docs = REPO / "docs"
+    docs.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        server = PanelServer(Path(tmp) / "runs", "--preset", "demo")
+        try:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+            page.goto(server.url)
+            wait_text(page, "#recommendation", "GB per GPU")
+            page.wait_for_selector("#estimate-chart .js-plotly-plot")
+            page.screenshot(path=str(docs / "screenshot.png"))
+            page.click("#start-run")
+            wait_text(page, "#run-state", "finished", timeout=300_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(docs / "screenshot-run.png"))
+            browser.close()
+        finally:
+            server.stop()
+    print(docs / "screenshot.png", docs / "screenshot-run.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
