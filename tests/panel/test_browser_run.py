@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import time
-from pathlib import Path
 
-import psutil
 import pytest
 from panel.browser import PanelServer, open_tab, plot_points, set_field, text_of, wait_text
+from runs.helpers import processes_working_in, run_processes, still_alive, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -45,32 +42,6 @@ def loss_points(page) -> int:
     return plot_points(page, "loss-chart").get("this run loss", 0)
 
 
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def run_processes(run_dir: Path) -> list[psutil.Process]:
-    """Live processes that belong to the run: its launcher's group, or working in its folder."""
-    status = json.loads((run_dir / "status.json").read_text())
-    pgid = (status.get("launcher") or {}).get("pgid")
-    found = []
-    for proc in psutil.process_iter(["pid", "cwd"]):
-        try:
-            in_group = pgid is not None and os.getpgid(proc.pid) == pgid
-            in_folder = (proc.info["cwd"] or "").startswith(str(run_dir))
-        except (psutil.Error, ProcessLookupError):
-            continue
-        if (in_group or in_folder) and proc.status() != psutil.STATUS_ZOMBIE:
-            found.append(proc)
-    return found
-
-
 def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, server):
     load(page, server)
     open_tab(page, "form-sections", "Training")
@@ -82,22 +53,23 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
     wait_text(page, "#run-state", "running", timeout=60_000)
     run_id = shown_run_id(page)
 
-    first = wait_for(lambda: loss_points(page) >= 2 and loss_points(page), 180, "the first loss points")
+    first = wait_for(lambda: loss_points(page) >= 2 and loss_points(page), 180, what="the first loss points")
     log_before = page.locator("#run-log textarea").input_value()
-    later = wait_for(lambda: loss_points(page) > first + 2 and loss_points(page), 90, "the loss chart to grow")
+    later = wait_for(lambda: loss_points(page) > first + 2 and loss_points(page), 90, what="the loss chart to grow")
     assert later > first
-    wait_for(lambda: len(page.locator("#run-log textarea").input_value()) > len(log_before), 30, "new log lines")
+    wait_for(lambda: len(page.locator("#run-log textarea").input_value()) > len(log_before), 30, what="new log lines")
     facts = text_of(page, "#run-facts")
     assert "2 ranks · DDP" in facts and "of parameters trainable" in facts
     assert "ETA" in text_of(page, "#run-progress") and f"/{LONG_RUN}" in text_of(page, "#run-progress")
     assert set(plot_points(page, "metrics-chart")) >= {"learning rate", "grad norm", "tokens / s"}
 
+    run_dir = server.runs_dir / run_id
+    processes = run_processes(run_dir)  # the launcher and both ranks, while they run
+    assert len(processes) >= 3
     page.click("#stop-run")
     wait_text(page, "#run-state", "stopped", timeout=120_000)
-    run_dir = server.runs_dir / run_id
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "stopped"
-    wait_for(lambda: not run_processes(run_dir), 20, "the run's processes to exit")
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "stopped"
+    wait_for(lambda: not still_alive(processes) and not processes_working_in(run_dir), 20, what="the run's processes to exit")
     assert page.locator("#stop-run").is_disabled()
 
 
@@ -113,14 +85,14 @@ def test_reloading_the_page_reattaches_to_a_live_run(page, server):
         page.click("#tab-run-button")
         wait_text(page, "#run-state", run_id, timeout=30_000)
         wait_text(page, "#run-state", "running", timeout=60_000)
-        before = wait_for(lambda: loss_points(page) >= 2 and loss_points(page), 180, "loss points")
+        before = wait_for(lambda: loss_points(page) >= 2 and loss_points(page), 180, what="loss points")
 
         page.reload()
         page.click("#tab-run-button")
         wait_text(page, "#run-state", run_id, timeout=30_000)
         assert "running" in text_of(page, "#run-state")
-        wait_for(lambda: loss_points(page) >= before, 30, "the reloaded chart to show the run so far")
-        wait_for(lambda: loss_points(page) > before, 60, "the reloaded chart to keep growing")
+        wait_for(lambda: loss_points(page) >= before, 30, what="the reloaded chart to show the run so far")
+        wait_for(lambda: loss_points(page) > before, 60, what="the reloaded chart to keep growing")
     finally:
         manager.stop(run_id, grace_s=20)
     wait_text(page, "#run-state", "stopped", timeout=120_000)
@@ -144,11 +116,11 @@ def test_past_runs_reopen_and_overlay_two_loss_curves(page, server):
     page.locator("#run-select input").click()
     page.locator(f'#run-select li[role=option]:has-text("{older}")').click()
     wait_text(page, "#run-state", older)
-    wait_for(lambda: loss_points(page) > 0, 30, "the reopened run's loss curve")
+    wait_for(lambda: loss_points(page) > 0, 30, what="the reopened run's loss curve")
 
     page.locator("#overlay-select input").click()
     page.locator(f'#overlay-select li[role=option]:has-text("{newer}")').click()
-    traces = wait_for(lambda: any(newer in name for name in plot_points(page, "loss-chart")) and plot_points(page, "loss-chart"), 30, "the overlaid curve")
+    traces = wait_for(lambda: any(newer in name for name in plot_points(page, "loss-chart")) and plot_points(page, "loss-chart"), 30, what="the overlaid curve")
     assert traces["this run loss"] > 0 and traces[f"{newer} loss"] > 0
 
 
@@ -182,4 +154,4 @@ def test_gpu_tab_shows_the_no_gpu_state_and_host_gauges(page, server):
     wait_text(page, "#gpu-monitor", "No NVIDIA GPU found", timeout=20_000)
     gauges = text_of(page, "#gpu-monitor")
     assert "CPU" in gauges and "RAM" in gauges and "GB" in gauges
-    wait_for(lambda: len(plot_points(page, "monitor-sparklines")) >= 2, 20, "CPU and RAM sparklines")
+    wait_for(lambda: len(plot_points(page, "monitor-sparklines")) >= 2, 20, what="CPU and RAM sparklines")

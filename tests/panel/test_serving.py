@@ -52,3 +52,31 @@ def test_cli_rejects_unknown_preset():
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2 and "unknown preset 'nope'" in proc.stderr
+
+
+def test_auth_protects_the_panel_and_its_api(tmp_path):
+    import http.cookiejar
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from panel.browser import PanelServer
+
+    server = PanelServer(tmp_path / "runs", "--auth", "ann:s3cret")
+    try:
+        for path in ("config", "gradio_api/info"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(server.url + path, timeout=10)
+            assert refused.value.code == 401
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+
+        def login(password):
+            form = urllib.parse.urlencode({"username": "ann", "password": password}).encode()
+            return opener.open(server.url + "login", data=form, timeout=10)
+
+        with pytest.raises(urllib.error.HTTPError):
+            login("wrong")
+        assert login("s3cret").status == 200
+        assert opener.open(server.url + "config", timeout=10).status == 200
+    finally:
+        server.stop()

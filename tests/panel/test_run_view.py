@@ -1,0 +1,68 @@
+"""The run view's timer handler: full draw on change, (almost) nothing when nothing changed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from app.run_view import RunView
+from backend.runs import RunManager
+from backend.supervisor import write_status
+
+RUN_ID = "20250101-120000-a1b2c3"
+OUTPUT_NAMES = ["view", "select", "overlay", "table", "state", "progress", "facts", "error", "loss", "metrics", "memory", "log", "stop"]
+
+
+def finished_run(runs_dir):
+    run_dir = runs_dir / RUN_ID
+    (run_dir / "logs").mkdir(parents=True)
+    now = time.time()
+    write_status(run_dir, {"run_id": RUN_ID, "state": "finished", "title": "demo/model · lora · ddp · 2xCPU",
+                           "created_at": now - 60, "started_at": now - 50, "ended_at": now - 10, "exit_code": 0, "error": None})
+    (run_dir / "job.yaml").write_text("method: lora\n")
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        f.write(json.dumps({"event": "start", "world_size": 2, "distributed_type": "MULTI_GPU", "max_steps": 3}) + "\n")
+        for step in (1, 2, 3):
+            f.write(json.dumps({"event": "log", "step": step, "max_steps": 3, "loss": 3.0 / step, "time": now - 40 + step}) + "\n")
+    (run_dir / "logs" / "rank0.log").write_text("training...\n")
+    return run_dir
+
+
+def is_skip(value) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
+
+
+@pytest.fixture
+def view(tmp_path, monkeypatch):
+    monkeypatch.setattr("app.run_watch.MIN_REFRESH_S", 0)
+    finished_run(tmp_path)
+    return RunView(RunManager(tmp_path))
+
+
+def test_first_tick_draws_everything_then_idle_ticks_skip(view):
+    first = dict(zip(OUTPUT_NAMES, view.render({"run": None, "follow": True}, 0.6, False, None)))
+    assert first["view"]["run"] == RUN_ID  # follows the newest run when none is live
+    assert "finished" in first["state"] and "2 ranks · DDP" in first["facts"]
+    assert [t.name for t in first["loss"].data][:1] == ["this run loss"]
+    again = dict(zip(OUTPUT_NAMES, view.render(first["view"], 0.6, False, None)))
+    assert all(is_skip(again[name]) for name in OUTPUT_NAMES if name != "view"), again
+
+    # One new line in metrics.jsonl: the charts are redrawn, the run list is not.
+    with open(view.manager.run_dir(RUN_ID) / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"event": "log", "step": 4, "loss": 0.5}) + "\n")
+    third = dict(zip(OUTPUT_NAMES, view.render(again["view"], 0.6, False, None)))
+    assert not is_skip(third["loss"]) and is_skip(third["table"])
+    assert len(third["loss"].data[0].x) == 4
+
+
+def test_changing_a_chart_option_redraws(view):
+    first = view.render({"run": None, "follow": True}, 0.6, False, None)
+    out = dict(zip(OUTPUT_NAMES, view.render(first[0], 0.6, True, None)))
+    assert out["loss"].layout.yaxis.type == "log"
+
+
+def test_a_bad_run_id_is_a_message(view):
+    out = dict(zip(OUTPUT_NAMES, view.render({"run": "../../etc", "follow": False}, 0.6, False, None)))
+    assert "is not a run id" in out["state"]
