@@ -34,8 +34,12 @@ import psutil
 STATUS_FILE = "status.json"
 STOP_FILE = "stop.request"
 LAUNCHER_LOG = "logs/launcher.log"
+ERRORS_FILE = "errors.jsonl"  # train.py: one line per failed rank
 ACTIVE_STATES = ("queued", "running", "stopping")
 POLL_S = 0.2
+# After a rank has failed, the others get this long to finish on their own: a rank blocked in
+# a collective on its dead peer ignores SIGTERM (gloo and NCCL can wait for many minutes).
+FAILURE_GRACE_S = 5.0
 ERROR_LINES = 20
 
 
@@ -101,7 +105,7 @@ def first_failure(run_dir: Path) -> str | None:
     """The error lines of the rank that failed first (train.py's errors.jsonl), else the launcher log's tail."""
     failures = []
     try:
-        for line in (run_dir / "errors.jsonl").read_text(encoding="utf-8").splitlines():
+        for line in (run_dir / ERRORS_FILE).read_text(encoding="utf-8").splitlines():
             try:
                 failures.append(json.loads(line))
             except ValueError:
@@ -178,6 +182,14 @@ def kill_tree(processes: list[psutil.Process], sig: int = signal.SIGKILL, timeou
     psutil.wait_procs(processes, timeout=timeout)
 
 
+def _kill_run(launcher: subprocess.Popen) -> None:
+    """SIGKILL every process of the run. The launcher is reaped by its Popen, which keeps its exit code."""
+    others = [p for p in _descendants(os.getpid()) if p.pid != launcher.pid]
+    launcher.kill()
+    kill_tree(others)
+    launcher.wait()
+
+
 def supervise(run_dir: Path) -> int:
     run_dir = run_dir.resolve()
     status = update_status(run_dir, supervisor=process_identity(os.getpid()))
@@ -208,9 +220,13 @@ def supervise(run_dir: Path) -> int:
         launcher={**process_identity(launcher.pid), "pgid": launcher.pid},
     )
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stray signal must not orphan the run
-    stop_since = stop_deadline = None
+    stop_since = stop_deadline = failed_since = None
     signalled: set[int] = set()
     while launcher.poll() is None:
+        if failed_since is None and (run_dir / ERRORS_FILE).exists():
+            failed_since = time.monotonic()
+        if failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S:
+            _kill_run(launcher)
         stop_file = run_dir / STOP_FILE
         if stop_file.exists():
             if stop_deadline is None:
@@ -226,12 +242,12 @@ def supervise(run_dir: Path) -> int:
                     except psutil.NoSuchProcess:
                         pass
             if time.monotonic() > stop_deadline:
-                kill_tree(_descendants(os.getpid()), timeout=1.0)
+                _kill_run(launcher)
             elif signalled and not _children(launcher.pid) and time.monotonic() > stop_since + 5:
                 launcher.terminate()  # the ranks are gone but the launcher lingers
         time.sleep(POLL_S)
     exit_code = launcher.returncode
-    kill_tree(_descendants(os.getpid()))  # nothing of the run outlives it
+    kill_tree(_descendants(os.getpid()))  # nothing of the run outlives it (the launcher is reaped already)
     state, error = final_state(run_dir, exit_code, stop_deadline is not None)
     update_status(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
     return 0

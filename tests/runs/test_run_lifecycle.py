@@ -71,7 +71,7 @@ def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, 
     faulty = manager.start(demo_spec({"training.max_steps": 50}))
     status = manager.wait(faulty, timeout=120)
     run_dir = manager.run_dir(faulty)
-    assert status.state == "failed", f"{status}\n{logs_tail(run_dir)}"
+    assert status.state == "failed" and status.exit_code != 0, f"{status}\n{logs_tail(run_dir)}"
     assert status.error.startswith("rank 1 failed first: RuntimeError: fault injected by TUNEDECK_FAULT on rank 1 at step 2")
     failed_at = min(json.loads(line)["time"] for line in (run_dir / "errors.jsonl").read_text().splitlines())
     assert status.ended_at - failed_at < 15, "the failure took too long to be reported"
