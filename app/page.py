@@ -83,7 +83,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
                 job.derived.append(estimate)
             with gr.Tab("Run", id="run", elem_id="tab-run"):
                 runs.build()
-            with gr.Tab("GPUs", id="gpus", elem_id="tab-gpus") as gpus_tab:
+            with gr.Tab("GPUs", id="gpus", elem_id="tab-gpus"):
                 monitor.build()
         timer = gr.Timer(TICK_S)
         monitor_seen = gr.State({"tab": "job", "sample": None})
@@ -141,10 +141,14 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
             return f"Started run `{run_id}`.", view, gr.Tabs(selected="run")
 
         job.start.click(
-            on_start, inputs=[*form.components, runs.view], outputs=[notice, runs.view, main_tabs], concurrency_limit=1,
-            show_progress="minimal", show_progress_on=[job.start],
+            on_start,
+            inputs=[*form.components, runs.view],
+            outputs=[notice, runs.view, main_tabs],
+            concurrency_limit=1,  # one launch at a time, whoever clicks
+            show_progress="minimal",
+            show_progress_on=[job.start],
         )
-        runs.wire(timer, notice, shown_as_message)
+        runs.wire(notice, shown_as_message)
 
         # ---------------------------------------------------------- timer: the run, and the monitor when in view
         @shown_as_message
@@ -170,7 +174,9 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
             gauges, seen["sample"] = monitor.render(None)
             return [*gauges, seen]
 
-        main_tabs.select(shown_as_message(on_tab), inputs=[monitor_seen], outputs=[*monitor.outputs, monitor_seen], show_progress="hidden")
+        main_tabs.select(
+            shown_as_message(on_tab), inputs=[monitor_seen], outputs=[*monitor.outputs, monitor_seen], show_progress="hidden"
+        )
 
         # ---------------------------------------------------------- first paint, and re-attach to a live run
         @shown_as_message

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from html import escape
-from pathlib import Path
 
 import gradio as gr
 
@@ -201,7 +200,8 @@ class RunView:
         self.index.runs(fresh=True)
         return f"Stopping run `{run_id}`: ranks finish their step and save a checkpoint (state: {status.state})."
 
-    def wire(self, timer: gr.Timer, notice: gr.Markdown, wrap) -> None:
+    def wire(self, notice: gr.Markdown, wrap) -> None:
+        """Run picker, chart options and Stop; `wrap` turns handler errors into messages (the page's timer calls render)."""
         inputs = [self.view, *self.chart_inputs]
 
         def on_select(run_id, view, smoothing, log_scale, overlay):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Literal
 
-from backend.spec import DEEPSPEED_KINDS, JobSpec, SpecError, get_path, iter_fields, parse_spec
+from backend.spec import DEEPSPEED_KINDS, JobSpec, get_path, iter_fields, parse_spec
 
 # Form sections in page order; a field goes to the first section whose prefixes match its path.
 SECTIONS: list[tuple[str, tuple[str, ...]]] = [
@@ -203,7 +203,6 @@ __all__ = [
     "FORM_FIELDS",
     "FIELDS_BY_PATH",
     "FormField",
-    "SpecError",
     "applies",
     "section_titles",
     "spec_from_values",

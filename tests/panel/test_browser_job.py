@@ -166,7 +166,7 @@ def test_recommendation_follows_gpu_memory_and_model_and_applies(page, server):
     assert page.locator("#apply-recommendation").is_disabled()
     wait_text(page, "#estimate-table", "FSDP FULL_SHARD")
     assert "DDP (current, ★ recommended)" in page.inner_text("#estimate-table")
-    assert page.locator("#estimate-chart .js-plotly-plot").count() == 1
+    page.wait_for_selector("#estimate-chart .js-plotly-plot")  # plotly draws after its script loads
 
     gpu = page.locator("#gpu-memory textarea, #gpu-memory input").first
     fill(gpu, "16")
