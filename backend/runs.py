@@ -11,6 +11,8 @@ code; the manager only writes requests and reads status.json.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -86,37 +88,38 @@ class RunManager:
         errors = [p for p in validate(spec) if p.level == "error"]
         if errors:
             raise RunError("the job has errors:\n" + "\n".join(f"- {p.field}: {p.message}" for p in errors))
-        gpus = self._claim_gpus(spec)
         accelerate = self._accelerate_command()
         self._ensure_demo_if_used(spec)
-
-        run_id = self._new_run_id()
-        run_dir = self.runs_dir / run_id
-        write_bundle(render_bundle(spec), run_dir)
-        (run_dir / "logs").mkdir(exist_ok=True)
-        env_changes = self._env_changes(spec, gpus)
-        write_status(
-            run_dir,
-            {
-                "run_id": run_id,
-                "state": "queued",
-                "title": run_title(spec_to_dict(spec)),
-                "created_at": time.time(),
-                "started_at": None,
-                "ended_at": None,
-                "exit_code": None,
-                "error": None,
-                "gpu_ids": gpus,
-                "argv": [accelerate, *self._launch_args(spec)],
-                # What tunedeck set on top of its own environment (PATH only gains the venv's bin).
-                "env": {k: v for k, v in env_changes.items() if k != "PATH"},
-            },
-        )
+        with self._start_lock():  # two starts at once must not both claim the same GPUs
+            gpus = self._claim_gpus(spec)
+            run_id = self._new_run_id()
+            run_dir = self.runs_dir / run_id
+            write_bundle(render_bundle(spec), run_dir)
+            (run_dir / "logs").mkdir(exist_ok=True)
+            env_changes = self._env_changes(spec, gpus)
+            write_status(
+                run_dir,
+                {
+                    "run_id": run_id,
+                    "state": "queued",
+                    "title": run_title(spec_to_dict(spec)),
+                    "created_at": time.time(),
+                    "started_at": None,
+                    "ended_at": None,
+                    "exit_code": None,
+                    "error": None,
+                    "gpu_ids": gpus,
+                    "argv": [accelerate, *self._launch_args(spec)],
+                    # What tunedeck set on top of its own environment (PATH only gains the venv's bin).
+                    "env": {k: v for k, v in env_changes.items() if k != "PATH"},
+                },
+            )
         # From here on the supervisor is the only writer of status.json (it records itself first).
+        # It runs as a script (it needs only psutil), so it works whether or not tunedeck is installed.
         try:
             with open(run_dir / "logs" / "supervisor.log", "ab") as log:
                 self._supervisors[run_id] = subprocess.Popen(
-                    [sys.executable, "-m", "backend.supervisor", str(run_dir)],
+                    [sys.executable, supervisor.__file__, str(run_dir)],
                     cwd=run_dir,
                     env={**os.environ, **env_changes},
                     stdin=subprocess.DEVNULL,
@@ -165,6 +168,13 @@ class RunManager:
                     f"{names} in use by run {other.run_id} ({other.title}): stop it, or set launch.gpu_ids to free GPUs"
                 )
         return wanted
+
+    @contextlib.contextmanager
+    def _start_lock(self):
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.runs_dir / ".start.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     @staticmethod
     def _accelerate_command() -> str:
@@ -221,7 +231,6 @@ class RunManager:
                 raise RunError(str(exc)) from None
 
     def _new_run_id(self) -> str:
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
         while True:
             run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
             try:

@@ -1,6 +1,6 @@
 """The run supervisor: a small process that owns one run's launcher from start to exit.
 
-    python -m backend.supervisor RUN_DIR
+    python backend/supervisor.py RUN_DIR     (it needs only psutil: no tunedeck import)
 
 The run manager starts it in its own session and returns; the supervisor starts the
 launcher (argv and environment prepared by the manager, recorded in status.json),
@@ -263,7 +263,7 @@ def _grace_seconds(stop_file: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m backend.supervisor RUN_DIR", file=sys.stderr)
+        print("usage: python supervisor.py RUN_DIR", file=sys.stderr)
         return 2
     return supervise(Path(args[0]))
 

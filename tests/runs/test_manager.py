@@ -41,6 +41,10 @@ def fake_run(runs_dir, run_id: str, state: str, holder: subprocess.Popen | None,
     )
 
 
+def run_folders(runs_dir) -> list[str]:
+    return sorted(p.name for p in runs_dir.iterdir() if not p.name.startswith("."))
+
+
 @pytest.fixture
 def sleeper():
     proc = subprocess.Popen(["sleep", "120"])
@@ -67,14 +71,14 @@ def test_invalid_spec_is_refused_before_anything_is_created(runs_dir, demo_spec)
     spec = demo_spec({"strategy.kind": "fsdp"})  # FSDP on CPU silently degrades to DDP: validation refuses it
     with pytest.raises(RunError, match="strategy.kind: FSDP cannot run on CPU"):
         RunManager(runs_dir).start(spec)
-    assert list(runs_dir.iterdir()) == []
+    assert run_folders(runs_dir) == []
 
 
 def test_gpu_job_without_gpu_says_what_to_do(runs_dir, demo_spec, monkeypatch):
     monkeypatch.setattr(runs, "gpu_indices", lambda: [])
     with pytest.raises(RunError, match="no NVIDIA GPU found.*launch.use_cpu"):
         RunManager(runs_dir).start(demo_spec({"launch.use_cpu": False}))
-    assert list(runs_dir.iterdir()) == []
+    assert run_folders(runs_dir) == []
 
 
 def test_refuses_gpus_held_by_a_live_run(runs_dir, demo_spec, monkeypatch, sleeper):
@@ -87,7 +91,7 @@ def test_refuses_gpus_held_by_a_live_run(runs_dir, demo_spec, monkeypatch, sleep
     with pytest.raises(RunError, match="launch.gpu_ids: GPU 7 does not exist here; this machine has GPUs 0, 1, 2, 3"):
         manager.start(demo_spec({**gpu_job, "launch.gpu_ids": "3,7"}))
     assert manager.active_run() == "20250101-120000-aaaaaa"
-    assert [p.name for p in runs_dir.iterdir()] == ["20250101-120000-aaaaaa"]  # nothing half-launched
+    assert run_folders(runs_dir) == ["20250101-120000-aaaaaa"]  # nothing half-launched
 
 
 def test_a_run_whose_processes_vanished_is_settled_as_failed(runs_dir, sleeper):

@@ -54,7 +54,7 @@ def test_tunedeck_train_demo_as_a_new_user_runs_it(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 ranks · MULTI_CPU · DistributedDataParallel" in result.stdout
     assert "step 60/60" in result.stdout and "finished in" in result.stdout
-    (run_dir,) = runs_dir.iterdir()
+    (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
     start = start_record(run_dir)
     assert start["world_size"] == 2 and start["backend"] == "gloo"
     assert start["model_class"] == "DistributedDataParallel" and start["zero_stage"] is None and not start["fsdp"]
