@@ -34,11 +34,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if args.preset and args.preset not in load_presets():
         print(f"tunedeck ui: unknown preset {args.preset!r}; see `tunedeck presets`", file=sys.stderr)
         return 2
-    if args.preset == "demo":
-        from backend.demo import ensure_demo
+    # The Demo (CPU) button is always on the page, and its estimate reads the built model's config.
+    from backend.demo import ensure_demo
 
-        print("tunedeck ui: making sure the demo model and dataset are built (once, about a minute)...", flush=True)
-        print(f"tunedeck ui: demo assets in {ensure_demo()}", flush=True)
+    print("tunedeck ui: making sure the demo model and dataset are built (once, about a minute)...", flush=True)
+    print(f"tunedeck ui: demo assets in {ensure_demo()}", flush=True)
 
     from app.page import build_page
     from app.serving import launch

@@ -82,7 +82,10 @@ def _cpu_memory(args: argparse.Namespace) -> float:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from backend.estimate import EstimateError, compare_strategies, estimate, fits, recommend
 
+    from backend.demo import ensure_demo_if_used
+
     spec = load_spec_or_exit(args)
+    ensure_demo_if_used(spec)  # the demo model's architecture is read from its built config.json
     gpu_gb, gpu_source = _gpu_memory(args)
     cpu_gb = _cpu_memory(args)
     try:

@@ -80,6 +80,13 @@ def ensure_demo(home: Path | None = None) -> Path:
     return home
 
 
+def ensure_demo_if_used(spec) -> None:
+    """Build the demo when a job points into its folder (the demo preset does): a no-op otherwise."""
+    home = str(demo_home())
+    if str(spec.model.name_or_path).startswith(home) or str(spec.dataset.path).startswith(home):
+        ensure_demo()
+
+
 @contextlib.contextmanager
 def _build_lock(home: Path):
     # Several processes (tests, the panel, the CLI) may ask for the demo at once: one builds.

@@ -219,16 +219,12 @@ class RunManager:
 
     @staticmethod
     def _ensure_demo_if_used(spec) -> None:
-        from backend.spec import demo_home
+        from backend.demo import ensure_demo_if_used
 
-        home = str(demo_home())
-        if str(spec.model.name_or_path).startswith(home) or str(spec.dataset.path).startswith(home):
-            from backend.demo import ensure_demo
-
-            try:
-                ensure_demo()
-            except RuntimeError as exc:
-                raise RunError(str(exc)) from None
+        try:
+            ensure_demo_if_used(spec)
+        except RuntimeError as exc:
+            raise RunError(str(exc)) from None
 
     def _new_run_id(self) -> str:
         while True:
@@ -278,9 +274,22 @@ class RunManager:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             status = self.status(run_id)
-            if status.state not in ACTIVE_STATES or (deadline is not None and time.monotonic() > deadline):
+            if deadline is not None and time.monotonic() > deadline:
+                return status
+            # The supervisor writes the final state just before it exits: wait for that exit too,
+            # so that when wait() returns, no process of the run is left.
+            if status.state not in ACTIVE_STATES and not self._supervisor_alive(run_id):
                 return status
             time.sleep(poll_s)
+
+    def _supervisor_alive(self, run_id: str) -> bool:
+        proc = self._supervisors.get(run_id)
+        if proc is not None:
+            return proc.poll() is None
+        try:
+            return is_alive(read_status(self.run_dir(run_id)).get("supervisor"))
+        except (OSError, ValueError):
+            return False
 
     # ------------------------------------------------------------ read
 

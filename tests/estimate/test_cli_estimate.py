@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,15 @@ def test_bad_input_names_the_field_and_exits_nonzero(args, field):
     assert result.returncode == 2
     assert f"error: {field}:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_demo_preset_on_a_fresh_machine_builds_the_demo_first(tmp_path):
+    # A newcomer's first command may be this one: the demo's architecture comes from its built config.json.
+    env = {**os.environ, "TUNEDECK_HOME": str(tmp_path)}
+    out = subprocess.run([TUNEDECK, "estimate", "demo", "--gpu-mem", "16", "--json"], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["model"] == str(tmp_path / "demo" / "model")
+    assert 0 < report["current"]["per_gpu_gb"] < 16
+    assert (tmp_path / "demo" / "model" / "config.json").is_file()
