@@ -19,7 +19,7 @@ from app.form import Form
 from app.job_outputs import JobResult, batch_markdown, issues_markdown
 from backend.fields import FORM_FIELDS, applies
 
-LANGUAGES = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".sh": "shell", ".py": "python", ".md": "markdown"}
+LANGUAGES = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".sh": "shell", ".sbatch": "shell", ".py": "python", ".md": "markdown"}
 
 
 def _digest(text: str) -> str:

@@ -10,6 +10,7 @@ _FILE_ROLES = {
     "ds_config.json": "DeepSpeed config; \"auto\" values are filled from training_args.yaml by transformers",
     "training_args.yaml": "TRL SFTConfig keyword arguments, passed unchanged",
     "launch.sh": "the exact `accelerate launch` command",
+    "slurm.sbatch": "the same job on a Slurm cluster: `sbatch slurm.sbatch` runs launch.sh once per node",
     "train_sft.py": "the training script (TRL SFTTrainer); needs only the Hugging Face stack",
     "README.md": "this file",
 }
@@ -59,6 +60,7 @@ def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
             f"On each of the {launch.num_machines} machines, with the same files, run "
             "`MACHINE_RANK=<0..N-1> MAIN_PROCESS_IP=<address of machine 0> bash launch.sh`.",
         ]
+    lines += ["", "On a Slurm cluster, submit from this folder instead: `sbatch slurm.sbatch`."]
     if "train_sft.py" not in names:
         lines += ["", "This bundle has no `train_sft.py` yet: add the training script next to these files."]
     return "\n".join(lines) + "\n"
