@@ -36,8 +36,11 @@ def training_args_dict(spec: JobSpec) -> dict:
         "activation_checkpointing": t.gradient_checkpointing,
     }
     if t.gradient_checkpointing:
-        # Non-reentrant checkpointing works with frozen inputs (LoRA), DDP and ZeRO-3.
-        args["activation_checkpointing_kwargs"] = {"use_reentrant": False}
+        # Non-reentrant checkpointing works with frozen inputs (LoRA), DDP and FSDP. Adapters on
+        # ZeRO-3 are the exception: TRL's SFTTrainer forces reentrant there for correct gradients
+        # (trl#2514), so the file says so rather than promise what does not run.
+        reentrant = spec.uses_adapter and s.zero_stage == 3
+        args["activation_checkpointing_kwargs"] = {"use_reentrant": reentrant}
     args["max_length"] = d.max_seq_length
     args["packing"] = d.packing
     if d.format == "text":

@@ -102,6 +102,22 @@ def test_training_args_follow_the_spec():
     assert plain["dataset_text_field"] == "text"
 
 
+@pytest.mark.parametrize(
+    "preset, overrides, reentrant",
+    [
+        ("70b-qlora-zero3", [], True),  # adapters on ZeRO-3: TRL's SFTTrainer forces reentrant (trl#2514)
+        ("7b-lora-ddp", ["strategy.kind=zero3"], True),
+        ("7b-full-zero2", ["strategy.kind=zero3"], False),  # no adapter: TRL leaves the choice alone
+        ("7b-lora-ddp", ["strategy.kind=zero2"], False),
+        ("7b-lora-ddp", [], False),
+    ],
+)
+def test_checkpointing_kwargs_are_what_trl_runs(preset, overrides, reentrant):
+    args = yaml.safe_load(render_bundle(resolve_spec(preset, overrides))["training_args.yaml"])
+    assert args["activation_checkpointing"] is True
+    assert args["activation_checkpointing_kwargs"] == {"use_reentrant": reentrant}
+
+
 def test_multi_machine_launch_sh_takes_rank_and_address_from_the_environment(tmp_path):
     spec = resolve_spec(
         "7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8", "launch.main_process_ip=10.0.0.1"]
