@@ -95,7 +95,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     if failed:
         print("nothing exported: fix the errors above", file=sys.stderr)
         return 2
-    for path in write_bundle(render_bundle(spec), Path(args.output)):
+    try:
+        written = write_bundle(render_bundle(spec), Path(args.output))
+    except OSError as exc:  # not a folder, no permission, disk full
+        print_problems([("error", "--output", f"cannot write the bundle to {args.output}: {exc}; give a writable folder")])
+        return 2
+    for path in written:
         print(path)
     return 0
 

@@ -313,7 +313,11 @@ def spec_from_yaml(text: str) -> JobSpec:
 
 
 def load_spec_file(path: str | Path) -> JobSpec:
-    return spec_from_yaml(Path(path).read_text(encoding="utf-8"))
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:  # unreadable, or not a text file at all
+        raise SpecError([("", f"cannot read {path} as a UTF-8 YAML job spec: {exc}")]) from None
+    return spec_from_yaml(text)
 
 
 # ---------------------------------------------------------------- errors people can act on

@@ -129,3 +129,21 @@ def test_check_command_names_the_refused_file(tmp_path, capsys, check):
     # In-process (the libraries are loaded already); the same handler as the console script.
     assert main(["check", str(tmp_path)]) == 2
     assert "error: bundle: ds_config.json: DeepSpeed refused it" in capsys.readouterr().err
+
+
+
+def test_unreadable_spec_and_unwritable_output_are_errors_not_tracebacks(tmp_path, capsys):
+    from backend.cli import main
+
+    binary = tmp_path / "job.yaml"
+    binary.write_bytes(b"\xff\xfe\x00 not text")
+    with pytest.raises(SystemExit) as exited:
+        main(["validate", str(binary)])
+    assert exited.value.code == 2
+    assert "error: spec: cannot read" in capsys.readouterr().err
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way")
+    assert main(["export", "7b-lora-ddp", "-o", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "error: --output: cannot write the bundle" in err and "writable folder" in err
