@@ -25,8 +25,9 @@ DEEPSPEED_KINDS = ("zero1", "zero2", "zero3")
 
 
 class _Section(BaseModel):
-    # Unknown keys are typos: refuse them rather than silently ignore them.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Unknown keys are typos: refuse them rather than silently ignore them. inf/nan pass the
+    # range checks of some fields, then crash the trainer (math.ceil(inf epochs)): refuse them too.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Section):

@@ -98,6 +98,11 @@ def test_bad_values_raise_spec_errors_naming_the_field():
         set_paths(JobSpec(), {"lora.lora_dropout": "1.5", "launch.num_processes": "0"})
     fields = [path for path, _ in err.value.problems]
     assert fields == ["lora.lora_dropout", "launch.num_processes"]
+    # inf passes `gt=0`, then the Trainer's math.ceil(epochs x steps) raises OverflowError at launch.
+    with pytest.raises(SpecError) as err:
+        set_paths(JobSpec(), {"training.num_train_epochs": ".inf", "training.warmup_steps": ".inf", "training.max_grad_norm": ".nan"})
+    assert [path for path, _ in err.value.problems] == ["training.num_train_epochs", "training.warmup_steps", "training.max_grad_norm"]
+    assert "finite number" in err.value.problems[0][1]
     with pytest.raises(SpecError) as err:
         spec_from_yaml(yaml.safe_dump({"training": {"learning_rat": 0.1}}))
     assert err.value.problems[0][0] == "training.learning_rat"
