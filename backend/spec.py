@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal, Union
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -415,7 +416,7 @@ def set_paths(spec: JobSpec | dict, assignments: dict[str, Any]) -> JobSpec:
             problems.append((path, f"unknown field; known fields: {', '.join(_close_matches(path))}"))
             continue
         if isinstance(value, str):
-            value = _read_scalar(value)
+            value = _read_scalar(value, keep_text=_takes_text(path))
         node = data
         *parents, leaf = path.split(".")
         for part in parents:
@@ -437,13 +438,23 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _read_scalar(text: str) -> Any:
+def _read_scalar(text: str, keep_text: bool = False) -> Any:
     if text == "":
         return None
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    # A text field keeps what was typed: a revision 0123456, a split or folder named 2024.
+    if keep_text and value is not None and not isinstance(value, str):
+        return text
+    return value
+
+
+def _takes_text(path: str) -> bool:
+    """The field is plain text (str or str | None), not a choice, number or list."""
+    annotation = field_info(path).annotation
+    return annotation is str or (get_origin(annotation) in (Union, UnionType) and str in get_args(annotation))
 
 
 def _close_matches(path: str) -> list[str]:

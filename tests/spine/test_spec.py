@@ -93,6 +93,17 @@ def test_set_paths_reads_yaml_scalars():
     assert spec.lora.target_modules == ["q_proj", "v_proj"]
 
 
+def test_set_paths_keeps_text_fields_as_typed():
+    # YAML would read these as numbers (0123456 even as octal) and the string fields would refuse them.
+    spec = set_paths(
+        JobSpec(),
+        parse_assignments(["model.revision=0123456", "dataset.split=2023", "output_dir=1e3", "dataset.eval_split=null"]),
+    )
+    assert (spec.model.revision, spec.dataset.split, spec.output_dir) == ("0123456", "2023", "1e3")
+    assert spec.dataset.eval_split is None
+    assert spec_from_yaml(spec_to_yaml(spec)) == spec
+
+
 def test_bad_values_raise_spec_errors_naming_the_field():
     with pytest.raises(SpecError) as err:
         set_paths(JobSpec(), {"lora.lora_dropout": "1.5", "launch.num_processes": "0"})
