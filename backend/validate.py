@@ -136,6 +136,17 @@ def _precision(spec: JobSpec) -> Iterator[Problem]:
             "fp16 mixed precision needs float32 master weights to train all weights (else 'Attempting to unscale "
             "FP16 gradients'): set model.dtype=float32, or training.precision=bf16, or a DeepSpeed strategy.",
         )
+    # DeepSpeed keeps fp32 master weights, and accelerate upcasts FSDP's trainable weights to fp32
+    # under mixed precision; otherwise the optimizer steps the 16-bit weights themselves.
+    has_master_copy = spec.strategy.is_deepspeed or (spec.strategy.kind == "fsdp" and precision != "fp32")
+    already_refused = precision == "fp16" and dtype == "float16"
+    if spec.method == "full" and dtype != "float32" and not has_master_copy and not already_refused:
+        yield _warning(
+            "model.dtype",
+            f"full fine-tuning under {spec.strategy.kind} steps the {dtype} weights themselves (no fp32 master copy): "
+            "updates from a learning rate near 1e-5 mostly round away in 16 bits. Set model.dtype=float32 "
+            "(training.precision=bf16 still computes in 16 bits), or strategy.kind=zero2, which keeps an fp32 copy.",
+        )
     attn = spec.model.attn_implementation
     if attn == "flash_attention_2" and dtype == "float32":
         yield _warning(

@@ -40,6 +40,8 @@ CASES = [
     ("7b-lora-ddp", ["model.dtype=float16"], "error", "training.precision", "model.dtype=bfloat16"),
     ("7b-lora-ddp", ["method=full", "model.dtype=float16", "training.precision=fp16", "training.learning_rate=2e-5"], "error", "model.dtype", "model.dtype=float32"),
     ("7b-full-zero2", ["training.learning_rate=2e-4"], "warning", "training.learning_rate", "1e-5 to 2e-5"),
+    ("7b-full-zero2", ["strategy.kind=ddp"], "warning", "model.dtype", "model.dtype=float32"),
+    ("7b-full-zero2", ["strategy.kind=fsdp", "training.precision=fp32"], "warning", "model.dtype", "no fp32 master copy"),
     ("7b-lora-ddp", ["model.name_or_path=mistralai/Mixtral-8x7B-v0.1"], "error", "lora.lora_dropout", "lora.lora_dropout=0"),
     ("70b-qlora-zero3", ["training.precision=fp16", "model.dtype=float16"], "warning", "quantization.bnb_4bit_compute_dtype", "bnb_4bit_compute_dtype=float16"),
     ("7b-lora-ddp", ["model.attn_implementation=flash_attention_2", "model.dtype=float32", "training.precision=fp32"], "warning", "model.attn_implementation", "attn_implementation=sdpa"),
@@ -68,6 +70,19 @@ def test_rule_names_the_field_and_the_fix(preset, overrides, level, field, fix):
     matching = [p for p in problems if p.field == field and p.level == level]
     assert matching, f"expected a {level} on {field}, got {problems}"
     assert any(fix in p.message for p in matching), matching
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],  # ZeRO-2 keeps fp32 master weights
+        ["strategy.kind=fsdp"],  # accelerate upcasts FSDP's trainable weights under mixed precision
+        ["strategy.kind=ddp", "model.dtype=float32"],  # autocast over fp32 weights
+    ],
+)
+def test_full_fine_tuning_with_a_master_copy_is_not_warned_about_16bit_updates(overrides):
+    problems = validate(resolve_spec("7b-full-zero2", overrides))
+    assert not [p for p in problems if p.field == "model.dtype"], problems
 
 
 @pytest.mark.parametrize("preset", PRESET_IDS)
