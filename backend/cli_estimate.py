@@ -70,7 +70,7 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[float, str]:
 
 def _cpu_memory(args: argparse.Namespace) -> float:
     if args.cpu_mem is not None:
-        if args.cpu_mem <= 0:
+        if not 0 < args.cpu_mem < float("inf"):  # also nan, which every comparison would let "fit"
             print_problems([("error", "--cpu-mem", f"{args.cpu_mem:g} GB of RAM: give the RAM of one machine, e.g. 256")])
             raise SystemExit(2)
         return args.cpu_mem

@@ -66,6 +66,7 @@ def test_without_a_gpu_it_says_what_it_assumed():
     [
         (["7b-lora-ddp", "--gpu-mem", "banana"], "--gpu-mem"),
         (["7b-lora-ddp", "--cpu-mem", "-4"], "--cpu-mem"),
+        (["7b-lora-ddp", "--cpu-mem", "nan"], "--cpu-mem"),
         (["7b-lora-ddp", "--set", "model.name_or_path=nobody/secret-model"], "model.name_or_path"),
         (["7b-lora-ddp", "--set", "lora.r=0"], "lora.r"),
         (["no-such-preset"], "spec"),
