@@ -90,6 +90,11 @@ def _method_and_quantization(spec: JobSpec) -> Iterator[Problem]:
 # ---------------------------------------------------------------- LoRA
 
 
+# Older module names PEFT still accepts and maps onto transformers 5's fused expert tensors
+# (peft/utils/transformers_weight_conversion.py, _MOE_TARGET_MODULE_MAPPING).
+_PEFT_RENAMED_TARGETS = {"mixtral": ("w1", "w2", "w3")}
+
+
 def _lora(spec: JobSpec) -> Iterator[Problem]:
     if not spec.uses_adapter:
         return
@@ -105,6 +110,18 @@ def _lora(spec: JobSpec) -> Iterator[Problem]:
             f"lora_alpha/r = {ratio:g} scales the update oddly; the usual choice is lora_alpha = 2 x r = {2 * lora.r}.",
         )
     arch = catalog.lookup(spec.model.name_or_path)
+    if arch is not None and isinstance(lora.target_modules, list) and lora.target_modules:
+        # PEFT matches a target by the module name's last part, and stops (after the model has
+        # loaded) when none matches: e.g. q_proj on Phi-3, whose attention projection is fused.
+        layer_names = [w.name.rsplit(".", 1)[-1] for w in arch.layer_weights]
+        known = {*layer_names, "lm_head", "embed_tokens", *_PEFT_RENAMED_TARGETS.get(arch.model_type, ())}
+        if not any(t.rsplit(".", 1)[-1] in known for t in lora.target_modules):
+            yield _error(
+                "lora.target_modules",
+                f"{spec.model.name_or_path} ({arch.model_type}) has no module named {', '.join(lora.target_modules)}, "
+                f"so PEFT would refuse it after loading the model: set lora.target_modules=all-linear or names from "
+                f"{', '.join(layer_names)}.",
+            )
     if arch is not None and arch.num_local_experts and lora.target_modules == "all-linear" and lora.lora_dropout > 0:
         # PEFT 0.21 adapts the stacked expert weights as parameters, and those refuse dropout.
         yield _error(

@@ -142,3 +142,31 @@ def test_unknown_models_and_broken_folders_are_none(tmp_path):
     assert catalog.lookup(str(tmp_path)) is None
     (tmp_path / "config.json").write_text('{"model_type": "bert", "hidden_size": 8}')
     assert catalog.lookup(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize(
+    "name, targets",
+    [
+        ("microsoft/Phi-3-mini-4k-instruct", ["q_proj", "v_proj"]),  # fused qkv_proj: PEFT refuses
+        ("microsoft/Phi-3-mini-4k-instruct", ["qkv_proj"]),
+        ("mistralai/Mixtral-8x7B-v0.1", ["w1", "w2", "w3"]),  # transformers 4 expert names: PEFT maps them
+        ("mistralai/Mixtral-8x7B-v0.1", ["w9"]),
+        ("meta-llama/Llama-3.2-1B", ["query_key_value"]),
+        ("meta-llama/Llama-3.2-1B", ["lm_head", "nonexistent"]),
+    ],
+)
+def test_target_modules_rule_agrees_with_peft(name, targets):
+    """validate's lora.target_modules error fires exactly when PEFT refuses the targets."""
+    from peft.tuners.tuners_utils import NoMatchingPeftModuleError
+
+    from backend.spec import resolve_spec
+    from backend.validate import validate
+
+    spec = resolve_spec("7b-lora-ddp", [f"model.name_or_path={name}", f"lora.target_modules={','.join(targets)}"])
+    refused_by_validate = any(p.field == "lora.target_modules" and p.level == "error" for p in validate(spec))
+    try:
+        get_peft_model(meta_model(catalog.lookup(name)), LoraConfig(r=8, target_modules=targets), low_cpu_mem_usage=True)
+        refused_by_peft = False
+    except NoMatchingPeftModuleError:
+        refused_by_peft = True
+    assert refused_by_validate == refused_by_peft

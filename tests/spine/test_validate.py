@@ -47,6 +47,8 @@ CASES = [
     ("7b-lora-ddp", ["model.attn_implementation=flash_attention_2", "model.dtype=float32", "training.precision=fp32"], "warning", "model.attn_implementation", "attn_implementation=sdpa"),
     ("demo", ["model.attn_implementation=flash_attention_2"], "error", "model.attn_implementation", "attn_implementation=sdpa"),
     ("7b-lora-ddp", ["lora.target_modules=[]"], "error", "lora.target_modules", "all-linear"),
+    ("7b-lora-ddp", ["model.name_or_path=microsoft/Phi-3-mini-4k-instruct", "lora.target_modules=q_proj,v_proj"], "error", "lora.target_modules", "qkv_proj"),
+    ("7b-lora-ddp", ["lora.target_modules=query_key_value"], "error", "lora.target_modules", "lora.target_modules=all-linear"),
     ("7b-lora-ddp", ["lora.r=512", "lora.lora_alpha=1024"], "warning", "lora.r", "8-64"),
     ("7b-lora-ddp", ["lora.lora_alpha=1"], "warning", "lora.lora_alpha", "lora_alpha = 2 x r"),
     ("7b-lora-ddp", ["lora.lora_dropout=0.5"], "warning", "lora.lora_dropout", "0.0-0.1"),
@@ -83,6 +85,21 @@ def test_rule_names_the_field_and_the_fix(preset, overrides, level, field, fix):
 def test_full_fine_tuning_with_a_master_copy_is_not_warned_about_16bit_updates(overrides):
     problems = validate(resolve_spec("7b-full-zero2", overrides))
     assert not [p for p in problems if p.field == "model.dtype"], problems
+
+
+@pytest.mark.parametrize(
+    "model, targets",
+    [
+        ("meta-llama/Llama-2-7b-hf", "q_proj,v_proj"),
+        ("meta-llama/Llama-2-7b-hf", "model.layers.0.self_attn.q_proj"),  # a full path matches by its end
+        ("meta-llama/Llama-2-7b-hf", "lm_head,nonexistent"),  # one match is enough for PEFT
+        ("microsoft/Phi-3-mini-4k-instruct", "qkv_proj,o_proj"),
+        ("acme/unknown-7b", "anything"),  # an unknown architecture is not second-guessed
+    ],
+)
+def test_target_modules_that_exist_are_accepted(model, targets):
+    problems = validate(resolve_spec("7b-lora-ddp", [f"model.name_or_path={model}", f"lora.target_modules={targets}"]))
+    assert not [p for p in problems if p.field == "lora.target_modules"], problems
 
 
 @pytest.mark.parametrize("preset", PRESET_IDS)
