@@ -81,7 +81,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
                         job.build_files()
                 estimate.build_details()
                 job.derived.append(estimate)
-            with gr.Tab("Run", id="run", elem_id="tab-run"):
+            with gr.Tab("Run", id="run", elem_id="tab-run") as run_tab:
                 runs.build()
             with gr.Tab("GPUs", id="gpus", elem_id="tab-gpus"):
                 monitor.build()
@@ -149,6 +149,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
             show_progress_on=[job.start],
         )
         runs.wire(notice, shown_as_message)
+        run_tab.select(None, js=run_view.FOLLOW_LOG_JS)  # a log filled while the tab was hidden opens at its end
 
         # ---------------------------------------------------------- timer: the run, and the monitor when in view
         @shown_as_message

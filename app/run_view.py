@@ -220,6 +220,25 @@ class RunView:
             return [message, *self.render(view, smoothing, log_scale, overlay, force=True)]
 
         self.stop.click(wrap(on_stop), inputs=inputs, outputs=[notice, *self.outputs], show_progress="hidden")
+        # Gradio 6's Textbox autoscroll follows only the first update: keep the newest lines in view ourselves.
+        self.log.change(None, js=FOLLOW_LOG_JS, show_progress="hidden")
+
+
+# Scrolls the log to its end after each update, unless the reader scrolled up (then it stays put
+# until they scroll back down). Browser-side only: no server round trip.
+FOLLOW_LOG_JS = """
+() => setTimeout(() => {
+  const box = document.querySelector('#run-log textarea');
+  if (!box) return;
+  if (box.dataset.follow === undefined) {
+    box.dataset.follow = '1';
+    box.addEventListener('scroll', () => {
+      box.dataset.follow = box.scrollTop + box.clientHeight >= box.scrollHeight - 24 ? '1' : '0';
+    });
+  }
+  if (box.dataset.follow === '1') box.scrollTop = box.scrollHeight;
+}, 50)
+"""
 
 
 CSS = """

@@ -42,6 +42,14 @@ def loss_points(page) -> int:
     return plot_points(page, "loss-chart").get("this run loss", 0)
 
 
+def log_hidden_below(page) -> int:
+    """Pixels of the rank-0 log below its visible part (0: the newest line is in view)."""
+    return page.evaluate(
+        "() => { const t = document.querySelector('#run-log textarea');"
+        " return Math.max(0, t.scrollHeight - t.scrollTop - t.clientHeight); }"
+    )
+
+
 def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, server):
     load(page, server)
     open_tab(page, "form-sections", "Training")
@@ -58,6 +66,7 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
     later = wait_for(lambda: loss_points(page) > first + 2 and loss_points(page), 90, what="the loss chart to grow")
     assert later > first
     wait_for(lambda: len(page.locator("#run-log textarea").input_value()) > len(log_before), 30, what="new log lines")
+    wait_for(lambda: log_hidden_below(page) <= 4, 10, what="the log to show its newest lines")
     facts = text_of(page, "#run-facts")
     assert "2 ranks · DDP" in facts and "of parameters trainable" in facts
     assert "ETA" in text_of(page, "#run-progress") and f"/{LONG_RUN}" in text_of(page, "#run-progress")
@@ -117,6 +126,7 @@ def test_past_runs_reopen_and_overlay_two_loss_curves(page, server):
     page.locator(f'#run-select li[role=option]:has-text("{older}")').click()
     wait_text(page, "#run-state", older)
     wait_for(lambda: loss_points(page) > 0, 30, what="the reopened run's loss curve")
+    wait_for(lambda: log_hidden_below(page) <= 4, 10, what="the reopened log to show its last lines")
 
     page.locator("#overlay-select input").click()
     page.locator(f'#overlay-select li[role=option]:has-text("{newer}")').click()
