@@ -46,9 +46,11 @@ def _when(t: float | None) -> str:
 
 
 def _duration(run: RunStatus) -> str:
-    if not run.started_at:
+    # Ended runs only: the table is redrawn when a run changes state, not every tick, so a live
+    # run's clock would freeze here at its first value (its progress line shows the elapsed time).
+    if not run.started_at or not run.ended_at:
         return ""
-    seconds = int((run.ended_at or time.time()) - run.started_at)
+    seconds = int(run.ended_at - run.started_at)
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
 
 from app.run_view import RunView
 from backend.runs import RunManager
-from backend.supervisor import write_status
+from backend.supervisor import process_identity, write_status
 
 RUN_ID = "20250101-120000-a1b2c3"
 OUTPUT_NAMES = ["view", "select", "overlay", "table", "state", "progress", "facts", "error", "loss", "metrics", "memory", "log", "stop"]
@@ -66,3 +67,17 @@ def test_changing_a_chart_option_redraws(view):
 def test_a_bad_run_id_is_a_message(view):
     out = dict(zip(OUTPUT_NAMES, view.render({"run": "../../etc", "follow": False}, 0.6, False, None)))
     assert "is not a run id" in out["state"]
+
+
+def test_the_runs_table_never_shows_a_live_runs_clock_frozen(view, tmp_path):
+    # The table is redrawn on state changes only: a live run's duration would stay at its first value.
+    live = "20250101-130000-d4e5f6"
+    (tmp_path / live).mkdir()
+    now = time.time()
+    write_status(tmp_path / live, {"run_id": live, "state": "running", "title": "t", "created_at": now - 3600,
+                                   "started_at": now - 3600, "ended_at": None, "exit_code": None, "error": None,
+                                   "supervisor": process_identity(os.getpid())})  # alive: this test process
+    out = dict(zip(OUTPUT_NAMES, view.render({"run": None, "follow": True}, 0.6, False, None)))
+    rows = {row[0]: row for row in out["table"]}
+    assert rows[live][1] == "running" and rows[live][4] == ""
+    assert rows[RUN_ID][4] == "0:40"  # an ended run: its real duration
