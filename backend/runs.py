@@ -89,6 +89,7 @@ class RunManager:
         if errors:
             raise RunError("the job has errors:\n" + "\n".join(f"- {p.field}: {p.message}" for p in errors))
         accelerate = self._accelerate_command()
+        self._check_resume(spec)
         self._ensure_demo_if_used(spec)
         with self._start_lock():  # two starts at once must not both claim the same GPUs
             gpus = self._claim_gpus(spec)
@@ -168,6 +169,25 @@ class RunManager:
                     f"{names} in use by run {other.run_id} ({other.title}): stop it, or set launch.gpu_ids to free GPUs"
                 )
         return wanted
+
+    def _check_resume(self, spec) -> None:
+        """Resuming needs an output folder that outlives a run: a relative one is inside the new, empty run folder."""
+        if not spec.training.resume_from_checkpoint or Path(spec.output_dir).expanduser().is_absolute():
+            return
+        example = next(
+            (
+                self.runs_dir / run.run_id / spec.output_dir
+                for run in self.list_runs()
+                if any((self.runs_dir / run.run_id / spec.output_dir).glob("checkpoint-*"))
+            ),
+            None,
+        )
+        raise RunError(
+            f"training.resume_from_checkpoint: output_dir {spec.output_dir!r} is relative to the new run's own "
+            "folder, which has no checkpoint to continue from, so the run would start again at step 0; set "
+            "output_dir to the absolute path of the output folder of the run to continue"
+            + (f", e.g. {example} (the newest run with checkpoints)" if example else "")
+        )
 
     @contextlib.contextmanager
     def _start_lock(self):

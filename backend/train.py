@@ -463,9 +463,10 @@ def resume_checkpoint(args, job: dict) -> str | None:
         return wanted
     from transformers.trainer_utils import get_last_checkpoint
 
-    if not os.path.isdir(args.output_dir):
-        return None
-    return get_last_checkpoint(args.output_dir)
+    found = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    if found is None:  # a first run (or a requeued job that never saved): say so, the step count starts at 0
+        print(f"resume_from_checkpoint: no checkpoint in {os.path.abspath(args.output_dir)}; starting from step 0", flush=True)
+    return found
 
 
 def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) -> str:

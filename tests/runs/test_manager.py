@@ -125,3 +125,17 @@ def test_list_runs_newest_first(runs_dir):
         "20250201-120000-000002",
         "20250101-120000-000001",
     ]
+
+
+def test_resume_into_a_relative_output_folder_is_refused_before_launch(runs_dir, demo_spec):
+    # A relative output_dir lives inside the new run's folder: nothing to resume, the step count would restart.
+    earlier = runs_dir / "20250101-120000-a1b2c3"
+    (earlier / "output" / "checkpoint-30").mkdir(parents=True)
+    (earlier / "status.json").write_text(json.dumps({"run_id": earlier.name, "state": "stopped", "title": "t", "created_at": 1.0}))
+    spec = demo_spec({"training.resume_from_checkpoint": True})
+    with pytest.raises(RunError) as refused:
+        RunManager(runs_dir).start(spec)
+    message = str(refused.value)
+    assert message.startswith("training.resume_from_checkpoint:") and "output_dir" in message
+    assert str(earlier / "output") in message  # the fix, spelled out with the run that has checkpoints
+    assert run_folders(runs_dir) == [earlier.name]  # nothing was created, nothing launched
