@@ -383,6 +383,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self.trainer = None
             self.stopped_early = False
             self._last_log = (time.time(), 0)
+            self._step_end = 0.0
             self._fault = _parse_fault(os.environ.get(FAULT_ENV))
 
         def on_train_begin(self, args, state, control, **kwargs):
@@ -391,6 +392,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 metrics.write(describe_run(self.trainer, job))
 
         def on_step_end(self, args, state, control, **kwargs):
+            self._step_end = time.time()  # evaluation, when due, runs after this
             if self._fault and self._fault == (global_rank(), state.global_step):
                 raise RuntimeError(f"fault injected by {FAULT_ENV} on rank {global_rank()} at step {state.global_step}")
             # Ranks get the signal at slightly different moments: agree, or one rank would wait forever.
@@ -420,6 +422,10 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 for key in ("loss", "learning_rate", "grad_norm", "mean_token_accuracy", "num_tokens"):
                     if key in logs:
                         record[key] = logs[key]
+            else:
+                # Evaluation trains no tokens: leave its time out of the next tokens/s window.
+                last_time, last_tokens = self._last_log
+                self._last_log = (last_time + time.time() - max(self._step_end, last_time), last_tokens)
             for key in ("eval_loss", "eval_mean_token_accuracy"):
                 if key in logs:
                     record[key] = logs[key]

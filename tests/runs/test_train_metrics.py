@@ -1,0 +1,43 @@
+"""train.py's metrics records, driven through its real callback with a stepped clock (no training needed)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from backend import train
+
+
+def test_evaluation_time_is_left_out_of_tokens_per_second(tmp_path, monkeypatch):
+    from transformers import TrainerControl
+
+    clock = [1000.0]
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0]))
+    recorder = train.make_callback(train.JsonlWriter(tmp_path / "metrics.jsonl"), train.StopRequest(), {}, None)
+    args, control = SimpleNamespace(device="cpu"), TrainerControl()
+    state = SimpleNamespace(global_step=0, max_steps=10, epoch=0.0)
+
+    def step(seconds: float, tokens: int | None = None) -> None:
+        """One optimizer step of `seconds`; with `tokens` (the running total) it is a logging step."""
+        clock[0] += seconds
+        state.global_step += 1
+        recorder.on_step_end(args, state, control)
+        if tokens is not None:
+            recorder.on_log(args, state, control, logs={"loss": 1.0, "num_tokens": tokens})
+
+    def evaluate(seconds: float) -> None:
+        clock[0] += seconds
+        recorder.on_log(args, state, control, logs={"eval_loss": 1.0})
+
+    step(1, 1000)
+    step(1, 2000)
+    evaluate(10)  # right after a logging step
+    step(1, 3000)
+    step(1)
+    evaluate(10)  # after a step that was not logged
+    step(1)
+    step(1, 6000)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    throughput = [r["tokens_per_second"] for r in records if "loss" in r]
+    assert throughput == [1000.0, 1000.0, 1000.0, 1000.0]  # 1000 tokens per training second throughout
+    assert [r["step"] for r in records if "eval_loss" in r] == [2, 4]
