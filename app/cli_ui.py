@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -44,6 +45,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from app.serving import launch
 
     page = build_page(Path(args.runs_dir).resolve(), preset_id=args.preset)
+    # SIGTERM (a service manager, `kill`) closes the panel as Ctrl-C does, so its exit handlers run.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         launch(page, args.host, args.port, credentials)
     except OSError as exc:  # the port is taken, or the address is not this machine's

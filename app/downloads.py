@@ -13,6 +13,7 @@ import re
 import shutil
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 KEEP_BUNDLES = 64  # old bundle folders beyond this are deleted, oldest first
@@ -21,8 +22,12 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 class BundleWriter:
     def __init__(self, root: Path | None = None):
-        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="tunedeck-bundles-"))
-        self.root.mkdir(parents=True, exist_ok=True)
+        if root:
+            self.root = Path(root)
+            self.root.mkdir(parents=True, exist_ok=True)
+        else:  # the panel's own temp folder: removed when the panel exits, not left behind by every start
+            self.root = Path(tempfile.mkdtemp(prefix="tunedeck-bundles-"))
+            weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
         self._lock = threading.Lock()
 
     def write(self, files: dict[str, str], zip_name: str = "tunedeck-bundle.zip") -> tuple[Path, list[Path]]:
