@@ -497,7 +497,11 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
     trainer.train(resume_from_checkpoint=resume_checkpoint(args, job))
     if recorder.stopped_early:
         return "stopped"
-    trainer.save_model()  # every rank calls it (ZeRO-3 gathers); only rank 0 writes
+    if trainer.is_fsdp_enabled:
+        # Trainer.save_model writes nothing under FSDP unless the state dict is FULL (checkpoints
+        # may stay sharded): gather the final adapter/model into one loadable file.
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    trainer.save_model()  # every rank calls it (ZeRO-3 and FSDP gather); only rank 0 writes
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(args.output_dir)
     return "finished"

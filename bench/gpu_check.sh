@@ -2,7 +2,8 @@
 # What only a GPU can show, in one short run (about 5 minutes on one H200):
 #   1. the NVML monitor's real code path (backend/monitor.py) reads the GPU and sees memory move;
 #   2. measured peak memory of real LoRA / full training steps vs tunedeck's estimate;
-#   3. a real tunedeck run on the GPU: the demo in bf16 (LoRA) and in 4-bit (QLoRA, bitsandbytes).
+#   3. a real tunedeck run on the GPU: the demo in bf16 (LoRA), in 4-bit (QLoRA, bitsandbytes) and
+#      under FSDP2 (the final adapter must be saved).
 # Needs torch with CUDA, transformers, accelerate, peft. Packages the machine lacks travel as
 # wheels in .whl/ (bash bench/fetch_gpu_wheels.sh fetches them) and are installed to /tmp/site.
 # Prints one line per check, "PASS ..." or "FAIL ...", and exits non-zero if any failed.
@@ -23,16 +24,17 @@ step() { echo "== $1"; shift; "$@" || failed=1; }
 step "NVML monitor (real pynvml)" python3 bench/gpu_check_nvml.py
 step "peak memory: measured vs estimated" python3 bench/gpu_peak_check.py --out "$out/peaks.json"
 step "demo assets" python3 -m backend.demo
-for precision in bf16 qlora; do
-  if [ $precision = qlora ]; then
-    extra=(--set method=qlora --set quantization.bits=4 --set quantization.bnb_4bit_compute_dtype=bfloat16)
-  else
-    extra=()
-  fi
-  step "tunedeck train demo on the GPU ($precision)" timeout 300 python3 -m backend.cli train demo \
-    --runs-dir "$out/runs-$precision" --set launch.use_cpu=false --set launch.num_processes=1 \
+for variant in bf16 qlora fsdp; do
+  case $variant in
+    bf16) extra=() ;;
+    qlora) extra=(--set method=qlora --set quantization.bits=4 --set quantization.bnb_4bit_compute_dtype=bfloat16) ;;
+    # FSDP2 on one GPU: checks that the final adapter is gathered and saved (sharded checkpoints otherwise).
+    fsdp) extra=(--set strategy.kind=fsdp) ;;
+  esac
+  step "tunedeck train demo on the GPU ($variant)" timeout 300 python3 -m backend.cli train demo \
+    --runs-dir "$out/runs-$variant" --set launch.use_cpu=false --set launch.num_processes=1 \
     --set training.precision=bf16 --set model.dtype=bfloat16 --set training.max_steps=20 "${extra[@]}"
-  python3 bench/gpu_run_report.py "$out/runs-$precision" || failed=1
+  python3 bench/gpu_run_report.py "$out/runs-$variant" || failed=1
 done
 [ $failed = 0 ] && echo "ALL PASS" || echo "SOME CHECKS FAILED"
 exit $failed

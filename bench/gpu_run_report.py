@@ -1,4 +1,5 @@
-"""After a GPU run: print what the start record says it got and the measured peaks; PASS if it finished on CUDA."""
+"""After a GPU run: print what the start record says it got and the measured peaks; PASS if it finished
+on CUDA and saved its adapter."""
 
 import json
 import sys
@@ -18,8 +19,9 @@ def main(runs_dir: str) -> int:
     print(f"  start: {json.dumps(start)}")
     if logs:
         print(f"  loss {logs[0]['loss']:.3f} -> {logs[-1]['loss']:.3f} over {len(logs)} logs; peak allocated per rank: {peaks[-1] if peaks else None} GiB")
-    ok = end.get("status") == "finished" and bool(peaks)
-    print(("PASS" if ok else "FAIL") + f" run: status {end.get('status')}, GPU peaks recorded: {bool(peaks)}")
+    saved = any(runs[-1].parent.glob("output/adapter_model.safetensors"))
+    ok = end.get("status") == "finished" and bool(peaks) and saved
+    print(("PASS" if ok else "FAIL") + f" run: status {end.get('status')}, GPU peaks recorded: {bool(peaks)}, adapter saved: {saved}")
     return 0 if ok else 1
 
 
