@@ -13,22 +13,16 @@ from pathlib import Path
 
 from backend.fields import Values, spec_from_values
 from backend.spec import JobSpec, SpecError, spec_from_yaml
+from backend.validate import Problem, validate
 
 UPLOAD_LIMIT_BYTES = 256 * 1024
-
-
-@dataclass(frozen=True)
-class Issue:
-    level: str  # "error" | "warning"
-    field: str  # dotted spec path, "" for the whole job
-    message: str
 
 
 @dataclass
 class JobResult:
     values: Values
     spec: JobSpec | None
-    issues: list[Issue] = field(default_factory=list)
+    issues: list[Problem] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -42,18 +36,17 @@ class JobResult:
 
 def evaluate(values: Values) -> JobResult:
     from backend.render import render_bundle
-    from backend.validate import validate
 
     try:
         spec = spec_from_values(values)
     except SpecError as exc:
-        return JobResult(values, None, [Issue("error", path, msg) for path, msg in exc.problems])
-    issues = [Issue(p.level, p.field, p.message) for p in validate(spec)]
+        return JobResult(values, None, [Problem("error", path, msg) for path, msg in exc.problems])
+    issues = validate(spec)
     try:
         files = render_bundle(spec)
     except Exception as exc:  # a generator bug must read as a message, not a blank page
         files = {}
-        issues.append(Issue("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
+        issues.append(Problem("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
     return JobResult(values, spec, issues, files)
 
 

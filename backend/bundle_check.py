@@ -30,8 +30,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import yaml
-
 from backend import catalog
 from backend.render.accelerate_yaml import DEEPSPEED_CONFIG_FILE
 from backend.render.launch import ACCELERATE_CONFIG, JOB_FILE, TRAINING_ARGS_FILE, launch_argv
@@ -99,13 +97,12 @@ def check_bundle(directory: str | Path) -> BundleCheck:
 
 
 def _read_training_args(directory: Path) -> dict:
+    from backend.train import JobError, read_yaml  # the entrypoint's own reader: light, no torch
+
     try:
-        data = yaml.safe_load((directory / TRAINING_ARGS_FILE).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise BundleCheckError(f"{TRAINING_ARGS_FILE}: not readable YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise BundleCheckError(f"{TRAINING_ARGS_FILE}: expected key: value lines (SFTConfig keyword arguments)")
-    return data
+        return read_yaml(directory / TRAINING_ARGS_FILE, TRAINING_ARGS_FILE)
+    except JobError as exc:
+        raise BundleCheckError(str(exc)) from None
 
 
 def _load_accelerate_config(directory: Path):

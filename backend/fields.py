@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Literal
 
-from backend.spec import DEEPSPEED_KINDS, JobSpec, get_path, iter_fields, parse_spec
+from backend.spec import DEEPSPEED_KINDS, JobSpec, get_path, iter_fields, parse_spec, set_dotted
 
 # Form sections in page order; a field goes to the first section whose prefixes match its path.
 SECTIONS: list[tuple[str, tuple[str, ...]]] = [
@@ -191,11 +191,7 @@ def spec_from_values(values: Values) -> JobSpec:
     """Flat values -> a validated JobSpec; raises SpecError naming each bad field."""
     data: dict = {}
     for path, value in values.items():
-        *parents, leaf = path.split(".")
-        node = data
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        set_dotted(data, path, value)
     return parse_spec(data)
 
 

@@ -417,14 +417,18 @@ def set_paths(spec: JobSpec | dict, assignments: dict[str, Any]) -> JobSpec:
             continue
         if isinstance(value, str):
             value = _read_scalar(value, keep_text=_takes_text(path))
-        node = data
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        set_dotted(data, path, value)
     if problems:
         raise SpecError(problems)
     return parse_spec(data)
+
+
+def set_dotted(data: dict, path: str, value: Any) -> None:
+    """data["a"]["b"] = value for path "a.b", creating the sections on the way."""
+    *parents, leaf = path.split(".")
+    for part in parents:
+        data = data.setdefault(part, {})
+    data[leaf] = value
 
 
 def parse_assignments(items: list[str]) -> dict[str, str]:

@@ -127,6 +127,8 @@ def read_yaml(path: Path, what: str) -> dict:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise JobError(f"{what} not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JobError(f"{what} ({path}) cannot be read: {exc}") from None
     except yaml.YAMLError as exc:
         raise JobError(f"{what} ({path}) is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
