@@ -16,7 +16,7 @@ import gradio as gr
 
 from app.charts import loss_figure, metrics_figure
 from app.run_watch import RunWatches, facts_line, measured_peaks, progress
-from backend.runs import RunError, RunManager, RunStatus
+from backend.runs import RunError, RunManager, RunStatus, format_clock
 
 RUNS_LIST_TTL_S = 2.0
 TABLE_HEADERS = ["run", "state", "job", "started", "duration"]
@@ -50,8 +50,7 @@ def _duration(run: RunStatus) -> str:
     # run's clock would freeze here at its first value (its progress line shows the elapsed time).
     if not run.started_at or not run.ended_at:
         return ""
-    seconds = int(run.ended_at - run.started_at)
-    return f"{seconds // 60}:{seconds % 60:02d}"
+    return format_clock(run.ended_at - run.started_at)
 
 
 def run_choices(runs: list[RunStatus]) -> list[tuple[str, str]]:

@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
+from backend.runs import format_clock
 from backend.tail import JsonlTail, TextTail
 
 LOG_LINES = 200  # rank-0 log lines kept for the page
@@ -121,13 +122,6 @@ def facts_line(start: dict | None) -> str:
     return " · ".join(parts)
 
 
-def _clock(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
 def progress(watch: RunWatch, started_at: float | None, ended_at: float | None, now: float | None = None) -> tuple[float, str]:
     """(fraction done, 'step 12/30 · elapsed 0:14 · ETA 0:21')."""
     now = now or time.time()
@@ -137,13 +131,13 @@ def progress(watch: RunWatch, started_at: float | None, ended_at: float | None, 
     elapsed = ((ended_at or now) - started_at) if started_at else None
     parts = [f"step {step}/{total}" if total else f"step {step}"]
     if elapsed is not None:
-        parts.append(f"elapsed {_clock(elapsed)}")
+        parts.append(f"elapsed {format_clock(elapsed)}")
     if ended_at is None and total and step and len(watch.records) >= 2:
         first = watch.records[0]
         span_steps = step - first.get("step", 0)
         span_s = last.get("time", 0) - first.get("time", 0)
         if span_steps > 0 and span_s > 0:
-            parts.append(f"ETA {_clock((total - step) * span_s / span_steps)}")
+            parts.append(f"ETA {format_clock((total - step) * span_s / span_steps)}")
     fraction = min(1.0, step / total) if total else 0.0
     return fraction, " · ".join(parts)
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
+from backend.runs import format_clock
 
 # Exit codes of `tunedeck train`: the training's own status.
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130}
@@ -73,7 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if status.state == "failed":
         print(f"failed: {status.error or 'see ' + str(manager.run_dir(run_id) / 'logs')}", file=sys.stderr)
     else:
-        print(f"{status.state} in {_duration((status.ended_at or time.time()) - (status.started_at or time.time()))}")
+        print(f"{status.state} in {format_clock((status.ended_at or time.time()) - (status.started_at or time.time()))}")
     return EXIT_CODES.get(status.state, 1)
 
 
@@ -141,7 +142,7 @@ class ProgressBar:
         eta = ""
         done_steps = step - self.first[1]
         if done_steps > 0 and total:
-            eta = f"  ETA {_duration((now - self.first[0]) / done_steps * (total - step))}"
+            eta = f"  ETA {format_clock((now - self.first[0]) / done_steps * (total - step))}"
         filled = int(self.WIDTH * step / total) if total else 0
         bar = "#" * filled + "." * (self.WIDTH - filled)
         self._emit(f"[{bar}] step {step}/{total}  loss {record['loss']:.4f}{eta}", newline=not self.tty)
@@ -172,12 +173,6 @@ def describe_start(record: dict) -> str:
     trainable, total = record.get("trainable_params") or 0, record.get("total_params") or 0
     share = f"{100 * trainable / total:.1f}% of {total:,} parameters trainable" if total else "parameters unknown"
     return f"{ranks} rank{'s' if ranks != 1 else ''} · {kind} · {record.get('model_class', '?')} · {share}"
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
 # ---------------------------------------------------------------- runs
@@ -237,7 +232,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     print(f"folder   {manager.run_dir(args.run_id)}")
     if status.started_at:
         end = status.ended_at or time.time()
-        print(f"started  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(status.started_at))}, ran {_duration(end - status.started_at)}")
+        print(f"started  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(status.started_at))}, ran {format_clock(end - status.started_at)}")
     if start:
         print(f"got      {describe_start(start)}")
     if last:

@@ -64,6 +64,14 @@ def gpu_indices() -> list[int]:
         pynvml.nvmlShutdown()
 
 
+def format_clock(seconds: float) -> str:
+    """Elapsed time or ETA as people read it: 0:21, 12:05, 3:07:44."""
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 def run_title(job: dict) -> str:
     model = str((job.get("model") or {}).get("name_or_path", "?"))
     if os.path.isabs(model) or model.startswith("."):
