@@ -45,6 +45,10 @@ def render_launch_sh(spec: JobSpec) -> str:
             "#   MACHINE_RANK=1 MAIN_PROCESS_IP=10.0.0.1 bash launch.sh",
             f"MACHINE_RANK=${{MACHINE_RANK:-{launch.machine_rank}}}",
             f"MAIN_PROCESS_IP=${{MAIN_PROCESS_IP:-{shlex.quote(launch.main_process_ip or '')}}}",
+            'if [ -z "$MAIN_PROCESS_IP" ]; then',
+            '  echo "launch.sh: set MAIN_PROCESS_IP=<address of machine 0> (slurm.sbatch sets it itself)" >&2',
+            "  exit 2",
+            "fi",
             "",
         ]
         command.append('--machine_rank "$MACHINE_RANK" --main_process_ip "$MAIN_PROCESS_IP"')
