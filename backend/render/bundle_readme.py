@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backend.render.requirements import minimums
 from backend.spec import JobSpec
+from backend.render.requirements import minimums
 
 _FILE_ROLES = {
     "job.yaml": "the tunedeck job spec: model, method, LoRA, quantization, dataset (read by train_sft.py)",

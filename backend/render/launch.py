@@ -45,13 +45,16 @@ def render_launch_sh(spec: JobSpec) -> str:
             "#   MACHINE_RANK=1 MAIN_PROCESS_IP=10.0.0.1 bash launch.sh",
             f"MACHINE_RANK=${{MACHINE_RANK:-{launch.machine_rank}}}",
             f"MAIN_PROCESS_IP=${{MAIN_PROCESS_IP:-{shlex.quote(launch.main_process_ip or '')}}}",
+            "",
+        ]
+        command.append('--machine_rank "$MACHINE_RANK" --main_process_ip "$MAIN_PROCESS_IP"')
+        lines += [  # the spec may leave the address to run time (slurm.sbatch computes it)
             'if [ -z "$MAIN_PROCESS_IP" ]; then',
             '  echo "launch.sh: set MAIN_PROCESS_IP=<address of machine 0> (slurm.sbatch sets it itself)" >&2',
             "  exit 2",
             "fi",
             "",
         ]
-        command.append('--machine_rank "$MACHINE_RANK" --main_process_ip "$MAIN_PROCESS_IP"')
     command.append(f"{TRAIN_SCRIPT} --job {JOB_FILE} --training-args {TRAINING_ARGS_FILE}")
     command.append('"$@"')
     lines.append("exec " + " \\\n  ".join(command))
