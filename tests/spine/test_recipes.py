@@ -94,7 +94,8 @@ def test_launch_sh_refuses_to_start_without_the_address_of_machine_0(two_machine
 
 def test_slurm_sbatch_gives_launch_sh_the_first_node_as_address(two_machine_bundle, tmp_path):
     bundle, bin_dir, env = two_machine_bundle
-    _fake(bin_dir, "scontrol", '[ "$1 $2" = "show hostnames" ] && printf "gpu-node-a\\ngpu-node-b\\n"\n')
+    # One write, as scontrol's buffered stdio makes it on a pipe (the SIGPIPE of later writes is slurm.py's concern).
+    _fake(bin_dir, "scontrol", '[ "$1 $2" = "show hostnames" ] && /usr/bin/printf "gpu-node-a\\ngpu-node-b\\n"\n')
     # One task per node, as `srun --ntasks-per-node=1` runs it: here both nodes, one after the other.
     _fake(bin_dir, "srun", 'for id in 0 1; do SLURM_NODEID=$id bash -c "${@: -1}"; done\n')
     env = {**env, "SLURM_SUBMIT_DIR": str(bundle), "SLURM_JOB_NODELIST": "gpu-node-[a-b]"}
