@@ -288,7 +288,9 @@ def _qlora_changes(v: dict) -> dict:
 # ---------------------------------------------------------------- the reason sentence
 
 
-def _nothing_fits(v: dict, options: list[StrategyEstimate], gpu_mem_gb: float, cpu_mem_gb: float | None) -> Recommendation:
+def _nothing_fits(
+    v: dict, options: list[StrategyEstimate], gpu_mem_gb: float, cpu_mem_gb: float | None
+) -> Recommendation:
     smallest = min(options, key=lambda o: (o.estimate.per_gpu_gb, not o.current))  # the job's own on a tie
     est = smallest.estimate
     host = f" and {cpu_mem_gb:g} GB of CPU RAM" if cpu_mem_gb is not None else ""

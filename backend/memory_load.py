@@ -55,9 +55,9 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
             "in_flight": largest_linear_params(job) * job.weight_bytes,
         }
         host = 0.0  # weights stream from the memory-mapped checkpoint straight to the GPU
-        how = "every GPU first holds the whole quantized model" + (
-            f", before {_engine(job)} shards it, whatever the number of GPUs" if _shards_weights(job) else ""
-        )
+        how = "every GPU first holds the whole quantized model"
+        if job.kind in ("zero3", "fsdp"):
+            how += f", before {'ZeRO-3' if job.kind == 'zero3' else 'FSDP'} shards it, whatever the number of GPUs"
     elif job.kind == "zero3":
         on_gpu = job.offload_params == "none"
         terms = {
@@ -83,14 +83,6 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
         how = "every rank reads the whole checkpoint into host RAM, then moves the whole model to its GPU"
     terms["cuda_context"] = job.device_overhead
     return terms, host, how
-
-
-def _shards_weights(job: Job) -> bool:
-    return job.kind == "zero3" or job.kind == "fsdp"
-
-
-def _engine(job: Job) -> str:
-    return "ZeRO-3" if job.kind == "zero3" else "FSDP"
 
 
 def _fsdp_cpu_bytes(job: Job) -> int:

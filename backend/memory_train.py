@@ -18,7 +18,14 @@ tensors alive at once, on top of the model states. Bytes here; backend/memory.py
 
 from __future__ import annotations
 
-from backend.memory_job import GIB, Job, frozen_base_params, largest_linear_params, quant_stats_bytes, quantized_bytes_per_param
+from backend.memory_job import (
+    GIB,
+    Job,
+    frozen_base_params,
+    largest_linear_params,
+    quant_stats_bytes,
+    quantized_bytes_per_param,
+)
 
 # PyTorch's caching allocator reserves more than it hands out (2 MiB segment rounding, freed
 # activation blocks that fragment). Answer.AI's FSDP LoRA run on Llama-2 7B published both:

@@ -2,12 +2,13 @@
 
 Run by tests/estimate/test_load_paths.py under `torchrun --nproc_per_node 2` (gloo, CPU):
 
-    torchrun --nproc_per_node 2 tests/estimate/load_probe.py MODEL_DIR
+    torchrun --nproc_per_node 2 tests/estimate/load_probe.py MODEL_DIR OUT_DIR
 
 It sets what accelerate sets for each strategy before the model loads (the DeepSpeed config
 that transformers reads through HfDeepSpeedConfig; ACCELERATE_USE_FSDP and
 FSDP_CPU_RAM_EFFICIENT_LOADING), loads the model the way train_sft.py does (bitsandbytes
-4-bit for QLoRA, no device_map), and prints one JSON line per rank and case.
+4-bit for QLoRA, no device_map), and writes one JSON line per case to OUT_DIR/rank<N>.jsonl
+(a file per rank: two ranks printing to one pipe interleave their lines).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import gc
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -41,9 +43,10 @@ def load(path: str, case: dict):
 
 
 def main() -> None:
-    path = sys.argv[1]
+    path, out_dir = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    out = (out_dir / f"rank{rank}.jsonl").open("w", encoding="utf-8")
     for name, case in CASES.items():
         os.environ["ACCELERATE_USE_FSDP"] = os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(bool(case.get("fsdp")))
         ds_config = HfDeepSpeedConfig(ZERO3) if case.get("deepspeed") else None  # noqa: F841 (kept alive: a weak ref)
@@ -57,10 +60,11 @@ def main() -> None:
             "local_numel": sum(p.numel() for p in params),  # elements this rank holds
             "numel": sum(getattr(p, "ds_numel", p.numel()) for p in params),  # elements of the whole model
         }
-        print(json.dumps(report), flush=True)
+        out.write(json.dumps(report) + "\n")
         del params, ds_config
         gc.collect()
         dist.barrier()
+    out.close()
     dist.destroy_process_group()
 
 

@@ -28,7 +28,8 @@ def estimate_json(*args: str) -> dict:
 def test_json_has_current_strategies_and_recommended():
     data = estimate_json("7b-full-zero2", "--gpu-mem", "40", "--cpu-mem", "512")
     current = data["current"]
-    assert {"per_gpu_gb", "phases", "limited_by", "cpu_gb", "load_cpu_gb", "breakdown", "load_breakdown", "fits"} <= current.keys()
+    keys = {"per_gpu_gb", "phases", "limited_by", "cpu_gb", "load_cpu_gb", "breakdown", "load_breakdown", "fits"}
+    assert keys <= current.keys()
     assert current["phases"]["train"] == pytest.approx(sum(current["breakdown"].values()), abs=0.05)
     assert current["phases"]["load"] == pytest.approx(sum(current["load_breakdown"].values()), abs=0.05)
     assert current["per_gpu_gb"] == max(current["phases"].values()) and current["limited_by"] == "train"

@@ -39,7 +39,8 @@ def test_table_has_one_row_per_strategy_with_marks_and_both_phases(lora13b):
     assert sum("current" in r[0] for r in rows) == 1 and sum("★ recommended" in r[0] for r in rows) == 1
     current = next(r for r in rows if "current" in r[0])
     est = estimate(lora13b)
-    assert current[1:5] == [round(est.per_gpu_gb, 2), round(est.phases["load"], 2), round(est.phases["train"], 2), "training"]
+    phases = est.phases
+    assert current[1:5] == [round(est.per_gpu_gb, 2), round(phases["load"], 2), round(phases["train"], 2), "training"]
     assert {r[5] for r in rows} <= {"yes", "no"} and all(r[8] in {*TERMS.values(), *LOAD_TERMS.values()} for r in rows)
 
 

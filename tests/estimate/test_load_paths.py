@@ -25,18 +25,19 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 
 @pytest.fixture(scope="module")
-def loaded(demo_home) -> dict[str, list[dict]]:
+def loaded(demo_home, tmp_path_factory) -> dict[str, list[dict]]:
     """{case: [report of rank 0, report of rank 1]} from one two-rank launch."""
+    out = tmp_path_factory.mktemp("load_probe")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [TORCHRUN, "--standalone", "--nproc_per_node", "2", str(PROBE), str(demo_home / "model")]
+    cmd = [TORCHRUN, "--standalone", "--nproc_per_node", "2", str(PROBE), str(demo_home / "model"), str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]
     reports: dict[str, list[dict]] = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("{"):
+    for rank in (0, 1):
+        for line in (out / f"rank{rank}.jsonl").read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             reports.setdefault(record["case"], []).append(record)
-    return {case: sorted(ranks, key=lambda r: r["rank"]) for case, ranks in reports.items()}
+    return reports
 
 
 def demo(demo_spec, **settings):
