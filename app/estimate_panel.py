@@ -1,14 +1,22 @@
 """The memory estimate beside the form: GPU size, recommendation, Apply, table and bar chart.
 
 A DerivedView of the job: it is recomputed in the same handler as the files (no extra
-event chain). The figures themselves come from app/estimate_view.py (pure builders).
+event chain), as one Advice that the text, the Apply button, the table and the chart all
+read. The figures themselves come from app/estimate_view.py (pure builders).
 """
 
 from __future__ import annotations
 
 import gradio as gr
 
-from app.estimate_view import estimate_figure, estimate_table, measured_markdown, recommendation_markdown
+from app.estimate_view import (
+    Unavailable,
+    compute_advice,
+    estimate_figure,
+    estimate_table,
+    measured_markdown,
+    recommendation_markdown,
+)
 from app.job_outputs import JobResult
 from app.job_view import DerivedView
 
@@ -57,24 +65,23 @@ class EstimatePanel(DerivedView):
         spec = result.spec
         if spec is None:
             return ["Fix the errors above to see the memory estimate.", gr.update(interactive=False), gr.skip(), gr.skip()]
-        headers, rows = estimate_table(spec, gpu_text)
+        advice = compute_advice(spec, gpu_text)
+        headers, rows = estimate_table(advice)
         memo = repr((rows, gpu_text))  # same totals per strategy: the chart (the slow part) is unchanged
         unchanged, shown["estimate"] = shown.get("estimate") == memo, memo
-        try:
-            applicable = bool(self.recommended_changes(spec, gpu_text)[1])  # only when the advice changes fields
-        except ValueError:  # an unknown model or GPU: the markdown says which
-            applicable = False
+        # Apply only when the advice changes fields (an unknown model or GPU: the markdown says which).
+        applicable = not isinstance(advice, Unavailable) and bool(advice.recommendation.changes)
         return [
-            recommendation_markdown(spec, gpu_text),
+            recommendation_markdown(advice),
             gr.update(interactive=applicable),
             gr.skip() if unchanged else gr.update(value=rows, headers=headers),
-            gr.skip() if unchanged else estimate_figure(spec, gpu_text),
+            gr.skip() if unchanged else estimate_figure(advice),
         ]
 
     @staticmethod
     def recommended_changes(spec, gpu_text: str):
         """(strategy label, {dotted path: value}) the recommendation would apply."""
-        from backend.estimate import gpu_memory_gb, recommend
+        from backend.advisor import gpu_memory_gb, recommend
 
         advice = recommend(spec, gpu_memory_gb(gpu_text))
         return advice.strategy, advice.changes

@@ -1,32 +1,30 @@
 """Pure builders of the panel's memory view: the strategy table, the stacked bar chart, the
 recommendation and the measured-vs-predicted line of a run.
 
-No Gradio here: the page calls these on every form change (one estimate takes well under a
-millisecond). Every builder turns an estimate error (an unknown model) into a message, so a
-traceback never reaches the page. `cpu_mem_gb` (host RAM per machine, e.g. from psutil)
-lets offloading strategies fit only when the offloaded states fit in RAM.
+No Gradio here. The page computes one `Advice` per form change (`compute_advice`: the job,
+every strategy, the recommendation; well under a millisecond) and every builder reads it.
+An estimate error (an unknown model, a GPU size that is not one) becomes an `Unavailable`
+whose message every builder shows, so a traceback never reaches the page. `cpu_mem_gb`
+(host RAM per machine) lets a strategy fit only when loading and offloading fit in RAM.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from html import escape
 
 import plotly.graph_objects as go
 
-from backend.estimate import (
-    FIT_FRACTION,
-    TERMS,
-    EstimateError,
-    StrategyEstimate,
-    compare_strategies,
-    estimate,
-    format_gb,
-    gpu_memory_gb,
-    recommend,
-)
+from backend.advisor import FIT_FRACTION, Advice, StrategyEstimate, advise, format_gb, gpu_memory_gb, limit_sentence
+from backend.memory import TERMS, estimate
+from backend.memory_job import EstimateError
+from backend.memory_load import LOAD_TERMS
 from backend.spec import JobSpec, SpecError, parse_spec
 
-HEADERS = ["Strategy", "Per GPU (GB)", "Fits", "CPU RAM per machine (GB)", "NVMe per machine (GB)", "Largest term"]
+HEADERS = [
+    "Strategy", "Per GPU (GB)", "Load (GB)", "Train (GB)", "Peak in", "Fits",
+    "CPU RAM per machine (GB)", "NVMe per machine (GB)", "Largest term",
+]  # fmt: skip
 
 # One color per memory term, the same in every bar.
 TERM_COLORS = {
@@ -41,37 +39,56 @@ TERM_COLORS = {
     "cuda_context": "#64748b",
     "allocator": "#94a3b8",
 }
+LOAD_MARKER = "Load phase"
 
 
-def estimate_table(
-    spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None
-) -> tuple[list[str], list[list]]:
-    """(headers, rows): one row per strategy, fastest first; the current one and the advice marked."""
+@dataclass(frozen=True)
+class Unavailable:
+    """Why there is no estimate: markdown for the recommendation box, plain text for the chart."""
+
+    markdown: str
+    text: str
+
+
+def compute_advice(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None) -> Advice | Unavailable:
+    """The advice for this job on this GPU, or why there is none."""
     try:
-        gb = gpu_memory_gb(gpu_mem_gb)
-        options = compare_strategies(spec, gb, cpu_mem_gb=cpu_mem_gb)
-        chosen = recommend(spec, gb, cpu_mem_gb=cpu_mem_gb).strategy
-    except (EstimateError, ValueError):
+        return advise(spec, gpu_memory_gb(gpu_mem_gb), cpu_mem_gb=cpu_mem_gb)
+    except EstimateError as exc:
+        return Unavailable(f"**Memory estimate unavailable** ({exc.field}): {escape(str(exc))}.", str(exc))
+    except ValueError as exc:
+        return Unavailable(f"**GPU memory**: {escape(str(exc))}.", str(exc))
+
+
+def estimate_table(advice: Advice | Unavailable) -> tuple[list[str], list[list]]:
+    """(headers, rows): one row per strategy, fastest first; the current one and the advice marked."""
+    if isinstance(advice, Unavailable):
         return HEADERS, []
     rows = []
-    for o in options:
+    for o in advice.options:
         e = o.estimate
-        largest = max(TERMS, key=lambda k: e.breakdown[k])
+        phases = e.phases
+        terms, values = (LOAD_TERMS, e.load_breakdown) if e.limiting_phase == "load" else (TERMS, e.breakdown)
+        largest = max(terms, key=lambda k: values[k])
         rows.append(
             [
-                _label(o, chosen),
+                _label(o, advice.recommendation.strategy),
                 round(e.per_gpu_gb, 2),
+                round(phases["load"], 2),
+                round(phases["train"], 2),
+                "loading" if e.limiting_phase == "load" else "training",
                 "yes" if o.fits else "no",
-                round(e.cpu_gb, 1),
+                round(e.host_gb, 1),
                 round(e.nvme_gb, 1),
-                TERMS[largest],
+                terms[largest],
             ]
         )
     return HEADERS, rows
 
 
-def estimate_figure(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None) -> go.Figure:
-    """One stacked bar per strategy (a segment per memory term) and a line at the GPU's capacity."""
+def estimate_figure(advice: Advice | Unavailable) -> go.Figure:
+    """One stacked bar per strategy (a segment per training term), a marker at each strategy's
+    load phase, and lines at the GPU's capacity and the fit threshold."""
     fig = go.Figure()
     fig.update_layout(
         barmode="stack",
@@ -81,18 +98,15 @@ def estimate_figure(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | 
         yaxis_title="GB per GPU",
         uirevision="keep",
     )
-    try:
-        gb = gpu_memory_gb(gpu_mem_gb)
-        options = compare_strategies(spec, gb, cpu_mem_gb=cpu_mem_gb)
-        chosen = recommend(spec, gb, cpu_mem_gb=cpu_mem_gb).strategy
-    except (EstimateError, ValueError) as exc:
+    if isinstance(advice, Unavailable):
         # Plotly draws annotation text as (limited) HTML: keep the message's words, not its markup.
-        text = str(exc).replace("<", "‹").replace(">", "›")
+        text = advice.text.replace("<", "‹").replace(">", "›")
         fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
         fig.update_xaxes(visible=False)
         fig.update_yaxes(visible=False)
         return fig
-    labels = [_label(o, chosen) for o in options]
+    options, gb = advice.options, advice.gpu_mem_gb
+    labels = [_label(o, advice.recommendation.strategy) for o in options]
     for key, name in TERMS.items():
         values = [o.estimate.breakdown[key] for o in options]
         if not any(values):
@@ -102,8 +116,16 @@ def estimate_figure(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | 
             x=labels,
             y=values,
             marker_color=TERM_COLORS[key],
-            hovertemplate=f"%{{x}}<br>{name}: %{{y:.2f}} GB<extra></extra>",
+            hovertemplate=f"%{{x}}<br>{name} (training): %{{y:.2f}} GB<extra></extra>",
         )
+    fig.add_scatter(
+        name=LOAD_MARKER,
+        x=labels,
+        y=[o.estimate.phases["load"] for o in options],
+        mode="markers",
+        marker=dict(symbol="line-ew", size=36, line=dict(width=4, color="#111827")),
+        hovertemplate="%{x}<br>while loading: %{y:.2f} GB<extra></extra>",
+    )
     fig.add_hline(
         y=gb, line_color="#dc2626", line_width=2, annotation_text=f"GPU {gb:g} GB", annotation_position="top left"
     )
@@ -119,27 +141,33 @@ def estimate_figure(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | 
     return fig
 
 
-def recommendation_markdown(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None) -> str:
-    """The advice in one paragraph: what to use, why, and the fields it changes."""
-    try:
-        gb = gpu_memory_gb(gpu_mem_gb)
-        current = estimate(spec)
-        advice = recommend(spec, gb, cpu_mem_gb=cpu_mem_gb)
-    except EstimateError as exc:
-        return f"**Memory estimate unavailable** ({exc.field}): {escape(str(exc))}."
-    except ValueError as exc:
-        return f"**GPU memory**: {escape(str(exc))}."
-    lines = [f"This job as set: **{format_gb(current.per_gpu_gb)} per GPU** of {gb:g} GB"]
-    if current.cpu_gb or current.nvme_gb:
-        lines[0] += f", {current.cpu_gb:.0f} GB CPU RAM and {current.nvme_gb:.0f} GB NVMe per machine"
+def recommendation_markdown(advice: Advice | Unavailable) -> str:
+    """The advice in one paragraph: what to use, why, which phase limits, and the fields it changes."""
+    if isinstance(advice, Unavailable):
+        return advice.markdown
+    current, gb, rec = advice.current, advice.gpu_mem_gb, advice.recommendation
+    phases = current.phases
+    lines = [
+        f"This job as set: **{format_gb(current.per_gpu_gb)} per GPU** of {gb:g} GB "
+        f"({format_gb(phases['load'])} to load, {format_gb(phases['train'])} to train)"
+    ]
+    if current.host_gb >= 0.5 or current.nvme_gb:
+        lines[0] += (
+            f"; CPU RAM per machine: {current.load_cpu_gb:.0f} GB while loading, {current.cpu_gb:.0f} GB while training"
+        )
+        if current.nvme_gb:
+            lines[0] += f", and {current.nvme_gb:.0f} GB NVMe"
     lines[0] += "."
-    if advice.strategy is None:
-        lines.append(f"**Nothing fits.** {escape(advice.reason)}")
-    elif advice.changes:
-        lines.append(f"**Recommended: {advice.strategy}.** {escape(advice.reason)}")
-        lines.append("Changes: " + ", ".join(f"`{k}` → `{_value(v)}`" for k, v in advice.changes.items()))
+    limit = limit_sentence(current, gb)
+    if limit:
+        lines.append(f"**Loading sets the peak:** {escape(limit)}.")
+    if rec.strategy is None:
+        lines.append(f"**Nothing fits.** {escape(rec.reason)}")
+    elif rec.changes:
+        lines.append(f"**Recommended: {rec.strategy}.** {escape(rec.reason)}")
+        lines.append("Changes: " + ", ".join(f"`{k}` → `{_value(v)}`" for k, v in rec.changes.items()))
     else:
-        lines.append(f"**Keep {advice.strategy}.** {escape(advice.reason)}")
+        lines.append(f"**Keep {rec.strategy}.** {escape(rec.reason)}")
     return "\n\n".join(lines)
 
 
@@ -153,7 +181,8 @@ def measured_markdown(job: JobSpec | dict, peaks: dict[str, list[float]]) -> str
     predicted = {"allocated": est.allocated_gb, "reserved": est.reserved_gb}
     lines = [
         f"**Predicted per GPU:** {format_gb(est.allocated_gb)} allocated, {format_gb(est.reserved_gb)} reserved, "
-        f"{format_gb(est.per_gpu_gb)} with the CUDA context"
+        f"{format_gb(est.per_gpu_gb)} with the CUDA context "
+        f"(peak while {'loading' if est.limiting_phase == 'load' else 'training'})"
     ]
     for kind in ("allocated", "reserved"):
         values = peaks.get(kind) or []

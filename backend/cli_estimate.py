@@ -29,9 +29,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--cpu-mem",
         metavar="GB",
         type=float,
-        help="host RAM per machine for offloaded states (default: this machine's RAM)",
+        help="host RAM per machine, for loading the model and offloaded states (default: this machine's RAM)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object: current, strategies, recommended")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: current (with phases: load and train GB per GPU), strategies, recommended",
+    )
     p.set_defaults(handler=cmd_estimate)
 
 
@@ -54,7 +58,7 @@ def detect_gpu_memory_gb() -> tuple[float, str] | None:
 
 
 def _gpu_memory(args: argparse.Namespace) -> tuple[float, str]:
-    from backend.estimate import gpu_memory_gb
+    from backend.advisor import gpu_memory_gb
 
     if args.gpu_mem is not None:
         try:
@@ -80,70 +84,73 @@ def _cpu_memory(args: argparse.Namespace) -> float:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from backend.estimate import EstimateError, compare_strategies, estimate, fits, recommend
-
+    from backend.advisor import advise
     from backend.demo import ensure_demo_if_used
+    from backend.memory_job import EstimateError
 
     spec = load_spec_or_exit(args)
     ensure_demo_if_used(spec)  # the demo model's architecture is read from its built config.json
     gpu_gb, gpu_source = _gpu_memory(args)
     cpu_gb = _cpu_memory(args)
     try:
-        current = estimate(spec)
-        options = compare_strategies(spec, gpu_gb, cpu_mem_gb=cpu_gb)
-        advice = recommend(spec, gpu_gb, cpu_mem_gb=cpu_gb)
+        advice = advise(spec, gpu_gb, cpu_mem_gb=cpu_gb)
     except EstimateError as exc:
         print_problems([("error", exc.field, str(exc))])
         return 2
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "model": spec.model.name_or_path,
-                    "gpu_mem_gb": round(gpu_gb, 2),
-                    "gpu_mem_source": gpu_source,
-                    "cpu_mem_gb": round(cpu_gb, 2),
-                    "current": {"fits": fits(current, gpu_gb, cpu_gb), **current.to_dict()},
-                    "strategies": [o.to_dict() for o in options],
-                    "recommended": advice.to_dict(),
-                },
-                indent=2,
-            )
-        )
+        report = {"model": spec.model.name_or_path, **advice.to_dict(), "gpu_mem_source": gpu_source}
+        print(json.dumps(report, indent=2))
         return 0
-    _print_report(spec, current, options, advice, gpu_gb, gpu_source, cpu_gb)
+    _print_report(spec, advice, gpu_source)
     return 0
 
 
-def _print_report(spec, current, options, advice, gpu_gb: float, gpu_source: str, cpu_gb: float) -> None:
-    from backend.estimate import TERMS, format_gb
+def _print_report(spec, advice, gpu_source: str) -> None:
+    from backend.advisor import format_gb, limit_sentence
+    from backend.memory import TERMS
+    from backend.memory_load import LOAD_TERMS
 
     out = sys.stdout.write
+    current, gpu_gb = advice.current, advice.gpu_mem_gb
     t = spec.training
     share = current.trainable_params / current.params
     out(
         f"{spec.model.name_or_path} · {spec.method} · {spec.strategy.kind} · {spec.launch.num_processes} process(es)"
         f" · micro batch {t.per_device_train_batch_size} x {spec.dataset.max_seq_length} tokens\n"
         f"parameters {current.params:,}, trainable {current.trainable_params:,} ({share:.2%})\n"
-        f"GPU memory {gpu_gb:g} GB ({gpu_source}), host RAM {cpu_gb:.0f} GB per machine\n\n"
+        f"GPU memory {gpu_gb:g} GB ({gpu_source}), host RAM {advice.cpu_mem_gb:.0f} GB per machine\n\n"
     )
-    out(f"as given: {format_gb(current.per_gpu_gb)} per GPU")
+    phases = current.phases
+    out(
+        f"as given: {format_gb(current.per_gpu_gb)} per GPU (load {format_gb(phases['load'])}, "
+        f"training {format_gb(phases['train'])}; {'loading' if current.limiting_phase == 'load' else 'training'} "
+        f"sets the peak)\n"
+    )
+    out(f"  {limit_sentence(current, gpu_gb) or 'loading: ' + current.load_path}\n")
+    out(f"  host RAM per machine: {current.load_cpu_gb:.1f} GB while loading")
     if current.cpu_gb or current.nvme_gb:
-        out(f", {current.cpu_gb:.1f} GB CPU RAM and {current.nvme_gb:.1f} GB NVMe per machine")
+        out(f", {current.cpu_gb:.1f} GB CPU RAM and {current.nvme_gb:.1f} GB NVMe while training")
     out("\n")
-    for key, label in TERMS.items():
-        if current.breakdown[key] > 0:
-            out(f"  {label:24s} {current.breakdown[key]:9.3f} GB\n")
+    for title, labels, values in (("load", LOAD_TERMS, current.load_breakdown), ("training", TERMS, current.breakdown)):
+        out(f"  {title}:\n")
+        for key, label in labels.items():
+            if values[key] > 0:
+                out(f"    {label:24s} {values[key]:9.3f} GB\n")
     for note in current.notes:
         out(f"  note: {note}\n")
-    out(f"\n{'STRATEGY':34s} {'GPU GB':>8s}  {'FITS':4s} {'CPU GB':>7s} {'NVME GB':>8s}\n")
-    for o in options:
+    out(f"\n{'STRATEGY':34s} {'GPU GB':>8s} {'LOAD':>7s} {'TRAIN':>7s}  {'FITS':4s} {'CPU GB':>7s} {'NVME GB':>8s}\n")
+    for o in advice.options:
         name = o.strategy + (" (current)" if o.current else "")
         e = o.estimate
-        out(f"{name:34s} {e.per_gpu_gb:8.1f}  {'yes' if o.fits else 'no':4s} {e.cpu_gb:7.1f} {e.nvme_gb:8.1f}\n")
-    out(f"\n{advice.reason}\n")
-    if advice.changes:
-        sets = " ".join(f"--set {k}={_cli_value(v)}" for k, v in advice.changes.items())
+        load, train = e.phases["load"], e.phases["train"]
+        out(
+            f"{name:34s} {e.per_gpu_gb:8.1f} {load:7.1f} {train:7.1f}  {'yes' if o.fits else 'no':4s} "
+            f"{e.host_gb:7.1f} {e.nvme_gb:8.1f}\n"
+        )
+    rec = advice.recommendation
+    out(f"\n{rec.reason}\n")
+    if rec.changes:
+        sets = " ".join(f"--set {k}={_cli_value(v)}" for k, v in rec.changes.items())
         out(f"apply: {sets}\n")
 
 

@@ -5,7 +5,9 @@
 Reads tests/data/measured_peaks.yaml, predicts every run with backend.estimate, and prints
 prediction vs measurement per run and the mean absolute (percentage) error. Each run is
 compared on what its source measured: allocated tensors, the allocator's reserved pool, or
-the whole device as nvidia-smi shows it, and with the loss implementation its software used.
+the whole device as nvidia-smi shows it; with the loss implementation its software used; and
+over the phases its software went through: the whole run (load and training, the default),
+or the training step alone where its loader never held the whole model on one GPU.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.estimate import GIB, Estimate, estimate  # noqa: E402
+from backend.memory import Estimate, estimate  # noqa: E402
+from backend.memory_job import GIB  # noqa: E402
 from backend.spec import JobSpec, set_paths  # noqa: E402
 
 TABLE = ROOT / "tests" / "data" / "measured_peaks.yaml"
@@ -54,23 +57,25 @@ def row_spec(row: dict) -> JobSpec:
     return set_paths(JobSpec(), settings)
 
 
-def measured_view(est: Estimate, measure: str) -> float:
+def measured_view(est: Estimate, row: dict) -> float:
     """The part of the estimate that the source's measurement covers, in GiB."""
-    return {"allocated": est.allocated_gb, "reserved": est.reserved_gb, "device": est.per_gpu_gb}[measure]
+    return est.phase_view(row["measure"], row.get("phase", "peak"))
 
 
 def compare(row: dict) -> Comparison:
     est = estimate(row_spec(row), loss=row["loss"])
     measured = row["measured"] * UNIT_BYTES[row["unit"]] / GIB
-    return Comparison(row, measured_view(est, row["measure"]), measured)
+    return Comparison(row, measured_view(est, row), measured)
 
 
 def main() -> int:
     results = [compare(row) for row in load_rows()]
-    print(f"{'run':44s} {'measure':9s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
+    print(f"{'run':44s} {'measure':9s} {'phase':5s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
     for r in results:
+        phase = r.row.get("phase", "peak")
         print(
-            f"{r.row['id']:44s} {r.row['measure']:9s} {r.measured_gib:8.2f}G {r.predicted_gib:8.2f}G {r.error:+7.1%}"
+            f"{r.row['id']:44s} {r.row['measure']:9s} {phase:5s} {r.measured_gib:8.2f}G {r.predicted_gib:8.2f}G"
+            f" {r.error:+7.1%}"
         )
     mae = sum(abs(r.error) for r in results) / len(results)
     worst = max(results, key=lambda r: abs(r.error))

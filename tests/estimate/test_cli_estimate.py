@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from backend import catalog
+
 TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
 
 
@@ -26,34 +28,54 @@ def estimate_json(*args: str) -> dict:
 def test_json_has_current_strategies_and_recommended():
     data = estimate_json("7b-full-zero2", "--gpu-mem", "40", "--cpu-mem", "512")
     current = data["current"]
-    assert {"per_gpu_gb", "cpu_gb", "breakdown", "fits"} <= current.keys()
-    assert current["per_gpu_gb"] == pytest.approx(sum(current["breakdown"].values()), abs=0.05)
+    keys = {"per_gpu_gb", "phases", "limited_by", "cpu_gb", "load_cpu_gb", "breakdown", "load_breakdown", "fits"}
+    assert keys <= current.keys()
+    assert current["phases"]["train"] == pytest.approx(sum(current["breakdown"].values()), abs=0.05)
+    assert current["phases"]["load"] == pytest.approx(sum(current["load_breakdown"].values()), abs=0.05)
+    assert current["per_gpu_gb"] == max(current["phases"].values()) and current["limited_by"] == "train"
     labels = [s["strategy"] for s in data["strategies"]]
     assert {"ZeRO-2", "ZeRO-3", "FSDP FULL_SHARD", "DDP"} <= set(labels)
     for s in data["strategies"]:
-        assert {"strategy", "fits", "changes", "per_gpu_gb", "breakdown"} <= s.keys()
-        assert s["fits"] == (s["per_gpu_gb"] <= 0.9 * 40 and s["cpu_gb"] <= 0.9 * 512)
+        assert {"strategy", "fits", "changes", "per_gpu_gb", "phases", "breakdown"} <= s.keys()
+        assert s["per_gpu_gb"] == max(s["phases"].values())
+        assert s["fits"] == (s["per_gpu_gb"] <= 0.9 * 40 and max(s["cpu_gb"], s["load_cpu_gb"]) <= 0.9 * 512)
     assert [s["strategy"] for s in data["strategies"] if s["current"]] == ["ZeRO-2"]
     rec = data["recommended"]
     assert rec["strategy"] == "ZeRO-2" and rec["changes"] == {} and rec["reason"].endswith(".")
 
 
 def test_set_overrides_and_gpu_names_change_the_answer():
-    big = estimate_json("13b-lora-fsdp", "--gpu-mem", "A100-80GB")
-    small = estimate_json("13b-lora-fsdp", "--gpu-mem", "RTX 4090")
+    # 8 ranks read the 13B checkpoint into host RAM while loading: give the machine the RAM for it.
+    big = estimate_json("13b-lora-fsdp", "--gpu-mem", "A100-80GB", "--cpu-mem", "512")
+    small = estimate_json("13b-lora-fsdp", "--gpu-mem", "RTX 4090", "--cpu-mem", "512")
     assert big["gpu_mem_gb"] == 80 and small["gpu_mem_gb"] == 24
     assert big["recommended"]["strategy"] == "DDP" and small["recommended"]["strategy"] != "DDP"
-    longer = estimate_json("13b-lora-fsdp", "--gpu-mem", "80", "--set", "dataset.max_seq_length=8192")
+    longer = estimate_json("13b-lora-fsdp", "--gpu-mem", "80", "--cpu-mem", "512", "--set", "dataset.max_seq_length=8192")
     assert longer["current"]["breakdown"]["activations"] > 3 * big["current"]["breakdown"]["activations"]
 
 
 def test_text_report_shows_the_breakdown_table_and_advice():
-    result = run("70b-qlora-zero3", "--gpu-mem", "24", "--cpu-mem", "256")
+    result = run("7b-lora-ddp", "--gpu-mem", "24", "--cpu-mem", "256")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "meta-llama/Llama-2-70b-hf · qlora · zero3 · 8 process(es)" in out
-    assert "Activations" in out and "STRATEGY" in out and "ZeRO-3 (current)" in out
+    assert "meta-llama/Llama-2-7b-hf · lora · ddp · 4 process(es)" in out
+    assert "Activations" in out and "Weights as loaded" in out and "STRATEGY" in out and "DDP (current)" in out
+    assert "training sets the peak" in out and "host RAM per machine" in out
     assert "is the fastest option that fits" in out
+
+
+@pytest.mark.parametrize("preset", ["70b-qlora-zero3", "70b-qlora-fsdp"])
+def test_70b_qlora_presets_need_the_whole_4bit_model_per_gpu_to_load(preset):
+    arch = catalog.lookup("meta-llama/Llama-2-70b-hf")
+    four_bit_gb = (arch.linear_params * 0.5 + (arch.num_parameters - arch.linear_params) * 2) / 2**30  # ~32 GB
+    for gpu in ("24", "40"):
+        data = estimate_json(preset, "--gpu-mem", gpu, "--cpu-mem", "512")
+        current = data["current"]
+        assert current["phases"]["load"] >= four_bit_gb and current["per_gpu_gb"] == current["phases"]["load"]
+        assert current["limited_by"] == "load" and not current["fits"]
+        assert data["recommended"]["strategy"] is None and not any(s["fits"] for s in data["strategies"])
+    text = run(preset, "--gpu-mem", "24", "--cpu-mem", "512").stdout
+    assert "loading sets the peak" in text and "fits in training" in text and "to load the model" in text
 
 
 def test_without_a_gpu_it_says_what_it_assumed():

@@ -6,12 +6,17 @@ import pytest
 
 from app.estimate_view import (
     HEADERS,
+    LOAD_MARKER,
+    Unavailable,
+    compute_advice,
     estimate_figure,
     estimate_table,
     measured_markdown,
     recommendation_markdown,
 )
-from backend.estimate import TERMS, compare_strategies, estimate
+from backend.advisor import compare_strategies
+from backend.memory import TERMS, estimate
+from backend.memory_load import LOAD_TERMS
 from backend.spec import load_presets, set_paths
 
 PRESETS = load_presets()
@@ -22,55 +27,79 @@ def lora13b():
     return PRESETS["13b-lora-fsdp"].build()
 
 
-def test_table_has_one_row_per_strategy_with_marks(lora13b):
-    headers, rows = estimate_table(lora13b, 24)
+def markdown(spec, gpu, cpu_mem_gb=None) -> str:
+    return recommendation_markdown(compute_advice(spec, gpu, cpu_mem_gb))
+
+
+def test_table_has_one_row_per_strategy_with_marks_and_both_phases(lora13b):
+    headers, rows = estimate_table(compute_advice(lora13b, 24))
     assert headers == HEADERS
     options = compare_strategies(lora13b, 24)
     assert [r[0].split(" (")[0] for r in rows] == [o.strategy for o in options]
     assert sum("current" in r[0] for r in rows) == 1 and sum("★ recommended" in r[0] for r in rows) == 1
     current = next(r for r in rows if "current" in r[0])
-    assert current[1] == pytest.approx(estimate(lora13b).per_gpu_gb, abs=0.01)
-    assert {r[2] for r in rows} <= {"yes", "no"} and all(r[5] in TERMS.values() for r in rows)
+    est = estimate(lora13b)
+    phases = est.phases
+    assert current[1:5] == [round(est.per_gpu_gb, 2), round(phases["load"], 2), round(phases["train"], 2), "training"]
+    assert {r[5] for r in rows} <= {"yes", "no"} and all(r[8] in {*TERMS.values(), *LOAD_TERMS.values()} for r in rows)
 
 
-def test_figure_stacks_one_bar_per_strategy_and_marks_capacity(lora13b):
-    fig = estimate_figure(lora13b, 24)
+def test_table_says_loading_limits_70b_qlora():
+    _, rows = estimate_table(compute_advice(PRESETS["70b-qlora-zero3"].build(), 24))
+    current = next(r for r in rows if "current" in r[0])
+    assert current[4] == "loading" and current[5] == "no" and current[8] == "Weights as loaded"
+    assert current[1] == current[2] > 30 > current[3]
+
+
+def test_figure_stacks_training_terms_and_marks_the_load_phase(lora13b):
+    fig = estimate_figure(compute_advice(lora13b, 24))
     options = compare_strategies(lora13b, 24)
     assert fig.layout.barmode == "stack"
-    names = {trace.name for trace in fig.data}
-    assert {"Weights", "Activations", "LoRA adapter"} <= names <= set(TERMS.values())
-    for trace in fig.data:
-        assert trace.type == "bar" and len(trace.x) == len(options)
-    # The stacked segments of each bar add up to that strategy's estimate.
-    for i, option in enumerate(options):
-        assert sum(trace.y[i] for trace in fig.data) == pytest.approx(option.estimate.per_gpu_gb)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert {"Weights", "Activations", "LoRA adapter"} <= {t.name for t in bars} <= set(TERMS.values())
+    for i, option in enumerate(options):  # the stacked segments of each bar add up to its training phase
+        assert len(bars[0].x) == len(options)
+        assert sum(t.y[i] for t in bars) == pytest.approx(option.estimate.phases["train"])
+    (marker,) = [t for t in fig.data if t.type == "scatter"]
+    assert marker.name == LOAD_MARKER
+    assert list(marker.y) == pytest.approx([o.estimate.phases["load"] for o in options])
     lines = [shape.y0 for shape in fig.layout.shapes]
     assert 24 in lines and pytest.approx(0.9 * 24) in lines
 
 
 def test_recommendation_changes_with_gpu_memory_and_model(lora13b):
-    big = recommendation_markdown(lora13b, 80)
-    small = recommendation_markdown(lora13b, 24)
+    big = markdown(lora13b, 80)
+    small = markdown(lora13b, 24)
     assert "**Recommended: DDP.**" in big and "`strategy.kind` → `ddp`" in big
     assert "**Keep FSDP FULL_SHARD.**" in small
-    tiny_model = recommendation_markdown(set_paths(lora13b, {"model.name_or_path": "Qwen/Qwen2.5-0.5B"}), 24)
+    tiny_model = markdown(set_paths(lora13b, {"model.name_or_path": "Qwen/Qwen2.5-0.5B"}), 24)
     assert "**Recommended: DDP.**" in tiny_model
     assert len({big, small, tiny_model}) == 3
+    assert "to load" in small and "to train" in small and "while loading" in small  # host RAM of the load
+
+
+@pytest.mark.parametrize("preset", ["70b-qlora-zero3", "70b-qlora-fsdp"])
+def test_recommendation_says_the_load_limits_70b_qlora_on_24_gb(preset):
+    text = markdown(PRESETS[preset].build(), 24)
+    assert "**Loading sets the peak:** the job fits in training" in text
+    assert "but loading needs 36.6 GB per GPU: every GPU first holds the whole quantized model" in text
+    assert "**Nothing fits.**" in text and "GPUs with at least" in text
 
 
 def test_nothing_fits_is_said_plainly():
     spec = set_paths(PRESETS["7b-full-zero2"].build(), {"model.name_or_path": "meta-llama/Llama-2-70b-hf", "dataset.max_seq_length": 65536})
-    text = recommendation_markdown(spec, 16, cpu_mem_gb=64)
+    text = markdown(spec, 16, cpu_mem_gb=64)
     assert "**Nothing fits.**" in text and "dataset.max_seq_length" in text
 
 
 def test_unknown_model_gives_messages_not_tracebacks(lora13b):
-    spec = set_paths(lora13b, {"model.name_or_path": "someone/private-model"})
-    assert "Memory estimate unavailable" in recommendation_markdown(spec, 24)
-    assert estimate_table(spec, 24) == (HEADERS, [])
-    fig = estimate_figure(spec, 24)
+    advice = compute_advice(set_paths(lora13b, {"model.name_or_path": "someone/private-model"}), 24)
+    assert isinstance(advice, Unavailable)
+    assert "Memory estimate unavailable" in recommendation_markdown(advice)
+    assert estimate_table(advice) == (HEADERS, [])
+    fig = estimate_figure(advice)
     assert not fig.data and "does not know the architecture" in fig.layout.annotations[0].text
-    assert "GPU memory" in recommendation_markdown(lora13b, "banana")
+    assert "GPU memory" in markdown(lora13b, "banana")
 
 
 def test_measured_peaks_shown_beside_the_prediction(lora13b):
@@ -78,6 +107,6 @@ def test_measured_peaks_shown_beside_the_prediction(lora13b):
     peaks = {"allocated": [est.allocated_gb * 1.1, est.allocated_gb * 0.9], "reserved": [est.reserved_gb]}
     text = measured_markdown(lora13b.model_dump(mode="json"), peaks)  # a run's job.yaml as a dict
     assert "rank 0" in text and "rank 1" in text and "+10%" in text and "-10%" in text
-    assert "Measured peak reserved" in text and "+0%" in text
+    assert "Measured peak reserved" in text and "+0%" in text and "peak while training" in text
     assert "No GPU peaks measured" in measured_markdown(lora13b, {})
     assert "unavailable" in measured_markdown({"method": "nonsense"}, peaks)

@@ -33,6 +33,7 @@ def test_the_table_holds_at_least_twelve_distinct_sourced_runs():
         assert not missing, f"{row.get('id')}: missing {missing}"
         assert row["source"].startswith("https://"), row["id"]
         assert row["unit"] in accuracy.UNIT_BYTES and row["measure"] in ("allocated", "reserved", "device")
+        assert row.get("phase", "peak") in ("peak", "train"), row["id"]
         assert catalog.lookup(row["model"]) is not None, row["id"]
 
 
@@ -50,6 +51,16 @@ def test_prediction_within_20_percent_of_the_measurement(row):
         f"{row['id']}: predicted {result.predicted_gib:.2f} GiB, measured {result.measured_gib:.2f} GiB "
         f"({result.error:+.1%})"
     )
+
+
+def test_sharded_qlora_rows_are_compared_on_training_alone():
+    # No published sharded-QLoRA run used transformers 5's load path (see the table's header).
+    for row in ROWS:
+        spec = accuracy.row_spec(row)
+        if row["method"] == "qlora" and spec.strategy.kind in ("fsdp", "zero3"):
+            assert row.get("phase") == "train", row["id"]
+            est = accuracy.estimate(spec, loss=row["loss"])
+            assert accuracy.compare(row).predicted_gib == pytest.approx(est.phase_view(row["measure"], "train"))
 
 
 def test_mean_absolute_error_stays_below_ten_percent():

@@ -1,0 +1,349 @@
+"""Which strategy to use: every sensible strategy for a job, whether it fits, and the advice.
+
+The advice is computed once per change into one `Advice` (the job as given, every strategy
+option, the recommendation) that the CLI (`tunedeck estimate`) and the panel's table, chart,
+text and Apply button all read. A strategy fits when its larger phase (loading or training,
+backend/memory.py) stays below FIT_FRACTION of the GPU, and its host RAM below that share of
+the machine's RAM when that is known.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from backend.memory import Estimate, estimate_values
+from backend.memory_job import input_values
+from backend.spec import JobSpec
+
+# A strategy "fits" when its peak stays below this share of the GPU: the rest is headroom
+# for sequence-length outliers and fragmentation spikes.
+FIT_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class StrategyEstimate:
+    strategy: str  # label, e.g. "ZeRO-3 + CPU offload"
+    changes: dict[str, Any]  # dotted path -> value that turns the current job into this strategy
+    estimate: Estimate
+    fits: bool
+    current: bool = False  # the job as given already uses this strategy
+
+    def to_dict(self) -> dict:
+        return {"strategy": self.strategy, "changes": self.changes, "fits": self.fits, "current": self.current,
+                **self.estimate.to_dict()}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    strategy: str | None  # None when nothing fits
+    changes: dict[str, Any]  # only the values that differ from the current job
+    reason: str  # one sentence
+    estimate: Estimate | None
+    fits: bool
+
+    def to_dict(self) -> dict:
+        out = {"strategy": self.strategy, "changes": self.changes, "reason": self.reason, "fits": self.fits}
+        if self.estimate is not None:
+            out.update(self.estimate.to_dict())
+        return out
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Everything the memory views show for one job on one GPU size, computed once."""
+
+    gpu_mem_gb: float
+    cpu_mem_gb: float | None  # host RAM per machine, None when unknown (not checked)
+    current: Estimate  # the job exactly as given
+    options: list[StrategyEstimate]  # fastest first
+    recommendation: Recommendation
+
+    @property
+    def current_fits(self) -> bool:
+        return fits(self.current, self.gpu_mem_gb, self.cpu_mem_gb)
+
+    def to_dict(self) -> dict:
+        return {
+            "gpu_mem_gb": round(self.gpu_mem_gb, 2),
+            "cpu_mem_gb": None if self.cpu_mem_gb is None else round(self.cpu_mem_gb, 2),
+            "current": {"fits": self.current_fits, **self.current.to_dict()},
+            "strategies": [o.to_dict() for o in self.options],
+            "recommended": self.recommendation.to_dict(),
+        }
+
+
+# ---------------------------------------------------------------- public API
+
+
+def advise(spec: JobSpec, gpu_mem_gb: float, *, cpu_mem_gb: float | None = None, loss: str = "fused") -> Advice:
+    """The job as given, every strategy option and the recommendation, in one pass."""
+    values = input_values(spec, loss)
+    options = _compare(values, gpu_mem_gb, cpu_mem_gb)
+    return Advice(
+        gpu_mem_gb=gpu_mem_gb,
+        cpu_mem_gb=cpu_mem_gb,
+        current=estimate_values(values),
+        options=options,
+        recommendation=_recommend(values, options, gpu_mem_gb, cpu_mem_gb),
+    )
+
+
+def compare_strategies(
+    spec: JobSpec, gpu_mem_gb: float, *, cpu_mem_gb: float | None = None, loss: str = "fused"
+) -> list[StrategyEstimate]:
+    """Every sensible strategy for this job, fastest first, with whether it fits `gpu_mem_gb`
+    per GPU (and, when given, `cpu_mem_gb` of host RAM per machine)."""
+    return _compare(input_values(spec, loss), gpu_mem_gb, cpu_mem_gb)
+
+
+def recommend(
+    spec: JobSpec, gpu_mem_gb: float, *, cpu_mem_gb: float | None = None, loss: str = "fused"
+) -> Recommendation:
+    """The fastest strategy that fits, in the seed guides' order, with a one-sentence reason."""
+    return advise(spec, gpu_mem_gb, cpu_mem_gb=cpu_mem_gb, loss=loss).recommendation
+
+
+def fits(est: Estimate, gpu_mem_gb: float, cpu_mem_gb: float | None = None) -> bool:
+    """The larger phase below FIT_FRACTION of the GPU, and host RAM below it when it is known."""
+    if cpu_mem_gb is not None and est.host_gb > FIT_FRACTION * cpu_mem_gb:
+        return False
+    return est.per_gpu_gb <= FIT_FRACTION * gpu_mem_gb
+
+
+def limit_sentence(est: Estimate, gpu_mem_gb: float) -> str | None:
+    """When loading sets the peak, say so: "the job fits in training (…), but loading needs … per GPU: how"."""
+    if est.limiting_phase != "load":
+        return None
+    phases = est.phases
+    load = f"loading needs {format_gb(phases['load'])} per GPU: {est.load_path}"
+    if phases["train"] <= FIT_FRACTION * gpu_mem_gb < phases["load"]:
+        return f"the job fits in training ({format_gb(phases['train'])}), but {load}"
+    return f"the job needs {format_gb(phases['train'])} in training, and {load}"
+
+
+def format_gb(value: float) -> str:
+    """'12.3 GB', or MB below a tenth of a GB (the demo model)."""
+    return f"{value:.1f} GB" if value >= 0.1 else f"{value * 1024:.0f} MB"
+
+
+# Published memory of common GPUs (GB), so a GPU can be named instead of sized.
+GPU_MEMORY_GB = {
+    "T4": 16, "V100-16GB": 16, "V100-32GB": 32, "V100": 32, "A10": 24, "A10G": 24, "L4": 24,
+    "RTX3090": 24, "RTX4090": 24, "RTX5090": 32, "A5000": 24, "A6000": 48, "L40S": 48, "L40": 48,
+    "A100-40GB": 40, "A100-80GB": 80, "A100": 80, "H100": 80, "H800": 80, "H20": 96, "H200": 141,
+    "B200": 180, "MI300X": 192,
+}  # fmt: skip
+
+
+def gpu_memory_gb(text: str | float) -> float:
+    """'80', '80GB', 'A100-80GB' or 'RTX 4090' -> GB. Raises ValueError saying what is accepted."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        cleaned = text.strip().upper().replace(" ", "")
+        number = re.fullmatch(r"(\d+(?:\.\d+)?)(GB|G|GIB)?", cleaned)
+        if number:
+            value = float(number.group(1))
+        else:
+            key = cleaned.removeprefix("NVIDIA").removeprefix("GEFORCE")
+            value = GPU_MEMORY_GB.get(key) or GPU_MEMORY_GB.get(key.replace("-", ""))
+            if value is None:
+                raise ValueError(
+                    f"unknown GPU {text!r}: give its memory in GB (e.g. 80) or one of {', '.join(GPU_MEMORY_GB)}"
+                )
+    if not 0 < value <= 4096:
+        raise ValueError(f"GPU memory {value:g} GB is out of range: give the memory of one GPU, e.g. 24 or 80")
+    return float(value)
+
+
+
+# ---------------------------------------------------------------- comparing and choosing
+
+
+def _compare(values: dict, gpu_mem_gb: float, cpu_mem_gb: float | None) -> list[StrategyEstimate]:
+    current = _strategy_key(values)
+    out = []
+    for label, changes in _candidates(values):
+        variant = {**values, **changes}
+        est = estimate_values(variant)
+        out.append(
+            StrategyEstimate(
+                strategy=label,
+                changes=changes,
+                estimate=est,
+                fits=fits(est, gpu_mem_gb, cpu_mem_gb),
+                current=_strategy_key(variant) == current,
+            )
+        )
+    return out
+
+
+def _recommend(
+    values: dict, options: list[StrategyEstimate], gpu_mem_gb: float, cpu_mem_gb: float | None
+) -> Recommendation:
+    # NVMe offload needs a fast local disk the job names; without one it is shown, not advised.
+    usable = [o for o in options if values["strategy.nvme_path"] or "nvme" not in o.changes.values()]
+    chosen = next((o for o in usable if o.fits), None)
+    if chosen is None:
+        return _nothing_fits(values, options, gpu_mem_gb, cpu_mem_gb)
+    changes = {k: v for k, v in chosen.changes.items() if values.get(k) != v}
+    faster = [o for o in usable[: usable.index(chosen)] if not o.fits]
+    reason = _reason(values, chosen, faster, gpu_mem_gb)
+    return Recommendation(chosen.strategy, changes, reason, chosen.estimate, True)
+
+
+def _strategy_key(v: dict) -> tuple:
+    kind = v["strategy.kind"]
+    return (
+        kind,
+        v["strategy.offload_optimizer"] if kind != "ddp" else "none",
+        v["strategy.offload_params"] if kind in ("zero3", "fsdp") else "none",
+        v["strategy.fsdp_sharding_strategy"] if kind == "fsdp" else None,
+        v["method"],
+    )
+
+
+def _strategy(kind: str, opt: str = "none", params: str = "none", sharding: str = "FULL_SHARD") -> dict:
+    out = {"strategy.kind": kind, "strategy.offload_optimizer": opt, "strategy.offload_params": params}
+    if kind == "fsdp":
+        out["strategy.fsdp_sharding_strategy"] = sharding
+    return out
+
+
+def _candidates(v: dict) -> list[tuple[str, dict]]:
+    """(label, changes) fastest first, in the order the seed guides give.
+
+    LoRA: DDP first (only the adapter's gradients cross the network), sharding the frozen
+    base only when it does not fit. Full fine-tuning: ZeRO-2 or FSDP SHARD_GRAD_OP (7-13B),
+    then weight sharding (ZeRO-3, FSDP FULL_SHARD) for more, then CPU/NVMe offload.
+    QLoRA when nothing else fits.
+    """
+    cpu_run = v["launch.use_cpu"]
+    multi_node = v["launch.num_machines"] > 1
+    if v["method"] == "full":
+        # ZeRO-2 moves as many bytes per step as DDP's all-reduce (ZeRO paper §7) and keeps fp32
+        # master weights, so it comes first; ZeRO-1 and DDP only need more memory.
+        plain: list[tuple[str, dict]] = [("ZeRO-2", _strategy("zero2"))]
+        if not cpu_run:
+            plain.append(("FSDP SHARD_GRAD_OP", _strategy("fsdp", sharding="SHARD_GRAD_OP")))
+        plain += [("ZeRO-1", _strategy("zero1")), ("DDP", _strategy("ddp"))]
+    else:
+        plain = [("DDP", _strategy("ddp"))]
+    if not cpu_run:
+        if multi_node:
+            plain.append(("FSDP HYBRID_SHARD", _strategy("fsdp", sharding="HYBRID_SHARD")))
+        plain.append(("FSDP FULL_SHARD", _strategy("fsdp")))
+    plain.append(("ZeRO-3", _strategy("zero3")))
+    if not cpu_run:
+        if v["method"] == "full":
+            plain.append(("ZeRO-2 + CPU optimizer", _strategy("zero2", "cpu")))
+        plain += [
+            ("ZeRO-3 + CPU optimizer", _strategy("zero3", "cpu")),
+            ("FSDP + CPU offload", _strategy("fsdp", "cpu", "cpu")),
+            ("ZeRO-3 + CPU optimizer & weights", _strategy("zero3", "cpu", "cpu")),
+            ("ZeRO-3 + NVMe offload", _strategy("zero3", "nvme", "nvme")),
+        ]
+    out = [(label, {**changes, **_checkpointing_for(v, changes)}) for label, changes in plain]
+    if v["method"] != "qlora":
+        quant = _qlora_changes(v)
+        out.append(("QLoRA + DDP", {**quant, **_strategy("ddp"), **_checkpointing_for(v, _strategy("ddp"))}))
+        for label, changes in (("QLoRA + FSDP", _strategy("fsdp")), ("QLoRA + ZeRO-3", _strategy("zero3"))):
+            if cpu_run and changes["strategy.kind"] == "fsdp":
+                continue
+            storage = {"quantization.bnb_4bit_quant_storage": quant["quantization.bnb_4bit_compute_dtype"]}
+            out.append((label, {**quant, **storage, **changes, **_checkpointing_for(v, changes)}))
+        if not cpu_run:
+            changes = _strategy("fsdp", "cpu", "cpu")
+            storage = {"quantization.bnb_4bit_quant_storage": quant["quantization.bnb_4bit_compute_dtype"]}
+            out.append(("QLoRA + FSDP + CPU offload", {**quant, **storage, **changes, **_checkpointing_for(v, changes)}))
+    return out
+
+
+def _checkpointing_for(v: dict, changes: dict) -> dict:
+    """Keep activation checkpointing on when moving to or from FSDP's own switch for it."""
+    if v["strategy.kind"] == "fsdp" and v["strategy.fsdp_activation_checkpointing"] and changes["strategy.kind"] != "fsdp":
+        return {"training.gradient_checkpointing": True, "strategy.fsdp_activation_checkpointing": False}
+    return {}
+
+
+def _qlora_changes(v: dict) -> dict:
+    compute = "float16" if v["training.precision"] == "fp16" else "bfloat16"
+    changes = {
+        "method": "qlora",
+        "quantization.bits": 4,
+        "quantization.bnb_4bit_quant_type": "nf4",
+        "quantization.bnb_4bit_use_double_quant": True,
+        "quantization.bnb_4bit_compute_dtype": compute,
+        "quantization.bnb_4bit_quant_storage": "uint8",
+    }
+    if v["method"] == "full":
+        changes["training.learning_rate"] = 2e-4  # adapters train with a higher rate than full weights
+    return changes
+
+
+
+# ---------------------------------------------------------------- the reason sentence
+
+
+def _nothing_fits(
+    v: dict, options: list[StrategyEstimate], gpu_mem_gb: float, cpu_mem_gb: float | None
+) -> Recommendation:
+    smallest = min(options, key=lambda o: (o.estimate.per_gpu_gb, not o.current))  # the job's own on a tie
+    est = smallest.estimate
+    host = f" and {cpu_mem_gb:g} GB of CPU RAM" if cpu_mem_gb is not None else ""
+    if est.limiting_phase == "load" and est.per_gpu_gb > FIT_FRACTION * gpu_mem_gb:
+        # More GPUs do not help here: every GPU holds the whole (quantized) model while it loads.
+        need = f"{format_gb(est.per_gpu_gb)} per GPU to load the model ({est.load_path})"
+        fix = f"so use GPUs with at least {math.ceil(est.per_gpu_gb / FIT_FRACTION)} GB or a smaller model"
+    else:
+        need = format_gb(est.per_gpu_gb) + (f" and {est.host_gb:.0f} GB of CPU RAM" if est.host_gb else "")
+        fix = "so add GPUs, lower dataset.max_seq_length or training.per_device_train_batch_size" + (
+            "" if v["training.gradient_checkpointing"] else ", or turn on training.gradient_checkpointing"
+        )
+    reason = f"Nothing fits in {gpu_mem_gb:g} GB per GPU{host}: even {smallest.strategy} needs {need}, {fix}."
+    return Recommendation(None, {}, reason, est, False)
+
+
+def _need(option: StrategyEstimate, gpu_mem_gb: float) -> str:
+    """What a strategy that does not fit would need: GPU memory (and in which phase) or host RAM."""
+    est = option.estimate
+    if est.per_gpu_gb > FIT_FRACTION * gpu_mem_gb:
+        return format_gb(est.per_gpu_gb) + (" to load" if est.limiting_phase == "load" else "")
+    phase = " to load" if est.load_cpu_gb > est.cpu_gb else ""
+    return f"{est.host_gb:.0f} GB of CPU RAM{phase}"
+
+
+def _reason(v: dict, chosen: StrategyEstimate, skipped: list[StrategyEstimate], gpu_mem_gb: float) -> str:
+    """One sentence: what fits, what the faster option would need, and why this one."""
+    est = chosen.estimate
+    kind = chosen.changes.get("strategy.kind", v["strategy.kind"])
+    method = chosen.changes.get("method", v["method"])
+    sharding = chosen.changes.get("strategy.fsdp_sharding_strategy")
+    if method == "qlora" and v["method"] != "qlora":
+        why = "storing the frozen base in 4-bit NF4 (QLoRA) is what makes this job fit"
+        if v["method"] == "full":
+            why += ", with adapters trained at learning rate 2e-4 instead of every weight"
+    elif chosen.changes.get("strategy.offload_optimizer", "none") != "none":
+        where = f"{est.cpu_gb:.0f} GB of CPU RAM" + (f" and {est.nvme_gb:.0f} GB of NVMe" if est.nvme_gb else "")
+        why = f"offloading moves states to host memory ({where} per machine): slower steps, the last resort before quantizing"
+    elif kind == "ddp" and method != "full":
+        why = "only the adapter's gradients cross the network, so plain data parallelism is fastest"
+    elif kind == "ddp":
+        why = "every GPU keeps everything and only gradients are all-reduced, the fastest setup"
+    elif kind in ("zero1", "zero2") or sharding == "SHARD_GRAD_OP":
+        why = (
+            "it shards optimizer states and gradients while every GPU keeps whole weights, "
+            "the usual choice for full fine-tuning of 7-13B models"
+        )
+    else:
+        why = "it shards the weights as well and gathers each layer just in time: more communication, but it fits"
+    skipped_text = f" ({skipped[0].strategy} would need {_need(skipped[0], gpu_mem_gb)})" if skipped else ""
+    kept = " (as set)" if chosen.current else ""
+    phase = " while loading" if est.limiting_phase == "load" else ""
+    return (
+        f"{chosen.strategy}{kept} is the fastest option that fits: {format_gb(est.per_gpu_gb)} of {gpu_mem_gb:g} GB "
+        f"per GPU{phase}{skipped_text}; {why}."
+    )

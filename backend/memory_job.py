@@ -1,0 +1,217 @@
+"""The fields of a job the memory model reads, as one `Job` with the derived sizes.
+
+Shared by both phases of the memory model (backend/memory_train.py, backend/memory_load.py).
+Units: bytes here; backend/memory.py turns them into GB (GiB, 2**30 bytes, what nvidia-smi
+and NVML report).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from backend import catalog
+from backend.spec import JobSpec, get_path
+
+GIB = 2**30
+
+# What nvidia-smi counts beyond PyTorch's allocator: the CUDA context (about 300 MB since
+# CUDA 11.7's lazy module loading, pytorch/pytorch#107667) with library handles and kernel
+# images, and, when ranks talk, NCCL's communicator buffers: 0.54-0.69 GB per communicator
+# on 4x A100 (NVIDIA/nccl#964), about 1.6 GB on another setup (NVIDIA/nccl#864).
+CUDA_CONTEXT_BYTES = 0.5 * GIB
+NCCL_BYTES = 1.0 * GIB
+
+# How the loss is computed. tunedeck trains with TRL's SFTTrainer, whose fused LM head scores
+# the vocabulary in tiles and never holds the (tokens x vocab) logits ("fused"). Plain
+# transformers losses, older TRL releases and most custom loops materialize them.
+LOSS_IMPLEMENTATIONS = ("fused", "materialized")
+
+# The fields of the spec the estimate reads. A variant is these values with `changes` applied.
+INPUT_PATHS = (
+    "model.name_or_path", "model.dtype", "model.attn_implementation", "method",
+    "lora.r", "lora.lora_dropout", "lora.target_modules", "lora.use_dora",
+    "quantization.bits", "quantization.bnb_4bit_quant_type", "quantization.bnb_4bit_use_double_quant",
+    "quantization.bnb_4bit_compute_dtype",
+    "quantization.bnb_4bit_quant_storage", "dataset.max_seq_length",
+    "training.per_device_train_batch_size", "training.gradient_checkpointing", "training.precision",
+    "training.optim", "training.learning_rate",
+    "strategy.kind", "strategy.offload_optimizer", "strategy.offload_params", "strategy.nvme_path",
+    "strategy.overlap_comm", "strategy.reduce_bucket_size", "strategy.stage3_prefetch_bucket_size",
+    "strategy.fsdp_sharding_strategy", "strategy.fsdp_activation_checkpointing",
+    "launch.num_processes", "launch.num_machines", "launch.use_cpu",
+)  # fmt: skip
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1}
+
+
+class EstimateError(ValueError):
+    """The job cannot be estimated; `field` names the spec field to change."""
+
+    def __init__(self, field_path: str, message: str):
+        self.field = field_path
+        super().__init__(message)
+
+
+def input_values(spec: JobSpec, loss: str = "fused") -> dict[str, Any]:
+    """{dotted path: value} of every field the estimate reads, plus the loss implementation."""
+    if loss not in LOSS_IMPLEMENTATIONS:
+        raise ValueError(f"loss is one of {LOSS_IMPLEMENTATIONS}, not {loss!r}")
+    values = {path: get_path(spec, path) for path in INPUT_PATHS}
+    values["loss"] = loss
+    if catalog.lookup(values["model.name_or_path"]) is None:
+        raise EstimateError(
+            "model.name_or_path",
+            f"tunedeck does not know the architecture of {values['model.name_or_path']!r}: use a model from the "
+            "catalog (e.g. meta-llama/Llama-2-7b-hf) or a local folder with its config.json",
+        )
+    return values
+
+
+@dataclass
+class Job:
+    arch: catalog.ModelArch
+    method: str
+    kind: str
+    offload_optimizer: str
+    offload_params: str
+    world: int
+    machines: int
+    use_cpu: bool
+    tokens: int  # per micro batch per GPU
+    seq_len: int
+    act_bytes: int  # bytes per activation element
+    weight_bytes: int  # bytes per base weight as loaded (model.dtype)
+    precision: str
+    optim: str
+    checkpointing: bool
+    attn: str
+    bits: int | None
+    double_quant: bool
+    quant_storage: str
+    lora_r: int
+    lora_dropout: float
+    lora_targets: Any
+    use_dora: bool
+    fsdp_sharding: str
+    overlap_comm: bool
+    reduce_bucket: int
+    prefetch_bucket: int
+    loss: str
+
+    @classmethod
+    def from_values(cls, v: dict) -> Job:
+        arch = catalog.lookup(v["model.name_or_path"])
+        if arch is None:  # only reachable through a variant naming another model
+            raise EstimateError("model.name_or_path", f"unknown model {v['model.name_or_path']!r}")
+        kind = v["strategy.kind"]
+        precision = v["training.precision"]
+        bits = v["quantization.bits"] if v["method"] != "full" else None
+        weight_bytes = _DTYPE_BYTES[v["model.dtype"]]
+        # Activations live in the compute dtype: the autocast dtype, else the weights' dtype.
+        if bits == 4:
+            act_bytes = _DTYPE_BYTES[v["quantization.bnb_4bit_compute_dtype"]]
+        elif precision in ("bf16", "fp16"):
+            act_bytes = 2
+        else:
+            act_bytes = weight_bytes
+        h = arch.hidden_size
+        reduce_bucket = v["strategy.reduce_bucket_size"]
+        prefetch = v["strategy.stage3_prefetch_bucket_size"]
+        return cls(
+            arch=arch,
+            method=v["method"],
+            kind=kind,
+            offload_optimizer=v["strategy.offload_optimizer"] if kind != "ddp" else "none",
+            offload_params=v["strategy.offload_params"] if kind in ("zero3", "fsdp") else "none",
+            world=v["launch.num_processes"],
+            machines=v["launch.num_machines"],
+            use_cpu=v["launch.use_cpu"],
+            tokens=v["training.per_device_train_batch_size"] * v["dataset.max_seq_length"],
+            seq_len=v["dataset.max_seq_length"],
+            act_bytes=act_bytes,
+            weight_bytes=weight_bytes,
+            precision=precision,
+            optim=v["training.optim"],
+            checkpointing=v["training.gradient_checkpointing"]
+            or (kind == "fsdp" and v["strategy.fsdp_activation_checkpointing"]),
+            attn=v["model.attn_implementation"],
+            bits=bits,
+            double_quant=v["quantization.bnb_4bit_use_double_quant"],
+            quant_storage=v["quantization.bnb_4bit_quant_storage"],
+            lora_r=v["lora.r"],
+            lora_dropout=v["lora.lora_dropout"],
+            lora_targets=v["lora.target_modules"],
+            use_dora=v["lora.use_dora"],
+            fsdp_sharding=v["strategy.fsdp_sharding_strategy"],
+            overlap_comm=v["strategy.overlap_comm"],
+            # "auto" is what the transformers DeepSpeed integration fills in: hidden_size**2
+            # and 0.9 * hidden_size**2 (HfDeepSpeedConfig / trainer_config_finalize).
+            reduce_bucket=h * h if reduce_bucket == "auto" else reduce_bucket,
+            prefetch_bucket=int(0.9 * h * h) if prefetch == "auto" else prefetch,
+            loss=v["loss"],
+        )
+
+    @property
+    def per_machine(self) -> int:
+        return max(1, self.world // self.machines)
+
+    @property
+    def shards(self) -> int:
+        """Ranks a sharded tensor is split over."""
+        if self.kind == "fsdp" and self.fsdp_sharding == "HYBRID_SHARD":
+            return self.per_machine  # shard inside a node, replicate across nodes
+        return self.world
+
+    @property
+    def trainable_params(self) -> int:
+        if self.method == "full":
+            return self.arch.num_parameters
+        return self.arch.lora_trainable(self.lora_r, self.lora_targets, self.use_dora)
+
+    @property
+    def deepspeed(self) -> bool:
+        return self.kind in ("zero1", "zero2", "zero3")
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per weight element as the forward pass computes with it."""
+        return 2 if self.precision in ("bf16", "fp16") else self.weight_bytes
+
+    @property
+    def device_overhead(self) -> float:
+        """CUDA context, plus NCCL's buffers once ranks talk; nothing for a CPU run."""
+        if self.use_cpu:
+            return 0.0
+        return CUDA_CONTEXT_BYTES + (NCCL_BYTES if self.world > 1 else 0.0)
+
+
+def quantized_bytes_per_param(job: Job) -> float:
+    """Bytes per quantized weight held as a parameter (the packed values only)."""
+    return {4: 0.5, 8: 1.0}.get(job.bits, float(job.weight_bytes))
+
+
+def quant_stats_bytes(job: Job) -> float:
+    """Quantization statistics of the whole base; bitsandbytes keeps them in each module's
+    quant state, not in a parameter, so ZeRO-3 and FSDP neither shard nor offload them."""
+    arch = job.arch
+    if job.bits == 4:
+        # NF4: one fp32 absmax per 64-weight block; double quantization stores the absmax in 8
+        # bits with one fp32 constant per 256 blocks: 32/64 -> 8/64 + 32/(64*256) bits (QLoRA §3).
+        return arch.linear_params * ((1 / 64 + 4 / (64 * 256)) if job.double_quant else 4 / 64)
+    if job.bits == 8:  # LLM.int8: one fp32 scale per output row
+        return 4 * arch.num_hidden_layers * sum(w.out_features for w in arch.layer_weights if w.is_linear)
+    return 0.0
+
+
+def frozen_base_params(job: Job) -> float:
+    """Bytes of the base's parameters: quantized nn.Linear weights, the rest in model.dtype."""
+    arch = job.arch
+    linear = arch.linear_params
+    rest = arch.num_parameters - linear  # embeddings, lm_head, norms, experts stored as tensors
+    return linear * quantized_bytes_per_param(job) + rest * job.weight_bytes
+
+
+def largest_linear_params(job: Job) -> int:
+    """The biggest nn.Linear weight of a decoder layer (what bitsandbytes handles one at a time)."""
+    return max(w.in_features * w.out_features for w in job.arch.layer_weights if w.is_linear)
