@@ -250,22 +250,32 @@ def _candidates(v: dict) -> list[tuple[str, dict]]:
     if v["method"] != "qlora":
         quant = _qlora_changes(v)
         out.append(("QLoRA + DDP", {**quant, **_strategy("ddp"), **_checkpointing_for(v, _strategy("ddp"))}))
-        for label, changes in (("QLoRA + FSDP", _strategy("fsdp")), ("QLoRA + ZeRO-3", _strategy("zero3"))):
+        sharded = [("QLoRA + FSDP", _strategy("fsdp")), ("QLoRA + ZeRO-3", _strategy("zero3"))]
+        if not cpu_run:
+            sharded.append(("QLoRA + FSDP + CPU offload", _strategy("fsdp", "cpu", "cpu")))
+        for label, changes in sharded:
             if cpu_run and changes["strategy.kind"] == "fsdp":
                 continue
-            storage = {"quantization.bnb_4bit_quant_storage": quant["quantization.bnb_4bit_compute_dtype"]}
-            out.append((label, {**quant, **storage, **changes, **_checkpointing_for(v, changes)}))
-        if not cpu_run:
-            changes = _strategy("fsdp", "cpu", "cpu")
-            storage = {"quantization.bnb_4bit_quant_storage": quant["quantization.bnb_4bit_compute_dtype"]}
-            out.append(("QLoRA + FSDP + CPU offload", {**quant, **storage, **changes, **_checkpointing_for(v, changes)}))
+            out.append((label, {**quant, **_sharded_4bit_dtypes(quant), **changes, **_checkpointing_for(v, changes)}))
     return out
 
 
+def _sharded_4bit_dtypes(quant: dict) -> dict:
+    """ZeRO-3 and FSDP shard 4-bit weights only when model dtype = storage = compute dtype (validate.py)."""
+    compute = quant["quantization.bnb_4bit_compute_dtype"]
+    return {"quantization.bnb_4bit_quant_storage": compute, "model.dtype": compute}
+
+
 def _checkpointing_for(v: dict, changes: dict) -> dict:
-    """Keep activation checkpointing on when moving to or from FSDP's own switch for it."""
+    """Keep activation checkpointing on when moving to or from FSDP's own switch for it.
+
+    A full fine-tune moved to FSDP takes FSDP's checkpointing: the Trainer's would all-gather
+    every layer's weights again in the backward pass (validate.py warns about it).
+    """
     if v["strategy.kind"] == "fsdp" and v["strategy.fsdp_activation_checkpointing"] and changes["strategy.kind"] != "fsdp":
         return {"training.gradient_checkpointing": True, "strategy.fsdp_activation_checkpointing": False}
+    if v["method"] == "full" and v["training.gradient_checkpointing"] and changes["strategy.kind"] == "fsdp":
+        return {"training.gradient_checkpointing": False, "strategy.fsdp_activation_checkpointing": True}
     return {}
 
 
