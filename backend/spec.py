@@ -510,6 +510,8 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
 def _read_scalar(text: str, keep_text: bool = False) -> Any:
     if text == "":
         return None
+    if unsafe_char(text) is not None:  # YAML would fold a raw line break into a space: keep it, to be refused
+        return text
     try:
         value = load_yaml(text)
     except YamlRefused:  # not YAML (or nested, aliased, ...): the text as typed, which the field's type then judges

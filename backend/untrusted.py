@@ -25,8 +25,9 @@ from typing import Any
 import yaml
 
 # C0 controls (NUL, TAB, LF, CR, ESC, ...), DEL and C1 controls (Unicode category Cc), the
-# line and paragraph separators (Zl, Zp: U+2028, U+2029), and the bidirectional controls.
-UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# line and paragraph separators (Zl, Zp: U+2028, U+2029), the bidirectional controls, and lone
+# surrogates (Cs: a JSON or YAML "\\ud800" escape makes one, and no file can be written with it).
+UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 _CHAR_NAMES = {
     "\x00": "NUL",
     "\t": "tab",
@@ -48,7 +49,8 @@ def unsafe_char(text: str) -> int | None:
 
 def describe_char(char: str) -> str:
     """'U+000A (line feed)': a character named so that a person can find it."""
-    name = _CHAR_NAMES.get(char) or unicodedata.name(char, "control character").lower()
+    name = _CHAR_NAMES.get(char) or unicodedata.name(char, "").lower()
+    name = name or ("lone surrogate" if unicodedata.category(char) == "Cs" else "control character")
     return f"U+{ord(char):04X} ({name})"
 
 
@@ -71,7 +73,7 @@ class YamlRefused(ValueError):
 def load_yaml(text: str) -> Any:
     """yaml.safe_load with limits; raises YamlRefused naming the key path of the first problem."""
     # PyYAML refuses NUL and other control characters in the stream before it parses a byte,
-    # without saying where: parse with a stand-in so the problem can be placed in a field.
+    # without saying where: parse with a stand-in character so the problem can be placed in a field.
     bad = _NON_PRINTABLE.search(text)
     loader = _Loader(_NON_PRINTABLE.sub("\ufffd", text) if bad else text)
     try:
@@ -94,7 +96,10 @@ def load_yaml(text: str) -> Any:
         loader.dispose()
 
 
-_NON_PRINTABLE = yaml.reader.Reader.NON_PRINTABLE
+# What PyYAML's reader refuses, plus the three characters YAML 1.1 takes as line breaks that
+# editors and terminals show as nothing or a space (NEL, U+2028, U+2029): a key hidden behind
+# one reads as part of the line before it to a person, and as a key of its own to the loader.
+_NON_PRINTABLE = re.compile(f"{yaml.reader.Reader.NON_PRINTABLE.pattern}|[\x85\u2028\u2029]")
 
 
 def _dotted(keys) -> str:

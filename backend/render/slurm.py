@@ -34,7 +34,10 @@ def render_slurm_sbatch(spec: JobSpec) -> str:
             "",
             "# The allocation's first node is machine 0, the rendezvous host; every node runs",
             "# launch.sh once, with its node id as machine rank.",
-            'MAIN_PROCESS_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            # sed reads all of scontrol's output. `head -n 1` exits after one line, and a later write
+            # of scontrol then dies of SIGPIPE, which pipefail turns into the job's end (exit 141:
+            # 6 of 20 runs here, with a stand-in scontrol writing one host name per write).
+            'MAIN_PROCESS_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
             "export MAIN_PROCESS_IP",
             "srun --kill-on-bad-exit=1 bash -c 'MACHINE_RANK=$SLURM_NODEID exec bash launch.sh'",
             "",
