@@ -291,11 +291,15 @@ class LaunchSpec(_Section):
     @field_validator("gpu_ids", mode="before")
     @classmethod
     def _normalise_gpu_ids(cls, value: Any) -> Any:
-        # YAML reads "0" as 0 and "0,1" may arrive as a list; keep one canonical string.
-        if isinstance(value, int):
-            return str(value)
-        if isinstance(value, list):
+        # YAML reads "0" as 0 and "0,1" may arrive as a list; keep one canonical string. Anything
+        # else (a 5,000-digit number cannot even be printed) goes on for the type check to name.
+        def gpu_id(item: Any) -> bool:
+            return isinstance(item, str) or (type(item) is int and 0 <= item < 10**6)
+
+        if isinstance(value, list) and all(gpu_id(v) for v in value):
             return ",".join(str(v) for v in value)
+        if type(value) is int and gpu_id(value):
+            return str(value)
         return value.replace(" ", "") if isinstance(value, str) else value
 
     @property
