@@ -142,6 +142,20 @@ def run_launch_sh(bundle: Path, bin_dir: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def export_through_cli(spec_args: list[str], bundle: Path, bin_dir: Path) -> int:
+    """`tunedeck export`: a refusal names the fields and writes nothing; an export's launch.sh runs no payload."""
+    code, _, err = cli("export", *spec_args, "-o", str(bundle))
+    assert code in (0, 2), err
+    if code == 2:
+        assert_refusal_names_fields(err)
+        assert not bundle.exists()
+    else:
+        assert_accepted_text_is_one_line(yaml.safe_load((bundle / "job.yaml").read_text()))
+        run_launch_sh(bundle, bin_dir)
+    event(f"{'--set' if spec_args[0] == 'demo' else 'job file'}: exit {code}")
+    return code
+
+
 @settings(
     max_examples=int(os.environ.get("TUNEDECK_HOSTILE_EXAMPLES", "120")),
     deadline=None,
@@ -156,29 +170,12 @@ def test_hostile_values_through_every_front_door(chosen):
         folder = Path(folder)
         bin_dir = install_stand_ins(folder)
 
-        # 1. CLI --set: a refusal names the fields and writes nothing; an export's launch.sh runs no payload.
+        # 1. CLI --set, 2. CLI SPEC file with the same values in a job.yaml.
         sets = [arg for path, value in chosen.items() for arg in ("--set", f"{path}={value.text}")]
-        code, _, err = cli("export", "demo", *sets, "-o", str(folder / "set"))
-        assert code in (0, 2), err
-        if code == 2:
-            assert_refusal_names_fields(err)
-            assert not (folder / "set").exists()
-        else:
-            assert_accepted_text_is_one_line(yaml.safe_load((folder / "set" / "job.yaml").read_text()))
-            run_launch_sh(folder / "set", bin_dir)
-        event(f"--set: exit {code}")
-
-        # 2. CLI SPEC file: the same values in a job.yaml.
+        export_through_cli(["demo", *sets], folder / "set", bin_dir)
         job = folder / "job.yaml"
         job.write_text(job_yaml(chosen), encoding="utf-8")
-        code, _, err = cli("export", str(job), "-o", str(folder / "file"))
-        assert code in (0, 2), err
-        if code == 2:
-            assert_refusal_names_fields(err)
-            assert not (folder / "file").exists()
-        else:
-            assert_accepted_text_is_one_line(yaml.safe_load((folder / "file" / "job.yaml").read_text()))
-            run_launch_sh(folder / "file", bin_dir)
+        code = export_through_cli([str(job)], folder / "file", bin_dir)
 
         # 3. The page's upload of that job.yaml.
         message, spec = read_uploaded_spec(str(job))
