@@ -14,6 +14,8 @@ What each library checks itself (notes/cpu-distributed.md, "Checking configs wit
 - DeepSpeed: the JSON's "auto" values are resolved the way the Trainer resolves them
   (HfTrainerDeepSpeedConfig.trainer_config_process / trainer_config_finalize), then
   `deepspeed.runtime.config.DeepSpeedConfig` parses the result.
+- The installed stack: a library older than the bundle needs (render/requirements.py: minimums)
+  is a warning, and is named in the error when a library refuses a file.
 
 The heavy libraries are imported inside the functions: importing this module stays light.
 Only one thing is faked: for a job meant for GPUs, the libraries' "is there a (bf16) GPU"
@@ -33,6 +35,7 @@ from typing import Any
 from backend import catalog
 from backend.render.accelerate_yaml import DEEPSPEED_CONFIG_FILE
 from backend.render.launch import ACCELERATE_CONFIG, JOB_FILE, TRAINING_ARGS_FILE, launch_argv
+from backend.render.requirements import REQUIREMENTS_FILE, minimums
 from backend.spec import load_spec_file
 
 # The variables a launcher hands its ranks (the rest of its environment is ours anyway).
@@ -60,11 +63,45 @@ class BundleCheck:
     fsdp_plugin: Any = field(default=None, repr=False)  # accelerate's FullyShardedDataParallelPlugin
     parallelism_config: Any = field(default=None, repr=False)  # accelerate's ParallelismConfig (HYBRID_SHARD)
     gpu_assumed: bool = False  # the bundle targets GPUs: GPU probes answered yes (see _gpu_assumed)
+    warnings: list[str] = field(default_factory=list)  # installed libraries older than the bundle needs
 
 
 def check_bundle(directory: str | Path) -> BundleCheck:
     directory = Path(directory).resolve()
     spec = load_spec_file(directory / JOB_FILE)
+    warnings = stack_warnings(spec)
+    try:
+        result = _check_with_libraries(directory, spec)
+    except BundleCheckError as exc:
+        if warnings:
+            raise BundleCheckError(f"{exc} (the installed stack is older than this bundle needs: {'; '.join(warnings)})") from exc
+        raise
+    result.warnings = warnings
+    return result
+
+
+def stack_warnings(spec) -> list[str]:
+    """One line per installed library older than the bundle's minimum for it (or missing)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    lines = []
+    for need in minimums(spec):
+        try:
+            installed = version(need.package)
+        except PackageNotFoundError:
+            lines.append(f"{need.package} is not installed; this bundle needs >= {need.version} ({need.reason})")
+            continue
+        if Version(installed) < Version(need.version):
+            lines.append(
+                f"{need.package} {installed} is older than {need.version}, which this bundle needs ({need.reason}): "
+                f"pip install -r {REQUIREMENTS_FILE}"
+            )
+    return lines
+
+
+def _check_with_libraries(directory: Path, spec) -> BundleCheck:
     cluster = _load_accelerate_config(directory)
     launcher, args, env = _dry_launch(directory, spec)
     training_args = _read_training_args(directory)

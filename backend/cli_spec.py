@@ -122,6 +122,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     except BundleCheckError as exc:
         print_problems([("error", "bundle", str(exc))])
         return 2
+    print_problems(("warning", "installed stack", line) for line in result.warnings)
     stage = f", ZeRO-{result.zero_stage}" if result.zero_stage is not None else ""
     print(
         f"ok: accelerate starts {result.num_processes} processes ({result.processes_per_machine} per machine) "

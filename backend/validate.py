@@ -17,6 +17,7 @@ import psutil
 
 from backend import catalog
 from backend.render.accelerate_yaml import fsdp_layer_cls
+from backend.render.deepspeed_json import DEFAULT_NVME_BUFFER_SIZE, nvme_param_buffer_size
 from backend.spec import JobSpec
 
 
@@ -76,6 +77,15 @@ def _method_and_quantization(spec: JobSpec) -> Iterator[Problem]:
             "quantization.bnb_4bit_quant_storage",
             f"{spec.strategy.kind} can only shard 4-bit weights stored in a float dtype equal to the compute dtype: "
             f"set quantization.bnb_4bit_quant_storage={q.bnb_4bit_compute_dtype}.",
+        )
+    if bits == 4 and sharded and spec.model.dtype != q.bnb_4bit_compute_dtype:
+        # The sharded recipes load the model in the storage dtype (PEFT's docs, "QLoRA and FSDP": dtype
+        # = bnb_4bit_quant_storage), so the 4-bit and the 16-bit weights (norms, embeddings) shard
+        # as one dtype; FSDP1 refuses mixed dtypes in a flat parameter.
+        yield _error(
+            "model.dtype",
+            f"{spec.strategy.kind} shards the 4-bit weights and the rest of the model together, so the model must "
+            f"load in the 4-bit storage and compute dtype: set model.dtype={q.bnb_4bit_compute_dtype}.",
         )
     if bits == 8 and sharded:
         yield _error(
@@ -222,6 +232,14 @@ def _offload(spec: JobSpec) -> Iterator[Problem]:
             yield _error("strategy.nvme_path", "NVMe offload needs a folder on a fast local disk: set strategy.nvme_path, e.g. /local_nvme.")
         elif not s.nvme_path.startswith("/"):
             yield _error("strategy.nvme_path", f"{s.nvme_path!r} is relative; each rank needs the same absolute folder: give an absolute path such as /local_nvme.")
+    if s.offload_params == "nvme" and kind == "zero3" and nvme_param_buffer_size(spec) is None:
+        yield _warning(
+            "strategy.offload_params",
+            f"tunedeck does not know the shapes of {spec.model.name_or_path!r}, so ds_config.json keeps DeepSpeed's "
+            f"NVMe buffer of {DEFAULT_NVME_BUFFER_SIZE:.0e} elements, and DeepSpeed stops if a parameter's share per "
+            "GPU (vocab x hidden / processes) is larger: point model.name_or_path at a local folder with its "
+            "config.json, or raise offload_param.buffer_size in ds_config.json.",
+        )
     if s.offload_params != "none" and s.offload_optimizer == "none" and kind == "zero3":
         yield _warning(
             "strategy.offload_optimizer",
@@ -256,6 +274,22 @@ def _fsdp(spec: JobSpec) -> Iterator[Problem]:
             "training.gradient_checkpointing",
             "FSDP activation checkpointing and training.gradient_checkpointing cannot both be on (the trainer refuses): "
             "set training.gradient_checkpointing=false and keep strategy.fsdp_activation_checkpointing.",
+        )
+    if spec.method == "full" and spec.training.gradient_checkpointing and not s.fsdp_activation_checkpointing:
+        # transformers warns about the same: the Trainer's checkpointing re-runs each FSDP unit's forward,
+        # all-gathering its sharded weights a second time in the backward pass (transformers#30404).
+        yield _warning(
+            "strategy.fsdp_activation_checkpointing",
+            "under FSDP the trainer's activation checkpointing all-gathers every layer's weights once more in the "
+            "backward pass: set strategy.fsdp_activation_checkpointing=true and training.gradient_checkpointing=false.",
+        )
+    if spec.quantization.bits == 4 and s.fsdp_cpu_ram_efficient_loading:
+        # accelerate's fsdp2_prepare_model skips the rank-0 load and broadcast when the model has
+        # Params4bit, and transformers loads quantized weights on every rank (modeling_utils: "not is_quantized").
+        yield _warning(
+            "strategy.fsdp_cpu_ram_efficient_loading",
+            "ignored for 4-bit models: accelerate and transformers load the whole quantized model on every rank, "
+            "so host RAM is not saved: set strategy.fsdp_cpu_ram_efficient_loading=false so the job says what runs.",
         )
     if s.fsdp_sharding_strategy == "HYBRID_SHARD" and spec.launch.num_machines == 1:
         yield _warning(
@@ -368,9 +402,11 @@ def _launch(spec: JobSpec) -> Iterator[Problem]:
             f"machine ranks run from 0 to {launch.num_machines - 1}: set launch.machine_rank below launch.num_machines.",
         )
     if launch.num_machines > 1 and not launch.main_process_ip:
-        yield _error(
+        # Not an error: slurm.sbatch finds machine 0 itself, and launch.sh reads MAIN_PROCESS_IP at run time.
+        yield _warning(
             "launch.main_process_ip",
-            "several machines need the address of machine 0: set launch.main_process_ip (e.g. 10.0.0.1).",
+            "no address of machine 0: slurm.sbatch finds it, but `bash launch.sh` on each machine needs "
+            "MAIN_PROCESS_IP=<address of machine 0>; or set launch.main_process_ip (e.g. 10.0.0.1).",
         )
     if not launch.use_cpu and launch.gpu_ids != "all":
         ids = [part for part in launch.gpu_ids.split(",") if part]

@@ -2,7 +2,7 @@
 
 render_bundle(spec) -> {file name: text}, in display order; zip_bundle(files) -> zip bytes.
 Each file comes from one small module here (accelerate_yaml, deepspeed_json,
-training_args, launch, slurm). Only spec and catalog are imported: no torch, no accelerate.
+training_args, launch, slurm, requirements). Only spec and catalog are imported: no torch, no accelerate.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from backend.render.launch import (
     TRAINING_ARGS_FILE,
     render_launch_sh,
 )
+from backend.render.requirements import REQUIREMENTS_FILE, render_requirements, tested_versions
 from backend.render.slurm import SLURM_FILE, render_slurm_sbatch
 from backend.render.training_args import render_training_args
 from backend.spec import JobSpec, spec_to_yaml
@@ -44,6 +45,7 @@ def render_bundle(spec: JobSpec) -> dict[str, str]:
     files[SLURM_FILE] = render_slurm_sbatch(spec)
     if TRAIN_ENTRYPOINT.is_file():
         files[TRAIN_SCRIPT] = TRAIN_ENTRYPOINT.read_text(encoding="utf-8")
+    files[REQUIREMENTS_FILE] = render_requirements(spec, tested_versions())
     files["README.md"] = render_bundle_readme(spec, list(files) + ["README.md"])
     return files
 

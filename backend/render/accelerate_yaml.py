@@ -84,7 +84,8 @@ def accelerate_config_dict(spec: JobSpec) -> dict:
 def _deepspeed_section(spec: JobSpec) -> dict:
     section: dict = {"deepspeed_config_file": DEEPSPEED_CONFIG_FILE}
     if spec.strategy.zero_stage == 3:
-        # Build the model already sharded: a 70B model never exists whole on one GPU or in host RAM.
+        # Build a 16-bit model already sharded (deepspeed.zero.Init). transformers skips it for quantized
+        # models, which load whole on every rank before ZeRO-3 shards them (modeling_utils.get_init_context).
         section["zero3_init_flag"] = True
     if spec.launch.num_machines > 1:
         # One launcher per node, like torchrun: no pdsh hostfile needed.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from backend.spec import JobSpec
+from backend.render.requirements import minimums
 
 _FILE_ROLES = {
     "job.yaml": "the tunedeck job spec: model, method, LoRA, quantization, dataset (read by train_sft.py)",
@@ -14,6 +15,7 @@ _FILE_ROLES = {
     "launch.sh": "the exact `accelerate launch` command",
     "slurm.sbatch": "the same job on a Slurm cluster: `sbatch slurm.sbatch` runs launch.sh once per node",
     "train_sft.py": "the training script (TRL SFTTrainer); needs only the Hugging Face stack",
+    "requirements.txt": "the training stack at the versions tunedeck was tested with",
     "README.md": "this file",
 }
 
@@ -53,16 +55,25 @@ def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
         "",
         "## Run",
         "",
-        "Install the training stack (torch first, then the rest), then start the job in this folder:",
+        "Install torch first (the build for your CUDA, at the version in `requirements.txt`), then the rest,",
+        "then start the job in this folder:",
         "",
         "```bash",
-        "pip install torch",
-        "pip install transformers trl peft accelerate datasets pyyaml"
-        + (" deepspeed" if spec.strategy.is_deepspeed else "")
-        + (" bitsandbytes" if spec.quantization.bits else ""),
+        "pip install -r requirements.txt",
         "bash launch.sh",
         "```",
+        "",
+        "The generated files need at least these versions:",
+        "",
+        *[f"- {m.package} >= {m.version}: {m.reason}." for m in minimums(spec)],
     ]
+    if spec.strategy.is_deepspeed and "nvme" in (spec.strategy.offload_params, spec.strategy.offload_optimizer):
+        lines += [
+            "",
+            "NVMe offload runs through DeepSpeed's async_io op, which needs libaio on every machine "
+            "(`apt-get install libaio-dev`, or `yum install libaio-devel`) before DeepSpeed builds it; "
+            "`ds_report` then shows async_io as compatible.",
+        ]
     if launch.num_machines > 1:
         lines += [
             "",

@@ -60,6 +60,13 @@ def render_launch_sh(spec: JobSpec) -> str:
             "",
         ]
         command.append('--machine_rank "$MACHINE_RANK" --main_process_ip "$MAIN_PROCESS_IP"')
+        lines += [  # the spec may leave the address to run time (slurm.sbatch computes it)
+            'if [ -z "$MAIN_PROCESS_IP" ]; then',
+            '  echo "launch.sh: set MAIN_PROCESS_IP=<address of machine 0> (slurm.sbatch sets it itself)" >&2',
+            "  exit 2",
+            "fi",
+            "",
+        ]
     command.append(f"{TRAIN_SCRIPT} --job {JOB_FILE} --training-args {TRAINING_ARGS_FILE}")
     command.append('"$@"')
     lines.append("exec " + " \\\n  ".join(command))

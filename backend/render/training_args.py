@@ -13,6 +13,15 @@ import yaml
 
 from backend.spec import JobSpec
 
+# TRL's SFTTrainer tokenises on the global main process first, then on each node's local main, while
+# every other rank waits in a barrier (trl/trainer/utils.py, global_then_local_main_first). That
+# barrier, like every collective, gives up after ddp_timeout (default 1800 s): a multi-million-row
+# dataset outlasts it. Three hours still ends a real hang the same day (LLaMA-Factory's examples use
+# 180000000 s, which never does).
+DDP_TIMEOUT_S = 10_800
+# Processes that tokenise while the other ranks wait (alignment-handbook's recipes use 12-24).
+DATASET_NUM_PROC = 8
+
 
 def training_args_dict(spec: JobSpec) -> dict:
     t, d, s, launch = spec.training, spec.dataset, spec.strategy, spec.launch
@@ -32,7 +41,7 @@ def training_args_dict(spec: JobSpec) -> dict:
         "max_grad_norm": t.max_grad_norm,
         "bf16": t.precision == "bf16",
         "fp16": t.precision == "fp16",
-        # transformers 5 name of gradient checkpointing (the old name is a deprecated alias).
+        # The name since transformers 5.23 (gradient_checkpointing is its deprecated alias): see requirements.py.
         "activation_checkpointing": t.gradient_checkpointing,
     }
     if t.gradient_checkpointing:
@@ -41,6 +50,11 @@ def training_args_dict(spec: JobSpec) -> dict:
         # (trl#2514), so the file says so rather than promise what does not run.
         reentrant = spec.uses_adapter and s.zero_stage == 3
         args["activation_checkpointing_kwargs"] = {"use_reentrant": reentrant}
+    if not launch.use_cpu:
+        # GPU jobs only: CPU bundles (the demo, the tests) have small data, and their cores are the trainers.
+        args["dataset_num_proc"] = DATASET_NUM_PROC
+        if launch.num_processes > 1:
+            args["ddp_timeout"] = DDP_TIMEOUT_S
     args["max_length"] = d.max_seq_length
     args["packing"] = d.packing
     if d.format == "text":

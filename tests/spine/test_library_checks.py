@@ -39,6 +39,7 @@ def test_every_preset_and_strategy_passes_the_libraries(preset, kind, export, ch
     assert not has_errors(problems), problems
 
     result = check(export(spec))
+    assert result.warnings == []  # the installed stack is what the bundle pins (constraints.txt)
 
     distributed_type, launcher = EXPECTED[kind]
     assert result.distributed_type == distributed_type

@@ -17,6 +17,12 @@ CASES = [
     ("70b-qlora-zero3", ["quantization.bnb_4bit_quant_storage=uint8"], "error", "quantization.bnb_4bit_quant_storage", "bnb_4bit_quant_storage=bfloat16"),
     ("70b-qlora-fsdp", ["quantization.bnb_4bit_quant_storage=float16"], "error", "quantization.bnb_4bit_quant_storage", "bnb_4bit_quant_storage=bfloat16"),
     ("70b-qlora-zero3", ["method=lora", "quantization.bits=8"], "error", "quantization.bits", "quantization.bits=4"),
+    # Sharded QLoRA loads the model in the 4-bit storage dtype (PEFT's FSDP/DeepSpeed QLoRA docs)
+    ("70b-qlora-zero3", ["model.dtype=float32"], "error", "model.dtype", "model.dtype=bfloat16"),
+    ("70b-qlora-fsdp", ["model.dtype=float32"], "error", "model.dtype", "model.dtype=bfloat16"),
+    ("70b-qlora-fsdp", ["strategy.fsdp_cpu_ram_efficient_loading=true"], "warning", "strategy.fsdp_cpu_ram_efficient_loading", "strategy.fsdp_cpu_ram_efficient_loading=false"),
+    ("7b-full-zero2", ["strategy.kind=fsdp"], "warning", "strategy.fsdp_activation_checkpointing", "training.gradient_checkpointing=false"),
+    ("70b-qlora-zero3", ["model.name_or_path=acme/unknown-70b", "strategy.offload_optimizer=nvme", "strategy.offload_params=nvme", "strategy.nvme_path=/nvme"], "warning", "strategy.offload_params", "buffer_size"),
     ("7b-full-zero2", ["strategy.offload_params=cpu"], "error", "strategy.offload_params", "strategy.kind=zero3"),
     ("7b-lora-ddp", ["strategy.offload_optimizer=cpu"], "error", "strategy.offload_optimizer", "strategy.kind=zero2"),
     ("7b-full-zero2", ["strategy.offload_optimizer=nvme", "strategy.nvme_path=/nvme"], "error", "strategy.offload_optimizer", "silently"),
@@ -31,7 +37,8 @@ CASES = [
     ("13b-lora-fsdp", ["strategy.fsdp_sharding_strategy=HYBRID_SHARD"], "warning", "strategy.fsdp_sharding_strategy", "FULL_SHARD"),
     ("7b-full-zero2", ["strategy.fsdp_activation_checkpointing=true"], "warning", "strategy.fsdp_activation_checkpointing", "training.gradient_checkpointing"),
     ("7b-lora-ddp", ["launch.num_machines=3", "launch.main_process_ip=10.0.0.1"], "error", "launch.num_processes", "multiple of launch.num_machines"),
-    ("7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8"], "error", "launch.main_process_ip", "set launch.main_process_ip"),
+    # slurm.sbatch finds machine 0 itself: only launch.sh needs the address, at run time
+    ("7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8"], "warning", "launch.main_process_ip", "MAIN_PROCESS_IP=<address of machine 0>"),
     ("7b-lora-ddp", ["launch.machine_rank=1"], "error", "launch.machine_rank", "below launch.num_machines"),
     ("7b-lora-ddp", ["launch.gpu_ids=0,1"], "error", "launch.gpu_ids", "4 GPUs"),
     ("7b-lora-ddp", ["launch.gpu_ids=0,1,2,3,4,5"], "warning", "launch.gpu_ids", "first ones are used"),
@@ -85,6 +92,21 @@ def test_rule_names_the_field_and_the_fix(preset, overrides, level, field, fix):
 def test_full_fine_tuning_with_a_master_copy_is_not_warned_about_16bit_updates(overrides):
     problems = validate(resolve_spec("7b-full-zero2", overrides))
     assert not [p for p in problems if p.field == "model.dtype"], problems
+
+
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("7b-full-zero2", ["strategy.kind=fsdp", "strategy.fsdp_activation_checkpointing=true", "training.gradient_checkpointing=false"]),
+        ("13b-lora-fsdp", ["training.gradient_checkpointing=true", "strategy.fsdp_activation_checkpointing=false"]),  # adapters: PEFT's own recipe
+        ("70b-qlora-fsdp", ["quantization.bits=null", "method=lora", "strategy.fsdp_cpu_ram_efficient_loading=true"]),
+        ("70b-qlora-zero3", ["strategy.offload_optimizer=nvme", "strategy.offload_params=nvme", "strategy.nvme_path=/nvme"]),
+        ("7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8", "launch.main_process_ip=10.0.0.1"]),
+    ],
+)
+def test_the_recipes_way_is_not_warned_about(preset, overrides):
+    problems = validate(resolve_spec(preset, overrides))
+    assert not [p for p in problems if p.field not in ("strategy.kind", "strategy.offload_optimizer")], problems
 
 
 @pytest.mark.parametrize(
