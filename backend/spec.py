@@ -5,8 +5,11 @@ file is a pure function of one. Field names follow the Hugging Face name whereve
 one exists (PEFT's LoraConfig, bitsandbytes' BitsAndBytesConfig, TRL's SFTConfig,
 accelerate's launch options), so a reader of either side recognises the other.
 
-This module checks what one field alone can check (types, ranges, choices);
-rules across fields live in validate.py.
+This module checks what one field alone can check (types, ranges, choices, one line of
+visible text, an output folder that stays in the run folder); rules across fields live in
+validate.py, and reading untrusted YAML in untrusted.py. It is longer than most modules
+because the fields and the one registry that the form, `--set` and the docs walk belong
+together.
 """
 
 from __future__ import annotations
