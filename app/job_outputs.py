@@ -7,15 +7,18 @@ Gradio), so it is tested directly.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
 from backend.fields import Values, spec_from_values
 from backend.spec import JobSpec, SpecError, spec_from_yaml
+from backend.untrusted import shown
 from backend.validate import Problem, validate
 
 UPLOAD_LIMIT_BYTES = 256 * 1024
+_PLAIN_FIELD = re.compile(r"[A-Za-z0-9_.]+")  # every spec field; an unknown key from a file may hold anything
 
 
 @dataclass
@@ -60,12 +63,17 @@ def issues_markdown(result: JobResult) -> str:
         head.append(f"✗ **{len(errors)} error{'s' * (len(errors) > 1)}**: Start and the bundle download are disabled until fixed.")
     if warnings:
         head.append(f"⚠ **{len(warnings)} warning{'s' * (len(warnings) > 1)}**")
-    lines = [" · ".join(head)]
-    for issue in errors + warnings:
+    return "\n".join([" · ".join(head), *_problem_lines(errors + warnings)])
+
+
+def _problem_lines(issues: list[Problem]) -> list[str]:
+    """One markdown list item per problem; the field and message may hold text from the input: escaped."""
+    lines = []
+    for issue in issues:
         mark = "✗" if issue.level == "error" else "⚠"
-        where = f"`{issue.field}`: " if issue.field else ""
+        where = f"`{issue.field}`: " if _PLAIN_FIELD.fullmatch(issue.field) else f"{escape(issue.field)}: " * bool(issue.field)
         lines.append(f"- {mark} {where}{escape(issue.message)}")
-    return "\n".join(lines)
+    return lines
 
 
 def batch_markdown(values: Values) -> str:
@@ -73,11 +81,13 @@ def batch_markdown(values: Values) -> str:
     per_device = values.get("training.per_device_train_batch_size")
     processes = values.get("launch.num_processes")
     accumulation = values.get("training.gradient_accumulation_steps")
-    if not all(isinstance(v, int) and v > 0 for v in (per_device, processes, accumulation)):
+    # The bound is above each factor's own (4096, 65536, 4096): a value past it is an error anyway,
+    # and a product of 5,000-digit numbers cannot even be printed.
+    if not all(isinstance(v, int) and 0 < v <= 2**20 for v in (per_device, processes, accumulation)):
         return "**Global batch:** (fix the batch fields to see it)"
     total = per_device * processes * accumulation
     tokens = values.get("dataset.max_seq_length")
-    token_note = f" · up to {total * tokens:,} tokens per step" if isinstance(tokens, int) else ""
+    token_note = f" · up to {total * tokens:,} tokens per step" if isinstance(tokens, int) and 0 < tokens <= 2**20 else ""
     return (
         f"**Global batch: {total}** sequences per optimizer step = {per_device} per device "
         f"× {processes} processes × {accumulation} accumulation steps{token_note}"
@@ -89,16 +99,18 @@ def read_uploaded_spec(path: str | None) -> tuple[str, JobSpec | None]:
     if not path:
         return "No file received.", None
     file = Path(path)
-    name = file.name
-    if file.stat().st_size > UPLOAD_LIMIT_BYTES:
-        return f"✗ **{name}** is larger than {UPLOAD_LIMIT_BYTES // 1024} KB; a job spec is a short YAML file.", None
+    name = escape(shown(file.name))
     try:
+        if file.stat().st_size > UPLOAD_LIMIT_BYTES:
+            return f"✗ **{name}** is larger than {UPLOAD_LIMIT_BYTES // 1024} KB; a job spec is a short YAML file.", None
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         return f"✗ **{name}** is not a text file; upload a job.yaml.", None
+    except OSError as exc:
+        return f"✗ **{name}** could not be read ({escape(exc.strerror or str(exc))}); upload it again.", None
     try:
         spec = spec_from_yaml(text)
     except SpecError as exc:
-        lines = "\n".join(f"- `{p or 'job'}`: {m}" for p, m in exc.problems)
-        return f"✗ **{name}** was not loaded; the form is unchanged:\n{lines}", None
+        lines = _problem_lines([Problem("error", p or "job", m) for p, m in exc.problems])
+        return f"✗ **{name}** was not loaded; the form is unchanged:\n" + "\n".join(lines), None
     return f"Loaded **{name}**.", spec

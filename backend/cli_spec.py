@@ -89,6 +89,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from backend.render import render_bundle, write_bundle
+    from backend.untrusted import shown
 
     spec = load_spec_or_exit(args)
     _, failed = _check(spec)
@@ -97,8 +98,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 2
     try:
         written = write_bundle(render_bundle(spec), Path(args.output))
-    except OSError as exc:  # not a folder, no permission, disk full
-        print_problems([("error", "--output", f"cannot write the bundle to {args.output}: {exc}; give a writable folder")])
+    except (OSError, ValueError) as exc:  # not a folder, no permission, disk full; a NUL in the name
+        print_problems([("error", "--output", f"cannot write the bundle to {shown(args.output)}: {shown(exc, 200)}; give a writable folder")])
         return 2
     for path in written:
         print(path)

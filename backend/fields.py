@@ -109,10 +109,13 @@ class FormField:
                 return float(raw.strip())
             except ValueError:
                 return raw  # the spec rejects it with the field's name
-        if self.kind == "text" and self.accepts_int:
+        if self.kind == "text" and self.accepts_int and isinstance(raw, str):
             text = raw.strip()
-            return int(text.replace("_", "")) if text.replace("_", "").isdigit() else text
-        if self.kind == "text":
+            digits = text.replace("_", "")
+            # isdigit() is also true of "²" and "٣"; int() takes at most 4,300 digits. Either way
+            # the text goes on, and the field's own type check names the field.
+            return int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 18 else text
+        if self.kind == "text" and isinstance(raw, str):
             return raw.strip()
         return raw
 
@@ -129,6 +132,8 @@ def _describe_type(annotation: Any) -> tuple[str, tuple, bool, bool]:
     origin = typing.get_origin(annotation)
     members = typing.get_args(annotation) if origin in (typing.Union, types.UnionType) else (annotation,)
     optional = type(None) in members
+    # Annotated[int, Field(le=...)] is an int with bounds: the widget is the int's.
+    members = tuple(typing.get_args(m)[0] if typing.get_origin(m) is typing.Annotated else m for m in members)
     members = tuple(m for m in members if m is not type(None))
     literal_values = [a for m in members if typing.get_origin(m) is Literal for a in typing.get_args(m)]
     others = [m for m in members if typing.get_origin(m) is not Literal]

@@ -5,30 +5,67 @@ file is a pure function of one. Field names follow the Hugging Face name whereve
 one exists (PEFT's LoraConfig, bitsandbytes' BitsAndBytesConfig, TRL's SFTConfig,
 accelerate's launch options), so a reader of either side recognises the other.
 
-This module checks what one field alone can check (types, ranges, choices);
-rules across fields live in validate.py.
+This module checks what one field alone can check (types, ranges, choices, one line of
+visible text, an output folder that stays in the run folder); rules across fields live in
+validate.py, and reading untrusted YAML in untrusted.py. It is longer than most modules
+because the fields and the one registry that the form, `--set` and the docs walk belong
+together.
 """
 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from backend.untrusted import YamlRefused, describe_char, load_yaml, shown, unsafe_char
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 StrategyKind = Literal["ddp", "zero1", "zero2", "zero3", "fsdp"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 DEEPSPEED_KINDS = ("zero1", "zero2", "zero3")
 
+# Upper bounds that no real job reaches, so that a form cannot ask for the absurd (an ETA of
+# 10^24 hours, a 5,000-digit seed the trainer refuses only after loading the model).
+MAX_STEPS = 10_000_000  # optimizer steps; Llama 2's pretraining took 500,000
+MAX_ELEMENTS = 10**12  # DeepSpeed bucket and parameter counts: more than any model's parameters
+MAX_TEXT = 4096  # characters in one text field: PATH_MAX on Linux, longer than any name or path
+Steps = Annotated[int, Field(ge=1, le=MAX_STEPS)]
+Elements = Annotated[int, Field(ge=1, le=MAX_ELEMENTS)]
+
 
 class _Section(BaseModel):
     # Unknown keys are typos: refuse them rather than silently ignore them. inf/nan pass the
     # range checks of some fields, then crash the trainer (math.ceil(inf epochs)): refuse them too.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _one_line_of_text(cls, value: Any) -> Any:
+        """Every text of the spec (str fields and list items): one line of visible characters.
+
+        Spec values reach shell scripts, YAML files and terminals; a newline in one ended a
+        comment of launch.sh and ran the next line (issue 8). One check here covers every
+        field, including ones added later.
+        """
+        items = value if isinstance(value, list) else [value]
+        for number, text in enumerate(items, start=1):
+            if not isinstance(text, str):
+                continue
+            which = f"item {number} " if isinstance(value, list) else ""
+            if len(text) > MAX_TEXT:
+                raise ValueError(f"{which}is {len(text):,} characters long; no name or path is longer than {MAX_TEXT}")
+            index = unsafe_char(text)
+            if index is not None:
+                raise ValueError(
+                    f"{which}contains {describe_char(text[index])} at character {index + 1}: "
+                    "a text field is one line of visible characters; remove it"
+                )
+        return value
 
 
 class ModelSpec(_Section):
@@ -57,7 +94,7 @@ class LoraSpec(_Section):
         32, ge=1, le=4096, description="LoRA scaling numerator (update scaled by lora_alpha / r). Usually 2 x r."
     )
     lora_dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA input, 0 to <1. 0.05 is typical.")
-    target_modules: Union[Literal["all-linear"], list[str]] = Field(
+    target_modules: Union[Literal["all-linear"], Annotated[list[str], Field(max_length=1000)]] = Field(
         "all-linear",
         description="Modules that get adapters: 'all-linear' or module names such as q_proj,k_proj,v_proj,o_proj.",
     )
@@ -123,14 +160,18 @@ class DatasetSpec(_Section):
 
 
 class TrainingSpec(_Section):
-    num_train_epochs: float = Field(1.0, gt=0, description="Passes over the training data (ignored when max_steps > 0).")
-    max_steps: int = Field(-1, ge=-1, description="Stop after this many optimizer steps; -1 trains for num_train_epochs.")
+    num_train_epochs: float = Field(
+        1.0, gt=0, le=10_000, description="Passes over the training data (ignored when max_steps > 0)."
+    )
+    max_steps: int = Field(
+        -1, ge=-1, le=MAX_STEPS, description="Stop after this many optimizer steps; -1 trains for num_train_epochs."
+    )
     learning_rate: float = Field(2e-4, gt=0, lt=1, description="Peak learning rate. LoRA: 1e-4 to 3e-4; full fine-tuning: 1e-5 to 2e-5.")
     lr_scheduler_type: Literal[
         "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
     ] = Field("cosine", description="Learning-rate schedule after warmup.")
     warmup_steps: float = Field(
-        0.03, ge=0, description="Warmup: whole steps, or a fraction of all steps when below 1 (0.03 = 3%)."
+        0.03, ge=0, le=MAX_STEPS, description="Warmup: whole steps, or a fraction of all steps when below 1 (0.03 = 3%)."
     )
     per_device_train_batch_size: int = Field(
         1, ge=1, le=4096, description="Micro batch per GPU per forward pass. Keep small; raise gradient accumulation instead."
@@ -149,13 +190,16 @@ class TrainingSpec(_Section):
         "adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd"
     ] = Field("adamw_torch", description="Optimizer (transformers name). 8-bit and paged variants need bitsandbytes.")
     weight_decay: float = Field(0.0, ge=0, le=1, description="Decoupled weight decay.")
-    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
-    seed: int = Field(42, ge=0, description="Random seed for data order and adapter initialisation.")
-    logging_steps: int = Field(10, ge=1, description="Log loss and learning rate every this many steps.")
-    save_steps: int = Field(500, ge=1, description="Save a checkpoint every this many steps.")
-    save_total_limit: int | None = Field(2, ge=1, description="Keep at most this many checkpoints; empty keeps all.")
-    eval_steps: int | None = Field(
-        None, ge=1, description="Evaluate every this many steps (needs an eval split); empty uses logging_steps."
+    max_grad_norm: float = Field(1.0, ge=0, le=1e6, description="Gradient clipping norm; 0 disables clipping.")
+    # numpy (seeded by transformers.set_seed) takes 0 to 2**32-1, and says so only after the model loaded.
+    seed: int = Field(42, ge=0, le=2**32 - 1, description="Random seed for data order and adapter initialisation.")
+    logging_steps: Steps = Field(10, description="Log loss and learning rate every this many steps.")
+    save_steps: Steps = Field(500, description="Save a checkpoint every this many steps.")
+    save_total_limit: int | None = Field(
+        2, ge=1, le=100_000, description="Keep at most this many checkpoints; empty keeps all."
+    )
+    eval_steps: Steps | None = Field(
+        None, description="Evaluate every this many steps (needs an eval split); empty uses logging_steps."
     )
     report_to: Literal["none", "tensorboard", "wandb", "mlflow", "trackio"] = Field(
         "none", description="Extra experiment tracker; tunedeck's own metrics are always written."
@@ -182,23 +226,23 @@ class StrategySpec(_Section):
     nvme_path: str | None = Field(None, description="Fast local disk folder for NVMe offload, e.g. /local_nvme.")
     overlap_comm: bool = Field(True, description="DeepSpeed: overlap gradient reduction with the backward pass.")
     contiguous_gradients: bool = Field(True, description="DeepSpeed: copy gradients to one buffer to avoid fragmentation.")
-    reduce_bucket_size: Union[int, Literal["auto"]] = Field(
+    reduce_bucket_size: Union[Elements, Literal["auto"]] = Field(
         "auto", description="DeepSpeed: elements per gradient reduction bucket; auto = hidden_size^2."
     )
     allgather_bucket_size: int = Field(
-        500_000_000, ge=1, description="DeepSpeed ZeRO-1/2: elements per parameter all-gather bucket."
+        500_000_000, ge=1, le=MAX_ELEMENTS, description="DeepSpeed ZeRO-1/2: elements per parameter all-gather bucket."
     )
-    stage3_prefetch_bucket_size: Union[int, Literal["auto"]] = Field(
+    stage3_prefetch_bucket_size: Union[Elements, Literal["auto"]] = Field(
         "auto", description="ZeRO-3: parameters prefetched ahead of use; auto = 0.9 x hidden_size^2."
     )
-    stage3_param_persistence_threshold: Union[int, Literal["auto"]] = Field(
+    stage3_param_persistence_threshold: Union[Annotated[int, Field(ge=0, le=MAX_ELEMENTS)], Literal["auto"]] = Field(
         "auto", description="ZeRO-3: parameters smaller than this stay unsharded; auto = 10 x hidden_size."
     )
     stage3_max_live_parameters: int = Field(
-        1_000_000_000, ge=1, description="ZeRO-3: most parameters resident on a GPU at once."
+        1_000_000_000, ge=1, le=MAX_ELEMENTS, description="ZeRO-3: most parameters resident on a GPU at once."
     )
     stage3_max_reuse_distance: int = Field(
-        1_000_000_000, ge=0, description="ZeRO-3: keep a parameter if it is reused within this many parameters."
+        1_000_000_000, ge=0, le=MAX_ELEMENTS, description="ZeRO-3: keep a parameter if it is reused within this many parameters."
     )
     stage3_gather_16bit_weights_on_model_save: bool = Field(
         True, description="ZeRO-3: gather full 16-bit weights when saving, so the saved model loads without DeepSpeed."
@@ -236,7 +280,7 @@ class LaunchSpec(_Section):
         1, ge=1, le=65536, description="Processes (GPUs) in total across all machines."
     )
     gpu_ids: str = Field("all", description="GPUs to use on each machine: all, or a list such as 0,1,2,3.")
-    machine_rank: int = Field(0, ge=0, description="Rank of this machine, 0 to num_machines-1 (0 is the main node).")
+    machine_rank: int = Field(0, ge=0, le=4095, description="Rank of this machine, 0 to num_machines-1 (0 is the main node).")
     main_process_ip: str | None = Field(None, description="Address of the main node (machine rank 0); needed with several machines.")
     main_process_port: int = Field(29500, ge=1, le=65535, description="Port of the main node's rendezvous.")
     rdzv_backend: Literal["static", "c10d"] = Field(
@@ -250,11 +294,15 @@ class LaunchSpec(_Section):
     @field_validator("gpu_ids", mode="before")
     @classmethod
     def _normalise_gpu_ids(cls, value: Any) -> Any:
-        # YAML reads "0" as 0 and "0,1" may arrive as a list; keep one canonical string.
-        if isinstance(value, int):
-            return str(value)
-        if isinstance(value, list):
+        # YAML reads "0" as 0 and "0,1" may arrive as a list; keep one canonical string. Anything
+        # else (a 5,000-digit number cannot even be printed) goes on for the type check to name.
+        def gpu_id(item: Any) -> bool:
+            return isinstance(item, str) or (type(item) is int and 0 <= item < 10**6)
+
+        if isinstance(value, list) and all(gpu_id(v) for v in value):
             return ",".join(str(v) for v in value)
+        if type(value) is int and gpu_id(value):
+            return str(value)
         return value.replace(" ", "") if isinstance(value, str) else value
 
     @property
@@ -273,7 +321,24 @@ class JobSpec(_Section):
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation.")
     strategy: StrategySpec = Field(default_factory=StrategySpec, description="How the work is split across GPUs.")
     launch: LaunchSpec = Field(default_factory=LaunchSpec, description="Processes and machines.")
-    output_dir: str = Field("output", min_length=1, description="Where checkpoints and the final model go (relative to the run folder).")
+    output_dir: str = Field(
+        "output",
+        min_length=1,
+        description="Where checkpoints and the final model go: a folder inside the run folder (e.g. output), or an "
+        "absolute path you choose (the run writes there, as shown here). No '..'.",
+    )
+
+    @field_validator("output_dir")
+    @classmethod
+    def _confined(cls, value: str) -> str:
+        # A relative output_dir is resolved in the run folder (train.py chdirs there); `..` would
+        # write beside other runs or anywhere above. An absolute (or ~) path is the user's own choice.
+        path = PurePosixPath(value)
+        if ".." in path.parts:
+            raise ValueError("'..' leads out of the run folder: name a folder inside it (e.g. output) or give an absolute path")
+        if not path.parts:
+            raise ValueError("this is the run folder itself, where the logs are: name a folder inside it, e.g. output")
+        return value
 
     @property
     def uses_adapter(self) -> bool:
@@ -304,9 +369,9 @@ def spec_from_dict(data: dict) -> JobSpec:
 def spec_from_yaml(text: str) -> JobSpec:
     """Parse YAML text into a JobSpec. Raises SpecError with field-level messages."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError([("", f"not valid YAML: {exc}")]) from None
+        data = load_yaml(text)
+    except YamlRefused as exc:
+        raise SpecError([(exc.path, exc.message)]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -337,13 +402,17 @@ def _describe_pydantic_error(err: dict) -> tuple[str, str]:
     # Union members add their type to the location ("target_modules.list[str]"): keep field names only.
     path = ".".join(str(p) for p in err["loc"] if isinstance(p, str) and p in _ALL_FIELD_NAMES)
     if err["type"] == "extra_forbidden":
-        path = ".".join(str(p) for p in err["loc"])
+        path = ".".join(shown(p) for p in err["loc"])  # the input's own key: may hold anything
         return path, "unknown field; check its spelling (`tunedeck schema` lists every field)"
-    msg = err["msg"]
+    # A check of ours raised ValueError: its message without pydantic's "Value error, " prefix.
+    msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
     field = field_info(path)
     if field is not None and field.description:
         msg = f"{msg}. ({field.description})"
     return path, msg
+
+
+MAX_PROBLEMS = 20  # a file of 10,000 unknown keys gets a readable answer, not 10,000 lines
 
 
 def parse_spec(data: dict) -> JobSpec:
@@ -351,10 +420,13 @@ def parse_spec(data: dict) -> JobSpec:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
         seen: dict[str, str] = {}
-        for err in exc.errors():
+        for err in exc.errors(include_input=False, include_url=False):
             path, msg = _describe_pydantic_error(err)
             seen.setdefault(path, msg)  # one message per field: union members repeat themselves
-        raise SpecError(list(seen.items())) from None
+        problems = list(seen.items())
+        if len(problems) > MAX_PROBLEMS:
+            problems = problems[:MAX_PROBLEMS] + [("", f"and {len(problems) - MAX_PROBLEMS} more problems like these")]
+        raise SpecError(problems) from None
 
 
 # ---------------------------------------------------------------- field registry
@@ -413,7 +485,7 @@ def set_paths(spec: JobSpec | dict, assignments: dict[str, Any]) -> JobSpec:
     problems = []
     for path, value in assignments.items():
         if path not in FIELD_PATHS:
-            problems.append((path, f"unknown field; known fields: {', '.join(_close_matches(path))}"))
+            problems.append((shown(path), f"unknown field; known fields: {', '.join(_close_matches(path))}"))
             continue
         if isinstance(value, str):
             value = _read_scalar(value, keep_text=_takes_text(path))
@@ -437,7 +509,7 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     for item in items:
         path, sep, value = item.partition("=")
         if not sep or not path.strip():
-            raise SpecError([(item, "expected dotted.path=value, e.g. --set strategy.kind=zero2")])
+            raise SpecError([(shown(item), "expected dotted.path=value, e.g. --set strategy.kind=zero2")])
         out[path.strip()] = value.strip()
     return out
 
@@ -445,9 +517,11 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
 def _read_scalar(text: str, keep_text: bool = False) -> Any:
     if text == "":
         return None
+    if unsafe_char(text) is not None:  # YAML would fold a raw line break into a space: keep it, to be refused
+        return text
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
+        value = load_yaml(text)
+    except YamlRefused:  # not YAML (or nested, aliased, ...): the text as typed, which the field's type then judges
         return text
     # A text field keeps what was typed: a revision 0123456, a split or folder named 2024.
     if keep_text and value is not None and not isinstance(value, str):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from backend.spec import JobSpec
 from backend.render.requirements import minimums
 
@@ -26,18 +28,25 @@ _STRATEGY_NAMES = {
 }
 
 
+def _code(text: str) -> str:
+    """Markdown inline code that holds any text: a fence longer than the text's own backtick runs."""
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
     launch, t = spec.launch, spec.training
     device = "CPU processes (gloo)" if launch.use_cpu else "GPUs"
     lines = [
-        f"# {spec.method} fine-tuning of {spec.model.name_or_path}",
+        f"# {spec.method} fine-tuning of {_code(spec.model.name_or_path)}",
         "",
         f"- Strategy: {_STRATEGY_NAMES[spec.strategy.kind]}",
         f"- {launch.num_processes} {device} on {launch.num_machines} machine(s)",
         f"- Global batch: {spec.global_batch_size} sequences per optimizer step "
         f"= {t.per_device_train_batch_size} per device x {launch.num_processes} processes "
         f"x {t.gradient_accumulation_steps} accumulation steps",
-        f"- Output: `{spec.output_dir}/` (checkpoints and the final "
+        f"- Output: {_code(spec.output_dir.rstrip('/') + '/')} (checkpoints and the final "
         f"{'adapter' if spec.uses_adapter else 'model'})",
         "",
         "## Files",
