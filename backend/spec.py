@@ -262,7 +262,8 @@ class StrategySpec(_Section):
         "SHARDED_STATE_DICT", description="FSDP: checkpoint layout; sharded saves fast, full is one file per model."
     )
     fsdp_cpu_ram_efficient_loading: bool = Field(
-        True, description="FSDP: load weights on rank 0 only and broadcast, so big models fit in host RAM."
+        True,
+        description="FSDP: rank 0's weights are broadcast to the other ranks when sharding (they skip initialising their own). With transformers 5 every rank still reads the checkpoint into host RAM; ignored for 4-bit models.",
     )
 
     @property
