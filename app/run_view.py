@@ -16,11 +16,11 @@ import gradio as gr
 
 from app.charts import loss_figure, metrics_figure
 from app.run_watch import RunWatches, facts_line, measured_peaks, progress
-from backend.runs import RunError, RunManager, RunStatus, format_clock
+from backend.runs import DAMAGED, RunError, RunManager, RunStatus, format_clock
 
 RUNS_LIST_TTL_S = 2.0
 TABLE_HEADERS = ["run", "state", "job", "started", "duration"]
-STATE_MARKS = {"queued": "⏳", "running": "▶", "stopping": "■", "finished": "✓", "failed": "✗", "stopped": "■"}
+STATE_MARKS = {"queued": "⏳", "running": "▶", "stopping": "■", "finished": "✓", "failed": "✗", "stopped": "■", DAMAGED: "⚠"}
 ACTIVE = ("queued", "running", "stopping")
 
 

@@ -13,32 +13,10 @@ import time
 import psutil
 import pytest
 
-from backend import runs
+from backend import preflight
 from backend.runs import RunError, RunManager
 
-
-def fake_run(runs_dir, run_id: str, state: str, holder: subprocess.Popen | None, gpu_ids=None) -> None:
-    """A run folder as the supervisor leaves it, owned by `holder` (a real process)."""
-    folder = runs_dir / run_id
-    folder.mkdir(parents=True)
-    identity = {"pid": holder.pid, "create_time": psutil.Process(holder.pid).create_time()} if holder else None
-    (folder / "status.json").write_text(
-        json.dumps(
-            {
-                "run_id": run_id,
-                "state": state,
-                "title": "m · lora · ddp · 2xGPU",
-                "created_at": time.time() - 100,
-                "started_at": time.time() - 99,
-                "ended_at": None,
-                "exit_code": None,
-                "error": None,
-                "gpu_ids": gpu_ids,
-                "supervisor": identity,
-                "launcher": None,
-            }
-        )
-    )
+from .helpers import fake_run
 
 
 def run_folders(runs_dir) -> list[str]:
@@ -75,14 +53,14 @@ def test_invalid_spec_is_refused_before_anything_is_created(runs_dir, demo_spec)
 
 
 def test_gpu_job_without_gpu_says_what_to_do(runs_dir, demo_spec, monkeypatch):
-    monkeypatch.setattr(runs, "gpu_indices", lambda: [])
+    monkeypatch.setattr(preflight, "gpu_indices", lambda: [])
     with pytest.raises(RunError, match="no NVIDIA GPU found.*launch.use_cpu"):
         RunManager(runs_dir).start(demo_spec({"launch.use_cpu": False}))
     assert run_folders(runs_dir) == []
 
 
 def test_refuses_gpus_held_by_a_live_run(runs_dir, demo_spec, monkeypatch, sleeper):
-    monkeypatch.setattr(runs, "gpu_indices", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(preflight, "gpu_indices", lambda: [0, 1, 2, 3])
     fake_run(runs_dir, "20250101-120000-aaaaaa", "running", sleeper, gpu_ids=[1, 2])
     manager = RunManager(runs_dir)
     gpu_job = {"launch.use_cpu": False, "launch.gpu_ids": "0,1"}
