@@ -114,7 +114,8 @@ class RunView:
         view = dict(view or {"run": None, "follow": True})
         runs = self.index.runs()
         if view.get("follow"):
-            view["run"] = next((r.run_id for r in runs if r.state in ACTIVE), runs[0].run_id if runs else None)
+            shown = [r for r in runs if r.state != DAMAGED] or runs
+            view["run"] = next((r.run_id for r in shown if r.state in ACTIVE), shown[0].run_id if shown else None)
         out: list = [view]
 
         runs_sig = tuple((r.run_id, r.state) for r in runs)

@@ -114,13 +114,10 @@ def damaged(run_id: str, run_dir: Path, reason: str) -> RunStatus:
 def live_supervisors(runs_dir: Path) -> dict[str, psutil.Process]:
     """Run id -> live supervisor process, for every supervisor whose command line names a folder in runs_dir."""
     found = {}
-    for proc in psutil.process_iter(["cmdline", "status"]):
+    for proc in psutil.process_iter(["cmdline"]):  # a zombie's command line is empty
         cmdline = proc.info["cmdline"] or []
-        if len(cmdline) < 2 or os.path.basename(cmdline[-2]) != SUPERVISOR_SCRIPT:
-            continue
-        folder = Path(cmdline[-1])
-        if folder.parent == runs_dir and proc.info["status"] != psutil.STATUS_ZOMBIE:
-            found[folder.name] = proc
+        if len(cmdline) >= 2 and os.path.basename(cmdline[-2]) == SUPERVISOR_SCRIPT and Path(cmdline[-1]).parent == runs_dir:
+            found[Path(cmdline[-1]).name] = proc
     return found
 
 

@@ -24,6 +24,8 @@ A full disk must not leave a run "running" forever: the manager writes a small r
 into the run folder at start, and when the final status cannot be written the supervisor
 deletes the reserve and writes again (the run's own processes are gone by then, so the
 space freed is ours).
+
+One file on purpose, longer than most: it runs as a script with nothing but psutil.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ POLL_S = 0.2
 # After a rank has failed, the others get this long to finish on their own: a rank blocked in
 # a collective on its dead peer ignores SIGTERM (gloo and NCCL can wait for many minutes).
 FAILURE_GRACE_S = 5.0
+# Then the ranks are killed, and the launcher gets this long to print its failure summary (which
+# names a rank that died by a signal) and exit by itself.
+SUMMARY_GRACE_S = 10.0
 ERROR_LINES = 20
 
 
@@ -163,7 +168,7 @@ def end_record(run_dir: Path) -> dict | None:
 # torch/distributed/elastic/multiprocessing/errors/__init__.py), one block per failed rank:
 #   rank      : 1 (local_rank: 1)
 #   exitcode  : -9 (pid: 11024)  (SIGKILL)
-ELASTIC_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid")
+ELASTIC_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
 SIGNAL_CAUSES = {
     signal.SIGKILL: "out of memory (the kernel's OOM killer: see `dmesg`) or killed by hand",
     signal.SIGSEGV: "a crash in native code: its log has the stack",
@@ -178,13 +183,14 @@ def _tail_text(path: Path, size: int = 65536) -> str:
         return f.read().decode("utf-8", "replace")
 
 
-def killed_rank(run_dir: Path) -> tuple[int, int] | None:
+def killed_rank(run_dir: Path, ours: set[int] = frozenset()) -> tuple[int, int] | None:
     """(rank, signal) of a rank killed by a signal it cannot catch, from the launcher's failure summary.
 
     A rank killed this way writes nothing itself, and the others then fail with a lost
     connection ("Connection reset by peer"), which must not be taken for the cause. The
     agent sends SIGTERM to the surviving ranks itself, and train.py turns any other SIGTERM
-    into a graceful stop: a rank that ended by SIGTERM is never the cause.
+    into a graceful stop: a rank that ended by SIGTERM is never the cause, nor one that we
+    killed ourselves (`ours`: pids).
     """
     try:
         text = _tail_text(run_dir / LAUNCHER_LOG)
@@ -195,7 +201,7 @@ def killed_rank(run_dir: Path) -> tuple[int, int] | None:
     killed = [
         (match.start() < root_at, int(match.group(1)), -int(match.group(2)))
         for match in ELASTIC_FAILURE.finditer(summary)
-        if int(match.group(2)) < 0 and -int(match.group(2)) != signal.SIGTERM
+        if int(match.group(2)) < 0 and -int(match.group(2)) != signal.SIGTERM and int(match.group(3)) not in ours
     ]
     if not killed:
         return None
@@ -225,11 +231,11 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def first_failure(run_dir: Path) -> str | None:
+def first_failure(run_dir: Path, ours: set[int] = frozenset()) -> str | None:
     """Why the run failed: a rank killed by a signal, else the rank that failed first (train.py's
     errors.jsonl), else the launcher log's tail."""
     failures = sorted(_rank_errors(run_dir), key=lambda f: f.get("time") if isinstance(f.get("time"), (int, float)) else 0)
-    killed = killed_rank(run_dir)
+    killed = killed_rank(run_dir, ours)
     if killed:
         rank, signum = killed
         lines = [
@@ -252,7 +258,7 @@ def first_failure(run_dir: Path) -> str | None:
     return "\n".join(lines) or None
 
 
-def final_state(run_dir: Path, exit_code: int | None, stop_requested: bool) -> tuple[str, str | None]:
+def final_state(run_dir: Path, exit_code: int | None, stop_requested: bool, ours: set[int] = frozenset()) -> tuple[str, str | None]:
     """(state, error) of a run whose launcher has exited."""
     end = end_record(run_dir)
     trained = end.get("status") if end else None
@@ -263,7 +269,7 @@ def final_state(run_dir: Path, exit_code: int | None, stop_requested: bool) -> t
     if exit_code == 0 and trained in (None, "stopped"):
         return ("stopped" if trained == "stopped" else "finished"), None
     headline = f"the launcher exited with code {exit_code}" if exit_code is not None else "the run's processes are gone"
-    error = first_failure(run_dir) or headline
+    error = first_failure(run_dir, ours) or headline
     if "No space left on device" in error:  # OSError's own wording of ENOSPC, in a rank's error or the launcher log
         error = disk_full_message(run_dir, error)
     return "failed", error
@@ -368,18 +374,23 @@ def supervise(run_dir: Path) -> int:
         return 1
     try:
         update_status(run_dir, state="running", started_at=time.time(), launcher={**process_identity(launcher.pid), "pgid": launcher.pid})
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         # Unrecorded, the launcher could not be found by anyone else: end the run at once, and say why.
         _kill_run(launcher)
         record_end(run_dir, state="failed", ended_at=time.time(), exit_code=launcher.returncode, error=f"could not record the launcher: {exc}")
         return 1
     stop_since = stop_deadline = failed_since = None
     signalled: set[int] = set()
+    killed: set[int] = set()  # ranks we killed: never reported as the cause of a failure
     while launcher.poll() is None:
         if failed_since is None and (run_dir / ERRORS_FILE).exists():
             failed_since = time.monotonic()
-        if failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S:
+        if failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S + SUMMARY_GRACE_S:
             _kill_run(launcher)
+        elif failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S and not killed:
+            ranks = _descendants(launcher.pid)
+            killed |= {rank.pid for rank in ranks}
+            kill_tree(ranks)
         stop_file = run_dir / STOP_FILE
         if stop_signal.received or stop_file.exists():
             if stop_deadline is None:
@@ -401,7 +412,7 @@ def supervise(run_dir: Path) -> int:
         time.sleep(POLL_S)
     exit_code = launcher.returncode
     kill_tree(_descendants(os.getpid()))  # nothing of the run outlives it (the launcher is reaped already)
-    state, error = final_state(run_dir, exit_code, stop_deadline is not None)
+    state, error = final_state(run_dir, exit_code, stop_deadline is not None, killed)
     problem = record_end(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
     if problem and run_dir.is_dir():
         # The manager settles the run from metrics.jsonl and errors.jsonl once it sees us gone.
