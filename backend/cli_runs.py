@@ -81,7 +81,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     print(f"run {run_id}: {manager.status(run_id).title}")
     print(f"folder {manager.run_dir(run_id)}", flush=True)
-    status = _follow(manager, run_id)
+    try:
+        status = _follow(manager, run_id)
+    except RunError as exc:  # its folder was deleted while it ran, and now its processes are gone too
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CODES["failed"]
     if status is None:
         return EXIT_CODES["stopped"]  # left stopping in the background, as asked
     if status.state == "failed":

@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from backend import run_status, supervisor
-from backend.run_status import DAMAGED, DamagedStatus, RunStatus, read_status_file
+from backend.run_status import DamagedStatus, RunStatus, read_status_file
 from backend.spec import spec_to_dict
 from backend.supervisor import ACTIVE_STATES, STATUS_FILE, STOP_FILE, is_alive, write_status
 

@@ -379,10 +379,11 @@ def _rows(path: Path, limit: int):
         import csv
 
         with open(path, newline="", encoding="utf-8", errors="replace") as f:
-            for number, row in enumerate(csv.DictReader(f), start=2):  # line 1 is the header
-                if number > limit + 1:
+            reader = csv.DictReader(f)
+            for count, row in enumerate(reader):
+                if count >= limit:
                     return
-                yield f"line {number}", row
+                yield f"line {reader.line_num}", row
         return
     with open(path, encoding="utf-8", errors="replace") as f:
         head = f.read(4096).lstrip()

@@ -10,7 +10,6 @@ import json
 import subprocess
 import time
 
-import psutil
 import pytest
 
 from backend import preflight
@@ -62,6 +61,8 @@ def test_gpu_job_without_gpu_says_what_to_do(runs_dir, demo_spec, monkeypatch):
 def test_refuses_gpus_held_by_a_live_run(runs_dir, demo_spec, monkeypatch, sleeper):
     monkeypatch.setattr(preflight, "gpu_indices", lambda: [0, 1, 2, 3])
     fake_run(runs_dir, "20250101-120000-aaaaaa", "running", sleeper, gpu_ids=[1, 2])
+    (runs_dir / "20250102-120000-dddddd").mkdir()  # a newer, damaged run folder must not hide the live run's GPUs
+    (runs_dir / "20250102-120000-dddddd" / "status.json").write_text('{"state": "running", "gpu_ids": "all"}')
     manager = RunManager(runs_dir)
     gpu_job = {"launch.use_cpu": False, "launch.gpu_ids": "0,1"}
     with pytest.raises(RunError, match=r"GPU 1 is in use by run 20250101-120000-aaaaaa \(m · lora · ddp · 2xGPU\)"):
@@ -69,7 +70,7 @@ def test_refuses_gpus_held_by_a_live_run(runs_dir, demo_spec, monkeypatch, sleep
     with pytest.raises(RunError, match="launch.gpu_ids: GPU 7 does not exist here; this machine has GPUs 0, 1, 2, 3"):
         manager.start(demo_spec({**gpu_job, "launch.gpu_ids": "3,7"}))
     assert manager.active_run() == "20250101-120000-aaaaaa"
-    assert run_folders(runs_dir) == ["20250101-120000-aaaaaa"]  # nothing half-launched
+    assert run_folders(runs_dir) == ["20250101-120000-aaaaaa", "20250102-120000-dddddd"]  # nothing half-launched
 
 
 def test_a_run_whose_processes_vanished_is_settled_as_failed(runs_dir, sleeper):
