@@ -30,6 +30,14 @@ def cmd_ui(args: argparse.Namespace) -> int:
         print(f"tunedeck ui: {exc}", file=sys.stderr)
         return 2
 
+    from backend.runs import RunError, RunManager
+
+    try:  # the panel lists and starts runs there: a file, or a folder that cannot be made, is refused now
+        RunManager(args.runs_dir).check_folder(create=True)
+    except RunError as exc:
+        print(f"tunedeck ui: {exc}", file=sys.stderr)
+        return 2
+
     from backend.spec import load_presets
 
     if args.preset and args.preset not in load_presets():

@@ -16,11 +16,12 @@ import gradio as gr
 
 from app.charts import loss_figure, metrics_figure
 from app.run_watch import RunWatches, facts_line, measured_peaks, progress
+from backend.run_status import DAMAGED
 from backend.runs import RunError, RunManager, RunStatus, format_clock
 
 RUNS_LIST_TTL_S = 2.0
 TABLE_HEADERS = ["run", "state", "job", "started", "duration"]
-STATE_MARKS = {"queued": "⏳", "running": "▶", "stopping": "■", "finished": "✓", "failed": "✗", "stopped": "■"}
+STATE_MARKS = {"queued": "⏳", "running": "▶", "stopping": "■", "finished": "✓", "failed": "✗", "stopped": "■", DAMAGED: "⚠"}
 ACTIVE = ("queued", "running", "stopping")
 
 
@@ -114,7 +115,8 @@ class RunView:
         view = dict(view or {"run": None, "follow": True})
         runs = self.index.runs()
         if view.get("follow"):
-            view["run"] = next((r.run_id for r in runs if r.state in ACTIVE), runs[0].run_id if runs else None)
+            shown = [r for r in runs if r.state != DAMAGED] or runs
+            view["run"] = next((r.run_id for r in shown if r.state in ACTIVE), shown[0].run_id if shown else None)
         out: list = [view]
 
         runs_sig = tuple((r.run_id, r.state) for r in runs)

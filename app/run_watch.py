@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 from pathlib import Path
 
 from backend.runs import format_clock
-from backend.tail import JsonlTail, TextTail
+from backend.tail import JsonlTail, TextTail, is_number
 
 LOG_LINES = 200  # rank-0 log lines kept for the page
 MIN_REFRESH_S = 0.25  # sessions ticking together read the files once
@@ -47,8 +47,8 @@ class RunWatch:
                     self.start = record
                 elif event == "end":
                     self.end = record
-                elif event == "log":
-                    self.records.append(record)
+                elif event == "log" and is_number(record.get("step")):
+                    self.records.append(_numbers_only(record))
             for name, tail in self._logs.items():
                 text = tail.read_new()
                 if text:
@@ -69,6 +69,15 @@ class RunWatch:
     @property
     def last(self) -> dict | None:
         return self.records[-1] if self.records else None
+
+
+def _numbers_only(record: dict) -> dict:
+    """A log record with only the fields the view can compute with: one damaged line never breaks the page."""
+    return {
+        key: value
+        for key, value in record.items()
+        if key == "event" or is_number(value) or (isinstance(value, list) and all(is_number(v) for v in value))
+    }
 
 
 class RunWatches:
@@ -128,6 +137,7 @@ def progress(watch: RunWatch, started_at: float | None, ended_at: float | None, 
     last = watch.last
     step = last.get("step", 0) if last else 0
     total = (last or {}).get("max_steps") or (watch.start or {}).get("max_steps")
+    total = total if is_number(total) else None
     elapsed = ((ended_at or now) - started_at) if started_at else None
     parts = [f"step {step}/{total}" if total else f"step {step}"]
     if elapsed is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
 from backend.runs import format_clock
+from backend.supervisor import ACTIVE_STATES
 
 # Exit codes of `tunedeck train`: the training's own status.
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130}
@@ -42,26 +43,36 @@ def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _manager(args):
-    from backend.runs import RunManager
+def _manager(args, create: bool = False):
+    """The run manager of --runs-dir, or exit 2 when that is a file or cannot be created."""
+    from backend.runs import RunError, RunManager
 
-    return RunManager(getattr(args, "runs_dir", Path("runs")))
+    manager = RunManager(getattr(args, "runs_dir", Path("runs")))
+    try:
+        manager.check_folder(create=create)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return manager
 
 
 # ---------------------------------------------------------------- train
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from backend.preflight import preflight
     from backend.runs import RunError
     from backend.validate import validate
 
     spec = load_spec_or_exit(args)
+    manager = _manager(args, create=True)
     problems = validate(spec)
+    if not any(p.level == "error" for p in problems):
+        problems += preflight(spec, manager.runs_dir)  # the model folder and data file, as the run will see them
     print_problems((p.level, p.field, p.message) for p in problems)
     if any(p.level == "error" for p in problems):
         print("nothing started: fix the errors above", file=sys.stderr)
         return 2
-    manager = _manager(args)
     _say_if_building_demo(spec)
     try:
         run_id = manager.start(spec)
@@ -70,7 +81,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     print(f"run {run_id}: {manager.status(run_id).title}")
     print(f"folder {manager.run_dir(run_id)}", flush=True)
-    status = _follow(manager, run_id)
+    try:
+        status = _follow(manager, run_id)
+    except RunError as exc:  # its folder was deleted while it ran, and now its processes are gone too
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CODES["failed"]
+    if status is None:
+        return EXIT_CODES["stopped"]  # left stopping in the background, as asked
     if status.state == "failed":
         print(f"failed: {status.error or 'see ' + str(manager.run_dir(run_id) / 'logs')}", file=sys.stderr)
     else:
@@ -88,7 +105,10 @@ def _say_if_building_demo(spec) -> None:
 
 
 def _follow(manager, run_id: str):
-    """Print the start facts and a progress line per log record until the run ends; Ctrl-C stops it."""
+    """Print the start facts and a progress line per log record until the run ends; Ctrl-C stops it.
+
+    Returns the final status, or None when a second Ctrl-C left the run stopping in the background.
+    """
     from backend.tail import JsonlTail
 
     tail = JsonlTail(manager.run_dir(run_id) / "metrics.jsonl")
@@ -102,7 +122,7 @@ def _follow(manager, run_id: str):
                 elif record.get("event") == "log":
                     bar.update(record)
             status = manager.status(run_id)
-            if status.state not in ("queued", "running", "stopping"):
+            if status.state not in ACTIVE_STATES:
                 for record in tail.read_new():
                     if record.get("event") == "log":
                         bar.update(record)
@@ -113,7 +133,7 @@ def _follow(manager, run_id: str):
             if stopping:
                 bar.close()
                 print(f"left run {run_id} stopping in the background", file=sys.stderr)
-                return manager.status(run_id)
+                return None
             stopping = True
             bar.close()
             print("stopping: the ranks finish their step and save a checkpoint (Ctrl-C again to leave)", file=sys.stderr)
@@ -179,14 +199,14 @@ def describe_start(record: dict) -> str:
 
 
 def _metrics(manager, run_id: str) -> tuple[dict | None, dict | None]:
-    """(start record, last training log record) of a run."""
-    from backend.tail import JsonlTail
+    """(start record, last training log record) of a run; records of the wrong shape are skipped."""
+    from backend.tail import JsonlTail, is_number
 
     start = last = None
     for record in JsonlTail(manager.run_dir(run_id) / "metrics.jsonl").read_new():
         if record.get("event") == "start":
             start = record
-        elif record.get("event") == "log" and "loss" in record:
+        elif record.get("event") == "log" and all(is_number(record.get(k)) for k in ("step", "max_steps", "loss")):
             last = record
     return start, last
 
@@ -238,11 +258,12 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     if last:
         print(f"progress step {last['step']}/{last['max_steps']}, loss {last['loss']:.4f}")
     if status.error:
-        print("error:\n" + status.error)
+        print(("note:\n" if status.state in ACTIVE_STATES else "error:\n") + status.error)
     return 0
 
 
 def cmd_runs_stop(args: argparse.Namespace) -> int:
+    from backend.run_status import deleted_path
     from backend.runs import RunError
 
     manager = _manager(args)
@@ -251,13 +272,17 @@ def cmd_runs_stop(args: argparse.Namespace) -> int:
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if status.state not in ("queued", "running", "stopping"):
+    if status.state not in ACTIVE_STATES:
         print(f"run {args.run_id} is not running ({status.state})")
         return 0
     if args.no_wait:
         print(f"stop requested for run {args.run_id}")
         return 0
-    print(f"stopping run {args.run_id}: the ranks finish their step and save a checkpoint", flush=True)
+    if status.folder_deleted:
+        gone = deleted_path(manager.run_dir(args.run_id))
+        print(f"stopping run {args.run_id}: {gone} was deleted while it ran; its processes are asked to stop", flush=True)
+    else:
+        print(f"stopping run {args.run_id}: the ranks finish their step and save a checkpoint", flush=True)
     status = manager.wait(args.run_id, timeout=args.grace + 30)
-    print(f"run {args.run_id}: {status.state}")
+    print(f"run {args.run_id}: {status.state}" + (f" ({status.error})" if status.folder_deleted else ""))
     return 0 if status.state in ("stopped", "finished", "failed") else 1

@@ -73,11 +73,17 @@ def _check(spec) -> tuple[list, bool]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from backend.preflight import preflight
     from backend.validate import describe_global_batch
 
     spec = load_spec_or_exit(args)
     problems, failed = _check(spec)
     if failed:
+        return 2
+    # The local model folder and data file, checked as `tunedeck train` (default --runs-dir) will see them.
+    inputs = preflight(spec, Path("runs").resolve())
+    print_problems((p.level, p.field, p.message) for p in inputs)
+    if inputs:
         return 2
     print(
         f"ok: {spec.method} on {spec.model.name_or_path}, {spec.strategy.kind}, "

@@ -7,28 +7,37 @@ manager keeps no state that a restart could lose. Each run is owned by a small
 supervisor process (backend/supervisor.py) in its own session, which starts
 `accelerate launch` in its own process group, carries out stops and records the exit
 code; the manager only writes requests and reads status.json.
+
+Bad state never breaks the tool: a damaged or foreign run folder is one run in state
+"damaged" (backend/run_status.py), a live run whose folder was deleted is still listed and
+can be stopped, a run folder is written whole under a hidden name and renamed (a full disk
+leaves nothing behind), and an end the supervisor could not record is worked out from the
+run's own records.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
 import os
 import re
 import secrets
+import shutil
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from backend import supervisor
+from backend import run_status, supervisor
+from backend.run_status import DamagedStatus, RunStatus, read_status_file
 from backend.spec import spec_to_dict
-from backend.supervisor import ACTIVE_STATES, STOP_FILE, is_alive, read_status, write_status
+from backend.supervisor import ACTIVE_STATES, STATUS_FILE, STOP_FILE, is_alive, write_status
 
 RUN_ID_PATTERN = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 DEFAULT_GRACE_S = 60.0
@@ -36,32 +45,6 @@ DEFAULT_GRACE_S = 60.0
 
 class RunError(Exception):
     """Why a run cannot be started, found or stopped; the message is for the user."""
-
-
-@dataclass
-class RunStatus:
-    run_id: str
-    state: str  # queued | running | stopping | finished | failed | stopped
-    pid: int | None  # the launcher (`accelerate launch`), leader of the run's process group
-    started_at: float | None  # seconds since the epoch
-    ended_at: float | None
-    exit_code: int | None
-    error: str | None  # on failure: the error lines of the rank that failed first
-    title: str  # one line: model, method, strategy
-
-
-def gpu_indices() -> list[int]:
-    """Indices of this machine's NVIDIA GPUs (NVML), or [] without a GPU or driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # pynvml.NVMLError and ImportError alike: no usable GPU
-        return []
-    try:
-        return list(range(pynvml.nvmlDeviceGetCount()))
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def format_clock(seconds: float) -> str:
@@ -85,44 +68,36 @@ class RunManager:
     def __init__(self, runs_dir: Path | str = "runs"):
         self.runs_dir = Path(runs_dir).resolve()
         self._supervisors: dict[str, subprocess.Popen] = {}
+        self._stop_requested: set[str] = set()  # by this manager: a run that vanishes after it ended "stopped"
 
     # ------------------------------------------------------------ start
 
     def start(self, spec) -> str:
-        """Validate, create the run folder and launch it; returns the run id. Raises RunError."""
-        from backend.render import render_bundle, write_bundle
+        """Validate, check the inputs, write the run folder and launch it; returns the run id. Raises RunError."""
+        from backend import preflight
         from backend.validate import validate
 
         errors = [p for p in validate(spec) if p.level == "error"]
         if errors:
             raise RunError("the job has errors:\n" + "\n".join(f"- {p.field}: {p.message}" for p in errors))
         accelerate = self._accelerate_command()
-        self._check_resume(spec)
+        self.check_folder(create=True)
+        preflight.check_resume(spec, self.runs_dir, self.list_runs())
         self._ensure_demo_if_used(spec)
-        with self._start_lock():  # two starts at once must not both claim the same GPUs
-            gpus = self._claim_gpus(spec)
-            run_id = self._new_run_id()
-            run_dir = self.runs_dir / run_id
-            write_bundle(render_bundle(spec), run_dir)
-            (run_dir / "logs").mkdir(exist_ok=True)
-            env_changes = self._env_changes(spec, gpus)
-            write_status(
-                run_dir,
-                {
-                    "run_id": run_id,
-                    "state": "queued",
-                    "title": run_title(spec_to_dict(spec)),
-                    "created_at": time.time(),
-                    "started_at": None,
-                    "ended_at": None,
-                    "exit_code": None,
-                    "error": None,
-                    "gpu_ids": gpus,
-                    "argv": [accelerate, *self._launch_args(spec)],
-                    # What tunedeck set on top of its own environment (PATH only gains the venv's bin).
-                    "env": {k: v for k, v in env_changes.items() if k != "PATH"},
-                },
-            )
+        problems = preflight.preflight(spec, self.runs_dir)
+        if problems:
+            raise RunError("the job's inputs have problems:\n" + "\n".join(f"- {p.field}: {p.message}" for p in problems))
+        try:
+            with self._start_lock():  # two starts at once must not both claim the same GPUs
+                gpus = preflight.claim_gpus(spec, self.list_runs())
+                env_changes = self._env_changes(spec, gpus)
+                run_id = self._write_run_folder(spec, [accelerate, *self._launch_args(spec)], gpus, env_changes)
+        except OSError as exc:  # a full disk, a read-only one
+            raise RunError(
+                f"--runs-dir: cannot write a new run into {self.runs_dir} ({exc.strerror or exc}): free space on "
+                "its disk, or choose another runs folder"
+            ) from None
+        run_dir = self.run_dir(run_id)
         # From here on the supervisor is the only writer of status.json (it records itself first).
         # It runs as a script (it needs only psutil), so it works whether or not tunedeck is installed.
         try:
@@ -137,65 +112,55 @@ class RunManager:
                     start_new_session=True,  # survives the manager (and a Ctrl-C in its terminal)
                 )
         except OSError as exc:
-            supervisor.update_status(run_dir, state="failed", ended_at=time.time(), error=f"could not start the supervisor: {exc}")
+            supervisor.record_end(run_dir, tries=2, retry_s=0, state="failed", ended_at=time.time(), error=f"could not start the supervisor: {exc}")
             raise RunError(f"could not start the run: {exc}") from None
         self._wait_until_launched(run_id)
         return run_id
 
-    def _claim_gpus(self, spec) -> list[int] | None:
-        """The GPUs the run will use; refuses GPUs that a live run holds. None for CPU runs."""
-        launch = spec.launch
-        if launch.use_cpu:
-            return None
-        available = gpu_indices()
-        if not available:
-            raise RunError(
-                "no NVIDIA GPU found on this machine: set launch.use_cpu to true to train on CPU processes "
-                "(gloo), as the demo preset does"
-            )
-        wanted = available if launch.gpu_ids == "all" else [int(i) for i in launch.gpu_ids.split(",") if i]
-        missing = [i for i in wanted if i not in available]
-        if missing:
-            names = f"GPU {missing[0]} does" if len(missing) == 1 else f"GPUs {', '.join(map(str, missing))} do"
-            raise RunError(
-                f"launch.gpu_ids: {names} not exist here; this machine has GPUs {', '.join(map(str, available))}"
-            )
-        wanted = wanted[: launch.processes_per_machine]
-        if len(wanted) < launch.processes_per_machine:
-            raise RunError(
-                f"launch.num_processes: {launch.processes_per_machine} processes need as many GPUs, and only "
-                f"{len(wanted)} are available: lower launch.num_processes"
-            )
-        for other in self.list_runs():
-            if other.state not in ACTIVE_STATES:
-                continue
-            held = set(read_status(self.run_dir(other.run_id)).get("gpu_ids") or [])
-            clash = sorted(held & set(wanted))
-            if clash:
-                names = f"GPU {clash[0]} is" if len(clash) == 1 else f"GPUs {', '.join(map(str, clash))} are"
-                raise RunError(
-                    f"{names} in use by run {other.run_id} ({other.title}): stop it, or set launch.gpu_ids to free GPUs"
-                )
-        return wanted
+    def _write_run_folder(self, spec, argv: list[str], gpus: list[int] | None, env_changes: dict[str, str]) -> str:
+        """Write the whole run folder under a hidden name, then rename it: a full disk leaves nothing behind."""
+        from backend.render import render_bundle, write_bundle
 
-    def _check_resume(self, spec) -> None:
-        """Resuming needs an output folder that outlives a run: a relative one is inside the new, empty run folder."""
-        if not spec.training.resume_from_checkpoint or Path(spec.output_dir).expanduser().is_absolute():
-            return
-        example = next(
-            (
-                self.runs_dir / run.run_id / spec.output_dir
-                for run in self.list_runs()
-                if any((self.runs_dir / run.run_id / spec.output_dir).glob("checkpoint-*"))
-            ),
-            None,
-        )
-        raise RunError(
-            f"training.resume_from_checkpoint: output_dir {spec.output_dir!r} is relative to the new run's own "
-            "folder, which has no checkpoint to continue from, so the run would start again at step 0; set "
-            "output_dir to the absolute path of the output folder of the run to continue"
-            + (f", e.g. {example} (the newest run with checkpoints)" if example else "")
-        )
+        run_id = self._new_run_id()
+        staging = self.runs_dir / f".{run_id}.partial"
+        try:
+            write_bundle(render_bundle(spec), staging)
+            (staging / "logs").mkdir()
+            write_status(
+                staging,
+                {
+                    "run_id": run_id,
+                    "state": "queued",
+                    "title": run_title(spec_to_dict(spec)),
+                    "created_at": time.time(),
+                    "started_at": None,
+                    "ended_at": None,
+                    "exit_code": None,
+                    "error": None,
+                    "gpu_ids": gpus,
+                    "argv": argv,
+                    # What tunedeck set on top of its own environment (PATH only gains the venv's bin).
+                    "env": {k: v for k, v in env_changes.items() if k != "PATH"},
+                },
+            )
+            supervisor.write_reserve(staging)  # room for the final status if training fills the disk
+            staging.rename(self.runs_dir / run_id)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return run_id
+
+    def check_folder(self, create: bool) -> None:
+        """RunError naming --runs-dir when the runs folder is a file or cannot be created."""
+        if self.runs_dir.exists() and not self.runs_dir.is_dir():
+            raise RunError(f"--runs-dir: {self.runs_dir} is a file, not a folder: give a folder (it is created if missing)")
+        if create:
+            try:
+                self.runs_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RunError(
+                    f"--runs-dir: {self.runs_dir} cannot be created ({exc.strerror or exc}): give a folder that can be written"
+                ) from None
 
     @contextlib.contextmanager
     def _start_lock(self):
@@ -255,13 +220,11 @@ class RunManager:
             raise RunError(str(exc)) from None
 
     def _new_run_id(self) -> str:
+        """A fresh run id (called under the start lock, so no other start can pick it meanwhile)."""
         while True:
             run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-            try:
-                (self.runs_dir / run_id).mkdir()
+            if not (self.runs_dir / run_id).exists() and not (self.runs_dir / f".{run_id}.partial").exists():
                 return run_id
-            except FileExistsError:
-                continue
 
     def _wait_until_launched(self, run_id: str, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
@@ -275,33 +238,61 @@ class RunManager:
         status = self.status(run_id)
         if status.state not in ACTIVE_STATES:
             return status
+        self._stop_requested.add(run_id)
+        if status.folder_deleted:
+            # No folder to drop the request into: its supervisor takes SIGTERM as the same request.
+            found = run_status.live_supervisors(self.runs_dir).get(run_id)
+            if found is not None:
+                run_status.ask_to_stop(found)
+            return dataclasses.replace(status, state="stopping")
         run_dir = self.run_dir(run_id)
-        (run_dir / STOP_FILE).write_text(json.dumps({"grace_s": grace_s, "time": time.time()}) + "\n")
-        if not is_alive(read_status(run_dir).get("supervisor")):
+        owner = self._read_quietly(run_dir).get("supervisor")
+        try:
+            (run_dir / STOP_FILE).write_text(json.dumps({"grace_s": grace_s, "time": time.time()}) + "\n")
+        except OSError:  # a full disk: the request travels as a signal (an empty stop.request means the same)
+            if is_alive(owner):
+                os.kill(owner["pid"], signal.SIGTERM)
+        if not is_alive(owner):
             self._stop_without_supervisor(run_dir, grace_s)
         return self.status(run_id)
 
     @staticmethod
-    def _stop_without_supervisor(run_dir: Path, grace_s: float) -> None:
-        # Only when the supervisor died (killed by hand): stop the launcher's tree ourselves, then settle the status.
-        import signal
+    def _read_quietly(run_dir: Path) -> dict:
+        try:
+            return read_status_file(run_dir)
+        except (OSError, DamagedStatus):
+            return {}
 
+    def _stop_without_supervisor(self, run_dir: Path, grace_s: float) -> None:
+        # Only when the supervisor died (killed by hand): stop the launcher's tree ourselves, then settle the status.
         import psutil
 
-        launcher = read_status(run_dir).get("launcher")
+        launcher = self._read_quietly(run_dir).get("launcher")
         if is_alive(launcher):
             root = psutil.Process(launcher["pid"])
             tree = [root, *root.children(recursive=True)]
             supervisor.kill_tree(root.children(), signal.SIGTERM, timeout=grace_s)
             supervisor.kill_tree(tree)
         state, error = supervisor.final_state(run_dir, None, stop_requested=True)
-        supervisor.update_status(run_dir, state=state, ended_at=time.time(), error=error)
+        supervisor.record_end(run_dir, tries=2, retry_s=0, state=state, ended_at=time.time(), error=error)
 
     def wait(self, run_id: str, timeout: float | None = None, poll_s: float = 0.5) -> RunStatus:
         """Block until the run has ended (or timeout seconds pass); returns its status."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
         while True:
-            status = self.status(run_id)
+            try:
+                status = self.status(run_id)
+            except RunError:
+                if last is None or not last.folder_deleted:
+                    raise
+                # Its supervisor has exited: no process of the run is left, and nothing of it was recorded.
+                gone = run_status.deleted_path(self.run_dir(run_id))
+                return dataclasses.replace(
+                    last, state="stopped" if run_id in self._stop_requested else "failed", pid=None, ended_at=time.time(),
+                    error=f"{gone} was deleted while the run was live; its processes have ended, and nothing of the run was recorded",
+                )
+            last = status
             if deadline is not None and time.monotonic() > deadline:
                 return status
             # The supervisor writes the final state just before it exits: wait for that exit too,
@@ -314,10 +305,7 @@ class RunManager:
         proc = self._supervisors.get(run_id)
         if proc is not None:
             return proc.poll() is None
-        try:
-            return is_alive(read_status(self.run_dir(run_id)).get("supervisor"))
-        except (OSError, ValueError):
-            return False
+        return is_alive(self._read_quietly(self.run_dir(run_id)).get("supervisor"))
 
     # ------------------------------------------------------------ read
 
@@ -328,29 +316,28 @@ class RunManager:
         return self.runs_dir / run_id
 
     def status(self, run_id: str) -> RunStatus:
+        """The run's state; a damaged folder is a run in state "damaged", never an exception."""
+        return self._status(run_id, supervisors=None)
+
+    def _status(self, run_id: str, supervisors: dict | None) -> RunStatus:
         run_dir = self.run_dir(run_id)
-        try:
-            data = read_status(run_dir)
-        except FileNotFoundError:
-            raise RunError(f"there is no run {run_id} in {self.runs_dir}") from None
-        except ValueError:
-            raise RunError(f"run {run_id}: status.json is damaged") from None
         proc = self._supervisors.get(run_id)
         if proc is not None:
             proc.poll()  # reap our own child so it does not linger as a zombie
-        if data["state"] in ACTIVE_STATES:
-            data = self._reattach(run_dir, data)
-        launcher = data.get("launcher") or {}
-        return RunStatus(
-            run_id=run_id,
-            state=data["state"],
-            pid=launcher.get("pid"),
-            started_at=data.get("started_at"),
-            ended_at=data.get("ended_at"),
-            exit_code=data.get("exit_code"),
-            error=data.get("error"),
-            title=data.get("title", ""),
-        )
+        try:
+            data = read_status_file(run_dir)
+            if data["state"] in ACTIVE_STATES:
+                data = self._reattach(run_dir, data)
+        except DamagedStatus as exc:
+            return run_status.damaged(run_id, run_dir, str(exc))
+        except FileNotFoundError:
+            supervisors = run_status.live_supervisors(self.runs_dir) if supervisors is None else supervisors
+            if run_id in supervisors:
+                return run_status.orphan_status(run_id, run_dir, supervisors[run_id])
+            if run_dir.is_dir():
+                return run_status.damaged(run_id, run_dir, f"it has no {STATUS_FILE}")
+            raise RunError(f"there is no run {run_id} in {self.runs_dir}") from None
+        return run_status.from_status_file(run_id, data)
 
     @staticmethod
     def _reattach(run_dir: Path, data: dict) -> dict:
@@ -360,27 +347,31 @@ class RunManager:
                 data = {**data, "state": "stopping"}
             return data
         # Between write and spawn the supervisor is not recorded yet: a fresh queued run is still fine.
-        if data["state"] == "queued" and not data.get("supervisor") and time.time() - data["created_at"] < 30:
+        if data["state"] == "queued" and not data.get("supervisor") and time.time() - (data.get("created_at") or 0) < 30:
             return data
-        data = read_status(run_dir)  # it may have finished between our two reads
-        if data["state"] not in ACTIVE_STATES:
-            return data
-        if is_alive(data.get("launcher")):
-            return data  # the supervisor was killed but training goes on: still running
+        data = read_status_file(run_dir)  # it may have finished between our two reads
+        if data["state"] not in ACTIVE_STATES or is_alive(data.get("launcher")):
+            return data  # ended, or the supervisor was killed but training goes on: still running
         state, error = supervisor.final_state(run_dir, None, (run_dir / STOP_FILE).exists())
-        return supervisor.update_status(run_dir, state=state, ended_at=data.get("ended_at") or time.time(), error=error)
+        ended = {"state": state, "ended_at": data.get("ended_at") or _last_written(run_dir), "error": error}
+        problem = supervisor.record_end(run_dir, tries=2, retry_s=0, **ended)
+        if problem:  # e.g. a full disk: every reader works the end out the same way until it can be written
+            ended["error"] = f"{error}\n(this end is not recorded in {STATUS_FILE}: {problem})"
+        return {**data, **ended}
 
     def list_runs(self) -> list[RunStatus]:
-        """Every run in the runs folder, newest first."""
-        if not self.runs_dir.is_dir():
-            return []
+        """Every run, newest first: a damaged folder is one damaged run; a live run whose folder was deleted is listed too."""
+        try:
+            names = {entry.name for entry in self.runs_dir.iterdir() if RUN_ID_PATTERN.match(entry.name)}
+        except OSError:  # no runs folder yet (or not a folder: check_folder says so)
+            names = set()
+        supervisors = run_status.live_supervisors(self.runs_dir)
         runs = []
-        for entry in sorted(self.runs_dir.iterdir(), reverse=True):
-            if RUN_ID_PATTERN.match(entry.name) and (entry / supervisor.STATUS_FILE).is_file():
-                try:
-                    runs.append(self.status(entry.name))
-                except RunError:
-                    continue
+        for run_id in sorted(names | {name for name in supervisors if RUN_ID_PATTERN.match(name)}, reverse=True):
+            try:
+                runs.append(self._status(run_id, supervisors))
+            except RunError:
+                continue  # deleted since the listing
         return runs
 
     def active_run(self) -> str | None:
@@ -391,5 +382,20 @@ class RunManager:
         return None
 
     def job(self, run_id: str) -> dict:
-        """The run's job.yaml as a dict."""
-        return yaml.safe_load((self.run_dir(run_id) / "job.yaml").read_text(encoding="utf-8")) or {}
+        """The run's job.yaml as a dict ({} when it is missing or damaged)."""
+        try:
+            job = yaml.safe_load((self.run_dir(run_id) / "job.yaml").read_text(encoding="utf-8"))
+        except (OSError, ValueError, yaml.YAMLError):
+            return {}
+        return job if isinstance(job, dict) else {}
+
+
+def _last_written(run_dir: Path) -> float:
+    """When the run last wrote anything: the end time of a run whose supervisor could not record it."""
+    times = []
+    for name in ("metrics.jsonl", supervisor.ERRORS_FILE, supervisor.LAUNCHER_LOG):
+        try:
+            times.append((run_dir / name).stat().st_mtime)
+        except OSError:
+            continue
+    return max(times, default=time.time())

@@ -16,13 +16,24 @@ which could cut a large checkpoint in half. After the grace period, SIGKILL to e
 process of the run. Signalling the launcher's process group would not do: the elastic
 agent starts each rank in a session of its own. The supervisor is a child subreaper, so
 ranks orphaned by a dead launcher stay its descendants; whatever is left when the
-launcher exits is killed, so no process of a run outlives it.
+launcher exits is killed, so no process of a run outlives it. SIGTERM to the supervisor is a
+stop request too (the manager sends it when the run's folder was deleted, so no file can carry
+the request).
+
+A full disk must not leave a run "running" forever: the manager writes a small reserve file
+into the run folder at start, and when the final status cannot be written the supervisor
+deletes the reserve and writes again (the run's own processes are gone by then, so the
+space freed is ours).
+
+One file on purpose, longer than most: it runs as a script with nothing but psutil.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,11 +46,18 @@ STATUS_FILE = "status.json"
 STOP_FILE = "stop.request"
 LAUNCHER_LOG = "logs/launcher.log"
 ERRORS_FILE = "errors.jsonl"  # train.py: one line per failed rank
+RESERVE_FILE = ".disk-reserve"  # room kept for the final status.json on a disk that fills up
+RESERVE_BYTES = 64 * 1024  # a status.json with a 20-line error is under 8 KiB
+DEFAULT_GRACE_S = 60.0
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 ACTIVE_STATES = ("queued", "running", "stopping")
 POLL_S = 0.2
 # After a rank has failed, the others get this long to finish on their own: a rank blocked in
 # a collective on its dead peer ignores SIGTERM (gloo and NCCL can wait for many minutes).
 FAILURE_GRACE_S = 5.0
+# Then the ranks are killed, and the launcher gets this long to print its failure summary (which
+# names a rank that died by a signal) and exit by itself.
+SUMMARY_GRACE_S = 10.0
 ERROR_LINES = 20
 
 
@@ -53,15 +71,60 @@ def read_status(run_dir: Path) -> dict:
 def write_status(run_dir: Path, status: dict) -> None:
     """Atomic replace: a reader never sees a half-written file."""
     tmp = run_dir / f".{STATUS_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / STATUS_FILE)
+    try:
+        tmp.write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, run_dir / STATUS_FILE)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not also collect half-written copies
+        raise
 
 
 def update_status(run_dir: Path, **changes) -> dict:
     status = read_status(run_dir)
+    if not isinstance(status, dict):
+        raise ValueError(f"{STATUS_FILE} holds a JSON {type(status).__name__}, not an object")
     status.update(changes)
     write_status(run_dir, status)
     return status
+
+
+def write_reserve(run_dir: Path) -> None:
+    """Claim RESERVE_BYTES of the run folder's disk (random bytes: a compressing filesystem cannot shrink them)."""
+    (run_dir / RESERVE_FILE).write_bytes(os.urandom(RESERVE_BYTES))
+
+
+def record_end(run_dir: Path, tries: int = 10, retry_s: float = 3.0, **changes) -> str | None:
+    """Write the run's final state; on a full disk, free the reserve and retry. Returns why it could not, or None."""
+    problem = None
+    for attempt in range(tries):
+        try:
+            try:
+                update_status(run_dir, **changes)
+            except (ValueError, FileNotFoundError):
+                if not run_dir.is_dir():
+                    return "the run folder was deleted"
+                # status.json was damaged or removed by hand: what we know beats nothing
+                write_status(run_dir, {"run_id": run_dir.name, **changes})
+            return None
+        except OSError as exc:
+            problem = f"cannot write {run_dir / STATUS_FILE}: {exc.strerror or exc}"
+            if exc.errno not in DISK_FULL:
+                return problem
+            if (run_dir / RESERVE_FILE).exists():
+                (run_dir / RESERVE_FILE).unlink()
+                if changes.get("state") == "failed":
+                    changes["error"] = disk_full_message(run_dir, changes.get("error"))
+            elif attempt + 1 < tries:
+                time.sleep(retry_s)  # something else on this disk may free space
+    return problem
+
+
+def disk_full_message(run_dir: Path, error: str | None) -> str:
+    headline = (
+        f"the disk holding {run_dir} is full (No space left on device): free space, then start the job again; "
+        "training.resume_from_checkpoint continues from the last complete checkpoint"
+    )
+    return headline if not error or headline in error else f"{headline}\n{error}"
 
 
 def process_identity(pid: int) -> dict:
@@ -101,32 +164,101 @@ def end_record(run_dir: Path) -> dict | None:
     return None
 
 
-def first_failure(run_dir: Path) -> str | None:
-    """The error lines of the rank that failed first (train.py's errors.jsonl), else the launcher log's tail."""
+# torch.distributed.elastic's summary in the launcher log (ChildFailedError, in
+# torch/distributed/elastic/multiprocessing/errors/__init__.py), one block per failed rank:
+#   rank      : 1 (local_rank: 1)
+#   exitcode  : -9 (pid: 11024)  (SIGKILL)
+ELASTIC_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+SIGNAL_CAUSES = {
+    signal.SIGKILL: "out of memory (the kernel's OOM killer: see `dmesg`) or killed by hand",
+    signal.SIGSEGV: "a crash in native code: its log has the stack",
+    signal.SIGBUS: "a crash in native code: its log has the stack",
+    signal.SIGABRT: "a crash in native code: its log has the stack",
+}
+
+
+def _tail_text(path: Path, size: int = 65536) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+        return f.read().decode("utf-8", "replace")
+
+
+def killed_rank(run_dir: Path, ours: set[int] = frozenset()) -> tuple[int, int] | None:
+    """(rank, signal) of a rank killed by a signal it cannot catch, from the launcher's failure summary.
+
+    A rank killed this way writes nothing itself, and the others then fail with a lost
+    connection ("Connection reset by peer"), which must not be taken for the cause. The
+    agent sends SIGTERM to the surviving ranks itself, and train.py turns any other SIGTERM
+    into a graceful stop: a rank that ended by SIGTERM is never the cause, nor one that we
+    killed ourselves (`ours`: pids).
+    """
+    try:
+        text = _tail_text(run_dir / LAUNCHER_LOG)
+    except FileNotFoundError:
+        return None
+    summary = text[text.rfind("Failures:") :]
+    root_at = summary.find("Root Cause")
+    killed = [
+        (match.start() < root_at, int(match.group(1)), -int(match.group(2)))
+        for match in ELASTIC_FAILURE.finditer(summary)
+        if int(match.group(2)) < 0 and -int(match.group(2)) != signal.SIGTERM and int(match.group(3)) not in ours
+    ]
+    if not killed:
+        return None
+    _, rank, signum = min(killed)  # the root cause's block first
+    return rank, signum
+
+
+def _rank_errors(run_dir: Path) -> list[dict]:
     failures = []
     try:
-        for line in (run_dir / ERRORS_FILE).read_text(encoding="utf-8").splitlines():
+        for line in (run_dir / ERRORS_FILE).read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                failures.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(record, dict):
+                failures.append(record)
     except FileNotFoundError:
         pass
+    return failures
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def first_failure(run_dir: Path, ours: set[int] = frozenset()) -> str | None:
+    """Why the run failed: a rank killed by a signal, else the rank that failed first (train.py's
+    errors.jsonl), else the launcher log's tail."""
+    failures = sorted(_rank_errors(run_dir), key=lambda f: f.get("time") if isinstance(f.get("time"), (int, float)) else 0)
+    killed = killed_rank(run_dir, ours)
+    if killed:
+        rank, signum = killed
+        lines = [
+            f"rank {rank} was killed by {_signal_name(signum)} (signal {signum}): "
+            f"{SIGNAL_CAUSES.get(signum, 'stopped from outside the run')}; see logs/rank{rank}.log"
+        ]
+        lines += [f"then rank {f.get('rank')} failed: {f.get('error')}" for f in failures[:1]]
+        return "\n".join(lines)
     if failures:
-        first = min(failures, key=lambda f: f.get("time", 0))
-        trace = [l for l in (first.get("traceback") or "").splitlines() if l.strip()]
+        first = failures[0]
+        trace = [l for l in str(first.get("traceback") or "").splitlines() if l.strip()]
         if len(trace) > ERROR_LINES:
             trace = ["  ...", *trace[-ERROR_LINES:]]
         return "\n".join([f"rank {first.get('rank')} failed first: {first.get('error')}", *trace])
     try:
-        lines = (run_dir / LAUNCHER_LOG).read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = _tail_text(run_dir / LAUNCHER_LOG).splitlines()
     except FileNotFoundError:
         return None
     lines = [l for l in lines if l.strip()][-ERROR_LINES:]
     return "\n".join(lines) or None
 
 
-def final_state(run_dir: Path, exit_code: int | None, stop_requested: bool) -> tuple[str, str | None]:
+def final_state(run_dir: Path, exit_code: int | None, stop_requested: bool, ours: set[int] = frozenset()) -> tuple[str, str | None]:
     """(state, error) of a run whose launcher has exited."""
     end = end_record(run_dir)
     trained = end.get("status") if end else None
@@ -137,7 +269,10 @@ def final_state(run_dir: Path, exit_code: int | None, stop_requested: bool) -> t
     if exit_code == 0 and trained in (None, "stopped"):
         return ("stopped" if trained == "stopped" else "finished"), None
     headline = f"the launcher exited with code {exit_code}" if exit_code is not None else "the run's processes are gone"
-    return "failed", first_failure(run_dir) or headline
+    error = first_failure(run_dir, ours) or headline
+    if "No space left on device" in error:  # OSError's own wording of ENOSPC, in a rank's error or the launcher log
+        error = disk_full_message(run_dir, error)
+    return "failed", error
 
 
 # ---------------------------------------------------------------- supervising
@@ -190,17 +325,41 @@ def _kill_run(launcher: subprocess.Popen) -> None:
     launcher.wait()
 
 
+class _StopSignal:
+    """SIGTERM to the supervisor asks for a stop, as the stop.request file does."""
+
+    def __init__(self):
+        self.received = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+
+
+def _note(run_dir: Path, **changes) -> None:
+    """A status change on the way (not the end): on a full disk it waits for the final record."""
+    try:
+        update_status(run_dir, **changes)
+    except (OSError, ValueError) as exc:
+        print(f"supervisor: cannot write {run_dir / STATUS_FILE}: {exc}", file=sys.stderr, flush=True)
+
+
 def supervise(run_dir: Path) -> int:
     run_dir = run_dir.resolve()
-    status = update_status(run_dir, supervisor=process_identity(os.getpid()))
-    (run_dir / "logs").mkdir(exist_ok=True)
+    stop_signal = _StopSignal()
+    try:
+        status = update_status(run_dir, supervisor=process_identity(os.getpid()))
+    except (OSError, ValueError) as exc:
+        # Unrecorded, nobody could follow or stop the run: do not start it.
+        record_end(run_dir, state="failed", ended_at=time.time(), error=f"the supervisor could not record itself: {exc}")
+        return 1
     # The manager may be asked to stop before we even start: then there is nothing to run.
-    if (run_dir / STOP_FILE).exists():
-        update_status(run_dir, state="stopped", ended_at=time.time(), exit_code=None)
+    if (run_dir / STOP_FILE).exists() or stop_signal.received:
+        record_end(run_dir, state="stopped", ended_at=time.time(), exit_code=None)
         return 0
     _become_subreaper()
-    with open(run_dir / LAUNCHER_LOG, "ab") as log:
-        try:
+    try:
+        with open(run_dir / LAUNCHER_LOG, "ab") as log:
             launcher = subprocess.Popen(
                 status["argv"],
                 cwd=run_dir,
@@ -210,29 +369,34 @@ def supervise(run_dir: Path) -> int:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C or signal meant for us does not reach the run
             )
-        except OSError as exc:
-            update_status(run_dir, state="failed", ended_at=time.time(), error=f"could not start {status['argv'][0]}: {exc}")
-            return 1
-    update_status(
-        run_dir,
-        state="running",
-        started_at=time.time(),
-        launcher={**process_identity(launcher.pid), "pgid": launcher.pid},
-    )
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stray signal must not orphan the run
+    except OSError as exc:
+        record_end(run_dir, state="failed", ended_at=time.time(), error=f"could not start {status['argv'][0]}: {exc}")
+        return 1
+    try:
+        update_status(run_dir, state="running", started_at=time.time(), launcher={**process_identity(launcher.pid), "pgid": launcher.pid})
+    except (OSError, ValueError) as exc:
+        # Unrecorded, the launcher could not be found by anyone else: end the run at once, and say why.
+        _kill_run(launcher)
+        record_end(run_dir, state="failed", ended_at=time.time(), exit_code=launcher.returncode, error=f"could not record the launcher: {exc}")
+        return 1
     stop_since = stop_deadline = failed_since = None
     signalled: set[int] = set()
+    killed: set[int] = set()  # ranks we killed: never reported as the cause of a failure
     while launcher.poll() is None:
         if failed_since is None and (run_dir / ERRORS_FILE).exists():
             failed_since = time.monotonic()
-        if failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S:
+        if failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S + SUMMARY_GRACE_S:
             _kill_run(launcher)
+        elif failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S and not killed:
+            ranks = _descendants(launcher.pid)
+            killed |= {rank.pid for rank in ranks}
+            kill_tree(ranks)
         stop_file = run_dir / STOP_FILE
-        if stop_file.exists():
+        if stop_signal.received or stop_file.exists():
             if stop_deadline is None:
                 stop_since = time.monotonic()
                 stop_deadline = stop_since + _grace_seconds(stop_file)
-                update_status(run_dir, state="stopping", stop_requested_at=time.time())
+                _note(run_dir, state="stopping", stop_requested_at=time.time())
             # Ranks may still be starting: signal each one as it appears, once.
             for child in _children(launcher.pid):
                 if child.pid not in signalled:
@@ -248,16 +412,20 @@ def supervise(run_dir: Path) -> int:
         time.sleep(POLL_S)
     exit_code = launcher.returncode
     kill_tree(_descendants(os.getpid()))  # nothing of the run outlives it (the launcher is reaped already)
-    state, error = final_state(run_dir, exit_code, stop_deadline is not None)
-    update_status(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
-    return 0
+    state, error = final_state(run_dir, exit_code, stop_deadline is not None, killed)
+    problem = record_end(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
+    if problem and run_dir.is_dir():
+        # The manager settles the run from metrics.jsonl and errors.jsonl once it sees us gone.
+        print(f"supervisor: the run ended {state}, but {problem}", file=sys.stderr, flush=True)
+        return 1
+    return 0  # recorded, or its folder was deleted: nothing to record into
 
 
 def _grace_seconds(stop_file: Path) -> float:
     try:
         return float(json.loads(stop_file.read_text())["grace_s"])
     except (OSError, ValueError, KeyError, TypeError):
-        return 60.0
+        return DEFAULT_GRACE_S
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,11 @@ import os
 from pathlib import Path
 
 
+def is_number(value) -> bool:
+    """A JSON number (not a bool): what a metrics field must be before it is drawn or formatted."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class _ByteTail:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -28,7 +33,7 @@ class _ByteTail:
                     self._offset, self._partial, self._inode = 0, b"", stat.st_ino
                 f.seek(self._offset)
                 chunk = f.read()
-        except FileNotFoundError:
+        except OSError:  # not there (yet), or not a readable file: nothing to show, never an error
             return []
         self._offset += len(chunk)
         lines = (self._partial + chunk).split(b"\n")
@@ -71,7 +76,7 @@ class TextTail(_ByteTail):
                     pos -= step
                     f.seek(pos)
                     data = f.read(step) + data
-        except FileNotFoundError:
+        except OSError:
             return []
         lines = data.decode("utf-8", "replace").splitlines()
         return lines[-n:]

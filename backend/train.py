@@ -26,8 +26,10 @@ ends as "stopped".
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -226,8 +228,8 @@ def load_split(dataset_cfg: dict, split: str):
         return load_dataset(builder, data_files=str(path), split=split)
     if path.is_dir():
         return load_dataset(str(path), split=split)
-    if source.startswith(("/", "./", "../", "~")) or path.suffix.lower() in DATA_FILE_BUILDERS:
-        raise JobError(f"dataset.path: {source} does not exist (looked from {Path.cwd()}); fix the path")
+    if looks_local(source) or path.suffix.lower() in DATA_FILE_BUILDERS:
+        raise JobError(f"dataset.path: {missing_path(source, Path.cwd())}")
     return load_dataset(source, dataset_cfg.get("name"), split=split)
 
 
@@ -245,27 +247,27 @@ def _require_columns(dataset, needed: dict[str, str]) -> None:
 def to_trl_format(dataset, dataset_cfg: dict, text_column: str):
     """Map the spec's four formats onto what SFTTrainer reads: text, prompt/completion or messages."""
     fmt = dataset_cfg.get("format", "text")
-    field = lambda name, default: dataset_cfg.get(name) or default  # noqa: E731
+    field = lambda name: column(dataset_cfg, name)  # noqa: E731
     if fmt == "text":
-        col = field("text_field", "text")
+        col = field("text_field")
         _require_columns(dataset, {"text_field": col})
         dataset = dataset.select_columns([col])
         return dataset.rename_column(col, text_column) if col != text_column else dataset
     if fmt == "prompt-completion":
-        prompt, completion = field("prompt_field", "prompt"), field("completion_field", "completion")
+        prompt, completion = field("prompt_field"), field("completion_field")
         _require_columns(dataset, {"prompt_field": prompt, "completion_field": completion})
         dataset = dataset.select_columns([prompt, completion])
         return dataset.rename_columns({c: n for c, n in ((prompt, "prompt"), (completion, "completion")) if c != n})
     if fmt == "messages":
-        col = field("messages_field", "messages")
+        col = field("messages_field")
         _require_columns(dataset, {"messages_field": col})
         dataset = dataset.select_columns([col])
         return dataset.rename_column(col, "messages") if col != "messages" else dataset
     if fmt == "alpaca":
         instruction, given, output = (
-            field("instruction_field", "instruction"),
-            field("input_field", "input"),
-            field("output_field", "output"),
+            field("instruction_field"),
+            field("input_field"),
+            field("output_field"),
         )
         _require_columns(dataset, {"instruction_field": instruction, "output_field": output})
         has_input = given in dataset.column_names
@@ -294,6 +296,176 @@ def load_datasets(job: dict, args, tokenizer):
     if dataset_cfg.get("eval_split"):
         evaluation = to_trl_format(load_split(dataset_cfg, dataset_cfg["eval_split"]), dataset_cfg, args.dataset_text_field)
     return train, evaluation
+
+
+# ---------------------------------------------------------------- input checks
+# Run here at start, and by tunedeck before launch (backend/preflight.py), with the same wording:
+# a missing local model otherwise reads "Repo id must be in the form ...", and a bad JSONL file
+# StopIteration (empty) or "'list' object has no attribute 'endswith'" (wrong types) from the libraries.
+
+ROWS_CHECKED = 100
+# What each dataset.format reads: spec field -> (default column, what its values must be).
+FORMAT_COLUMNS = {
+    "text": {"text_field": ("text", "text")},
+    "prompt-completion": {"prompt_field": ("prompt", "text or chat"), "completion_field": ("completion", "text or chat")},
+    "messages": {"messages_field": ("messages", "chat")},
+    "alpaca": {"instruction_field": ("instruction", "text"), "input_field": ("input", "optional text"), "output_field": ("output", "text")},
+}
+CHAT_EXAMPLE = '[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]'
+KIND_NEEDS = {
+    "text": 'a string, e.g. "The answer is 4."',
+    "optional text": "a string or null",
+    "text or chat": f"a string, or a list of messages such as {CHAT_EXAMPLE}",
+    "chat": f"a list of messages, e.g. {CHAT_EXAMPLE}",
+}
+
+
+def column(dataset_cfg: dict, field: str) -> str:
+    """The column name a dataset field names (its default when empty)."""
+    defaults = {name: default for columns in FORMAT_COLUMNS.values() for name, (default, _) in columns.items()}
+    return dataset_cfg.get(field) or defaults[field]
+
+
+def looks_local(name: str) -> bool:
+    """A path rather than a hub id (hub ids are "name" or "org/name")."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
+
+
+def _where(source: str, base: Path) -> str:
+    return "" if Path(source).expanduser().is_absolute() else f" (a relative path is taken from the run folder, {base})"
+
+
+def missing_path(source: str, base: Path) -> str:
+    return f"{source} does not exist{_where(source, base)}; fix the path"
+
+
+def model_problem(name_or_path: str, base: Path) -> str | None:
+    """Why model.name_or_path cannot be loaded, when that shows without the network."""
+    path = base / Path(name_or_path).expanduser()
+    fix = "give the folder a model was saved to (with config.json) or a Hugging Face hub id such as meta-llama/Llama-2-7b-hf"
+    if path.is_dir():
+        return None if (path / "config.json").is_file() else f"the folder {path} has no config.json: {fix}"
+    if path.exists():
+        return f"{path} is a file: {fix}"
+    if looks_local(name_or_path):
+        return f"{name_or_path} does not exist{_where(name_or_path, base)}: {fix}"
+    return None
+
+
+def _kind_of(value) -> str:
+    return {str: "a string", list: "a list", dict: "an object", bool: "true/false", type(None): "null"}.get(
+        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__
+    )
+
+
+def _value_problem(value, kind: str) -> str | None:
+    """Why a value is not of the kind a format needs ("text", "chat", ...), or None."""
+    if kind == "optional text" and (value is None or isinstance(value, str)):
+        return None
+    if "text" in kind and isinstance(value, str):
+        return None
+    if "chat" in kind and isinstance(value, list):
+        bad = next((i for i, m in enumerate(value) if not (isinstance(m, dict) and "role" in m and "content" in m)), None)
+        if bad is None and value:
+            return None
+        return "an empty list" if not value else f"a list whose item {bad} is not a message with role and content"
+    return _kind_of(value)
+
+
+def _rows(path: Path, limit: int):
+    """("line N" or, in a JSON array, "item N", row) of the file's first rows. JobError when one cannot be read."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        import csv
+
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            reader = csv.DictReader(f)
+            for count, row in enumerate(reader):
+                if count >= limit:
+                    return
+                yield f"line {reader.line_num}", row
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        head = f.read(4096).lstrip()
+        f.seek(0)
+        if suffix == ".json" and head.startswith("["):
+            try:
+                items = json.load(f)
+            except ValueError as exc:
+                raise JobError(f"dataset.path: {path} line {exc.lineno} is not valid JSON ({exc.msg}): fix the file") from None
+            yield from ((f"item {i + 1}", item) for i, item in enumerate(items[:limit]))
+            return
+        seen = 0
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise JobError(
+                    f"dataset.path: {path} line {number} is not valid JSON ({exc.msg}): fix or remove "
+                    "that line; each line must be one JSON object"
+                ) from None
+            yield f"line {number}", row
+            seen += 1
+            if seen >= limit:
+                return
+
+
+def dataset_problems(dataset_cfg: dict, base: Path, limit: int = ROWS_CHECKED) -> list[tuple[str, str]]:
+    """(field, message) for a local data file whose first rows do not parse or do not fit dataset.format."""
+    source = str(dataset_cfg.get("path") or "")
+    path = base / Path(source).expanduser()
+    if path.is_dir() or not (path.is_file() or looks_local(source) or path.suffix.lower() in DATA_FILE_BUILDERS):
+        return []  # a folder or a hub dataset: the datasets library reads it at run time
+    if not path.is_file():
+        return [("dataset.path", missing_path(source, base))]
+    if path.suffix.lower() not in (".json", ".jsonl", ".csv"):
+        return []  # parquet: its columns are checked once loaded
+    fmt = dataset_cfg.get("format", "text")
+    columns = {field: (column(dataset_cfg, field), kind) for field, (_, kind) in FORMAT_COLUMNS.get(fmt, {}).items()}
+    problems: dict[str, str] = {}  # one per field: the first row that shows it
+    rows = 0
+    try:
+        for where, row in _rows(path, limit):
+            rows += 1
+            at = f"{path} {where}"
+            if not isinstance(row, dict):
+                problems.setdefault("dataset.path", f"{at} holds {_kind_of(row)}, not a JSON object: each row must be an object of columns")
+                continue
+            for field, (col, kind) in columns.items():
+                if col not in row:
+                    if kind != "optional text":
+                        problems.setdefault(
+                            f"dataset.{field}",
+                            f"{at} has no column {col!r} (it has {', '.join(map(repr, row)) or 'none'}): set dataset.{field} "
+                            f"to the column that holds the {field.removesuffix('_field')}, or change dataset.format",
+                        )
+                    continue
+                wrong = _value_problem(row[col], kind)
+                if wrong:
+                    problems.setdefault(
+                        f"dataset.{field}",
+                        f"{at}: column {col!r} holds {wrong}, but dataset.format {fmt} needs {KIND_NEEDS[kind]} there; "
+                        "fix the file or choose the dataset.format that matches it",
+                    )
+    except JobError as exc:
+        return [("dataset.path", str(exc).removeprefix("dataset.path: "))]
+    except (OSError, UnicodeDecodeError) as exc:
+        return [("dataset.path", f"{path} cannot be read ({exc}); fix its permissions or point to another file")]
+    if not rows:
+        example = {c: "..." for c, _ in columns.values()}
+        return [("dataset.path", f"{path} has no rows: give a file with one JSON object per line, e.g. {json.dumps(example)}")]
+    return list(problems.items())
+
+
+def input_problems(job: dict, base: Path) -> list[tuple[str, str]]:
+    """(field, message) for every problem of the job's local model and data that shows before loading them."""
+    problems = []
+    model = model_problem(str((job.get("model") or {}).get("name_or_path") or ""), base)
+    if model:
+        problems.append(("model.name_or_path", model))
+    return problems + dataset_problems(job.get("dataset") or {}, base)
 
 
 # ---------------------------------------------------------------- what the run actually got
@@ -459,6 +631,75 @@ def _parse_fault(text: str | None) -> tuple[int, int] | None:
     return int(parts["rank"]), int(parts["step"])
 
 
+# ---------------------------------------------------------------- checkpoints written whole or not at all
+
+INCOMPLETE_DIR = ".incomplete"  # under output_dir: checkpoints being written
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def with_atomic_checkpoints(trainer_class):
+    """trainer_class, writing each checkpoint under output_dir/.incomplete/ and renaming it into place when complete.
+
+    transformers' Trainer._save_checkpoint writes straight into output_dir/checkpoint-N, and
+    get_last_checkpoint (what resuming loads) takes the highest N that is a folder, complete or
+    not: a save cut short by a full disk or a kill would be the checkpoint a resume loads.
+    """
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+    class AtomicCheckpoints(trainer_class):
+        _staging = None
+
+        def _get_output_dir(self, trial):
+            return self._staging or super()._get_output_dir(trial)
+
+        def _save_checkpoint(self, model, trial):
+            root = super()._get_output_dir(trial)
+            staging = os.path.join(root, INCOMPLETE_DIR)
+            name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            self._staging = staging  # the parent saves, and rotates (a no-op), there
+            try:
+                super()._save_checkpoint(model, trial)
+            except Exception as exc:
+                full = _disk_full(root, exc)
+                if self.args.should_save:
+                    shutil.rmtree(staging, ignore_errors=True)  # give back the space a failed save took
+                if not full:
+                    raise
+                # torch reports it as "[enforce fail at inline_container.cc] unexpected pos ...": say what happened.
+                raise JobError(
+                    f"output_dir: the disk holding {os.path.abspath(root)} is full: {name} did not fit "
+                    f"({type(exc).__name__}: {exc}); free space or set output_dir to a disk with room, then resume "
+                    "with training.resume_from_checkpoint (the checkpoints saved before are complete)"
+                ) from exc
+            finally:
+                self._staging = None
+            self.accelerator.wait_for_everyone()  # every rank's shards are written
+            if not self.args.should_save:
+                return
+            final = os.path.join(root, name)
+            if os.path.isdir(final):
+                shutil.rmtree(final)  # an earlier run's checkpoint of the same step, in a reused output_dir
+            os.replace(os.path.join(staging, name), final)
+            shutil.rmtree(staging, ignore_errors=True)  # leftovers of saves cut short earlier
+            best = self.state.best_model_checkpoint
+            if best and best.startswith(staging):
+                self.state.best_model_checkpoint = os.path.join(root, os.path.basename(best))
+                self.state.save_to_json(os.path.join(final, TRAINER_STATE_NAME))
+            rotate_checkpoints(root, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
+
+    return AtomicCheckpoints
+
+
+def _disk_full(folder: str, exc: BaseException) -> bool:
+    if getattr(exc, "errno", None) in DISK_FULL:
+        return True
+    try:
+        return shutil.disk_usage(folder).free < 2**20
+    except OSError:  # the folder is gone (deleted under the run): not a full disk
+        return False
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -482,11 +723,14 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
     from trl import SFTConfig, SFTTrainer
 
     args = SFTConfig(**training_args)
+    problems = input_problems(job, Path.cwd())
+    if problems:
+        raise JobError("\n".join(f"{field}: {message}" for field, message in problems))
     tokenizer = load_tokenizer(job)
     model = load_model(job, args)
     train_set, eval_set = load_datasets(job, args, tokenizer)
     recorder = make_callback(metrics, stop, job, terminal)
-    trainer = SFTTrainer(
+    trainer = with_atomic_checkpoints(SFTTrainer)(
         model=model,
         args=args,
         train_dataset=train_set,

@@ -138,12 +138,18 @@ def test_a_failing_run_shows_its_error_lines(page, server):
     load(page, server)
     open_tab(page, "form-sections", "Dataset")
     set_field(page, "dataset.path", "/nonexistent/train.jsonl")
+    wait_text(page, "#job-issues", "No problems")
+    page.click("#start-run")  # a missing data file is found at Start, before anything launches
+    wait_text(page, "#notice", "dataset.path: /nonexistent/train.jsonl does not exist", timeout=60_000)
+    load(page, server)
+    open_tab(page, "form-sections", "Dataset")
+    set_field(page, "dataset.split", "validation")
     wait_text(page, "#job-issues", "No problems")  # only the run can find out
     page.click("#start-run")
     wait_text(page, "#run-state", "failed", timeout=120_000)
     error = page.locator("#run-error")
     error.wait_for(state="visible")
-    assert "/nonexistent/train.jsonl" in error.inner_text()
+    assert 'Unknown split "validation"' in error.inner_text()
     assert "Traceback (most recent call last)" not in page.inner_text("#notice")
 
 

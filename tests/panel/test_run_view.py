@@ -81,3 +81,24 @@ def test_the_runs_table_never_shows_a_live_runs_clock_frozen(view, tmp_path):
     rows = {row[0]: row for row in out["table"]}
     assert rows[live][1] == "running" and rows[live][4] == ""
     assert rows[RUN_ID][4] == "0:40"  # an ended run: its real duration
+
+
+def test_damaged_run_folders_are_one_row_each_and_break_nothing(view, tmp_path):
+    # Newer than the good run: a reader that fails at the first bad folder never shows the good one.
+    damaged = {"20250102-120000-00000a": "[1, 2]", "20250102-120000-00000b": '{"state": 5}', "20250102-120000-00000c": None}
+    for run_id, text in damaged.items():
+        (tmp_path / run_id).mkdir()
+        if text is not None:
+            (tmp_path / run_id / "status.json").write_text(text)
+    with open(tmp_path / RUN_ID / "metrics.jsonl", "a") as f:  # and one record of the wrong types in the good run
+        f.write(json.dumps({"event": "log", "step": "four", "max_steps": [3], "loss": "high"}) + "\n")
+
+    out = dict(zip(OUTPUT_NAMES, view.render({"run": None, "follow": True}, 0.6, False, None)))
+    assert out["view"]["run"] == RUN_ID and "finished" in out["state"]  # follows the newest run that can be shown
+    assert "step 3/3" in out["progress"] and len(out["loss"].data[0].x) == 3
+    assert {row[0]: row[1] for row in out["table"]} == {RUN_ID: "finished", **{run_id: "damaged" for run_id in damaged}}
+
+    picked = dict(zip(OUTPUT_NAMES, view.render({"run": "20250102-120000-00000a", "follow": False}, 0.6, False, None)))
+    assert "⚠ damaged" in picked["state"]
+    assert picked["error"]["visible"] and "status.json holds a JSON list, not an object" in picked["error"]["value"]
+    assert picked["stop"]["interactive"] is False

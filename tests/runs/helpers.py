@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,3 +96,47 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "cond
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def fill(disk: Path, leave: int = 0) -> Path:
+    """Write a filler file until only `leave` bytes of the disk are free (0: until the disk is full)."""
+    filler = disk / f"filler-{len(list(disk.glob('filler-*')))}"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while shutil.disk_usage(disk).free > leave:
+                f.write(b"\xff" * min(65536, shutil.disk_usage(disk).free - leave))
+        except OSError:  # ENOSPC: full
+            pass
+    return filler
+
+
+def fake_run(runs_dir: Path, run_id: str, state: str, holder: subprocess.Popen | None, gpu_ids=None) -> Path:
+    """A run folder as the supervisor leaves it, owned by `holder` (a real process standing in for the supervisor)."""
+    folder = Path(runs_dir) / run_id
+    folder.mkdir(parents=True)
+    identity = {"pid": holder.pid, "create_time": psutil.Process(holder.pid).create_time()} if holder else None
+    (folder / "status.json").write_text(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "state": state,
+                "title": "m · lora · ddp · 2xGPU",
+                "created_at": time.time() - 100,
+                "started_at": time.time() - 99,
+                "ended_at": None,
+                "exit_code": None,
+                "error": None,
+                "gpu_ids": gpu_ids,
+                "supervisor": identity,
+                "launcher": None,
+            }
+        )
+    )
+    return folder
+
+
+def tunedeck(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The `tunedeck` command of this environment, as a user runs it."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "tunedeck"), *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )

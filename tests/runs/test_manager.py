@@ -10,35 +10,12 @@ import json
 import subprocess
 import time
 
-import psutil
 import pytest
 
-from backend import runs
+from backend import preflight
 from backend.runs import RunError, RunManager
 
-
-def fake_run(runs_dir, run_id: str, state: str, holder: subprocess.Popen | None, gpu_ids=None) -> None:
-    """A run folder as the supervisor leaves it, owned by `holder` (a real process)."""
-    folder = runs_dir / run_id
-    folder.mkdir(parents=True)
-    identity = {"pid": holder.pid, "create_time": psutil.Process(holder.pid).create_time()} if holder else None
-    (folder / "status.json").write_text(
-        json.dumps(
-            {
-                "run_id": run_id,
-                "state": state,
-                "title": "m · lora · ddp · 2xGPU",
-                "created_at": time.time() - 100,
-                "started_at": time.time() - 99,
-                "ended_at": None,
-                "exit_code": None,
-                "error": None,
-                "gpu_ids": gpu_ids,
-                "supervisor": identity,
-                "launcher": None,
-            }
-        )
-    )
+from .helpers import fake_run
 
 
 def run_folders(runs_dir) -> list[str]:
@@ -75,15 +52,17 @@ def test_invalid_spec_is_refused_before_anything_is_created(runs_dir, demo_spec)
 
 
 def test_gpu_job_without_gpu_says_what_to_do(runs_dir, demo_spec, monkeypatch):
-    monkeypatch.setattr(runs, "gpu_indices", lambda: [])
+    monkeypatch.setattr(preflight, "gpu_indices", lambda: [])
     with pytest.raises(RunError, match="no NVIDIA GPU found.*launch.use_cpu"):
         RunManager(runs_dir).start(demo_spec({"launch.use_cpu": False}))
     assert run_folders(runs_dir) == []
 
 
 def test_refuses_gpus_held_by_a_live_run(runs_dir, demo_spec, monkeypatch, sleeper):
-    monkeypatch.setattr(runs, "gpu_indices", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(preflight, "gpu_indices", lambda: [0, 1, 2, 3])
     fake_run(runs_dir, "20250101-120000-aaaaaa", "running", sleeper, gpu_ids=[1, 2])
+    (runs_dir / "20250102-120000-dddddd").mkdir()  # a newer, damaged run folder must not hide the live run's GPUs
+    (runs_dir / "20250102-120000-dddddd" / "status.json").write_text('{"state": "running", "gpu_ids": "all"}')
     manager = RunManager(runs_dir)
     gpu_job = {"launch.use_cpu": False, "launch.gpu_ids": "0,1"}
     with pytest.raises(RunError, match=r"GPU 1 is in use by run 20250101-120000-aaaaaa \(m · lora · ddp · 2xGPU\)"):
@@ -91,7 +70,7 @@ def test_refuses_gpus_held_by_a_live_run(runs_dir, demo_spec, monkeypatch, sleep
     with pytest.raises(RunError, match="launch.gpu_ids: GPU 7 does not exist here; this machine has GPUs 0, 1, 2, 3"):
         manager.start(demo_spec({**gpu_job, "launch.gpu_ids": "3,7"}))
     assert manager.active_run() == "20250101-120000-aaaaaa"
-    assert run_folders(runs_dir) == ["20250101-120000-aaaaaa"]  # nothing half-launched
+    assert run_folders(runs_dir) == ["20250101-120000-aaaaaa", "20250102-120000-dddddd"]  # nothing half-launched
 
 
 def test_a_run_whose_processes_vanished_is_settled_as_failed(runs_dir, sleeper):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -57,13 +58,14 @@ def test_stop_saves_a_checkpoint_and_leaves_no_process_five_times(runs_dir, demo
         assert not is_alive(status_json(run_dir)["supervisor"])
 
 
-def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, tmp_path, monkeypatch):
+def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, monkeypatch):
     manager = RunManager(runs_dir)
 
-    missing = manager.start(demo_spec({"dataset.path": str(tmp_path / "missing.jsonl")}))
+    # A problem only the run can find (a missing path is refused before launch: test_preflight.py).
+    missing = manager.start(demo_spec({"dataset.split": "validation"}))
     status = manager.wait(missing, timeout=120)
     assert status.state == "failed" and status.exit_code != 0
-    assert f"dataset.path: {tmp_path / 'missing.jsonl'} does not exist" in status.error
+    assert re.match(r'rank [01] failed first: ValueError: Unknown split "validation"', status.error), status.error
     assert status_json(manager.run_dir(missing))["error"] == status.error
 
     # One rank raises mid-training; the other is blocked in a collective and must not hang the run.

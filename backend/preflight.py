@@ -1,0 +1,98 @@
+"""Checks before a launch: what this machine can tell about a job before any process starts.
+
+- The job's local model folder and data file: a path that does not exist, a model folder
+  without config.json, a data file whose first rows do not parse or do not fit
+  dataset.format. These are train.py's own checks (it runs them again at start, for bundles
+  run without tunedeck), so the pre-launch check and the run say the same words.
+- The GPUs it asks for exist here and no live run holds them.
+- Resuming has an output folder to resume from.
+
+`tunedeck validate` shows the first kind as problems; RunManager.start refuses on any of them,
+before a run folder exists.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from backend import train
+from backend.runs import RunError, RunStatus
+from backend.supervisor import ACTIVE_STATES
+from backend.validate import Problem
+
+RUN_FOLDER = "<run-id>"  # relative paths in a job are taken from its run folder (train.py works there)
+
+
+def preflight(spec, runs_dir: Path) -> list[Problem]:
+    """Problems of the job's local model and data, checked from where its run will work."""
+    from backend.demo import is_built
+    from backend.spec import demo_home, spec_to_dict
+
+    job = spec_to_dict(spec)
+    home = str(demo_home())
+    if not is_built(Path(home)):
+        # The demo's model and data are built when a run needs them (RunManager.start): nothing to check yet.
+        for section, key in (("model", "name_or_path"), ("dataset", "path")):
+            if str(job[section][key]).startswith(home):
+                job[section] = {}
+    return [Problem("error", field, message) for field, message in train.input_problems(job, Path(runs_dir) / RUN_FOLDER)]
+
+
+def gpu_indices() -> list[int]:
+    """Indices of this machine's NVIDIA GPUs (NVML), or [] without a GPU or driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # pynvml.NVMLError and ImportError alike: no usable GPU
+        return []
+    try:
+        return list(range(pynvml.nvmlDeviceGetCount()))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def claim_gpus(spec, runs: list[RunStatus]) -> list[int] | None:
+    """The GPUs the run will use; refuses GPUs that a live run holds. None for CPU runs."""
+    launch = spec.launch
+    if launch.use_cpu:
+        return None
+    available = gpu_indices()
+    if not available:
+        raise RunError(
+            "no NVIDIA GPU found on this machine: set launch.use_cpu to true to train on CPU processes "
+            "(gloo), as the demo preset does"
+        )
+    wanted = available if launch.gpu_ids == "all" else [int(i) for i in launch.gpu_ids.split(",") if i]
+    missing = [i for i in wanted if i not in available]
+    if missing:
+        names = f"GPU {missing[0]} does" if len(missing) == 1 else f"GPUs {', '.join(map(str, missing))} do"
+        raise RunError(f"launch.gpu_ids: {names} not exist here; this machine has GPUs {', '.join(map(str, available))}")
+    wanted = wanted[: launch.processes_per_machine]
+    if len(wanted) < launch.processes_per_machine:
+        raise RunError(
+            f"launch.num_processes: {launch.processes_per_machine} processes need as many GPUs, and only "
+            f"{len(wanted)} are available: lower launch.num_processes"
+        )
+    for other in runs:
+        clash = sorted(set(other.gpu_ids or []) & set(wanted)) if other.state in ACTIVE_STATES else []
+        if clash:
+            names = f"GPU {clash[0]} is" if len(clash) == 1 else f"GPUs {', '.join(map(str, clash))} are"
+            raise RunError(f"{names} in use by run {other.run_id} ({other.title}): stop it, or set launch.gpu_ids to free GPUs")
+    return wanted
+
+
+def check_resume(spec, runs_dir: Path, runs: list[RunStatus]) -> None:
+    """Resuming needs an output folder that outlives a run: a relative one is inside the new, empty run folder."""
+    if not spec.training.resume_from_checkpoint or Path(spec.output_dir).expanduser().is_absolute():
+        return
+    example = next(
+        (runs_dir / run.run_id / spec.output_dir for run in runs if any((runs_dir / run.run_id / spec.output_dir).glob("checkpoint-*"))),
+        None,
+    )
+    raise RunError(
+        f"training.resume_from_checkpoint: output_dir {spec.output_dir!r} is relative to the new run's own "
+        "folder, which has no checkpoint to continue from, so the run would start again at step 0; set "
+        "output_dir to the absolute path of the output folder of the run to continue"
+        + (f", e.g. {example} (the newest run with checkpoints)" if example else "")
+    )

@@ -1,0 +1,157 @@
+"""What a run folder says about its run, read defensively; and live runs whose folder is gone.
+
+One damaged or foreign folder must never break the listing of the others: status.json is
+checked against the fields the manager reads (pydantic), and a run folder whose
+status.json is missing, unreadable or of the wrong shape is one run in state "damaged",
+with the reason. A run whose folder (or status.json) was deleted while it ran is still
+found through its supervisor, whose command line names the run folder
+(`python .../supervisor.py RUNS_DIR/RUN_ID`), so it can be listed and stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from backend.supervisor import STATUS_FILE, read_status
+
+DAMAGED = "damaged"
+SUPERVISOR_SCRIPT = "supervisor.py"
+
+
+@dataclass
+class RunStatus:
+    run_id: str
+    state: str  # queued | running | stopping | finished | failed | stopped | damaged
+    pid: int | None  # the launcher (`accelerate launch`), leader of the run's process group
+    started_at: float | None  # seconds since the epoch
+    ended_at: float | None
+    exit_code: int | None
+    error: str | None  # on failure: the error lines of the rank that failed first; damaged: why
+    title: str  # one line: model, method, strategy
+    gpu_ids: list[int] | None = None  # the GPUs the run holds (None: CPU, or unknown)
+    folder_deleted: bool = False  # live, but its folder or status.json was deleted
+
+
+class _Process(BaseModel):
+    pid: int
+    create_time: float
+
+
+# Seconds since the epoch, within what time.localtime can show (JSON may also hold 1e300 or Infinity).
+Timestamp = Annotated[float, Field(ge=0, lt=1e11)]
+
+
+class StatusFile(BaseModel):
+    """The fields of status.json that the manager reads (the supervisor writes it; see supervisor.py)."""
+
+    model_config = ConfigDict(extra="allow")
+    state: Literal["queued", "running", "stopping", "finished", "failed", "stopped"]
+    title: str = ""
+    created_at: Timestamp | None = None
+    started_at: Timestamp | None = None
+    ended_at: Timestamp | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    gpu_ids: list[int] | None = None
+    supervisor: _Process | None = None
+    launcher: _Process | None = None
+
+
+class DamagedStatus(Exception):
+    """status.json exists but cannot be trusted; the message says why."""
+
+
+def read_status_file(run_dir: Path) -> dict:
+    """status.json with the types the manager relies on. FileNotFoundError when absent, DamagedStatus when wrong."""
+    try:
+        raw = read_status(run_dir)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+        raise DamagedStatus(f"{STATUS_FILE} cannot be read ({exc})") from None
+    if not isinstance(raw, dict):
+        raise DamagedStatus(f"{STATUS_FILE} holds a JSON {type(raw).__name__}, not an object")
+    try:
+        return StatusFile.model_validate(raw).model_dump()
+    except ValidationError as exc:
+        wrong = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the file'}: {e['msg']}" for e in exc.errors()[:3])
+        raise DamagedStatus(f"{STATUS_FILE} is not a run status ({wrong})") from None
+
+
+def from_status_file(run_id: str, data: dict) -> RunStatus:
+    launcher = data.get("launcher") or {}
+    return RunStatus(
+        run_id=run_id,
+        state=data["state"],
+        pid=launcher.get("pid"),
+        started_at=data.get("started_at"),
+        ended_at=data.get("ended_at"),
+        exit_code=data.get("exit_code"),
+        error=data.get("error"),
+        title=data.get("title") or "",
+        gpu_ids=data.get("gpu_ids"),
+    )
+
+
+def damaged(run_id: str, run_dir: Path, reason: str) -> RunStatus:
+    return RunStatus(
+        run_id=run_id, state=DAMAGED, pid=None, started_at=None, ended_at=None, exit_code=None,
+        error=f"{reason}: tunedeck cannot follow this run; its files are in {run_dir} (delete the folder if you do not need them)",
+        title="damaged run folder",
+    )
+
+
+# ---------------------------------------------------------------- runs whose folder was deleted
+
+
+def live_supervisors(runs_dir: Path) -> dict[str, psutil.Process]:
+    """Run id -> live supervisor process, for every supervisor whose command line names a folder in runs_dir."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline"]):  # a zombie's command line is empty
+        cmdline = proc.info["cmdline"] or []
+        if len(cmdline) >= 2 and os.path.basename(cmdline[-2]) == SUPERVISOR_SCRIPT and Path(cmdline[-1]).parent == runs_dir:
+            found[Path(cmdline[-1]).name] = proc
+    return found
+
+
+def orphan_status(run_id: str, run_dir: Path, supervisor: psutil.Process) -> RunStatus:
+    """A live run whose status.json is gone: what its processes still tell."""
+    try:
+        children = supervisor.children()
+        gpus = supervisor.environ().get("CUDA_VISIBLE_DEVICES") or ""
+        started = supervisor.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        children, gpus, started = [], "", None
+    gone = deleted_path(run_dir)
+    return RunStatus(
+        run_id=run_id, state="running", pid=children[0].pid if children else None, started_at=started,
+        ended_at=None, exit_code=None,
+        error=(
+            f"{gone} was deleted while the run was live: its processes still run (supervisor pid {supervisor.pid}), "
+            f"but nothing of it can be recorded; stop it with `tunedeck runs stop {run_id}` or the Stop button"
+        ),
+        title=f"({gone.name if gone.name == STATUS_FILE else 'folder'} deleted)",
+        gpu_ids=[int(i) for i in gpus.split(",") if i.strip().isdigit()] or None,
+        folder_deleted=True,
+    )
+
+
+def deleted_path(run_dir: Path) -> Path:
+    """What was deleted of a run: its whole folder, or only its status.json."""
+    return run_dir if not run_dir.exists() else run_dir / STATUS_FILE
+
+
+def ask_to_stop(supervisor: psutil.Process) -> bool:
+    """SIGTERM to a run's supervisor is a stop request (supervisor.py); False if it is gone."""
+    try:
+        supervisor.send_signal(signal.SIGTERM)  # psutil checks the pid still names the same process
+        return True
+    except psutil.NoSuchProcess:
+        return False
