@@ -36,9 +36,13 @@ def free_port() -> int:
 
 
 class PanelServer:
-    """`tunedeck ui` in its own process group; stopped (group and all) at the end of the module."""
+    """`tunedeck ui` in its own process group; stopped (group and all) at the end of the module.
 
-    def __init__(self, runs_dir: Path, *args: str, env: dict | None = None):
+    With wait=False the constructor returns at once (boot the next panel while testing this one);
+    call wait_ready() before using it.
+    """
+
+    def __init__(self, runs_dir: Path, *args: str, env: dict | None = None, wait: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.runs_dir = runs_dir
@@ -53,6 +57,10 @@ class PanelServer:
             start_new_session=True,
             env={**os.environ, **(env or {})},
         )
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + 240  # the demo preset may build the demo assets first
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -80,6 +88,53 @@ class PanelServer:
 
 
 # ---------------------------------------------------------------- page helpers
+
+# Installed with page.add_init_script before the page loads: records the id of every event the
+# page sends (POST queue/join) and of every event whose result arrived (process_completed on the
+# queue/data stream, which Gradio's client reads with fetch), so a test can wait until every
+# response the page asked for has been applied, however late.
+EVENTS_TAP_JS = r"""
+(() => {
+  const sent = [], done = new Set();
+  window.__tunedeckEvents = {sent, done};
+  const original = window.fetch;
+  window.fetch = async (...args) => {
+    const response = await original(...args);
+    const url = String((args[0] && args[0].url) || args[0]);
+    if (url.includes("/queue/join")) {
+      response.clone().json().then(body => body.event_id && sent.push(body.event_id), () => {});
+    } else if (url.includes("/queue/data") && (response.headers.get("content-type") || "").includes("event-stream")) {
+      const reader = response.clone().body.getReader(), decoder = new TextDecoder();
+      let buffer = "";
+      (async () => {
+        for (;;) {
+          const {value, done: end} = await reader.read().catch(() => ({done: true}));  // Gradio aborts idle streams
+          if (end) return;
+          buffer += decoder.decode(value, {stream: true});
+          const lines = buffer.split("\n");
+          buffer = lines.pop();
+          for (const line of lines) {
+            if (!line.startsWith("data:")) continue;
+            try { const m = JSON.parse(line.slice(5)); if (m.msg === "process_completed") done.add(m.event_id); } catch (e) {}
+          }
+        }
+      })();
+    }
+    return response;
+  };
+})();
+"""
+
+
+def settle(page, timeout: float = 60_000) -> None:
+    """Wait until every event the page has sent so far has its result applied (needs EVENTS_TAP_JS)."""
+    count = page.evaluate("window.__tunedeckEvents.sent.length")
+    page.wait_for_function(
+        "n => { const e = window.__tunedeckEvents; return e.sent.slice(0, n).every(id => e.done.has(id)); }",
+        arg=count,
+        timeout=timeout,
+    )
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")  # let Svelte paint
 
 
 def field(page, path: str):
