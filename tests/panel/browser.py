@@ -89,20 +89,22 @@ class PanelServer:
 
 # ---------------------------------------------------------------- page helpers
 
-# Installed with page.add_init_script before the page loads: records the id of every event the
-# page sends (POST queue/join) and of every event whose result arrived (process_completed on the
-# queue/data stream, which Gradio's client reads with fetch), so a test can wait until every
-# response the page asked for has been applied, however late.
+# Installed with page.add_init_script before the page loads: records every event the page sends
+# (POST queue/join, answered with the event's id) and every event whose result arrived
+# (process_completed on the queue/data stream, which Gradio's client reads with fetch), so a test
+# can wait until every response the page asked for has been applied, however late.
 EVENTS_TAP_JS = r"""
 (() => {
-  const sent = [], done = new Set();
-  window.__tunedeckEvents = {sent, done};
+  const joins = [], done = new Set();
+  window.__tunedeckEvents = {joins, done};
   const original = window.fetch;
   window.fetch = async (...args) => {
-    const response = await original(...args);
     const url = String((args[0] && args[0].url) || args[0]);
-    if (url.includes("/queue/join")) {
-      response.clone().json().then(body => body.event_id && sent.push(body.event_id), () => {});
+    const join = url.includes("/queue/join") ? {id: null} : null;
+    if (join) joins.push(join);  // counted when sent, so a delayed request is waited for too
+    const response = await original(...args);
+    if (join) {
+      response.clone().json().then(body => { join.id = body.event_id; }, () => {});
     } else if (url.includes("/queue/data") && (response.headers.get("content-type") || "").includes("event-stream")) {
       const reader = response.clone().body.getReader(), decoder = new TextDecoder();
       let buffer = "";
@@ -128,9 +130,9 @@ EVENTS_TAP_JS = r"""
 
 def settle(page, timeout: float = 60_000) -> None:
     """Wait until every event the page has sent so far has its result applied (needs EVENTS_TAP_JS)."""
-    count = page.evaluate("window.__tunedeckEvents.sent.length")
+    count = page.evaluate("window.__tunedeckEvents.joins.length")
     page.wait_for_function(
-        "n => { const e = window.__tunedeckEvents; return e.sent.slice(0, n).every(id => e.done.has(id)); }",
+        "n => { const e = window.__tunedeckEvents; return e.joins.slice(0, n).every(j => j.id && e.done.has(j.id)); }",
         arg=count,
         timeout=timeout,
     )
@@ -210,3 +212,45 @@ def plot_points(page, elem_id: str) -> dict[str, int]:
                    return Object.fromEntries(d.data.map(t => [t.name, (t.x || []).length])); }""",
         elem_id,
     )
+
+
+def event_index(url: str, trigger: str, elem_id: str | None = None) -> int:
+    """Gradio's fn_index of the page's listener for `trigger` on the component `elem_id` (None: the page)."""
+    import json
+
+    config = json.load(urllib.request.urlopen(url + "config", timeout=10))
+    ids = {c["id"]: c.get("props", {}).get("elem_id") for c in config["components"]}
+    for dependency in config["dependencies"]:
+        if any(event == trigger and ids.get(target) == elem_id for target, event in dependency["targets"]):
+            return dependency["id"]
+    raise LookupError(f"no {trigger} listener on {elem_id or 'the page'}")
+
+
+class HeldEvent:
+    """Holds the browser's requests to run one listener (POST queue/join) until release():
+    a slow network or a busy server, on demand, to put responses in a chosen order."""
+
+    def __init__(self, page, fn_index: int):
+        self.fn_index, self.held, self.released = fn_index, [], False
+        self.page = page
+        page.route("**/queue/join*", self._route)
+
+    def _route(self, route) -> None:
+        import json
+
+        if not self.released and json.loads(route.request.post_data or "{}").get("fn_index") == self.fn_index:
+            self.held.append(route)
+        else:
+            route.continue_()
+
+    def wait_held(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.held:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the page sent no request for event {self.fn_index}")
+            self.page.wait_for_timeout(50)
+
+    def release(self) -> None:
+        self.released = True
+        for route in self.held:
+            route.continue_()

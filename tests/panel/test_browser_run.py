@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from panel.browser import PanelServer, open_tab, plot_points, set_field, text_of, wait_text
+from panel.browser import HeldEvent, PanelServer, event_index, field, open_tab, plot_points, set_field, text_of, wait_text
 from runs.helpers import processes_working_in, run_processes, still_alive, wait_for
 
 pytestmark = pytest.mark.browser
@@ -156,6 +156,33 @@ def test_a_refused_start_says_why_and_launches_nothing(page, server):
     wait_text(page, "#notice", "no NVIDIA GPU found", timeout=30_000)
     assert "launch.use_cpu" in page.inner_text("#notice")
     assert set(p.name for p in server.runs_dir.iterdir()) == before
+
+
+def test_start_refuses_while_the_files_shown_are_not_the_forms(page, server):
+    from backend.runs import RunManager
+
+    load(page, server)
+    before = set(p.name for p in server.runs_dir.iterdir())
+    open_tab(page, "form-sections", "Training")
+    edit = HeldEvent(page, event_index(server.url, "input", "field-training-max-steps"))
+    field(page, "training.max_steps").fill("3")  # its files are still on their way
+    edit.wait_held()
+    page.click("#start-run")
+    wait_text(page, "#notice", "Not started", timeout=30_000)
+    assert "press Start again" in page.inner_text("#notice")
+    assert set(p.name for p in server.runs_dir.iterdir()) == before
+    assert field(page, "training.max_steps").input_value() == "3"  # nothing lost
+
+    edit.release()
+    wait_text(page, "#global-batch", "Global batch")
+    page.wait_for_function("document.querySelector('#file-view').innerText.length > 0")
+    page.locator("#file-tabs label", has_text="training_args.yaml").click()
+    wait_text(page, "#file-view .cm-content", "max_steps: 3")
+    page.click("#start-run")
+    wait_text(page, "#notice", "Started run", timeout=30_000)
+    run_id = re.search(r"\d{8}-\d{6}-[0-9a-f]{6}", text_of(page, "#notice")).group(0)
+    RunManager(server.runs_dir).wait(run_id, timeout=180)
+    assert "max_steps: 3" in (server.runs_dir / run_id / "training_args.yaml").read_text()
 
 
 def test_gpu_tab_shows_the_no_gpu_state_and_host_gauges(page, server):
