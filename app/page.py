@@ -52,7 +52,8 @@ def initial_file_names(spec: JobSpec) -> list[str]:
     return list(render_bundle(spec))
 
 
-def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
+def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | None = None) -> gr.Blocks:
+    """The page; downloads are written under `work_dir` (default: a temp folder of their own)."""
     presets = ordered_presets()
     by_id = {p.id: p for p in presets}
     if preset_id is not None and preset_id not in by_id:
@@ -78,7 +79,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
                     with gr.Column(scale=6):
                         form = build_form({f.path: f.to_form(initial_values[f.path]) for f in FORM_FIELDS})
                     with gr.Column(scale=5):
-                        job = JobView(form, initial_file_names(initial_spec), BundleWriter())
+                        job = JobView(form, initial_file_names(initial_spec), BundleWriter(work_dir and work_dir / "bundles"))
                         job.build_status()
                         estimate.build_advice()
                         job.build_files()

@@ -76,9 +76,10 @@ class PanelServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self) -> None:
+    def stop(self, how: signal.Signals = signal.SIGTERM) -> None:
+        """SIGTERM as a service manager sends it, or SIGINT as Ctrl-C in a terminal does."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, how)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
