@@ -191,8 +191,14 @@ class JobView:
         return self.on_edit(event)
 
     def on_fill(self, spec, event: JobEvent) -> list:
-        """A preset, an upload or Apply: write `spec` into the form and everything derived from it."""
-        return self.updates(evaluate(values_from_spec(spec)), event, fill=True)
+        """A preset, an upload or Apply: write `spec` into the form and everything derived from it.
+
+        Derived from the values as the widgets will hold them, not from `spec` itself: a widget
+        can round (a float box shows 6 digits), and Start runs what the widgets hold.
+        """
+        values = values_from_spec(spec)
+        held = values_from_form([field.to_form(values[field.path]) for field in FORM_FIELDS])
+        return self.updates(evaluate(held), event, fill=True)
 
     def unchanged(self) -> list:
         return [gr.skip() for _ in self.outputs]

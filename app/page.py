@@ -21,8 +21,8 @@ from app.job_view import JOB_QUEUE, JobView
 from app.monitor_view import MonitorView
 from app.run_view import RunView
 from backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
-from backend.render import render_bundle
 from backend.monitor import shared_monitor
+from backend.render import render_bundle
 from backend.runs import RunError, RunManager
 from backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
 

@@ -130,13 +130,21 @@ EVENTS_TAP_JS = r"""
 
 
 def settle(page, timeout: float = 60_000) -> None:
-    """Wait until every event the page has sent so far has its result applied (needs EVENTS_TAP_JS)."""
-    count = page.evaluate("window.__tunedeckEvents.joins.length")
-    page.wait_for_function(
-        "n => { const e = window.__tunedeckEvents; return e.joins.slice(0, n).every(j => j.id && e.done.has(j.id)); }",
-        arg=count,
-        timeout=timeout,
-    )
+    """Wait until every event the page has sent has its result applied (needs EVENTS_TAP_JS).
+
+    Checked again after a pause: an `always_last` listener sends its held-back event only once
+    the previous one has answered (from a setTimeout in Gradio's client, which runs before ours).
+    """
+    while True:
+        count = page.evaluate("window.__tunedeckEvents.joins.length")
+        page.wait_for_function(
+            "n => { const e = window.__tunedeckEvents; return e.joins.slice(0, n).every(j => j.id && e.done.has(j.id)); }",
+            arg=count,
+            timeout=timeout,
+        )
+        page.wait_for_timeout(250)
+        if page.evaluate("window.__tunedeckEvents.joins.length") == count:
+            break
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")  # let Svelte paint
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 import zipfile
 
 import pytest
@@ -81,7 +82,9 @@ def test_preset_clicked_during_first_load_is_what_the_page_shows_and_what_start_
     try:
         for round_ in range(PANELS):
             server = upcoming
+            t0 = time.monotonic()
             server.wait_ready()
+            t1 = time.monotonic()
             if round_ + 1 < PANELS:
                 upcoming = PanelServer(tmp_path / f"runs-{round_ + 1}", wait=False)
             context = browser.new_context(viewport={"width": 1600, "height": 1200}, accept_downloads=True)
@@ -93,7 +96,9 @@ def test_preset_clicked_during_first_load_is_what_the_page_shows_and_what_start_
                 page.click(f"#preset-{PRESET}")  # as soon as it can be clicked: the first load is still running
                 wait_text(page, "#notice", "Loaded preset", timeout=60_000)
                 settle(page)  # the page load's response, however late, has been applied by now
+                t2 = time.monotonic()
                 shown = what_the_page_shows(page, tmp_path)
+                t3 = time.monotonic()
 
                 page.click("#start-run")
                 wait_text(page, "#notice", "Started run", timeout=60_000)
@@ -101,6 +106,7 @@ def test_preset_clicked_during_first_load_is_what_the_page_shows_and_what_start_
                 manager = RunManager(server.runs_dir)
                 manager.stop(run_id, grace_s=5)  # only its job.yaml matters here; stop before it trains
                 started.append((manager, run_id))
+                print(f"round {round_}: boot wait {t1-t0:.1f}s, load+settle {t2-t1:.1f}s, zip {t3-t2:.1f}s, start {time.monotonic()-t3:.1f}s", flush=True)
                 run_dir = server.runs_dir / run_id
                 ran = {name: (run_dir / name).read_text() for name in want["files"] if (run_dir / name).is_file()}
                 if problems := mismatches(shown, want, ran):

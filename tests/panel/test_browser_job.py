@@ -8,7 +8,6 @@ import zipfile
 import pytest
 import yaml
 from panel.browser import (
-    EVENTS_TAP_JS,
     HeldEvent,
     PanelServer,
     choose,
@@ -61,7 +60,6 @@ def test_70b_qlora_zero3_preset_shows_stage3_and_4bit(page, server):
 
 
 def test_a_page_load_answered_after_a_preset_never_paints_over_it(page, server):
-    page.add_init_script(EVENTS_TAP_JS)
     load_event = HeldEvent(page, event_index(server.url, "load"))  # a slow first load, on demand
     page.goto(server.url)
     load_event.wait_held()
@@ -75,7 +73,6 @@ def test_a_page_load_answered_after_a_preset_never_paints_over_it(page, server):
 
 
 def test_an_edit_answered_after_a_preset_is_dropped_and_later_edits_apply(page, server):
-    page.add_init_script(EVENTS_TAP_JS)
     load(page, server)
     open_tab(page, "form-sections", "Training")
     show_file(page, "training_args.yaml")

@@ -6,7 +6,18 @@ import json
 import re
 
 import pytest
-from panel.browser import HeldEvent, PanelServer, event_index, field, open_tab, plot_points, set_field, text_of, wait_text
+from panel.browser import (
+    HeldEvent,
+    PanelServer,
+    event_index,
+    field,
+    open_tab,
+    plot_points,
+    set_field,
+    settle,
+    text_of,
+    wait_text,
+)
 from runs.helpers import processes_working_in, run_processes, still_alive, wait_for
 
 pytestmark = pytest.mark.browser
@@ -54,7 +65,7 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
     load(page, server)
     open_tab(page, "form-sections", "Training")
     set_field(page, "training.max_steps", str(LONG_RUN))
-    wait_text(page, "#global-batch", "Global batch")
+    settle(page)  # Start runs what the page shows, so wait until the files show the new value
     wait_text(page, "#job-issues", "No problems")
     page.click("#start-run")
     wait_text(page, "#notice", "Started run")
@@ -138,6 +149,7 @@ def test_a_failing_run_shows_its_error_lines(page, server):
     load(page, server)
     open_tab(page, "form-sections", "Dataset")
     set_field(page, "dataset.path", "/nonexistent/train.jsonl")
+    settle(page)
     wait_text(page, "#job-issues", "No problems")  # only the run can find out
     page.click("#start-run")
     wait_text(page, "#run-state", "failed", timeout=120_000)
@@ -174,8 +186,7 @@ def test_start_refuses_while_the_files_shown_are_not_the_forms(page, server):
     assert field(page, "training.max_steps").input_value() == "3"  # nothing lost
 
     edit.release()
-    wait_text(page, "#global-batch", "Global batch")
-    page.wait_for_function("document.querySelector('#file-view').innerText.length > 0")
+    settle(page)
     page.locator("#file-tabs label", has_text="training_args.yaml").click()
     wait_text(page, "#file-view .cm-content", "max_steps: 3")
     page.click("#start-run")
