@@ -40,7 +40,8 @@ import gradio as gr
 from app.downloads import BundleWriter, bundle_digest, zip_name_for
 from app.form import Form
 from app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
-from backend.fields import FORM_FIELDS, applies, values_from_form, values_from_spec
+from backend.fields import FORM_FIELDS, applies, spec_from_values, values_from_form, values_from_spec
+from backend.render import render_bundle
 
 # Rule 1 above: one first-in-first-out lane for every event that touches the job outputs.
 JOB_QUEUE = {"concurrency_id": "job-view", "concurrency_limit": 1}
@@ -69,6 +70,10 @@ class DerivedView:
 
     def update(self, result: JobResult, shown: dict, *values) -> list:  # pragma: no cover - interface
         raise NotImplementedError
+
+
+class NotShownYet(ValueError):
+    """The files the browser shows are not those of its form (rule 3): nothing may run."""
 
 
 @dataclass
@@ -175,6 +180,19 @@ class JobView:
         """Handler arguments in `inputs` order -> a JobEvent."""
         n = len(self.form.components)
         return JobEvent(list(args[:n]), dict(args[n] or {}), args[n + 1], list(args[n + 2 :]))
+
+    def spec_as_shown(self, raw: list, shown_digest: str):
+        """The form's job, if the files beside it show that same job (rule 3); for Start (and the like).
+
+        Raises SpecError for an invalid form, NotShownYet while the page is still updating.
+        """
+        spec = spec_from_values(values_from_form(raw))
+        if bundle_digest(render_bundle(spec)) != shown_digest:
+            raise NotShownYet(
+                "the files on the right were not yet those of the form (the page was still updating). "
+                "Nothing was changed: check the files and press Start again."
+            )
+        return spec
 
     # ------------------------------------------------------------ events (all in JOB_QUEUE)
 

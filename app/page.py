@@ -12,12 +12,12 @@ from pathlib import Path
 import gradio as gr
 
 from app import monitor_view, run_view
-from app.downloads import BundleWriter, bundle_digest
+from app.downloads import BundleWriter
 from app.estimate_panel import EstimatePanel, measured_vs_predicted
 from app.errors import shown_as_message, user_message
 from app.form import build_form
 from app.job_outputs import read_uploaded_spec
-from app.job_view import JOB_QUEUE, JobView
+from app.job_view import JOB_QUEUE, JobView, NotShownYet
 from app.monitor_view import MonitorView
 from app.run_view import RunView
 from backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
@@ -29,10 +29,6 @@ from backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
 # Presets in the order a newcomer reads them: the runnable demo, then growing model sizes.
 PRESET_ORDER = ("demo", "7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp")
 TICK_S = 1.0
-NOT_SHOWN_YET = (
-    "✗ **Not started:** the files on the right were not yet those of the form (the page was still "
-    "updating). Nothing was changed: check the files and press Start again."
-)
 
 CSS = """
 #presets button { min-width: 0; }
@@ -132,11 +128,8 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
         def on_start(*args):
             *raw, shown_digest, view = args
             try:
-                spec = spec_from_values(values_from_form(raw))  # what the form shows is what runs...
-                if bundle_digest(render_bundle(spec)) != shown_digest:  # ...and the files beside it show the same job
-                    return NOT_SHOWN_YET, gr.skip(), gr.skip()
-                run_id, view = runs.start(spec, view)
-            except (SpecError, RunError) as exc:
+                run_id, view = runs.start(job.spec_as_shown(raw, shown_digest), view)  # what the page shows runs
+            except (SpecError, RunError, NotShownYet) as exc:
                 return f"✗ **Not started:** {escape(user_message(exc))}", gr.skip(), gr.skip()
             return f"Started run `{run_id}`.", view, gr.Tabs(selected="run")
 

@@ -7,7 +7,7 @@ import pytest
 
 from app.downloads import BundleWriter, bundle_digest
 from app.form import build_form
-from app.job_view import JobEvent, JobView
+from app.job_view import JobEvent, JobView, NotShownYet
 from backend.fields import FORM_FIELDS, values_from_spec
 from backend.render import render_bundle
 from backend.spec import JobSpec, load_presets, set_paths
@@ -69,3 +69,12 @@ def test_a_filled_job_shows_the_files_of_what_its_widgets_hold(job):
     widgets = [update["value"] for update in out[: len(FORM_FIELDS)]]
     what_start_runs = spec_from_values(values_from_form(widgets))  # page.on_start reads the widgets
     assert output(job, out, job.digest) == bundle_digest(render_bundle(what_start_runs))
+
+
+def test_start_gets_the_forms_job_only_while_the_files_shown_are_that_jobs(job):
+    demo = load_presets()["demo"].build()
+    shown = bundle_digest(render_bundle(demo))
+    assert job.spec_as_shown(form_of(demo), shown) == demo
+    edited = set_paths(demo, {"training.max_steps": 3})  # typed, its files still on their way
+    with pytest.raises(NotShownYet, match="press Start again"):
+        job.spec_as_shown(form_of(edited), shown)
