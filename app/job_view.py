@@ -25,7 +25,7 @@ job's files under the preset's form (7 of 20 fresh panels, issue 8). Three rules
    The page load carries the oldest values of all: it paints only if nothing painted first.
 3. Start compares. Start sends the digest of the files the browser shows (a hidden box set
    with the files) beside the form; the server renders the form's bundle and refuses on a
-   mismatch (page.py, on_start).
+   mismatch (JobView.spec_as_shown).
 """
 
 from __future__ import annotations
