@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -49,12 +52,28 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print("tunedeck ui: making sure the demo model and dataset are built (once, about a minute)...", flush=True)
     print(f"tunedeck ui: demo assets in {ensure_demo()}", flush=True)
 
+    # The panel's own temporary folder, removed on exit: Gradio's cache (every download the page
+    # offers, every upload) and the bundles the page writes. Gradio's default cache is one folder
+    # for the whole machine (/tmp/gradio) that outlives every panel, and its file route serves
+    # anything in it to a signed-in client, also what other panels put there. Set before Gradio
+    # is imported: gradio/route_utils.py reads GRADIO_TEMP_DIR at import.
+    work = Path(tempfile.mkdtemp(prefix="tunedeck-panel-"))
+    os.environ["GRADIO_TEMP_DIR"] = str(work / "gradio")
+    os.environ["GRADIO_EXAMPLES_CACHE"] = str(work / "examples")  # also served; default: ./.gradio/cached_examples
+    print(f"tunedeck ui: temporary files in {work} (removed when the panel stops)", flush=True)
+    # SIGTERM (a service manager, `kill`) closes the panel as Ctrl-C does, so the cleanup below runs.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _serve(args, credentials, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _serve(args: argparse.Namespace, credentials, work: Path) -> int:
     from app.page import build_page
     from app.serving import launch
 
-    page = build_page(Path(args.runs_dir).resolve(), preset_id=args.preset)
-    # SIGTERM (a service manager, `kill`) closes the panel as Ctrl-C does, so its exit handlers run.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    page = build_page(Path(args.runs_dir).resolve(), preset_id=args.preset, work_dir=work)
     try:
         launch(page, args.host, args.port, credentials)
     except OSError as exc:  # the port is taken, or the address is not this machine's

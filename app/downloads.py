@@ -20,6 +20,11 @@ KEEP_BUNDLES = 64  # old bundle folders beyond this are deleted, oldest first
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
+def bundle_digest(files: dict[str, str]) -> str:
+    """A short fingerprint of a bundle's files (names and contents): equal iff the bundles are."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class BundleWriter:
     def __init__(self, root: Path | None = None):
         if root:
@@ -37,8 +42,7 @@ class BundleWriter:
         for name in [*files, zip_name]:
             if not _SAFE_NAME.match(name):  # generator names are plain; refuse anything else
                 raise ValueError(f"refusing to write a bundle file named {name!r}")
-        digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
-        folder = self.root / digest
+        folder = self.root / bundle_digest(files)
         paths = [folder / "files" / name for name in files]
         zip_path = folder / zip_name
         with self._lock:

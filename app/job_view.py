@@ -4,20 +4,47 @@ One handler recomputes everything from the form's values (job_outputs.evaluate) 
 returns every output at once, so a change never cascades into a chain of events. A
 per-session `shown` state remembers what the browser already has; unchanged outputs
 are skipped, so typing in one box re-sends only what that box changed.
+
+What the page shows is a function of its form, whatever order responses come in.
+Gradio runs the events of different listeners at the same time, each with the values the
+browser had when it fired, and the browser applies responses as they finish: on a fresh
+panel the page-load handler (4-6 s) finished after a preset click and painted the default
+job's files under the preset's form (7 of 20 fresh panels, issue 8). Three rules:
+
+1. One queue. Every event that reads or writes the job outputs or `shown` (load, edits,
+   presets, upload, Apply, the file strip) runs in one concurrency group of limit 1
+   (JOB_QUEUE). Gradio 6.31 takes a group's events first in, first out, and frees the slot
+   only after the response is on the session's message stream (gradio/queueing.py,
+   process_events): responses reach the browser in the order they were computed, and each
+   handler reads the `shown` its predecessor wrote. The group is shared by all sessions; one
+   evaluation takes 0.05-0.3 s and a panel has few users.
+2. Fill count. A fill (preset, upload, Apply) replaces the form, so an event fired before
+   the browser applied it carries values the page no longer shows. The browser holds the
+   number of fills it has applied (a hidden number set by each fill's response), `shown` the
+   number sent; an edit or Apply whose count is behind is dropped whole (JobEvent.stale).
+   The page load carries the oldest values of all: it paints only if nothing painted first.
+3. Start compares. Start sends the digest of the files the browser shows (a hidden box set
+   with the files) beside the form; the server renders the form's bundle and refuses on a
+   mismatch (JobView.spec_as_shown).
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Callable
 
 import gradio as gr
 
-from app.downloads import BundleWriter, zip_name_for
+from app.downloads import BundleWriter, bundle_digest, zip_name_for
 from app.form import Form
-from app.job_outputs import JobResult, batch_markdown, issues_markdown
-from backend.fields import FORM_FIELDS, applies
+from app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
+from backend.fields import FORM_FIELDS, applies, spec_from_values, values_from_form, values_from_spec
+from backend.render import render_bundle
+
+# Rule 1 above: one first-in-first-out lane for every event that touches the job outputs.
+JOB_QUEUE = {"concurrency_id": "job-view", "concurrency_limit": 1}
 
 LANGUAGES = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".sh": "shell", ".sbatch": "shell", ".py": "python", ".md": "markdown"}
 
@@ -45,6 +72,25 @@ class DerivedView:
         raise NotImplementedError
 
 
+class NotShownYet(ValueError):
+    """The files the browser shows are not those of its form (rule 3): nothing may run."""
+
+
+@dataclass
+class JobEvent:
+    """A job event's inputs, in `JobView.inputs` order."""
+
+    raw: list  # the form's widget values
+    shown: dict  # the session's memo of what the browser has
+    fills_seen: int  # the fills the browser had applied when the event fired
+    extra: list  # the derived views' own controls (the GPU memory box)
+
+    @property
+    def stale(self) -> bool:
+        """Fired before a fill that has been sent since: its form values are no longer on the page."""
+        return int(self.fills_seen or 0) != self.shown.get("fills", 0)
+
+
 class JobView:
     def __init__(self, form: Form, file_names: list[str], writer: BundleWriter):
         self.form = form
@@ -61,6 +107,9 @@ class JobView:
         with gr.Row():
             self.start = gr.Button("▶ Start run", variant="primary", elem_id="start-run", interactive=False)
             self.zip = gr.DownloadButton("⬇ Download bundle (.zip)", elem_id="download-zip", interactive=False)
+        # Rules 2 and 3 of the module docstring: what the browser has applied, sent back with every event.
+        self.fills = gr.Number(0, precision=0, visible=False, elem_id="job-fills")
+        self.digest = gr.Textbox("", visible=False, elem_id="job-digest")
 
     def build_files(self) -> None:
         """A tab strip of the bundle's files (exactly the files of this job), one viewer, per-file downloads.
@@ -83,7 +132,11 @@ class JobView:
             self.files = gr.File(label="Each file alone", file_count="multiple", interactive=False, elem_id="bundle-files")
         self.shown = gr.State({})
         self.file_choice.input(
-            self.show_file, inputs=[self.file_choice, self.shown], outputs=[self.code, self.shown], show_progress="hidden"
+            self.show_file,
+            inputs=[self.file_choice, self.shown],
+            outputs=[self.code, self.shown],
+            show_progress="hidden",
+            **JOB_QUEUE,  # it writes `shown` too
         )
 
     def show_file(self, name: str, shown: dict) -> list:
@@ -94,6 +147,7 @@ class JobView:
 
     @property
     def outputs(self) -> list:
+        """Everything a job event may set; a fill also writes the form and the derived views' controls."""
         extra = [c for view in self.derived for c in view.outputs]
         return [
             *self.form.components,
@@ -105,6 +159,9 @@ class JobView:
             self.zip,
             self.files,
             self.shown,
+            self.fills,
+            self.digest,
+            *self.extra_inputs,
             *extra,
         ]
 
@@ -116,17 +173,60 @@ class JobView:
 
     @property
     def inputs(self) -> list:
-        """What every job event reads: the form, the session's `shown` state, the derived views' controls."""
-        return [*self.form.components, self.shown, *self.extra_inputs]
+        """What every job event reads: the form, `shown`, the browser's fill count, the derived views' controls."""
+        return [*self.form.components, self.shown, self.fills, *self.extra_inputs]
 
-    def split(self, args) -> tuple[list, dict, list]:
-        """Handler arguments in `inputs` order -> (form values, shown, derived controls' values)."""
+    def split(self, args) -> JobEvent:
+        """Handler arguments in `inputs` order -> a JobEvent."""
         n = len(self.form.components)
-        return list(args[:n]), args[n], list(args[n + 1 :])
+        return JobEvent(list(args[:n]), dict(args[n] or {}), args[n + 1], list(args[n + 2 :]))
 
-    def updates(self, result: JobResult, shown: dict, fill: bool, extra: list = ()) -> list:
-        """Every output for `result`; `fill` also writes the values into the form (preset, upload)."""
-        shown = dict(shown or {})
+    def spec_as_shown(self, raw: list, shown_digest: str):
+        """The form's job, if the files beside it show that same job (rule 3); for Start (and the like).
+
+        Raises SpecError for an invalid form, NotShownYet while the page is still updating.
+        """
+        spec = spec_from_values(values_from_form(raw))
+        if bundle_digest(render_bundle(spec)) != shown_digest:
+            raise NotShownYet(
+                "the files on the right were not yet those of the form (the page was still updating). "
+                "Nothing was changed: check the files and press Start again."
+            )
+        return spec
+
+    # ------------------------------------------------------------ events (all in JOB_QUEUE)
+
+    def on_edit(self, event: JobEvent) -> list:
+        """A field (or the GPU box) changed: recompute from the form, unless a fill made its values stale."""
+        if event.stale:
+            return self.unchanged()
+        return self.updates(evaluate(values_from_form(event.raw)), event, fill=False)
+
+    def on_load(self, event: JobEvent) -> list:
+        """First paint of a new page: only if no other job event painted before it (rule 2)."""
+        if event.shown.get("painted"):
+            return self.unchanged()
+        return self.on_edit(event)
+
+    def on_fill(self, spec, event: JobEvent) -> list:
+        """A preset, an upload or Apply: write `spec` into the form and everything derived from it.
+
+        Derived from the values as the widgets will hold them, not from `spec` itself: a widget
+        can round (a float box shows 6 digits), and Start runs what the widgets hold.
+        """
+        values = values_from_spec(spec)
+        held = values_from_form([field.to_form(values[field.path]) for field in FORM_FIELDS])
+        return self.updates(evaluate(held), event, fill=True)
+
+    def unchanged(self) -> list:
+        return [gr.skip() for _ in self.outputs]
+
+    def updates(self, result: JobResult, event: JobEvent, fill: bool) -> list:
+        """Every output for `result`; `fill` also writes the values into the form (preset, upload, Apply)."""
+        shown = dict(event.shown)
+        shown["painted"] = True
+        if fill:
+            shown["fills"] = shown.get("fills", 0) + 1
         out: list[Any] = []
         invalid = result.error_fields
         for field, component in zip(FORM_FIELDS, self.form.components):
@@ -156,6 +256,7 @@ class JobView:
             shown.update(names=names, choice=choice, code=(choice, digest), files=files)
         else:
             out += [gr.skip(), gr.skip()]
+        shown_digest = bundle_digest(files) if files else gr.skip()  # what Start compares with (rule 3)
 
         out.append(issues_markdown(result))
         out.append(batch_markdown(result.values))
@@ -172,7 +273,9 @@ class JobView:
             out += [gr.update(interactive=False), None]
             shown["zip"] = None
         out.append(shown)  # the same dict: derived views below still add their memo to it
-        extra = list(extra)
+        out += [shown["fills"] if fill else gr.skip(), shown_digest]
+        out += list(event.extra) if fill else [gr.skip() for _ in event.extra]  # what the estimate was computed with
+        extra = list(event.extra)
         for view in self.derived:
             values, extra = extra[: len(view.inputs)], extra[len(view.inputs) :]
             out += view.update(result, shown, *values)
@@ -187,5 +290,5 @@ class JobView:
             outputs=self.outputs,
             trigger_mode="always_last",
             show_progress="hidden",
-            queue=True,
+            **JOB_QUEUE,
         )

@@ -16,12 +16,13 @@ from app.downloads import BundleWriter
 from app.estimate_panel import EstimatePanel, measured_vs_predicted
 from app.errors import shown_as_message, user_message
 from app.form import build_form
-from app.job_outputs import evaluate, read_uploaded_spec
-from app.job_view import JobView
+from app.job_outputs import read_uploaded_spec
+from app.job_view import JOB_QUEUE, JobView, NotShownYet
 from app.monitor_view import MonitorView
 from app.run_view import RunView
 from backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
 from backend.monitor import shared_monitor
+from backend.render import render_bundle
 from backend.runs import RunError, RunManager
 from backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
 
@@ -44,12 +45,11 @@ def ordered_presets() -> list[Preset]:
 
 
 def initial_file_names(spec: JobSpec) -> list[str]:
-    from backend.render import render_bundle
-
     return list(render_bundle(spec))
 
 
-def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
+def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | None = None) -> gr.Blocks:
+    """The page; downloads are written under `work_dir` (default: a temp folder of their own)."""
     presets = ordered_presets()
     by_id = {p.id: p for p in presets}
     if preset_id is not None and preset_id not in by_id:
@@ -75,7 +75,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
                     with gr.Column(scale=6):
                         form = build_form({f.path: f.to_form(initial_values[f.path]) for f in FORM_FIELDS})
                     with gr.Column(scale=5):
-                        job = JobView(form, initial_file_names(initial_spec), BundleWriter())
+                        job = JobView(form, initial_file_names(initial_spec), BundleWriter(work_dir and work_dir / "bundles"))
                         job.build_status()
                         estimate.build_advice()
                         job.build_files()
@@ -88,61 +88,54 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
         timer = gr.Timer(TICK_S)
         monitor_seen = gr.State({"tab": "job", "sample": None})
 
-        # ---------------------------------------------------------- job
-        @shown_as_message
-        def on_form_change(*args):
-            raw, shown, extra = job.split(args)
-            return job.updates(evaluate(values_from_form(raw)), shown, fill=False, extra=extra)
-
-        def fill_with(spec: JobSpec, shown: dict, extra: list, message: str) -> list:
-            return [*job.updates(evaluate(values_from_spec(spec)), shown, fill=True, extra=extra), message]
-
-        job.wire(on_form_change)
+        # ---------------------------------------------------------- job (ordering: see job_view's docstring)
+        job.wire(shown_as_message(lambda *args: job.on_edit(job.split(args))))
+        filled = dict(outputs=[*job.outputs, notice], show_progress="hidden", **JOB_QUEUE)
         for preset, button in zip(presets, preset_buttons):
 
             @shown_as_message
             def on_preset(*args, preset=preset):
-                _, shown, extra = job.split(args)
-                return fill_with(preset.build(), shown, extra, f"Loaded preset **{preset.title}**: {preset.description}")
+                message = f"Loaded preset **{preset.title}**: {preset.description}"
+                return [*job.on_fill(preset.build(), job.split(args)), message]
 
-            button.click(on_preset, inputs=job.inputs, outputs=[*job.outputs, notice], show_progress="hidden")
+            button.click(on_preset, inputs=job.inputs, **filled)
 
         @shown_as_message
         def on_upload(path, *args):
-            _, shown, extra = job.split(args)
             message, spec = read_uploaded_spec(path)
             if spec is None:
-                return [*(gr.skip() for _ in job.outputs), message]
-            return fill_with(spec, shown, extra, message)
+                return [*job.unchanged(), message]
+            return [*job.on_fill(spec, job.split(args)), message]
 
-        upload.upload(on_upload, inputs=[upload, *job.inputs], outputs=[*job.outputs, notice], show_progress="hidden")
+        upload.upload(on_upload, inputs=[upload, *job.inputs], **filled)
 
         @shown_as_message
         def on_apply(*args):
-            raw, shown, extra = job.split(args)
-            spec = spec_from_values(values_from_form(raw))
-            strategy, changes = estimate.recommended_changes(spec, *extra)
+            event = job.split(args)
+            if event.stale:  # the advice the user saw was for a job the page has since replaced
+                return [*job.unchanged(), "The job changed before Apply arrived; read the new advice and press Apply again."]
+            spec = spec_from_values(values_from_form(event.raw))
+            strategy, changes = estimate.recommended_changes(spec, *event.extra)
             if not changes:
-                return [*(gr.skip() for _ in job.outputs), "The job already follows the recommendation."]
+                return [*job.unchanged(), "The job already follows the recommendation."]
             applied = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
-            return fill_with(set_paths(spec, changes), shown, extra, f"Applied **{strategy}**: {applied}.")
+            return [*job.on_fill(set_paths(spec, changes), event), f"Applied **{strategy}**: {applied}."]
 
-        estimate.apply.click(on_apply, inputs=job.inputs, outputs=[*job.outputs, notice], show_progress="hidden")
+        estimate.apply.click(on_apply, inputs=job.inputs, **filled)
 
         # ---------------------------------------------------------- runs
         @shown_as_message
         def on_start(*args):
-            *raw, view = args
+            *raw, shown_digest, view = args
             try:
-                spec = spec_from_values(values_from_form(raw))  # what the form shows is what runs
-                run_id, view = runs.start(spec, view)
-            except (SpecError, RunError) as exc:
+                run_id, view = runs.start(job.spec_as_shown(raw, shown_digest), view)  # what the page shows runs
+            except (SpecError, RunError, NotShownYet) as exc:
                 return f"✗ **Not started:** {escape(user_message(exc))}", gr.skip(), gr.skip()
             return f"Started run `{run_id}`.", view, gr.Tabs(selected="run")
 
         job.start.click(
             on_start,
-            inputs=[*form.components, runs.view],
+            inputs=[*form.components, job.digest, runs.view],
             outputs=[notice, runs.view, main_tabs],
             concurrency_limit=1,  # one launch at a time, whoever clicks
             show_progress="minimal",
@@ -183,9 +176,8 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
         @shown_as_message
         def on_load(*args):
             *job_args, view, smoothing, log_scale, overlay = args
-            raw, _, extra = job.split(job_args)
             return [
-                *job.updates(evaluate(values_from_form(raw)), {}, fill=False, extra=extra),
+                *job.on_load(job.split(job_args)),
                 *runs.render(view, smoothing, log_scale, overlay or None, force=True),
             ]
 
@@ -194,6 +186,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None) -> gr.Blocks:
             inputs=[*job.inputs, runs.view, *runs.chart_inputs],
             outputs=[*job.outputs, *runs.outputs],
             show_progress="hidden",
+            **JOB_QUEUE,
         )
     page.tunedeck_css = CSS  # launch() takes css in Gradio 6
     return page

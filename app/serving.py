@@ -61,9 +61,19 @@ def check_exposure(host: str, credentials: list[tuple[str, str]] | None) -> None
     )
 
 
+AUTH_MESSAGE = "Sign in with the user and password given to `tunedeck ui --auth`."
+
+
 def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None, block: bool = True):
-    """Serve `page`; no tracebacks in responses (show_error=False), small uploads only."""
+    """Serve `page`; no tracebacks in responses (show_error=False), small uploads only.
+
+    With credentials every route sits behind app/auth_gate.py's SignInGate (Gradio's own checks
+    leave some routes open), and passwords are compared in constant time.
+    """
     import gradio as gr
+    from starlette.middleware import Middleware
+
+    from app.auth_gate import SignInGate, password_checker
 
     check_exposure(host, credentials)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -71,8 +81,9 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
     app = page.launch(
         server_name=host,
         server_port=port,
-        auth=credentials,
-        auth_message="tunedeck: sign in with the user and password given to `tunedeck ui --auth`.",
+        auth=password_checker(credentials) if credentials else None,
+        auth_message=AUTH_MESSAGE,
+        app_kwargs={"middleware": [Middleware(SignInGate, message=AUTH_MESSAGE)]} if credentials else None,
         show_error=False,
         ssr_mode=False,
         max_file_size="1mb",

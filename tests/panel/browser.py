@@ -36,9 +36,13 @@ def free_port() -> int:
 
 
 class PanelServer:
-    """`tunedeck ui` in its own process group; stopped (group and all) at the end of the module."""
+    """`tunedeck ui` in its own process group; stopped (group and all) at the end of the module.
 
-    def __init__(self, runs_dir: Path, *args: str, env: dict | None = None):
+    With wait=False the constructor returns at once (boot the next panel while testing this one);
+    call wait_ready() before using it.
+    """
+
+    def __init__(self, runs_dir: Path, *args: str, env: dict | None = None, wait: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.runs_dir = runs_dir
@@ -53,6 +57,10 @@ class PanelServer:
             start_new_session=True,
             env={**os.environ, **(env or {})},
         )
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + 240  # the demo preset may build the demo assets first
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -68,9 +76,10 @@ class PanelServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self) -> None:
+    def stop(self, how: signal.Signals = signal.SIGTERM) -> None:
+        """SIGTERM as a service manager sends it, or SIGINT as Ctrl-C in a terminal does."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, how)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -80,6 +89,63 @@ class PanelServer:
 
 
 # ---------------------------------------------------------------- page helpers
+
+# Installed with page.add_init_script before the page loads: records every event the page sends
+# (POST queue/join, answered with the event's id) and every event whose result arrived
+# (process_completed on the queue/data stream, which Gradio's client reads with fetch), so a test
+# can wait until every response the page asked for has been applied, however late.
+EVENTS_TAP_JS = r"""
+(() => {
+  const joins = [], done = new Set();
+  window.__tunedeckEvents = {joins, done};
+  const original = window.fetch;
+  window.fetch = async (...args) => {
+    const url = String((args[0] && args[0].url) || args[0]);
+    const join = url.includes("/queue/join") ? {id: null} : null;
+    if (join) joins.push(join);  // counted when sent, so a delayed request is waited for too
+    const response = await original(...args);
+    if (join) {
+      response.clone().json().then(body => { join.id = body.event_id; }, () => {});
+    } else if (url.includes("/queue/data") && (response.headers.get("content-type") || "").includes("event-stream")) {
+      const reader = response.clone().body.getReader(), decoder = new TextDecoder();
+      let buffer = "";
+      (async () => {
+        for (;;) {
+          const {value, done: end} = await reader.read().catch(() => ({done: true}));  // Gradio aborts idle streams
+          if (end) return;
+          buffer += decoder.decode(value, {stream: true});
+          const lines = buffer.split("\n");
+          buffer = lines.pop();
+          for (const line of lines) {
+            if (!line.startsWith("data:")) continue;
+            try { const m = JSON.parse(line.slice(5)); if (m.msg === "process_completed") done.add(m.event_id); } catch (e) {}
+          }
+        }
+      })();
+    }
+    return response;
+  };
+})();
+"""
+
+
+def settle(page, timeout: float = 60_000) -> None:
+    """Wait until every event the page has sent has its result applied (needs EVENTS_TAP_JS).
+
+    Checked again after a pause: an `always_last` listener sends its held-back event only once
+    the previous one has answered (from a setTimeout in Gradio's client, which runs before ours).
+    """
+    while True:
+        count = page.evaluate("window.__tunedeckEvents.joins.length")
+        page.wait_for_function(
+            "n => { const e = window.__tunedeckEvents; return e.joins.slice(0, n).every(j => j.id && e.done.has(j.id)); }",
+            arg=count,
+            timeout=timeout,
+        )
+        page.wait_for_timeout(250)
+        if page.evaluate("window.__tunedeckEvents.joins.length") == count:
+            break
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")  # let Svelte paint
 
 
 def field(page, path: str):
@@ -155,3 +221,45 @@ def plot_points(page, elem_id: str) -> dict[str, int]:
                    return Object.fromEntries(d.data.map(t => [t.name, (t.x || []).length])); }""",
         elem_id,
     )
+
+
+def event_index(url: str, trigger: str, elem_id: str | None = None) -> int:
+    """Gradio's fn_index of the page's listener for `trigger` on the component `elem_id` (None: the page)."""
+    import json
+
+    config = json.load(urllib.request.urlopen(url + "config", timeout=10))
+    ids = {c["id"]: c.get("props", {}).get("elem_id") for c in config["components"]}
+    for dependency in config["dependencies"]:
+        if any(event == trigger and ids.get(target) == elem_id for target, event in dependency["targets"]):
+            return dependency["id"]
+    raise LookupError(f"no {trigger} listener on {elem_id or 'the page'}")
+
+
+class HeldEvent:
+    """Holds the browser's requests to run one listener (POST queue/join) until release():
+    a slow network or a busy server, on demand, to put responses in a chosen order."""
+
+    def __init__(self, page, fn_index: int):
+        self.fn_index, self.held, self.released = fn_index, [], False
+        self.page = page
+        page.route("**/queue/join*", self._route)
+
+    def _route(self, route) -> None:
+        import json
+
+        if not self.released and json.loads(route.request.post_data or "{}").get("fn_index") == self.fn_index:
+            self.held.append(route)
+        else:
+            route.continue_()
+
+    def wait_held(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.held:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the page sent no request for event {self.fn_index}")
+            self.page.wait_for_timeout(50)
+
+    def release(self) -> None:
+        self.released = True
+        for route in self.held:
+            route.continue_()

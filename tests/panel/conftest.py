@@ -1,5 +1,7 @@
 """Fixtures for the panel's browser tests: one Chromium per session, a screenshot after every test.
 
+Every page records the events it sends and their results (browser.EVENTS_TAP_JS), for settle().
+
 Every browser test saves a screenshot under test-artifacts/panel/ (git-ignored), passed or failed.
 """
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from panel.browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS
+from panel.browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, EVENTS_TAP_JS
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +30,7 @@ def browser():
 @pytest.fixture
 def page(browser, request):
     context = browser.new_context(viewport={"width": 1600, "height": 1200}, accept_downloads=True)
+    context.add_init_script(EVENTS_TAP_JS)  # so a test can settle(page): wait for every response it asked for
     page = context.new_page()
     page.set_default_timeout(20_000)
     yield page

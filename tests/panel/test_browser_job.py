@@ -7,7 +7,22 @@ import zipfile
 
 import pytest
 import yaml
-from panel.browser import PanelServer, choose, code_text, field, file_names, fill, open_tab, set_field, show_file, wait_text
+from panel.browser import (
+    HeldEvent,
+    PanelServer,
+    choose,
+    code_text,
+    event_index,
+    field,
+    file_names,
+    fill,
+    open_tab,
+    set_field,
+    settle,
+    show_file,
+    text_of,
+    wait_text,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -42,6 +57,42 @@ def test_70b_qlora_zero3_preset_shows_stage3_and_4bit(page, server):
     assert field(page, "quantization.bnb_4bit_quant_storage").input_value() == "bfloat16"
     show_file(page, "accelerate_config.yaml")
     wait_text(page, "#file-view .cm-content", "DEEPSPEED")
+
+
+def test_a_page_load_answered_after_a_preset_never_paints_over_it(page, server):
+    load_event = HeldEvent(page, event_index(server.url, "load"))  # a slow first load, on demand
+    page.goto(server.url)
+    load_event.wait_held()
+    page.click("#preset-70b-qlora-zero3")
+    wait_text(page, "#global-batch", "8 processes")
+    load_event.release()
+    settle(page)  # the load's response has arrived and been applied
+    assert "× 8 processes" in text_of(page, "#global-batch")
+    assert "meta-llama/Llama-2-70b-hf" in code_text(page)
+    assert field(page, "model.name_or_path").input_value() == "meta-llama/Llama-2-70b-hf"
+
+
+def test_an_edit_answered_after_a_preset_is_dropped_and_later_edits_apply(page, server):
+    load(page, server)
+    open_tab(page, "form-sections", "Training")
+    show_file(page, "training_args.yaml")
+    edit = HeldEvent(page, event_index(server.url, "input", "field-training-gradient-accumulation-steps"))
+    field(page, "training.gradient_accumulation_steps").fill("12")  # sent, but answered only after the preset
+    edit.wait_held()
+    page.click("#preset-70b-qlora-zero3")
+    wait_text(page, "#global-batch", "8 processes")
+    edit.release()
+    settle(page)
+    # The form shows the preset (its accumulation steps replaced the 12), and so do the files.
+    steps = field(page, "training.gradient_accumulation_steps").input_value()
+    assert steps != "12"
+    assert f"gradient_accumulation_steps: {steps}" in code_text(page)
+    assert f"× {steps} accumulation steps" in text_of(page, "#global-batch")
+    assert "8 processes" in text_of(page, "#global-batch")
+
+    field(page, "training.gradient_accumulation_steps").fill("24")  # the page still follows its form
+    wait_text(page, "#file-view .cm-content", "gradient_accumulation_steps: 24")
+    wait_text(page, "#global-batch", "× 24 accumulation steps")
 
 
 def test_changing_a_field_updates_the_files_within_a_second(page, server):

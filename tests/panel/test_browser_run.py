@@ -6,7 +6,18 @@ import json
 import re
 
 import pytest
-from panel.browser import PanelServer, open_tab, plot_points, set_field, text_of, wait_text
+from panel.browser import (
+    HeldEvent,
+    PanelServer,
+    event_index,
+    field,
+    open_tab,
+    plot_points,
+    set_field,
+    settle,
+    text_of,
+    wait_text,
+)
 from runs.helpers import processes_working_in, run_processes, still_alive, wait_for
 
 pytestmark = pytest.mark.browser
@@ -54,7 +65,7 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
     load(page, server)
     open_tab(page, "form-sections", "Training")
     set_field(page, "training.max_steps", str(LONG_RUN))
-    wait_text(page, "#global-batch", "Global batch")
+    settle(page)  # Start runs what the page shows, so wait until the files show the new value
     wait_text(page, "#job-issues", "No problems")
     page.click("#start-run")
     wait_text(page, "#notice", "Started run")
@@ -138,12 +149,14 @@ def test_a_failing_run_shows_its_error_lines(page, server):
     load(page, server)
     open_tab(page, "form-sections", "Dataset")
     set_field(page, "dataset.path", "/nonexistent/train.jsonl")
+    settle(page)
     wait_text(page, "#job-issues", "No problems")
     page.click("#start-run")  # a missing data file is found at Start, before anything launches
     wait_text(page, "#notice", "dataset.path: /nonexistent/train.jsonl does not exist", timeout=60_000)
     load(page, server)
     open_tab(page, "form-sections", "Dataset")
     set_field(page, "dataset.split", "validation")
+    settle(page)
     wait_text(page, "#job-issues", "No problems")  # only the run can find out
     page.click("#start-run")
     wait_text(page, "#run-state", "failed", timeout=120_000)
@@ -162,6 +175,32 @@ def test_a_refused_start_says_why_and_launches_nothing(page, server):
     wait_text(page, "#notice", "no NVIDIA GPU found", timeout=30_000)
     assert "launch.use_cpu" in page.inner_text("#notice")
     assert set(p.name for p in server.runs_dir.iterdir()) == before
+
+
+def test_start_refuses_while_the_files_shown_are_not_the_forms(page, server):
+    from backend.runs import RunManager
+
+    load(page, server)
+    before = set(p.name for p in server.runs_dir.iterdir())
+    open_tab(page, "form-sections", "Training")
+    edit = HeldEvent(page, event_index(server.url, "input", "field-training-max-steps"))
+    field(page, "training.max_steps").fill("3")  # its files are still on their way
+    edit.wait_held()
+    page.click("#start-run")
+    wait_text(page, "#notice", "Not started", timeout=30_000)
+    assert "press Start again" in page.inner_text("#notice")
+    assert set(p.name for p in server.runs_dir.iterdir()) == before
+    assert field(page, "training.max_steps").input_value() == "3"  # nothing lost
+
+    edit.release()
+    settle(page)
+    page.locator("#file-tabs label", has_text="training_args.yaml").click()
+    wait_text(page, "#file-view .cm-content", "max_steps: 3")
+    page.click("#start-run")
+    wait_text(page, "#notice", "Started run", timeout=30_000)
+    run_id = re.search(r"\d{8}-\d{6}-[0-9a-f]{6}", text_of(page, "#notice")).group(0)
+    RunManager(server.runs_dir).wait(run_id, timeout=180)
+    assert "max_steps: 3" in (server.runs_dir / run_id / "training_args.yaml").read_text()
 
 
 def test_gpu_tab_shows_the_no_gpu_state_and_host_gauges(page, server):

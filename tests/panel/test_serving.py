@@ -80,19 +80,3 @@ def test_auth_protects_the_panel_and_its_api(tmp_path):
         assert opener.open(server.url + "config", timeout=10).status == 200
     finally:
         server.stop()
-
-
-def test_a_stopped_panel_leaves_no_download_folder_behind(tmp_path):
-    from panel.browser import PanelServer
-    from runs.helpers import wait_for
-
-    temp = tmp_path / "tmp"
-    temp.mkdir()
-    server = PanelServer(tmp_path / "runs", env={"TMPDIR": str(temp)})
-    try:
-        assert len(list(temp.glob("tunedeck-bundles-*"))) == 1  # where the page's downloads are written
-        wait_for(lambda: "the panel is at" in server.log(), 30, what="the panel to finish starting")
-    finally:
-        server.stop()  # SIGTERM, as `kill` or a service manager sends
-    assert server.proc.returncode == 0, server.log()
-    assert list(temp.glob("tunedeck-bundles-*")) == []

@@ -1,0 +1,122 @@
+"""What the page shows is what Start runs, also when a preset is clicked during the first load.
+
+On a fresh panel the page-load handler takes seconds; it used to finish after a preset click
+and paint the default job's files, batch line and zip under the preset's form (issue 8).
+Each round starts a fresh panel (the next one boots while this one is tested), clicks a
+preset as soon as the page is up, waits until every response the page asked for has been
+applied, then compares the form, the file view, the batch line, the downloaded zip and the
+folder of the run that Start started.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+import zipfile
+
+import pytest
+from panel.browser import EVENTS_TAP_JS, PanelServer, code_text, field, settle, text_of, wait_text
+
+pytestmark = pytest.mark.browser
+
+PANELS = 10
+PRESET = "demo"  # the one preset that can start on a machine without a GPU; the page opens on the 7B default
+
+
+def expected_page(spec) -> dict:
+    from app.job_outputs import batch_markdown
+    from backend.fields import values_from_spec
+    from backend.render import render_bundle
+
+    return {
+        "model": str(spec.model.name_or_path),
+        "files": render_bundle(spec),
+        "batch": batch_markdown(values_from_spec(spec)).replace("**", ""),
+    }
+
+
+def what_the_page_shows(page, tmp_path) -> dict:
+    with page.expect_download() as download:
+        page.click("#download-zip")
+    zip_path = tmp_path / "bundle.zip"
+    download.value.save_as(zip_path)
+    with zipfile.ZipFile(io.BytesIO(zip_path.read_bytes())) as archive:
+        zipped = {name: archive.read(name).decode() for name in archive.namelist()}
+    return {
+        "model": field(page, "model.name_or_path").input_value(),
+        "file view": (page.locator("#file-view label, #file-view [data-testid=block-info]").first.inner_text(), code_text(page)),
+        "batch": " ".join(text_of(page, "#global-batch").split()),
+        "issues": text_of(page, "#job-issues"),
+        "zip": zipped,
+    }
+
+
+def mismatches(shown: dict, want: dict, ran: dict) -> list[str]:
+    found = []
+    if shown["model"] != want["model"]:
+        found.append(f"form model {shown['model']!r}, preset {want['model']!r}")
+    label, text = shown["file view"]
+    head = [line.rstrip() for line in want["files"]["job.yaml"].splitlines()[:15]]
+    if label.strip() != "job.yaml" or [line.rstrip() for line in text.splitlines()[:15]] != head:
+        found.append(f"file view shows {label.strip()}: {text[:200]!r}")
+    if shown["batch"] != " ".join(want["batch"].split()):
+        found.append(f"batch line {shown['batch']!r}, want {want['batch']!r}")
+    if "No problems" not in shown["issues"]:
+        found.append(f"problems box {shown['issues']!r}")
+    if shown["zip"] != want["files"]:
+        found.append("zip differs: " + ", ".join(n for n in want["files"] if shown["zip"].get(n) != want["files"][n]))
+    if ran != want["files"]:
+        found.append("Start ran another job: " + ", ".join(n for n in want["files"] if ran.get(n) != want["files"][n]))
+    return found
+
+
+def test_preset_clicked_during_first_load_is_what_the_page_shows_and_what_start_runs(browser, tmp_path, demo_home):
+    from backend.runs import RunManager
+    from backend.spec import load_presets
+
+    want = expected_page(load_presets()[PRESET].build())
+    found: dict[int, list[str]] = {}
+    started: list[tuple[RunManager, str]] = []
+    upcoming = PanelServer(tmp_path / "runs-0", wait=False)
+    try:
+        for round_ in range(PANELS):
+            server = upcoming
+            t0 = time.monotonic()
+            server.wait_ready()
+            t1 = time.monotonic()
+            if round_ + 1 < PANELS:
+                upcoming = PanelServer(tmp_path / f"runs-{round_ + 1}", wait=False)
+            context = browser.new_context(viewport={"width": 1600, "height": 1200}, accept_downloads=True)
+            try:
+                page = context.new_page()
+                page.set_default_timeout(60_000)
+                page.add_init_script(EVENTS_TAP_JS)
+                page.goto(server.url)
+                page.click(f"#preset-{PRESET}")  # as soon as it can be clicked: the first load is still running
+                wait_text(page, "#notice", "Loaded preset", timeout=60_000)
+                settle(page)  # the page load's response, however late, has been applied by now
+                t2 = time.monotonic()
+                shown = what_the_page_shows(page, tmp_path)
+                t3 = time.monotonic()
+
+                page.click("#start-run")
+                wait_text(page, "#notice", "Started run", timeout=60_000)
+                run_id = re.search(r"\d{8}-\d{6}-[0-9a-f]{6}", text_of(page, "#notice")).group(0)
+                manager = RunManager(server.runs_dir)
+                manager.stop(run_id, grace_s=5)  # only its job.yaml matters here; stop before it trains
+                started.append((manager, run_id))
+                print(f"round {round_}: boot wait {t1-t0:.1f}s, load+settle {t2-t1:.1f}s, zip {t3-t2:.1f}s, start {time.monotonic()-t3:.1f}s", flush=True)
+                run_dir = server.runs_dir / run_id
+                ran = {name: (run_dir / name).read_text() for name in want["files"] if (run_dir / name).is_file()}
+                if problems := mismatches(shown, want, ran):
+                    found[round_] = problems
+            finally:
+                context.close()
+                server.stop()
+    finally:
+        upcoming.stop()
+        for manager, run_id in started:
+            manager.stop(run_id, grace_s=5)
+            manager.wait(run_id, timeout=120)
+    assert not found, f"{len(found)} of {PANELS} fresh panels showed or ran another job than the form: {found}"
