@@ -93,7 +93,10 @@ class FormField:
         if value is None and self.kind in ("text", "float", "choice"):
             return ""
         if self.kind == "float":
-            return f"{value:g}"  # 0.0002, 1e-05: what people type
+            # Shortest text that reads back as the same float (0.0002, 1e-05, 0.000123456789):
+            # "{:g}" would round to 6 digits, so the form would run another value than the spec's.
+            text = repr(float(value))
+            return text[:-2] if text.endswith(".0") else text
         if self.kind == "text":
             return ", ".join(value) if isinstance(value, list) else str(value)
         return value
