@@ -64,6 +64,11 @@ def run_title(job: dict) -> str:
     return f"{model} · {job.get('method', '?')} · {strategy.get('kind', '?')} · {launch.get('num_processes', 1)}x{where}"
 
 
+def _inherited_env() -> dict[str, str]:
+    """This process's environment minus the panel's own Gradio folders (removed when the panel exits)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GRADIO_")}
+
+
 class RunManager:
     def __init__(self, runs_dir: Path | str = "runs"):
         self.runs_dir = Path(runs_dir).resolve()
@@ -105,7 +110,7 @@ class RunManager:
                 self._supervisors[run_id] = subprocess.Popen(
                     [sys.executable, supervisor.__file__, str(run_dir)],
                     cwd=run_dir,
-                    env={**os.environ, **env_changes},
+                    env={**_inherited_env(), **env_changes},
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
