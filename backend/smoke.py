@@ -143,6 +143,32 @@ def _on_gpus(spec: JobSpec, gpus: int) -> dict:
     }
 
 
+def start_smoke_run(manager, spec: JobSpec) -> str:
+    """Validate the job, start its smoke run in the manager's runs folder, return the run id.
+
+    What `tunedeck train SPEC --smoke` and the panel's Smoke test button call. Raises SmokeError
+    (the job, or its smoke version, has errors: every problem is in the message) or RunError.
+    """
+    from backend.runs import gpu_indices
+    from backend.validate import validate
+
+    errors = [p for p in validate(spec) if p.level == "error"]
+    if errors:
+        raise SmokeError("the job has errors:\n" + "\n".join(f"- {p.field}: {p.message}" for p in errors))
+    smoke = smoke_spec(spec, gpus=0 if spec.launch.use_cpu else len(gpu_indices()))
+    errors = [p for p in validate(smoke) if p.level == "error"]
+    if errors:
+        where = "on GPUs" if not smoke.launch.use_cpu else "on CPU processes"
+        raise SmokeError(f"the job cannot be smoke-tested {where}:\n" + "\n".join(f"- {p.field}: {p.message}" for p in errors))
+    return manager.start(smoke)
+
+
+def is_smoke_job(job: dict) -> bool:
+    """A run's job.yaml (as a dict) is a smoke run's: its model is one of the tiny models."""
+    model = str((job.get("model") or {}).get("name_or_path", ""))
+    return Path(model).expanduser().parent == smoke_home()
+
+
 # ---------------------------------------------------------------- the tiny model
 
 

@@ -315,11 +315,11 @@ def load_datasets(job: dict, args, tokenizer):
 
 def count_parameters(model) -> tuple[int, int]:
     """(trainable, total), counting ZeRO-3 partitioned and 4-bit packed parameters at full size (as PEFT does)."""
+    # A 4-bit weight holds in x out values, packed; under FSDP2 it is a DTensor, no longer a Params4bit.
+    four_bit = {id(m.weight): m.in_features * m.out_features for m in model.modules() if type(m).__name__ == "Linear4bit"}
     trainable = total = 0
     for param in model.parameters():
-        n = param.ds_numel if hasattr(param, "ds_numel") else param.numel()
-        if param.__class__.__name__ == "Params4bit":
-            n *= 2 * param.element_size()  # two 4-bit values per byte of storage
+        n = four_bit.get(id(param)) or (param.ds_numel if hasattr(param, "ds_numel") else param.numel())
         total += n
         if param.requires_grad:
             trainable += n
@@ -456,7 +456,7 @@ def expected_run(job: dict) -> dict:
         "zero_stage": int(kind[-1]) if engine == "deepspeed" else None,
         "fsdp_version": int(strategy.get("fsdp_version", 2)) if engine == "fsdp" else None,
         "bits": (job.get("quantization") or {}).get("bits"),
-        "trainable_params": expected_trainable(job),
+        "trainable_params": None,  # train() adds expected_trainable(job)
     }
 
 
@@ -490,6 +490,9 @@ def expected_trainable(job: dict) -> int | None:
 
 
 def engine_of(facts: dict) -> str:
+    """deepspeed | fsdp | ddp | none: from the wrapped model, or before wrapping from accelerate's distributed type."""
+    if "model_class" not in facts:  # FSDP or DDP is only decided when the model is wrapped
+        return {"DEEPSPEED": "deepspeed", "NO": "none"}.get(facts["distributed_type"], "ddp")
     if facts.get("zero_stage") is not None:
         return "deepspeed"
     if facts.get("fsdp_version"):
@@ -498,34 +501,60 @@ def engine_of(facts: dict) -> str:
 
 
 def gate_problems(expected: dict, facts: dict) -> list[str]:
-    """Each difference between the job and what the run got, worded with its likely cause."""
-    problems = []
+    """Each difference between the job and what the run got, worded with its likely cause.
+
+    facts: a start record; or, earlier, only world_size (from the launcher's environment), nodes
+    and distributed_type (once the process group exists): then only those are compared.
+    """
+    problems = _process_problems(expected, facts)
+    if "distributed_type" in facts:
+        problems += _engine_problems(expected, facts)
+    if "model_class" in facts:
+        problems += _model_problems(expected, facts)
+    return problems
+
+
+def _process_problems(expected: dict, facts: dict) -> list[str]:
     asked_ranks, got_ranks = expected["world_size"], facts["world_size"]
-    asked_machines, nodes = expected["machines"], facts["nodes"]
-    got_machines = len(set(nodes))
-    if (asked_ranks, asked_machines) != (got_ranks, got_machines):
-        got = f"{got_ranks}" + (f" on {_count(got_machines, 'machine')} ({', '.join(sorted(set(nodes)))})" if got_machines != asked_machines else "")
+    asked_machines, nodes = expected["machines"], facts.get("nodes")
+    got_machines = len(set(nodes)) if nodes else asked_machines  # the launcher's environment names no nodes
+    if (asked_ranks, asked_machines) == (got_ranks, got_machines):
+        return []
+    got, why = str(got_ranks), ""
+    if got_machines != asked_machines:
+        got += f" on {_count(got_machines, 'machine')} ({', '.join(sorted(set(nodes)))})"
+        why = ": start launch.sh once on every machine, each with its own MACHINE_RANK"
+    if got_ranks == 1 and asked_ranks > 1:
+        why = (": the processes did not join one run (`accelerate launch --cpu` and distributed_type MULTI_CPU start "
+               "a single process; torchrun on CPU without use_cpu starts independent ones)")
+    return [f"asked {_count(asked_ranks, 'process', 'processes')} on {_count(asked_machines, 'machine')}, got {got}{why}"]
+
+
+def _engine_problems(expected: dict, facts: dict) -> list[str]:
+    asked, got = expected["engine"], engine_of(facts)
+    if asked == "fsdp" and got == "ddp" and "model_class" not in facts:
+        return []  # not wrapped yet: FSDP ranks look like DDP ranks until then
+    if asked != got:
         why = ""
-        if got_ranks == 1 and asked_ranks > 1:
-            why = (": the processes did not join one run (`accelerate launch --cpu` and distributed_type MULTI_CPU start "
-                   "a single process; torchrun on CPU without use_cpu starts independent ones)")
-        elif got_machines != asked_machines:
-            why = ": start launch.sh once on every machine, each with its own MACHINE_RANK"
-        problems.append(f"asked {_count(asked_ranks, 'process', 'processes')} on {_count(asked_machines, 'machine')}, got {got}{why}")
+        if got == "none" and asked == "deepspeed":
+            why = " (DeepSpeed starts only through `accelerate launch --config_file accelerate_config.yaml`, which exports its config)"
+        elif got == "none" and expected["world_size"] > 1:
+            why = " (the ranks train alone, sharing no gradient: on CPU, training_args.yaml needs use_cpu: true)"
+        elif asked == "fsdp":
+            why = (" (accelerate falls back to DDP where it does not run FSDP: FSDP1 needs GPUs, and train_sft.py runs "
+                   "FSDP2 on CPU ranks only when the launcher exports an FSDP2 config)")
+        return [f"asked {_engine(expected)}, got {_engine(facts, got)} ({facts['distributed_type']}){why}"]
     if "model_class" not in facts:
-        return problems  # the early check: processes and machines only
-    asked_engine, got_engine = expected["engine"], engine_of(facts)
-    if asked_engine != got_engine:
-        why = ""
-        if asked_engine == "fsdp" and got_engine in ("ddp", "none"):
-            why = " (accelerate falls back to DDP where FSDP cannot run: FSDP1 needs GPUs; FSDP2 runs on CPU ranks too)"
-        elif got_engine == "none" and asked_ranks > 1:
-            why = " (the ranks train independently: no gradient is shared)"
-        problems.append(f"asked {_engine(expected)}, got {_engine(facts, got_engine)} ({facts.get('distributed_type')}){why}")
-    elif asked_engine == "deepspeed" and expected["zero_stage"] != facts["zero_stage"]:
-        problems.append(f"asked DeepSpeed ZeRO-{expected['zero_stage']}, got ZeRO-{facts['zero_stage']}")
-    elif asked_engine == "fsdp" and expected["fsdp_version"] != facts["fsdp_version"]:
-        problems.append(f"asked FSDP{expected['fsdp_version']}, got FSDP{facts['fsdp_version']}")
+        return []
+    if asked == "deepspeed" and expected["zero_stage"] != facts["zero_stage"]:
+        return [f"asked DeepSpeed ZeRO-{expected['zero_stage']}, got ZeRO-{facts['zero_stage']}"]
+    if asked == "fsdp" and expected["fsdp_version"] != facts["fsdp_version"]:
+        return [f"asked FSDP{expected['fsdp_version']}, got FSDP{facts['fsdp_version']}"]
+    return []
+
+
+def _model_problems(expected: dict, facts: dict) -> list[str]:
+    problems = []
     bits, quantized = expected["bits"], facts.get("quantized_modules") or {}
     wanted_class = {4: "Linear4bit", 8: "Linear8bitLt"}.get(bits)
     if wanted_class and not quantized.get(wanted_class):
@@ -566,9 +595,20 @@ def gate_error(problems: list[str]) -> GateError:
     return GateError("sanity gate: " + "; ".join(problems))
 
 
-def check_processes(expected: dict) -> None:
-    """The early part of the gate, before minutes of model loading: processes and machines."""
-    problems = shared_gate_problems(expected, {"world_size": _world_size(), "nodes": gather_from_ranks(node_name())})
+def check_processes(expected: dict, distributed_type: str | None = None) -> None:
+    """The early part of the gate, before minutes of model loading: processes, machines, engine.
+
+    Without distributed_type (accelerate's, once SFTConfig set up the process group) it reads the
+    launcher's environment: a process started alone stops here in a second, instead of failing to
+    build a gloo group in SFTConfig.
+    """
+    if distributed_type is None:
+        # The variables accelerate itself reads for the world size (torchrun and accelerate set WORLD_SIZE; MPI the others).
+        sizes = [os.environ.get(name) for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")]
+        problems = gate_problems(expected, {"world_size": int(next((n for n in sizes if n), 1))})
+    else:
+        facts = {"world_size": _world_size(), "nodes": gather_from_ranks(node_name()), "distributed_type": distributed_type}
+        problems = shared_gate_problems(expected, facts)
     if problems:
         raise gate_error(problems)
 
@@ -702,11 +742,10 @@ def _switch_cpu_ranks_to_fsdp2(accelerator) -> bool:
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     state = accelerator.state
-    if state.distributed_type != DistributedType.MULTI_CPU or os.environ.get("ACCELERATE_USE_FSDP", "").lower() != "true":
+    fsdp2 = os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and os.environ.get("FSDP_VERSION") == "2"
+    if state.distributed_type != DistributedType.MULTI_CPU or not fsdp2:
         return False
     plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* environment, as accelerate builds it
-    if plugin.fsdp_version != 2:
-        return False
     if state.mixed_precision != "no":
         plugin.set_mixed_precision(state.mixed_precision)
     state.fsdp_plugin = plugin
@@ -732,11 +771,15 @@ def resume_checkpoint(args, job: dict) -> str | None:
 
 def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) -> str:
     """Run the job; returns "finished" or "stopped"."""
+    expected = expected_run(job)
+    check_processes(expected)  # a lone process stops here, before anything heavy
+    from accelerate import PartialState
     from trl import SFTConfig
 
-    expected = expected_run(job)  # before SFTConfig: see expected_trainable
+    expected["trainable_params"] = expected_trainable(job)  # before SFTConfig: see expected_trainable
     args = SFTConfig(**training_args)
-    check_processes(expected)  # the distributed setup is done: wrong process counts stop here, before loading
+    # The process group exists: wrong counts or a missing engine stop here, before the model loads.
+    check_processes(expected, str(PartialState().distributed_type.value))
     tokenizer = load_tokenizer(job)
     model = load_model(job, args)
     train_set, eval_set = load_datasets(job, args, tokenizer)
