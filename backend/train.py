@@ -361,9 +361,20 @@ def describe_run(trainer, job: dict) -> dict:
         "quantized_modules": quantized,  # bitsandbytes layers actually in the model: {"Linear4bit": 21}
         "trainable_params": trainable,
         "total_params": total,
+        "frozen_dtypes": frozen_dtypes(trainer.model),
         "max_steps": trainer.state.max_steps,
         "resumed_from_step": trainer.state.global_step or None,
     }
+
+
+def frozen_dtypes(model) -> dict[str, int]:
+    """Frozen parameter tensors per storage dtype, e.g. {"bfloat16": 37}: sharded QLoRA needs one dtype throughout."""
+    counts: dict[str, int] = {}
+    for param in model.parameters():
+        if not param.requires_grad:
+            name = str(param.dtype).removeprefix("torch.")
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def _fsdp_version(model) -> int | None:
