@@ -8,12 +8,19 @@ This file ships in every exported bundle as train_sft.py, so it depends only on 
 Hugging Face stack and PyYAML, never on tunedeck. job.yaml is read as a plain dict
 (model, method, lora, quantization, dataset); training_args.yaml holds the keyword
 arguments of trl.SFTConfig and is passed unchanged: what you read is what runs.
+It is one long file on purpose (like torchtune's recipes): a bundle must run with this
+file alone. Its sections: run folder plumbing, inputs (model, tokenizer, data), what the
+run actually got, the sanity gate, the callback that records it all, main.
+
+Before its first step every run passes a sanity gate: it compares what it got with
+job.yaml and stops every rank on a difference ("asked 2 processes on 1 machine, got 1").
 
 What it writes in the run folder (DIR, default the current folder; relative paths in
 both YAML files are taken from there):
   metrics.jsonl     rank 0 only: {"event": "start"} with what the run actually got (world
-                    size, accelerate's distributed type, ZeRO stage, FSDP, wrapped model
-                    class, parameter counts), one {"event": "log"} per logging step, and
+                    size, each rank's node, accelerate's distributed type, ZeRO stage, FSDP
+                    version, wrapped model class, 4-bit modules, parameter counts, memory
+                    peaks after loading, the gate's verdict), one {"event": "log"} per logging step, and
                     {"event": "end"} with the status (finished | stopped | failed)
   logs/rank<N>.log  each rank's stdout and stderr
   errors.jsonl      one line per rank that failed (rank, time, error, traceback)
@@ -497,7 +504,8 @@ def expected_trainable(job: dict) -> int | None:
         return sum(p.numel() for p in model.parameters())
     from peft import get_peft_model
 
-    return get_peft_model(model, adapter).get_nb_trainable_parameters()[0]
+    with torch.device("meta"):  # the adapters too: a 70B model's take seconds here, a minute on the CPU
+        return get_peft_model(model, adapter).get_nb_trainable_parameters()[0]
 
 
 def engine_of(facts: dict) -> str:
