@@ -95,8 +95,9 @@ def _smoke_data(spec: JobSpec) -> dict:
     try:
         home = ensure_demo()
     except RuntimeError as exc:
-        raise SmokeError(f"dataset.path: {d.path} is not on this machine, and the demo data could not be built: {exc}") from None
-    columns = {f"dataset.{name}": DatasetSpec.model_fields[name].default for name in DatasetSpec.model_fields if name.endswith("_field")}
+        raise SmokeError(f"dataset.path: {d.path} is not here, and the demo data could not be built: {exc}") from None
+    fields = DatasetSpec.model_fields
+    columns = {f"dataset.{name}": info.default for name, info in fields.items() if name.endswith("_field")}
     return {
         "dataset.path": str(home / "formats" / f"{d.format}.jsonl"),
         "dataset.name": None,
@@ -253,7 +254,8 @@ def ensure_tiny_model(spec: JobSpec) -> Path:
     if (target / "config.json").is_file():
         return target
     result = subprocess.run(
-        [sys.executable, "-m", "backend.smoke", "--config", json.dumps(config), "--tokenizer", str(tokenizer), "--out", str(target)],
+        [sys.executable, "-m", "backend.smoke", "--config", json.dumps(config), "--tokenizer", str(tokenizer)]
+        + ["--out", str(target)],
         cwd=REPO_ROOT,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -262,7 +264,8 @@ def ensure_tiny_model(spec: JobSpec) -> Path:
     )
     if result.returncode != 0 or not (target / "config.json").is_file():
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
-        raise SmokeError(f"model.name_or_path: a tiny {config.get('model_type', '?')} model could not be built from its config:\n{tail}")
+        kind = config.get("model_type", "?")
+        raise SmokeError(f"model.name_or_path: a tiny {kind} model could not be built from its config:\n{tail}")
     return target
 
 

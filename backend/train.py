@@ -556,7 +556,8 @@ def _engine_problems(expected: dict, facts: dict) -> list[str]:
     if asked != got:
         why = ""
         if got == "none" and asked == "deepspeed":
-            why = " (DeepSpeed starts only through `accelerate launch --config_file accelerate_config.yaml`, which exports its config)"
+            why = (" (DeepSpeed starts only through `accelerate launch --config_file accelerate_config.yaml`, "
+                   "which exports its config)")
         elif got == "none" and expected["world_size"] > 1:
             why = " (the ranks train alone, sharing no gradient: on CPU, training_args.yaml needs use_cpu: true)"
         elif asked == "fsdp":
@@ -579,9 +580,8 @@ def _model_problems(expected: dict, facts: dict) -> list[str]:
     if wanted_class and not quantized.get(wanted_class):
         problems.append(f"asked a {bits}-bit base (quantization.bits={bits}), got no {wanted_class} module")
     if expected["trainable_params"] is not None and expected["trainable_params"] != facts["trainable_params"]:
-        problems.append(
-            f"asked {expected['trainable_params']:,} trainable parameters (PEFT's count for the job), got {facts['trainable_params']:,}"
-        )
+        asked, got = expected["trainable_params"], facts["trainable_params"]
+        problems.append(f"asked {asked:,} trainable parameters (PEFT's count for the job), got {got:,}")
     return problems
 
 
