@@ -297,6 +297,14 @@ def _cpu(spec: JobSpec) -> Iterator[Problem]:
             "FSDP1 cannot run on CPU (PyTorch: 'FSDP needs a non-CPU accelerator device'; accelerate silently "
             "falls back to plain DDP): set strategy.fsdp_version=2, which runs on CPU processes, or use GPUs.",
         )
+    if kind == "fsdp" and spec.strategy.offload_params == "cpu":
+        # Measured: FSDP2's CPUOffloadPolicy pins host memory, which torch refuses without an accelerator.
+        yield _error(
+            "strategy.offload_params",
+            "FSDP's CPU offload pins host memory, which needs a GPU ('Cannot access accelerator device when none is "
+            "available'): set strategy.offload_params=none and strategy.offload_optimizer=none on CPU processes, "
+            "whose weights are in host memory already.",
+        )
     if spec.strategy.is_deepspeed and precision != "fp32":
         yield _error(
             "training.precision",

@@ -88,10 +88,17 @@ def test_local_dataset_keeps_its_file_and_takes_the_first_rows(demo_home):
     assert (data.split, data.eval_split) == ("train[:64]", "train[:16]")
 
 
-def test_fsdp2_runs_on_cpu_and_fsdp1_is_refused():
-    assert not [p for p in validate(resolve_spec("demo", ["strategy.kind=fsdp"])) if p.level == "error"]
-    problems = validate(resolve_spec("demo", ["strategy.kind=fsdp", "strategy.fsdp_version=1"]))
-    assert [(p.level, p.field) for p in problems if p.level == "error"] == [("error", "strategy.fsdp_version")]
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [
+        ([], []),  # FSDP2 runs on CPU ranks
+        (["strategy.fsdp_version=1"], ["strategy.fsdp_version"]),  # FSDP1 needs GPUs
+        (["strategy.offload_params=cpu", "strategy.offload_optimizer=cpu"], ["strategy.offload_params"]),  # pins memory
+    ],
+)
+def test_what_fsdp_runs_on_cpu(overrides, refused):
+    problems = validate(resolve_spec("demo", ["strategy.kind=fsdp", *overrides]))
+    assert [p.field for p in problems if p.level == "error"] == refused
 
 
 def test_a_job_that_cannot_be_smoke_tested_starts_nothing(tmp_path, demo_home):
