@@ -263,7 +263,15 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         print(f"progress step {last['step']}/{last['max_steps']}, loss {last['loss']:.4f}")
     if status.error:
         print("error:\n" + status.error)
+    _print_smoke_verdict(manager, status)
     return 0
+
+
+def _print_smoke_verdict(manager, status) -> None:
+    from backend.smoke import is_smoke_job, smoke_verdict
+
+    if status.state in ("finished", "failed") and is_smoke_job(manager.job(status.run_id)):
+        print(f"verdict  {smoke_verdict(manager.run_dir(status.run_id)).line}")
 
 
 def cmd_runs_stop(args: argparse.Namespace) -> int:

@@ -74,3 +74,7 @@ def test_smoke_run_of_every_preset_passes_and_proves_its_strategy(preset, tmp_pa
 
     listing = subprocess.run([str(BIN / "tunedeck"), "runs", "--runs-dir", str(runs_dir)], capture_output=True, text=True)
     assert run_dir.name in listing.stdout and "finished" in listing.stdout and "smoke/" in listing.stdout
+    show = subprocess.run(
+        [str(BIN / "tunedeck"), "runs", "show", run_dir.name, "--runs-dir", str(runs_dir)], capture_output=True, text=True
+    )
+    assert f"verdict  {verdict}" in show.stdout, show.stdout
