@@ -19,6 +19,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="run a job headless here, with a progress bar (Ctrl-C stops it gracefully)")
     add_spec_arguments(p)
     _add_runs_dir(p)
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="prove the job's exact path in about a minute: a tiny random-weight model of its architecture, a few "
+        "rows and steps, 2 CPU processes (or this machine's GPUs); ends with a verdict line",
+    )
     p.set_defaults(handler=cmd_train)
 
     p = sub.add_parser("runs", help="list runs; `runs show ID`, `runs stop ID`")
@@ -75,7 +81,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     _say_if_building_demo(spec)
     try:
-        run_id = manager.start(spec)
+        run_id = _start_smoke(manager, spec) if args.smoke else manager.start(spec)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -92,7 +98,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"failed: {status.error or 'see ' + str(manager.run_dir(run_id) / 'logs')}", file=sys.stderr)
     else:
         print(f"{status.state} in {format_clock((status.ended_at or time.time()) - (status.started_at or time.time()))}")
+    if args.smoke:
+        from backend.smoke import smoke_verdict
+
+        verdict = smoke_verdict(manager.run_dir(run_id))
+        print(verdict.line, file=sys.stdout if verdict.passed else sys.stderr)
+        return 0 if verdict.passed else EXIT_CODES["failed"]
     return EXIT_CODES.get(status.state, 1)
+
+
+def _start_smoke(manager, spec) -> str:
+    """The job's smoke run; SmokeError becomes a RunError (printed, exit 2, nothing started)."""
+    from backend.runs import RunError
+    from backend.smoke import SmokeError, start_smoke_run
+
+    print("smoke run: the job's exact path on a tiny model of its architecture (the first one builds it)", flush=True)
+    try:
+        return start_smoke_run(manager, spec)
+    except SmokeError as exc:
+        raise RunError(str(exc)) from None
 
 
 def _say_if_building_demo(spec) -> None:
@@ -259,7 +283,15 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         print(f"progress step {last['step']}/{last['max_steps']}, loss {last['loss']:.4f}")
     if status.error:
         print(("note:\n" if status.state in ACTIVE_STATES else "error:\n") + status.error)
+    _print_smoke_verdict(manager, status)
     return 0
+
+
+def _print_smoke_verdict(manager, status) -> None:
+    from backend.smoke import is_smoke_job, smoke_verdict
+
+    if status.state in ("finished", "failed") and is_smoke_job(manager.job(status.run_id)):
+        print(f"verdict  {smoke_verdict(manager.run_dir(status.run_id)).line}")
 
 
 def cmd_runs_stop(args: argparse.Namespace) -> int:

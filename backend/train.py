@@ -8,12 +8,19 @@ This file ships in every exported bundle as train_sft.py, so it depends only on 
 Hugging Face stack and PyYAML, never on tunedeck. job.yaml is read as a plain dict
 (model, method, lora, quantization, dataset); training_args.yaml holds the keyword
 arguments of trl.SFTConfig and is passed unchanged: what you read is what runs.
+It is one long file on purpose (like torchtune's recipes): a bundle must run with this
+file alone. Its sections: run folder plumbing, inputs (model, tokenizer, data), what the
+run actually got, the sanity gate, the callback that records it all, main.
+
+Before its first step every run passes a sanity gate: it compares what it got with
+job.yaml and stops every rank on a difference ("asked 2 processes on 1 machine, got 1").
 
 What it writes in the run folder (DIR, default the current folder; relative paths in
 both YAML files are taken from there):
   metrics.jsonl     rank 0 only: {"event": "start"} with what the run actually got (world
-                    size, accelerate's distributed type, ZeRO stage, FSDP, wrapped model
-                    class, parameter counts), one {"event": "log"} per logging step, and
+                    size, each rank's node, accelerate's distributed type, ZeRO stage, FSDP
+                    version, wrapped model class, 4-bit modules, parameter counts, memory
+                    peaks after loading, the gate's verdict), one {"event": "log"} per logging step, and
                     {"event": "end"} with the status (finished | stopped | failed)
   logs/rank<N>.log  each rank's stdout and stderr
   errors.jsonl      one line per rank that failed (rank, time, error, traceback)
@@ -175,12 +182,19 @@ def load_model(job: dict, args):
     }
     if model_cfg.get("revision"):
         kwargs["revision"] = model_cfg["revision"]
+    sharded = is_sharded_run()
     if bnb is not None:
-        # A quantized model is placed at load time, each rank on its own device.
         kwargs["quantization_config"] = bnb
-        kwargs["device_map"] = {"": str(args.device)}
+        if not sharded:
+            # DDP: each rank holds the whole quantized model on its own device (TRL's get_kbit_device_map).
+            # Under ZeRO-3 transformers refuses any device_map ("DeepSpeed Zero-3 is not compatible with
+            # passing a device_map"); without one, bitsandbytes places the model on the rank's current
+            # device, as the PEFT docs' ZeRO-3 and FSDP QLoRA recipes load it.
+            kwargs["device_map"] = {"": str(args.device)}
     model = AutoModelForCausalLM.from_pretrained(model_cfg["name_or_path"], **kwargs)
-    if bnb is not None:
+    if bnb is not None and not sharded:
+        # Not for sharded QLoRA: it upcasts the non-quantized weights to fp32 (a second copy at the load
+        # peak), and FSDP and ZeRO-3 need one dtype throughout (axolotl skips it there too; TRL never calls it).
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(
@@ -189,6 +203,13 @@ def load_model(job: dict, args):
             gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs,
         )
     return model
+
+
+def is_sharded_run() -> bool:
+    """The launcher asked for sharded parameters: DeepSpeed ZeRO-3 (set up by SFTConfig) or FSDP."""
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    return is_deepspeed_zero3_enabled() or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
 def load_tokenizer(job: dict):
@@ -473,11 +494,11 @@ def input_problems(job: dict, base: Path) -> list[tuple[str, str]]:
 
 def count_parameters(model) -> tuple[int, int]:
     """(trainable, total), counting ZeRO-3 partitioned and 4-bit packed parameters at full size (as PEFT does)."""
+    # A 4-bit weight holds in x out values, packed; under FSDP2 it is a DTensor, no longer a Params4bit.
+    four_bit = {id(m.weight): m.in_features * m.out_features for m in model.modules() if type(m).__name__ == "Linear4bit"}
     trainable = total = 0
     for param in model.parameters():
-        n = param.ds_numel if hasattr(param, "ds_numel") else param.numel()
-        if param.__class__.__name__ == "Params4bit":
-            n *= 2 * param.element_size()  # two 4-bit values per byte of storage
+        n = four_bit.get(id(param)) or (param.ds_numel if hasattr(param, "ds_numel") else param.numel())
         total += n
         if param.requires_grad:
             trainable += n
@@ -485,7 +506,9 @@ def count_parameters(model) -> tuple[int, int]:
 
 
 def describe_run(trainer, job: dict) -> dict:
-    """The start record: facts read from the live objects, not from the config that asked for them."""
+    """The start record: facts read from the live objects, not from the config that asked for them.
+
+    Every rank calls it: each rank's node name is gathered (a collective)."""
     import torch.distributed as dist
 
     wrapped = trainer.model_wrapped
@@ -493,7 +516,7 @@ def describe_run(trainer, job: dict) -> dict:
     if trainer.is_deepspeed_enabled:
         engine = trainer.deepspeed or wrapped
         zero_stage = int(engine.zero_optimization_stage())
-    fsdp = bool(trainer.is_fsdp_enabled) or _has_fsdp_modules(wrapped)
+    fsdp_version = _fsdp_version(wrapped)
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     trainable, total = count_parameters(trainer.model)
     quantized: dict[str, int] = {}
@@ -503,10 +526,12 @@ def describe_run(trainer, job: dict) -> dict:
     return {
         "event": "start",
         "time": time.time(),
-        "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+        "world_size": _world_size(),
+        "nodes": gather_from_ranks(node_name()),  # rank i runs on nodes[i]
         "distributed_type": str(trainer.accelerator.distributed_type.value),
         "zero_stage": zero_stage,
-        "fsdp": fsdp,
+        "fsdp": fsdp_version is not None,
+        "fsdp_version": fsdp_version,
         "model_class": type(wrapped).__name__,
         "optimizer_class": type(optimizer).__name__ if optimizer is not None else None,
         "device": str(trainer.args.device),
@@ -515,16 +540,55 @@ def describe_run(trainer, job: dict) -> dict:
         "quantized_modules": quantized,  # bitsandbytes layers actually in the model: {"Linear4bit": 21}
         "trainable_params": trainable,
         "total_params": total,
+        "frozen_dtypes": frozen_dtypes(trainer.model),
         "max_steps": trainer.state.max_steps,
         "resumed_from_step": trainer.state.global_step or None,
     }
 
 
-def _has_fsdp_modules(model) -> bool:
+def frozen_dtypes(model) -> dict[str, int]:
+    """Frozen parameter tensors per storage dtype, e.g. {"bfloat16": 37}: sharded QLoRA needs one dtype throughout."""
+    counts: dict[str, int] = {}
+    for param in model.parameters():
+        if not param.requires_grad:
+            name = str(param.dtype).removeprefix("torch.")
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _fsdp_version(model) -> int | None:
+    """2 when fully_shard wrapped the model (FSDP2), 1 for FullyShardedDataParallel, None when nothing is sharded."""
     from torch.distributed import fsdp
 
-    classes = tuple(c for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None)) if c)
-    return any(isinstance(m, classes) for m in model.modules())
+    modules = list(model.modules())
+    if any(isinstance(m, fsdp.FSDPModule) for m in modules):
+        return 2
+    if any(isinstance(m, fsdp.FullyShardedDataParallel) for m in modules):
+        return 1
+    return None
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def node_name() -> str:
+    import socket
+
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def gather_from_ranks(value) -> list:
+    """Every rank's value, in rank order (a collective: all ranks call it); [value] without a process group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, value)
+    return everyone
 
 
 def gpu_peaks_gb() -> tuple[list[float], list[float]] | None:
@@ -533,21 +597,217 @@ def gpu_peaks_gb() -> tuple[list[float], list[float]] | None:
 
     if not torch.cuda.is_available():
         return None
+    everyone = gather_from_ranks([torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30])
+    return [round(m[0], 3) for m in everyone], [round(m[1], 3) for m in everyone]
+
+
+def load_peaks() -> dict:
+    """Every rank's peak memory right after the model loaded, before any sharding (a collective)."""
+    import resource
+
+    import torch
+
+    gpu = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    everyone = gather_from_ranks([gpu, host])
+    return {
+        "load_gpu_peak_allocated_gb": [round(g, 3) for g, _ in everyone] if gpu is not None else None,
+        "load_host_peak_rss_gb": [round(h, 3) for _, h in everyone],
+    }
+
+
+# ---------------------------------------------------------------- the sanity gate
+#
+# Several launches exit 0 while running something else than asked (measured on CPU, see
+# the project's notes on CPU distributed runs): `accelerate launch --cpu` and
+# distributed_type MULTI_CPU start ONE process, torchrun without use_cpu starts independent
+# ones, FSDP on CPU silently becomes DDP. So every run compares what it got with its job
+# right after setup, and stops every rank on a difference. The expectation comes from
+# job.yaml (the spec) and, for trainable parameters, from PEFT itself on a meta-device copy
+# of the model: no tunedeck code is needed on the cluster.
+
+
+class GateError(JobError):
+    """The run did not get what its job asked for."""
+
+
+ENGINE_NAMES = {"deepspeed": "DeepSpeed", "fsdp": "FSDP", "ddp": "DDP", "none": "no data-parallel wrapper"}
+
+
+def expected_run(job: dict) -> dict:
+    """What the job asks for, in the terms of the start record."""
+    launch, strategy = job.get("launch") or {}, job.get("strategy") or {}
+    kind, processes = strategy.get("kind", "ddp"), int(launch.get("num_processes", 1))
+    engine = {"zero1": "deepspeed", "zero2": "deepspeed", "zero3": "deepspeed", "fsdp": "fsdp"}.get(kind)
+    return {
+        "world_size": processes,
+        "machines": int(launch.get("num_machines", 1)),
+        "engine": engine or ("ddp" if processes > 1 else "none"),
+        "zero_stage": int(kind[-1]) if engine == "deepspeed" else None,
+        "fsdp_version": int(strategy.get("fsdp_version", 2)) if engine == "fsdp" else None,
+        "bits": (job.get("quantization") or {}).get("bits"),
+        "trainable_params": None,  # train() adds expected_trainable(job)
+    }
+
+
+def expected_trainable(job: dict) -> int | None:
+    """PEFT's trainable-parameter count for the job's adapter (all parameters for full fine-tuning).
+
+    Built on the meta device (no memory, no weights read). Call it before SFTConfig exists: under ZeRO-3
+    transformers would build the copy inside deepspeed.zero.Init. None when the config cannot be read
+    (load_model then says why).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_cfg = job.get("model") or {}
+    remote = bool(model_cfg.get("trust_remote_code", False))
+    try:
+        config = AutoConfig.from_pretrained(
+            model_cfg["name_or_path"], trust_remote_code=remote, revision=model_cfg.get("revision") or None
+        )
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=remote)
+    except Exception as exc:  # noqa: BLE001 - a missing or odd model is load_model's to report
+        print(f"sanity gate: trainable parameters not checked ({type(exc).__name__}: {exc})", flush=True)
+        return None
+    adapter = peft_config(job)
+    if adapter is None:
+        return sum(p.numel() for p in model.parameters())
+    from peft import get_peft_model
+
+    with torch.device("meta"):  # the adapters too: a 70B model's take seconds here, a minute on the CPU
+        return get_peft_model(model, adapter).get_nb_trainable_parameters()[0]
+
+
+def engine_of(facts: dict) -> str:
+    """deepspeed | fsdp | ddp | none: from the wrapped model, or before wrapping from accelerate's distributed type."""
+    if "model_class" not in facts:  # FSDP or DDP is only decided when the model is wrapped
+        return {"DEEPSPEED": "deepspeed", "NO": "none"}.get(facts["distributed_type"], "ddp")
+    if facts.get("zero_stage") is not None:
+        return "deepspeed"
+    if facts.get("fsdp_version"):
+        return "fsdp"
+    return "ddp" if facts.get("model_class") == "DistributedDataParallel" else "none"
+
+
+def gate_problems(expected: dict, facts: dict) -> list[str]:
+    """Each difference between the job and what the run got, worded with its likely cause.
+
+    facts: a start record; or, earlier, only world_size (from the launcher's environment), nodes
+    and distributed_type (once the process group exists): then only those are compared.
+    """
+    problems = _process_problems(expected, facts)
+    if "distributed_type" in facts:
+        problems += _engine_problems(expected, facts)
+    if "model_class" in facts:
+        problems += _model_problems(expected, facts)
+    return problems
+
+
+def _process_problems(expected: dict, facts: dict) -> list[str]:
+    asked_ranks, got_ranks = expected["world_size"], facts["world_size"]
+    asked_machines, nodes = expected["machines"], facts.get("nodes")
+    got_machines = len(set(nodes)) if nodes else asked_machines  # the launcher's environment names no nodes
+    if (asked_ranks, asked_machines) == (got_ranks, got_machines):
+        return []
+    got, why = str(got_ranks), ""
+    if got_machines != asked_machines:
+        got += f" on {_count(got_machines, 'machine')} ({', '.join(sorted(set(nodes)))})"
+        why = ": start launch.sh once on every machine, each with its own MACHINE_RANK"
+    if got_ranks == 1 and asked_ranks > 1:
+        why = (": the processes did not join one run (`accelerate launch --cpu` and distributed_type MULTI_CPU start "
+               "a single process; torchrun on CPU without use_cpu starts independent ones)")
+    return [f"asked {_count(asked_ranks, 'process', 'processes')} on {_count(asked_machines, 'machine')}, got {got}{why}"]
+
+
+def _engine_problems(expected: dict, facts: dict) -> list[str]:
+    asked, got = expected["engine"], engine_of(facts)
+    if asked == "fsdp" and got == "ddp" and "model_class" not in facts:
+        return []  # not wrapped yet: FSDP ranks look like DDP ranks until then
+    if asked != got:
+        why = ""
+        if got == "none" and asked == "deepspeed":
+            why = (" (DeepSpeed starts only through `accelerate launch --config_file accelerate_config.yaml`, "
+                   "which exports its config)")
+        elif got == "none" and expected["world_size"] > 1:
+            why = " (the ranks train alone, sharing no gradient: on CPU, training_args.yaml needs use_cpu: true)"
+        elif asked == "fsdp":
+            why = (" (accelerate falls back to DDP where it does not run FSDP: FSDP1 needs GPUs, and train_sft.py runs "
+                   "FSDP2 on CPU ranks only when the launcher exports an FSDP2 config)")
+        return [f"asked {_engine(expected)}, got {_engine(facts, got)} ({facts['distributed_type']}){why}"]
+    if "model_class" not in facts:
+        return []
+    if asked == "deepspeed" and expected["zero_stage"] != facts["zero_stage"]:
+        return [f"asked DeepSpeed ZeRO-{expected['zero_stage']}, got ZeRO-{facts['zero_stage']}"]
+    if asked == "fsdp" and expected["fsdp_version"] != facts["fsdp_version"]:
+        return [f"asked FSDP{expected['fsdp_version']}, got FSDP{facts['fsdp_version']}"]
+    return []
+
+
+def _model_problems(expected: dict, facts: dict) -> list[str]:
+    problems = []
+    bits, quantized = expected["bits"], facts.get("quantized_modules") or {}
+    wanted_class = {4: "Linear4bit", 8: "Linear8bitLt"}.get(bits)
+    if wanted_class and not quantized.get(wanted_class):
+        problems.append(f"asked a {bits}-bit base (quantization.bits={bits}), got no {wanted_class} module")
+    if expected["trainable_params"] is not None and expected["trainable_params"] != facts["trainable_params"]:
+        asked, got = expected["trainable_params"], facts["trainable_params"]
+        problems.append(f"asked {asked:,} trainable parameters (PEFT's count for the job), got {got:,}")
+    return problems
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def _engine(facts: dict, engine: str | None = None) -> str:
+    engine = engine or facts["engine"]
+    if engine == "deepspeed":
+        return f"DeepSpeed ZeRO-{facts['zero_stage']}"
+    if engine == "fsdp":
+        return f"FSDP{facts['fsdp_version']}"
+    return ENGINE_NAMES[engine]
+
+
+def shared_gate_problems(expected: dict, facts: dict) -> list[str]:
+    """Rank 0's verdict, shared with every rank (a collective), so that all ranks stop together."""
     import torch.distributed as dist
 
-    mine = [torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30]
+    problems = gate_problems(expected, facts)
     if dist.is_available() and dist.is_initialized():
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
+        shared = [problems]
+        dist.broadcast_object_list(shared, src=0)
+        problems = shared[0]
+    return problems
+
+
+def gate_error(problems: list[str]) -> GateError:
+    return GateError("sanity gate: " + "; ".join(problems))
+
+
+def check_processes(expected: dict, distributed_type: str | None = None) -> None:
+    """The early part of the gate, before minutes of model loading: processes, machines, engine.
+
+    Without distributed_type (accelerate's, once SFTConfig set up the process group) it reads the
+    launcher's environment: a process started alone stops here in a second, instead of failing to
+    build a gloo group in SFTConfig.
+    """
+    if distributed_type is None:
+        # The variables accelerate itself reads for the world size (torchrun and accelerate set WORLD_SIZE; MPI the others).
+        sizes = [os.environ.get(name) for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")]
+        problems = gate_problems(expected, {"world_size": int(next((n for n in sizes if n), 1))})
     else:
-        everyone = [mine]
-    return [round(m[0], 3) for m in everyone], [round(m[1], 3) for m in everyone]
+        facts = {"world_size": _world_size(), "nodes": gather_from_ranks(node_name()), "distributed_type": distributed_type}
+        problems = shared_gate_problems(expected, facts)
+    if problems:
+        raise gate_error(problems)
 
 
 # ---------------------------------------------------------------- the callback
 
 
-def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, terminal):
+def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, terminal, expected: dict | None = None):
     from transformers import TrainerCallback
 
     class RunRecorder(TrainerCallback):
@@ -555,6 +815,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
 
         def __init__(self):
             self.trainer = None
+            self.load_peaks: dict = {}  # train() fills it in right after the model loaded
             self.stopped_early = False
             self._last_log = (time.time(), 0)
             self._step_end = 0.0
@@ -562,8 +823,13 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
 
         def on_train_begin(self, args, state, control, **kwargs):
             self._last_log = (time.time(), 0)
+            record = {**describe_run(self.trainer, job), **self.load_peaks}
+            problems = shared_gate_problems(expected, record) if expected else []
+            record["gate"] = {"passed": not problems, "problems": problems}
             if metrics:
-                metrics.write(describe_run(self.trainer, job))
+                metrics.write(record)
+            if problems:
+                raise gate_error(problems)  # on every rank: the run stops before its first step
 
         def on_step_end(self, args, state, control, **kwargs):
             self._step_end = time.time()  # evaluation, when due, runs after this
@@ -703,6 +969,51 @@ def _disk_full(folder: str, exc: BaseException) -> bool:
 # ---------------------------------------------------------------- main
 
 
+def trainer_class():
+    """SFTTrainer, which also runs FSDP2 on CPU ranks (over gloo) when the launcher asked for FSDP2."""
+    from trl import SFTTrainer
+
+    class Trainer(SFTTrainer):
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            if _switch_cpu_ranks_to_fsdp2(self.accelerator):
+                self.is_fsdp_enabled = True
+                if self.accelerator.state.fsdp_plugin.activation_checkpointing and self.args.activation_checkpointing:
+                    raise JobError(
+                        "training.gradient_checkpointing: FSDP's activation checkpointing is on as well; "
+                        "set training.gradient_checkpointing=false and keep strategy.fsdp_activation_checkpointing"
+                    )
+
+    return Trainer
+
+
+def _switch_cpu_ranks_to_fsdp2(accelerator) -> bool:
+    """Run accelerate's own FSDP2 path (fsdp2_prepare_model: fully_shard per layer) on CPU ranks.
+
+    accelerate 1.15 takes its FSDP branch only for GPU-like distributed types (AcceleratorState in
+    accelerate/state.py): on CPU ranks an FSDP launch silently becomes DDP (measured). PyTorch's
+    FSDP2 itself runs over gloo, FSDP1 does not ("FSDP needs a non-CPU accelerator device"). So
+    when the launcher exported an FSDP2 config (ACCELERATE_USE_FSDP, FSDP_VERSION=2) and the
+    ranks are CPU processes, hand accelerate the plugin it would have built from the same
+    environment and mark the shared state as FSDP; prepare() then shards with fully_shard.
+    Returns True when it switched. The sanity gate checks what the model really got.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = accelerator.state
+    fsdp2 = os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and os.environ.get("FSDP_VERSION") == "2"
+    if state.distributed_type != DistributedType.MULTI_CPU or not fsdp2:
+        return False
+    plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* environment, as accelerate builds it
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.fsdp_plugin = plugin
+    # What AcceleratorState itself sets for FSDP; its state is shared, so Accelerator and Trainer see it.
+    state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    return True
+
+
 def resume_checkpoint(args, job: dict) -> str | None:
     """The newest checkpoint in output_dir when resuming was asked for, else None (a fresh start)."""
     wanted = args.resume_from_checkpoint or (job.get("training") or {}).get("resume_from_checkpoint")
@@ -720,17 +1031,24 @@ def resume_checkpoint(args, job: dict) -> str | None:
 
 def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) -> str:
     """Run the job; returns "finished" or "stopped"."""
-    from trl import SFTConfig, SFTTrainer
-
-    args = SFTConfig(**training_args)
-    problems = input_problems(job, Path.cwd())
+    problems = input_problems(job, Path.cwd())  # a missing model or bad data rows: named before any library sees them
     if problems:
         raise JobError("\n".join(f"{field}: {message}" for field, message in problems))
+    expected = expected_run(job)
+    check_processes(expected)  # a lone process stops here, before anything heavy
+    from accelerate import PartialState
+    from trl import SFTConfig
+
+    expected["trainable_params"] = expected_trainable(job)  # before SFTConfig: see expected_trainable
+    args = SFTConfig(**training_args)
+    # The process group exists: wrong counts or a missing engine stop here, before the model loads.
+    check_processes(expected, str(PartialState().distributed_type.value))
     tokenizer = load_tokenizer(job)
     model = load_model(job, args)
     train_set, eval_set = load_datasets(job, args, tokenizer)
-    recorder = make_callback(metrics, stop, job, terminal)
-    trainer = with_atomic_checkpoints(SFTTrainer)(
+    recorder = make_callback(metrics, stop, job, terminal, expected)
+    recorder.load_peaks = load_peaks()
+    trainer = with_atomic_checkpoints(trainer_class())(
         model=model,
         args=args,
         train_dataset=train_set,

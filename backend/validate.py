@@ -326,11 +326,21 @@ def _cpu(spec: JobSpec) -> Iterator[Problem]:
     if not spec.launch.use_cpu:
         return
     kind, precision = spec.strategy.kind, spec.training.precision
-    if kind == "fsdp":
+    if kind == "fsdp" and spec.strategy.fsdp_version == 1:
+        # FSDP2 runs on CPU ranks: train_sft.py hands accelerate's FSDP2 path the gloo ranks (accelerate
+        # alone would fall back to DDP). FSDP1 cannot: PyTorch needs an accelerator device for it.
         yield _error(
-            "strategy.kind",
-            "FSDP cannot run on CPU through accelerate: it silently falls back to plain DDP (no sharding, and no "
-            "gradient sync with use_cpu off). Use strategy.kind=ddp, zero2 or zero3 on CPU, or FSDP on GPUs.",
+            "strategy.fsdp_version",
+            "FSDP1 cannot run on CPU (PyTorch: 'FSDP needs a non-CPU accelerator device'; accelerate silently "
+            "falls back to plain DDP): set strategy.fsdp_version=2, which runs on CPU processes, or use GPUs.",
+        )
+    if kind == "fsdp" and spec.strategy.offload_params == "cpu":
+        # Measured: FSDP2's CPUOffloadPolicy pins host memory, which torch refuses without an accelerator.
+        yield _error(
+            "strategy.offload_params",
+            "FSDP's CPU offload pins host memory, which needs a GPU ('Cannot access accelerator device when none is "
+            "available'): set strategy.offload_params=none and strategy.offload_optimizer=none on CPU processes, "
+            "whose weights are in host memory already.",
         )
     if spec.strategy.is_deepspeed and precision != "fp32":
         yield _error(

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# What only a GPU can show, in one short run (about 5 minutes on one H200):
+# What only a GPU can show, in one short run (about 10 minutes on one H200):
 #   1. the NVML monitor's real code path (backend/monitor.py) reads the GPU and sees memory move;
 #   2. measured peak memory of real LoRA / full training steps vs tunedeck's estimate;
 #   3. a real tunedeck run on the GPU: the demo in bf16 (LoRA), in 4-bit (QLoRA, bitsandbytes) and
-#      under FSDP2 (the final adapter must be saved).
+#      under FSDP2 (the final adapter must be saved);
+#   4. the smoke run (`tunedeck train PRESET --smoke`) of every preset that fits the GPUs found, with
+#      its load and training peaks beside the estimate (bench/gpu_smoke_check.py).
 # Needs torch with CUDA, transformers, accelerate, peft. Packages the machine lacks travel as
 # wheels in .whl/ (bash bench/fetch_gpu_wheels.sh fetches them) and are installed to /tmp/site.
 # Prints one line per check, "PASS ..." or "FAIL ...", and exits non-zero if any failed.
@@ -36,5 +38,7 @@ for variant in bf16 qlora fsdp; do
     --set training.precision=bf16 --set model.dtype=bfloat16 --set training.max_steps=20 "${extra[@]}"
   python3 bench/gpu_run_report.py "$out/runs-$variant" || failed=1
 done
+step "smoke run of every preset, peaks vs estimate" python3 bench/gpu_smoke_check.py --out "$out/smoke.json" \
+  --runs-dir "$out/runs-smoke"
 [ $failed = 0 ] && echo "ALL PASS" || echo "SOME CHECKS FAILED"
 exit $failed

@@ -37,7 +37,8 @@ def job(model: str, changes: dict) -> JobSpec:
     return set_paths(JobSpec(), {**base, **changes})
 
 
-def measure(spec: JobSpec, steps: int = 3) -> tuple[float, float]:
+def measure(spec: JobSpec, steps: int = 3) -> tuple[float, float, float]:
+    """(peak allocated, peak reserved, allocated right after the model was built) in GiB."""
     arch = catalog.lookup(spec.model.name_or_path)
     config = LlamaConfig(
         num_hidden_layers=arch.num_hidden_layers, hidden_size=arch.hidden_size,
@@ -49,6 +50,8 @@ def measure(spec: JobSpec, steps: int = 3) -> tuple[float, float]:
     torch.cuda.reset_peak_memory_stats()
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    torch.cuda.synchronize()
+    load = torch.cuda.max_memory_allocated() / 2**30  # the load phase: the weights, before any step
     if spec.training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if spec.uses_adapter:
@@ -66,7 +69,7 @@ def measure(spec: JobSpec, steps: int = 3) -> tuple[float, float]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30
+    peak = torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30, load
     del model, optimizer, params
     torch.cuda.empty_cache()
     return peak
@@ -83,14 +86,16 @@ def main() -> int:
     for title, model, changes in CASES:
         spec = job(model, changes)
         predicted = estimate(spec, loss="materialized")
-        allocated, reserved = measure(spec)
+        allocated, reserved, load = measure(spec)
         error = (predicted.allocated_gb - allocated) / allocated
         worst = max(worst, abs(error))
+        phases = predicted.to_dict().get("phases") or {}  # the estimate's load/train split, where it has one
         rows.append({"case": title, "measured_allocated_gb": round(allocated, 2), "measured_reserved_gb": round(reserved, 2),
+                     "measured_load_allocated_gb": round(load, 2), "predicted_phases": phases,
                      "predicted_allocated_gb": round(predicted.allocated_gb, 2),
                      "predicted_reserved_gb": round(predicted.reserved_gb, 2), "error": round(error, 3)})
-        print(f"  {title}: measured {allocated:.2f} GiB allocated ({reserved:.2f} reserved), "
-              f"predicted {predicted.allocated_gb:.2f} ({predicted.reserved_gb:.2f}), error {error:+.1%}")
+        print(f"  {title}: measured {allocated:.2f} GiB allocated ({reserved:.2f} reserved, {load:.2f} after load), "
+              f"predicted {predicted.allocated_gb:.2f} ({predicted.reserved_gb:.2f}; phases {phases or 'n/a'}), error {error:+.1%}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)

@@ -45,8 +45,8 @@ def test_unknown_run_is_a_clear_error(runs_dir):
 
 
 def test_invalid_spec_is_refused_before_anything_is_created(runs_dir, demo_spec):
-    spec = demo_spec({"strategy.kind": "fsdp"})  # FSDP on CPU silently degrades to DDP: validation refuses it
-    with pytest.raises(RunError, match="strategy.kind: FSDP cannot run on CPU"):
+    spec = demo_spec({"strategy.kind": "fsdp", "strategy.fsdp_version": 1})  # FSDP1 on CPU silently becomes DDP
+    with pytest.raises(RunError, match="strategy.fsdp_version: FSDP1 cannot run on CPU"):
         RunManager(runs_dir).start(spec)
     assert run_folders(runs_dir) == []
 

@@ -19,10 +19,12 @@ from .helpers import end_record, log_records, logs_tail, start_record
 BIN = Path(sys.executable).parent
 
 SRUN = """#!/usr/bin/env bash
-# stand-in for srun: run the last argument with bash once per node, in parallel, like srun -N.
+# stand-in for srun: run the last argument with bash once per node, in parallel, like srun -N,
+# with the node's id and name (slurmd exports SLURMD_NODENAME; the sanity gate counts machines by it).
+IFS=, read -ra names <<< "$SLURM_JOB_NODELIST"
 pids=()
 for ((node = 0; node < SLURM_NNODES; node++)); do
-  SLURM_NODEID=$node SLURM_PROCID=$node bash -c "${@: -1}" &
+  SLURM_NODEID=$node SLURM_PROCID=$node SLURMD_NODENAME=${names[$node]} bash -c "${@: -1}" &
   pids+=($!)
 done
 status=0
@@ -80,6 +82,7 @@ def test_sbatch_runs_launch_sh_once_per_node_as_one_job(tmp_path, demo_spec):
 
     start = start_record(bundle)  # one start record: only global rank 0 writes metrics
     assert start["world_size"] == 2 and start["model_class"] == "DistributedDataParallel"
+    assert start["nodes"] == ["127.0.0.1", "node-b"] and start["gate"]["passed"]  # one rank on each node
     assert end_record(bundle)["status"] == "finished"
     assert len(log_records(bundle)) == 3
     assert {p.name for p in (bundle / "logs").glob("rank*.log")} == {"rank0.log", "rank1.log"}

@@ -74,9 +74,9 @@ def test_validate_reports_the_global_batch_and_problems(tmp_path):
     ok = tunedeck("validate", "7b-lora-ddp")
     assert ok.returncode == 0
     assert "global batch 32 = 2 per device x 4 processes x 4 accumulation steps" in ok.stdout
-    bad = tunedeck("validate", "demo", "--set", "strategy.kind=fsdp")
+    bad = tunedeck("validate", "demo", "--set", "strategy.kind=fsdp", "--set", "strategy.fsdp_version=1")
     assert bad.returncode == 2
-    assert "error: strategy.kind: FSDP cannot run on CPU" in bad.stderr
+    assert "error: strategy.fsdp_version: FSDP1 cannot run on CPU" in bad.stderr
 
 
 def test_spec_file_round_trips_through_the_cli(tmp_path):

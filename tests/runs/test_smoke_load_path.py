@@ -1,0 +1,55 @@
+"""Regression: sharded QLoRA's load path, on the preset's smoke bundle, before and after the fix.
+
+The old load path (every quantized model loaded with device_map={"": device}, then
+prepare_model_for_kbit_training) is recreated by switching train_sft.py's one decision
+(`sharded = is_sharded_run()`) off in the bundle's copy.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.render.launch import TRAIN_SCRIPT
+from backend.smoke import smoke_spec
+from backend.spec import resolve_spec
+
+from .helpers import end_record, log_records, logs_tail, start_record
+from .test_gate_traps import accelerate_launch, bundle_for, launch
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+DECISION = "    sharded = is_sharded_run()\n"
+
+
+def smoke_bundle(tmp_path, preset: str, old_load_path: bool):
+    folder = bundle_for(tmp_path, smoke_spec(resolve_spec(preset)))
+    if old_load_path:
+        script = (folder / TRAIN_SCRIPT).read_text()
+        assert script.count(DECISION) == 1
+        (folder / TRAIN_SCRIPT).write_text(script.replace(DECISION, "    sharded = False  # the old load path\n"))
+    result, _ = launch(folder, accelerate_launch(folder))
+    return folder, result
+
+
+def test_zero3_qlora_smoke_run_fails_on_the_old_load_path_and_passes_now(tmp_path):
+    old, result = smoke_bundle(tmp_path / "old", "70b-qlora-zero3", old_load_path=True)
+    assert result.returncode != 0
+    error = end_record(old)["error"]
+    assert "DeepSpeed Zero-3 is not compatible with passing a `device_map`" in error, error + logs_tail(old)
+
+    new, result = smoke_bundle(tmp_path / "new", "70b-qlora-zero3", old_load_path=False)
+    assert result.returncode == 0, logs_tail(new)
+    start = start_record(new)
+    assert start["zero_stage"] == 3 and start["quantized_modules"]["Linear4bit"] > 0 and start["gate"]["passed"]
+    assert end_record(new)["status"] == "finished" and len(log_records(new)) == 3
+
+
+def test_fsdp_qlora_old_load_path_kept_fp32_copies_of_the_frozen_weights(tmp_path):
+    """prepare_model_for_kbit_training upcasts embeddings, norms and lm_head to fp32: the new path keeps bf16.
+
+    (The new path's {"bfloat16": 21} is asserted by the preset's smoke test.)
+    """
+    old, result = smoke_bundle(tmp_path, "70b-qlora-fsdp", old_load_path=True)
+    assert result.returncode == 0, logs_tail(old)
+    dtypes = start_record(old)["frozen_dtypes"]
+    assert dtypes.get("float32", 0) == 7 and dtypes.get("bfloat16") == 14, dtypes  # 2 embeddings + 5 norms

@@ -1,0 +1,80 @@
+"""`tunedeck train PRESET --smoke` for every preset: 2 CPU ranks, exit 0, and the start record proves the strategy.
+
+Each smoke run is the preset's exact path (strategy, quantization, LoRA targets, wrap class,
+checkpointing) on a 2-layer random-weight model of the same architecture, 3 steps. The
+start record is the proof: what the run got, read from the live objects.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.spec import load_presets
+
+from .helpers import log_records, logs_tail, start_record
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+BIN = Path(sys.executable).parent
+
+
+def deepspeed(stage: int):
+    return {"distributed_type": "DEEPSPEED", "zero_stage": stage, "model_class": "DeepSpeedEngine", "fsdp": False}
+
+
+FSDP2 = {"distributed_type": "FSDP", "zero_stage": None, "fsdp": True, "fsdp_version": 2, "model_class": "FSDPPeftModelForCausalLM"}
+DDP = {"distributed_type": "MULTI_CPU", "zero_stage": None, "fsdp": False, "model_class": "DistributedDataParallel"}
+ONE_DTYPE = {"frozen_dtypes": {"bfloat16": 21}}  # sharded QLoRA: no fp32 copy of the frozen weights
+
+# What each preset's start record must say. A new preset needs its line here.
+PROOF = {
+    "70b-qlora-zero3": {**deepspeed(3), **ONE_DTYPE, "method": "qlora"},
+    "70b-qlora-fsdp": {**FSDP2, **ONE_DTYPE, "method": "qlora"},
+    "13b-lora-fsdp": {**FSDP2, "method": "lora"},
+    "7b-full-zero2": {**deepspeed(2), "method": "full"},
+    "7b-lora-ddp": {**DDP, "method": "lora"},
+    "demo": {**DDP, "method": "lora"},
+}
+
+
+@pytest.mark.parametrize("preset", sorted(load_presets()))
+def test_smoke_run_of_every_preset_passes_and_proves_its_strategy(preset, tmp_path):
+    assert preset in PROOF, f"add what the {preset} preset's smoke run must prove to PROOF"
+    runs_dir = tmp_path / "runs"
+    result = subprocess.run(
+        [str(BIN / "tunedeck"), "train", preset, "--smoke", "--runs-dir", str(runs_dir)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=500,
+    )
+    (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
+    assert result.returncode == 0, result.stdout + result.stderr + logs_tail(run_dir)
+    verdict = result.stdout.strip().splitlines()[-1]
+    assert verdict.startswith("smoke test passed: 2 ranks on 1 machine"), verdict
+
+    start = start_record(run_dir)
+    assert start["world_size"] == 2 and len(start["nodes"]) == 2 and len(set(start["nodes"])) == 1
+    assert start["gate"] == {"passed": True, "problems": []}
+    for key, value in PROOF[preset].items():
+        assert start[key] == value, f"{preset}: {key} is {start[key]!r}, expected {value!r}"
+    quantized = start["quantized_modules"].get("Linear4bit", 0)
+    assert (quantized > 0) == (start["method"] == "qlora"), start["quantized_modules"]
+    if start["method"] == "full":
+        assert start["trainable_params"] == start["total_params"]
+    else:
+        assert 0 < start["trainable_params"] < start["total_params"]
+    assert [r["step"] for r in log_records(run_dir)] == [1, 2, 3]
+    assert (run_dir / "output" / "checkpoint-3").is_dir()  # the strategy's checkpoint path ran too
+
+    listing = subprocess.run([str(BIN / "tunedeck"), "runs", "--runs-dir", str(runs_dir)], capture_output=True, text=True)
+    assert run_dir.name in listing.stdout and "finished" in listing.stdout and "smoke/" in listing.stdout
+    show = subprocess.run(
+        [str(BIN / "tunedeck"), "runs", "show", run_dir.name, "--runs-dir", str(runs_dir)], capture_output=True, text=True
+    )
+    assert f"verdict  {verdict}" in show.stdout, show.stdout
