@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from app.serving import ServingError, check_exposure, parse_credentials
+    from tunedeck.app.serving import ServingError, check_exposure, parse_credentials
 
     try:  # refuse before the slow part (importing Gradio, building the demo)
         credentials = parse_credentials(args.auth, args.auth_file)
@@ -33,7 +33,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         print(f"tunedeck ui: {exc}", file=sys.stderr)
         return 2
 
-    from backend.runs import RunError, RunManager
+    from tunedeck.backend.runs import RunError, RunManager
 
     try:  # the panel lists and starts runs there: a file, or a folder that cannot be made, is refused now
         RunManager(args.runs_dir).check_folder(create=True)
@@ -41,13 +41,13 @@ def cmd_ui(args: argparse.Namespace) -> int:
         print(f"tunedeck ui: {exc}", file=sys.stderr)
         return 2
 
-    from backend.spec import load_presets
+    from tunedeck.backend.spec import load_presets
 
     if args.preset and args.preset not in load_presets():
         print(f"tunedeck ui: unknown preset {args.preset!r}; see `tunedeck presets`", file=sys.stderr)
         return 2
     # The Demo (CPU) button is always on the page, and its estimate reads the built model's config.
-    from backend.demo import ensure_demo
+    from tunedeck.backend.demo import ensure_demo
 
     print("tunedeck ui: making sure the demo model and dataset are built (once, about a minute)...", flush=True)
     print(f"tunedeck ui: demo assets in {ensure_demo()}", flush=True)
@@ -70,8 +70,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, credentials, work: Path) -> int:
-    from app.page import build_page
-    from app.serving import launch
+    from tunedeck.app.page import build_page
+    from tunedeck.app.serving import launch
 
     page = build_page(Path(args.runs_dir).resolve(), preset_id=args.preset, work_dir=work)
     try:

@@ -37,7 +37,7 @@ class BundleWriter:
 
     def write(self, files: dict[str, str], zip_name: str = "tunedeck-bundle.zip") -> tuple[Path, list[Path]]:
         """Write the files and their zip; returns (zip path, file paths in bundle order)."""
-        from backend.render import zip_bundle
+        from tunedeck.backend.render import zip_bundle
 
         for name in [*files, zip_name]:
             if not _SAFE_NAME.match(name):  # generator names are plain; refuse anything else

@@ -18,7 +18,7 @@ log = logging.getLogger("tunedeck.panel")
 
 def user_message(exc: BaseException) -> str:
     """The text a person sees for an exception."""
-    from backend.spec import SpecError
+    from tunedeck.backend.spec import SpecError
 
     if isinstance(exc, SpecError):
         return "; ".join(f"{path or 'job'}: {msg}" for path, msg in exc.problems)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from app.estimate_view import (
+from tunedeck.app.estimate_view import (
     Unavailable,
     compute_advice,
     estimate_figure,
@@ -17,8 +17,8 @@ from app.estimate_view import (
     measured_markdown,
     recommendation_markdown,
 )
-from app.job_outputs import JobResult
-from app.job_view import DerivedView
+from tunedeck.app.job_outputs import JobResult
+from tunedeck.app.job_view import DerivedView
 
 DEFAULT_GPU_GB = 80  # when this machine has no GPU to measure
 
@@ -81,7 +81,7 @@ class EstimatePanel(DerivedView):
     @staticmethod
     def recommended_changes(spec, gpu_text: str):
         """(strategy label, {dotted path: value}) the recommendation would apply."""
-        from backend.advisor import gpu_memory_gb, recommend
+        from tunedeck.backend.advisor import gpu_memory_gb, recommend
 
         advice = recommend(spec, gpu_memory_gb(gpu_text))
         return advice.strategy, advice.changes

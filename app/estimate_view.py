@@ -15,11 +15,11 @@ from html import escape
 
 import plotly.graph_objects as go
 
-from backend.advisor import FIT_FRACTION, Advice, StrategyEstimate, advise, format_gb, gpu_memory_gb, limit_sentence
-from backend.memory import TERMS, estimate
-from backend.memory_job import EstimateError
-from backend.memory_load import LOAD_TERMS
-from backend.spec import JobSpec, SpecError, parse_spec
+from tunedeck.backend.advisor import FIT_FRACTION, Advice, StrategyEstimate, advise, format_gb, gpu_memory_gb, limit_sentence
+from tunedeck.backend.memory import TERMS, estimate
+from tunedeck.backend.memory_job import EstimateError
+from tunedeck.backend.memory_load import LOAD_TERMS
+from tunedeck.backend.spec import JobSpec, SpecError, parse_spec
 
 HEADERS = [
     "Strategy", "Per GPU (GB)", "Load (GB)", "Train (GB)", "Peak in", "Fits",

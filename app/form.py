@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from backend.fields import FORM_FIELDS, FormField, section_titles
+from tunedeck.backend.fields import FORM_FIELDS, FormField, section_titles
 
 
 def element_id(path: str) -> str:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
-from backend.fields import Values, spec_from_values
-from backend.spec import JobSpec, SpecError, spec_from_yaml
-from backend.untrusted import shown
-from backend.validate import Problem, validate
+from tunedeck.backend.fields import Values, spec_from_values
+from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
+from tunedeck.backend.untrusted import shown
+from tunedeck.backend.validate import Problem, validate
 
 UPLOAD_LIMIT_BYTES = 256 * 1024
 _PLAIN_FIELD = re.compile(r"[A-Za-z0-9_.]+")  # every spec field; an unknown key from a file may hold anything
@@ -38,7 +38,7 @@ class JobResult:
 
 
 def evaluate(values: Values) -> JobResult:
-    from backend.render import render_bundle
+    from tunedeck.backend.render import render_bundle
 
     try:
         spec = spec_from_values(values)

@@ -37,11 +37,11 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from app.downloads import BundleWriter, bundle_digest, zip_name_for
-from app.form import Form
-from app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
-from backend.fields import FORM_FIELDS, applies, spec_from_values, values_from_form, values_from_spec
-from backend.render import render_bundle
+from tunedeck.app.downloads import BundleWriter, bundle_digest, zip_name_for
+from tunedeck.app.form import Form
+from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
+from tunedeck.backend.fields import FORM_FIELDS, applies, spec_from_values, values_from_form, values_from_spec
+from tunedeck.backend.render import render_bundle
 
 # Rule 1 above: one first-in-first-out lane for every event that touches the job outputs.
 JOB_QUEUE = {"concurrency_id": "job-view", "concurrency_limit": 1}

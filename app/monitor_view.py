@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import psutil
 from plotly.subplots import make_subplots
 
-from backend.monitor import GpuSample, Monitor, Sample
+from tunedeck.backend.monitor import GpuSample, Monitor, Sample
 
 SPARK_SAMPLES = 120  # two minutes at one sample a second
 

@@ -11,20 +11,20 @@ from pathlib import Path
 
 import gradio as gr
 
-from app import monitor_view, run_view
-from app.downloads import BundleWriter
-from app.estimate_panel import EstimatePanel, measured_vs_predicted
-from app.errors import shown_as_message, user_message
-from app.form import build_form
-from app.job_outputs import read_uploaded_spec
-from app.job_view import JOB_QUEUE, JobView, NotShownYet
-from app.monitor_view import MonitorView
-from app.run_view import RunView
-from backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
-from backend.monitor import shared_monitor
-from backend.render import render_bundle
-from backend.runs import RunError, RunManager
-from backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
+from tunedeck.app import monitor_view, run_view
+from tunedeck.app.downloads import BundleWriter
+from tunedeck.app.estimate_panel import EstimatePanel, measured_vs_predicted
+from tunedeck.app.errors import shown_as_message, user_message
+from tunedeck.app.form import build_form
+from tunedeck.app.job_outputs import read_uploaded_spec
+from tunedeck.app.job_view import JOB_QUEUE, JobView, NotShownYet
+from tunedeck.app.monitor_view import MonitorView
+from tunedeck.app.run_view import RunView
+from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
+from tunedeck.backend.monitor import shared_monitor
+from tunedeck.backend.render import render_bundle
+from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
 
 # Presets in the order a newcomer reads them: the runnable demo, then growing model sizes.
 PRESET_ORDER = ("demo", "7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp")

@@ -14,10 +14,10 @@ from html import escape
 
 import gradio as gr
 
-from app.charts import loss_figure, metrics_figure
-from app.run_watch import RunWatches, facts_line, measured_peaks, progress
-from backend.run_status import DAMAGED
-from backend.runs import RunError, RunManager, RunStatus, format_clock
+from tunedeck.app.charts import loss_figure, metrics_figure
+from tunedeck.app.run_watch import RunWatches, facts_line, measured_peaks, progress
+from tunedeck.backend.run_status import DAMAGED
+from tunedeck.backend.runs import RunError, RunManager, RunStatus, format_clock
 
 RUNS_LIST_TTL_S = 2.0
 TABLE_HEADERS = ["run", "state", "job", "started", "duration"]

@@ -13,8 +13,8 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
-from backend.runs import format_clock
-from backend.tail import JsonlTail, TextTail, is_number
+from tunedeck.backend.runs import format_clock
+from tunedeck.backend.tail import JsonlTail, TextTail, is_number
 
 LOG_LINES = 200  # rank-0 log lines kept for the page
 MIN_REFRESH_S = 0.25  # sessions ticking together read the files once

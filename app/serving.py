@@ -73,7 +73,7 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
     import gradio as gr
     from starlette.middleware import Middleware
 
-    from app.auth_gate import SignInGate, password_checker
+    from tunedeck.app.auth_gate import SignInGate, password_checker
 
     check_exposure(host, credentials)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from backend.memory import Estimate, estimate_values
-from backend.memory_job import input_values
-from backend.spec import JobSpec
+from tunedeck.backend.memory import Estimate, estimate_values
+from tunedeck.backend.memory_job import input_values
+from tunedeck.backend.spec import JobSpec
 
 # A strategy "fits" when its peak stays below this share of the GPU: the rest is headroom
 # for sequence-length outliers and fragmentation spikes.

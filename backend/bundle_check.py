@@ -32,11 +32,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from backend import catalog
-from backend.render.accelerate_yaml import DEEPSPEED_CONFIG_FILE
-from backend.render.launch import ACCELERATE_CONFIG, JOB_FILE, TRAINING_ARGS_FILE, launch_argv
-from backend.render.requirements import REQUIREMENTS_FILE, minimums
-from backend.spec import load_spec_file
+from tunedeck.backend import catalog
+from tunedeck.backend.render.accelerate_yaml import DEEPSPEED_CONFIG_FILE
+from tunedeck.backend.render.launch import ACCELERATE_CONFIG, JOB_FILE, TRAINING_ARGS_FILE, launch_argv
+from tunedeck.backend.render.requirements import REQUIREMENTS_FILE, minimums
+from tunedeck.backend.spec import load_spec_file
 
 # The variables a launcher hands its ranks (the rest of its environment is ours anyway).
 _RANK_VARIABLES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_")
@@ -134,7 +134,7 @@ def _check_with_libraries(directory: Path, spec) -> BundleCheck:
 
 
 def _read_training_args(directory: Path) -> dict:
-    from backend.train import JobError, read_yaml  # the entrypoint's own reader: light, no torch
+    from tunedeck.backend.train import JobError, read_yaml  # the entrypoint's own reader: light, no torch
 
     try:
         return read_yaml(directory / TRAINING_ARGS_FILE, TRAINING_ARGS_FILE)

@@ -12,10 +12,10 @@ import sys
 
 # Order here is the order in `tunedeck --help`.
 COMMAND_MODULES = [
-    "backend.cli_spec",  # presets, schema, validate, export
-    "app.cli_ui",  # ui
-    "backend.cli_runs",  # train, runs
-    "backend.cli_estimate",  # estimate
+    "tunedeck.backend.cli_spec",  # presets, schema, validate, export
+    "tunedeck.app.cli_ui",  # ui
+    "tunedeck.backend.cli_runs",  # train, runs
+    "tunedeck.backend.cli_estimate",  # estimate
 ]
 
 
@@ -46,7 +46,7 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_spec_or_exit(args: argparse.Namespace):
     """Resolve SPEC and --set, or print each problem (field and fix) and exit 2."""
-    from backend.spec import SpecError, resolve_spec
+    from tunedeck.backend.spec import SpecError, resolve_spec
 
     try:
         return resolve_spec(args.spec, args.overrides)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
+from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
 
 DEFAULT_GPU_GB = 80.0
 
@@ -58,7 +58,7 @@ def detect_gpu_memory_gb() -> tuple[float, str] | None:
 
 
 def _gpu_memory(args: argparse.Namespace) -> tuple[float, str]:
-    from backend.advisor import gpu_memory_gb
+    from tunedeck.backend.advisor import gpu_memory_gb
 
     if args.gpu_mem is not None:
         try:
@@ -84,9 +84,9 @@ def _cpu_memory(args: argparse.Namespace) -> float:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from backend.advisor import advise
-    from backend.demo import ensure_demo_if_used
-    from backend.memory_job import EstimateError
+    from tunedeck.backend.advisor import advise
+    from tunedeck.backend.demo import ensure_demo_if_used
+    from tunedeck.backend.memory_job import EstimateError
 
     spec = load_spec_or_exit(args)
     ensure_demo_if_used(spec)  # the demo model's architecture is read from its built config.json
@@ -106,9 +106,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _print_report(spec, advice, gpu_source: str) -> None:
-    from backend.advisor import format_gb, limit_sentence
-    from backend.memory import TERMS
-    from backend.memory_load import LOAD_TERMS
+    from tunedeck.backend.advisor import format_gb, limit_sentence
+    from tunedeck.backend.memory import TERMS
+    from tunedeck.backend.memory_load import LOAD_TERMS
 
     out = sys.stdout.write
     current, gpu_gb = advice.current, advice.gpu_mem_gb

@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
-from backend.runs import format_clock
-from backend.supervisor import ACTIVE_STATES
+from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
+from tunedeck.backend.runs import format_clock
+from tunedeck.backend.supervisor import ACTIVE_STATES
 
 # Exit codes of `tunedeck train`: the training's own status.
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130}
@@ -51,7 +51,7 @@ def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
 
 def _manager(args, create: bool = False):
     """The run manager of --runs-dir, or exit 2 when that is a file or cannot be created."""
-    from backend.runs import RunError, RunManager
+    from tunedeck.backend.runs import RunError, RunManager
 
     manager = RunManager(getattr(args, "runs_dir", Path("runs")))
     try:
@@ -66,9 +66,9 @@ def _manager(args, create: bool = False):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from backend.preflight import preflight
-    from backend.runs import RunError
-    from backend.validate import validate
+    from tunedeck.backend.preflight import preflight
+    from tunedeck.backend.runs import RunError
+    from tunedeck.backend.validate import validate
 
     spec = load_spec_or_exit(args)
     manager = _manager(args, create=True)
@@ -99,7 +99,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         print(f"{status.state} in {format_clock((status.ended_at or time.time()) - (status.started_at or time.time()))}")
     if args.smoke:
-        from backend.smoke import smoke_verdict
+        from tunedeck.backend.smoke import smoke_verdict
 
         verdict = smoke_verdict(manager.run_dir(run_id))
         print(verdict.line, file=sys.stdout if verdict.passed else sys.stderr)
@@ -109,8 +109,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _start_smoke(manager, spec) -> str:
     """The job's smoke run; SmokeError becomes a RunError (printed, exit 2, nothing started)."""
-    from backend.runs import RunError
-    from backend.smoke import SmokeError, start_smoke_run
+    from tunedeck.backend.runs import RunError
+    from tunedeck.backend.smoke import SmokeError, start_smoke_run
 
     print("smoke run: the job's exact path on a tiny model of its architecture (the first one builds it)", flush=True)
     try:
@@ -120,8 +120,8 @@ def _start_smoke(manager, spec) -> str:
 
 
 def _say_if_building_demo(spec) -> None:
-    from backend.demo import is_built
-    from backend.spec import demo_home
+    from tunedeck.backend.demo import is_built
+    from tunedeck.backend.spec import demo_home
 
     home = demo_home()
     if str(home) in (spec.model.name_or_path + spec.dataset.path) and not is_built(home):
@@ -133,7 +133,7 @@ def _follow(manager, run_id: str):
 
     Returns the final status, or None when a second Ctrl-C left the run stopping in the background.
     """
-    from backend.tail import JsonlTail
+    from tunedeck.backend.tail import JsonlTail
 
     tail = JsonlTail(manager.run_dir(run_id) / "metrics.jsonl")
     bar = ProgressBar(sys.stdout)
@@ -224,7 +224,7 @@ def describe_start(record: dict) -> str:
 
 def _metrics(manager, run_id: str) -> tuple[dict | None, dict | None]:
     """(start record, last training log record) of a run; records of the wrong shape are skipped."""
-    from backend.tail import JsonlTail, is_number
+    from tunedeck.backend.tail import JsonlTail, is_number
 
     start = last = None
     for record in JsonlTail(manager.run_dir(run_id) / "metrics.jsonl").read_new():
@@ -261,7 +261,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
-    from backend.runs import RunError
+    from tunedeck.backend.runs import RunError
 
     manager = _manager(args)
     try:
@@ -288,15 +288,15 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 
 def _print_smoke_verdict(manager, status) -> None:
-    from backend.smoke import is_smoke_job, smoke_verdict
+    from tunedeck.backend.smoke import is_smoke_job, smoke_verdict
 
     if status.state in ("finished", "failed") and is_smoke_job(manager.job(status.run_id)):
         print(f"verdict  {smoke_verdict(manager.run_dir(status.run_id)).line}")
 
 
 def cmd_runs_stop(args: argparse.Namespace) -> int:
-    from backend.run_status import deleted_path
-    from backend.runs import RunError
+    from tunedeck.backend.run_status import deleted_path
+    from tunedeck.backend.runs import RunError
 
     manager = _manager(args)
     try:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
+from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from backend.spec import load_presets
+    from tunedeck.backend.spec import load_presets
 
     rows = []
     for preset in load_presets().values():
@@ -58,14 +58,14 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from backend.spec import JobSpec
+    from tunedeck.backend.spec import JobSpec
 
     print(json.dumps(JobSpec.model_json_schema(), indent=2))
     return 0
 
 
 def _check(spec) -> tuple[list, bool]:
-    from backend.validate import has_errors, validate
+    from tunedeck.backend.validate import has_errors, validate
 
     problems = validate(spec)
     print_problems((p.level, p.field, p.message) for p in problems)
@@ -73,8 +73,8 @@ def _check(spec) -> tuple[list, bool]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from backend.preflight import preflight
-    from backend.validate import describe_global_batch
+    from tunedeck.backend.preflight import preflight
+    from tunedeck.backend.validate import describe_global_batch
 
     spec = load_spec_or_exit(args)
     problems, failed = _check(spec)
@@ -94,8 +94,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from backend.render import render_bundle, write_bundle
-    from backend.untrusted import shown
+    from tunedeck.backend.render import render_bundle, write_bundle
+    from tunedeck.backend.untrusted import shown
 
     spec = load_spec_or_exit(args)
     _, failed = _check(spec)
@@ -113,8 +113,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from backend.bundle_check import BundleCheckError, check_bundle
-    from backend.spec import SpecError
+    from tunedeck.backend.bundle_check import BundleCheckError, check_bundle
+    from tunedeck.backend.spec import SpecError
 
     folder = Path(args.bundle)
     if not (folder / "job.yaml").is_file():

@@ -10,7 +10,7 @@ downloads, so anyone (and CI) can watch a real distributed run on a CPU machine.
     <demo_home>/BUILD             stamp: which recipe and builder made this folder
 
 `ensure_demo()` is cheap when the demo is built; otherwise it runs the build in a
-subprocess (`python -m backend.demo`), so the panel never imports torch.
+subprocess (`python -m tunedeck.backend.demo`), so the panel never imports torch.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import yaml
 
-from backend.spec import REPO_ROOT, demo_home
+from tunedeck.backend.spec import PACKAGE_DIR, demo_home
 
-RECIPE_PATH = REPO_ROOT / "assets" / "demo" / "recipe.yaml"
+RECIPE_PATH = PACKAGE_DIR / "assets" / "demo" / "recipe.yaml"
 FORMATS = ("text", "prompt-completion", "messages", "alpaca")
 
 # Assistant turns are wrapped in {% generation %} so TRL's assistant_only_loss works too.
@@ -67,8 +67,8 @@ def ensure_demo(home: Path | None = None) -> Path:
     if is_built(home):
         return home
     result = subprocess.run(
-        [sys.executable, "-m", "backend.demo", "--home", str(home)],
-        cwd=REPO_ROOT,
+        [sys.executable, "-m", "tunedeck.backend.demo", "--home", str(home)],
+        cwd=PACKAGE_DIR,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -76,7 +76,7 @@ def ensure_demo(home: Path | None = None) -> Path:
     )
     if result.returncode != 0 or not is_built(home):
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-        raise RuntimeError(f"building the demo in {home} failed (python -m backend.demo --home {home}):\n{tail}")
+        raise RuntimeError(f"building the demo in {home} failed (python -m tunedeck.backend.demo --home {home}):\n{tail}")
     return home
 
 

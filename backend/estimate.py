@@ -5,7 +5,7 @@ backend/advisor.py (strategy options, fit, recommendation); this module re-expor
 public names for callers that import `backend.estimate` (bench/gpu_peak_check.py).
 """
 
-from backend.advisor import (
+from tunedeck.backend.advisor import (
     FIT_FRACTION,
     GPU_MEMORY_GB,
     Advice,
@@ -19,10 +19,10 @@ from backend.advisor import (
     limit_sentence,
     recommend,
 )
-from backend.memory import PHASES, TENSOR_TERMS, TERMS, Estimate, estimate
-from backend.memory_job import GIB, INPUT_PATHS, LOSS_IMPLEMENTATIONS, EstimateError
-from backend.memory_load import LOAD_TERMS
-from backend.memory_train import zero_model_state_bytes
+from tunedeck.backend.memory import PHASES, TENSOR_TERMS, TERMS, Estimate, estimate
+from tunedeck.backend.memory_job import GIB, INPUT_PATHS, LOSS_IMPLEMENTATIONS, EstimateError
+from tunedeck.backend.memory_load import LOAD_TERMS
+from tunedeck.backend.memory_train import zero_model_state_bytes
 
 __all__ = [
     "FIT_FRACTION", "GIB", "GPU_MEMORY_GB", "INPUT_PATHS", "LOAD_TERMS", "LOSS_IMPLEMENTATIONS", "PHASES",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Literal
 
-from backend.spec import DEEPSPEED_KINDS, JobSpec, get_path, iter_fields, parse_spec, set_dotted
+from tunedeck.backend.spec import DEEPSPEED_KINDS, JobSpec, get_path, iter_fields, parse_spec, set_dotted
 
 # Form sections in page order; a field goes to the first section whose prefixes match its path.
 SECTIONS: list[tuple[str, tuple[str, ...]]] = [

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backend.memory_job import GIB, Job, input_values
-from backend.memory_load import LOAD_TERMS, load_phase
-from backend.memory_train import train_phase
-from backend.spec import JobSpec
+from tunedeck.backend.memory_job import GIB, Job, input_values
+from tunedeck.backend.memory_load import LOAD_TERMS, load_phase
+from tunedeck.backend.memory_train import train_phase
+from tunedeck.backend.spec import JobSpec
 
 TERMS: dict[str, str] = {
     "weights": "Weights",

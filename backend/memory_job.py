@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backend import catalog
-from backend.spec import JobSpec, get_path
+from tunedeck.backend import catalog
+from tunedeck.backend.spec import JobSpec, get_path
 
 GIB = 2**30
 

@@ -32,7 +32,7 @@ memory-mapped file instead when the checkpoint is stored in model.dtype already 
 
 from __future__ import annotations
 
-from backend.memory_job import Job, frozen_base_params, largest_linear_params, quant_stats_bytes
+from tunedeck.backend.memory_job import Job, frozen_base_params, largest_linear_params, quant_stats_bytes
 
 LOAD_TERMS: dict[str, str] = {
     "weights": "Weights as loaded",

@@ -18,7 +18,7 @@ tensors alive at once, on top of the model states. Bytes here; backend/memory.py
 
 from __future__ import annotations
 
-from backend.memory_job import (
+from tunedeck.backend.memory_job import (
     GIB,
     Job,
     frozen_base_params,

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend import train
-from backend.runs import RunError, RunStatus
-from backend.supervisor import ACTIVE_STATES
-from backend.validate import Problem
+from tunedeck.backend import train
+from tunedeck.backend.runs import RunError, RunStatus
+from tunedeck.backend.supervisor import ACTIVE_STATES
+from tunedeck.backend.validate import Problem
 
 RUN_FOLDER = "<run-id>"  # relative paths in a job are taken from its run folder (train.py works there)
 
 
 def preflight(spec, runs_dir: Path) -> list[Problem]:
     """Problems of the job's local model and data, checked from where its run will work."""
-    from backend.demo import is_built
-    from backend.spec import demo_home, spec_to_dict
+    from tunedeck.backend.demo import is_built
+    from tunedeck.backend.spec import demo_home, spec_to_dict
 
     job = spec_to_dict(spec)
     home = str(demo_home())

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from backend.supervisor import STATUS_FILE, read_status
+from tunedeck.backend.supervisor import STATUS_FILE, read_status
 
 DAMAGED = "damaged"
 SUPERVISOR_SCRIPT = "supervisor.py"

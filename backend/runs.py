@@ -34,10 +34,10 @@ from pathlib import Path
 
 import yaml
 
-from backend import run_status, supervisor
-from backend.run_status import DamagedStatus, RunStatus, read_status_file
-from backend.spec import spec_to_dict
-from backend.supervisor import ACTIVE_STATES, STATUS_FILE, STOP_FILE, is_alive, write_status
+from tunedeck.backend import run_status, supervisor
+from tunedeck.backend.run_status import DamagedStatus, RunStatus, read_status_file
+from tunedeck.backend.spec import spec_to_dict
+from tunedeck.backend.supervisor import ACTIVE_STATES, STATUS_FILE, STOP_FILE, is_alive, write_status
 
 RUN_ID_PATTERN = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 DEFAULT_GRACE_S = 60.0
@@ -79,8 +79,8 @@ class RunManager:
 
     def start(self, spec) -> str:
         """Validate, check the inputs, write the run folder and launch it; returns the run id. Raises RunError."""
-        from backend import preflight
-        from backend.validate import validate
+        from tunedeck.backend import preflight
+        from tunedeck.backend.validate import validate
 
         errors = [p for p in validate(spec) if p.level == "error"]
         if errors:
@@ -124,7 +124,7 @@ class RunManager:
 
     def _write_run_folder(self, spec, argv: list[str], gpus: list[int] | None, env_changes: dict[str, str]) -> str:
         """Write the whole run folder under a hidden name, then rename it: a full disk leaves nothing behind."""
-        from backend.render import render_bundle, write_bundle
+        from tunedeck.backend.render import render_bundle, write_bundle
 
         run_id = self._new_run_id()
         staging = self.runs_dir / f".{run_id}.partial"
@@ -187,7 +187,7 @@ class RunManager:
 
     @staticmethod
     def _launch_args(spec) -> list[str]:
-        from backend.render.launch import launch_argv
+        from tunedeck.backend.render.launch import launch_argv
 
         args = launch_argv(spec)
         if spec.launch.num_machines == 1:
@@ -217,7 +217,7 @@ class RunManager:
 
     @staticmethod
     def _ensure_demo_if_used(spec) -> None:
-        from backend.demo import ensure_demo_if_used
+        from tunedeck.backend.demo import ensure_demo_if_used
 
         try:
             ensure_demo_if_used(spec)

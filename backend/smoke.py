@@ -13,7 +13,7 @@ the data a few rows of the job's dataset (the demo data in the job's format when
 dataset is not on this machine); a few steps; 2 CPU ranks, or the job's GPUs. What the CPU
 cannot do is swapped for what it can (DeepSpeed refuses bf16 and fp16 on CPU: fp32).
 
-Building the tiny model imports torch, so it runs in a subprocess (`python -m backend.smoke`):
+Building the tiny model imports torch, so it runs in a subprocess (`python -m tunedeck.backend.smoke`):
 the panel may call smoke_spec and stays light.
 """
 
@@ -31,8 +31,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend import catalog
-from backend.spec import REPO_ROOT, DatasetSpec, JobSpec, demo_home, set_paths
+from tunedeck.backend import catalog
+from tunedeck.backend.spec import PACKAGE_DIR, DatasetSpec, JobSpec, demo_home, set_paths
 
 STEPS = 3
 ROWS = 64  # of the job's dataset: enough for STEPS x accumulation x batch x ranks on 2 CPU ranks
@@ -56,7 +56,7 @@ def smoke_spec(spec: JobSpec, gpus: int = 0) -> JobSpec:
 
     Builds the tiny model once (cached under $TUNEDECK_HOME/smoke). Raises SmokeError.
     """
-    from backend.spec import SpecError
+    from tunedeck.backend.spec import SpecError
 
     model_dir = ensure_tiny_model(spec)
     t, d = spec.training, spec.dataset
@@ -90,7 +90,7 @@ def _smoke_data(spec: JobSpec) -> dict:
     if Path(d.path).expanduser().exists():
         return {"dataset.split": _first_rows(d.split), "dataset.eval_split": d.eval_split and _first_rows(d.eval_split, 16)}
     # A hub dataset cannot be fetched here: the demo task in the job's format, under the default column names.
-    from backend.demo import ensure_demo
+    from tunedeck.backend.demo import ensure_demo
 
     try:
         home = ensure_demo()
@@ -150,8 +150,8 @@ def start_smoke_run(manager, spec: JobSpec) -> str:
     What `tunedeck train SPEC --smoke` and the panel's Smoke test button call. Raises SmokeError
     (the job, or its smoke version, has errors: every problem is in the message) or RunError.
     """
-    from backend.runs import gpu_indices
-    from backend.validate import validate
+    from tunedeck.backend.runs import gpu_indices
+    from tunedeck.backend.validate import validate
 
     errors = [p for p in validate(spec) if p.level == "error"]
     if errors:
@@ -204,7 +204,7 @@ def tiny_model_request(spec: JobSpec) -> tuple[dict, Path]:
 
 
 def _demo_tokenizer() -> Path:
-    from backend.demo import ensure_demo
+    from tunedeck.backend.demo import ensure_demo
 
     try:
         return ensure_demo() / "model"
@@ -254,9 +254,9 @@ def ensure_tiny_model(spec: JobSpec) -> Path:
     if (target / "config.json").is_file():
         return target
     result = subprocess.run(
-        [sys.executable, "-m", "backend.smoke", "--config", json.dumps(config), "--tokenizer", str(tokenizer)]
+        [sys.executable, "-m", "tunedeck.backend.smoke", "--config", json.dumps(config), "--tokenizer", str(tokenizer)]
         + ["--out", str(target)],
-        cwd=REPO_ROOT,
+        cwd=PACKAGE_DIR,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

@@ -15,6 +15,7 @@ together.
 from __future__ import annotations
 
 import copy
+from importlib.resources import files
 from pathlib import Path, PurePosixPath
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -22,7 +23,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from backend.untrusted import YamlRefused, describe_char, load_yaml, shown, unsafe_char
+from tunedeck.backend.untrusted import YamlRefused, describe_char, load_yaml, shown, unsafe_char
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 StrategyKind = Literal["ddp", "zero1", "zero2", "zero3", "fsdp"]
@@ -545,8 +546,10 @@ def _close_matches(path: str) -> list[str]:
 # ---------------------------------------------------------------- presets
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PRESETS_DIR = REPO_ROOT / "presets"
+# The package's own folder: the repository root in a checkout, site-packages/tunedeck when installed.
+# Presets, assets and constraints.txt ship in it as package data.
+PACKAGE_DIR = Path(str(files("tunedeck")))
+PRESETS_DIR = PACKAGE_DIR / "presets"
 
 
 def deep_merge(base: dict, override: dict) -> dict:

@@ -15,10 +15,10 @@ from typing import Callable, Iterator, Literal
 
 import psutil
 
-from backend import catalog
-from backend.render.accelerate_yaml import fsdp_layer_cls
-from backend.render.deepspeed_json import DEFAULT_NVME_BUFFER_SIZE, nvme_param_buffer_size
-from backend.spec import JobSpec
+from tunedeck.backend import catalog
+from tunedeck.backend.render.accelerate_yaml import fsdp_layer_cls
+from tunedeck.backend.render.deepspeed_json import DEFAULT_NVME_BUFFER_SIZE, nvme_param_buffer_size
+from tunedeck.backend.spec import JobSpec
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.advisor import advise, compare_strategies  # noqa: E402
-from backend.memory import estimate  # noqa: E402
-from backend.spec import load_presets  # noqa: E402
+from tunedeck.backend.advisor import advise, compare_strategies  # noqa: E402
+from tunedeck.backend.memory import estimate  # noqa: E402
+from tunedeck.backend.spec import load_presets  # noqa: E402
 
 
 def per_call(fn, number: int) -> float:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.tail import JsonlTail  # noqa: E402
+from tunedeck.backend.tail import JsonlTail  # noqa: E402
 
 
 def record(step: int) -> str:

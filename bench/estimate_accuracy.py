@@ -21,9 +21,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.memory import Estimate, estimate  # noqa: E402
-from backend.memory_job import GIB  # noqa: E402
-from backend.spec import JobSpec, set_paths  # noqa: E402
+from tunedeck.backend.memory import Estimate, estimate  # noqa: E402
+from tunedeck.backend.memory_job import GIB  # noqa: E402
+from tunedeck.backend.spec import JobSpec, set_paths  # noqa: E402
 
 TABLE = ROOT / "tests" / "data" / "measured_peaks.yaml"
 UNIT_BYTES = {"GB": 1e9, "GiB": GIB}

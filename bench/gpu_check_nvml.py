@@ -3,7 +3,7 @@
 import sys
 import time
 
-from backend.monitor import Monitor
+from tunedeck.backend.monitor import Monitor
 
 
 def main() -> int:

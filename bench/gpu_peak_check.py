@@ -15,9 +15,9 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from backend import catalog
-from backend.estimate import estimate
-from backend.spec import JobSpec, set_paths
+from tunedeck.backend import catalog
+from tunedeck.backend.estimate import estimate
+from tunedeck.backend.spec import JobSpec, set_paths
 
 CASES = [
     ("Llama-2-7B LoRA r16 bf16 seq 2048", "meta-llama/Llama-2-7b-hf",

@@ -21,10 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from backend.estimate import estimate
-from backend.runs import gpu_indices
-from backend.smoke import smoke_spec
-from backend.spec import load_presets, load_spec_file, resolve_spec
+from tunedeck.backend.estimate import estimate
+from tunedeck.backend.runs import gpu_indices
+from tunedeck.backend.smoke import smoke_spec
+from tunedeck.backend.spec import load_presets, load_spec_file, resolve_spec
 
 
 def gpu_memory_gb() -> float | None:
@@ -73,7 +73,7 @@ def check(preset: str, gpus: int, gpu_gb: float | None, runs_dir: Path) -> dict:
             return {"preset": preset, "result": "SKIP", "why": f"the smoke job needs {need:.1f} GB per GPU, the GPUs have {gpu_gb:.1f}"}
     before = set(runs_dir.iterdir()) if runs_dir.is_dir() else set()
     done = subprocess.run(
-        [sys.executable, "-m", "backend.cli", "train", preset, "--smoke", "--runs-dir", str(runs_dir)],
+        [sys.executable, "-m", "tunedeck.backend.cli", "train", preset, "--smoke", "--runs-dir", str(runs_dir)],
         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900,
     )  # fmt: skip
     new = sorted(set(runs_dir.iterdir()) - before)

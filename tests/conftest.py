@@ -15,7 +15,7 @@ import pytest
 @pytest.fixture(scope="session")
 def demo_home() -> Path:
     """The built demo folder: model/, data/train.jsonl, data/eval.jsonl, formats/<format>.jsonl."""
-    from backend.demo import ensure_demo
+    from tunedeck.backend.demo import ensure_demo
 
     return ensure_demo()
 
@@ -23,7 +23,7 @@ def demo_home() -> Path:
 @pytest.fixture
 def demo_spec(demo_home):
     """Factory: the demo preset's JobSpec with dotted-path overrides, e.g. demo_spec({"training.max_steps": 3})."""
-    from backend.spec import resolve_spec, set_paths
+    from tunedeck.backend.spec import resolve_spec, set_paths
 
     def make(overrides: dict | None = None):
         spec = resolve_spec("demo")

@@ -11,20 +11,20 @@ import io
 import zipfile
 from pathlib import Path
 
-from backend.render.accelerate_yaml import DEEPSPEED_CONFIG_FILE, render_accelerate_config
-from backend.render.bundle_readme import render_bundle_readme
-from backend.render.deepspeed_json import render_deepspeed_json
-from backend.render.launch import (
+from tunedeck.backend.render.accelerate_yaml import DEEPSPEED_CONFIG_FILE, render_accelerate_config
+from tunedeck.backend.render.bundle_readme import render_bundle_readme
+from tunedeck.backend.render.deepspeed_json import render_deepspeed_json
+from tunedeck.backend.render.launch import (
     ACCELERATE_CONFIG,
     JOB_FILE,
     TRAIN_SCRIPT,
     TRAINING_ARGS_FILE,
     render_launch_sh,
 )
-from backend.render.requirements import REQUIREMENTS_FILE, render_requirements, tested_versions
-from backend.render.slurm import SLURM_FILE, render_slurm_sbatch
-from backend.render.training_args import render_training_args
-from backend.spec import JobSpec, spec_to_yaml
+from tunedeck.backend.render.requirements import REQUIREMENTS_FILE, render_requirements, tested_versions
+from tunedeck.backend.render.slurm import SLURM_FILE, render_slurm_sbatch
+from tunedeck.backend.render.training_args import render_training_args
+from tunedeck.backend.spec import JobSpec, spec_to_yaml
 
 # The training entrypoint ships in every bundle under TRAIN_SCRIPT's name.
 TRAIN_ENTRYPOINT = Path(__file__).resolve().parent.parent / "train.py"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import yaml
 
-from backend import catalog
-from backend.spec import JobSpec
+from tunedeck.backend import catalog
+from tunedeck.backend.spec import JobSpec
 
 DEEPSPEED_CONFIG_FILE = "ds_config.json"
 

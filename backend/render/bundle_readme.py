@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from backend.spec import JobSpec
-from backend.render.requirements import minimums
+from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.render.requirements import minimums
 
 _FILE_ROLES = {
     "job.yaml": "the tunedeck job spec: model, method, LoRA, quantization, dataset (read by train_sft.py)",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import math
 
-from backend import catalog
-from backend.spec import JobSpec
+from tunedeck.backend import catalog
+from tunedeck.backend.spec import JobSpec
 
 # DeepSpeed's default offload_param.buffer_size (runtime/zero/offload_config.py), in elements.
 DEFAULT_NVME_BUFFER_SIZE = 100_000_000

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from backend.spec import JobSpec
-from backend.untrusted import unsafe_char
+from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.untrusted import unsafe_char
 
 ACCELERATE_CONFIG = "accelerate_config.yaml"
 TRAIN_SCRIPT = "train_sft.py"

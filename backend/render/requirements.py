@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from backend.spec import REPO_ROOT, JobSpec
+from tunedeck.backend.spec import PACKAGE_DIR, JobSpec
 
 REQUIREMENTS_FILE = "requirements.txt"
-CONSTRAINTS_FILE = REPO_ROOT / "constraints.txt"
+CONSTRAINTS_FILE = PACKAGE_DIR / "constraints.txt"
 
 # What train_sft.py imports, in install order (torch first: it decides the CUDA build).
 _ALWAYS = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "PyYAML")

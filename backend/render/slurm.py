@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from backend.render.launch import shell_word
-from backend.spec import JobSpec
+from tunedeck.backend.render.launch import shell_word
+from tunedeck.backend.spec import JobSpec
 
 SLURM_FILE = "slurm.sbatch"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import yaml
 
-from backend.spec import JobSpec
+from tunedeck.backend.spec import JobSpec
 
 # TRL's SFTTrainer tokenises on the global main process first, then on each node's local main, while
 # every other rank waits in a barrier (trl/trainer/utils.py, global_then_local_main_first). That

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from backend.advisor import compare_strategies, gpu_memory_gb, recommend
-from backend.memory import estimate
-from backend.memory_job import EstimateError
-from backend.spec import JobSpec, load_presets, set_paths
-from backend.validate import validate
+from tunedeck.backend.advisor import compare_strategies, gpu_memory_gb, recommend
+from tunedeck.backend.memory import estimate
+from tunedeck.backend.memory_job import EstimateError
+from tunedeck.backend.spec import JobSpec, load_presets, set_paths
+from tunedeck.backend.validate import validate
 
 PRESETS = load_presets()
 
@@ -187,7 +187,7 @@ def test_one_estimate_takes_well_under_10_ms():
 
 def test_the_estimator_and_its_view_import_no_training_stack():
     code = (
-        "import sys, backend.estimate, backend.advisor, app.estimate_view; "
+        "import sys, tunedeck.backend.estimate, tunedeck.backend.advisor, tunedeck.app.estimate_view; "
         "print([m for m in ('torch','transformers','trl','peft','deepspeed','bitsandbytes') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

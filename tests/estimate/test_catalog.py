@@ -12,7 +12,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config
 
-from backend import catalog
+from tunedeck.backend import catalog
 
 CONFIG_CLASSES = {
     "llama": LlamaConfig,
@@ -159,8 +159,8 @@ def test_target_modules_rule_agrees_with_peft(name, targets):
     """validate's lora.target_modules error fires exactly when PEFT refuses the targets."""
     from peft.tuners.tuners_utils import NoMatchingPeftModuleError
 
-    from backend.spec import resolve_spec
-    from backend.validate import validate
+    from tunedeck.backend.spec import resolve_spec
+    from tunedeck.backend.validate import validate
 
     spec = resolve_spec("7b-lora-ddp", [f"model.name_or_path={name}", f"lora.target_modules={','.join(targets)}"])
     refused_by_validate = any(p.field == "lora.target_modules" and p.level == "error" for p in validate(spec))

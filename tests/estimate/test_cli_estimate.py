@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import catalog
+from tunedeck.backend import catalog
 
 TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.estimate_view import (
+from tunedeck.app.estimate_view import (
     HEADERS,
     LOAD_MARKER,
     Unavailable,
@@ -14,10 +14,10 @@ from app.estimate_view import (
     measured_markdown,
     recommendation_markdown,
 )
-from backend.advisor import compare_strategies
-from backend.memory import TERMS, estimate
-from backend.memory_load import LOAD_TERMS
-from backend.spec import load_presets, set_paths
+from tunedeck.backend.advisor import compare_strategies
+from tunedeck.backend.memory import TERMS, estimate
+from tunedeck.backend.memory_load import LOAD_TERMS
+from tunedeck.backend.spec import load_presets, set_paths
 
 PRESETS = load_presets()
 

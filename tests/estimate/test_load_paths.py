@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.memory import estimate
-from backend.memory_job import GIB, Job, frozen_base_params, input_values, quant_stats_bytes
-from backend.spec import set_paths
+from tunedeck.backend.memory import estimate
+from tunedeck.backend.memory_job import GIB, Job, frozen_base_params, input_values, quant_stats_bytes
+from tunedeck.backend.spec import set_paths
 
 PROBE = Path(__file__).with_name("load_probe.py")
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))

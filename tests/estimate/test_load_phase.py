@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from backend.advisor import advise, compare_strategies, recommend
-from backend.memory import estimate
-from backend.memory_job import GIB, Job, input_values
-from backend.spec import JobSpec, load_presets, set_paths
+from tunedeck.backend.advisor import advise, compare_strategies, recommend
+from tunedeck.backend.memory import estimate
+from tunedeck.backend.memory_job import GIB, Job, input_values
+from tunedeck.backend.spec import JobSpec, load_presets, set_paths
 
 PRESETS = load_presets()
 QLORA_70B = ("70b-qlora-zero3", "70b-qlora-fsdp")

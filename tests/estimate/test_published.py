@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import catalog
+from tunedeck.backend import catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("estimate_accuracy", ROOT / "bench" / "estimate_accuracy.py")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from backend.cli import main
+from tunedeck.backend.cli import main
 
 TUNEDECK = str(Path(sys.executable).parent / "tunedeck")
 # What no message the CLI or the page shows may contain: a traceback, or Python's own words.
@@ -41,7 +41,7 @@ SCONTROL = """#!/usr/bin/env bash
 
 
 def cli(*argv: str) -> tuple[int, str, str]:
-    """backend.cli.main in-process: (exit code, stdout, stderr). Any other exception fails the test."""
+    """tunedeck.backend.cli.main in-process: (exit code, stdout, stderr). Any other exception fails the test."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:

@@ -14,7 +14,7 @@ from typing import get_args
 import pytest
 import yaml
 
-from backend.spec import iter_fields, resolve_spec, spec_from_yaml, spec_to_dict
+from tunedeck.backend.spec import iter_fields, resolve_spec, spec_from_yaml, spec_to_dict
 
 from .helpers import cli, error_fields, install_stand_ins, recorded_argv, run_bundle_scripts
 

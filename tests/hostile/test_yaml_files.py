@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.job_outputs import UPLOAD_LIMIT_BYTES, read_uploaded_spec
+from tunedeck.app.job_outputs import UPLOAD_LIMIT_BYTES, read_uploaded_spec
 
 from .helpers import RAW_ERRORS, cli, console, error_fields
 

@@ -49,7 +49,7 @@ class PanelServer:
         self.log_path = runs_dir.parent / f"panel-{self.port}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "backend.cli", "ui", "--port", str(self.port), "--runs-dir", str(runs_dir), *args],
+            [sys.executable, "-m", "tunedeck.backend.cli", "ui", "--port", str(self.port), "--runs-dir", str(runs_dir), *args],
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -150,7 +150,7 @@ def settle(page, timeout: float = 60_000) -> None:
 
 def field(page, path: str):
     """The input element of a spec field's widget (by its dotted path)."""
-    from app.form import element_id
+    from tunedeck.app.form import element_id
 
     return page.locator(f"#{element_id(path)}").locator("input, textarea").first
 
@@ -171,7 +171,7 @@ def fill(box, value: str) -> None:
 
 def choose(page, path: str, option: str) -> None:
     """Pick an option of a dropdown field."""
-    from app.form import element_id
+    from tunedeck.app.form import element_id
 
     field(page, path).click()
     page.locator(f'#{element_id(path)} li[role=option][aria-label="{option}"]').click()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from app.auth_gate import LoginThrottle, password_checker
+from tunedeck.app.auth_gate import LoginThrottle, password_checker
 
 
 class SteppedClock:

@@ -25,9 +25,9 @@ PRESET = "demo"  # the one preset that can start on a machine without a GPU; the
 
 
 def expected_page(spec) -> dict:
-    from app.job_outputs import batch_markdown
-    from backend.fields import values_from_spec
-    from backend.render import render_bundle
+    from tunedeck.app.job_outputs import batch_markdown
+    from tunedeck.backend.fields import values_from_spec
+    from tunedeck.backend.render import render_bundle
 
     return {
         "model": str(spec.model.name_or_path),
@@ -72,8 +72,8 @@ def mismatches(shown: dict, want: dict, ran: dict) -> list[str]:
 
 
 def test_preset_clicked_during_first_load_is_what_the_page_shows_and_what_start_runs(browser, tmp_path, demo_home):
-    from backend.runs import RunManager
-    from backend.spec import load_presets
+    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.spec import load_presets
 
     want = expected_page(load_presets()[PRESET].build())
     found: dict[int, list[str]] = {}

@@ -160,7 +160,7 @@ def test_downloaded_bundle_is_accepted_by_the_spine_checks(page, server, tmp_pat
         archive.extractall(bundle)
     assert {"job.yaml", "accelerate_config.yaml", "training_args.yaml", "launch.sh"} <= {p.name for p in bundle.iterdir()}
 
-    from backend.bundle_check import check_bundle
+    from tunedeck.backend.bundle_check import check_bundle
 
     check_bundle(bundle)  # accelerate's loader + launch parser, SFTConfig; raises on a rejected file
 
@@ -175,7 +175,7 @@ def test_downloaded_bundle_is_accepted_by_the_spine_checks(page, server, tmp_pat
 
 
 def test_upload_fills_the_form_and_a_bad_upload_says_why(page, server, tmp_path):
-    from backend.spec import load_presets, set_paths, spec_to_yaml
+    from tunedeck.backend.spec import load_presets, set_paths, spec_to_yaml
 
     load(page, server)
     good = tmp_path / "job.yaml"

@@ -29,7 +29,7 @@ LONG_RUN = 5000  # steps: long enough that the run is still going when the test 
 def server(tmp_path_factory, demo_home):
     server = PanelServer(tmp_path_factory.mktemp("runs"), "--preset", "demo")
     yield server
-    from backend.runs import RunManager
+    from tunedeck.backend.runs import RunManager
 
     manager = RunManager(server.runs_dir)  # never leave a run behind, whatever failed
     for run in manager.list_runs():
@@ -94,8 +94,8 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
 
 
 def test_reloading_the_page_reattaches_to_a_live_run(page, server):
-    from backend.runs import RunManager
-    from backend.spec import resolve_spec, set_paths
+    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.spec import resolve_spec, set_paths
 
     # Started outside the page (as `tunedeck train` would): the disk is the message bus.
     manager = RunManager(server.runs_dir)
@@ -119,8 +119,8 @@ def test_reloading_the_page_reattaches_to_a_live_run(page, server):
 
 
 def test_past_runs_reopen_and_overlay_two_loss_curves(page, server):
-    from backend.runs import RunManager
-    from backend.spec import resolve_spec, set_paths
+    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.spec import resolve_spec, set_paths
 
     manager = RunManager(server.runs_dir)
     with_metrics = [r for r in manager.list_runs() if (manager.run_dir(r.run_id) / "metrics.jsonl").exists()]
@@ -178,7 +178,7 @@ def test_a_refused_start_says_why_and_launches_nothing(page, server):
 
 
 def test_start_refuses_while_the_files_shown_are_not_the_forms(page, server):
-    from backend.runs import RunManager
+    from tunedeck.backend.runs import RunManager
 
     load(page, server)
     before = set(p.name for p in server.runs_dir.iterdir())

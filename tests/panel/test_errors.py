@@ -5,9 +5,9 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from app.errors import shown_as_message
-from backend.runs import RunError
-from backend.spec import SpecError
+from tunedeck.app.errors import shown_as_message
+from tunedeck.backend.runs import RunError
+from tunedeck.backend.spec import SpecError
 
 
 def test_known_errors_keep_their_message():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backend.fields import FIELDS_BY_PATH, FORM_FIELDS, applies, section_titles, spec_from_values, values_from_form, values_from_spec
-from backend.spec import FIELD_PATHS, JobSpec, SpecError, load_presets, set_paths
+from tunedeck.backend.fields import FIELDS_BY_PATH, FORM_FIELDS, applies, section_titles, spec_from_values, values_from_form, values_from_spec
+from tunedeck.backend.spec import FIELD_PATHS, JobSpec, SpecError, load_presets, set_paths
 
 import pytest
 

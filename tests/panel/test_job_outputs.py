@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 import zipfile
 
-from app.downloads import BundleWriter, zip_name_for
-from app.job_outputs import batch_markdown, evaluate, issues_markdown
-from backend.fields import values_from_spec
-from backend.render import render_bundle
-from backend.spec import load_presets
+from tunedeck.app.downloads import BundleWriter, zip_name_for
+from tunedeck.app.job_outputs import batch_markdown, evaluate, issues_markdown
+from tunedeck.backend.fields import values_from_spec
+from tunedeck.backend.render import render_bundle
+from tunedeck.backend.spec import load_presets
 
 
 def preset_values(preset_id):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from app.downloads import BundleWriter, bundle_digest
-from app.form import build_form
-from app.job_view import JobEvent, JobView, NotShownYet
-from backend.fields import FORM_FIELDS, values_from_spec
-from backend.render import render_bundle
-from backend.spec import JobSpec, load_presets, set_paths
+from tunedeck.app.downloads import BundleWriter, bundle_digest
+from tunedeck.app.form import build_form
+from tunedeck.app.job_view import JobEvent, JobView, NotShownYet
+from tunedeck.backend.fields import FORM_FIELDS, values_from_spec
+from tunedeck.backend.render import render_bundle
+from tunedeck.backend.spec import JobSpec, load_presets, set_paths
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_an_edit_fired_before_a_preset_arrived_is_dropped_and_later_edits_apply(
 
 def test_a_filled_job_shows_the_files_of_what_its_widgets_hold(job):
     """A float box holds 6 digits: an uploaded 1.2345678e-4 is shown, and run, as 0.000123457."""
-    from backend.fields import spec_from_values, values_from_form
+    from tunedeck.backend.fields import spec_from_values, values_from_form
 
     uploaded = set_paths(JobSpec(), {"training.learning_rate": 1.2345678e-4})
     out = job.on_fill(uploaded, JobEvent(form_of(JobSpec()), {}, 0, []))

@@ -7,7 +7,7 @@ import time
 
 import pynvml
 
-from backend.monitor import Monitor
+from tunedeck.backend.monitor import Monitor
 from panel.fake_nvml import FakeNvml, two_h100s
 
 

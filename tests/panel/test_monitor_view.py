@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from app.monitor_view import monitor_html, sparklines
-from backend.monitor import Monitor
+from tunedeck.app.monitor_view import monitor_html, sparklines
+from tunedeck.backend.monitor import Monitor
 from panel.fake_nvml import two_h100s
 
 

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 from panel.browser import PanelServer, wait_text
 
-from app.auth_gate import FAILURE_DELAY_S, OVERALL, PER_CLIENT
+from tunedeck.app.auth_gate import FAILURE_DELAY_S, OVERALL, PER_CLIENT
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def gradio_routes(runs_dir: Path) -> list[tuple[str, str]]:
     """(method, path) of every route Gradio serves for this page, read from the app Gradio builds for it."""
     from gradio.routes import App
 
-    from app.page import build_page
+    from tunedeck.app.page import build_page
 
     def walk(routes, prefix=""):
         for route in routes:

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from app.run_view import RunView
-from backend.runs import RunManager
-from backend.supervisor import process_identity, write_status
+from tunedeck.app.run_view import RunView
+from tunedeck.backend.runs import RunManager
+from tunedeck.backend.supervisor import process_identity, write_status
 
 RUN_ID = "20250101-120000-a1b2c3"
 OUTPUT_NAMES = ["view", "select", "overlay", "table", "state", "progress", "facts", "error", "loss", "metrics", "memory", "log", "stop"]
@@ -37,7 +37,7 @@ def is_skip(value) -> bool:
 
 @pytest.fixture
 def view(tmp_path, monkeypatch):
-    monkeypatch.setattr("app.run_watch.MIN_REFRESH_S", 0)
+    monkeypatch.setattr("tunedeck.app.run_watch.MIN_REFRESH_S", 0)
     finished_run(tmp_path)
     return RunView(RunManager(tmp_path))
 

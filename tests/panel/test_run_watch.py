@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from app.charts import MAX_POINTS, downsample, ema, loss_figure, metrics_figure
-from app.run_watch import RunWatch, facts_line, measured_peaks, progress
+from tunedeck.app.charts import MAX_POINTS, downsample, ema, loss_figure, metrics_figure
+from tunedeck.app.run_watch import RunWatch, facts_line, measured_peaks, progress
 
 
 def append(path, *records):
@@ -15,7 +15,7 @@ def append(path, *records):
 
 
 def test_watch_reads_only_what_was_appended(tmp_path, monkeypatch):
-    monkeypatch.setattr("app.run_watch.MIN_REFRESH_S", 0)
+    monkeypatch.setattr("tunedeck.app.run_watch.MIN_REFRESH_S", 0)
     (tmp_path / "logs").mkdir()
     metrics = tmp_path / "metrics.jsonl"
     watch = RunWatch(tmp_path)
@@ -38,7 +38,7 @@ def test_watch_reads_only_what_was_appended(tmp_path, monkeypatch):
 
 
 def test_launcher_log_shown_until_rank0_writes(tmp_path, monkeypatch):
-    monkeypatch.setattr("app.run_watch.MIN_REFRESH_S", 0)
+    monkeypatch.setattr("tunedeck.app.run_watch.MIN_REFRESH_S", 0)
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "launcher.log").write_text("launching 2 processes\n")
     watch = RunWatch(tmp_path)

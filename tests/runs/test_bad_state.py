@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from backend.runs import RunError, RunManager
+from tunedeck.backend.runs import RunError, RunManager
 
 from .helpers import fake_run, fill, tunedeck
 

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from backend.demo import FORMATS, REPO_ROOT, build_stamp, is_built
+from tunedeck.backend.demo import FORMATS, PACKAGE_DIR, build_stamp, is_built
 
 
 def digests(folder) -> dict[str, str]:
@@ -22,8 +22,8 @@ def test_demo_build_is_deterministic(demo_home, tmp_path):
     # A second build, in a fresh process with networking to the hub disabled, gives the same bytes.
     other = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-m", "backend.demo", "--home", str(other)],
-        cwd=REPO_ROOT,
+        [sys.executable, "-m", "tunedeck.backend.demo", "--home", str(other)],
+        cwd=PACKAGE_DIR,
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"},

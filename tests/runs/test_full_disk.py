@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from app.run_view import RunView
-from backend.runs import RunManager
-from backend.supervisor import RESERVE_FILE, is_alive
+from tunedeck.app.run_view import RunView
+from tunedeck.backend.runs import RunManager
+from tunedeck.backend.supervisor import RESERVE_FILE, is_alive
 
 from .helpers import fill, log_records, logs_tail, status_json, tunedeck, wait_for
 
@@ -56,6 +56,6 @@ def test_a_disk_that_fills_mid_run_ends_recorded_and_every_reader_works(small_di
     assert listing.returncode == 0 and f"{run_id}  failed" in listing.stdout, listing.stderr
     show = tunedeck("runs", "show", run_id, "--runs-dir", disk)
     assert show.returncode == 0 and "state    failed" in show.stdout and "is full" in show.stdout, show.stderr
-    monkeypatch.setattr("app.run_watch.MIN_REFRESH_S", 0)
+    monkeypatch.setattr("tunedeck.app.run_watch.MIN_REFRESH_S", 0)
     out = RunView(manager).render({"run": None, "follow": True}, 0.6, False, None)
     assert out[0]["run"] == run_id and "failed" in out[4] and "is full" in out[7]["value"]

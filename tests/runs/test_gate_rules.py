@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from backend import train
-from backend.spec import resolve_spec, spec_to_dict
+from tunedeck.backend import train
+from tunedeck.backend.spec import resolve_spec, spec_to_dict
 
 
 def job(preset: str, *overrides: str) -> dict:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backend.render import render_bundle, write_bundle
-from backend.render.launch import JOB_FILE, TRAIN_SCRIPT, TRAINING_ARGS_FILE
+from tunedeck.backend.render import render_bundle, write_bundle
+from tunedeck.backend.render.launch import JOB_FILE, TRAIN_SCRIPT, TRAINING_ARGS_FILE
 
 from .helpers import end_record, logs_tail, read_metrics
 
@@ -116,8 +116,8 @@ def test_fsdp2_ranks_without_use_cpu_are_not_wrapped(tmp_path, demo_spec):
 
 def test_smoke_run_that_got_ddp_fails_the_gate(tmp_path):
     """The FSDP preset's smoke run with train_sft.py's FSDP2-on-CPU step taken out: accelerate gives it DDP, the gate stops it."""
-    from backend.smoke import smoke_spec
-    from backend.spec import resolve_spec
+    from tunedeck.backend.smoke import smoke_spec
+    from tunedeck.backend.spec import resolve_spec
 
     folder = bundle_for(tmp_path, smoke_spec(resolve_spec("13b-lora-fsdp")))
     script = (folder / TRAIN_SCRIPT).read_text()

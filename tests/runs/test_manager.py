@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from backend import preflight
-from backend.runs import RunError, RunManager
+from tunedeck.backend import preflight
+from tunedeck.backend.runs import RunError, RunManager
 
 from .helpers import fake_run
 

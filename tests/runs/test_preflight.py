@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.preflight import preflight
-from backend.render import render_bundle, write_bundle
-from backend.runs import RunError, RunManager
+from tunedeck.backend.preflight import preflight
+from tunedeck.backend.render import render_bundle, write_bundle
+from tunedeck.backend.runs import RunError, RunManager
 
 from .helpers import tunedeck
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backend.runs import RunManager
+from tunedeck.backend.runs import RunManager
 
 from .helpers import log_records, logs_tail, run_processes, still_alive, tunedeck, wait_for
 

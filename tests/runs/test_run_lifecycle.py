@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.runs import RunManager
-from backend.supervisor import is_alive
-from backend.tail import JsonlTail
+from tunedeck.backend.runs import RunManager
+from tunedeck.backend.supervisor import is_alive
+from tunedeck.backend.tail import JsonlTail
 
 from .helpers import end_record, log_records, logs_tail, processes_working_in, run_processes, start_record, status_json, still_alive, wait_for
 
@@ -90,8 +90,8 @@ def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, 
 MANAGER_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from backend.runs import RunManager
-    from backend.spec import resolve_spec, set_paths
+    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.spec import resolve_spec, set_paths
     manager = RunManager(sys.argv[1])
     run_id = manager.start(set_paths(resolve_spec("demo"), {"training.max_steps": 150}))
     print(run_id, flush=True)

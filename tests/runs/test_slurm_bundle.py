@@ -45,7 +45,7 @@ def free_port() -> int:
 
 
 def test_sbatch_runs_launch_sh_once_per_node_as_one_job(tmp_path, demo_spec):
-    from backend.render import render_bundle, write_bundle
+    from tunedeck.backend.render import render_bundle, write_bundle
 
     spec = demo_spec({
         "training.max_steps": 3,

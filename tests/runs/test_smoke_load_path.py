@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.render.launch import TRAIN_SCRIPT
-from backend.smoke import smoke_spec
-from backend.spec import resolve_spec
+from tunedeck.backend.render.launch import TRAIN_SCRIPT
+from tunedeck.backend.smoke import smoke_spec
+from tunedeck.backend.spec import resolve_spec
 
 from .helpers import end_record, log_records, logs_tail, start_record
 from .test_gate_traps import accelerate_launch, bundle_for, launch

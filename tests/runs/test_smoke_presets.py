@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.spec import load_presets
+from tunedeck.backend.spec import load_presets
 
 from .helpers import log_records, logs_tail, start_record
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from backend import catalog
-from backend.runs import RunManager
-from backend.smoke import SmokeError, Verdict, is_smoke_job, smoke_home, smoke_spec, smoke_verdict, start_smoke_run
-from backend.spec import load_presets, resolve_spec, spec_to_dict
-from backend.validate import validate
+from tunedeck.backend import catalog
+from tunedeck.backend.runs import RunManager
+from tunedeck.backend.smoke import SmokeError, Verdict, is_smoke_job, smoke_home, smoke_spec, smoke_verdict, start_smoke_run
+from tunedeck.backend.spec import load_presets, resolve_spec, spec_to_dict
+from tunedeck.backend.validate import validate
 
 KEPT = ["method", "lora", "quantization", "strategy"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import train
+from tunedeck.backend import train
 
 FORMAT_SPECS = {
     "text": {"format": "text"},

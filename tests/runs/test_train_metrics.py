@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from backend import train
+from tunedeck.backend import train
 
 
 def test_evaluation_time_is_left_out_of_tokens_per_second(tmp_path, monkeypatch):

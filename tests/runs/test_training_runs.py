@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.runs import RunManager
+from tunedeck.backend.runs import RunManager
 
 from .helpers import end_record, log_records, logs_tail, read_metrics, start_record
 
@@ -156,7 +156,7 @@ def test_resume_continues_the_step_count(runs_dir, demo_spec, tmp_path):
 
 def test_exported_bundle_trains_without_tunedeck(tmp_path, demo_spec):
     """`bash launch.sh` in a bare folder, with tunedeck's packages made unimportable."""
-    from backend.render import render_bundle, write_bundle
+    from tunedeck.backend.render import render_bundle, write_bundle
 
     bundle = tmp_path / "bundle"
     write_bundle(render_bundle(demo_spec({"training.max_steps": 3})), bundle)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.render import render_bundle, write_bundle
-from backend.spec import JobSpec, load_presets
+from tunedeck.backend.render import render_bundle, write_bundle
+from tunedeck.backend.spec import JobSpec, load_presets
 
 PRESET_IDS = sorted(load_presets())
 STRATEGY_KINDS = ["ddp", "zero1", "zero2", "zero3", "fsdp"]
@@ -28,7 +28,7 @@ def export(tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def check():
-    """backend.bundle_check.check_bundle, imported once: accelerate, TRL and DeepSpeed load here."""
-    from backend.bundle_check import check_bundle
+    """tunedeck.backend.bundle_check.check_bundle, imported once: accelerate, TRL and DeepSpeed load here."""
+    from tunedeck.backend.bundle_check import check_bundle
 
     return check_bundle

@@ -120,7 +120,7 @@ def test_check_command_reports_what_accelerate_would_start(tmp_path):
 
 
 def test_check_command_names_the_refused_file(tmp_path, capsys, check):
-    from backend.cli import main
+    from tunedeck.backend.cli import main
 
     assert main(["export", "7b-full-zero2", "-o", str(tmp_path)]) == 0
     ds = tmp_path / "ds_config.json"
@@ -133,7 +133,7 @@ def test_check_command_names_the_refused_file(tmp_path, capsys, check):
 
 
 def test_unreadable_spec_and_unwritable_output_are_errors_not_tracebacks(tmp_path, capsys):
-    from backend.cli import main
+    from tunedeck.backend.cli import main
 
     binary = tmp_path / "job.yaml"
     binary.write_bytes(b"\xff\xfe\x00 not text")

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from backend.spec import resolve_spec
-from backend.validate import has_errors, validate
+from tunedeck.backend.spec import resolve_spec
+from tunedeck.backend.validate import has_errors, validate
 
 from .conftest import PRESET_IDS, STRATEGY_KINDS
 
@@ -175,7 +175,7 @@ def test_fsdp1_sharding_strategy_and_offload(export, check):
 )
 def test_the_checks_refuse_broken_files(file, edit, words, export, check):
     """The checks are real: a broken file is refused, with the file named and the library's words."""
-    from backend.bundle_check import BundleCheckError
+    from tunedeck.backend.bundle_check import BundleCheckError
 
     folder = export(resolve_spec("70b-qlora-zero3"))
     path = folder / file

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backend.render import render_bundle, write_bundle
-from backend.spec import resolve_spec
-from backend.validate import has_errors, validate
+from tunedeck.backend.render import render_bundle, write_bundle
+from tunedeck.backend.spec import resolve_spec
+from tunedeck.backend.validate import has_errors, validate
 
 NVME = ["strategy.offload_optimizer=nvme", "strategy.offload_params=nvme", "strategy.nvme_path=/local_nvme"]
 

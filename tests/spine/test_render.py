@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backend.render import TRAIN_ENTRYPOINT, render_bundle, zip_bundle
-from backend.spec import resolve_spec, spec_from_yaml
+from tunedeck.backend.render import TRAIN_ENTRYPOINT, render_bundle, zip_bundle
+from tunedeck.backend.spec import resolve_spec, spec_from_yaml
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_PRESETS = ["70b-qlora-zero3", "7b-lora-ddp"]

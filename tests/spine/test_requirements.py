@@ -8,10 +8,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from backend.cli import main
-from backend.render import render_bundle
-from backend.render.requirements import CONSTRAINTS_FILE, minimums, parse_pins, tested_versions
-from backend.spec import resolve_spec
+from tunedeck.backend.cli import main
+from tunedeck.backend.render import render_bundle
+from tunedeck.backend.render.requirements import CONSTRAINTS_FILE, minimums, parse_pins, tested_versions
+from tunedeck.backend.spec import resolve_spec
 
 from .conftest import PRESET_IDS, STRATEGY_KINDS
 
@@ -63,7 +63,7 @@ def test_readme_names_requirements_the_minimums_and_libaio_for_nvme():
 
 def test_without_constraints_the_file_states_minimums(tmp_path):
     assert tested_versions(tmp_path / "absent.txt") == {}
-    from backend.render.requirements import render_requirements
+    from tunedeck.backend.render.requirements import render_requirements
 
     reqs = render_requirements(resolve_spec("7b-full-zero2"), {})
     assert "transformers>=5.23.0" in reqs and "deepspeed>=0.19.0" in reqs and "\ntrl\n" in reqs

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from backend.spec import (
+from tunedeck.backend.spec import (
     FIELD_PATHS,
     JobSpec,
     SpecError,
@@ -123,14 +123,14 @@ def test_panel_side_modules_import_no_heavy_library():
     """Fresh interpreter: import the panel-side modules, render and validate, then look at sys.modules."""
     code = """
 import json, sys
-import backend.spec, backend.validate, backend.render, backend.catalog, backend.cli, backend.cli_spec, backend.bundle_check
-from backend.cli import build_parser
-from backend.spec import resolve_spec
+import tunedeck.backend.spec, tunedeck.backend.validate, tunedeck.backend.render, tunedeck.backend.catalog, tunedeck.backend.cli, tunedeck.backend.cli_spec, tunedeck.backend.bundle_check
+from tunedeck.backend.cli import build_parser
+from tunedeck.backend.spec import resolve_spec
 build_parser()
 for preset in ("70b-qlora-zero3", "13b-lora-fsdp", "demo"):
     spec = resolve_spec(preset)
-    backend.validate.validate(spec)
-    backend.render.zip_bundle(backend.render.render_bundle(spec))
+    tunedeck.backend.validate.validate(spec)
+    tunedeck.backend.render.zip_bundle(tunedeck.backend.render.render_bundle(spec))
 heavy = ("torch", "transformers", "trl", "peft", "deepspeed", "bitsandbytes", "accelerate")
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
 """

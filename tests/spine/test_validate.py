@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from backend.spec import resolve_spec
-from backend.validate import describe_global_batch, has_errors, validate
+from tunedeck.backend.spec import resolve_spec
+from tunedeck.backend.validate import describe_global_batch, has_errors, validate
 
 from .conftest import PRESET_IDS
 
