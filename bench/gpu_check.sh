@@ -17,7 +17,10 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     || { echo "FAIL installing the carried wheels"; exit 1; }
   export PYTHONPATH=/tmp/site
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# Run from this checkout without installing it: the repository root is the `tunedeck` package.
+src=$(mktemp -d /tmp/tunedeck-src.XXXXXX)
+ln -s "$PWD" "$src/tunedeck"
+export PYTHONPATH=$src${PYTHONPATH:+:$PYTHONPATH}
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
 failed=0
@@ -25,7 +28,7 @@ step() { echo "== $1"; shift; "$@" || failed=1; }
 
 step "NVML monitor (real pynvml)" python3 bench/gpu_check_nvml.py
 step "peak memory: measured vs estimated" python3 bench/gpu_peak_check.py --out "$out/peaks.json"
-step "demo assets" python3 -m backend.demo
+step "demo assets" python3 -m tunedeck.backend.demo
 for variant in bf16 qlora fsdp; do
   case $variant in
     bf16) extra=() ;;
@@ -33,7 +36,7 @@ for variant in bf16 qlora fsdp; do
     # FSDP2 on one GPU: checks that the final adapter is gathered and saved (sharded checkpoints otherwise).
     fsdp) extra=(--set strategy.kind=fsdp) ;;
   esac
-  step "tunedeck train demo on the GPU ($variant)" timeout 300 python3 -m backend.cli train demo \
+  step "tunedeck train demo on the GPU ($variant)" timeout 300 python3 -m tunedeck.backend.cli train demo \
     --runs-dir "$out/runs-$variant" --set launch.use_cpu=false --set launch.num_processes=1 \
     --set training.precision=bf16 --set model.dtype=bfloat16 --set training.max_steps=20 "${extra[@]}"
   python3 bench/gpu_run_report.py "$out/runs-$variant" || failed=1
