@@ -150,7 +150,7 @@ def start_smoke_run(manager, spec: JobSpec) -> str:
     What `tunedeck train SPEC --smoke` and the panel's Smoke test button call. Raises SmokeError
     (the job, or its smoke version, has errors: every problem is in the message) or RunError.
     """
-    from tunedeck.backend.runs import gpu_indices
+    from tunedeck.backend.preflight import gpu_indices
     from tunedeck.backend.validate import validate
 
     errors = [p for p in validate(spec) if p.level == "error"]
