@@ -8,14 +8,12 @@ replaced (a new run in the same place) is read again from its start.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-
-def is_number(value) -> bool:
-    """A JSON number (not a bool): what a metrics field must be before it is drawn or formatted."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+# The run supervisor reads these files too, as a script without tunedeck: one parser for both,
+# so that both skip the same damaged lines.
+from tunedeck.backend.supervisor import json_objects
 
 
 class _ByteTail:
@@ -45,15 +43,7 @@ class JsonlTail(_ByteTail):
     """New JSON objects appended to a .jsonl file; lines that are not JSON objects are skipped."""
 
     def read_new(self) -> list[dict]:
-        records = []
-        for line in self._read_complete_lines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
+        return json_objects(self._read_complete_lines())
 
 
 class TextTail(_ByteTail):
