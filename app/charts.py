@@ -7,7 +7,7 @@ to at most MAX_POINTS per series, so a week-long run draws as fast as a demo.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots

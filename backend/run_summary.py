@@ -35,7 +35,9 @@ def run_title(job: dict) -> str:
         model = "/".join(Path(model).parts[-2:])  # a local folder: its last two names say enough
     strategy, launch = job.get("strategy") or {}, job.get("launch") or {}
     where = "CPU" if launch.get("use_cpu") else "GPU"
-    return f"{model} · {job.get('method', '?')} · {strategy.get('kind', '?')} · {launch.get('num_processes', 1)}x{where}"
+    return (
+        f"{model} · {job.get('method', '?')} · {strategy.get('kind', '?')} · {launch.get('num_processes', 1)}x{where}"
+    )
 
 
 # ---------------------------------------------------------------- what the run got
@@ -58,7 +60,7 @@ def strategy_label(start: StartRecord) -> str:
 
 
 def _ranks(start: StartRecord, always_machines: bool = False) -> str:
-    """"2 ranks", with "on 2 machines (n0, n1)" when they span several (or always_machines)."""
+    """The ranks, e.g. "2 ranks", with "on 2 machines (n0, n1)" when they span several (or always_machines)."""
     world = start.get("world_size")
     text = f"{world} rank{'s' * (world != 1)}" if world is not None else "? ranks"
     machines = list(dict.fromkeys(start.get("nodes") or []))
@@ -78,7 +80,9 @@ def facts_line(start: StartRecord | None) -> str:
     trainable, total = start.get("trainable_params"), start.get("total_params")
     if trainable is not None and total:
         share = trainable / total
-        parts.append(f"{100 * share:.{1 if share >= 0.001 else 3}f}% of parameters trainable ({trainable:,} of {total:,})")
+        parts.append(
+            f"{100 * share:.{1 if share >= 0.001 else 3}f}% of parameters trainable ({trainable:,} of {total:,})"
+        )
     parts += [start[key] for key in ("method", "model_class") if start.get(key)]
     return " · ".join(parts)
 
@@ -117,7 +121,9 @@ class RunSummary:
         return " · ".join(parts)
 
 
-def summarize(run: RunRecords, started_at: float | None, ended_at: float | None, now: float | None = None) -> RunSummary:
+def summarize(
+    run: RunRecords, started_at: float | None, ended_at: float | None, now: float | None = None
+) -> RunSummary:
     """The run's summary at `now` (default: now). The ETA is the pace from the first log record to the last."""
     now = now or time.time()
     last = run.last or {}
@@ -179,4 +185,6 @@ def verdict(run: RunRecords) -> Verdict:
     got += [f"{count} x {name}" for name, count in (start.get("quantized_modules") or {}).items()]
     got.append(f"{start.get('trainable_params', 0):,} trainable parameters")
     first, final = losses[0][1], losses[-1][1]
-    return Verdict(True, f"smoke test passed: {' · '.join(got)}; loss {first:.3f} -> {final:.3f} over {len(losses)} steps")
+    return Verdict(
+        True, f"smoke test passed: {' · '.join(got)}; loss {first:.3f} -> {final:.3f} over {len(losses)} steps"
+    )

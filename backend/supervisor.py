@@ -230,11 +230,11 @@ def first_failure(run_dir: Path, ours: set[int] = frozenset()) -> str | None:
         return "\n".join(lines)
     if failures:
         first = failures[0]
-        trace = [l for l in str(first.get("traceback") or "").splitlines() if l.strip()]
+        trace = [line for line in str(first.get("traceback") or "").splitlines() if line.strip()]
         if len(trace) > ERROR_LINES:
             trace = ["  ...", *trace[-ERROR_LINES:]]
         return "\n".join([f"rank {first.get('rank')} failed first: {first.get('error')}", *trace])
-    lines = [l for l in _tail_text(run_dir / LAUNCHER_LOG).splitlines() if l.strip()][-ERROR_LINES:]
+    lines = [line for line in _tail_text(run_dir / LAUNCHER_LOG).splitlines() if line.strip()][-ERROR_LINES:]
     return "\n".join(lines) or None
 
 

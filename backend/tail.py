@@ -16,14 +16,16 @@ from pathlib import Path
 from tunedeck.backend.supervisor import json_objects
 
 
-class _ByteTail:
+class LineTail:
+    """New complete lines (bytes, without their newline) appended to a file."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._offset = 0
         self._partial = b""
         self._inode: int | None = None
 
-    def _read_complete_lines(self) -> list[bytes]:
+    def read_lines(self) -> list[bytes]:
         try:
             with open(self.path, "rb") as f:
                 stat = os.fstat(f.fileno())
@@ -39,18 +41,18 @@ class _ByteTail:
         return lines
 
 
-class JsonlTail(_ByteTail):
+class JsonlTail(LineTail):
     """New JSON objects appended to a .jsonl file; lines that are not JSON objects are skipped."""
 
     def read_new(self) -> list[dict]:
-        return json_objects(self._read_complete_lines())
+        return json_objects(self.read_lines())
 
 
-class TextTail(_ByteTail):
+class TextTail(LineTail):
     """New complete lines of a text log, decoded as UTF-8 (bad bytes replaced)."""
 
     def read_new(self) -> str:
-        lines = self._read_complete_lines()
+        lines = self.read_lines()
         return "".join(line.decode("utf-8", "replace") + "\n" for line in lines)
 
     def last_lines(self, n: int, block_size: int = 65536) -> list[str]:

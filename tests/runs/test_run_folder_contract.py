@@ -12,7 +12,6 @@ import ast
 import inspect
 import json
 from pathlib import Path
-
 from typing import get_args
 
 import pytest
@@ -69,9 +68,9 @@ def _stored_keys(fn: ast.AST, var: str = "record") -> set[str]:
     for node in ast.walk(fn):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == var for t in node.targets):
             keys |= set().union(*_dicts(node.value)[:1])
-        if isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):
-            if any(getattr(n.slice, "id", None) == getattr(node.target, "id", "") for n in _stores(node, var)):
-                keys |= {_str(e) for e in node.iter.elts if _str(e)}
+        loop = isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple)
+        if loop and any(getattr(n.slice, "id", None) == getattr(node.target, "id", "") for n in _stores(node, var)):
+            keys |= {_str(e) for e in node.iter.elts if _str(e)}
     return keys
 
 
@@ -79,7 +78,12 @@ def _read_keys(fn: ast.AST, method: str = "get") -> set[str]:
     """String keys read in fn: `x.get("k")` and `x["k"]`."""
     keys = set()
     for node in ast.walk(fn):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method and node.args:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == method
+            and node.args
+        ):
             keys |= {_str(node.args[0])} - {None}
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _str(node.slice):
             keys.add(_str(node.slice))
@@ -100,9 +104,13 @@ def train_records(source: str) -> dict[str, set[str]]:
     tree = ast.parse(source)
     main = _function(tree, "main")
     begin = _function(tree, "on_train_begin")
-    gate = next(n.value for n in ast.walk(begin) if isinstance(n, ast.Assign) and _stores(n, "record"))  # record["gate"] = {...}
+    gate = next(
+        n.value for n in ast.walk(begin) if isinstance(n, ast.Assign) and _stores(n, "record")
+    )  # record["gate"] = {...}
     return {
-        "start": _returned_dict(_function(tree, "describe_run")) | _returned_dict(_function(tree, "load_peaks")) | _stored_keys(begin),
+        "start": _returned_dict(_function(tree, "describe_run"))
+        | _returned_dict(_function(tree, "load_peaks"))
+        | _stored_keys(begin),
         "gate": _dicts(gate)[0],
         "log": _stored_keys(_function(tree, "on_log")),
         "end": next(keys for keys in _dicts(main) if "event" in keys),
@@ -115,7 +123,10 @@ def train_files(source: str) -> set[str]:
     return {
         _str(n.right)
         for n in ast.walk(ast.parse(source))
-        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and getattr(n.left, "id", None) == "run_dir" and _str(n.right)
+        if isinstance(n, ast.BinOp)
+        and isinstance(n.op, ast.Div)
+        and getattr(n.left, "id", None) == "run_dir"
+        and _str(n.right)
     }
 
 
@@ -166,7 +177,9 @@ def test_train_end_statuses_are_the_contracts():
     preset = {  # main: `status, error = "failed", None` until train() returns
         _str(n.value.elts[0])
         for n in ast.walk(_function(tree, "main"))
-        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Tuple) and getattr(n.targets[0].elts[0], "id", None) == "status"
+        if isinstance(n, ast.Assign)
+        and isinstance(n.targets[0], ast.Tuple)
+        and getattr(n.targets[0].elts[0], "id", None) == "status"
     }
     assert returned | preset == set(get_args(run_folder.EndStatus)) == {"finished", "stopped", "failed"}
 
@@ -204,7 +217,13 @@ def supervisor_keys(source: str) -> dict[str, set[str]]:
     }
 
 
-SUPERVISOR_TYPES = {"status": StatusFile, "identity": ProcessIdentity, "stop": StopRequest, "end": EndRecord, "error": ErrorRecord}
+SUPERVISOR_TYPES = {
+    "status": StatusFile,
+    "identity": ProcessIdentity,
+    "stop": StopRequest,
+    "end": EndRecord,
+    "error": ErrorRecord,
+}
 
 
 def unknown_supervisor_keys(source: str) -> dict[str, set[str]]:
@@ -217,7 +236,9 @@ def unknown_supervisor_keys(source: str) -> dict[str, set[str]]:
 
 def test_supervisor_reads_and_writes_only_keys_of_the_contract():
     found = supervisor_keys(SUPERVISOR)
-    assert {"state", "started_at", "ended_at", "exit_code", "error", "supervisor", "launcher", "argv"} <= found["status"]
+    assert {"state", "started_at", "ended_at", "exit_code", "error", "supervisor", "launcher", "argv"} <= found[
+        "status"
+    ]
     assert found["identity"] == {"pid", "create_time", "pgid"} and found["stop"] == {"grace_s"}
     assert {"event", "status"} <= found["end"] and {"rank", "time", "error", "traceback"} == found["error"]
     assert unknown_supervisor_keys(SUPERVISOR) == {}
@@ -277,7 +298,9 @@ def test_a_damaged_metrics_file_gives_typed_records_and_loses_only_what_is_damag
 
 
 def test_a_new_status_file_is_one_the_readers_accept(tmp_path):
-    status = run_folder.queued_status("20250101-120000-000001", "m · lora · ddp · 2xCPU", ["accelerate", "launch"], None, {})
+    status = run_folder.queued_status(
+        "20250101-120000-000001", "m · lora · ddp · 2xCPU", ["accelerate", "launch"], None, {}
+    )
     supervisor.write_status(tmp_path, status)
     assert run_folder.read_status_file(tmp_path)["state"] == "queued"
     assert set(status) <= set(StatusFile.model_fields) and "supervisor" not in status

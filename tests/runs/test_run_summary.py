@@ -16,7 +16,9 @@ from .helpers import fake_run, tunedeck
 RUN_ID = "20250101-120000-00000c"
 START = {"event": "start", "world_size": 2, "nodes": ["n0", "n1"], "distributed_type": "MULTI_CPU", "method": "lora",
          "model_class": "DistributedDataParallel", "trainable_params": 10, "total_params": 40, "max_steps": 3}  # fmt: skip
-FACTS = "2 ranks on 2 machines (n0, n1) · DDP · 25.0% of parameters trainable (10 of 40) · lora · DistributedDataParallel"
+FACTS = (
+    "2 ranks on 2 machines (n0, n1) · DDP · 25.0% of parameters trainable (10 of 40) · lora · DistributedDataParallel"
+)
 
 
 def finished_run(runs_dir):
@@ -24,7 +26,9 @@ def finished_run(runs_dir):
     status = json.loads((folder / "status.json").read_text())
     status.update(ended_at=status["started_at"] + 40, exit_code=0)
     (folder / "status.json").write_text(json.dumps(status))
-    logs = [{"event": "log", "step": s, "max_steps": 3, "loss": 3.0 / s, "time": time.time() - 40 + s} for s in (1, 2, 3)]
+    logs = [
+        {"event": "log", "step": s, "max_steps": 3, "loss": 3.0 / s, "time": time.time() - 40 + s} for s in (1, 2, 3)
+    ]
     logs.insert(2, {"event": "log", "step": 2, "max_steps": 3, "eval_loss": 2.5, "time": time.time() - 37})
     end = {"event": "end", "status": "finished", "error": None}
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [START, *logs, end]))
@@ -70,7 +74,9 @@ def test_a_smoke_verdict_names_the_strategy_the_run_got(tmp_path):
     start = {"event": "start", "world_size": 2, "nodes": ["h", "h"], "distributed_type": "FSDP", "fsdp": True, "fsdp_version": 2,
              "trainable_params": 4096}  # fmt: skip
     logs = [{"event": "log", "step": s, "loss": 5.0 - s / 10} for s in (1, 2)]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [start, *logs, {"event": "end", "status": "finished"}]))
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in [start, *logs, {"event": "end", "status": "finished"}])
+    )
     assert verdict(read_records(tmp_path)).line == (
         "smoke test passed: 2 ranks on 1 machine · FSDP2 · 4,096 trainable parameters; loss 4.900 -> 4.800 over 2 steps"
     )
