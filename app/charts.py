@@ -1,18 +1,22 @@
 """Plotly figures of a run's metrics: loss (with EMA smoothing, eval loss, overlay), lr, grad norm, tokens/s.
 
-Figures are built from plain lists of metrics records, downsampled to at most
-MAX_POINTS per series, so a week-long run draws as fast as a demo.
+Figures are built from a run's log records (backend/run_folder.py's LogRecord), downsampled
+to at most MAX_POINTS per series, so a week-long run draws as fast as a demo.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tunedeck.backend.run_folder import LogRecord, is_number
+
 MAX_POINTS = 2000
+# The small charts beside the loss: (LogRecord field, title).
+METRIC_PANELS = (("learning_rate", "learning rate"), ("grad_norm", "grad norm"), ("tokens_per_second", "tokens / s"))
 COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
 _LAYOUT = dict(
     margin=dict(l=50, r=20, t=40, b=40),
@@ -42,19 +46,19 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
     return out
 
 
-def series(records: Sequence[dict], key: str) -> tuple[list, list]:
+def series(records: Sequence[LogRecord], key: str) -> tuple[list, list]:
     """(steps, values) of the records that carry a finite number under `key`."""
     xs, ys = [], []
     for r in records:
         value = r.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(value) and r.get("step") is not None:
+        if is_number(value) and math.isfinite(value) and r.get("step") is not None:
             xs.append(r["step"])
             ys.append(value)
     return xs, ys
 
 
 def loss_figure(
-    runs: Sequence[tuple[str, Sequence[dict]]], smoothing: float = 0.6, log_scale: bool = False
+    runs: Sequence[tuple[str, Sequence[LogRecord]]], smoothing: float = 0.6, log_scale: bool = False
 ) -> go.Figure:
     """Loss per step for one run, or two overlaid: raw (faint), EMA-smoothed (bold), eval loss (markers)."""
     fig = go.Figure()
@@ -77,11 +81,10 @@ def loss_figure(
     return fig
 
 
-def metrics_figure(records: Sequence[dict]) -> go.Figure:
+def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
     """Learning rate, gradient norm and throughput side by side."""
-    panels = (("learning_rate", "learning rate"), ("grad_norm", "grad norm"), ("tokens_per_second", "tokens / s"))
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[title for _, title in panels], horizontal_spacing=0.08)
-    for col, (key, title) in enumerate(panels, start=1):
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[title for _, title in METRIC_PANELS], horizontal_spacing=0.08)
+    for col, (key, title) in enumerate(METRIC_PANELS, start=1):
         x, y = downsample(*series(records, key))
         fig.add_scatter(x=x, y=y, mode="lines", name=title, line=dict(color=COLORS[0]), row=1, col=col, showlegend=False)
         fig.update_xaxes(title_text="step", row=1, col=col)

@@ -15,14 +15,15 @@ from html import escape
 import gradio as gr
 
 from tunedeck.app.charts import loss_figure, metrics_figure
-from tunedeck.app.run_watch import RunWatches, facts_line, measured_peaks, progress
+from tunedeck.app.run_watch import RunWatches
+from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.run_status import DAMAGED
-from tunedeck.backend.runs import RunError, RunManager, RunStatus, format_clock
+from tunedeck.backend.run_summary import format_clock, measured_peaks, summarize
+from tunedeck.backend.runs import RunError, RunManager, RunStatus
 
 RUNS_LIST_TTL_S = 2.0
 TABLE_HEADERS = ["run", "state", "job", "started", "duration"]
 STATE_MARKS = {"queued": "⏳", "running": "▶", "stopping": "■", "finished": "✓", "failed": "✗", "stopped": "■", DAMAGED: "⚠"}
-ACTIVE = ("queued", "running", "stopping")
 
 
 class RunsIndex:
@@ -150,8 +151,8 @@ class RunView:
             except RunError:
                 other = None
         sig = (run_id, version, status.state, status.error, overlay, other.version if other else None, smoothing, log_scale)
-        fraction, text = progress(watch, status.started_at, status.ended_at)
-        bar = progress_html(fraction, text, status.state)
+        summary = summarize(watch, status.started_at, status.ended_at)
+        bar = progress_html(summary.fraction, summary.progress, status.state)
         if not force and view.get("sig") == sig:
             # Nothing new on disk: only the elapsed clock moves, and only while the run is live.
             return out + [gr.skip(), bar if status.state in ACTIVE else gr.skip()] + [gr.skip()] * 7
@@ -165,7 +166,7 @@ class RunView:
         return out + [
             state_line,
             bar,
-            facts_line(watch.start),
+            summary.facts,
             gr.update(value=status.error or "", visible=bool(status.error)),
             loss_figure(runs_to_draw, smoothing, log_scale),
             metrics_figure(watch.records),

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
-from tunedeck.backend.runs import format_clock
-from tunedeck.backend.supervisor import ACTIVE_STATES
+from tunedeck.backend.run_folder import ACTIVE_STATES, LOGS_DIR, LogRecord, MetricsReader, RunRecords, read_records
+from tunedeck.backend.run_summary import RunSummary, facts_line, format_clock, summarize
 
 # Exit codes of `tunedeck train`: the training's own status.
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130}
@@ -95,7 +95,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if status is None:
         return EXIT_CODES["stopped"]  # left stopping in the background, as asked
     if status.state == "failed":
-        print(f"failed: {status.error or 'see ' + str(manager.run_dir(run_id) / 'logs')}", file=sys.stderr)
+        print(f"failed: {status.error or 'see ' + str(manager.run_dir(run_id) / LOGS_DIR)}", file=sys.stderr)
     else:
         print(f"{status.state} in {format_clock((status.ended_at or time.time()) - (status.started_at or time.time()))}")
     if args.smoke:
@@ -133,23 +133,19 @@ def _follow(manager, run_id: str):
 
     Returns the final status, or None when a second Ctrl-C left the run stopping in the background.
     """
-    from tunedeck.backend.tail import JsonlTail
-
-    tail = JsonlTail(manager.run_dir(run_id) / "metrics.jsonl")
+    reader, run = MetricsReader(manager.run_dir(run_id)), RunRecords()
     bar = ProgressBar(sys.stdout)
     stopping = False
     while True:
         try:
-            for record in tail.read_new():
-                if record.get("event") == "start":
-                    print(describe_start(record), flush=True)
-                elif record.get("event") == "log":
-                    bar.update(record)
             status = manager.status(run_id)
+            for record in reader.read_new():
+                run.add([record])
+                if record["event"] == "start":
+                    print(facts_line(record), flush=True)
+                elif record["event"] == "log":
+                    bar.update(record, summarize(run, status.started_at, None, now=record.get("time")))
             if status.state not in ACTIVE_STATES:
-                for record in tail.read_new():
-                    if record.get("event") == "log":
-                        bar.update(record)
                 bar.close()
                 return status
             time.sleep(0.5)
@@ -165,31 +161,22 @@ def _follow(manager, run_id: str):
 
 
 class ProgressBar:
-    """One updating line on a terminal (step/total, loss, ETA); one line per update otherwise."""
+    """One updating line on a terminal (the run summary's progress and the loss); one line per update otherwise."""
 
     WIDTH = 24
 
     def __init__(self, stream):
         self.stream = stream
         self.tty = stream.isatty()
-        self.first: tuple[float, int] | None = None
         self.drawn = False
 
-    def update(self, record: dict) -> None:
-        step, total = record.get("step", 0), record.get("max_steps") or 0
+    def update(self, record: LogRecord, summary: RunSummary) -> None:
         if "loss" not in record:  # an evaluation record
-            self._emit(f"step {step}/{total}  eval_loss {record.get('eval_loss', float('nan')):.4f}", newline=True)
+            self._emit(f"{summary.step_text}  eval_loss {record.get('eval_loss', float('nan')):.4f}", newline=True)
             return
-        now = record.get("time", time.time())
-        if self.first is None:
-            self.first = (now, step)
-        eta = ""
-        done_steps = step - self.first[1]
-        if done_steps > 0 and total:
-            eta = f"  ETA {format_clock((now - self.first[0]) / done_steps * (total - step))}"
-        filled = int(self.WIDTH * step / total) if total else 0
+        filled = int(self.WIDTH * summary.fraction)
         bar = "#" * filled + "." * (self.WIDTH - filled)
-        self._emit(f"[{bar}] step {step}/{total}  loss {record['loss']:.4f}{eta}", newline=not self.tty)
+        self._emit(f"[{bar}] {summary.progress} · loss {record['loss']:.4f}", newline=not self.tty)
 
     def _emit(self, text: str, newline: bool) -> None:
         if self.tty:
@@ -206,33 +193,13 @@ class ProgressBar:
             self.drawn = False
 
 
-def describe_start(record: dict) -> str:
-    """The start record's facts in one line, e.g. "2 ranks · DeepSpeed ZeRO-3 · DeepSpeedEngine · 0.4% trainable"."""
-    ranks = record.get("world_size", 1)
-    kind = record.get("distributed_type", "?")
-    if record.get("zero_stage") is not None:
-        kind = f"DeepSpeed ZeRO-{record['zero_stage']}"
-    elif record.get("fsdp"):
-        kind = "FSDP"
-    trainable, total = record.get("trainable_params") or 0, record.get("total_params") or 0
-    share = f"{100 * trainable / total:.1f}% of {total:,} parameters trainable" if total else "parameters unknown"
-    return f"{ranks} rank{'s' if ranks != 1 else ''} · {kind} · {record.get('model_class', '?')} · {share}"
-
-
 # ---------------------------------------------------------------- runs
 
 
-def _metrics(manager, run_id: str) -> tuple[dict | None, dict | None]:
-    """(start record, last training log record) of a run; records of the wrong shape are skipped."""
-    from tunedeck.backend.tail import JsonlTail, is_number
-
-    start = last = None
-    for record in JsonlTail(manager.run_dir(run_id) / "metrics.jsonl").read_new():
-        if record.get("event") == "start":
-            start = record
-        elif record.get("event") == "log" and all(is_number(record.get(k)) for k in ("step", "max_steps", "loss")):
-            last = record
-    return start, last
+def _summary(manager, status) -> RunSummary | None:
+    """The summary of a run that has logged a step; None before its first log record."""
+    run = read_records(manager.run_dir(status.run_id))
+    return summarize(run, status.started_at, status.ended_at) if run.records else None
 
 
 def cmd_runs_list(args: argparse.Namespace) -> int:
@@ -243,13 +210,13 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
         return 0
     rows = [("ID", "STATE", "STEP", "LOSS", "STARTED", "TITLE")]
     for run in runs:
-        _, last = _metrics(manager, run.run_id)
+        summary = _summary(manager, run)
         rows.append(
             (
                 run.run_id,
                 run.state,
-                f"{last['step']}/{last['max_steps']}" if last else "-",
-                f"{last['loss']:.4f}" if last else "-",
+                summary.steps if summary else "-",
+                f"{summary.last_loss:.4f}" if summary and summary.last_loss is not None else "-",
                 time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at)) if run.started_at else "-",
                 run.title,
             )
@@ -269,7 +236,8 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    start, last = _metrics(manager, args.run_id)
+    run = read_records(manager.run_dir(args.run_id))
+    summary = summarize(run, status.started_at, status.ended_at)
     print(f"run      {status.run_id}")
     print(f"title    {status.title}")
     print(f"state    {status.state}" + (f" (exit code {status.exit_code})" if status.exit_code is not None else ""))
@@ -277,10 +245,11 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     if status.started_at:
         end = status.ended_at or time.time()
         print(f"started  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(status.started_at))}, ran {format_clock(end - status.started_at)}")
-    if start:
-        print(f"got      {describe_start(start)}")
-    if last:
-        print(f"progress step {last['step']}/{last['max_steps']}, loss {last['loss']:.4f}")
+    if summary.facts:
+        print(f"got      {summary.facts}")
+    if run.records:
+        loss = f", loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
+        print(f"progress {summary.step_text}{loss}")
     if status.error:
         print(("note:\n" if status.state in ACTIVE_STATES else "error:\n") + status.error)
     _print_smoke_verdict(manager, status)

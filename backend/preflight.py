@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunedeck.backend import train
+from tunedeck.backend.run_folder import ACTIVE_STATES
 from tunedeck.backend.runs import RunError, RunStatus
-from tunedeck.backend.supervisor import ACTIVE_STATES
 from tunedeck.backend.validate import Problem
 
 RUN_FOLDER = "<run-id>"  # relative paths in a job are taken from its run folder (train.py works there)

@@ -1,10 +1,9 @@
-"""What a run folder says about its run, read defensively; and live runs whose folder is gone.
+"""A run's status as the manager reports it; damaged run folders; live runs whose folder is gone.
 
-One damaged or foreign folder must never break the listing of the others: status.json is
-checked against the fields the manager reads (pydantic), and a run folder whose
-status.json is missing, unreadable or of the wrong shape is one run in state "damaged",
-with the reason. A run whose folder (or status.json) was deleted while it ran is still
-found through its supervisor, whose command line names the run folder
+One damaged or foreign folder must never break the listing of the others: a run folder whose
+status.json is missing, unreadable or of the wrong shape (run_folder.read_status_file) is one
+run in state "damaged", with the reason. A run whose folder (or status.json) was deleted
+while it ran is still found through its supervisor, whose command line names the run folder
 (`python .../supervisor.py RUNS_DIR/RUN_ID`), so it can be listed and stopped.
 """
 
@@ -14,12 +13,10 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tunedeck.backend.supervisor import STATUS_FILE, read_status
+from tunedeck.backend.run_folder import STATUS_FILE
 
 DAMAGED = "damaged"
 SUPERVISOR_SCRIPT = "supervisor.py"
@@ -37,52 +34,6 @@ class RunStatus:
     title: str  # one line: model, method, strategy
     gpu_ids: list[int] | None = None  # the GPUs the run holds (None: CPU, or unknown)
     folder_deleted: bool = False  # live, but its folder or status.json was deleted
-
-
-class _Process(BaseModel):
-    pid: int
-    create_time: float
-
-
-# Seconds since the epoch, within what time.localtime can show (JSON may also hold 1e300 or Infinity).
-Timestamp = Annotated[float, Field(ge=0, lt=1e11)]
-
-
-class StatusFile(BaseModel):
-    """The fields of status.json that the manager reads (the supervisor writes it; see supervisor.py)."""
-
-    model_config = ConfigDict(extra="allow")
-    state: Literal["queued", "running", "stopping", "finished", "failed", "stopped"]
-    title: str = ""
-    created_at: Timestamp | None = None
-    started_at: Timestamp | None = None
-    ended_at: Timestamp | None = None
-    exit_code: int | None = None
-    error: str | None = None
-    gpu_ids: list[int] | None = None
-    supervisor: _Process | None = None
-    launcher: _Process | None = None
-
-
-class DamagedStatus(Exception):
-    """status.json exists but cannot be trusted; the message says why."""
-
-
-def read_status_file(run_dir: Path) -> dict:
-    """status.json with the types the manager relies on. FileNotFoundError when absent, DamagedStatus when wrong."""
-    try:
-        raw = read_status(run_dir)
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
-        raise DamagedStatus(f"{STATUS_FILE} cannot be read ({exc})") from None
-    if not isinstance(raw, dict):
-        raise DamagedStatus(f"{STATUS_FILE} holds a JSON {type(raw).__name__}, not an object")
-    try:
-        return StatusFile.model_validate(raw).model_dump()
-    except ValidationError as exc:
-        wrong = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the file'}: {e['msg']}" for e in exc.errors()[:3])
-        raise DamagedStatus(f"{STATUS_FILE} is not a run status ({wrong})") from None
 
 
 def from_status_file(run_id: str, data: dict) -> RunStatus:

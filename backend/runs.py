@@ -1,8 +1,8 @@
 """Run manager: start a job as a run folder, watch it, stop it, re-attach, list past runs.
 
-A run is a folder under the runs directory (see DESIGN.md, "A run folder"): the job's
-bundle (job.yaml, accelerate_config.yaml, ds_config.json, training_args.yaml, launch.sh,
-train_sft.py), status.json, metrics.jsonl, logs/. The disk is the message bus: the
+A run is a folder under the runs directory (its layout and records: backend/run_folder.py):
+the job's bundle (job.yaml, accelerate_config.yaml, ds_config.json, training_args.yaml,
+launch.sh, train_sft.py), status.json, metrics.jsonl, logs/. The disk is the message bus: the
 manager keeps no state that a restart could lose. Each run is owned by a small
 supervisor process (backend/supervisor.py) in its own session, which starts
 `accelerate launch` in its own process group, carries out stops and records the exit
@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
-import json
 import os
 import re
 import secrets
@@ -32,12 +31,12 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
-from tunedeck.backend import run_status, supervisor
-from tunedeck.backend.run_status import DamagedStatus, RunStatus, read_status_file
+from tunedeck.backend import run_folder, run_status, supervisor
+from tunedeck.backend.run_folder import ACTIVE_STATES, STATUS_FILE, STOP_FILE, DamagedStatus, read_status_file
+from tunedeck.backend.run_status import RunStatus
+from tunedeck.backend.run_summary import run_title
 from tunedeck.backend.spec import spec_to_dict
-from tunedeck.backend.supervisor import ACTIVE_STATES, STATUS_FILE, STOP_FILE, is_alive, write_status
+from tunedeck.backend.supervisor import is_alive, write_status
 
 RUN_ID_PATTERN = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 DEFAULT_GRACE_S = 60.0
@@ -45,23 +44,6 @@ DEFAULT_GRACE_S = 60.0
 
 class RunError(Exception):
     """Why a run cannot be started, found or stopped; the message is for the user."""
-
-
-def format_clock(seconds: float) -> str:
-    """Elapsed time or ETA as people read it: 0:21, 12:05, 3:07:44."""
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def run_title(job: dict) -> str:
-    model = str((job.get("model") or {}).get("name_or_path", "?"))
-    if os.path.isabs(model) or model.startswith("."):
-        model = "/".join(Path(model).parts[-2:])  # a local folder: its last two names say enough
-    strategy, launch = job.get("strategy") or {}, job.get("launch") or {}
-    where = "CPU" if launch.get("use_cpu") else "GPU"
-    return f"{model} · {job.get('method', '?')} · {strategy.get('kind', '?')} · {launch.get('num_processes', 1)}x{where}"
 
 
 def _inherited_env() -> dict[str, str]:
@@ -106,7 +88,7 @@ class RunManager:
         # From here on the supervisor is the only writer of status.json (it records itself first).
         # It runs as a script (it needs only psutil), so it works whether or not tunedeck is installed.
         try:
-            with open(run_dir / "logs" / "supervisor.log", "ab") as log:
+            with open(run_dir / run_folder.SUPERVISOR_LOG, "ab") as log:
                 self._supervisors[run_id] = subprocess.Popen(
                     [sys.executable, supervisor.__file__, str(run_dir)],
                     cwd=run_dir,
@@ -130,25 +112,11 @@ class RunManager:
         staging = self.runs_dir / f".{run_id}.partial"
         try:
             write_bundle(render_bundle(spec), staging)
-            (staging / "logs").mkdir()
-            write_status(
-                staging,
-                {
-                    "run_id": run_id,
-                    "state": "queued",
-                    "title": run_title(spec_to_dict(spec)),
-                    "created_at": time.time(),
-                    "started_at": None,
-                    "ended_at": None,
-                    "exit_code": None,
-                    "error": None,
-                    "gpu_ids": gpus,
-                    "argv": argv,
-                    # What tunedeck set on top of its own environment (PATH only gains the venv's bin).
-                    "env": {k: v for k, v in env_changes.items() if k != "PATH"},
-                },
-            )
-            supervisor.write_reserve(staging)  # room for the final status if training fills the disk
+            (staging / run_folder.LOGS_DIR).mkdir()
+            # The environment tunedeck set on top of its own (PATH only gains the venv's bin).
+            env = {k: v for k, v in env_changes.items() if k != "PATH"}
+            write_status(staging, run_folder.queued_status(run_id, run_title(spec_to_dict(spec)), argv, gpus, env))
+            run_folder.write_reserve(staging)  # room for the final status if training fills the disk
             staging.rename(self.runs_dir / run_id)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -253,7 +221,7 @@ class RunManager:
         run_dir = self.run_dir(run_id)
         owner = self._read_quietly(run_dir).get("supervisor")
         try:
-            (run_dir / STOP_FILE).write_text(json.dumps({"grace_s": grace_s, "time": time.time()}) + "\n")
+            run_folder.write_stop_request(run_dir, grace_s)
         except OSError:  # a full disk: the request travels as a signal (an empty stop.request means the same)
             if is_alive(owner):
                 os.kill(owner["pid"], signal.SIGTERM)
@@ -358,7 +326,7 @@ class RunManager:
         if data["state"] not in ACTIVE_STATES or is_alive(data.get("launcher")):
             return data  # ended, or the supervisor was killed but training goes on: still running
         state, error = supervisor.final_state(run_dir, None, (run_dir / STOP_FILE).exists())
-        ended = {"state": state, "ended_at": data.get("ended_at") or _last_written(run_dir), "error": error}
+        ended = {"state": state, "ended_at": data.get("ended_at") or run_folder.last_written(run_dir), "error": error}
         problem = supervisor.record_end(run_dir, tries=2, retry_s=0, **ended)
         if problem:  # e.g. a full disk: every reader works the end out the same way until it can be written
             ended["error"] = f"{error}\n(this end is not recorded in {STATUS_FILE}: {problem})"
@@ -388,19 +356,4 @@ class RunManager:
 
     def job(self, run_id: str) -> dict:
         """The run's job.yaml as a dict ({} when it is missing or damaged)."""
-        try:
-            job = yaml.safe_load((self.run_dir(run_id) / "job.yaml").read_text(encoding="utf-8"))
-        except (OSError, ValueError, yaml.YAMLError):
-            return {}
-        return job if isinstance(job, dict) else {}
-
-
-def _last_written(run_dir: Path) -> float:
-    """When the run last wrote anything: the end time of a run whose supervisor could not record it."""
-    times = []
-    for name in ("metrics.jsonl", supervisor.ERRORS_FILE, supervisor.LAUNCHER_LOG):
-        try:
-            times.append((run_dir / name).stat().st_mtime)
-        except OSError:
-            continue
-    return max(times, default=time.time())
+        return run_folder.read_job(self.run_dir(run_id))

@@ -22,16 +22,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from tunedeck.backend import catalog
+from tunedeck.backend.run_folder import read_records
+from tunedeck.backend.run_summary import Verdict, verdict
 from tunedeck.backend.spec import PACKAGE_DIR, DatasetSpec, JobSpec, demo_home, set_paths
 
 STEPS = 3
@@ -300,53 +300,9 @@ def build_tiny_model(config: dict, tokenizer_dir: Path, out: Path) -> None:
 # ---------------------------------------------------------------- the verdict
 
 
-@dataclass(frozen=True)
-class Verdict:
-    passed: bool
-    line: str  # "smoke test passed: ..." or "smoke test FAILED: ..."
-
-
 def smoke_verdict(run_dir: Path) -> Verdict:
     """Passed when the run finished (the sanity gate included) and every logged loss is finite."""
-    start, losses, end = None, [], None
-    path = Path(run_dir) / "metrics.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == "start":
-            start = record
-        elif record.get("event") == "log" and "loss" in record:
-            losses.append((record.get("step"), record["loss"]))
-        elif record.get("event") == "end":
-            end = record
-    if end is None or end.get("status") != "finished":
-        why = (end or {}).get("error") or ((end or {}).get("status") or "the run ended without an end record")
-        return Verdict(False, f"smoke test FAILED: {why}")
-    bad = next(((step, loss) for step, loss in losses if not (isinstance(loss, (int, float)) and math.isfinite(loss))), None)
-    if bad is not None:
-        return Verdict(False, f"smoke test FAILED: the loss is not finite ({bad[1]}) at step {bad[0]}")
-    if not losses or start is None:
-        return Verdict(False, "smoke test FAILED: the run logged no training loss")
-    got = describe_engine(start)
-    return Verdict(True, f"smoke test passed: {got}; loss {losses[0][1]:.3f} -> {losses[-1][1]:.3f} over {len(losses)} steps")
-
-
-def describe_engine(start: dict) -> str:
-    """What a start record says the run got, e.g. "2 ranks on 1 machine · DeepSpeed ZeRO-3 · 14 x Linear4bit"."""
-    ranks, machines = start.get("world_size", 1), len(set(start.get("nodes") or ["?"]))
-    parts = [f"{ranks} rank{'s' if ranks != 1 else ''} on {machines} machine{'s' if machines != 1 else ''}"]
-    if start.get("zero_stage") is not None:
-        parts.append(f"DeepSpeed ZeRO-{start['zero_stage']}")
-    elif start.get("fsdp"):
-        parts.append(f"FSDP{start.get('fsdp_version') or ''} ({start.get('model_class', '?')})")
-    else:
-        parts.append(start.get("model_class", "?"))
-    parts += [f"{count} x {name}" for name, count in (start.get("quantized_modules") or {}).items()]
-    parts.append(f"{start.get('trainable_params', 0):,} trainable parameters")
-    return " · ".join(parts)
+    return verdict(read_records(run_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

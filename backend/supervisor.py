@@ -25,11 +25,13 @@ into the run folder at start, and when the final status cannot be written the su
 deletes the reserve and writes again (the run's own processes are gone by then, so the
 space freed is ours).
 
-One file on purpose, longer than most: it runs as a script with nothing but psutil.
+One file on purpose: it runs as a script with nothing but psutil, so it spells the run
+folder's names itself (backend/run_folder.py owns them; a contract test compares the two).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -37,6 +39,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -44,13 +47,12 @@ import psutil
 
 STATUS_FILE = "status.json"
 STOP_FILE = "stop.request"
+METRICS_FILE = "metrics.jsonl"
 LAUNCHER_LOG = "logs/launcher.log"
 ERRORS_FILE = "errors.jsonl"  # train.py: one line per failed rank
 RESERVE_FILE = ".disk-reserve"  # room kept for the final status.json on a disk that fills up
-RESERVE_BYTES = 64 * 1024  # a status.json with a 20-line error is under 8 KiB
 DEFAULT_GRACE_S = 60.0
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-ACTIVE_STATES = ("queued", "running", "stopping")
 POLL_S = 0.2
 # After a rank has failed, the others get this long to finish on their own: a rank blocked in
 # a collective on its dead peer ignores SIGTERM (gloo and NCCL can wait for many minutes).
@@ -62,10 +64,6 @@ ERROR_LINES = 20
 
 
 # ---------------------------------------------------------------- status.json
-
-
-def read_status(run_dir: Path) -> dict:
-    return json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
 
 
 def write_status(run_dir: Path, status: dict) -> None:
@@ -80,17 +78,12 @@ def write_status(run_dir: Path, status: dict) -> None:
 
 
 def update_status(run_dir: Path, **changes) -> dict:
-    status = read_status(run_dir)
+    status = json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
     if not isinstance(status, dict):
         raise ValueError(f"{STATUS_FILE} holds a JSON {type(status).__name__}, not an object")
     status.update(changes)
     write_status(run_dir, status)
     return status
-
-
-def write_reserve(run_dir: Path) -> None:
-    """Claim RESERVE_BYTES of the run folder's disk (random bytes: a compressing filesystem cannot shrink them)."""
-    (run_dir / RESERVE_FILE).write_bytes(os.urandom(RESERVE_BYTES))
 
 
 def record_end(run_dir: Path, tries: int = 10, retry_s: float = 3.0, **changes) -> str | None:
@@ -145,23 +138,33 @@ def is_alive(identity: dict | None) -> bool:
 # ---------------------------------------------------------------- how a run ended
 
 
-def end_record(run_dir: Path) -> dict | None:
-    """The training's own {"event": "end"} record from metrics.jsonl, if it wrote one."""
-    try:
-        with open(run_dir / "metrics.jsonl", "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - 65536))
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
+def json_objects(lines) -> list[dict]:
+    """The JSON objects among lines (str or bytes); damaged lines (cut short, not an object) are skipped."""
+    objects = []
+    for line in lines:
         try:
-            record = json.loads(line)
+            value = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and record.get("event") == "end":
-            return record
-    return None
+        if isinstance(value, dict):
+            objects.append(value)
+    return objects
+
+
+def _tail_text(path: Path, size: int = 65536) -> str:
+    """The end of a file ("" when there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
+def end_record(run_dir: Path) -> dict | None:
+    """The training's own {"event": "end"} record from metrics.jsonl, if it wrote one."""
+    records = json_objects(_tail_text(run_dir / METRICS_FILE).splitlines())
+    return next((record for record in reversed(records) if record.get("event") == "end"), None)
 
 
 # torch.distributed.elastic's summary in the launcher log (ChildFailedError, in
@@ -171,16 +174,8 @@ def end_record(run_dir: Path) -> dict | None:
 ELASTIC_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
 SIGNAL_CAUSES = {
     signal.SIGKILL: "out of memory (the kernel's OOM killer: see `dmesg`) or killed by hand",
-    signal.SIGSEGV: "a crash in native code: its log has the stack",
-    signal.SIGBUS: "a crash in native code: its log has the stack",
-    signal.SIGABRT: "a crash in native code: its log has the stack",
+    **dict.fromkeys((signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT), "a crash in native code: its log has the stack"),
 }
-
-
-def _tail_text(path: Path, size: int = 65536) -> str:
-    with open(path, "rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - size))
-        return f.read().decode("utf-8", "replace")
 
 
 def killed_rank(run_dir: Path, ours: set[int] = frozenset()) -> tuple[int, int] | None:
@@ -192,10 +187,7 @@ def killed_rank(run_dir: Path, ours: set[int] = frozenset()) -> tuple[int, int] 
     into a graceful stop: a rank that ended by SIGTERM is never the cause, nor one that we
     killed ourselves (`ours`: pids).
     """
-    try:
-        text = _tail_text(run_dir / LAUNCHER_LOG)
-    except FileNotFoundError:
-        return None
+    text = _tail_text(run_dir / LAUNCHER_LOG)
     summary = text[text.rfind("Failures:") :]
     root_at = summary.find("Root Cause")
     killed = [
@@ -210,18 +202,10 @@ def killed_rank(run_dir: Path, ours: set[int] = frozenset()) -> tuple[int, int] 
 
 
 def _rank_errors(run_dir: Path) -> list[dict]:
-    failures = []
     try:
-        for line in (run_dir / ERRORS_FILE).read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                failures.append(record)
+        return json_objects((run_dir / ERRORS_FILE).read_text(encoding="utf-8", errors="replace").splitlines())
     except FileNotFoundError:
-        pass
-    return failures
+        return []
 
 
 def _signal_name(signum: int) -> str:
@@ -246,15 +230,11 @@ def first_failure(run_dir: Path, ours: set[int] = frozenset()) -> str | None:
         return "\n".join(lines)
     if failures:
         first = failures[0]
-        trace = [l for l in str(first.get("traceback") or "").splitlines() if l.strip()]
+        trace = [line for line in str(first.get("traceback") or "").splitlines() if line.strip()]
         if len(trace) > ERROR_LINES:
             trace = ["  ...", *trace[-ERROR_LINES:]]
         return "\n".join([f"rank {first.get('rank')} failed first: {first.get('error')}", *trace])
-    try:
-        lines = _tail_text(run_dir / LAUNCHER_LOG).splitlines()
-    except FileNotFoundError:
-        return None
-    lines = [l for l in lines if l.strip()][-ERROR_LINES:]
+    lines = [line for line in _tail_text(run_dir / LAUNCHER_LOG).splitlines() if line.strip()][-ERROR_LINES:]
     return "\n".join(lines) or None
 
 
@@ -293,16 +273,9 @@ def _become_subreaper() -> None:
         pass  # not Linux: the final sweep still kills the launcher's tree
 
 
-def _children(pid: int) -> list[psutil.Process]:
+def _children(pid: int, recursive: bool = False) -> list[psutil.Process]:
     try:
-        return psutil.Process(pid).children()
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
+        return psutil.Process(pid).children(recursive=recursive)
     except psutil.NoSuchProcess:
         return []
 
@@ -310,30 +283,17 @@ def _descendants(pid: int) -> list[psutil.Process]:
 def kill_tree(processes: list[psutil.Process], sig: int = signal.SIGKILL, timeout: float = 5.0) -> None:
     """Signal processes and wait (reaping our own children) until they are gone."""
     for proc in processes:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(processes, timeout=timeout)
 
 
 def _kill_run(launcher: subprocess.Popen) -> None:
     """SIGKILL every process of the run. The launcher is reaped by its Popen, which keeps its exit code."""
-    others = [p for p in _descendants(os.getpid()) if p.pid != launcher.pid]
+    others = [p for p in _children(os.getpid(), recursive=True) if p.pid != launcher.pid]
     launcher.kill()
     kill_tree(others)
     launcher.wait()
-
-
-class _StopSignal:
-    """SIGTERM to the supervisor asks for a stop, as the stop.request file does."""
-
-    def __init__(self):
-        self.received = False
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.received = True
 
 
 def _note(run_dir: Path, **changes) -> None:
@@ -346,7 +306,8 @@ def _note(run_dir: Path, **changes) -> None:
 
 def supervise(run_dir: Path) -> int:
     run_dir = run_dir.resolve()
-    stop_signal = _StopSignal()
+    stop_signal = threading.Event()  # SIGTERM to the supervisor asks for a stop, as the stop.request file does
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop_signal.set())
     try:
         status = update_status(run_dir, supervisor=process_identity(os.getpid()))
     except (OSError, ValueError) as exc:
@@ -354,21 +315,18 @@ def supervise(run_dir: Path) -> int:
         record_end(run_dir, state="failed", ended_at=time.time(), error=f"the supervisor could not record itself: {exc}")
         return 1
     # The manager may be asked to stop before we even start: then there is nothing to run.
-    if (run_dir / STOP_FILE).exists() or stop_signal.received:
+    if (run_dir / STOP_FILE).exists() or stop_signal.is_set():
         record_end(run_dir, state="stopped", ended_at=time.time(), exit_code=None)
         return 0
     _become_subreaper()
     try:
         with open(run_dir / LAUNCHER_LOG, "ab") as log:
             launcher = subprocess.Popen(
-                status["argv"],
+                status["argv"],  # in the run's environment: the manager started us with it
                 cwd=run_dir,
-                # The manager started us with the run's environment; the launcher inherits it.
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C or signal meant for us does not reach the run
-            )
+            )  # fmt: skip
     except OSError as exc:
         record_end(run_dir, state="failed", ended_at=time.time(), error=f"could not start {status['argv'][0]}: {exc}")
         return 1
@@ -388,11 +346,11 @@ def supervise(run_dir: Path) -> int:
         if failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S + SUMMARY_GRACE_S:
             _kill_run(launcher)
         elif failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S and not killed:
-            ranks = _descendants(launcher.pid)
+            ranks = _children(launcher.pid, recursive=True)
             killed |= {rank.pid for rank in ranks}
             kill_tree(ranks)
         stop_file = run_dir / STOP_FILE
-        if stop_signal.received or stop_file.exists():
+        if stop_signal.is_set() or stop_file.exists():
             if stop_deadline is None:
                 stop_since = time.monotonic()
                 stop_deadline = stop_since + _grace_seconds(stop_file)
@@ -401,17 +359,15 @@ def supervise(run_dir: Path) -> int:
             for child in _children(launcher.pid):
                 if child.pid not in signalled:
                     signalled.add(child.pid)
-                    try:
+                    with contextlib.suppress(psutil.NoSuchProcess):
                         child.send_signal(signal.SIGTERM)
-                    except psutil.NoSuchProcess:
-                        pass
             if time.monotonic() > stop_deadline:
                 _kill_run(launcher)
             elif signalled and not _children(launcher.pid) and time.monotonic() > stop_since + 5:
                 launcher.terminate()  # the ranks are gone but the launcher lingers
         time.sleep(POLL_S)
     exit_code = launcher.returncode
-    kill_tree(_descendants(os.getpid()))  # nothing of the run outlives it (the launcher is reaped already)
+    kill_tree(_children(os.getpid(), recursive=True))  # nothing of the run outlives it (the launcher is reaped already)
     state, error = final_state(run_dir, exit_code, stop_deadline is not None, killed)
     problem = record_end(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
     if problem and run_dir.is_dir():

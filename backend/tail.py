@@ -8,24 +8,24 @@ replaced (a new run in the same place) is read again from its start.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+# The run supervisor reads these files too, as a script without tunedeck: one parser for both,
+# so that both skip the same damaged lines.
+from tunedeck.backend.supervisor import json_objects
 
-def is_number(value) -> bool:
-    """A JSON number (not a bool): what a metrics field must be before it is drawn or formatted."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
+class LineTail:
+    """New complete lines (bytes, without their newline) appended to a file."""
 
-class _ByteTail:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._offset = 0
         self._partial = b""
         self._inode: int | None = None
 
-    def _read_complete_lines(self) -> list[bytes]:
+    def read_lines(self) -> list[bytes]:
         try:
             with open(self.path, "rb") as f:
                 stat = os.fstat(f.fileno())
@@ -41,26 +41,18 @@ class _ByteTail:
         return lines
 
 
-class JsonlTail(_ByteTail):
+class JsonlTail(LineTail):
     """New JSON objects appended to a .jsonl file; lines that are not JSON objects are skipped."""
 
     def read_new(self) -> list[dict]:
-        records = []
-        for line in self._read_complete_lines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
+        return json_objects(self.read_lines())
 
 
-class TextTail(_ByteTail):
+class TextTail(LineTail):
     """New complete lines of a text log, decoded as UTF-8 (bad bytes replaced)."""
 
     def read_new(self) -> str:
-        lines = self._read_complete_lines()
+        lines = self.read_lines()
         return "".join(line.decode("utf-8", "replace") + "\n" for line in lines)
 
     def last_lines(self, n: int, block_size: int = 65536) -> list[str]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from tunedeck.app.charts import MAX_POINTS, downsample, ema, loss_figure, metrics_figure
-from tunedeck.app.run_watch import RunWatch, facts_line, measured_peaks, progress
+from tunedeck.app.run_watch import RunWatch
+from tunedeck.backend.run_summary import facts_line, measured_peaks, summarize
 
 
 def append(path, *records):
@@ -59,10 +60,10 @@ def test_facts_line_says_what_the_run_got():
 def test_progress_with_eta(tmp_path):
     watch = RunWatch(tmp_path)
     watch.records = [{"step": 10, "time": 100.0, "max_steps": 100}, {"step": 20, "time": 110.0, "max_steps": 100}]
-    fraction, text = progress(watch, started_at=90.0, ended_at=None, now=111.0)
-    assert fraction == 0.2
-    assert text == "step 20/100 · elapsed 0:21 · ETA 1:20"  # 80 steps at 1 s per step
-    _, done = progress(watch, started_at=90.0, ended_at=115.0)
+    summary = summarize(watch, started_at=90.0, ended_at=None, now=111.0)
+    assert summary.fraction == 0.2
+    assert summary.progress == "step 20/100 · elapsed 0:21 · ETA 1:20"  # 80 steps at 1 s per step
+    done = summarize(watch, started_at=90.0, ended_at=115.0).progress
     assert "ETA" not in done and "elapsed 0:25" in done
 
 

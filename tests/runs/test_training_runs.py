@@ -8,6 +8,7 @@ Steps are kept few; a distributed case costs ~15 s on 2 cores.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,7 +53,9 @@ def test_tunedeck_train_demo_as_a_new_user_runs_it(tmp_path):
     )
     wall = time.monotonic() - began
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 ranks · MULTI_CPU · DistributedDataParallel" in result.stdout
+    # What the run got: the same facts line as `runs show` and the panel (backend/run_summary.py)
+    facts = r"^2 ranks · DDP · [\d.]+% of parameters trainable \([\d,]+ of [\d,]+\) · lora · DistributedDataParallel$"
+    assert re.search(facts, result.stdout, re.M), result.stdout
     assert "step 60/60" in result.stdout and "finished in" in result.stdout
     (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
     start = start_record(run_dir)

@@ -1,0 +1,190 @@
+"""A run in words, for the CLI and the panel alike: what it got, how far it is, what it measured.
+
+Computed from a run's records (run_folder.RunRecords) and its status times only, so
+`tunedeck train`'s progress line, `tunedeck runs`, `runs show` and the panel's run view say
+the same thing about the same run:
+
+    facts      "2 ranks · DDP · 18.1% of parameters trainable (1,234 of 6,818) · lora · DistributedDataParallel"
+    progress   "step 12/30 · elapsed 0:14 · ETA 0:21"
+    verdict    "smoke test passed: 2 ranks on 1 machine · DDP · 1,234 trainable parameters; loss ..."
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunedeck.backend.run_folder import RunRecords, StartRecord
+
+
+def format_clock(seconds: float) -> str:
+    """Elapsed time or ETA as people read it: 0:21, 12:05, 3:07:44."""
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def run_title(job: dict) -> str:
+    """A job in one line, the title of its run: model · method · strategy · processes."""
+    model = str((job.get("model") or {}).get("name_or_path", "?"))
+    if os.path.isabs(model) or model.startswith("."):
+        model = "/".join(Path(model).parts[-2:])  # a local folder: its last two names say enough
+    strategy, launch = job.get("strategy") or {}, job.get("launch") or {}
+    where = "CPU" if launch.get("use_cpu") else "GPU"
+    return (
+        f"{model} · {job.get('method', '?')} · {strategy.get('kind', '?')} · {launch.get('num_processes', 1)}x{where}"
+    )
+
+
+# ---------------------------------------------------------------- what the run got
+
+
+def strategy_label(start: StartRecord) -> str:
+    """The strategy the run really got, from its start record: "DeepSpeed ZeRO-3", "FSDP2", "DDP"."""
+    kind = start.get("distributed_type")
+    if start.get("zero_stage") is not None:
+        return f"DeepSpeed ZeRO-{start['zero_stage']}"
+    if kind == "DEEPSPEED":
+        return "DeepSpeed"
+    if kind == "FSDP" or start.get("fsdp"):
+        return f"FSDP{start.get('fsdp_version') or ''}"
+    if kind in ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU"):
+        return "DDP"
+    if kind == "NO":
+        return "single process"
+    return str(kind or "?")
+
+
+def _ranks(start: StartRecord, always_machines: bool = False) -> str:
+    """The ranks, e.g. "2 ranks", with "on 2 machines (n0, n1)" when they span several (or always_machines)."""
+    world = start.get("world_size")
+    text = f"{world} rank{'s' * (world != 1)}" if world is not None else "? ranks"
+    machines = list(dict.fromkeys(start.get("nodes") or []))
+    if len(machines) > 1 or always_machines:
+        count = max(1, len(machines))
+        text += f" on {count} machine{'s' * (count != 1)}"
+        if 1 < count <= 4:
+            text += f" ({', '.join(machines)})"
+    return text
+
+
+def facts_line(start: StartRecord | None) -> str:
+    """The start record in one line, e.g. '2 ranks · DeepSpeed ZeRO-3 · 0.4% of parameters trainable (...) · qlora'."""
+    if not start:
+        return ""
+    parts = [_ranks(start), strategy_label(start)]
+    trainable, total = start.get("trainable_params"), start.get("total_params")
+    if trainable is not None and total:
+        share = trainable / total
+        parts.append(
+            f"{100 * share:.{1 if share >= 0.001 else 3}f}% of parameters trainable ({trainable:,} of {total:,})"
+        )
+    parts += [start[key] for key in ("method", "model_class") if start.get(key)]
+    return " · ".join(parts)
+
+
+# ---------------------------------------------------------------- how far it is
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    facts: str  # facts_line: "" until the start record
+    strategy: str  # strategy_label: "" until the start record
+    step: int
+    max_steps: int | None
+    fraction: float  # of max_steps done
+    elapsed_s: float | None  # None before the run started
+    eta_s: float | None  # None once ended, or before two log records
+    last_loss: float | None  # the last training loss logged
+
+    @property
+    def steps(self) -> str:
+        """'12/30' (or '12' while the total is unknown)."""
+        return f"{self.step}/{self.max_steps}" if self.max_steps else str(self.step)
+
+    @property
+    def step_text(self) -> str:
+        return f"step {self.steps}"
+
+    @property
+    def progress(self) -> str:
+        """'step 12/30 · elapsed 0:14 · ETA 0:21'."""
+        parts = [self.step_text]
+        if self.elapsed_s is not None:
+            parts.append(f"elapsed {format_clock(self.elapsed_s)}")
+        if self.eta_s is not None:
+            parts.append(f"ETA {format_clock(self.eta_s)}")
+        return " · ".join(parts)
+
+
+def summarize(
+    run: RunRecords, started_at: float | None, ended_at: float | None, now: float | None = None
+) -> RunSummary:
+    """The run's summary at `now` (default: now). The ETA is the pace from the first log record to the last."""
+    now = now or time.time()
+    last = run.last or {}
+    step = last.get("step", 0)
+    total = last.get("max_steps") or (run.start or {}).get("max_steps")
+    eta = None
+    if ended_at is None and total and step and len(run.records) >= 2:
+        first = run.records[0]
+        span_steps, span_s = step - first.get("step", 0), last.get("time", 0) - first.get("time", 0)
+        if span_steps > 0 and span_s > 0:
+            eta = (total - step) * span_s / span_steps
+    return RunSummary(
+        facts=facts_line(run.start),
+        strategy=strategy_label(run.start) if run.start else "",
+        step=step,
+        max_steps=total,
+        fraction=min(1.0, step / total) if total else 0.0,
+        elapsed_s=((ended_at or now) - started_at) if started_at else None,
+        eta_s=eta,
+        last_loss=next((record["loss"] for record in reversed(run.records) if "loss" in record), None),
+    )
+
+
+def measured_peaks(run: RunRecords) -> dict[str, list[float]]:
+    """Highest GPU memory per rank seen so far (GB): {'allocated': [...], 'reserved': [...]}."""
+    peaks: dict[str, list[float]] = {}
+    for record in run.records:
+        for key, label in (("gpu_peak_allocated_gb", "allocated"), ("gpu_peak_reserved_gb", "reserved")):
+            values = record.get(key)
+            if values:
+                old = peaks.get(label, [0.0] * len(values))
+                peaks[label] = [max(a, b) for a, b in zip(old, values)] if len(old) == len(values) else values
+    return peaks
+
+
+# ---------------------------------------------------------------- a smoke run's verdict
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    line: str  # "smoke test passed: ..." or "smoke test FAILED: ..."
+
+
+def verdict(run: RunRecords) -> Verdict:
+    """Passed when the run finished (the sanity gate included) and every logged loss is finite."""
+    end = run.end or {}
+    if end.get("status") != "finished":
+        why = end.get("error") or end.get("status") or "the run ended without an end record"
+        return Verdict(False, f"smoke test FAILED: {why}")
+    losses = [(record["step"], record["loss"]) for record in run.records if "loss" in record]
+    bad = next(((step, loss) for step, loss in losses if not math.isfinite(loss)), None)
+    if bad is not None:
+        return Verdict(False, f"smoke test FAILED: the loss is not finite ({bad[1]}) at step {bad[0]}")
+    if not losses or run.start is None:
+        return Verdict(False, "smoke test FAILED: the run logged no training loss")
+    start = run.start
+    got = [_ranks(start, always_machines=True), strategy_label(start)]
+    got += [f"{count} x {name}" for name, count in (start.get("quantized_modules") or {}).items()]
+    got.append(f"{start.get('trainable_params', 0):,} trainable parameters")
+    first, final = losses[0][1], losses[-1][1]
+    return Verdict(
+        True, f"smoke test passed: {' · '.join(got)}; loss {first:.3f} -> {final:.3f} over {len(losses)} steps"
+    )

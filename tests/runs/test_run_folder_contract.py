@@ -1,0 +1,314 @@
+"""The run-folder contract (backend/run_folder.py) against the two writers that cannot import it.
+
+train.py (shipped as train_sft.py) and the supervisor run without tunedeck, so they spell the
+run folder's file names and record keys themselves. These tests read their source and compare
+every literal name and key with the contract: a rename on one side alone fails here, and the
+mutation tests show that it does.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from tunedeck.app import charts
+from tunedeck.backend import run_folder, supervisor, train
+from tunedeck.backend.run_folder import (
+    EndRecord,
+    ErrorRecord,
+    GateVerdict,
+    LogRecord,
+    ProcessIdentity,
+    StartRecord,
+    StatusFile,
+    StopRequest,
+    read_records,
+)
+
+TRAIN = Path(inspect.getsourcefile(train)).read_text(encoding="utf-8")
+SUPERVISOR = Path(inspect.getsourcefile(supervisor)).read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------- reading the writers' source
+
+
+def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _str(node) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _dicts(node: ast.AST) -> list[set[str]]:
+    """The literal keys of every dict display under node."""
+    return [{_str(k) for k in d.keys if _str(k)} for d in ast.walk(node) if isinstance(d, ast.Dict)]
+
+
+def _returned_dict(fn: ast.FunctionDef) -> set[str]:
+    return next(_dicts(n.value)[0] for n in ast.walk(fn) if isinstance(n, ast.Return) and isinstance(n.value, ast.Dict))
+
+
+def _stores(node: ast.AST, var: str) -> list[ast.Subscript]:
+    """`var[...] = ...` under node."""
+    return [
+        n for n in ast.walk(node)
+        if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) and getattr(n.value, "id", None) == var
+    ]  # fmt: skip
+
+
+def _stored_keys(fn: ast.AST, var: str = "record") -> set[str]:
+    """Keys written into `var`: `var = {...}`, `var["k"] = ...`, and `for key in ("a", "b"): var[key] = ...`."""
+    keys = {_str(n.slice) for n in _stores(fn, var) if _str(n.slice)}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == var for t in node.targets):
+            keys |= set().union(*_dicts(node.value)[:1])
+        loop = isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple)
+        if loop and any(getattr(n.slice, "id", None) == getattr(node.target, "id", "") for n in _stores(node, var)):
+            keys |= {_str(e) for e in node.iter.elts if _str(e)}
+    return keys
+
+
+def _read_keys(fn: ast.AST, method: str = "get") -> set[str]:
+    """String keys read in fn: `x.get("k")` and `x["k"]`."""
+    keys = set()
+    for node in ast.walk(fn):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == method
+            and node.args
+        ):
+            keys |= {_str(node.args[0])} - {None}
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _str(node.slice):
+            keys.add(_str(node.slice))
+    return keys
+
+
+def _fstrings(tree: ast.AST) -> list[str]:
+    """Every f-string as a template, its fields written {}."""
+    return [
+        "".join(_str(v) if _str(v) is not None else "{}" for v in node.values)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.JoinedStr)
+    ]
+
+
+def train_records(source: str) -> dict[str, set[str]]:
+    """The keys of each record train.py writes, read from its source."""
+    tree = ast.parse(source)
+    main = _function(tree, "main")
+    begin = _function(tree, "on_train_begin")
+    gate = next(
+        n.value for n in ast.walk(begin) if isinstance(n, ast.Assign) and _stores(n, "record")
+    )  # record["gate"] = {...}
+    return {
+        "start": _returned_dict(_function(tree, "describe_run"))
+        | _returned_dict(_function(tree, "load_peaks"))
+        | _stored_keys(begin),
+        "gate": _dicts(gate)[0],
+        "log": _stored_keys(_function(tree, "on_log")),
+        "end": next(keys for keys in _dicts(main) if "event" in keys),
+        "error": next(keys for keys in _dicts(main) if "rank" in keys),
+    }
+
+
+def train_files(source: str) -> set[str]:
+    """What train.py names in the run folder: `run_dir / "<name>"`."""
+    return {
+        _str(n.right)
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.BinOp)
+        and isinstance(n.op, ast.Div)
+        and getattr(n.left, "id", None) == "run_dir"
+        and _str(n.right)
+    }
+
+
+def typed_keys(record_type) -> set[str]:
+    return set(record_type.__annotations__)
+
+
+RECORD_TYPES = {"start": StartRecord, "gate": GateVerdict, "log": LogRecord, "end": EndRecord, "error": ErrorRecord}
+
+
+def record_mismatches(source: str) -> dict[str, tuple[set[str], set[str]]]:
+    """kind -> (keys train.py writes that the contract lacks, contract keys train.py does not write)."""
+    found = train_records(source)
+    return {
+        kind: (found[kind] - typed_keys(t), typed_keys(t) - found[kind])
+        for kind, t in RECORD_TYPES.items()
+        if found[kind] != typed_keys(t)
+    }
+
+
+# ---------------------------------------------------------------- train.py
+
+
+def test_train_writes_exactly_the_records_of_the_contract():
+    assert record_mismatches(TRAIN) == {}
+
+
+def test_a_key_renamed_in_train_alone_fails_the_contract():
+    renamed = TRAIN.replace('"trainable_params": trainable', '"trainable": trainable')
+    assert record_mismatches(renamed) == {"start": ({"trainable"}, {"trainable_params"})}
+    dropped = TRAIN.replace('"grad_norm", ', "")
+    assert record_mismatches(dropped) == {"log": (set(), {"grad_norm"})}
+
+
+def test_train_writes_the_files_of_the_contract():
+    assert train_files(TRAIN) == {run_folder.METRICS_FILE, run_folder.ERRORS_FILE, run_folder.LOGS_DIR}
+    assert train_files(TRAIN.replace('"errors.jsonl"', '"failures.jsonl"')) != {
+        run_folder.METRICS_FILE, run_folder.ERRORS_FILE, run_folder.LOGS_DIR
+    }  # fmt: skip
+    rank_log = Path(run_folder.rank_log(7)).name.replace("7", "{}")
+    assert rank_log in _fstrings(ast.parse(TRAIN))  # logs / f"rank{rank}.log"
+    assert train.INCOMPLETE_DIR == run_folder.INCOMPLETE_DIR
+
+
+def test_train_end_statuses_are_the_contracts():
+    tree = ast.parse(TRAIN)
+    returned = {_str(n.value) for n in ast.walk(_function(tree, "train")) if isinstance(n, ast.Return)}
+    preset = {  # main: `status, error = "failed", None` until train() returns
+        _str(n.value.elts[0])
+        for n in ast.walk(_function(tree, "main"))
+        if isinstance(n, ast.Assign)
+        and isinstance(n.targets[0], ast.Tuple)
+        and getattr(n.targets[0].elts[0], "id", None) == "status"
+    }
+    assert returned | preset == set(get_args(run_folder.EndStatus)) == {"finished", "stopped", "failed"}
+
+
+# ---------------------------------------------------------------- the supervisor
+
+
+def test_supervisor_names_the_files_of_the_contract():
+    for name in ("STATUS_FILE", "STOP_FILE", "METRICS_FILE", "ERRORS_FILE", "LAUNCHER_LOG", "RESERVE_FILE"):
+        assert getattr(supervisor, name) == getattr(run_folder, name), name
+    # "see logs/rank3.log" in a failure's headline
+    assert any(run_folder.rank_log(7).replace("7", "{}") in f for f in _fstrings(ast.parse(SUPERVISOR)))
+
+
+def supervisor_keys(source: str) -> dict[str, set[str]]:
+    """What the supervisor writes into status.json and reads from the other files, by contract type."""
+    tree = ast.parse(source)
+    writes = {"update_status", "record_end", "_note"}
+    status = {
+        k.arg
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) in writes
+        for k in n.keywords
+        if k.arg and k.arg not in ("tries", "retry_s")
+    }
+    status |= _read_keys(_function(tree, "supervise")) | set().union(*_dicts(_function(tree, "record_end")))
+    # process_identity's dict, the launcher's {**identity, "pgid": ...}, and what is_alive reads
+    identity = _returned_dict(_function(tree, "process_identity")) | set().union(*_dicts(_function(tree, "supervise")))
+    return {
+        "status": status,
+        "identity": identity | _read_keys(_function(tree, "is_alive")),
+        "stop": _read_keys(_function(tree, "_grace_seconds")),
+        "end": _read_keys(_function(tree, "end_record")) | _read_keys(_function(tree, "final_state")),
+        "error": _read_keys(_function(tree, "first_failure")),
+    }
+
+
+SUPERVISOR_TYPES = {
+    "status": StatusFile,
+    "identity": ProcessIdentity,
+    "stop": StopRequest,
+    "end": EndRecord,
+    "error": ErrorRecord,
+}
+
+
+def unknown_supervisor_keys(source: str) -> dict[str, set[str]]:
+    def fields(t) -> set[str]:
+        return set(t.model_fields) if hasattr(t, "model_fields") else typed_keys(t)
+
+    found = supervisor_keys(source)
+    return {kind: found[kind] - fields(t) for kind, t in SUPERVISOR_TYPES.items() if found[kind] - fields(t)}
+
+
+def test_supervisor_reads_and_writes_only_keys_of_the_contract():
+    found = supervisor_keys(SUPERVISOR)
+    assert {"state", "started_at", "ended_at", "exit_code", "error", "supervisor", "launcher", "argv"} <= found[
+        "status"
+    ]
+    assert found["identity"] == {"pid", "create_time", "pgid"} and found["stop"] == {"grace_s"}
+    assert {"event", "status"} <= found["end"] and {"rank", "time", "error", "traceback"} == found["error"]
+    assert unknown_supervisor_keys(SUPERVISOR) == {}
+
+
+def test_a_key_renamed_in_the_supervisor_alone_fails_the_contract():
+    assert unknown_supervisor_keys(SUPERVISOR.replace('["grace_s"]', '["grace"]')) == {"stop": {"grace"}}
+    assert unknown_supervisor_keys(SUPERVISOR.replace("started_at=time.time()", "began_at=time.time()")) == {
+        "status": {"began_at"}
+    }
+    assert unknown_supervisor_keys(SUPERVISOR.replace('get("traceback")', 'get("trace")')) == {"error": {"trace"}}
+
+
+def test_supervisor_states_are_the_contracts():
+    tree = ast.parse(SUPERVISOR)
+    written = {_str(k.value) for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords if k.arg == "state"}
+    ended = {
+        _str(c)
+        for r in ast.walk(_function(tree, "final_state"))
+        if isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple)
+        for c in ast.walk(r.value.elts[0])
+        if _str(c)
+    }
+    assert written - {None} <= set(run_folder.STATES) and ended == {"finished", "stopped", "failed"}
+
+
+# ---------------------------------------------------------------- the readers
+
+
+def test_the_panel_draws_only_log_record_fields():
+    drawn = {key for key, _ in charts.METRIC_PANELS}
+    tree = ast.parse(Path(inspect.getsourcefile(charts)).read_text(encoding="utf-8"))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "series"]
+    drawn |= {_str(call.args[1]) for call in calls if _str(call.args[1])}  # series(records, "loss")
+    assert {"loss", "eval_loss", "learning_rate"} <= drawn <= typed_keys(LogRecord)
+
+
+def test_a_damaged_metrics_file_gives_typed_records_and_loses_only_what_is_damaged(tmp_path):
+    lines = [
+        json.dumps({"event": "start", "world_size": 2, "nodes": ["n0", 7], "trainable_params": 10, "total_params": 40}),
+        "not json",
+        "[1, 2]",
+        json.dumps({"event": "log", "step": "four", "loss": 1.0}),  # no step to place it at: skipped
+        json.dumps({"event": "log", "step": 1, "max_steps": 2, "loss": "high", "learning_rate": 1e-4, "extra": 1}),
+        json.dumps({"event": "log", "step": 2, "max_steps": 2, "loss": 0.5, "gpu_peak_allocated_gb": [1.5, True]}),
+        json.dumps({"event": "end", "status": "finished", "runtime_s": 3}),
+        '{"event": "log", "step": 3, "lo',  # the trainer was cut mid-line
+    ]
+    (tmp_path / run_folder.METRICS_FILE).write_text("\n".join(lines))
+    run = read_records(tmp_path)
+    assert run.start == {"event": "start", "world_size": 2, "trainable_params": 10, "total_params": 40}
+    assert run.records == [
+        {"event": "log", "step": 1, "max_steps": 2, "learning_rate": 1e-4},
+        {"event": "log", "step": 2, "max_steps": 2, "loss": 0.5},
+    ]
+    assert run.end == {"event": "end", "status": "finished", "runtime_s": 3.0}
+
+
+def test_a_new_status_file_is_one_the_readers_accept(tmp_path):
+    status = run_folder.queued_status(
+        "20250101-120000-000001", "m · lora · ddp · 2xCPU", ["accelerate", "launch"], None, {}
+    )
+    supervisor.write_status(tmp_path, status)
+    assert run_folder.read_status_file(tmp_path)["state"] == "queued"
+    assert set(status) <= set(StatusFile.model_fields) and "supervisor" not in status
+    run_folder.write_stop_request(tmp_path, 12.5)
+    assert supervisor._grace_seconds(tmp_path / supervisor.STOP_FILE) == 12.5
+
+
+@pytest.mark.parametrize("name", ["STATUS_FILE", "METRICS_FILE", "ERRORS_FILE", "LAUNCHER_LOG"])
+def test_contract_names_are_relative_paths_inside_the_run_folder(name):
+    path = Path(getattr(run_folder, name))
+    assert not path.is_absolute() and ".." not in path.parts

@@ -1,0 +1,82 @@
+"""One run summary (backend/run_summary.py) in every front end: `tunedeck runs`, `runs show`, train's progress line, the panel."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+from tunedeck.app.run_watch import RunWatch
+from tunedeck.backend.cli_runs import ProgressBar
+from tunedeck.backend.run_folder import RunRecords, parse_record, read_records
+from tunedeck.backend.run_summary import summarize, verdict
+
+from .helpers import fake_run, tunedeck
+
+RUN_ID = "20250101-120000-00000c"
+START = {"event": "start", "world_size": 2, "nodes": ["n0", "n1"], "distributed_type": "MULTI_CPU", "method": "lora",
+         "model_class": "DistributedDataParallel", "trainable_params": 10, "total_params": 40, "max_steps": 3}  # fmt: skip
+FACTS = (
+    "2 ranks on 2 machines (n0, n1) · DDP · 25.0% of parameters trainable (10 of 40) · lora · DistributedDataParallel"
+)
+
+
+def finished_run(runs_dir):
+    folder = fake_run(runs_dir, RUN_ID, "finished", None)
+    status = json.loads((folder / "status.json").read_text())
+    status.update(ended_at=status["started_at"] + 40, exit_code=0)
+    (folder / "status.json").write_text(json.dumps(status))
+    logs = [
+        {"event": "log", "step": s, "max_steps": 3, "loss": 3.0 / s, "time": time.time() - 40 + s} for s in (1, 2, 3)
+    ]
+    logs.insert(2, {"event": "log", "step": 2, "max_steps": 3, "eval_loss": 2.5, "time": time.time() - 37})
+    end = {"event": "end", "status": "finished", "error": None}
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [START, *logs, end]))
+    return folder
+
+
+def test_the_cli_and_the_panel_say_the_same_about_a_run(runs_dir):
+    folder = finished_run(runs_dir)
+    show = tunedeck("runs", "show", RUN_ID, "--runs-dir", runs_dir)
+    assert show.returncode == 0, show.stderr
+    assert f"got      {FACTS}\n" in show.stdout
+    assert "progress step 3/3, loss 1.0000\n" in show.stdout  # the last training loss, not the eval loss after it
+    listing = tunedeck("runs", "--runs-dir", runs_dir)
+    (row,) = [line.split() for line in listing.stdout.splitlines() if line.startswith(RUN_ID)]
+    assert row[1:4] == ["finished", "3/3", "1.0000"]
+
+    watch = RunWatch(folder)  # the panel's reader of the same folder
+    watch.refresh()
+    panel = summarize(watch, started_at=100.0, ended_at=140.0)
+    assert panel.facts == FACTS and panel.progress == "step 3/3 · elapsed 0:40"
+
+
+def test_train_progress_line_is_the_summarys_progress_with_the_loss():
+    out, run = io.StringIO(), RunRecords()
+    bar = ProgressBar(out)
+    records = [
+        {"event": "log", "step": 1, "max_steps": 4, "loss": 2.0, "time": 110.0},
+        {"event": "log", "step": 2, "max_steps": 4, "loss": 1.5, "time": 120.0},
+        {"event": "log", "step": 2, "max_steps": 4, "eval_loss": 1.25, "time": 125.0},
+    ]
+    for raw in records:
+        record = parse_record(raw)
+        run.add([record])
+        bar.update(record, summarize(run, started_at=100.0, ended_at=None, now=record["time"]))
+    assert out.getvalue().splitlines() == [
+        "[######..................] step 1/4 · elapsed 0:10 · loss 2.0000",
+        "[############............] step 2/4 · elapsed 0:20 · ETA 0:20 · loss 1.5000",  # 10 s a step, 2 to go
+        "step 2/4  eval_loss 1.2500",
+    ]
+
+
+def test_a_smoke_verdict_names_the_strategy_the_run_got(tmp_path):
+    start = {"event": "start", "world_size": 2, "nodes": ["h", "h"], "distributed_type": "FSDP", "fsdp": True, "fsdp_version": 2,
+             "trainable_params": 4096}  # fmt: skip
+    logs = [{"event": "log", "step": s, "loss": 5.0 - s / 10} for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in [start, *logs, {"event": "end", "status": "finished"}])
+    )
+    assert verdict(read_records(tmp_path)).line == (
+        "smoke test passed: 2 ranks on 1 machine · FSDP2 · 4,096 trainable parameters; loss 4.900 -> 4.800 over 2 steps"
+    )
