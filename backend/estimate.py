@@ -12,12 +12,10 @@ from tunedeck.backend.advisor import (
     Recommendation,
     StrategyEstimate,
     advise,
-    compare_strategies,
     fits,
     format_gb,
     gpu_memory_gb,
     limit_sentence,
-    recommend,
 )
 from tunedeck.backend.memory import PHASES, TENSOR_TERMS, TERMS, Estimate, estimate
 from tunedeck.backend.memory_job import GIB, INPUT_PATHS, LOSS_IMPLEMENTATIONS, EstimateError
@@ -27,6 +25,6 @@ from tunedeck.backend.memory_train import zero_model_state_bytes
 __all__ = [
     "FIT_FRACTION", "GIB", "GPU_MEMORY_GB", "INPUT_PATHS", "LOAD_TERMS", "LOSS_IMPLEMENTATIONS", "PHASES",
     "TENSOR_TERMS", "TERMS", "Advice", "Estimate", "EstimateError", "Recommendation", "StrategyEstimate",
-    "advise", "compare_strategies", "estimate", "fits", "format_gb", "gpu_memory_gb", "limit_sentence",
-    "recommend", "zero_model_state_bytes",
+    "advise", "estimate", "fits", "format_gb", "gpu_memory_gb", "limit_sentence",
+    "zero_model_state_bytes",
 ]  # fmt: skip
