@@ -17,6 +17,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 from tunedeck.backend.applies import Values, applies
 from tunedeck.backend.spec import JobSpec, flat_values, iter_fields, parse_spec, set_dotted
 
@@ -107,9 +109,10 @@ def _describe_type(annotation: Any) -> tuple[str, tuple, bool, bool]:
     return "text", (), optional, int in others
 
 
-def _build_fields() -> list[FormField]:
+def build_fields(model: type[BaseModel] = JobSpec) -> list[FormField]:
+    """A FormField for every leaf field of the spec (or of a spec model derived from it), in order."""
     fields = []
-    for path, info in iter_fields():
+    for path, info in iter_fields(model):
         kind, choices, optional, accepts_int = _describe_type(info.annotation)
         fields.append(FormField(
             path=path,
@@ -125,7 +128,7 @@ def _build_fields() -> list[FormField]:
     return fields
 
 
-FORM_FIELDS: list[FormField] = _build_fields()
+FORM_FIELDS: list[FormField] = build_fields()
 FIELDS_BY_PATH: dict[str, FormField] = {f.path: f for f in FORM_FIELDS}
 
 
