@@ -30,7 +30,8 @@ class When:
 
 def _kinds(pick: Callable[[Strategy], bool]) -> When:
     kinds = [kind for kind, strategy in STRATEGIES.items() if pick(strategy)]
-    return When(("strategy.kind",), lambda v: v.get("strategy.kind") in kinds, f"with strategy.kind={' or '.join(kinds)}")
+    says = f"with strategy.kind={' or '.join(kinds)}"
+    return When(("strategy.kind",), lambda v: v.get("strategy.kind") in kinds, says)
 
 
 def _formats(formats: list[str]) -> When:
@@ -43,7 +44,9 @@ _ALWAYS = When((), lambda v: True, "always")
 _ADAPTERS = When(("method",), lambda v: v.get("method") in ("lora", "qlora"), "with method=lora or qlora")
 _FOUR_BIT = When(("quantization.bits",), lambda v: v.get("quantization.bits") == 4, "with quantization.bits=4")
 _EVALUATION = When(
-    ("dataset.eval_split",), lambda v: bool(v.get("dataset.eval_split")), "with an evaluation split (dataset.eval_split)"
+    ("dataset.eval_split",),
+    lambda v: bool(v.get("dataset.eval_split")),
+    "with an evaluation split (dataset.eval_split)",
 )
 _MACHINES = When(
     ("launch.num_machines",),

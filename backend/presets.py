@@ -16,7 +16,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from tunedeck.backend.spec_job import JobSpec
-from tunedeck.backend.spec_parse import SpecError, load_spec_file, parse_assignments, parse_spec, set_paths, spec_to_dict
+from tunedeck.backend.spec_parse import (
+    SpecError,
+    load_spec_file,
+    parse_assignments,
+    parse_spec,
+    set_paths,
+    spec_to_dict,
+)
 
 # The package's own folder: the repository root in a checkout, site-packages/tunedeck when installed.
 # Presets, assets and constraints.txt ship in it as package data.

@@ -33,7 +33,8 @@ def spec_markdown() -> str:
         "`launch.sh`, or are read by `train_sft.py` from `job.yaml`.",
     ]
     for title in section_titles():
-        lines += ["", f"## {title}", "", "| Field | Type | Default | Applies | Goes to | Description |", "|---|---|---|---|---|---|"]
+        lines += ["", f"## {title}", "", "| Field | Type | Default | Applies | Goes to | Description |"]
+        lines += ["|---|---|---|---|---|---|"]
         lines += [_row(f) for f in FORM_FIELDS if f.section == title]
     lines += [
         "",

@@ -26,12 +26,11 @@ from tunedeck.backend.vocabulary import STRATEGIES, Strategy
 
 StrategyKind = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
 OffloadDevice = Literal["none", "cpu", "nvme"]
+_KINDS = "; ".join(f"{s.kind}: {s.title}" for s in STRATEGIES.values())
 
 
 class StrategySpec(SpecSection):
-    kind: StrategyKind = Field(
-        "ddp", description="How GPUs share the work: " + "; ".join(f"{s.kind}: {s.title}" for s in STRATEGIES.values()) + "."
-    )
+    kind: StrategyKind = Field("ddp", description=f"How GPUs share the work: {_KINDS}.")
     offload_optimizer: OffloadDevice = Field(
         "none", description="Move optimizer states off the GPU (ZeRO-1/2/3: cpu or nvme; FSDP: with parameters only)."
     )

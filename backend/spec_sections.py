@@ -176,7 +176,11 @@ _DatasetColumns = create_model(
 
 class DatasetSpec(_DatasetColumns):  # type: ignore[misc, valid-type]
     max_seq_length: int = SftField(
-        2048, sft="max_length", ge=8, le=1_048_576, description="Longest sequence in tokens; longer examples are truncated."
+        2048,
+        sft="max_length",
+        ge=8,
+        le=1_048_576,
+        description="Longest sequence in tokens; longer examples are truncated.",
     )
     packing: bool = SftField(
         False, description="Pack several short examples into one sequence: no padding waste, higher throughput."

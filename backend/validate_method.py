@@ -1,4 +1,4 @@
-"""Validation rules of what is trained: method and quantization, the LoRA adapter, precision, training and data."""
+"""Validation rules of what is trained: method and quantization, LoRA, precision, training and data."""
 
 from __future__ import annotations
 

@@ -94,7 +94,10 @@ class DatasetFormat:
 DATASET_FORMATS: dict[str, DatasetFormat] = {
     f.name: f
     for f in (
-        DatasetFormat("text", "one text column, trained on whole", (Column("text_field", "text", "the text", "text", sft="dataset_text_field"),), ("text",)),
+        DatasetFormat(
+            "text", "one text column, trained on whole",
+            (Column("text_field", "text", "the text", "text", sft="dataset_text_field"),), ("text",),
+        ),
         DatasetFormat(
             "prompt-completion", "a prompt and its completion, trained on the completion",
             (

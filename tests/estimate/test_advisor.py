@@ -187,7 +187,7 @@ def test_one_estimate_takes_well_under_10_ms():
 
 def test_the_estimator_and_its_view_import_no_training_stack():
     code = (
-        "import sys, tunedeck.backend.estimate, tunedeck.backend.advisor, tunedeck.app.estimate_view; "
+        "import sys, tunedeck.backend.memory, tunedeck.backend.advisor, tunedeck.app.estimate_view; "
         "print([m for m in ('torch','transformers','trl','peft','deepspeed','bitsandbytes') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

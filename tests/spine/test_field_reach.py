@@ -28,7 +28,7 @@ BASES = [
     ("7b-full-zero2", []),
     ("7b-full-zero2", ["strategy.kind=zero1"]),
     ("70b-qlora-zero3", []),
-    ("70b-qlora-zero3", ["strategy.offload_optimizer=nvme", "strategy.offload_params=nvme", "strategy.nvme_path=/nvme"]),
+    ("70b-qlora-zero3", ["strategy.offload_optimizer=nvme", "strategy.offload_params=nvme", "strategy.nvme_path=/n"]),
     ("13b-lora-fsdp", []),
     ("13b-lora-fsdp", ["strategy.fsdp_version=1"]),
     ("7b-lora-ddp", ["dataset.eval_split=test"]),
