@@ -81,10 +81,10 @@ class EstimatePanel(DerivedView):
     @staticmethod
     def recommended_changes(spec, gpu_text: str):
         """(strategy label, {dotted path: value}) the recommendation would apply."""
-        from tunedeck.backend.advisor import gpu_memory_gb, recommend
-
-        advice = recommend(spec, gpu_memory_gb(gpu_text))
-        return advice.strategy, advice.changes
+        advice = compute_advice(spec, gpu_text)
+        if isinstance(advice, Unavailable):
+            raise ValueError(advice.text)
+        return advice.recommendation.strategy, advice.recommendation.changes
 
 
 def measured_vs_predicted(job: dict, peaks: dict) -> str:

@@ -40,7 +40,7 @@ import gradio as gr
 from tunedeck.app.downloads import BundleWriter, bundle_digest, zip_name_for
 from tunedeck.app.form import Form
 from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
-from tunedeck.backend.fields import FORM_FIELDS, applies, spec_from_values, values_from_form, values_from_spec
+from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec, visible
 from tunedeck.backend.render import render_bundle
 
 # Rule 1 above: one first-in-first-out lane for every event that touches the job outputs.
@@ -230,7 +230,7 @@ class JobView:
         out: list[Any] = []
         invalid = result.error_fields
         for field, component in zip(FORM_FIELDS, self.form.components):
-            look = (applies(field.path, result.values) or field.path in invalid, field.path in invalid)
+            look = (visible(field.path, result.values) or field.path in invalid, field.path in invalid)
             if fill:
                 out.append(
                     gr.update(

@@ -17,6 +17,7 @@ from typing import Any
 from tunedeck.backend.memory import Estimate, estimate_values
 from tunedeck.backend.memory_job import input_values
 from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.vocabulary import STRATEGIES
 
 # A strategy "fits" when its peak stays below this share of the GPU: the rest is headroom
 # for sequence-length outliers and fragmentation spikes.
@@ -89,21 +90,6 @@ def advise(spec: JobSpec, gpu_mem_gb: float, *, cpu_mem_gb: float | None = None,
         options=options,
         recommendation=_recommend(values, options, gpu_mem_gb, cpu_mem_gb),
     )
-
-
-def compare_strategies(
-    spec: JobSpec, gpu_mem_gb: float, *, cpu_mem_gb: float | None = None, loss: str = "fused"
-) -> list[StrategyEstimate]:
-    """Every sensible strategy for this job, fastest first, with whether it fits `gpu_mem_gb`
-    per GPU (and, when given, `cpu_mem_gb` of host RAM per machine)."""
-    return _compare(input_values(spec, loss), gpu_mem_gb, cpu_mem_gb)
-
-
-def recommend(
-    spec: JobSpec, gpu_mem_gb: float, *, cpu_mem_gb: float | None = None, loss: str = "fused"
-) -> Recommendation:
-    """The fastest strategy that fits, in the seed guides' order, with a one-sentence reason."""
-    return advise(spec, gpu_mem_gb, cpu_mem_gb=cpu_mem_gb, loss=loss).recommendation
 
 
 def fits(est: Estimate, gpu_mem_gb: float, cpu_mem_gb: float | None = None) -> bool:
@@ -196,21 +182,33 @@ def _recommend(
 
 
 def _strategy_key(v: dict) -> tuple:
+    """What makes two jobs the same option: the fields that apply to their strategy (backend/applies.py)."""
     kind = v["strategy.kind"]
+    facts = STRATEGIES[kind]
     return (
         kind,
-        v["strategy.offload_optimizer"] if kind != "ddp" else "none",
-        v["strategy.offload_params"] if kind in ("zero3", "fsdp") else "none",
-        v["strategy.fsdp_sharding_strategy"] if kind == "fsdp" else None,
+        v["strategy.offload_optimizer"] if facts.offload_optimizer else "none",
+        v["strategy.offload_params"] if facts.offload_params else "none",
+        v["strategy.fsdp_sharding_strategy"] if facts.engine == "fsdp" else None,
         v["method"],
     )
 
 
-def _strategy(kind: str, opt: str = "none", params: str = "none", sharding: str = "FULL_SHARD") -> dict:
-    out = {"strategy.kind": kind, "strategy.offload_optimizer": opt, "strategy.offload_params": params}
-    if kind == "fsdp":
-        out["strategy.fsdp_sharding_strategy"] = sharding
-    return out
+def _option(kind: str, opt: str = "none", params: str = "none", sharding: str | None = None) -> tuple[str, dict]:
+    """(label, changes) of one strategy option; the label from the strategy table's name."""
+    facts = STRATEGIES[kind]
+    changes = {"strategy.kind": kind, "strategy.offload_optimizer": opt, "strategy.offload_params": params}
+    if facts.engine == "fsdp":
+        changes["strategy.fsdp_sharding_strategy"] = sharding or "FULL_SHARD"
+    label = facts.label + (f" {sharding}" if sharding else "")
+    if opt != "none":
+        if facts.engine == "fsdp":  # FSDP offloads parameters, gradients and the optimizer step together
+            label += " + CPU offload"
+        elif "nvme" in (opt, params):
+            label += " + NVMe offload"
+        else:
+            label += " + CPU optimizer" + (" & weights" if params != "none" else "")
+    return label, changes
 
 
 def _candidates(v: dict) -> list[tuple[str, dict]]:
@@ -226,37 +224,35 @@ def _candidates(v: dict) -> list[tuple[str, dict]]:
     if v["method"] == "full":
         # ZeRO-2 moves as many bytes per step as DDP's all-reduce (ZeRO paper §7) and keeps fp32
         # master weights, so it comes first; ZeRO-1 and DDP only need more memory.
-        plain: list[tuple[str, dict]] = [("ZeRO-2", _strategy("zero2"))]
+        plain = [_option("zero2")]
         if not cpu_run:
-            plain.append(("FSDP SHARD_GRAD_OP", _strategy("fsdp", sharding="SHARD_GRAD_OP")))
-        plain += [("ZeRO-1", _strategy("zero1")), ("DDP", _strategy("ddp"))]
+            plain.append(_option("fsdp", sharding="SHARD_GRAD_OP"))
+        plain += [_option("zero1"), _option("ddp")]
     else:
-        plain = [("DDP", _strategy("ddp"))]
+        plain = [_option("ddp")]
     if not cpu_run:
         if multi_node:
-            plain.append(("FSDP HYBRID_SHARD", _strategy("fsdp", sharding="HYBRID_SHARD")))
-        plain.append(("FSDP FULL_SHARD", _strategy("fsdp")))
-    plain.append(("ZeRO-3", _strategy("zero3")))
+            plain.append(_option("fsdp", sharding="HYBRID_SHARD"))
+        plain.append(_option("fsdp", sharding="FULL_SHARD"))
+    plain.append(_option("zero3"))
     if not cpu_run:
         if v["method"] == "full":
-            plain.append(("ZeRO-2 + CPU optimizer", _strategy("zero2", "cpu")))
+            plain.append(_option("zero2", "cpu"))
         plain += [
-            ("ZeRO-3 + CPU optimizer", _strategy("zero3", "cpu")),
-            ("FSDP + CPU offload", _strategy("fsdp", "cpu", "cpu")),
-            ("ZeRO-3 + CPU optimizer & weights", _strategy("zero3", "cpu", "cpu")),
-            ("ZeRO-3 + NVMe offload", _strategy("zero3", "nvme", "nvme")),
+            _option("zero3", "cpu"),
+            _option("fsdp", "cpu", "cpu"),
+            _option("zero3", "cpu", "cpu"),
+            _option("zero3", "nvme", "nvme"),
         ]
     out = [(label, {**changes, **_checkpointing_for(v, changes)}) for label, changes in plain]
     if v["method"] != "qlora":
         quant = _qlora_changes(v)
-        out.append(("QLoRA + DDP", {**quant, **_strategy("ddp"), **_checkpointing_for(v, _strategy("ddp"))}))
-        sharded = [("QLoRA + FSDP", _strategy("fsdp")), ("QLoRA + ZeRO-3", _strategy("zero3"))]
-        if not cpu_run:
-            sharded.append(("QLoRA + FSDP + CPU offload", _strategy("fsdp", "cpu", "cpu")))
+        label, ddp = _option("ddp")
+        out.append((f"QLoRA + {label}", {**quant, **ddp, **_checkpointing_for(v, ddp)}))
+        sharded = [_option("zero3")] if cpu_run else [_option("fsdp"), _option("zero3"), _option("fsdp", "cpu", "cpu")]
         for label, changes in sharded:
-            if cpu_run and changes["strategy.kind"] == "fsdp":
-                continue
-            out.append((label, {**quant, **_sharded_4bit_dtypes(quant), **changes, **_checkpointing_for(v, changes)}))
+            extra = {**_sharded_4bit_dtypes(quant), **changes, **_checkpointing_for(v, changes)}
+            out.append((f"QLoRA + {label}", {**quant, **extra}))
     return out
 
 
@@ -272,9 +268,11 @@ def _checkpointing_for(v: dict, changes: dict) -> dict:
     A full fine-tune moved to FSDP takes FSDP's checkpointing: the Trainer's would all-gather
     every layer's weights again in the backward pass (validate.py warns about it).
     """
-    if v["strategy.kind"] == "fsdp" and v["strategy.fsdp_activation_checkpointing"] and changes["strategy.kind"] != "fsdp":
+    was_fsdp = STRATEGIES[v["strategy.kind"]].engine == "fsdp"
+    to_fsdp = STRATEGIES[changes["strategy.kind"]].engine == "fsdp"
+    if was_fsdp and v["strategy.fsdp_activation_checkpointing"] and not to_fsdp:
         return {"training.gradient_checkpointing": True, "strategy.fsdp_activation_checkpointing": False}
-    if v["method"] == "full" and v["training.gradient_checkpointing"] and changes["strategy.kind"] == "fsdp":
+    if v["method"] == "full" and v["training.gradient_checkpointing"] and to_fsdp:
         return {"training.gradient_checkpointing": False, "strategy.fsdp_activation_checkpointing": True}
     return {}
 
@@ -329,7 +327,7 @@ def _need(option: StrategyEstimate, gpu_mem_gb: float) -> str:
 def _reason(v: dict, chosen: StrategyEstimate, skipped: list[StrategyEstimate], gpu_mem_gb: float) -> str:
     """One sentence: what fits, what the faster option would need, and why this one."""
     est = chosen.estimate
-    kind = chosen.changes.get("strategy.kind", v["strategy.kind"])
+    facts = STRATEGIES[chosen.changes.get("strategy.kind", v["strategy.kind"])]
     method = chosen.changes.get("method", v["method"])
     sharding = chosen.changes.get("strategy.fsdp_sharding_strategy")
     if method == "qlora" and v["method"] != "qlora":
@@ -339,11 +337,11 @@ def _reason(v: dict, chosen: StrategyEstimate, skipped: list[StrategyEstimate], 
     elif chosen.changes.get("strategy.offload_optimizer", "none") != "none":
         where = f"{est.cpu_gb:.0f} GB of CPU RAM" + (f" and {est.nvme_gb:.0f} GB of NVMe" if est.nvme_gb else "")
         why = f"offloading moves states to host memory ({where} per machine): slower steps, the last resort before quantizing"
-    elif kind == "ddp" and method != "full":
+    elif facts.engine == "ddp" and method != "full":
         why = "only the adapter's gradients cross the network, so plain data parallelism is fastest"
-    elif kind == "ddp":
+    elif facts.engine == "ddp":
         why = "every GPU keeps everything and only gradients are all-reduced, the fastest setup"
-    elif kind in ("zero1", "zero2") or sharding == "SHARD_GRAD_OP":
+    elif not facts.shards_parameters or sharding == "SHARD_GRAD_OP":
         why = (
             "it shards optimizer states and gradients while every GPU keeps whole weights, "
             "the usual choice for full fine-tuning of 7-13B models"

@@ -14,7 +14,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("presets", help="list the presets")
     p.set_defaults(handler=cmd_presets)
 
-    p = sub.add_parser("schema", help="print the job spec's JSON Schema")
+    p = sub.add_parser("schema", help="print the job spec's JSON Schema, or its reference in Markdown")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the field reference (docs/job-spec.md): type, default, when it applies, where it goes",
+    )
     p.set_defaults(handler=cmd_schema)
 
     p = sub.add_parser("validate", help="check a job and print its problems")
@@ -58,6 +63,11 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    if args.markdown:
+        from tunedeck.backend.spec_docs import spec_markdown
+
+        sys.stdout.write(spec_markdown())
+        return 0
     from tunedeck.backend.spec import JobSpec
 
     print(json.dumps(JobSpec.model_json_schema(), indent=2))

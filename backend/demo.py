@@ -30,9 +30,10 @@ from pathlib import Path
 import yaml
 
 from tunedeck.backend.spec import PACKAGE_DIR, demo_home
+from tunedeck.backend.vocabulary import DATASET_FORMATS
 
 RECIPE_PATH = PACKAGE_DIR / "assets" / "demo" / "recipe.yaml"
-FORMATS = ("text", "prompt-completion", "messages", "alpaca")
+FORMATS = tuple(DATASET_FORMATS)
 
 # Assistant turns are wrapped in {% generation %} so TRL's assistant_only_loss works too.
 CHAT_TEMPLATE = (
@@ -143,7 +144,7 @@ def make_examples(rng: random.Random, count: int, data: dict) -> list[dict]:
 
 
 def as_format(example: dict, fmt: str) -> dict:
-    """One example in one of the spec's dataset formats (default field names)."""
+    """One example in one of the spec's dataset formats (backend/vocabulary.py), under its default columns."""
     question = f"{example['instruction']} {example['input']}"
     if fmt == "prompt-completion":
         return {"prompt": f"Q: {question}\nA:", "completion": f" {example['answer']}"}

@@ -3,9 +3,9 @@
 Everything here is derived from the JobSpec's own field registry (backend.spec.iter_fields):
 the widget kind comes from the field's type, the help text from its description, the
 section from its top-level key. A field added to the spec appears in the form with no
-change here. The only hand-written knowledge is APPLIES_WHEN: a short list of glob rules
-saying when a family of fields matters (LoRA knobs only with adapters, ZeRO-3 knobs only
-with ZeRO-3, ...), so the form can hide what does not apply to the current job.
+change here. When a field applies (LoRA knobs only with adapters, ZeRO-3 knobs only with
+ZeRO-3, ...) comes from the one applicability table, backend/applies.py, which validation
+reads too.
 
 No Gradio here: the panel turns FormField into components, tests read it directly.
 """
@@ -15,10 +15,12 @@ from __future__ import annotations
 import types
 import typing
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
-from tunedeck.backend.spec import DEEPSPEED_KINDS, JobSpec, get_path, iter_fields, parse_spec, set_dotted
+from pydantic import BaseModel
+
+from tunedeck.backend.applies import Values, applies
+from tunedeck.backend.spec import JobSpec, flat_values, iter_fields, parse_spec, set_dotted
 
 # Form sections in page order; a field goes to the first section whose prefixes match its path.
 SECTIONS: list[tuple[str, tuple[str, ...]]] = [
@@ -30,50 +32,6 @@ SECTIONS: list[tuple[str, tuple[str, ...]]] = [
     ("Hardware/Launch", ("launch.",)),
 ]
 OTHER_SECTION = "Other"
-
-Values = dict[str, Any]  # dotted path -> value, the flat shape the form works in
-
-_DATASET_FORMAT_FIELDS = {
-    "text": {"text_field"},
-    "prompt-completion": {"prompt_field", "completion_field"},
-    "messages": {"messages_field"},
-    "alpaca": {"instruction_field", "input_field", "output_field"},
-}
-
-
-def _format_uses(v: Values, path: str) -> bool:
-    return path.rsplit(".", 1)[1] in _DATASET_FORMAT_FIELDS.get(v.get("dataset.format"), set())
-
-
-def _deepspeed(v: Values) -> bool:
-    return v.get("strategy.kind") in DEEPSPEED_KINDS
-
-
-def _offloads_to_nvme(v: Values) -> bool:
-    return "nvme" in (v.get("strategy.offload_optimizer"), v.get("strategy.offload_params"))
-
-
-# (glob over dotted paths, predicate(values, path)). First matching rule decides; no rule = always shown.
-APPLIES_WHEN: list[tuple[str, Callable[[Values, str], bool]]] = [
-    ("lora.*", lambda v, p: v.get("method") in ("lora", "qlora")),
-    ("quantization.bits", lambda v, p: v.get("method") in ("lora", "qlora")),
-    ("quantization.bnb_4bit_*", lambda v, p: v.get("quantization.bits") == 4),
-    ("dataset.*_field", _format_uses),
-    ("training.per_device_eval_batch_size", lambda v, p: bool(v.get("dataset.eval_split"))),
-    ("training.eval_steps", lambda v, p: bool(v.get("dataset.eval_split"))),
-    ("training.ddp_find_unused_parameters", lambda v, p: v.get("strategy.kind") == "ddp"),
-    ("strategy.offload_optimizer", lambda v, p: v.get("strategy.kind") != "ddp"),
-    ("strategy.offload_params", lambda v, p: v.get("strategy.kind") in ("zero3", "fsdp")),
-    ("strategy.nvme_path", lambda v, p: _offloads_to_nvme(v)),
-    ("strategy.allgather_bucket_size", lambda v, p: v.get("strategy.kind") in ("zero1", "zero2")),
-    ("strategy.stage3_*", lambda v, p: v.get("strategy.kind") == "zero3"),
-    ("strategy.fsdp_*", lambda v, p: v.get("strategy.kind") == "fsdp"),
-    ("strategy.*", lambda v, p: p == "strategy.kind" or _deepspeed(v)),  # the remaining DeepSpeed knobs
-    ("launch.machine_rank", lambda v, p: (v.get("launch.num_machines") or 1) > 1),
-    ("launch.main_process_ip", lambda v, p: (v.get("launch.num_machines") or 1) > 1),
-    ("launch.rdzv_backend", lambda v, p: (v.get("launch.num_machines") or 1) > 1),
-    ("launch.same_network", lambda v, p: (v.get("launch.num_machines") or 1) > 1),
-]
 
 
 @dataclass(frozen=True)
@@ -151,9 +109,10 @@ def _describe_type(annotation: Any) -> tuple[str, tuple, bool, bool]:
     return "text", (), optional, int in others
 
 
-def _build_fields() -> list[FormField]:
+def build_fields(model: type[BaseModel] = JobSpec) -> list[FormField]:
+    """A FormField for every leaf field of the spec (or of a spec model derived from it), in order."""
     fields = []
-    for path, info in iter_fields():
+    for path, info in iter_fields(model):
         kind, choices, optional, accepts_int = _describe_type(info.annotation)
         fields.append(FormField(
             path=path,
@@ -169,7 +128,7 @@ def _build_fields() -> list[FormField]:
     return fields
 
 
-FORM_FIELDS: list[FormField] = _build_fields()
+FORM_FIELDS: list[FormField] = build_fields()
 FIELDS_BY_PATH: dict[str, FormField] = {f.path: f for f in FORM_FIELDS}
 
 
@@ -178,16 +137,15 @@ def section_titles() -> list[str]:
     return [t for t, _ in SECTIONS if t in used] + ([OTHER_SECTION] if OTHER_SECTION in used else [])
 
 
-def applies(path: str, values: Values) -> bool:
-    """Does this field matter for the job described by `values`?"""
-    for pattern, predicate in APPLIES_WHEN:
-        if fnmatchcase(path, pattern):
-            return bool(predicate(values, path))
-    return True
+def visible(path: str, values: Values) -> bool:
+    """Shown in the form: the field applies, or it holds other than its default where it does not, so
+    that the person sees the field validation warns about ("ignored: ...") and can set it back."""
+    return applies(path, values) or values.get(path) != FIELDS_BY_PATH[path].default
 
 
 def values_from_spec(spec: JobSpec) -> Values:
-    return {f.path: get_path(spec, f.path) for f in FORM_FIELDS}
+    """The spec as the form holds it: {dotted path: value} in FORM_FIELDS order."""
+    return flat_values(spec)
 
 
 def values_from_form(raw: list[Any]) -> Values:
@@ -207,9 +165,11 @@ __all__ = [
     "FORM_FIELDS",
     "FIELDS_BY_PATH",
     "FormField",
+    "Values",
     "applies",
     "section_titles",
     "spec_from_values",
     "values_from_form",
     "values_from_spec",
+    "visible",
 ]

@@ -12,6 +12,7 @@ from typing import Any
 
 from tunedeck.backend import catalog
 from tunedeck.backend.spec import JobSpec, get_path
+from tunedeck.backend.vocabulary import STRATEGIES, Strategy
 
 GIB = 2**30
 
@@ -105,6 +106,7 @@ class Job:
         if arch is None:  # only reachable through a variant naming another model
             raise EstimateError("model.name_or_path", f"unknown model {v['model.name_or_path']!r}")
         kind = v["strategy.kind"]
+        facts = STRATEGIES[kind]
         precision = v["training.precision"]
         bits = v["quantization.bits"] if v["method"] != "full" else None
         weight_bytes = _DTYPE_BYTES[v["model.dtype"]]
@@ -122,8 +124,9 @@ class Job:
             arch=arch,
             method=v["method"],
             kind=kind,
-            offload_optimizer=v["strategy.offload_optimizer"] if kind != "ddp" else "none",
-            offload_params=v["strategy.offload_params"] if kind in ("zero3", "fsdp") else "none",
+            # A strategy that cannot offload ignores the field (backend/applies.py hides it).
+            offload_optimizer=v["strategy.offload_optimizer"] if facts.offload_optimizer else "none",
+            offload_params=v["strategy.offload_params"] if facts.offload_params else "none",
             world=v["launch.num_processes"],
             machines=v["launch.num_machines"],
             use_cpu=v["launch.use_cpu"],
@@ -134,7 +137,7 @@ class Job:
             precision=precision,
             optim=v["training.optim"],
             checkpointing=v["training.gradient_checkpointing"]
-            or (kind == "fsdp" and v["strategy.fsdp_activation_checkpointing"]),
+            or (facts.engine == "fsdp" and v["strategy.fsdp_activation_checkpointing"]),
             attn=v["model.attn_implementation"],
             bits=bits,
             double_quant=v["quantization.bnb_4bit_use_double_quant"],
@@ -159,7 +162,7 @@ class Job:
     @property
     def shards(self) -> int:
         """Ranks a sharded tensor is split over."""
-        if self.kind == "fsdp" and self.fsdp_sharding == "HYBRID_SHARD":
+        if self.engine == "fsdp" and self.fsdp_sharding == "HYBRID_SHARD":
             return self.per_machine  # shard inside a node, replicate across nodes
         return self.world
 
@@ -170,8 +173,21 @@ class Job:
         return self.arch.lora_trainable(self.lora_r, self.lora_targets, self.use_dora)
 
     @property
+    def strategy(self) -> Strategy:
+        """The strategy table's row of the job's kind (backend/vocabulary.py)."""
+        return STRATEGIES[self.kind]
+
+    @property
+    def engine(self) -> str:
+        return self.strategy.engine
+
+    @property
+    def zero_stage(self) -> int | None:
+        return self.strategy.zero_stage
+
+    @property
     def deepspeed(self) -> bool:
-        return self.kind in ("zero1", "zero2", "zero3")
+        return self.strategy.is_deepspeed
 
     @property
     def compute_bytes(self) -> int:

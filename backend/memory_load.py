@@ -56,9 +56,9 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
         }
         host = 0.0  # weights stream from the memory-mapped checkpoint straight to the GPU
         how = "every GPU first holds the whole quantized model"
-        if job.kind in ("zero3", "fsdp"):
-            how += f", before {'ZeRO-3' if job.kind == 'zero3' else 'FSDP'} shards it, whatever the number of GPUs"
-    elif job.kind == "zero3":
+        if job.strategy.shards_parameters:
+            how += f", before {job.strategy.label} shards it, whatever the number of GPUs"
+    elif job.zero_stage == 3:
         on_gpu = job.offload_params == "none"
         terms = {
             "weights": job.arch.num_parameters * job.weight_bytes / job.world if on_gpu else 0.0,
@@ -69,7 +69,7 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
         if job.offload_params == "cpu":  # zero.Init places the partitions in host memory
             host += job.arch.num_parameters * job.weight_bytes / job.world * job.per_machine
         how = "zero.Init shards the weights as they load; rank 0 reads the whole checkpoint into host RAM"
-    elif job.kind == "fsdp":
+    elif job.engine == "fsdp":
         element = _fsdp_cpu_bytes(job)
         shard = (job.arch.num_parameters * element + adapter) / job.shards
         on_gpu = job.offload_params == "none"

@@ -111,7 +111,7 @@ def trained_states(job: Job, params: int) -> tuple[dict[str, float], tuple[float
     (CPU RAM, NVMe) bytes per machine that offloading moves off the GPUs."""
     n = job.world
     if job.deepspeed:
-        stage = int(job.kind[-1])
+        stage = job.zero_stage
         state = _optimizer_state_bytes(job.optim, 4)  # DeepSpeed runs the optimizer on fp32 partitions
         if job.precision in ("bf16", "fp16"):
             # fp32 master weights next to the 16-bit ones (ZeRO §3.1, DeepSpeed's estimators).
@@ -141,11 +141,11 @@ def trained_states(job: Job, params: int) -> tuple[dict[str, float], tuple[float
     # DDP and FSDP: torch's optimizer on the parameters as they are stored.
     if job.method != "full":
         pbytes = 4  # PEFT keeps adapter weights in fp32 (autocast_adapter_dtype=True)
-    elif job.kind == "fsdp" and job.precision in ("bf16", "fp16"):
+    elif job.engine == "fsdp" and job.precision in ("bf16", "fp16"):
         pbytes = 4  # accelerate upcasts trainable parameters to fp32 under FSDP mixed precision
     else:
         pbytes = job.weight_bytes
-    shards = job.shards if job.kind == "fsdp" else 1
+    shards = job.shards if job.engine == "fsdp" else 1
     states = {
         "weights": pbytes * params / shards,
         "gradients": pbytes * params / shards,
@@ -162,7 +162,7 @@ def trained_states(job: Job, params: int) -> tuple[dict[str, float], tuple[float
 def frozen_base_bytes(job: Job, notes: list) -> tuple[float, float]:
     """(parameter bytes that sharding and offload act on, replicated statistics) per GPU."""
     params, stats = frozen_base_params(job), quant_stats_bytes(job)
-    if job.kind == "zero3" or (job.kind == "fsdp" and job.fsdp_sharding != "SHARD_GRAD_OP"):
+    if job.zero_stage == 3 or (job.engine == "fsdp" and job.fsdp_sharding != "SHARD_GRAD_OP"):
         if job.bits and job.quant_storage == "uint8":
             notes.append("quantized weights stored as uint8 cannot be sharded: every GPU holds the whole base")
             return params, stats
@@ -256,11 +256,11 @@ def unit_bytes(job: Job) -> float:
 def gathered_bytes(job: Job) -> float:
     arch = job.arch
     compute = job.compute_bytes
-    if job.kind == "zero3":
+    if job.zero_stage == 3:
         # DeepSpeed's estimator: the largest layer lives gathered in 16 bits, with its 16-bit
         # gradient when it trains (4 bytes per parameter).
         return (4 if job.method == "full" else 2) * arch.largest_layer_params
-    if job.kind != "fsdp":
+    if job.engine != "fsdp":
         return 0.0
     root = (arch.embedding_params + arch.head_params + arch.hidden_size) * (
         compute if job.method == "full" or not job.bits else job.weight_bytes
@@ -277,9 +277,9 @@ def gathered_bytes(job: Job) -> float:
 
 
 def bucket_bytes(job: Job) -> float:
-    if job.world == 1 and job.kind == "ddp":
+    if job.world == 1 and job.engine == "ddp":
         return 0.0
-    if job.kind == "ddp":
+    if job.engine == "ddp":
         # DDP's reducer copies gradients into flat buckets as large as all trained gradients
         # (gradient_as_bucket_view is off in accelerate).
         grad_bytes = 4 if job.method != "full" else job.weight_bytes
@@ -287,7 +287,7 @@ def bucket_bytes(job: Job) -> float:
     if job.deepspeed:
         # The reduce bucket in 16-bit, doubled when communication overlaps the backward pass;
         # ZeRO-3 also prefetches the next parameters into a bucket.
-        prefetch = 2 * job.prefetch_bucket if job.kind == "zero3" else 0
+        prefetch = 2 * job.prefetch_bucket if job.zero_stage == 3 else 0
         return (2 if job.overlap_comm else 1) * job.reduce_bucket * 2 + prefetch
     return 0.0
 

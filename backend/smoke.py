@@ -32,7 +32,8 @@ from pathlib import Path
 from tunedeck.backend import catalog
 from tunedeck.backend.run_folder import read_records
 from tunedeck.backend.run_summary import Verdict, verdict
-from tunedeck.backend.spec import PACKAGE_DIR, DatasetSpec, JobSpec, demo_home, set_paths
+from tunedeck.backend.spec import PACKAGE_DIR, JobSpec, demo_home, set_paths
+from tunedeck.backend.vocabulary import column_fields
 
 STEPS = 3
 ROWS = 64  # of the job's dataset: enough for STEPS x accumulation x batch x ranks on 2 CPU ranks
@@ -96,8 +97,7 @@ def _smoke_data(spec: JobSpec) -> dict:
         home = ensure_demo()
     except RuntimeError as exc:
         raise SmokeError(f"dataset.path: {d.path} is not here, and the demo data could not be built: {exc}") from None
-    fields = DatasetSpec.model_fields
-    columns = {f"dataset.{name}": info.default for name, info in fields.items() if name.endswith("_field")}
+    columns = {f"dataset.{name}": column.default for name, (column, _) in column_fields().items()}
     return {
         "dataset.path": str(home / "formats" / f"{d.format}.jsonl"),
         "dataset.name": None,

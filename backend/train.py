@@ -325,7 +325,9 @@ def load_datasets(job: dict, args, tokenizer):
 # StopIteration (empty) or "'list' object has no attribute 'endswith'" (wrong types) from the libraries.
 
 ROWS_CHECKED = 100
-# What each dataset.format reads: spec field -> (default column, what its values must be).
+# What each dataset.format reads: spec field -> (default column, what its values must be). This
+# script's copy of tunedeck's dataset-format table (backend/vocabulary.py; tests/spine/test_vocabulary.py
+# checks that they agree).
 FORMAT_COLUMNS = {
     "text": {"text_field": ("text", "text")},
     "prompt-completion": {"prompt_field": ("prompt", "text or chat"), "completion_field": ("completion", "text or chat")},
@@ -632,18 +634,27 @@ class GateError(JobError):
 
 
 ENGINE_NAMES = {"deepspeed": "DeepSpeed", "fsdp": "FSDP", "ddp": "DDP", "none": "no data-parallel wrapper"}
+# strategy.kind -> (engine, ZeRO stage): this script's copy of tunedeck's strategy table
+# (backend/vocabulary.py; tests/spine/test_vocabulary.py checks that they agree).
+STRATEGY_ENGINES = {
+    "ddp": ("ddp", None),
+    "zero1": ("deepspeed", 1),
+    "zero2": ("deepspeed", 2),
+    "zero3": ("deepspeed", 3),
+    "fsdp": ("fsdp", None),
+}
 
 
 def expected_run(job: dict) -> dict:
     """What the job asks for, in the terms of the start record."""
     launch, strategy = job.get("launch") or {}, job.get("strategy") or {}
     kind, processes = strategy.get("kind", "ddp"), int(launch.get("num_processes", 1))
-    engine = {"zero1": "deepspeed", "zero2": "deepspeed", "zero3": "deepspeed", "fsdp": "fsdp"}.get(kind)
+    engine, stage = STRATEGY_ENGINES.get(kind, ("ddp", None))
     return {
         "world_size": processes,
         "machines": int(launch.get("num_machines", 1)),
-        "engine": engine or ("ddp" if processes > 1 else "none"),
-        "zero_stage": int(kind[-1]) if engine == "deepspeed" else None,
+        "engine": "none" if engine == "ddp" and processes == 1 else engine,
+        "zero_stage": stage,
         "fsdp_version": int(strategy.get("fsdp_version", 2)) if engine == "fsdp" else None,
         "bits": (job.get("quantization") or {}).get("bits"),
         "trainable_params": None,  # train() adds expected_trainable(job)

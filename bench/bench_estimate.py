@@ -4,8 +4,8 @@
 
 The panel computes one Advice (the job, every strategy, the recommendation) on every form
 change, and the table, chart and text read it, so it must stay cheap. Prints the time per
-call of one estimate (both phases), compare_strategies (every strategy) and advise (what a
-form change costs), and the ratio of advise to one estimate.
+call of one estimate (both phases) and of advise (every strategy and the recommendation: what
+a form change costs), and the ratio of advise to one estimate.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tunedeck.backend.advisor import advise, compare_strategies  # noqa: E402
+from tunedeck.backend.advisor import advise  # noqa: E402
 from tunedeck.backend.memory import estimate  # noqa: E402
 from tunedeck.backend.spec import load_presets  # noqa: E402
 
@@ -26,13 +26,12 @@ def per_call(fn, number: int) -> float:
 
 
 def main() -> int:
-    print(f"{'preset':18s} {'estimate':>11s} {'compare':>11s} {'advise':>11s} {'advise/estimate':>16s}")
+    print(f"{'preset':18s} {'estimate':>11s} {'advise':>11s} {'advise/estimate':>16s}")
     for preset_id, preset in load_presets().items():
         spec = preset.build()
         one = per_call(lambda: estimate(spec), 200)
-        every = per_call(lambda: compare_strategies(spec, 80), 20)
         advice = per_call(lambda: advise(spec, 80), 20)
-        print(f"{preset_id:18s} {one * 1e3:9.3f}ms {every * 1e3:9.3f}ms {advice * 1e3:9.3f}ms {advice / one:15.1f}x")
+        print(f"{preset_id:18s} {one * 1e3:9.3f}ms {advice * 1e3:9.3f}ms {advice / one:15.1f}x")
     return 0
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/estimate_accuracy.py
 
-Reads tests/data/measured_peaks.yaml, predicts every run with backend.estimate, and prints
+Reads tests/data/measured_peaks.yaml, predicts every run with backend/memory.py, and prints
 prediction vs measurement per run and the mean absolute (percentage) error. Each run is
 compared on what its source measured: allocated tensors, the allocator's reserved pool, or
 the whole device as nvidia-smi shows it; with the loss implementation its software used; and

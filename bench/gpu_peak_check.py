@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tunedeck.backend import catalog
-from tunedeck.backend.estimate import estimate
+from tunedeck.backend.memory import estimate
 from tunedeck.backend.spec import JobSpec, set_paths
 
 CASES = [

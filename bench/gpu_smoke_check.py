@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tunedeck.backend.estimate import estimate
+from tunedeck.backend.memory import estimate
 from tunedeck.backend.runs import gpu_indices
 from tunedeck.backend.smoke import smoke_spec
 from tunedeck.backend.spec import load_presets, load_spec_file, resolve_spec

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import yaml
 
-from tunedeck.backend import catalog
+from tunedeck.backend.engine_facts import fsdp_layer_cls
 from tunedeck.backend.spec import JobSpec
 
 DEEPSPEED_CONFIG_FILE = "ds_config.json"
@@ -19,27 +19,13 @@ DEEPSPEED_CONFIG_FILE = "ds_config.json"
 _MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
-def fsdp_layer_cls(spec: JobSpec) -> str | None:
-    """The decoder layer class FSDP wraps: the spec's, else the model architecture's, else None."""
-    explicit = spec.strategy.fsdp_transformer_layer_cls_to_wrap
-    if explicit:
-        return explicit
-    arch = catalog.lookup(spec.model.name_or_path)
-    return arch.decoder_layer_cls if arch is not None else None
-
-
 def distributed_type(spec: JobSpec) -> str:
-    """accelerate's distributed_type for the job."""
-    if spec.strategy.is_deepspeed:
-        return "DEEPSPEED"
-    if spec.strategy.kind == "fsdp":
-        return "FSDP"
-    if spec.launch.num_processes == 1:
+    """accelerate's distributed_type for the job: the strategy table's, or NO for one plain process."""
+    kind = spec.strategy.facts.distributed_type
+    if kind == "MULTI_GPU" and spec.launch.num_processes == 1:
         # `accelerate config` refuses MULTI_GPU with one process on one machine.
         return "NO"
-    # Also on CPU: MULTI_GPU + use_cpu runs real DDP over gloo, while MULTI_CPU and
-    # `--cpu` silently start ONE process (measured, see notes/cpu-distributed.md).
-    return "MULTI_GPU"
+    return kind
 
 
 def accelerate_config_dict(spec: JobSpec) -> dict:

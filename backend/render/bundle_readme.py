@@ -19,15 +19,6 @@ _FILE_ROLES = {
     "README.md": "this file",
 }
 
-_STRATEGY_NAMES = {
-    "ddp": "DDP (a full model copy per process)",
-    "zero1": "DeepSpeed ZeRO-1 (optimizer states sharded)",
-    "zero2": "DeepSpeed ZeRO-2 (optimizer states and gradients sharded)",
-    "zero3": "DeepSpeed ZeRO-3 (optimizer states, gradients and parameters sharded)",
-    "fsdp": "PyTorch FSDP",
-}
-
-
 def _code(text: str) -> str:
     """Markdown inline code that holds any text: a fence longer than the text's own backtick runs."""
     fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
@@ -41,7 +32,7 @@ def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
     lines = [
         f"# {spec.method} fine-tuning of {_code(spec.model.name_or_path)}",
         "",
-        f"- Strategy: {_STRATEGY_NAMES[spec.strategy.kind]}",
+        f"- Strategy: {spec.strategy.facts.title}",
         f"- {launch.num_processes} {device} on {launch.num_machines} machine(s)",
         f"- Global batch: {spec.global_batch_size} sequences per optimizer step "
         f"= {t.per_device_train_batch_size} per device x {launch.num_processes} processes "

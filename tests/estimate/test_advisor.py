@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tunedeck.backend.advisor import compare_strategies, gpu_memory_gb, recommend
+from tunedeck.backend.advisor import advise, gpu_memory_gb
 from tunedeck.backend.memory import estimate
 from tunedeck.backend.memory_job import EstimateError
 from tunedeck.backend.spec import JobSpec, load_presets, set_paths
@@ -27,7 +27,7 @@ def job(**settings) -> JobSpec:
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_each_strategy_estimate_is_the_estimate_of_the_job_it_describes(preset):
     spec = PRESETS[preset].build()
-    for option in compare_strategies(spec, 80):
+    for option in advise(spec, 80).options:
         applied = set_paths(spec, option.changes)  # the panel's one-click apply
         assert estimate(applied).per_gpu_gb == pytest.approx(option.estimate.per_gpu_gb), option.strategy
         errors = [p for p in validate(applied) if p.level == "error" and p.field != "strategy.nvme_path"]
@@ -37,7 +37,7 @@ def test_each_strategy_estimate_is_the_estimate_of_the_job_it_describes(preset):
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_exactly_one_option_is_the_job_as_given(preset):
     spec = PRESETS[preset].build()
-    current = [o for o in compare_strategies(spec, 80) if o.current]
+    current = [o for o in advise(spec, 80).options if o.current]
     assert len(current) == 1
     assert current[0].estimate.per_gpu_gb == pytest.approx(estimate(spec).per_gpu_gb)
 
@@ -108,48 +108,48 @@ def test_unknown_model_is_a_clear_error_naming_the_field():
 
 
 def test_lora_on_big_gpus_keeps_ddp():
-    advice = recommend(PRESETS["7b-lora-ddp"].build(), 80)
+    advice = advise(PRESETS["7b-lora-ddp"].build(), 80).recommendation
     assert advice.strategy == "DDP" and advice.changes == {} and "as set" in advice.reason
 
 
 def test_full_7b_fine_tuning_prefers_zero2():
     spec = set_paths(PRESETS["7b-full-zero2"].build(), {"strategy.kind": "zero3"})
-    advice = recommend(spec, 80)
+    advice = advise(spec, 80).recommendation
     assert advice.strategy == "ZeRO-2" and advice.changes == {"strategy.kind": "zero2"}
 
 
 def test_full_70b_needs_its_weights_sharded_then_offloaded():
     spec = job(method="full", model__name_or_path="meta-llama/Llama-2-70b-hf", launch__num_processes=8, strategy__kind="zero2")
-    assert recommend(spec, 80).changes["strategy.kind"] in ("zero3", "fsdp")
-    small = recommend(spec, 24)
+    assert advise(spec, 80).recommendation.changes["strategy.kind"] in ("zero3", "fsdp")
+    small = advise(spec, 24).recommendation
     assert small.changes.get("strategy.offload_optimizer") == "cpu" or small.changes.get("method") == "qlora"
 
 
 def test_offload_before_quantizing_and_qlora_only_when_nothing_else_fits():
     spec = job(model__name_or_path="01-ai/Yi-34B", launch__num_processes=2)  # LoRA, DDP
-    plenty_of_ram = recommend(spec, 24, cpu_mem_gb=512)
+    plenty_of_ram = advise(spec, 24, cpu_mem_gb=512).recommendation
     assert plenty_of_ram.changes.get("strategy.offload_params") == "cpu" and "method" not in plenty_of_ram.changes
     # Too little host RAM to load the 16-bit model on both ranks and offload it: quantize.
-    advice = recommend(spec, 24, cpu_mem_gb=96)
+    advice = advise(spec, 24, cpu_mem_gb=96).recommendation
     assert advice.fits and advice.changes["method"] == "qlora"
-    others = [o for o in compare_strategies(spec, 24, cpu_mem_gb=96) if "QLoRA" not in o.strategy]
+    others = [o for o in advise(spec, 24, cpu_mem_gb=96).options if "QLoRA" not in o.strategy]
     assert [o.strategy for o in others if o.fits] == ["ZeRO-3 + NVMe offload"]  # no NVMe disk named: not advised
-    with_disk = recommend(set_paths(spec, {"strategy.nvme_path": "/local_nvme"}), 24, cpu_mem_gb=96)
+    with_disk = advise(set_paths(spec, {"strategy.nvme_path": "/local_nvme"}), 24, cpu_mem_gb=96).recommendation
     assert with_disk.strategy == "ZeRO-3 + NVMe offload" and "NVMe" in with_disk.reason
 
 
 def test_nothing_fits_says_what_to_change():
     spec = job(model__name_or_path="meta-llama/Llama-2-70b-hf", method="full", dataset__max_seq_length=32768)
-    advice = recommend(spec, 16)
+    advice = advise(spec, 16).recommendation
     assert advice.strategy is None and not advice.fits and advice.changes == {}
     assert "dataset.max_seq_length" in advice.reason
 
 
 def test_the_advice_follows_the_gpu_memory_and_the_model():
     spec = PRESETS["13b-lora-fsdp"].build()
-    big, small = recommend(spec, 80), recommend(spec, 24)
+    big, small = advise(spec, 80).recommendation, advise(spec, 24).recommendation
     assert big.strategy == "DDP" and small.strategy != "DDP"
-    other_model = recommend(set_paths(spec, {"model.name_or_path": "Qwen/Qwen2.5-0.5B"}), 24)
+    other_model = advise(set_paths(spec, {"model.name_or_path": "Qwen/Qwen2.5-0.5B"}), 24).recommendation
     assert other_model.strategy == "DDP"
     assert len({big.reason, small.reason, other_model.reason}) == 3
 
@@ -157,7 +157,7 @@ def test_the_advice_follows_the_gpu_memory_and_the_model():
 def test_reason_is_one_sentence_with_numbers():
     for preset in PRESETS.values():
         for gpu in (16, 24, 80):
-            reason = recommend(preset.build(), gpu).reason
+            reason = advise(preset.build(), gpu).recommendation.reason
             assert reason.endswith(".") and reason.count(". ") == 0 and "GB" in reason or "MB" in reason
 
 
@@ -187,7 +187,7 @@ def test_one_estimate_takes_well_under_10_ms():
 
 def test_the_estimator_and_its_view_import_no_training_stack():
     code = (
-        "import sys, tunedeck.backend.estimate, tunedeck.backend.advisor, tunedeck.app.estimate_view; "
+        "import sys, tunedeck.backend.memory, tunedeck.backend.advisor, tunedeck.app.estimate_view; "
         "print([m for m in ('torch','transformers','trl','peft','deepspeed','bitsandbytes') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

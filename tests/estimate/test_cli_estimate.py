@@ -44,6 +44,18 @@ def test_json_has_current_strategies_and_recommended():
     assert rec["strategy"] == "ZeRO-2" and rec["changes"] == {} and rec["reason"].endswith(".")
 
 
+def test_the_cli_prints_the_one_advice_the_panel_shows():
+    # One Advice per job (backend/advisor.advise): the CLI's JSON is it, the panel's table is built from it.
+    from tunedeck.app.estimate_view import compute_advice, estimate_table
+    from tunedeck.backend.spec import resolve_spec
+
+    data = estimate_json("13b-lora-fsdp", "--gpu-mem", "24", "--cpu-mem", "256")
+    advice = compute_advice(resolve_spec("13b-lora-fsdp"), "24", cpu_mem_gb=256)
+    assert {k: v for k, v in data.items() if k not in ("model", "gpu_mem_source")} == json.loads(json.dumps(advice.to_dict()))
+    _, rows = estimate_table(advice)
+    assert [row[0].split(" (")[0] for row in rows] == [s["strategy"] for s in data["strategies"]]
+
+
 def test_set_overrides_and_gpu_names_change_the_answer():
     # 8 ranks read the 13B checkpoint into host RAM while loading: give the machine the RAM for it.
     big = estimate_json("13b-lora-fsdp", "--gpu-mem", "A100-80GB", "--cpu-mem", "512")

@@ -14,7 +14,7 @@ from tunedeck.app.estimate_view import (
     measured_markdown,
     recommendation_markdown,
 )
-from tunedeck.backend.advisor import compare_strategies
+from tunedeck.backend.advisor import advise
 from tunedeck.backend.memory import TERMS, estimate
 from tunedeck.backend.memory_load import LOAD_TERMS
 from tunedeck.backend.spec import load_presets, set_paths
@@ -34,7 +34,7 @@ def markdown(spec, gpu, cpu_mem_gb=None) -> str:
 def test_table_has_one_row_per_strategy_with_marks_and_both_phases(lora13b):
     headers, rows = estimate_table(compute_advice(lora13b, 24))
     assert headers == HEADERS
-    options = compare_strategies(lora13b, 24)
+    options = advise(lora13b, 24).options
     assert [r[0].split(" (")[0] for r in rows] == [o.strategy for o in options]
     assert sum("current" in r[0] for r in rows) == 1 and sum("★ recommended" in r[0] for r in rows) == 1
     current = next(r for r in rows if "current" in r[0])
@@ -53,7 +53,7 @@ def test_table_says_loading_limits_70b_qlora():
 
 def test_figure_stacks_training_terms_and_marks_the_load_phase(lora13b):
     fig = estimate_figure(compute_advice(lora13b, 24))
-    options = compare_strategies(lora13b, 24)
+    options = advise(lora13b, 24).options
     assert fig.layout.barmode == "stack"
     bars = [t for t in fig.data if t.type == "bar"]
     assert {"Weights", "Activations", "LoRA adapter"} <= {t.name for t in bars} <= set(TERMS.values())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.advisor import advise, compare_strategies, recommend
+from tunedeck.backend.advisor import advise
 from tunedeck.backend.memory import estimate
 from tunedeck.backend.memory_job import GIB, Job, input_values
 from tunedeck.backend.spec import JobSpec, load_presets, set_paths
@@ -45,16 +45,16 @@ def test_70b_qlora_is_not_recommended_for_24_or_40_gb_cards(preset, gpu):
 
 
 def test_70b_qlora_fits_80_gb_cards():
-    rec = recommend(PRESETS["70b-qlora-zero3"].build(), 80)
+    rec = advise(PRESETS["70b-qlora-zero3"].build(), 80).recommendation
     assert rec.fits and rec.estimate.per_gpu_gb <= 0.9 * 80
 
 
 def test_the_reason_names_the_phase_that_decides():
     spec = set_paths(PRESETS["70b-qlora-fsdp"].build(), {"model.name_or_path": "01-ai/Yi-34B"})
-    rec = recommend(spec, 24)  # Yi-34B in 4 bits loads whole on every GPU: 20 GB, and trains in 12
+    rec = advise(spec, 24).recommendation  # Yi-34B in 4 bits loads whole on every GPU: 20 GB, and trains in 12
     assert rec.strategy == "FSDP FULL_SHARD" and "of 24 GB per GPU while loading" in rec.reason
     spec = set_paths(JobSpec(), {"model.name_or_path": "meta-llama/Llama-2-13b-hf", "launch.num_processes": 8})
-    rec = recommend(spec, 80, cpu_mem_gb=64)  # 8 ranks x 24 GB of host RAM to load for DDP
+    rec = advise(spec, 80, cpu_mem_gb=64).recommendation  # 8 ranks x 24 GB of host RAM to load for DDP
     assert rec.strategy == "ZeRO-3" and "(DDP would need 194 GB of CPU RAM to load)" in rec.reason
 
 
@@ -85,7 +85,7 @@ def test_host_ram_while_loading_one_copy_per_rank_except_zero3():
 
 def test_host_ram_while_loading_decides_what_fits():
     spec = set_paths(JobSpec(), {"model.name_or_path": "meta-llama/Llama-2-13b-hf", "launch.num_processes": 8})
-    roomy, tight = compare_strategies(spec, 80, cpu_mem_gb=1024), compare_strategies(spec, 80, cpu_mem_gb=64)
+    roomy, tight = advise(spec, 80, cpu_mem_gb=1024).options, advise(spec, 80, cpu_mem_gb=64).options
     assert next(o for o in roomy if o.strategy == "DDP").fits
     ddp = next(o for o in tight if o.strategy == "DDP")
     assert not ddp.fits and ddp.estimate.load_cpu_gb > 0.9 * 64 > ddp.estimate.cpu_gb

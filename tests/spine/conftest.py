@@ -8,9 +8,10 @@ import pytest
 
 from tunedeck.backend.render import render_bundle, write_bundle
 from tunedeck.backend.spec import JobSpec, load_presets
+from tunedeck.backend.vocabulary import STRATEGIES
 
 PRESET_IDS = sorted(load_presets())
-STRATEGY_KINDS = ["ddp", "zero1", "zero2", "zero3", "fsdp"]
+STRATEGY_KINDS = list(STRATEGIES)
 
 
 @pytest.fixture

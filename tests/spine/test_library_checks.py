@@ -11,19 +11,15 @@ import json
 
 import pytest
 
+from tunedeck.backend.render.training_args import SFT_ARGUMENTS
 from tunedeck.backend.spec import resolve_spec
 from tunedeck.backend.validate import has_errors, validate
+from tunedeck.backend.vocabulary import STRATEGIES
 
 from .conftest import PRESET_IDS, STRATEGY_KINDS
 
-EXPECTED = {
-    # kind: (accelerate distributed_type, what `accelerate launch` starts)
-    "ddp": ("MULTI_GPU", "multi_gpu"),
-    "zero1": ("DEEPSPEED", "deepspeed"),
-    "zero2": ("DEEPSPEED", "deepspeed"),
-    "zero3": ("DEEPSPEED", "deepspeed"),
-    "fsdp": ("FSDP", "multi_gpu"),
-}
+# kind: (accelerate's distributed_type as the strategy table gives it, what `accelerate launch` starts)
+EXPECTED = {kind: (s.distributed_type, "deepspeed" if s.is_deepspeed else "multi_gpu") for kind, s in STRATEGIES.items()}
 
 
 @pytest.mark.parametrize("kind", STRATEGY_KINDS)
@@ -51,11 +47,11 @@ def test_every_preset_and_strategy_passes_the_libraries(preset, kind, export, ch
     if spec.launch.use_cpu:
         # DDP and FSDP2 ranks must say use_cpu themselves (train_sft.py turns the CPU ranks' DDP into
         # FSDP2); DeepSpeed ranks must not (its CPU accelerator runs them).
-        assert result.use_cpu == (kind in ("ddp", "fsdp"))
+        assert result.use_cpu == (not STRATEGIES[kind].is_deepspeed)
         assert args.ddp_backend == "gloo"
         assert result.gpu_assumed is False
 
-    if kind.startswith("zero"):
+    if STRATEGIES[kind].is_deepspeed:
         assert result.env["ACCELERATE_USE_DEEPSPEED"] == "true"
         ds = result.deepspeed_config
         assert ds.zero_optimization_stage == int(kind[-1])
@@ -68,7 +64,7 @@ def test_every_preset_and_strategy_passes_the_libraries(preset, kind, export, ch
         assert ds.gradient_clipping == spec.training.max_grad_norm
     else:
         assert "ACCELERATE_USE_DEEPSPEED" not in result.env
-    if kind == "fsdp":
+    if STRATEGIES[kind].engine == "fsdp":
         plugin = result.fsdp_plugin
         assert result.env["ACCELERATE_USE_FSDP"] == "true"
         assert plugin.fsdp_version == spec.strategy.fsdp_version
@@ -185,3 +181,10 @@ def test_the_checks_refuse_broken_files(file, edit, words, export, check):
     assert str(err.value).startswith(f"{file}: ")
     assert words in str(err.value)
 
+
+def test_every_declared_sft_argument_is_one_of_sftconfigs():
+    import dataclasses
+
+    from trl import SFTConfig
+
+    assert set(SFT_ARGUMENTS.values()) <= {f.name for f in dataclasses.fields(SFTConfig)}

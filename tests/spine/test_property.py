@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tunedeck.backend.render import render_bundle, write_bundle
 from tunedeck.backend.spec import JobSpec, set_paths, spec_to_yaml
 from tunedeck.backend.validate import has_errors, validate
+from tunedeck.backend.vocabulary import DATASET_FORMATS, STRATEGIES
 
 DTYPES = ["bfloat16", "float16", "float32"]
 
@@ -29,7 +30,7 @@ def mostly(usual, *others):
 @st.composite
 def specs(draw) -> JobSpec:
     method = draw(st.sampled_from(["full", "lora", "qlora"]))
-    kind = draw(st.sampled_from(["ddp", "zero1", "zero2", "zero3", "fsdp"]))
+    kind = draw(st.sampled_from(list(STRATEGIES)))
     use_cpu = draw(mostly(False, True, True, True))
     precision = draw(mostly("fp32" if use_cpu else "bf16", "bf16", "fp16", "fp32"))
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[precision]
@@ -52,7 +53,7 @@ def specs(draw) -> JobSpec:
         "quantization.bits": bits,
         "quantization.bnb_4bit_compute_dtype": draw(mostly(model_dtype, *DTYPES)),
         "quantization.bnb_4bit_quant_storage": draw(mostly(model_dtype if model_dtype != "float32" else "uint8", "uint8", "bfloat16")),
-        "dataset.format": draw(st.sampled_from(["text", "prompt-completion", "messages", "alpaca"])),
+        "dataset.format": draw(st.sampled_from(list(DATASET_FORMATS))),
         "dataset.eval_split": draw(st.sampled_from([None, "test"])),
         "dataset.max_seq_length": draw(st.sampled_from([128, 2048])),
         "dataset.packing": draw(st.booleans()),

@@ -99,7 +99,8 @@ def test_full_fine_tuning_with_a_master_copy_is_not_warned_about_16bit_updates(o
     [
         ("7b-full-zero2", ["strategy.kind=fsdp", "strategy.fsdp_activation_checkpointing=true", "training.gradient_checkpointing=false"]),
         ("13b-lora-fsdp", ["training.gradient_checkpointing=true", "strategy.fsdp_activation_checkpointing=false"]),  # adapters: PEFT's own recipe
-        ("70b-qlora-fsdp", ["quantization.bits=null", "method=lora", "strategy.fsdp_cpu_ram_efficient_loading=true"]),
+        # (the 4-bit storage dtype goes back to its default too: set without 4 bits, it is ignored and warned about)
+        ("70b-qlora-fsdp", ["quantization.bits=null", "quantization.bnb_4bit_quant_storage=uint8", "method=lora", "strategy.fsdp_cpu_ram_efficient_loading=true"]),
         ("70b-qlora-zero3", ["strategy.offload_optimizer=nvme", "strategy.offload_params=nvme", "strategy.nvme_path=/nvme"]),
         ("7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8", "launch.main_process_ip=10.0.0.1"]),
     ],

@@ -1,0 +1,178 @@
+"""Every spec field does something: it reaches a generated file, or train_sft.py reads it from job.yaml.
+
+A field is changed, one at a time, to other values that still validate, in jobs where it
+applies (backend/applies.py); the bundle is rendered again, and some file other than job.yaml
+and the README must change. A field that changes no file must be read by train_sft.py: train.py
+looks its section up and names the field, or hands the whole section to a library
+(`LoraConfig(**job.get("lora"))`). A field that does neither is a knob wired to nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import pytest
+from pydantic import Field
+
+from tunedeck.backend.applies import applies
+from tunedeck.backend.fields import FormField, build_fields
+from tunedeck.backend.render import TRAIN_ENTRYPOINT, render_bundle
+from tunedeck.backend.spec import JobSpec, SpecError, TrainingSpec, iter_fields, resolve_spec, set_dotted
+from tunedeck.backend.validate import has_errors, validate
+from tunedeck.backend.vocabulary import DATASET_FORMATS
+
+NOT_A_USE = {"job.yaml", "README.md"}  # the spec itself, and the words about it
+
+# Jobs between them where every applicability rule holds at least once.
+BASES = [
+    ("7b-lora-ddp", []),
+    ("7b-full-zero2", []),
+    ("7b-full-zero2", ["strategy.kind=zero1"]),
+    ("70b-qlora-zero3", []),
+    ("70b-qlora-zero3", ["strategy.offload_optimizer=nvme", "strategy.offload_params=nvme", "strategy.nvme_path=/n"]),
+    ("13b-lora-fsdp", []),
+    ("13b-lora-fsdp", ["strategy.fsdp_version=1"]),
+    ("7b-lora-ddp", ["dataset.eval_split=test"]),
+    ("7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8", "launch.main_process_ip=10.0.0.1"]),
+    ("demo", []),
+    *[("7b-lora-ddp", [f"dataset.format={name}"]) for name in DATASET_FORMATS],
+]
+
+
+def read_by_train_script(path: str, source: str) -> bool:
+    """train.py looks the field up by name in its section, or passes the whole section to a library."""
+    tree = ast.parse(source)
+    strings = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    section, _, name = path.rpartition(".")
+    if not section:
+        return name in strings
+    return section in _sections_passed_whole(tree) or (section in _sections_looked_up(tree) and name in strings)
+
+
+def _get_calls(tree: ast.AST):
+    """The string keys of every `x.get("key")` call."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get" and node.args:
+            if isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                yield node.args[0].value
+
+
+def _sections_looked_up(tree: ast.AST) -> set[str]:
+    return set(_get_calls(tree))
+
+
+def _sections_passed_whole(tree: ast.AST) -> set[str]:
+    """Sections X of `**job.get("X")`, directly or through a variable assigned from it."""
+    assigned: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            assigned.setdefault(node.targets[0].id, []).append(node.value)
+    sections = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg is None:  # **something in a call
+            for expression in [node.value, *assigned.get(getattr(node.value, "id", None), [])]:
+                sections.update(_get_calls(expression))
+    return sections
+
+
+def other_values(field: FormField, value):
+    """Values to try instead of `value`: every other choice, the other bool, nearby numbers, other text."""
+    if field.kind == "choice":
+        return [c for c in field.choices if c != value]
+    if field.kind == "bool":
+        return [not value]
+    if field.kind in ("int", "float"):
+        base = value if isinstance(value, (int, float)) else 1
+        return [base + 1, base * 2, 1, 10] if field.kind == "int" else [base / 2, base * 2 or 0.5, 0.5]
+    if field.path.endswith("gpu_ids"):
+        return ["0,1,2,3,4,5,6,7"]
+    return [f"{value or 'x'}-changed", *([12_345_678] if field.accepts_int else [])]
+
+
+def unreached_fields(model: type[JobSpec] = JobSpec, only: set[str] | None = None) -> dict[str, str]:
+    """{field: why} for each field of `model` (or of `only`) that no tried change shows in a generated
+    file, and that train.py does not read either."""
+    source = TRAIN_ENTRYPOINT.read_text(encoding="utf-8")
+    bases = [model.model_validate(resolve_spec(preset, overrides).model_dump()) for preset, overrides in BASES]
+    rendered = [_used_files(base) for base in bases]
+    out = {}
+    for field in build_fields(model):
+        if only is not None and field.path not in only:
+            continue
+        tried = _reaches(model, field, bases, rendered)
+        if tried is not True and not read_by_train_script(field.path, source):
+            out[field.path] = "changes no generated file" if tried else "no tried value validates where it applies"
+    return out
+
+
+def _reaches(model: type[JobSpec], field: FormField, bases: list[JobSpec], rendered: list[dict]) -> bool | int:
+    """True when a change of the field shows in a generated file, else how many changes were tried."""
+    tried = 0
+    for base, before in zip(bases, rendered):
+        values = _flat(base)
+        if not applies(field.path, values):
+            continue
+        for value in other_values(field, values[field.path]):
+            variant = _variant(model, base, field.path, value)
+            if variant is None:
+                continue
+            tried += 1
+            if _used_files(variant) != before:
+                return True
+    return tried
+
+
+def _flat(spec: JobSpec) -> dict:
+    return {path: _get(spec, path) for path, _ in iter_fields(type(spec))}
+
+
+def _get(spec, path):
+    for part in path.split("."):
+        spec = getattr(spec, part)
+    return spec
+
+
+def _variant(model: type[JobSpec], base: JobSpec, path: str, value) -> JobSpec | None:
+    """The base with one field changed, when that is a valid job (an error stops a real job anyway)."""
+    data = base.model_dump(mode="json")
+    set_dotted(data, path, value)
+    try:
+        spec = model.model_validate(data)
+    except (SpecError, ValueError):
+        return None
+    return None if has_errors(validate(spec)) else spec
+
+
+def _used_files(spec: JobSpec) -> dict[str, str]:
+    return {name: text for name, text in render_bundle(spec).items() if name not in NOT_A_USE}
+
+
+def test_every_field_reaches_a_generated_file_or_the_training_script():
+    assert unreached_fields() == {}
+
+
+def test_a_field_wired_to_nothing_is_found():
+    # The check itself: a training knob that no generator and no line of train.py reads.
+    class Training(TrainingSpec):
+        warmup_ratio_unused: float = Field(0.1, ge=0, le=1, description="A knob nobody reads.")
+
+    class Job(JobSpec):
+        training: Training = Field(default_factory=Training)
+
+    assert unreached_fields(Job, only={"training.warmup_ratio_unused", "training.seed"}) == {
+        "training.warmup_ratio_unused": "changes no generated file"
+    }
+
+
+@pytest.mark.parametrize(
+    "path, reads",
+    [
+        ("lora.lora_alpha", True),  # the lora section goes whole to peft.LoraConfig
+        ("quantization.bnb_4bit_quant_type", True),  # and quantization to BitsAndBytesConfig
+        ("model.revision", True),  # looked up in the model section
+        ("dataset.prompt_field", True),
+        ("training.warmup_ratio_unused", False),
+        ("strategy.overlap_comm", False),  # ds_config.json's, not train.py's
+    ],
+)
+def test_what_the_training_script_reads(path, reads):
+    assert read_by_train_script(path, TRAIN_ENTRYPOINT.read_text(encoding="utf-8")) is reads

@@ -1,0 +1,70 @@
+"""One vocabulary: the strategy and dataset-format tables, and the copies that must agree with them.
+
+train_sft.py ships alone, so it keeps its own small copy of both tables (STRATEGY_ENGINES,
+FORMAT_COLUMNS); these tests fail when the copy and the table drift apart. The spec's
+choices, the dataset's column fields, the demo's data and what TRL gets all come from the
+tables too.
+"""
+
+from __future__ import annotations
+
+import random
+import typing
+
+import pytest
+import yaml
+
+from tunedeck.backend import train
+from tunedeck.backend.demo import RECIPE_PATH, as_format, make_examples
+from tunedeck.backend.fields import FIELDS_BY_PATH
+from tunedeck.backend.render import render_bundle
+from tunedeck.backend.spec import DatasetSpec, resolve_spec
+from tunedeck.backend.vocabulary import DATASET_FORMATS, STRATEGIES, column_fields
+
+
+def test_the_training_script_knows_every_strategy_as_the_table_does():
+    assert train.STRATEGY_ENGINES == {kind: (s.engine, s.zero_stage) for kind, s in STRATEGIES.items()}
+
+
+@pytest.mark.parametrize("kind", STRATEGIES)
+def test_the_gate_expects_the_tables_engine(kind):
+    job = {"strategy": {"kind": kind}, "launch": {"num_processes": 2}}
+    expected = train.expected_run(job)
+    assert (expected["engine"], expected["zero_stage"]) == (STRATEGIES[kind].engine, STRATEGIES[kind].zero_stage)
+
+
+def test_the_training_script_reads_every_format_as_the_table_does():
+    assert train.FORMAT_COLUMNS == {
+        name: {c.field: (c.default, c.kind) for c in fmt.columns} for name, fmt in DATASET_FORMATS.items()
+    }
+    assert {c.kind for fmt in DATASET_FORMATS.values() for c in fmt.columns} <= set(train.KIND_NEEDS)
+
+
+def test_the_spec_offers_the_tables_choices_and_columns():
+    assert FIELDS_BY_PATH["strategy.kind"].choices == tuple(STRATEGIES)
+    assert FIELDS_BY_PATH["dataset.format"].choices == tuple(DATASET_FORMATS)
+    columns = {name: info.default for name, info in DatasetSpec.model_fields.items() if name.endswith("_field")}
+    assert columns == {name: column.default for name, (column, _) in column_fields().items()}
+    assert typing.get_args(DatasetSpec.model_fields["format"].annotation) == tuple(DATASET_FORMATS)
+
+
+@pytest.mark.parametrize("kind", STRATEGIES)
+def test_accelerate_gets_the_tables_distributed_type(kind):
+    spec = resolve_spec("7b-full-zero2", [f"strategy.kind={kind}"])
+    files = render_bundle(spec)
+    assert yaml.safe_load(files["accelerate_config.yaml"])["distributed_type"] == STRATEGIES[kind].distributed_type
+    assert ("ds_config.json" in files) is STRATEGIES[kind].is_deepspeed
+    assert f"- Strategy: {STRATEGIES[kind].title}" in files["README.md"]
+
+
+@pytest.mark.parametrize("name", DATASET_FORMATS)
+def test_each_format_reaches_trl_as_the_table_says(name):
+    # The demo writes the format under its default columns; train_sft.py turns it into what SFTTrainer reads.
+    from datasets import Dataset
+
+    recipe = yaml.safe_load(RECIPE_PATH.read_text(encoding="utf-8"))["data"]
+    rows = [as_format(example, name) for example in make_examples(random.Random(0), 4, recipe)]
+    fmt = DATASET_FORMATS[name]
+    assert set(rows[0]) == {c.default for c in fmt.columns}
+    converted = train.to_trl_format(Dataset.from_list(rows), {"format": name}, "text")
+    assert tuple(converted.column_names) == fmt.trl_columns
