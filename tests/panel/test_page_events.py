@@ -6,6 +6,7 @@ current values, some replaced by id), and its answer read back by id.
 
 from __future__ import annotations
 
+import gradio as gr
 import pytest
 
 import tunedeck.backend.advisor as advisor
@@ -29,7 +30,8 @@ def fire(blocks, component_id: str, trigger: str, **values) -> dict:
     fn = listener(blocks, component_id, trigger)
     got = {c: c.value for c in fn.inputs}
     got.update({ui[i.replace("__", ".")]: v for i, v in values.items()})
-    return ui.by_id(fn.fn(got))
+    answer = fn.fn(got)
+    return {} if answer == gr.skip() else ui.by_id(answer)  # a handler with nothing to change answers skip
 
 
 @pytest.fixture
@@ -73,11 +75,27 @@ def test_every_listener_reads_its_inputs_by_name(blocks):
 
 def test_a_tab_brought_into_view_is_drawn_and_remembered(blocks):
     out = fire(blocks, "page.tab.gpus", "select")
-    assert out["page.in_view"] == "gpus" and "CPU" in out["monitor.gauges"]
-    tick = fire(blocks, "page.timer", "tick", page__in_view="gpus", monitor__shown=out["monitor.shown"])
-    assert "monitor.gauges" not in tick  # no new sample since the tab was drawn (samples come every 2 s)
+    assert out["page.in_view"] == "gpus" and "td-cards" in out["monitor.gauges"]  # drawn at once, not at the next tick
     away = fire(blocks, "page.tab.job", "select", monitor__shown=out["monitor.shown"])
     assert away["page.in_view"] == "job" and "monitor.gauges" not in away
+
+
+def test_the_gpu_tab_redraws_only_for_a_new_sample_and_only_in_view():
+    from tunedeck.app.monitor_view import MonitorShown, MonitorView
+    from tunedeck.app.section import Page
+    from tunedeck.backend.monitor import Monitor
+
+    monitor = Monitor()  # not started: a sample exists only when this test takes one
+    view = MonitorView(monitor)
+    with gr.Blocks():
+        view.build(Page(Registry()))
+    monitor.sample_once()
+    drawn = view.tick({view.shown: MonitorShown()}, "gpus")
+    assert "CPU" in drawn[view.gauges] and drawn[view.shown].sample_time == monitor.latest().time
+    assert view.tick({view.shown: drawn[view.shown]}, "gpus") == {}  # no new sample: nothing sent
+    assert view.tick({view.shown: MonitorShown()}, "job") == {}  # out of view: nothing drawn
+    monitor.sample_once()
+    assert view.gauges in view.tick({view.shown: drawn[view.shown]}, "gpus")
 
 
 def test_components_have_stable_ids(blocks):
@@ -91,3 +109,35 @@ def test_components_have_stable_ids(blocks):
     fresh.add("run.stop", object())
     with pytest.raises(ValueError, match="already taken"):
         fresh.add("run.stop", object())
+
+
+def test_a_new_tab_is_one_section(tmp_path):
+    """How the after-training tabs will join: a Section builds, wires, and ticks while in view."""
+    from tunedeck.app.section import Page, Section
+
+    class Clock(Section):
+        id, title = "clock", "Clock"
+
+        def build(self, page):
+            self.text = page.ui.add("clock.text", gr.Markdown())
+
+        def wire(self, page):
+            page.on_tick(lambda got, in_view: {self.text: "tick"} if in_view == self.id else {}, inputs=[], outputs=[self.text])
+
+    class Home(Clock):
+        id, title = "home", "Home"
+
+        def build(self, page):
+            page.ui.add("home.text", gr.Markdown("home"))
+
+        def wire(self, page):
+            pass
+
+    page = Page(Registry())
+    with gr.Blocks() as blocks:
+        sections = [Home(), Clock()]
+        page.build(sections)
+        page.wire(blocks, sections)
+    blocks.tunedeck_ui = page.ui
+    assert fire(blocks, "page.timer", "tick") == {}  # the first tab is in view: the clock is not drawn
+    assert fire(blocks, "page.tab.clock", "select") == {"page.in_view": "clock", "clock.text": "tick"}
