@@ -1,11 +1,14 @@
 """The memory estimate beside the form: GPU size, recommendation, Apply, table and bar chart.
 
-A DerivedView of the job: it is recomputed in the same handler as the files (no extra
-event chain), as one Advice that the text, the Apply button, the table and the chart all
-read. The figures themselves come from app/estimate_view.py (pure builders).
+A DerivedView of the job: the job's evaluation (job_outputs.evaluate) compares the
+strategies once per change into one Advice, and the text, the Apply button, the table and
+the chart all read it, in the same handler as the files (no extra event chain). The
+figures themselves come from app/estimate_view.py (pure builders).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -19,6 +22,7 @@ from tunedeck.app.estimate_view import (
 )
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.job_view import DerivedView
+from tunedeck.app.registry import Got, Registry, Updates
 
 DEFAULT_GPU_GB = 80  # when this machine has no GPU to measure
 
@@ -31,57 +35,82 @@ def default_gpu_memory(monitor) -> tuple[str, str]:
     return f"{gb:.0f}", "from this machine's GPU (NVML)"
 
 
+@dataclass(frozen=True)
+class EstimateShown:
+    """What one browser's estimate shows (its gr.State)."""
+
+    recommendation: str | None = None
+    applicable: bool = False  # the Apply button is enabled
+    table: str | None = None  # the rows and GPU size the table and chart were drawn from
+
+
 class EstimatePanel(DerivedView):
-    def __init__(self, monitor):
+    def __init__(self, ui: Registry, monitor):
+        self.ui = ui
         self.default_gpu, self.default_source = default_gpu_memory(monitor)
 
     def build_advice(self) -> None:
         """GPU size, the recommendation and its Apply button (right column)."""
+        add = self.ui.add
         with gr.Row(equal_height=True):
-            self.gpu = gr.Textbox(
-                value=self.default_gpu,
-                label="GPU memory per GPU",
-                info=f"GB (24, 80) or a GPU model (A100-40GB, H100, RTX 4090); {self.default_source}.",
-                elem_id="gpu-memory",
-                max_lines=1,
-                scale=3,
+            self.gpu = add(
+                "estimate.gpu",
+                gr.Textbox(
+                    value=self.default_gpu,
+                    label="GPU memory per GPU",
+                    info=f"GB (24, 80) or a GPU model (A100-40GB, H100, RTX 4090); {self.default_source}.",
+                    elem_id="gpu-memory",
+                    max_lines=1,
+                    scale=3,
+                ),
             )
-            self.apply = gr.Button("Apply recommendation", elem_id="apply-recommendation", interactive=False, scale=1)
-        self.recommendation = gr.Markdown(elem_id="recommendation")
+            self.apply = add(
+                "estimate.apply", gr.Button("Apply recommendation", elem_id="apply-recommendation", interactive=False, scale=1)
+            )
+        self.recommendation = add("estimate.recommendation", gr.Markdown(elem_id="recommendation"))
+        self.shown = add("estimate.shown", gr.State(EstimateShown()))
         self.inputs = [self.gpu]
 
     def build_details(self) -> None:
         """The table and the stacked bars, one per strategy (full width, under the form)."""
         with gr.Accordion("Memory per GPU for each strategy", open=True, elem_id="estimate-section"):
             with gr.Row():
-                self.table = gr.Dataframe(interactive=False, elem_id="estimate-table", wrap=True, scale=1)
-                self.figure = gr.Plot(show_label=False, elem_id="estimate-chart", scale=1)
+                self.table = self.ui.add("estimate.table", gr.Dataframe(interactive=False, elem_id="estimate-table", wrap=True, scale=1))
+                self.figure = self.ui.add("estimate.chart", gr.Plot(show_label=False, elem_id="estimate-chart", scale=1))
 
     @property
     def outputs(self) -> list:
-        return [self.recommendation, self.apply, self.table, self.figure]
+        return [self.recommendation, self.apply, self.table, self.figure, self.shown]
 
-    def update(self, result: JobResult, shown: dict, gpu_text: str) -> list:
-        spec = result.spec
-        if spec is None:
-            return ["Fix the errors above to see the memory estimate.", gr.update(interactive=False), gr.skip(), gr.skip()]
-        advice = compute_advice(spec, gpu_text)
-        headers, rows = estimate_table(advice)
-        memo = repr((rows, gpu_text))  # same totals per strategy: the chart (the slow part) is unchanged
-        unchanged, shown["estimate"] = shown.get("estimate") == memo, memo
-        # Apply only when the advice changes fields (an unknown model or GPU: the markdown says which).
-        applicable = not isinstance(advice, Unavailable) and bool(advice.recommendation.changes)
-        return [
-            recommendation_markdown(advice),
-            gr.update(interactive=applicable),
-            gr.skip() if unchanged else gr.update(value=rows, headers=headers),
-            gr.skip() if unchanged else estimate_figure(advice),
-        ]
+    def context(self, got: Got) -> dict:
+        return {"gpu_text": got[self.gpu]}
 
-    @staticmethod
-    def recommended_changes(spec, gpu_text: str):
-        """(strategy label, {dotted path: value}) the recommendation would apply."""
-        advice = compute_advice(spec, gpu_text)
+    def update(self, result: JobResult, got: Got) -> Updates:
+        old: EstimateShown = got[self.shown]
+        advice = result.advice
+        if result.spec is None or advice is None:
+            shown = EstimateShown("Fix the errors above to see the memory estimate.", False, old.table)
+            rows = headers = None
+        else:
+            headers, rows = estimate_table(advice)
+            # Apply only when the advice changes fields (an unknown model or GPU: the markdown says which).
+            applicable = not isinstance(advice, Unavailable) and bool(advice.recommendation.changes)
+            # Same totals per strategy on the same GPU: the chart (the slow part) is unchanged.
+            shown = EstimateShown(recommendation_markdown(advice), applicable, repr((rows, got[self.gpu])))
+        out: Updates = {}
+        if shown.recommendation != old.recommendation:
+            out[self.recommendation] = shown.recommendation
+        if shown.applicable != old.applicable:
+            out[self.apply] = gr.update(interactive=shown.applicable)
+        if shown.table != old.table:
+            out.update({self.table: gr.update(value=rows, headers=headers), self.figure: estimate_figure(advice)})
+        if shown != old:
+            out[self.shown] = shown
+        return out
+
+    def apply_recommendation(self, spec, got: Got):
+        """(strategy label, {dotted path: value}) of the recommendation for `spec` on the GPU box's size."""
+        advice = compute_advice(spec, got[self.gpu])
         if isinstance(advice, Unavailable):
             raise ValueError(advice.text)
         return advice.recommendation.strategy, advice.recommendation.changes

@@ -2,7 +2,7 @@
 
 Components come from backend.fields (the spec's own registry): widget kind from the
 field type, label from its name, help text from its description. Nothing here is
-written per field.
+written per field. Each field is registered as `job.<its spec path>` (e.g. `job.lora.r`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 import gradio as gr
 
-from tunedeck.backend.fields import FORM_FIELDS, FormField, section_titles
+from tunedeck.app.registry import Got, Registry
+from tunedeck.backend.fields import FORM_FIELDS, FormField, Values, section_titles, values_from_form
 
 
 def element_id(path: str) -> str:
@@ -32,13 +33,29 @@ def _component(field: FormField, value: Any) -> gr.components.Component:
     return gr.Textbox(value=value, max_lines=1, **common)
 
 
+FIELD_PREFIX = "job."
+
+
+def field_id(path: str) -> str:
+    """Registry id of a field's component: `job.` and its spec path."""
+    return FIELD_PREFIX + path
+
+
 @dataclass
 class Form:
     components: list[gr.components.Component]  # in FORM_FIELDS order
     section_tabs: dict[str, gr.Tab]
 
+    def raw(self, got: Got) -> list:
+        """The widgets' values in FORM_FIELDS order, from a listener's inputs."""
+        return [got[c] for c in self.components]
 
-def build_form(initial: dict[str, Any]) -> Form:
+    def values(self, got: Got) -> Values:
+        """The spec values the form holds, from a listener's inputs."""
+        return values_from_form(self.raw(got))
+
+
+def build_form(initial: dict[str, Any], ui: Registry) -> Form:
     """Render the form inside the current Blocks context; `initial` holds widget values by path."""
     components: dict[str, gr.components.Component] = {}
     tabs: dict[str, gr.Tab] = {}
@@ -48,5 +65,5 @@ def build_form(initial: dict[str, Any]) -> Form:
                 tabs[title] = tab
                 for field in FORM_FIELDS:
                     if field.section == title:
-                        components[field.path] = _component(field, initial.get(field.path))
+                        components[field.path] = ui.add(field_id(field.path), _component(field, initial.get(field.path)))
     return Form(components=[components[f.path] for f in FORM_FIELDS], section_tabs=tabs)

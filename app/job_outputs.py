@@ -1,8 +1,9 @@
 """What the page shows beside the form, computed in one pass from the form's values.
 
-Parse -> validate -> render, once per change: the files, the problems and the global
-batch all come from the same JobSpec, so they can never disagree. Pure Python (no
-Gradio), so it is tested directly.
+Parse -> validate -> render -> advise, once per change: the files, the problems, the global
+batch and the memory advice all come from the same JobSpec, so they can never disagree,
+and the strategies are compared once per keystroke (the one `Advice` that the estimate's
+text, table, chart and Apply read). Pure Python (no Gradio), so it is tested directly.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
+from tunedeck.app.estimate_view import Unavailable, compute_advice
+from tunedeck.backend.advisor import Advice
 from tunedeck.backend.fields import Values, spec_from_values
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.untrusted import shown
@@ -27,6 +30,7 @@ class JobResult:
     spec: JobSpec | None
     issues: list[Problem] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
+    advice: Advice | Unavailable | None = None  # None: no GPU size given, or the spec does not parse
 
     @property
     def has_errors(self) -> bool:
@@ -37,7 +41,8 @@ class JobResult:
         return {i.field for i in self.issues if i.level == "error" and i.field}
 
 
-def evaluate(values: Values) -> JobResult:
+def evaluate(values: Values, gpu_text: str | None = None) -> JobResult:
+    """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`."""
     from tunedeck.backend.render import render_bundle
 
     try:
@@ -50,7 +55,8 @@ def evaluate(values: Values) -> JobResult:
     except Exception as exc:  # a generator bug must read as a message, not a blank page
         files = {}
         issues.append(Problem("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
-    return JobResult(values, spec, issues, files)
+    advice = None if gpu_text is None else compute_advice(spec, gpu_text)
+    return JobResult(values, spec, issues, files, advice)
 
 
 def issues_markdown(result: JobResult) -> str:

@@ -1,9 +1,10 @@
 """The live outputs beside the form: problems, global batch, file tabs, downloads, Start.
 
-One handler recomputes everything from the form's values (job_outputs.evaluate) and
-returns every output at once, so a change never cascades into a chain of events. A
-per-session `shown` state remembers what the browser already has; unchanged outputs
-are skipped, so typing in one box re-sends only what that box changed.
+One handler recomputes everything from the form's values (job_outputs.evaluate, the
+strategies compared once) and returns, by component, every output that changed, so a
+change never cascades into a chain of events. A per-session JobShown (a gr.State)
+remembers what the browser already has, so typing in one box re-sends only what that box
+changed.
 
 What the page shows is a function of its form, whatever order responses come in.
 Gradio runs the events of different listeners at the same time, each with the values the
@@ -11,16 +12,16 @@ browser had when it fired, and the browser applies responses as they finish: on 
 panel the page-load handler (4-6 s) finished after a preset click and painted the default
 job's files under the preset's form (7 of 20 fresh panels, issue 8). Three rules:
 
-1. One queue. Every event that reads or writes the job outputs or `shown` (load, edits,
+1. One queue. Every event that reads or writes the job outputs or JobShown (load, edits,
    presets, upload, Apply, the file strip) runs in one concurrency group of limit 1
    (JOB_QUEUE). Gradio 6.31 takes a group's events first in, first out, and frees the slot
    only after the response is on the session's message stream (gradio/queueing.py,
    process_events): responses reach the browser in the order they were computed, and each
-   handler reads the `shown` its predecessor wrote. The group is shared by all sessions; one
+   handler reads the JobShown its predecessor wrote. The group is shared by all sessions; one
    evaluation takes 0.05-0.3 s and a panel has few users.
 2. Fill count. A fill (preset, upload, Apply) replaces the form, so an event fired before
    the browser applied it carries values the page no longer shows. The browser holds the
-   number of fills it has applied (a hidden number set by each fill's response), `shown` the
+   number of fills it has applied (a hidden number set by each fill's response), JobShown the
    number sent; an edit or Apply whose count is behind is dropped whole (JobEvent.stale).
    The page load carries the oldest values of all: it paints only if nothing painted first.
 3. Start compares. Start sends the digest of the files the browser shows (a hidden box set
@@ -31,7 +32,7 @@ job's files under the preset's form (7 of 20 fresh panels, issue 8). Three rules
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import PurePath
 from typing import Any, Callable
 
@@ -40,8 +41,10 @@ import gradio as gr
 from tunedeck.app.downloads import BundleWriter, bundle_digest, zip_name_for
 from tunedeck.app.form import Form
 from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
+from tunedeck.app.registry import Got, Registry, Updates, listen
 from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec, visible
 from tunedeck.backend.render import render_bundle
+from tunedeck.backend.spec import JobSpec
 
 # Rule 1 above: one first-in-first-out lane for every event that touches the job outputs.
 JOB_QUEUE = {"concurrency_id": "job-view", "concurrency_limit": 1}
@@ -57,18 +60,40 @@ def language_of(name: str) -> str | None:
     return LANGUAGES.get(PurePath(name).suffix)
 
 
-class DerivedView:
-    """Something else the page derives from the job (the memory estimate).
+@dataclass
+class JobShown:
+    """What one browser's job outputs show (its gr.State): a handler sends only what differs."""
 
-    `inputs` are its own controls (read with every job event), `outputs` what it shows;
-    update(result, shown, *input values) returns one value per output (`shown` is the
-    session's memo of what the browser has, to skip unchanged outputs).
+    painted: bool = False  # a job event has painted the outputs (a late page load then paints nothing)
+    fills: int = 0  # fills sent to this browser (rule 2)
+    looks: dict[str, tuple[bool, bool]] = field(default_factory=dict)  # field path -> (visible, marked invalid)
+    files: dict[str, str] = field(default_factory=dict)  # the bundle beside the form
+    choice: str | None = None  # the file in the viewer
+    code: tuple[str, str] | None = None  # (name, digest) of the viewer's text
+    digest: str | None = None  # the bundle's digest in the hidden box Start sends (rule 3)
+    issues: str | None = None
+    batch: str | None = None
+    startable: bool | None = None
+    zip: str | None = None  # the zip offered for download; None: the button is disabled
+
+
+class DerivedView:
+    """Something else the page derives from the job (the memory estimate), in the same handler.
+
+    `inputs` are its own controls (read with every job event, written back by a fill),
+    `shown` its gr.State (what the browser shows, read and written with every job event),
+    `outputs` what it shows; `context` turns its controls into arguments of
+    job_outputs.evaluate, and `update` returns what changed for a result.
     """
 
     inputs: list
+    shown: Any
     outputs: list
 
-    def update(self, result: JobResult, shown: dict, *values) -> list:  # pragma: no cover - interface
+    def context(self, got: Got) -> dict:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def update(self, result: JobResult, got: Got) -> Updates:  # pragma: no cover - interface
         raise NotImplementedError
 
 
@@ -78,21 +103,22 @@ class NotShownYet(ValueError):
 
 @dataclass
 class JobEvent:
-    """A job event's inputs, in `JobView.inputs` order."""
+    """A job event's inputs: the form's widget values, what the browser shows, and all it sent."""
 
-    raw: list  # the form's widget values
-    shown: dict  # the session's memo of what the browser has
+    raw: list  # the form's widget values, in FORM_FIELDS order
+    shown: JobShown
     fills_seen: int  # the fills the browser had applied when the event fired
-    extra: list  # the derived views' own controls (the GPU memory box)
+    got: Got  # everything the listener received (the derived views read their controls here)
 
     @property
     def stale(self) -> bool:
         """Fired before a fill that has been sent since: its form values are no longer on the page."""
-        return int(self.fills_seen or 0) != self.shown.get("fills", 0)
+        return int(self.fills_seen or 0) != self.shown.fills
 
 
 class JobView:
-    def __init__(self, form: Form, file_names: list[str], writer: BundleWriter):
+    def __init__(self, ui: Registry, form: Form, file_names: list[str], writer: BundleWriter):
+        self.ui = ui
         self.form = form
         self.file_names = file_names
         self.writer = writer
@@ -102,14 +128,16 @@ class JobView:
 
     def build_status(self) -> None:
         """Problems, global batch, Start and the zip download (top of the right column)."""
-        self.issues = gr.Markdown(elem_id="job-issues")
-        self.batch = gr.Markdown(elem_id="global-batch")
+        add = self.ui.add
+        self.issues = add("job.issues", gr.Markdown(elem_id="job-issues"))
+        self.batch = add("job.batch", gr.Markdown(elem_id="global-batch"))
         with gr.Row():
-            self.start = gr.Button("▶ Start run", variant="primary", elem_id="start-run", interactive=False)
-            self.zip = gr.DownloadButton("⬇ Download bundle (.zip)", elem_id="download-zip", interactive=False)
+            self.start = add("job.start", gr.Button("▶ Start run", variant="primary", elem_id="start-run", interactive=False))
+            self.zip = add("job.zip", gr.DownloadButton("⬇ Download bundle (.zip)", elem_id="download-zip", interactive=False))
         # Rules 2 and 3 of the module docstring: what the browser has applied, sent back with every event.
-        self.fills = gr.Number(0, precision=0, visible=False, elem_id="job-fills")
-        self.digest = gr.Textbox("", visible=False, elem_id="job-digest")
+        self.fills = add("job.fills", gr.Number(0, precision=0, visible=False, elem_id="job-fills"))
+        self.digest = add("job.digest", gr.Textbox("", visible=False, elem_id="job-digest"))
+        self.shown = add("job.shown", gr.State(JobShown()))
 
     def build_files(self) -> None:
         """A tab strip of the bundle's files (exactly the files of this job), one viewer, per-file downloads.
@@ -117,71 +145,48 @@ class JobView:
         The strip is a Radio: its choices follow the job (ds_config.json comes and goes with
         DeepSpeed), which Gradio's Tabs cannot do reliably once rendered.
         """
-        self.file_choice = gr.Radio(
-            choices=self.file_names, value=self.file_names[0], show_label=False, elem_id="file-tabs", container=False
+        add, first = self.ui.add, self.file_names[0]
+        self.file_choice = add(
+            "job.file_choice",
+            gr.Radio(choices=self.file_names, value=first, show_label=False, elem_id="file-tabs", container=False),
         )
-        self.code = gr.Code(
-            language=language_of(self.file_names[0]),
-            label=self.file_names[0],
-            interactive=False,
-            max_lines=45,
-            elem_id="file-view",
-            buttons=["copy", "download"],
+        self.code = add(
+            "job.file_view",
+            gr.Code(
+                language=language_of(first),
+                label=first,
+                interactive=False,
+                max_lines=45,
+                elem_id="file-view",
+                buttons=["copy", "download"],
+            ),
         )
         with gr.Accordion("Download one file", open=False, elem_id="bundle-files-accordion"):
-            self.files = gr.File(label="Each file alone", file_count="multiple", interactive=False, elem_id="bundle-files")
-        self.shown = gr.State({})
-        self.file_choice.input(
-            self.show_file,
-            inputs=[self.file_choice, self.shown],
-            outputs=[self.code, self.shown],
-            show_progress="hidden",
-            **JOB_QUEUE,  # it writes `shown` too
-        )
+            self.files = add(
+                "job.file_downloads",
+                gr.File(label="Each file alone", file_count="multiple", interactive=False, elem_id="bundle-files"),
+            )
 
-    def show_file(self, name: str, shown: dict) -> list:
-        shown = dict(shown or {})
-        text = (shown.get("files") or {}).get(name, "")
-        shown.update(choice=name, code=(name, _digest(text)))
-        return [gr.update(value=text, language=language_of(name), label=name), shown]
+    @property
+    def inputs(self) -> list:
+        """What every job event reads: the form, what the browser shows and has applied, the derived views' controls."""
+        return [*self.form.components, self.shown, self.fills, *self.extra_inputs, *(v.shown for v in self.derived)]
 
     @property
     def outputs(self) -> list:
         """Everything a job event may set; a fill also writes the form and the derived views' controls."""
-        extra = [c for view in self.derived for c in view.outputs]
-        return [
-            *self.form.components,
-            self.file_choice,
-            self.code,
-            self.issues,
-            self.batch,
-            self.start,
-            self.zip,
-            self.files,
-            self.shown,
-            self.fills,
-            self.digest,
-            *self.extra_inputs,
-            *extra,
-        ]
-
-    # ------------------------------------------------------------ updates
+        derived = [c for view in self.derived for c in view.outputs]
+        own = [self.file_choice, self.code, self.issues, self.batch, self.start, self.zip, self.files, self.shown, self.fills]
+        return [*self.form.components, *own, self.digest, *self.extra_inputs, *derived]
 
     @property
     def extra_inputs(self) -> list:
         return [c for view in self.derived for c in view.inputs]
 
-    @property
-    def inputs(self) -> list:
-        """What every job event reads: the form, `shown`, the browser's fill count, the derived views' controls."""
-        return [*self.form.components, self.shown, self.fills, *self.extra_inputs]
+    def event(self, got: Got) -> JobEvent:
+        return JobEvent(self.form.raw(got), got[self.shown], got[self.fills], got)
 
-    def split(self, args) -> JobEvent:
-        """Handler arguments in `inputs` order -> a JobEvent."""
-        n = len(self.form.components)
-        return JobEvent(list(args[:n]), dict(args[n] or {}), args[n + 1], list(args[n + 2 :]))
-
-    def spec_as_shown(self, raw: list, shown_digest: str):
+    def spec_as_shown(self, raw: list, shown_digest: str) -> JobSpec:
         """The form's job, if the files beside it show that same job (rule 3); for Start (and the like).
 
         Raises SpecError for an invalid form, NotShownYet while the page is still updating.
@@ -196,99 +201,135 @@ class JobView:
 
     # ------------------------------------------------------------ events (all in JOB_QUEUE)
 
-    def on_edit(self, event: JobEvent) -> list:
+    def on_edit(self, got: Got) -> Updates:
         """A field (or the GPU box) changed: recompute from the form, unless a fill made its values stale."""
+        event = self.event(got)
         if event.stale:
-            return self.unchanged()
-        return self.updates(evaluate(values_from_form(event.raw)), event, fill=False)
+            return {}
+        return self.updates(self.evaluate(values_from_form(event.raw), got), event, fill=False)
 
-    def on_load(self, event: JobEvent) -> list:
+    def on_load(self, got: Got) -> Updates:
         """First paint of a new page: only if no other job event painted before it (rule 2)."""
-        if event.shown.get("painted"):
-            return self.unchanged()
-        return self.on_edit(event)
+        if got[self.shown].painted:
+            return {}
+        return self.on_edit(got)
 
-    def on_fill(self, spec, event: JobEvent) -> list:
+    def on_fill(self, spec: JobSpec, event: JobEvent) -> Updates:
         """A preset, an upload or Apply: write `spec` into the form and everything derived from it.
 
         Derived from the values as the widgets will hold them, not from `spec` itself: a widget
         can round (a float box shows 6 digits), and Start runs what the widgets hold.
         """
         values = values_from_spec(spec)
-        held = values_from_form([field.to_form(values[field.path]) for field in FORM_FIELDS])
-        return self.updates(evaluate(held), event, fill=True)
+        held = values_from_form([f.to_form(values[f.path]) for f in FORM_FIELDS])
+        return self.updates(self.evaluate(held, event.got), event, fill=True)
 
-    def unchanged(self) -> list:
-        return [gr.skip() for _ in self.outputs]
+    def show_file(self, got: Got) -> Updates:
+        """The file strip: show the picked file of the bundle on display."""
+        name, shown = got[self.file_choice], got[self.shown]
+        text = shown.files.get(name, "")
+        return {
+            self.code: gr.update(value=text, language=language_of(name), label=name),
+            self.shown: replace(shown, choice=name, code=(name, _digest(text))),
+        }
 
-    def updates(self, result: JobResult, event: JobEvent, fill: bool) -> list:
-        """Every output for `result`; `fill` also writes the values into the form (preset, upload, Apply)."""
-        shown = dict(event.shown)
-        shown["painted"] = True
-        if fill:
-            shown["fills"] = shown.get("fills", 0) + 1
-        out: list[Any] = []
+    def evaluate(self, values, got: Got) -> JobResult:
+        context = {key: value for view in self.derived for key, value in view.context(got).items()}
+        return evaluate(values, **context)
+
+    # ------------------------------------------------------------ what changed
+
+    def updates(self, result: JobResult, event: JobEvent, fill: bool) -> Updates:
+        """What differs from what the browser shows for `result`; `fill` also writes the form (preset, upload, Apply)."""
+        old = event.shown
+        shown = replace(old, painted=True, fills=old.fills + fill, looks={})
+        out: Updates = {}
         invalid = result.error_fields
-        for field, component in zip(FORM_FIELDS, self.form.components):
-            look = (visible(field.path, result.values) or field.path in invalid, field.path in invalid)
-            if fill:
-                out.append(
-                    gr.update(
-                        value=field.to_form(result.values[field.path]),
-                        visible=look[0],
-                        elem_classes=["invalid"] if look[1] else [],
-                    )
-                )
-            elif shown.get(field.path) != look:
-                out.append(gr.update(visible=look[0], elem_classes=["invalid"] if look[1] else []))
-            else:
-                out.append(gr.skip())
-            shown[field.path] = look
-
-        files = result.files
-        if files:  # with no files (the spec does not parse) the last ones stay in view
-            names = list(files)
-            choice = shown.get("choice") if shown.get("choice") in names else names[0]
-            out.append(gr.skip() if shown.get("names") == names else gr.update(choices=names, value=choice))
-            digest = _digest(files[choice])
-            same = shown.get("code") == (choice, digest)
-            out.append(gr.skip() if same else gr.update(value=files[choice], language=language_of(choice), label=choice))
-            shown.update(names=names, choice=choice, code=(choice, digest), files=files)
-        else:
-            out += [gr.skip(), gr.skip()]
-        shown_digest = bundle_digest(files) if files else gr.skip()  # what Start compares with (rule 3)
-
-        out.append(issues_markdown(result))
-        out.append(batch_markdown(result.values))
-        ok = not result.has_errors and result.spec is not None
-        out.append(gr.update(interactive=ok))
-        if ok and files:
-            zip_path, paths = self.writer.write(files, zip_name_for(result.spec))
-            if shown.get("zip") != str(zip_path):
-                out += [gr.update(value=str(zip_path), interactive=True), [str(p) for p in paths]]
-            else:
-                out += [gr.skip(), gr.skip()]
-            shown["zip"] = str(zip_path)
-        else:  # an invalid job downloads nothing
-            out += [gr.update(interactive=False), None]
-            shown["zip"] = None
-        out.append(shown)  # the same dict: derived views below still add their memo to it
-        out += [shown["fills"] if fill else gr.skip(), shown_digest]
-        out += list(event.extra) if fill else [gr.skip() for _ in event.extra]  # what the estimate was computed with
-        extra = list(event.extra)
+        for f, component in zip(FORM_FIELDS, self.form.components):
+            look = shown.looks[f.path] = (visible(f.path, result.values) or f.path in invalid, f.path in invalid)
+            change = {"value": f.to_form(result.values[f.path])} if fill else {}
+            if fill or old.looks.get(f.path) != look:
+                out[component] = gr.update(**change, visible=look[0], elem_classes=["invalid"] if look[1] else [])
+        if result.files:  # with no files (the spec does not parse) the last ones stay in view
+            self._file_updates(result.files, shown, out)
+        shown.issues, shown.batch = issues_markdown(result), batch_markdown(result.values)
+        shown.startable = not result.has_errors and result.spec is not None
+        for component, key in ((self.issues, "issues"), (self.batch, "batch")):
+            if getattr(old, key) != getattr(shown, key):
+                out[component] = getattr(shown, key)
+        if old.startable != shown.startable:
+            out[self.start] = gr.update(interactive=shown.startable)
+        self._download_updates(result, shown, out)
+        if fill:
+            out[self.fills] = shown.fills
+            out.update({c: event.got[c] for c in self.extra_inputs})  # what the derived views were computed with
         for view in self.derived:
-            values, extra = extra[: len(view.inputs)], extra[len(view.inputs) :]
-            out += view.update(result, shown, *values)
+            out.update(view.update(result, event.got))
+        if shown != old:
+            out[self.shown] = shown
         return out
 
-    def wire(self, handler: Callable) -> None:
-        """Any edit of any field (or of a derived view's control) -> one call of `handler(*inputs)`."""
-        gr.on(
+    def _file_updates(self, files: dict[str, str], shown: JobShown, out: Updates) -> None:
+        names = list(files)
+        choice = shown.choice if shown.choice in names else names[0]
+        if list(shown.files) != names:
+            out[self.file_choice] = gr.update(choices=names, value=choice)
+        code = (choice, _digest(files[choice]))
+        if shown.code != code:
+            out[self.code] = gr.update(value=files[choice], language=language_of(choice), label=choice)
+        digest = bundle_digest(files)
+        if shown.digest != digest:
+            out[self.digest] = digest  # what Start compares with (rule 3)
+        shown.files, shown.choice, shown.code, shown.digest = files, choice, code, digest
+
+    def _download_updates(self, result: JobResult, shown: JobShown, out: Updates) -> None:
+        old_zip = shown.zip
+        if shown.startable and result.files:
+            zip_path, paths = self.writer.write(result.files, zip_name_for(result.spec))
+            shown.zip = str(zip_path)
+            if old_zip != shown.zip:
+                out[self.zip] = gr.update(value=shown.zip, interactive=True)
+                out[self.files] = [str(p) for p in paths]
+        else:  # an invalid job downloads nothing
+            shown.zip = None
+            if old_zip is not None:
+                out[self.zip] = gr.update(interactive=False)
+                out[self.files] = None
+
+    # ------------------------------------------------------------ wiring
+
+    def wire(self) -> None:
+        """Edits of any field (or of a derived view's control) and the file strip; fills go through wire_fill."""
+        listen(
             [c.input for c in [*self.form.components, *self.extra_inputs]],
-            handler,
+            self.on_edit,
             inputs=self.inputs,
             outputs=self.outputs,
             trigger_mode="always_last",
             show_progress="hidden",
             **JOB_QUEUE,
         )
+        listen(
+            [self.file_choice.input],
+            self.show_file,
+            inputs=[self.file_choice, self.shown],
+            outputs=[self.code, self.shown],
+            show_progress="hidden",
+            **JOB_QUEUE,  # it writes JobShown too
+        )
+
+    def wire_fill(self, trigger, fill: Callable[[JobEvent], tuple[JobSpec | None, str]], notice, reads: tuple = ()) -> None:
+        """`trigger` replaces the job with `fill(event)`'s spec and says its message in `notice`.
+
+        `fill` returns (spec, message), or (None, message) to change nothing; `reads` are the
+        components it needs beyond the job's inputs (the upload).
+        """
+
+        def on_fill(got: Got) -> Updates:
+            event = self.event(got)
+            spec, message = fill(event)
+            return {**(self.on_fill(spec, event) if spec is not None else {}), notice: message}
+
+        on_fill.__name__ = getattr(fill, "__name__", "on_fill")  # the console names it when it fails
+        outputs = [*self.outputs, notice]
+        listen([trigger], on_fill, inputs=[*self.inputs, *reads], outputs=outputs, show_progress="hidden", **JOB_QUEUE)

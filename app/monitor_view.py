@@ -1,11 +1,13 @@
 """The GPU monitor tab: gauges per GPU (NVML) and for the host (psutil), with sparklines.
 
 Reads the shared Monitor's ring buffer; never touches NVML itself. Without an NVIDIA
-GPU it says so plainly and still shows CPU and RAM.
+GPU it says so plainly and still shows CPU and RAM. Drawn on the page's tick only while
+its tab is in view, and only when a new sample arrived.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from html import escape
 
 import gradio as gr
@@ -13,6 +15,8 @@ import plotly.graph_objects as go
 import psutil
 from plotly.subplots import make_subplots
 
+from tunedeck.app.registry import Got, Updates
+from tunedeck.app.section import Page, Section
 from tunedeck.backend.monitor import GpuSample, Monitor, Sample
 
 SPARK_SAMPLES = 120  # two minutes at one sample a second
@@ -100,24 +104,41 @@ def sparklines(history: list[Sample]) -> go.Figure:
     return fig
 
 
-class MonitorView:
+@dataclass(frozen=True)
+class MonitorShown:
+    """What one browser's GPU tab shows (its gr.State)."""
+
+    sample_time: float | None = None  # the sample drawn; None: redraw when the tab comes into view
+
+
+class MonitorView(Section):
+    id, title = "gpus", "GPUs"
+
     def __init__(self, monitor: Monitor):
         self.monitor = monitor
 
-    def build(self) -> None:
-        self.gauges = gr.HTML(monitor_html(self.monitor, self.monitor.latest()), elem_id="gpu-monitor")
-        self.history = gr.Plot(show_label=False, elem_id="monitor-sparklines")
+    def build(self, page: Page) -> None:
+        add = page.ui.add
+        self.gauges = add("monitor.gauges", gr.HTML(monitor_html(self.monitor, self.monitor.latest()), elem_id="gpu-monitor"))
+        self.history = add("monitor.history", gr.Plot(show_label=False, elem_id="monitor-sparklines"))
+        self.shown = add("monitor.shown", gr.State(MonitorShown()))
 
-    @property
-    def outputs(self) -> list:
-        return [self.gauges, self.history]
+    def wire(self, page: Page) -> None:
+        page.on_tick(self.tick, inputs=[self.shown], outputs=[self.gauges, self.history, self.shown])
 
-    def render(self, last_time: float | None) -> tuple[list, float | None]:
-        """Outputs for the newest sample; skipped when no new sample arrived since `last_time`."""
+    def tick(self, got: Got, in_view: str) -> Updates:
+        """The newest sample while the tab is in view; nothing when no new sample arrived since the last draw."""
+        shown = got[self.shown]
+        if in_view != self.id:
+            return {self.shown: MonitorShown()} if shown.sample_time is not None else {}
         sample = self.monitor.latest()
-        if sample is not None and sample.time == last_time:
-            return [gr.skip(), gr.skip()], last_time
-        return [monitor_html(self.monitor, sample), sparklines(self.monitor.history())], sample.time if sample else None
+        if sample is not None and sample.time == shown.sample_time:
+            return {}
+        return {
+            self.gauges: monitor_html(self.monitor, sample),
+            self.history: sparklines(self.monitor.history()),
+            self.shown: MonitorShown(sample.time if sample else None),
+        }
 
 
 CSS = """

@@ -1,21 +1,25 @@
 """The Run tab: Start/Stop, state, progress, charts, rank-0 log, past runs and overlays.
 
 Everything is read from run folders (the disk is the message bus): closing the page
-never touches training, and a new page follows the live run. A 1-second timer calls
-`tick`; it reads only appended bytes (RunWatch) and skips every output whose inputs
-did not change, so an idle page costs a stat or two per second.
+never touches training, and a new page follows the live run. The page's 1-second tick
+calls `render`; it reads only appended bytes (RunWatch) and returns only the outputs whose
+inputs changed (a RunShown per browser remembers what it shows), so an idle page costs a
+stat or two per second.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, replace
 from html import escape
 
 import gradio as gr
 
 from tunedeck.app.charts import loss_figure, metrics_figure
+from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.run_watch import RunWatches
+from tunedeck.app.section import Page, Section
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.run_status import DAMAGED
 from tunedeck.backend.run_summary import format_clock, measured_peaks, summarize
@@ -68,7 +72,20 @@ def progress_html(fraction: float, text: str, state: str) -> str:
     )
 
 
-class RunView:
+@dataclass
+class RunShown:
+    """What one browser's Run tab shows (its gr.State); handlers work on a copy."""
+
+    run: str | None = None  # the run in view
+    follow: bool = True  # follow the live (else newest) run, until the user picks one
+    runs_sig: tuple | None = None  # the run list the picker and the table were drawn from
+    shown_run: str | None = None  # the run whose details are drawn
+    sig: tuple | None = None  # what those details were drawn from
+
+
+class RunView(Section):
+    id, title = "run", "Run"
+
     def __init__(self, manager: RunManager):
         self.manager = manager
         self.index = RunsIndex(manager)
@@ -77,70 +94,90 @@ class RunView:
 
     # ------------------------------------------------------------ layout
 
-    def build(self) -> None:
+    def build(self, page: Page) -> None:
+        add = page.ui.add
         with gr.Row(equal_height=True):
-            self.select = gr.Dropdown(label="Run", choices=[], value=None, elem_id="run-select", scale=4, filterable=False)
-            self.stop = gr.Button("■ Stop", variant="stop", elem_id="stop-run", interactive=False, scale=1)
-        self.state = gr.Markdown("No runs yet: pick a job and press **Start run**.", elem_id="run-state")
-        self.progress = gr.HTML(elem_id="run-progress")
-        self.facts = gr.Markdown(elem_id="run-facts")
-        self.error = gr.Code(label="Error", language="shell", visible=False, elem_id="run-error", interactive=False)
+            self.select = add(
+                "run.select", gr.Dropdown(label="Run", choices=[], value=None, elem_id="run-select", scale=4, filterable=False)
+            )
+            self.stop = add("run.stop", gr.Button("■ Stop", variant="stop", elem_id="stop-run", interactive=False, scale=1))
+        self.status = add("run.status", gr.Markdown("No runs yet: pick a job and press **Start run**.", elem_id="run-state"))
+        self.progress = add("run.progress", gr.HTML(elem_id="run-progress"))
+        self.facts = add("run.facts", gr.Markdown(elem_id="run-facts"))
+        self.error = add(
+            "run.error", gr.Code(label="Error", language="shell", visible=False, elem_id="run-error", interactive=False)
+        )
         with gr.Row():
-            self.smoothing = gr.Slider(0, 0.99, value=0.6, step=0.01, label="Smoothing (EMA weight)", elem_id="smoothing")
-            self.log_scale = gr.Checkbox(label="Log scale", value=False, elem_id="log-scale")
-            self.overlay = gr.Dropdown(label="Overlay the loss of", choices=[], value=None, elem_id="overlay-select", filterable=False)
-        self.loss_plot = gr.Plot(show_label=False, elem_id="loss-chart")
-        self.metrics_plot = gr.Plot(show_label=False, elem_id="metrics-chart")
-        self.memory = gr.Markdown(elem_id="run-memory")
-        self.log = gr.Textbox(
-            label="rank-0 log", lines=14, max_lines=14, autoscroll=True, interactive=False, elem_id="run-log"
+            self.smoothing = add(
+                "run.smoothing", gr.Slider(0, 0.99, value=0.6, step=0.01, label="Smoothing (EMA weight)", elem_id="smoothing")
+            )
+            self.log_scale = add("run.log_scale", gr.Checkbox(label="Log scale", value=False, elem_id="log-scale"))
+            self.overlay = add(
+                "run.overlay",
+                gr.Dropdown(label="Overlay the loss of", choices=[], value=None, elem_id="overlay-select", filterable=False),
+            )
+        self.loss_plot = add("run.loss_chart", gr.Plot(show_label=False, elem_id="loss-chart"))
+        self.metrics_plot = add("run.metrics_chart", gr.Plot(show_label=False, elem_id="metrics-chart"))
+        self.memory = add("run.memory", gr.Markdown(elem_id="run-memory"))
+        self.log = add(
+            "run.log",
+            gr.Textbox(label="rank-0 log", lines=14, max_lines=14, autoscroll=True, interactive=False, elem_id="run-log"),
         )
         gr.Markdown("#### Past runs")
-        self.table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False, elem_id="runs-table", wrap=True)
-        self.view = gr.State({"run": None, "follow": True})
+        self.table = add("run.table", gr.Dataframe(headers=TABLE_HEADERS, interactive=False, elem_id="runs-table", wrap=True))
+        self.shown = add("run.shown", gr.State(RunShown()))
 
     @property
     def outputs(self) -> list:
         return [
-            self.view, self.select, self.overlay, self.table, self.state, self.progress, self.facts,
+            self.shown, self.select, self.overlay, self.table, self.status, self.progress, self.facts,
             self.error, self.loss_plot, self.metrics_plot, self.memory, self.log, self.stop,
-        ]
+        ]  # fmt: skip
 
     @property
-    def chart_inputs(self) -> list:
-        return [self.smoothing, self.log_scale, self.overlay]
+    def inputs(self) -> list:
+        """What a redraw reads: what the browser shows, and the chart options."""
+        return [self.shown, self.smoothing, self.log_scale, self.overlay]
 
     # ------------------------------------------------------------ rendering
 
-    def render(self, view: dict, smoothing: float, log_scale: bool, overlay: str | None, force: bool = False) -> list:
-        view = dict(view or {"run": None, "follow": True})
+    def redraw(self, got: Got, force: bool = False, shown: RunShown | None = None) -> Updates:
+        """render() with a listener's inputs; `shown` stands in for the browser's RunShown."""
+        shown = shown or got[self.shown]
+        return self.render(shown, got[self.smoothing], got[self.log_scale], got[self.overlay] or None, force=force)
+
+    def render(self, old: RunShown, smoothing: float, log_scale: bool, overlay: str | None, force: bool = False) -> Updates:
+        """The outputs that differ from what `old` drew (all of them with `force`)."""
+        shown, out = replace(old), {}
+        self._draw(shown, out, smoothing, log_scale, overlay, force)
+        if shown != old:
+            out[self.shown] = shown
+        return out
+
+    def _draw(self, shown: RunShown, out: Updates, smoothing: float, log_scale: bool, overlay: str | None, force: bool) -> None:
         runs = self.index.runs()
-        if view.get("follow"):
-            shown = [r for r in runs if r.state != DAMAGED] or runs
-            view["run"] = next((r.run_id for r in shown if r.state in ACTIVE), shown[0].run_id if shown else None)
-        out: list = [view]
+        if shown.follow:
+            listed = [r for r in runs if r.state != DAMAGED] or runs
+            shown.run = next((r.run_id for r in listed if r.state in ACTIVE), listed[0].run_id if listed else None)
 
         runs_sig = tuple((r.run_id, r.state) for r in runs)
-        if force or view.get("runs_sig") != runs_sig or view.get("shown_run") != view["run"]:
+        if force or shown.runs_sig != runs_sig or shown.shown_run != shown.run:
             choices = run_choices(runs)
-            out += [
-                gr.update(choices=choices, value=view["run"]),
-                gr.update(choices=[("(none)", "")] + choices, value=overlay or ""),
-                [[r.run_id, r.state, r.title, _when(r.started_at), _duration(r)] for r in runs],
-            ]
-            view["runs_sig"] = runs_sig
-        else:
-            out += [gr.skip()] * 3
+            out[self.select] = gr.update(choices=choices, value=shown.run)
+            out[self.overlay] = gr.update(choices=[("(none)", "")] + choices, value=overlay or "")
+            out[self.table] = [[r.run_id, r.state, r.title, _when(r.started_at), _duration(r)] for r in runs]
+            shown.runs_sig = runs_sig
 
-        run_id = view["run"]
+        run_id = shown.run
         if run_id is None:
-            view["shown_run"] = None
-            return out + [gr.skip()] * 9
+            shown.shown_run = None
+            return
         try:
             status = self.manager.status(run_id)
         except RunError as exc:
-            view["shown_run"] = None
-            return out + [f"✗ {escape(str(exc))}"] + [gr.skip()] * 8
+            shown.shown_run = None
+            out[self.status] = f"✗ {escape(str(exc))}"
+            return
         watch = self.watches.get(self.manager.run_dir(run_id))
         version = watch.refresh()
         other = None
@@ -153,27 +190,28 @@ class RunView:
         sig = (run_id, version, status.state, status.error, overlay, other.version if other else None, smoothing, log_scale)
         summary = summarize(watch, status.started_at, status.ended_at)
         bar = progress_html(summary.fraction, summary.progress, status.state)
-        if not force and view.get("sig") == sig:
-            # Nothing new on disk: only the elapsed clock moves, and only while the run is live.
-            return out + [gr.skip(), bar if status.state in ACTIVE else gr.skip()] + [gr.skip()] * 7
-        view.update(sig=sig, shown_run=run_id)
+        if not force and shown.sig == sig:
+            if status.state in ACTIVE:  # nothing new on disk: only the elapsed clock moves, while the run is live
+                out[self.progress] = bar
+            return
+        shown.sig, shown.shown_run = sig, run_id
 
         state_line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}` · {escape(status.title)}"
         if status.state == "failed" and status.exit_code not in (None, 0):
             state_line += f" · exit code {status.exit_code}"
         runs_to_draw = [("this run", watch.records)] + ([(overlay, other.records)] if other else [])
         log_name, log_text = watch.log_text()
-        return out + [
-            state_line,
-            bar,
-            summary.facts,
-            gr.update(value=status.error or "", visible=bool(status.error)),
-            loss_figure(runs_to_draw, smoothing, log_scale),
-            metrics_figure(watch.records),
-            self._memory_markdown(run_id, watch),
-            gr.update(value=log_text, label=f"{log_name} (last lines)"),
-            gr.update(interactive=status.state in ("queued", "running")),
-        ]
+        out.update({
+            self.status: state_line,
+            self.progress: bar,
+            self.facts: summary.facts,
+            self.error: gr.update(value=status.error or "", visible=bool(status.error)),
+            self.loss_plot: loss_figure(runs_to_draw, smoothing, log_scale),
+            self.metrics_plot: metrics_figure(watch.records),
+            self.memory: self._memory_markdown(run_id, watch),
+            self.log: gr.update(value=log_text, label=f"{log_name} (last lines)"),
+            self.stop: gr.update(interactive=status.state in ("queued", "running")),
+        })  # fmt: skip
 
     def _memory_markdown(self, run_id: str, watch) -> str:
         peaks = measured_peaks(watch)
@@ -190,42 +228,44 @@ class RunView:
 
     # ------------------------------------------------------------ actions
 
-    def start(self, spec, view: dict) -> tuple[str, dict]:
+    def start(self, spec) -> tuple[str, RunShown]:
         """Launch `spec` (RunError says why not); the view then follows the new run."""
         run_id = self.manager.start(spec)
         self.index.runs(fresh=True)
-        return run_id, {"run": run_id, "follow": False}
+        return run_id, RunShown(run=run_id, follow=False)
 
-    def stop_run(self, view: dict) -> str:
-        run_id = (view or {}).get("run")
+    def stop_run(self, shown: RunShown) -> str:
+        run_id = shown.run
         if not run_id:
             return "No run selected."
         status = self.manager.stop(run_id, grace_s=30)
         self.index.runs(fresh=True)
         return f"Stopping run `{run_id}`: ranks finish their step and save a checkpoint (state: {status.state})."
 
-    def wire(self, notice: gr.Markdown, wrap) -> None:
-        """Run picker, chart options and Stop; `wrap` turns handler errors into messages (the page's timer calls render)."""
-        inputs = [self.view, *self.chart_inputs]
+    # ------------------------------------------------------------ events
 
-        def on_select(run_id, view, smoothing, log_scale, overlay):
-            view = {"run": run_id or None, "follow": not run_id}
-            return self.render(view, smoothing, log_scale, overlay, force=True)
+    def wire(self, page: Page) -> None:
+        """Run picker, chart options and Stop; the page's tick and load redraw what changed."""
 
-        self.select.input(wrap(on_select), inputs=[self.select, *inputs], outputs=self.outputs, show_progress="hidden")
-        for control in (self.smoothing, self.log_scale, self.overlay):
-            control.input(
-                wrap(lambda view, s, l, o: self.render(view, s, l, o or None, force=True)),
-                inputs=inputs, outputs=self.outputs, show_progress="hidden", trigger_mode="always_last",
-            )
+        def on_select(got: Got) -> Updates:
+            run_id = got[self.select]
+            return self.redraw(got, force=True, shown=RunShown(run=run_id or None, follow=not run_id))
 
-        def on_stop(view, smoothing, log_scale, overlay):
-            message = self.stop_run(view)
-            return [message, *self.render(view, smoothing, log_scale, overlay, force=True)]
+        def on_option(got: Got) -> Updates:
+            return self.redraw(got, force=True)
 
-        self.stop.click(wrap(on_stop), inputs=inputs, outputs=[notice, *self.outputs], show_progress="hidden")
+        def on_stop(got: Got) -> Updates:
+            return {page.notice: self.stop_run(got[self.shown]), **self.redraw(got, force=True)}
+
+        listen([self.select.input], on_select, inputs=[self.select, *self.inputs], outputs=self.outputs, show_progress="hidden")
+        options = [self.smoothing.input, self.log_scale.input, self.overlay.input]
+        listen(options, on_option, inputs=self.inputs, outputs=self.outputs, show_progress="hidden", trigger_mode="always_last")
+        listen([self.stop.click], on_stop, inputs=self.inputs, outputs=[page.notice, *self.outputs], show_progress="hidden")
+        page.on_tick(lambda got, in_view: self.redraw(got), inputs=self.inputs, outputs=self.outputs)
+        page.on_load(lambda got: self.redraw(got, force=True), inputs=self.inputs, outputs=self.outputs)
         # Gradio 6's Textbox autoscroll follows only the first update: keep the newest lines in view ourselves.
         self.log.change(None, js=FOLLOW_LOG_JS, show_progress="hidden")
+        page.ui["page.tab.run"].select(None, js=FOLLOW_LOG_JS)  # a log filled while the tab was hidden opens at its end
 
 
 # Scrolls the log to its end after each update, unless the reader scrolled up (then it stays put

@@ -7,7 +7,8 @@ import pytest
 
 from tunedeck.app.downloads import BundleWriter, bundle_digest
 from tunedeck.app.form import build_form
-from tunedeck.app.job_view import JobEvent, JobView, NotShownYet
+from tunedeck.app.job_view import JobEvent, JobShown, JobView, NotShownYet
+from tunedeck.app.registry import Registry
 from tunedeck.backend.fields import FORM_FIELDS, values_from_spec
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import JobSpec, load_presets, set_paths
@@ -17,8 +18,9 @@ from tunedeck.backend.spec import JobSpec, load_presets, set_paths
 def job(tmp_path):
     spec = JobSpec()
     with gr.Blocks():
-        form = build_form({f.path: f.to_form(v) for f, v in zip(FORM_FIELDS, values_from_spec(spec).values())})
-        view = JobView(form, list(render_bundle(spec)), BundleWriter(tmp_path))
+        ui = Registry()
+        form = build_form({f.path: f.to_form(v) for f, v in zip(FORM_FIELDS, values_from_spec(spec).values())}, ui)
+        view = JobView(ui, form, list(render_bundle(spec)), BundleWriter(tmp_path))
         view.build_status()
         view.build_files()
     return view
@@ -28,36 +30,52 @@ def form_of(spec) -> list:
     return [f.to_form(v) for f, v in zip(FORM_FIELDS, values_from_spec(spec).values())]
 
 
-def output(job: JobView, out: list, component):
-    return out[job.outputs.index(component)]
+def got(job: JobView, spec, shown: JobShown, fills: int) -> dict:
+    """What a job listener receives from a browser whose form holds `spec`."""
+    return {**dict(zip(job.form.components, form_of(spec))), job.shown: shown, job.fills: fills}
 
 
-def skipped(out: list) -> bool:
-    return all(value == gr.skip() for value in out)
+def event(job: JobView, spec, shown: JobShown, fills: int) -> JobEvent:
+    return job.event(got(job, spec, shown, fills))
 
 
 def test_a_page_load_answered_after_a_preset_changes_nothing(job):
     demo = load_presets()["demo"].build()
-    filled = job.on_fill(demo, JobEvent(form_of(JobSpec()), {}, 0, []))
-    shown = output(job, filled, job.shown)
-    assert output(job, filled, job.fills) == 1 and output(job, filled, job.digest) == bundle_digest(render_bundle(demo))
+    filled = job.on_fill(demo, event(job, JobSpec(), JobShown(), 0))
+    shown = filled[job.shown]
+    assert filled[job.fills] == 1 and filled[job.digest] == bundle_digest(render_bundle(demo))
     # The load fired with the page's first values; it is answered after the preset.
-    assert skipped(job.on_load(JobEvent(form_of(JobSpec()), shown, 0, [])))
+    assert job.on_load(got(job, JobSpec(), shown, 0)) == {}
     # Before anything painted, the load paints.
-    first = job.on_load(JobEvent(form_of(JobSpec()), {}, 0, []))
-    assert output(job, first, job.digest) == bundle_digest(render_bundle(JobSpec()))
+    first = job.on_load(got(job, JobSpec(), JobShown(), 0))
+    assert first[job.digest] == bundle_digest(render_bundle(JobSpec()))
 
 
 def test_an_edit_fired_before_a_preset_arrived_is_dropped_and_later_edits_apply(job):
     demo = load_presets()["demo"].build()
-    shown = output(job, job.on_fill(demo, JobEvent(form_of(JobSpec()), {}, 0, [])), job.shown)
+    shown = job.on_fill(demo, event(job, JobSpec(), JobShown(), 0))[job.shown]
     stale = set_paths(JobSpec(), {"training.gradient_accumulation_steps": 12})
-    assert skipped(job.on_edit(JobEvent(form_of(stale), shown, 0, [])))
+    assert job.on_edit(got(job, stale, shown, 0)) == {}
 
     edited = set_paths(demo, {"training.gradient_accumulation_steps": 12})
-    out = job.on_edit(JobEvent(form_of(edited), shown, 1, []))  # the browser has applied the fill
-    assert output(job, out, job.digest) == bundle_digest(render_bundle(edited))
-    assert output(job, out, job.fills) == gr.skip()  # an edit is not a fill
+    out = job.on_edit(got(job, edited, shown, 1))  # the browser has applied the fill
+    assert out[job.digest] == bundle_digest(render_bundle(edited))
+    assert job.fills not in out  # an edit is not a fill
+
+
+def test_an_edit_sends_only_the_outputs_it_changed(job):
+    demo = load_presets()["demo"].build()
+    first = job.on_edit(got(job, demo, JobShown(), 0))  # the first paint sends everything
+    assert {job.issues, job.batch, job.start, job.file_choice, job.code, job.digest, job.zip} <= set(first)
+    edited = set_paths(demo, {"training.gradient_accumulation_steps": 12})
+    out = job.ui.by_id(job.on_edit(got(job, edited, first[job.shown], 0)))
+    # The global batch and the bundle changed; no field's look, no problem, not Start, not the file strip.
+    assert set(out) == {"job.batch", "job.digest", "job.zip", "job.file_downloads", "job.shown"} | (
+        {"job.file_view"} & set(out)  # the file in view changed only if it holds the accumulation steps
+    ), sorted(out)
+    assert "× 12 accumulation steps" in out["job.batch"]
+    again = job.on_edit(got(job, edited, out["job.shown"], 0))
+    assert again == {}  # the same form again: nothing to send
 
 
 def test_a_filled_job_shows_the_files_of_what_its_widgets_hold(job):
@@ -65,10 +83,10 @@ def test_a_filled_job_shows_the_files_of_what_its_widgets_hold(job):
     from tunedeck.backend.fields import spec_from_values, values_from_form
 
     uploaded = set_paths(JobSpec(), {"training.learning_rate": 1.2345678e-4})
-    out = job.on_fill(uploaded, JobEvent(form_of(JobSpec()), {}, 0, []))
-    widgets = [update["value"] for update in out[: len(FORM_FIELDS)]]
+    out = job.on_fill(uploaded, event(job, JobSpec(), JobShown(), 0))
+    widgets = [out[c]["value"] for c in job.form.components]
     what_start_runs = spec_from_values(values_from_form(widgets))  # page.on_start reads the widgets
-    assert output(job, out, job.digest) == bundle_digest(render_bundle(what_start_runs))
+    assert out[job.digest] == bundle_digest(render_bundle(what_start_runs))
 
 
 def test_start_gets_the_forms_job_only_while_the_files_shown_are_that_jobs(job):

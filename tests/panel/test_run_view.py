@@ -6,14 +6,16 @@ import json
 import os
 import time
 
+import gradio as gr
 import pytest
 
-from tunedeck.app.run_view import RunView
+from tunedeck.app.registry import Registry
+from tunedeck.app.run_view import RunShown, RunView
+from tunedeck.app.section import Page
 from tunedeck.backend.runs import RunManager
 from tunedeck.backend.supervisor import process_identity, write_status
 
 RUN_ID = "20250101-120000-a1b2c3"
-OUTPUT_NAMES = ["view", "select", "overlay", "table", "state", "progress", "facts", "error", "loss", "metrics", "memory", "log", "stop"]
 
 
 def finished_run(runs_dir):
@@ -31,45 +33,51 @@ def finished_run(runs_dir):
     return run_dir
 
 
-def is_skip(value) -> bool:
-    return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
+class Drawn:
+    """A built RunView and its registry; render() returns the redraw by id ("status"), plus "shown"."""
+
+    def __init__(self, manager: RunManager):
+        self.view, self.ui = RunView(manager), Registry()
+        with gr.Blocks():
+            self.view.build(Page(self.ui))
+
+    def render(self, shown: RunShown, log_scale: bool = False) -> dict:
+        out = self.view.render(shown, 0.6, log_scale, None)
+        return {**{k.removeprefix("run."): v for k, v in self.ui.by_id(out).items()}, "shown": out.get(self.view.shown, shown)}
 
 
 @pytest.fixture
-def view(tmp_path, monkeypatch):
+def run(tmp_path, monkeypatch):
     monkeypatch.setattr("tunedeck.app.run_watch.MIN_REFRESH_S", 0)
     finished_run(tmp_path)
-    return RunView(RunManager(tmp_path))
+    return Drawn(RunManager(tmp_path))
 
 
-def test_first_tick_draws_everything_then_idle_ticks_skip(view):
-    first = dict(zip(OUTPUT_NAMES, view.render({"run": None, "follow": True}, 0.6, False, None)))
-    assert first["view"]["run"] == RUN_ID  # follows the newest run when none is live
-    assert "finished" in first["state"] and "2 ranks · DDP" in first["facts"]
-    assert [t.name for t in first["loss"].data][:1] == ["this run loss"]
-    again = dict(zip(OUTPUT_NAMES, view.render(first["view"], 0.6, False, None)))
-    assert all(is_skip(again[name]) for name in OUTPUT_NAMES if name != "view"), again
+def test_first_tick_draws_everything_then_idle_ticks_skip(run):
+    first = run.render(RunShown())
+    assert first["shown"].run == RUN_ID  # follows the newest run when none is live
+    assert "finished" in first["status"] and "2 ranks · DDP" in first["facts"]
+    assert [t.name for t in first["loss_chart"].data][:1] == ["this run loss"]
+    assert run.render(first["shown"]) == {"shown": first["shown"]}  # nothing new: nothing sent
 
     # One new line in metrics.jsonl: the charts are redrawn, the run list is not.
-    with open(view.manager.run_dir(RUN_ID) / "metrics.jsonl", "a") as f:
+    with open(run.view.manager.run_dir(RUN_ID) / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"event": "log", "step": 4, "loss": 0.5}) + "\n")
-    third = dict(zip(OUTPUT_NAMES, view.render(again["view"], 0.6, False, None)))
-    assert not is_skip(third["loss"]) and is_skip(third["table"])
-    assert len(third["loss"].data[0].x) == 4
+    third = run.render(first["shown"])
+    assert "loss_chart" in third and "table" not in third
+    assert len(third["loss_chart"].data[0].x) == 4
 
 
-def test_changing_a_chart_option_redraws(view):
-    first = view.render({"run": None, "follow": True}, 0.6, False, None)
-    out = dict(zip(OUTPUT_NAMES, view.render(first[0], 0.6, True, None)))
-    assert out["loss"].layout.yaxis.type == "log"
+def test_changing_a_chart_option_redraws(run):
+    first = run.render(RunShown())
+    assert run.render(first["shown"], log_scale=True)["loss_chart"].layout.yaxis.type == "log"
 
 
-def test_a_bad_run_id_is_a_message(view):
-    out = dict(zip(OUTPUT_NAMES, view.render({"run": "../../etc", "follow": False}, 0.6, False, None)))
-    assert "is not a run id" in out["state"]
+def test_a_bad_run_id_is_a_message(run):
+    assert "is not a run id" in run.render(RunShown(run="../../etc", follow=False))["status"]
 
 
-def test_the_runs_table_never_shows_a_live_runs_clock_frozen(view, tmp_path):
+def test_the_runs_table_never_shows_a_live_runs_clock_frozen(run, tmp_path):
     # The table is redrawn on state changes only: a live run's duration would stay at its first value.
     live = "20250101-130000-d4e5f6"
     (tmp_path / live).mkdir()
@@ -77,13 +85,12 @@ def test_the_runs_table_never_shows_a_live_runs_clock_frozen(view, tmp_path):
     write_status(tmp_path / live, {"run_id": live, "state": "running", "title": "t", "created_at": now - 3600,
                                    "started_at": now - 3600, "ended_at": None, "exit_code": None, "error": None,
                                    "supervisor": process_identity(os.getpid())})  # alive: this test process
-    out = dict(zip(OUTPUT_NAMES, view.render({"run": None, "follow": True}, 0.6, False, None)))
-    rows = {row[0]: row for row in out["table"]}
+    rows = {row[0]: row for row in run.render(RunShown())["table"]}
     assert rows[live][1] == "running" and rows[live][4] == ""
     assert rows[RUN_ID][4] == "0:40"  # an ended run: its real duration
 
 
-def test_damaged_run_folders_are_one_row_each_and_break_nothing(view, tmp_path):
+def test_damaged_run_folders_are_one_row_each_and_break_nothing(run, tmp_path):
     # Newer than the good run: a reader that fails at the first bad folder never shows the good one.
     damaged = {"20250102-120000-00000a": "[1, 2]", "20250102-120000-00000b": '{"state": 5}', "20250102-120000-00000c": None}
     for run_id, text in damaged.items():
@@ -93,12 +100,12 @@ def test_damaged_run_folders_are_one_row_each_and_break_nothing(view, tmp_path):
     with open(tmp_path / RUN_ID / "metrics.jsonl", "a") as f:  # and one record of the wrong types in the good run
         f.write(json.dumps({"event": "log", "step": "four", "max_steps": [3], "loss": "high"}) + "\n")
 
-    out = dict(zip(OUTPUT_NAMES, view.render({"run": None, "follow": True}, 0.6, False, None)))
-    assert out["view"]["run"] == RUN_ID and "finished" in out["state"]  # follows the newest run that can be shown
-    assert "step 3/3" in out["progress"] and len(out["loss"].data[0].x) == 3
+    out = run.render(RunShown())
+    assert out["shown"].run == RUN_ID and "finished" in out["status"]  # follows the newest run that can be shown
+    assert "step 3/3" in out["progress"] and len(out["loss_chart"].data[0].x) == 3
     assert {row[0]: row[1] for row in out["table"]} == {RUN_ID: "finished", **{run_id: "damaged" for run_id in damaged}}
 
-    picked = dict(zip(OUTPUT_NAMES, view.render({"run": "20250102-120000-00000a", "follow": False}, 0.6, False, None)))
-    assert "⚠ damaged" in picked["state"]
+    picked = run.render(RunShown(run="20250102-120000-00000a", follow=False))
+    assert "⚠ damaged" in picked["status"]
     assert picked["error"]["visible"] and "status.json holds a JSON list, not an object" in picked["error"]["value"]
     assert picked["stop"]["interactive"] is False

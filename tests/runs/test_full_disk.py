@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 
+import gradio as gr
 import pytest
 
-from tunedeck.app.run_view import RunView
+from tunedeck.app.registry import Registry
+from tunedeck.app.run_view import RunShown, RunView
+from tunedeck.app.section import Page
 from tunedeck.backend.runs import RunManager
 from tunedeck.backend.supervisor import RESERVE_FILE, is_alive
 
@@ -57,5 +60,8 @@ def test_a_disk_that_fills_mid_run_ends_recorded_and_every_reader_works(small_di
     show = tunedeck("runs", "show", run_id, "--runs-dir", disk)
     assert show.returncode == 0 and "state    failed" in show.stdout and "is full" in show.stdout, show.stderr
     monkeypatch.setattr("tunedeck.app.run_watch.MIN_REFRESH_S", 0)
-    out = RunView(manager).render({"run": None, "follow": True}, 0.6, False, None)
-    assert out[0]["run"] == run_id and "failed" in out[4] and "is full" in out[7]["value"]
+    view = RunView(manager)
+    with gr.Blocks():
+        view.build(Page(Registry()))
+    out = view.render(RunShown(), 0.6, False, None)
+    assert out[view.shown].run == run_id and "failed" in out[view.status] and "is full" in out[view.error]["value"]

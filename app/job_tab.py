@@ -1,0 +1,97 @@
+"""The Job tab: preset buttons and the upload above the tabs, the form, and beside it what
+the job produces (job_view) and what it costs in memory (estimate_panel).
+
+Presets, the upload and Apply are fills: each replaces the whole form with a spec and
+tells the notice line what it did. Their order with edits and the page load is job_view's
+(its docstring has the three rules).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from tunedeck.app.downloads import BundleWriter
+from tunedeck.app.estimate_panel import EstimatePanel
+from tunedeck.app.form import build_form
+from tunedeck.app.job_outputs import read_uploaded_spec
+from tunedeck.app.job_view import JOB_QUEUE, JobEvent, JobView
+from tunedeck.app.section import Page, Section
+from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
+from tunedeck.backend.render import render_bundle
+from tunedeck.backend.spec import JobSpec, Preset, load_presets, set_paths
+
+# Presets in the order a newcomer reads them: the runnable demo, then growing model sizes.
+PRESET_ORDER = ("demo", "7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp")
+
+
+def ordered_presets() -> list[Preset]:
+    presets = load_presets()
+    first = [presets[i] for i in PRESET_ORDER if i in presets]
+    return first + [p for i, p in sorted(presets.items()) if i not in PRESET_ORDER]
+
+
+class JobTab(Section):
+    id, title = "job", "Job"
+
+    def __init__(self, presets: list[Preset], initial: JobSpec, monitor, work_dir: Path | None):
+        self.presets = presets
+        self.initial = initial
+        self.monitor = monitor
+        self.writer = BundleWriter(work_dir and work_dir / "bundles")
+
+    def build_top(self, page: Page) -> None:
+        add = page.ui.add
+        with gr.Row(elem_id="presets", equal_height=True):
+            for p in self.presets:
+                add("job.preset." + p.id, gr.Button(p.title, size="sm", elem_id="preset-" + p.id, min_width=100))
+            self.upload = add(
+                "job.upload",
+                gr.UploadButton(
+                    "⬆ Upload job.yaml", file_types=[".yaml", ".yml"], size="sm", elem_id="upload-job", min_width=100
+                ),
+            )
+
+    def build(self, page: Page) -> None:
+        initial = values_from_spec(self.initial)
+        with gr.Row():
+            with gr.Column(scale=6):
+                form = build_form({f.path: f.to_form(initial[f.path]) for f in FORM_FIELDS}, page.ui)
+            with gr.Column(scale=5):
+                self.view = JobView(page.ui, form, list(render_bundle(self.initial)), self.writer)
+                self.estimate = EstimatePanel(page.ui, self.monitor)
+                self.view.build_status()
+                self.estimate.build_advice()
+                self.view.build_files()
+        self.estimate.build_details()
+        self.view.derived.append(self.estimate)
+
+    def wire(self, page: Page) -> None:
+        view, notice = self.view, page.notice
+        view.wire()
+        for preset in self.presets:
+
+            def load_preset(event: JobEvent, preset: Preset = preset):
+                return preset.build(), f"Loaded preset **{preset.title}**: {preset.description}"
+
+            view.wire_fill(page.ui["job.preset." + preset.id].click, load_preset, notice)
+
+        def upload(event: JobEvent):
+            message, spec = read_uploaded_spec(event.got[self.upload])
+            return spec, message
+
+        view.wire_fill(self.upload.upload, upload, notice, reads=(self.upload,))
+        view.wire_fill(self.estimate.apply.click, self.apply, notice)
+        page.on_load(view.on_load, inputs=view.inputs, outputs=view.outputs, **JOB_QUEUE)
+
+    def apply(self, event: JobEvent):
+        """Apply: the recommendation's changes for the job the form holds."""
+        if event.stale:  # the advice the user saw was for a job the page has since replaced
+            return None, "The job changed before Apply arrived; read the new advice and press Apply again."
+        spec = spec_from_values(values_from_form(event.raw))
+        strategy, changes = self.estimate.apply_recommendation(spec, event.got)
+        if not changes:
+            return None, "The job already follows the recommendation."
+        applied = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
+        return set_paths(spec, changes), f"Applied **{strategy}**: {applied}."

@@ -1,0 +1,143 @@
+"""The page's events through the functions Gradio calls: everything by name, one comparison per keystroke.
+
+A listener is fired as Gradio fires it: with one dict {component: value} (the components'
+current values, some replaced by id), and its answer read back by id.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+import tunedeck.backend.advisor as advisor
+from tunedeck.app.page import build_page
+from tunedeck.app.registry import Registry
+
+
+@pytest.fixture(scope="module")
+def blocks(tmp_path_factory):
+    return build_page(tmp_path_factory.mktemp("runs"), preset_id="7b-lora-ddp")
+
+
+def listener(blocks, component_id: str, trigger: str):
+    target = blocks.tunedeck_ui[component_id]._id
+    return next(fn for fn in blocks.fns.values() if any(t[0] == target and t[1] == trigger for t in fn.targets))
+
+
+def fire(blocks, component_id: str, trigger: str, **values) -> dict:
+    """Run the listener of `trigger` on `component_id` with the page's values, `values` (by id) replacing some."""
+    ui = blocks.tunedeck_ui
+    fn = listener(blocks, component_id, trigger)
+    got = {c: c.value for c in fn.inputs}
+    got.update({ui[i.replace("__", ".")]: v for i, v in values.items()})
+    answer = fn.fn(got)
+    return {} if answer == gr.skip() else ui.by_id(answer)  # a handler with nothing to change answers skip
+
+
+@pytest.fixture
+def comparisons(monkeypatch):
+    """How many times the strategies were compared (advisor._compare: every Advice comes from one call)."""
+    calls = []
+    compare = advisor._compare
+    monkeypatch.setattr(advisor, "_compare", lambda *a, **k: calls.append(a) or compare(*a, **k))
+    return calls
+
+
+def test_a_keystroke_compares_the_strategies_once(blocks, comparisons):
+    first = fire(blocks, "job.lora.r", "input", job__lora__r=8)
+    assert len(comparisons) == 1
+    # That one comparison is what the recommendation, the table and the chart show.
+    assert "Recommended" in first["estimate.recommendation"] or "Keep" in first["estimate.recommendation"]
+    assert len(first["estimate.table"]["value"]) >= 4 and len(first["estimate.chart"].data) >= 4
+
+    comparisons.clear()  # the next keystroke, from the browser that got the first answer
+    second = fire(
+        blocks, "job.lora.r", "input",
+        job__lora__r=16, job__shown=first["job.shown"], estimate__shown=first["estimate.shown"],
+    )  # fmt: skip
+    assert len(comparisons) == 1
+    assert "job.file_view" in second or "job.digest" in second  # the job changed: its bundle did
+
+
+def test_a_preset_compares_the_strategies_once(blocks, comparisons):
+    out = fire(blocks, "job.preset.70b-qlora-zero3", "click")
+    assert len(comparisons) == 1
+    assert out["job.method"]["value"] == "qlora" and "Loaded preset" in out["page.notice"]
+
+
+def test_every_listener_reads_its_inputs_by_name(blocks):
+    """Gradio passes a handler one dict when its inputs are a set: no listener depends on an order."""
+    listeners = [fn for fn in blocks.fns.values() if fn.fn is not None]
+    assert len(listeners) > 10
+    positional = [fn.name for fn in listeners if not fn.inputs_as_dict]
+    assert positional == []
+
+
+def test_a_tab_brought_into_view_is_drawn_and_remembered(blocks):
+    out = fire(blocks, "page.tab.gpus", "select")
+    assert out["page.in_view"] == "gpus" and "td-cards" in out["monitor.gauges"]  # drawn at once, not at the next tick
+    away = fire(blocks, "page.tab.job", "select", monitor__shown=out["monitor.shown"])
+    assert away["page.in_view"] == "job" and "monitor.gauges" not in away
+
+
+def test_the_gpu_tab_redraws_only_for_a_new_sample_and_only_in_view():
+    from tunedeck.app.monitor_view import MonitorShown, MonitorView
+    from tunedeck.app.section import Page
+    from tunedeck.backend.monitor import Monitor
+
+    monitor = Monitor()  # not started: a sample exists only when this test takes one
+    view = MonitorView(monitor)
+    with gr.Blocks():
+        view.build(Page(Registry()))
+    monitor.sample_once()
+    drawn = view.tick({view.shown: MonitorShown()}, "gpus")
+    assert "CPU" in drawn[view.gauges] and drawn[view.shown].sample_time == monitor.latest().time
+    assert view.tick({view.shown: drawn[view.shown]}, "gpus") == {}  # no new sample: nothing sent
+    assert view.tick({view.shown: MonitorShown()}, "job") == {}  # out of view: nothing drawn
+    monitor.sample_once()
+    assert view.gauges in view.tick({view.shown: drawn[view.shown]}, "gpus")
+
+
+def test_components_have_stable_ids(blocks):
+    ui = blocks.tunedeck_ui
+    for component_id in ("job.lora.r", "job.strategy.kind", "job.start", "estimate.apply", "run.stop", "run.log", "page.notice"):
+        assert component_id in ui
+    assert ui.id_of(ui["run.stop"]) == "run.stop"
+    with pytest.raises(KeyError, match="run.stop"):
+        ui["run.stopp"]  # a typo names the ids that exist
+    fresh = Registry()
+    fresh.add("run.stop", object())
+    with pytest.raises(ValueError, match="already taken"):
+        fresh.add("run.stop", object())
+
+
+def test_a_new_tab_is_one_section(tmp_path):
+    """How the after-training tabs will join: a Section builds, wires, and ticks while in view."""
+    from tunedeck.app.section import Page, Section
+
+    class Clock(Section):
+        id, title = "clock", "Clock"
+
+        def build(self, page):
+            self.text = page.ui.add("clock.text", gr.Markdown())
+
+        def wire(self, page):
+            page.on_tick(lambda got, in_view: {self.text: "tick"} if in_view == self.id else {}, inputs=[], outputs=[self.text])
+
+    class Home(Clock):
+        id, title = "home", "Home"
+
+        def build(self, page):
+            page.ui.add("home.text", gr.Markdown("home"))
+
+        def wire(self, page):
+            pass
+
+    page = Page(Registry())
+    with gr.Blocks() as blocks:
+        sections = [Home(), Clock()]
+        page.build(sections)
+        page.wire(blocks, sections)
+    blocks.tunedeck_ui = page.ui
+    assert fire(blocks, "page.timer", "tick") == {}  # the first tab is in view: the clock is not drawn
+    assert fire(blocks, "page.tab.clock", "select") == {"page.in_view": "clock", "clock.text": "tick"}
