@@ -16,8 +16,7 @@ from typing import Callable, Iterator, Literal
 import psutil
 
 from tunedeck.backend import catalog
-from tunedeck.backend.render.accelerate_yaml import fsdp_layer_cls
-from tunedeck.backend.render.deepspeed_json import DEFAULT_NVME_BUFFER_SIZE, nvme_param_buffer_size
+from tunedeck.backend.engine_facts import DEFAULT_NVME_BUFFER_SIZE, fsdp_layer_cls, nvme_param_buffer_size
 from tunedeck.backend.spec import JobSpec
 
 

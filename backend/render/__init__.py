@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+from functools import lru_cache
 from pathlib import Path
 
 from tunedeck.backend.render.accelerate_yaml import DEEPSPEED_CONFIG_FILE, render_accelerate_config
@@ -29,6 +30,15 @@ from tunedeck.backend.spec import JobSpec, spec_to_yaml
 # The training entrypoint ships in every bundle under TRAIN_SCRIPT's name.
 TRAIN_ENTRYPOINT = Path(__file__).resolve().parent.parent / "train.py"
 
+
+@lru_cache(maxsize=1)
+def train_script() -> str | None:
+    """train.py's text, read once: the panel renders a bundle on every change."""
+    try:
+        return TRAIN_ENTRYPOINT.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
 EXECUTABLE_FILES = frozenset({"launch.sh"})
 
 
@@ -43,8 +53,9 @@ def render_bundle(spec: JobSpec) -> dict[str, str]:
     files[TRAINING_ARGS_FILE] = render_training_args(spec)
     files["launch.sh"] = render_launch_sh(spec)
     files[SLURM_FILE] = render_slurm_sbatch(spec)
-    if TRAIN_ENTRYPOINT.is_file():
-        files[TRAIN_SCRIPT] = TRAIN_ENTRYPOINT.read_text(encoding="utf-8")
+    script = train_script()
+    if script is not None:
+        files[TRAIN_SCRIPT] = script
     files[REQUIREMENTS_FILE] = render_requirements(spec, tested_versions())
     files["README.md"] = render_bundle_readme(spec, list(files) + ["README.md"])
     return files

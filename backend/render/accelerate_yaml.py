@@ -10,22 +10,13 @@ from __future__ import annotations
 
 import yaml
 
-from tunedeck.backend import catalog
+from tunedeck.backend.engine_facts import fsdp_layer_cls
 from tunedeck.backend.spec import JobSpec
 
 DEEPSPEED_CONFIG_FILE = "ds_config.json"
 
 # Mixed precision names of `accelerate config` by training.precision.
 _MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
-
-
-def fsdp_layer_cls(spec: JobSpec) -> str | None:
-    """The decoder layer class FSDP wraps: the spec's, else the model architecture's, else None."""
-    explicit = spec.strategy.fsdp_transformer_layer_cls_to_wrap
-    if explicit:
-        return explicit
-    arch = catalog.lookup(spec.model.name_or_path)
-    return arch.decoder_layer_cls if arch is not None else None
 
 
 def distributed_type(spec: JobSpec) -> str:
