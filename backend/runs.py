@@ -1,6 +1,6 @@
 """Run manager: start a job as a run folder, watch it, stop it, re-attach, list past runs.
 
-A run is a folder under the runs directory (see DESIGN.md, "A run folder"): the job's
+A run is a folder under the runs directory: the job's
 bundle (job.yaml, accelerate_config.yaml, ds_config.json, training_args.yaml, launch.sh,
 train_sft.py), status.json, metrics.jsonl, logs/. The disk is the message bus: the
 manager keeps no state that a restart could lose. Each run is owned by a small

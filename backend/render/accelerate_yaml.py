@@ -29,7 +29,7 @@ def distributed_type(spec: JobSpec) -> str:
         # `accelerate config` refuses MULTI_GPU with one process on one machine.
         return "NO"
     # Also on CPU: MULTI_GPU + use_cpu runs real DDP over gloo, while MULTI_CPU and
-    # `--cpu` silently start ONE process (measured, see notes/cpu-distributed.md).
+    # `--cpu` silently start ONE process (measured, see docs/notes/cpu-distributed.md).
     return "MULTI_GPU"
 
 

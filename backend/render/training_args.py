@@ -1,7 +1,7 @@
 """training_args.yaml: the keyword arguments of TRL's SFTConfig, complete.
 
 The training entrypoint passes them as `SFTConfig(**kwargs)` unchanged, so this file
-is exactly what runs. It carries the CPU specifics too (measured, notes/cpu-distributed.md):
+is exactly what runs. It carries the CPU specifics too (measured, docs/notes/cpu-distributed.md):
 DDP on CPU needs `use_cpu: true` in the script (the accelerate YAML's use_cpu does not
 reach the processes), DeepSpeed on CPU needs `use_cpu: false`; both need gloo; and
 SFTConfig defaults bf16=True, so precision is always written out.

@@ -1,0 +1,64 @@
+"""The fast lane stays fast: a test that starts a launcher or a browser without its marker fails.
+
+Runs a small pytest session under this suite's conftest. The processes are stand-ins with the
+command lines the guard looks for (a Python script named `accelerate` run as `accelerate launch`,
+a program named `chromium`), so the check takes seconds; each lives long enough to be seen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+
+TESTS = '''
+import shutil, subprocess, sys
+import pytest
+
+def launcher(tmp_path):
+    script = tmp_path / "accelerate"
+    script.write_text("import time; time.sleep(2)")
+    subprocess.run([sys.executable, str(script), "launch", "--num_processes", "2", "train_sft.py"], check=True)
+
+def browser(tmp_path):
+    program = tmp_path / "chromium"
+    shutil.copy("/bin/sleep", program)
+    subprocess.run([str(program), "2"], check=True)
+
+def test_launcher_unmarked(tmp_path):
+    launcher(tmp_path)
+
+@pytest.mark.integration
+def test_launcher_marked(tmp_path):
+    launcher(tmp_path)
+
+def test_browser_unmarked(tmp_path):
+    browser(tmp_path)
+
+@pytest.mark.browser
+def test_browser_marked(tmp_path):
+    browser(tmp_path)
+
+def test_shell_stand_in_is_not_a_launcher(tmp_path):
+    stand_in = tmp_path / "accelerate"
+    stand_in.write_text("sleep 2")
+    subprocess.run(["bash", str(stand_in), "launch"], check=True)
+'''
+
+
+def test_unmarked_launcher_and_browser_fail_the_test(pytester):
+    pytester.makeconftest(CONFTEST.read_text(encoding="utf-8"))
+    pytester.makeini("[pytest]\nmarkers =\n    integration: x\n    browser: x\n")
+    pytester.makepyfile(test_guarded=TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed") == 5 and outcomes.get("errors") == 2, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_launcher_unmarked*",
+            "*accelerate launch --num_processes 2 train_sft.py  -> needs @pytest.mark.integration*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_browser_unmarked*", "*chromium 2  -> needs @pytest.mark.browser*"])
