@@ -6,8 +6,9 @@ second test session does not rebuild them.
 
 The fast lane (`bash dev.sh test-fast`) leaves out the tests marked `integration` (real
 multi-process runs) and `browser` (Chromium). A test that starts either without its marker
-fails: every process a test starts inherits a tag in its environment (also when it is
-detached, or started by a run's supervisor), and a watcher looks for launchers and browsers.
+fails: a watcher looks for launchers and browsers, and knows the test that started one by a tag
+in its environment (inherited also by detached processes and a run's supervisor), or, for a
+process started with an environment of its own, by being a descendant of this session.
 """
 
 from __future__ import annotations
@@ -24,9 +25,39 @@ TEST_TAG = "TUNEDECK_TEST_TAG"
 # Python runs it (the hostile tests' stand-in `accelerate` is a shell script that starts nothing).
 _PYTHON = r"^\S*python[\d.]* (?:-\S+ )*"
 NEEDS_MARKER = [
-    ("integration", re.compile(_PYTHON + r"(?:(?:\S*/)?(?:accelerate launch|torchrun)\b|-m (?:accelerate\.commands\.launch|torch\.distributed\.run)\b)")),
+    (
+        "integration",
+        re.compile(
+            _PYTHON
+            + r"(?:(?:\S*/)?(?:accelerate launch|torchrun)\b|-m (?:accelerate\.commands\.launch|torch\.distributed\.run)\b)"
+        ),
+    ),
     ("browser", re.compile(r"^\S*(?:chromium|chrome|headless_shell)\S*(?: |$)")),
 ]
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])  # the name before ")" may hold spaces
+
+
+def _command(pid: int | str) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+PYTEST = re.compile(r"(?:^| )-m ?pytest(?: |$)|(?:^|/)py\.?test(?: |$)")
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether pid was started by ancestor, and not by a pytest session of its own in between."""
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == ancestor:
+            return True
+        if PYTEST.search(_command(pid)):
+            return False
+    return False
 
 
 class ProcessWatcher(threading.Thread):
@@ -35,6 +66,7 @@ class ProcessWatcher(threading.Thread):
     def __init__(self):
         super().__init__(name="tunedeck-process-watcher", daemon=True)
         self.seen: dict[str, set[tuple[str, str]]] = {}  # tag -> {(marker, command line)}
+        self.current = ""  # the tag of the test running now
         self.stopped = threading.Event()
 
     def run(self):
@@ -44,15 +76,19 @@ class ProcessWatcher(threading.Thread):
     def scan(self):
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                command = _command(pid)
                 for marker, pattern in NEEDS_MARKER:
                     if pattern.search(command):
                         with open(f"/proc/{pid}/environ", "rb") as f:
                             tag = re.search(rb"(?:^|\0)" + TEST_TAG.encode() + rb"=([^\0]*)", f.read())
                         if tag:
-                            self.seen.setdefault(tag.group(1).decode(), set()).add((marker, command[:200]))
-            except OSError:  # gone meanwhile, or not ours to read
+                            owner = tag.group(1).decode()
+                        elif descends_from(int(pid), os.getpid()):
+                            owner = self.current
+                        else:
+                            continue  # another session's
+                        self.seen.setdefault(owner, set()).add((marker, command[:200]))
+            except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
                 continue
 
 
@@ -71,6 +107,9 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     os.environ[TEST_TAG] = f"{os.getpid()} {item.nodeid}"  # before any fixture of this test starts a process
+    watcher = getattr(item.config, "_process_watcher", None)
+    if watcher is not None:
+        watcher.current = os.environ[TEST_TAG]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -81,7 +120,9 @@ def pytest_runtest_makereport(item, call):
     if call.when != "teardown" or watcher is None or not report.passed:
         return
     watcher.scan()
-    unmarked = sorted((m, c) for m, c in watcher.seen.get(f"{os.getpid()} {item.nodeid}", ()) if item.get_closest_marker(m) is None)
+    unmarked = sorted(
+        (m, c) for m, c in watcher.seen.get(f"{os.getpid()} {item.nodeid}", ()) if item.get_closest_marker(m) is None
+    )
     if unmarked:
         started = "\n".join(f"  {command}  -> needs @pytest.mark.{marker}" for marker, command in unmarked)
         report.outcome = "failed"
@@ -114,4 +155,3 @@ def runs_dir(tmp_path) -> Path:
     path = tmp_path / "runs"
     path.mkdir()
     return path
-

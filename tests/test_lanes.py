@@ -13,7 +13,7 @@ pytest_plugins = ["pytester"]
 
 CONFTEST = Path(__file__).with_name("conftest.py")
 
-TESTS = '''
+TESTS = """
 import shutil, subprocess, sys
 import pytest
 
@@ -41,11 +41,16 @@ def test_browser_unmarked(tmp_path):
 def test_browser_marked(tmp_path):
     browser(tmp_path)
 
+def test_launcher_with_an_environment_of_its_own(tmp_path):
+    script = tmp_path / "accelerate"
+    script.write_text("import time; time.sleep(2)")
+    subprocess.run([sys.executable, str(script), "launch"], env={"PATH": "/usr/bin:/bin"}, check=True)
+
 def test_shell_stand_in_is_not_a_launcher(tmp_path):
     stand_in = tmp_path / "accelerate"
     stand_in.write_text("sleep 2")
     subprocess.run(["bash", str(stand_in), "launch"], check=True)
-'''
+"""
 
 
 def test_unmarked_launcher_and_browser_fail_the_test(pytester):
@@ -54,11 +59,16 @@ def test_unmarked_launcher_and_browser_fail_the_test(pytester):
     pytester.makepyfile(test_guarded=TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == 5 and outcomes.get("errors") == 2, result.stdout.str()
+    assert outcomes.get("passed") == 6 and outcomes.get("errors") == 3, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_launcher_unmarked*",
             "*accelerate launch --num_processes 2 train_sft.py  -> needs @pytest.mark.integration*",
         ]
     )
-    result.stdout.fnmatch_lines(["*ERROR at teardown of test_browser_unmarked*", "*chromium 2  -> needs @pytest.mark.browser*"])
+    result.stdout.fnmatch_lines(
+        ["*ERROR at teardown of test_browser_unmarked*", "*chromium 2  -> needs @pytest.mark.browser*"]
+    )
+    result.stdout.fnmatch_lines(
+        ["*ERROR at teardown of test_launcher_with_an_environment_of_its_own*", "*accelerate launch  -> needs*"]
+    )

@@ -31,7 +31,11 @@ REPO = Path(__file__).resolve().parent.parent
 # (layer, rank, module-name pattern); the first match places a module. A new module must be placed.
 LAYERS = [
     ("core", 0, r"tunedeck(\.backend)?"),
-    ("core", 0, r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate|catalog|engine_facts|vocabulary|applies|problem|presets)"),
+    (
+        "core",
+        0,
+        r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate|catalog|engine_facts|vocabulary|applies|problem|presets)",
+    ),
     ("render", 1, r"tunedeck\.backend\.render(\..+)?"),
     ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*)"),
     ("runs", 2, r"tunedeck\.backend\.(runs?_\w+|runs|supervisor|preflight|smoke|tail|monitor|demo|bundle_check|train)"),

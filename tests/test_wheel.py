@@ -29,7 +29,9 @@ from panel.browser import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parent.parent
-NOT_SOURCES = shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__", "tests", "runs", "test-artifacts")
+NOT_SOURCES = shutil.ignore_patterns(
+    ".*", "build", "dist", "*.egg-info", "__pycache__", "tests", "runs", "test-artifacts"
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +39,8 @@ def wheel(tmp_path_factory) -> Path:
     """The wheel, built from a copy of the checkout (a build in place could ship stale build/ files)."""
     work = tmp_path_factory.mktemp("wheel")
     shutil.copytree(REPO, work / "src", ignore=NOT_SOURCES)
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(work / "dist"), str(work / "src")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+    built = subprocess.run([*pip_wheel, "-w", work / "dist", work / "src"], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     (wheel,) = (work / "dist").glob("tunedeck-*.whl")
     return wheel
@@ -62,9 +60,11 @@ def installed(wheel, tmp_path_factory) -> dict:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.check_output([python, "-c", where], text=True).strip())
     ours = sysconfig.get_paths()
-    (site / "zz_training_stack.pth").write_text(f"{ours['purelib']}\n{ours['platlib']}\n")
+    stack = dict.fromkeys([ours["purelib"], ours["platlib"]])
+    (site / "zz_training_stack.pth").write_text("".join(f"{path}\n" for path in stack))
     outside = root / "elsewhere"
     outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH")}
@@ -74,7 +74,12 @@ def installed(wheel, tmp_path_factory) -> dict:
 
 def run(installed, *args, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(a) for a in args], cwd=installed["cwd"], env=installed["env"], capture_output=True, text=True, timeout=timeout
+        [str(a) for a in args],
+        cwd=installed["cwd"],
+        env=installed["env"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -117,7 +122,9 @@ def test_presets_export_and_estimate_from_outside_the_repository(installed):
     assert exported.returncode == 0, exported.stderr
     bundle = installed["cwd"] / "bundle"
     assert (bundle / "train_sft.py").read_text() == (REPO / "backend" / "train.py").read_text()
-    pins = {line for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith(("trl==", "torch=="))}
+    pins = {
+        line for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith(("trl==", "torch=="))
+    }
     assert len(pins) == 2 and pins <= set((bundle / "requirements.txt").read_text().splitlines())
 
     estimated = run(installed, installed["tunedeck"], "estimate", "7b-lora-ddp", "--gpu-mem", "80", "--json")
