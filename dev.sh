@@ -2,7 +2,7 @@
 # One entry point for a fresh checkout with only Python 3.11:
 #   bash dev.sh demo       set up .venv, build the demo model/data, open the panel on the demo preset
 #   bash dev.sh test       set up .venv (and Chromium for the browser tests), lint, run the whole test suite
-#   bash dev.sh test-fast  lint, then every test but the multi-process runs and the browser (2 minutes)
+#   bash dev.sh test-fast  lint, then every test but the multi-process runs, the browser and the slow (2 minutes)
 #   bash dev.sh lint       ruff check and ruff format --check (`.venv/bin/ruff format .` fixes the format)
 # Extra arguments go to the panel (demo) or to pytest (test, test-fast).
 set -euo pipefail
@@ -58,7 +58,7 @@ case "${1:-}" in
     lint
     # The hostile property test tries 120 generated jobs in the full suite, 25 here.
     export TUNEDECK_HOSTILE_EXAMPLES=${TUNEDECK_HOSTILE_EXAMPLES:-25}
-    exec .venv/bin/python -m pytest -m "not integration and not browser" "$@"
+    exec .venv/bin/python -m pytest -m "not integration and not browser and not slow" "$@"
     ;;
   lint)
     setup_venv

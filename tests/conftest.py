@@ -66,6 +66,7 @@ class ProcessWatcher(threading.Thread):
     def __init__(self):
         super().__init__(name="tunedeck-process-watcher", daemon=True)
         self.seen: dict[str, set[tuple[str, str]]] = {}  # tag -> {(marker, command line)}
+        self.owners: dict[tuple[str, str], str] = {}  # (pid, command line) -> tag, fixed when first seen
         self.current = ""  # the tag of the test running now
         self.stopped = threading.Event()
 
@@ -84,7 +85,7 @@ class ProcessWatcher(threading.Thread):
                         if tag:
                             owner = tag.group(1).decode()
                         elif descends_from(int(pid), os.getpid()):
-                            owner = self.current
+                            owner = self.owners.setdefault((pid, command), self.current)
                         else:
                             continue  # another session's
                         self.seen.setdefault(owner, set()).add((marker, command[:200]))

@@ -2,7 +2,7 @@
 
 Runs a small pytest session under this suite's conftest. The processes are stand-ins with the
 command lines the guard looks for (a Python script named `accelerate` run as `accelerate launch`,
-a program named `chromium`), so the check takes seconds; each lives long enough to be seen.
+a program named `chromium`), so the check takes seconds.
 """
 
 from __future__ import annotations
@@ -14,18 +14,26 @@ pytest_plugins = ["pytester"]
 CONFTEST = Path(__file__).with_name("conftest.py")
 
 TESTS = """
-import shutil, subprocess, sys
+import shutil, subprocess, sys, time
 import pytest
 
-def launcher(tmp_path):
+# Each stand-in is left running for 3 s: the check at the end of the test sees it (and so does the
+# watcher's poll, which is what sees the real launchers and browsers that live for minutes).
+
+def started(*argv, env=None):
+    proc = subprocess.Popen(argv, env=env)
+    while not open(f"/proc/{proc.pid}/cmdline", "rb").read():  # empty for a moment after the exec
+        time.sleep(0.01)
+
+def launcher(tmp_path, env=None):
     script = tmp_path / "accelerate"
-    script.write_text("import time; time.sleep(2)")
-    subprocess.run([sys.executable, str(script), "launch", "--num_processes", "2", "train_sft.py"], check=True)
+    script.write_text("import time; time.sleep(3)")
+    started(sys.executable, str(script), "launch", "--num_processes", "2", "train_sft.py", env=env)
 
 def browser(tmp_path):
     program = tmp_path / "chromium"
     shutil.copy("/bin/sleep", program)
-    subprocess.run([str(program), "2"], check=True)
+    started(str(program), "3")
 
 def test_launcher_unmarked(tmp_path):
     launcher(tmp_path)
@@ -42,14 +50,12 @@ def test_browser_marked(tmp_path):
     browser(tmp_path)
 
 def test_launcher_with_an_environment_of_its_own(tmp_path):
-    script = tmp_path / "accelerate"
-    script.write_text("import time; time.sleep(2)")
-    subprocess.run([sys.executable, str(script), "launch"], env={"PATH": "/usr/bin:/bin"}, check=True)
+    launcher(tmp_path, env={"PATH": "/usr/bin:/bin"})
 
 def test_shell_stand_in_is_not_a_launcher(tmp_path):
     stand_in = tmp_path / "accelerate"
-    stand_in.write_text("sleep 2")
-    subprocess.run(["bash", str(stand_in), "launch"], check=True)
+    stand_in.write_text("sleep 3")
+    started("bash", str(stand_in), "launch")
 """
 
 
@@ -63,12 +69,15 @@ def test_unmarked_launcher_and_browser_fail_the_test(pytester):
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_launcher_unmarked*",
-            "*accelerate launch --num_processes 2 train_sft.py  -> needs @pytest.mark.integration*",
+            "*accelerate launch --num_processes 2 *-> needs @pytest.mark.integration*",
         ]
     )
     result.stdout.fnmatch_lines(
-        ["*ERROR at teardown of test_browser_unmarked*", "*chromium 2  -> needs @pytest.mark.browser*"]
+        ["*ERROR at teardown of test_browser_unmarked*", "*chromium 3  -> needs @pytest.mark.browser*"]
     )
     result.stdout.fnmatch_lines(
-        ["*ERROR at teardown of test_launcher_with_an_environment_of_its_own*", "*accelerate launch  -> needs*"]
+        [
+            "*ERROR at teardown of test_launcher_with_an_environment_of_its_own*",
+            "*accelerate launch --num_processes 2 *-> needs @pytest.mark.integration*",
+        ]
     )
