@@ -2,7 +2,7 @@
 repository, the `tunedeck` command lists the presets, exports a bundle, estimates and serves the
 panel from a folder outside the repository, and the wheel claims no generic top-level names.
 
-The fresh venv gets the training stack and Gradio by one line in a .pth file that points at the
+The fresh venv gets the training stack and Gradio by a .pth file that points at the
 site-packages of the interpreter running the tests (installing them afresh takes minutes and needs
 an index). A folder listed in a .pth file does not have its own .pth files run, so an editable
 install of this repository there stays switched off; the tests check where `tunedeck` comes from.
@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 import urllib.request
 import venv
@@ -62,8 +61,7 @@ def installed(wheel, tmp_path_factory) -> dict:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(subprocess.check_output([python, "-c", where], text=True).strip())
-    ours = sysconfig.get_paths()
-    stack = dict.fromkeys([ours["purelib"], ours["platlib"]])
+    stack = dict.fromkeys(path for path in sys.path if path.endswith("site-packages"))  # ours, and any it adds
     (site / "zz_training_stack.pth").write_text("".join(f"{path}\n" for path in stack))
     outside = root / "elsewhere"
     outside.mkdir()
