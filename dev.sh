@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One entry point for a fresh checkout with only Python 3.11:
-#   bash dev.sh demo   set up .venv, build the demo model/data, open the panel on the demo preset
-#   bash dev.sh test   set up .venv (and Chromium for the browser tests), run the whole test suite
-# Extra arguments go to the panel (demo) or to pytest (test).
+#   bash dev.sh demo       set up .venv, build the demo model/data, open the panel on the demo preset
+#   bash dev.sh test       set up .venv (and Chromium for the browser tests), lint, run the whole test suite
+#   bash dev.sh test-fast  lint, then every test but the multi-process runs, the browser and the slow (2 minutes)
+#   bash dev.sh lint       ruff check and ruff format --check (`.venv/bin/ruff format .` fixes the format)
+# Extra arguments go to the panel (demo) or to pytest (test, test-fast).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -32,6 +34,11 @@ setup_chromium() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium fonts-dejavu-core >/dev/null
 }
 
+lint() {
+  .venv/bin/ruff check .
+  .venv/bin/ruff format --check .
+}
+
 case "${1:-}" in
   demo)
     shift
@@ -42,10 +49,23 @@ case "${1:-}" in
     shift
     setup_venv
     setup_chromium
+    lint
     exec .venv/bin/python -m pytest "$@"
     ;;
+  test-fast)
+    shift
+    setup_venv
+    lint
+    # The hostile property test tries 120 generated jobs in the full suite, 25 here.
+    export TUNEDECK_HOSTILE_EXAMPLES=${TUNEDECK_HOSTILE_EXAMPLES:-25}
+    exec .venv/bin/python -m pytest -m "not integration and not browser and not slow" "$@"
+    ;;
+  lint)
+    setup_venv
+    lint
+    ;;
   *)
-    echo "usage: bash dev.sh demo | bash dev.sh test [pytest args]" >&2
+    echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh test-fast [pytest args] | bash dev.sh lint" >&2
     exit 2
     ;;
 esac

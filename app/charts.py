@@ -92,18 +92,3 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
     fig.update_yaxes(exponentformat="e", row=1, col=1)
     fig.update_layout(height=260, **{**_LAYOUT, "margin": dict(l=50, r=20, t=30, b=40)})
     return fig
-
-
-def sparkline(values: Sequence[float], title: str, unit: str, y_max: float | None = None) -> go.Figure:
-    """A small history line for the monitor (last samples, newest at the right)."""
-    fig = go.Figure(go.Scatter(y=list(values), mode="lines", fill="tozeroy", line=dict(color=COLORS[0], width=1.5)))
-    fig.update_layout(
-        title=dict(text=title, font=dict(size=12)),
-        height=150,
-        margin=dict(l=40, r=10, t=30, b=20),
-        template="plotly_white",
-        showlegend=False,
-        yaxis=dict(range=[0, y_max] if y_max else None, ticksuffix=unit),
-        xaxis=dict(showticklabels=False),
-    )
-    return fig

@@ -2,7 +2,7 @@
 
     check_bundle(directory) -> BundleCheck   (raises BundleCheckError naming the file)
 
-What each library checks itself (notes/cpu-distributed.md, "Checking configs without launching"):
+What each library checks itself (docs/notes/cpu-distributed.md, "Checking configs without launching"):
 - accelerate: its config loader reads accelerate_config.yaml; its `launch` parser and
   `_validate_launch_command` resolve the launch line of launch.sh; its environment
   builders (`prepare_multi_gpu_env`, `prepare_deepspeed_cmd_env`, ...) give the

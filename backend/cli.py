@@ -1,7 +1,8 @@
 """`tunedeck` command line: one parser, subcommands registered by the modules that own them.
 
 Each command module exposes `register(subparsers)` and keeps its heavy imports inside
-the handlers, so `tunedeck presets` starts in a fraction of a second.
+the handlers, so `tunedeck presets` starts in a fraction of a second. The console script
+(tunedeck/__main__.py) adds the panel's `ui`; the CLI itself never imports the panel.
 """
 
 from __future__ import annotations
@@ -10,23 +11,22 @@ import argparse
 import importlib
 import sys
 
-# Order here is the order in `tunedeck --help`.
+# The CLI's own commands, in `tunedeck --help` order.
 COMMAND_MODULES = [
-    "tunedeck.backend.cli_spec",  # presets, schema, validate, export
-    "tunedeck.app.cli_ui",  # ui
+    "tunedeck.backend.cli_spec",  # presets, schema, validate, export, check
     "tunedeck.backend.cli_runs",  # train, runs
     "tunedeck.backend.cli_estimate",  # estimate
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command_modules: list[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tunedeck",
         description="Control panel and CLI for distributed LLM fine-tuning (DDP, DeepSpeed ZeRO, FSDP).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
+    for name in command_modules:
         importlib.import_module(name).register(sub)
     return parser
 
@@ -61,8 +61,8 @@ def print_problems(rows) -> None:
         print(f"{level}: {field or 'spec'}: {message}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, command_modules: list[str] = COMMAND_MODULES) -> int:
+    args = build_parser(command_modules).parse_args(argv)
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
@@ -71,5 +71,5 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the CLI alone; `python -m tunedeck` adds the panel
     raise SystemExit(main())

@@ -123,7 +123,7 @@ def _on_cpu(spec: JobSpec) -> dict:
         "launch.gpu_ids": "all",
     }
     if spec.strategy.is_deepspeed or t.precision == "fp16":
-        # DeepSpeed on CPU refuses bf16 and fp16; CPU autocast has no fp16 (notes/cpu-distributed.md).
+        # DeepSpeed on CPU refuses bf16 and fp16; CPU autocast has no fp16 (docs/notes/cpu-distributed.md).
         changes["training.precision"] = "fp32"
     if t.optim in GPU_ONLY_OPTIMIZERS:
         changes["training.optim"] = "adamw_torch"

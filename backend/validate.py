@@ -3,7 +3,7 @@
 spec.py checks what one field alone can check (types, ranges, choices). Here are the
 combinations that the libraries reject late (after minutes of model loading), reject
 with an unhelpful message, or, worse, accept while silently doing something else
-(see notes/cpu-distributed.md). Errors block export and launch; warnings are advice
+(see docs/notes/cpu-distributed.md). Errors block export and launch; warnings are advice
 from the seed guides and the libraries' documentation.
 
 The rules live by area: validate_method.py (what is trained), validate_strategy.py (how the

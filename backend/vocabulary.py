@@ -44,7 +44,7 @@ STRATEGIES: dict[str, Strategy] = {
     s.kind: s
     for s in (
         # MULTI_GPU also on CPU: with use_cpu it runs real DDP over gloo, while MULTI_CPU starts one
-        # process (measured, notes/cpu-distributed.md).
+        # process (measured, docs/notes/cpu-distributed.md).
         Strategy("ddp", "DDP", "DDP (a full model copy per process)", "ddp", None, (), (), (), "MULTI_GPU"),
         Strategy(
             "zero1", "ZeRO-1", "DeepSpeed ZeRO-1 (optimizer states sharded)",

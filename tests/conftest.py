@@ -1,15 +1,133 @@
-"""Fixtures shared by every part of the suite.
+"""Fixtures shared by every part of the suite, and the guard of the fast lane.
 
 The demo model, tokenizer and data are built once per machine (deterministically, no
 downloads) and cached under $TUNEDECK_HOME/demo (default ~/.cache/tunedeck/demo), so a
 second test session does not rebuild them.
+
+The fast lane (`bash dev.sh test-fast`) leaves out the tests marked `integration` (real
+multi-process runs) and `browser` (Chromium). A test that starts either without its marker
+fails: a watcher looks for launchers and browsers, and knows the test that started one by a tag
+in its environment (inherited also by detached processes and a run's supervisor), or, for a
+process started with an environment of its own, by being a descendant of this session.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import threading
 from pathlib import Path
 
 import pytest
+
+TEST_TAG = "TUNEDECK_TEST_TAG"
+# What needs a marker: (marker, pattern over a process's command line). A launcher counts when
+# Python runs it (the hostile tests' stand-in `accelerate` is a shell script that starts nothing).
+_PYTHON = r"^\S*python[\d.]* (?:-\S+ )*"
+NEEDS_MARKER = [
+    (
+        "integration",
+        re.compile(
+            _PYTHON
+            + r"(?:(?:\S*/)?(?:accelerate launch|torchrun)\b|-m (?:accelerate\.commands\.launch|torch\.distributed\.run)\b)"
+        ),
+    ),
+    ("browser", re.compile(r"^\S*(?:chromium|chrome|headless_shell)\S*(?: |$)")),
+]
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])  # the name before ")" may hold spaces
+
+
+def _command(pid: int | str) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+PYTEST = re.compile(r"(?:^| )-m ?pytest(?: |$)|(?:^|/)py\.?test(?: |$)")
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether pid was started by ancestor, and not by a pytest session of its own in between."""
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == ancestor:
+            return True
+        if PYTEST.search(_command(pid)):
+            return False
+    return False
+
+
+class ProcessWatcher(threading.Thread):
+    """Every 0.3 s, the processes whose command line needs a marker, by the tag of the test that started them."""
+
+    def __init__(self):
+        super().__init__(name="tunedeck-process-watcher", daemon=True)
+        self.seen: dict[str, set[tuple[str, str]]] = {}  # tag -> {(marker, command line)}
+        self.owners: dict[tuple[str, str], str] = {}  # (pid, command line) -> tag, fixed when first seen
+        self.current = ""  # the tag of the test running now
+        self.stopped = threading.Event()
+
+    def run(self):
+        while not self.stopped.wait(0.3):
+            self.scan()
+
+    def scan(self):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                command = _command(pid)
+                for marker, pattern in NEEDS_MARKER:
+                    if pattern.search(command):
+                        with open(f"/proc/{pid}/environ", "rb") as f:
+                            tag = re.search(rb"(?:^|\0)" + TEST_TAG.encode() + rb"=([^\0]*)", f.read())
+                        if tag:
+                            owner = tag.group(1).decode()
+                        elif descends_from(int(pid), os.getpid()):
+                            owner = self.owners.setdefault((pid, command), self.current)
+                        else:
+                            continue  # another session's
+                        self.seen.setdefault(owner, set()).add((marker, command[:200]))
+            except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
+                continue
+
+
+def pytest_configure(config):
+    if os.path.isdir("/proc/self"):
+        config._process_watcher = ProcessWatcher()
+        config._process_watcher.start()
+
+
+def pytest_unconfigure(config):
+    watcher = getattr(config, "_process_watcher", None)
+    if watcher is not None:
+        watcher.stopped.set()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    os.environ[TEST_TAG] = f"{os.getpid()} {item.nodeid}"  # before any fixture of this test starts a process
+    watcher = getattr(item.config, "_process_watcher", None)
+    if watcher is not None:
+        watcher.current = os.environ[TEST_TAG]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    watcher = getattr(item.config, "_process_watcher", None)
+    if call.when != "teardown" or watcher is None or not report.passed:
+        return
+    watcher.scan()
+    unmarked = sorted(
+        (m, c) for m, c in watcher.seen.get(f"{os.getpid()} {item.nodeid}", ()) if item.get_closest_marker(m) is None
+    )
+    if unmarked:
+        started = "\n".join(f"  {command}  -> needs @pytest.mark.{marker}" for marker, command in unmarked)
+        report.outcome = "failed"
+        report.longrepr = f"this test started processes the fast lane leaves out, without their marker:\n{started}"
 
 
 @pytest.fixture(scope="session")
@@ -38,4 +156,3 @@ def runs_dir(tmp_path) -> Path:
     path = tmp_path / "runs"
     path.mkdir()
     return path
-

@@ -5,7 +5,7 @@ is exactly what runs. A spec field that is an SFTConfig argument says so itself 
 in backend/spec_sections.py) and is copied here by name where it applies (backend/applies.py);
 only the keys derived from several fields, or from where the job runs, are written by hand.
 
-It carries the CPU specifics too (measured, notes/cpu-distributed.md): DDP on CPU needs
+It carries the CPU specifics too (measured, docs/notes/cpu-distributed.md): DDP on CPU needs
 `use_cpu: true` in the script (the accelerate YAML's use_cpu does not reach the processes),
 DeepSpeed on CPU needs `use_cpu: false`; both need gloo; and SFTConfig defaults bf16=True, so
 precision is always written out.

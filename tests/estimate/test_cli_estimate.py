@@ -113,6 +113,7 @@ def test_bad_input_names_the_field_and_exits_nonzero(args, field):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # builds the demo model and data
 def test_demo_preset_on_a_fresh_machine_builds_the_demo_first(tmp_path):
     # A newcomer's first command may be this one: the demo's architecture comes from its built config.json.
     env = {**os.environ, "TUNEDECK_HOME": str(tmp_path)}

@@ -22,6 +22,7 @@ from tunedeck.backend.spec import set_paths
 
 PROBE = Path(__file__).with_name("load_probe.py")
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # two real ranks under torchrun
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,7 @@ class PanelServer:
         self.log_path = runs_dir.parent / f"panel-{self.port}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tunedeck.backend.cli", "ui", "--port", str(self.port), "--runs-dir", str(runs_dir), *args],
+            [sys.executable, "-m", "tunedeck", "ui", "--port", str(self.port), "--runs-dir", str(runs_dir), *args],
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=self._log,

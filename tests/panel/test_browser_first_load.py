@@ -18,7 +18,7 @@ import zipfile
 import pytest
 from panel.browser import EVENTS_TAP_JS, PanelServer, code_text, field, settle, text_of, wait_text
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(1200)]  # 10 panels, each starts a run
 
 PANELS = 10
 PRESET = "demo"  # the one preset that can start on a machine without a GPU; the page opens on the 7B default

@@ -24,7 +24,7 @@ from panel.browser import (
     wait_text,
 )
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]  # the first test waits for the panel to boot
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from panel.browser import (
 )
 from runs.helpers import processes_working_in, run_processes, still_alive, wait_for
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(600)]  # real demo runs
 
 LONG_RUN = 5000  # steps: long enough that the run is still going when the test stops it
 

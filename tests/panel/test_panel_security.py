@@ -194,6 +194,7 @@ def test_failed_sign_ins_are_slowed_and_limited_per_client_and_overall(panels):
     assert post_login(server, "bob", "other", "127.0.2.1").status == 429
 
 
+@pytest.mark.slow  # a panel started and stopped twice
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_a_stopped_panel_removes_its_temporary_files(how, tmp_path):
     temp = tmp_path / "tmp"

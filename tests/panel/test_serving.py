@@ -38,7 +38,7 @@ def test_credentials_from_flag_and_file(tmp_path):
 
 def test_cli_refuses_public_bind_without_auth():
     proc = subprocess.run(
-        [sys.executable, "-m", "tunedeck.backend.cli", "ui", "--host", "0.0.0.0", "--port", "7999"],
+        [sys.executable, "-m", "tunedeck", "ui", "--host", "0.0.0.0", "--port", "7999"],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2
@@ -48,7 +48,7 @@ def test_cli_refuses_public_bind_without_auth():
 
 def test_cli_rejects_unknown_preset():
     proc = subprocess.run(
-        [sys.executable, "-m", "tunedeck.backend.cli", "ui", "--preset", "nope", "--port", "7999"],
+        [sys.executable, "-m", "tunedeck", "ui", "--preset", "nope", "--port", "7999"],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2 and "unknown preset 'nope'" in proc.stderr

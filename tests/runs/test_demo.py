@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tunedeck.backend.demo import FORMATS, PACKAGE_DIR, build_stamp, is_built
 
 
@@ -18,6 +20,7 @@ def digests(folder) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow  # builds the demo model and data
 def test_demo_build_is_deterministic(demo_home, tmp_path):
     # A second build, in a fresh process with networking to the hub disabled, gives the same bytes.
     other = tmp_path / "demo"

@@ -1,4 +1,4 @@
-"""The sanity gate against every silent launch trap measured on CPU (notes/cpu-distributed.md).
+"""The sanity gate against every silent launch trap measured on CPU (docs/notes/cpu-distributed.md).
 
 Each test writes a real bundle, launches it the wrong way with the real launcher, and
 checks that the run stops with a failure naming the difference, before training: these

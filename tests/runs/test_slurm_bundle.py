@@ -14,9 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .helpers import end_record, log_records, logs_tail, start_record
 
 BIN = Path(sys.executable).parent
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # two accelerate launch "nodes"
 
 SRUN = """#!/usr/bin/env bash
 # stand-in for srun: run the last argument with bash once per node, in parallel, like srun -N,

@@ -1,7 +1,7 @@
 """Real training runs: `accelerate launch` subprocesses with several ranks on CPU (gloo).
 
 Each test checks the start record, what the run actually got, not only the exit
-code: several launch modes exit 0 while running one process (notes/cpu-distributed.md).
+code: several launch modes exit 0 while running one process (docs/notes/cpu-distributed.md).
 Steps are kept few; a distributed case costs ~15 s on 2 cores.
 """
 

@@ -111,6 +111,7 @@ def test_presets_table_and_schema():
     )
 
 
+@pytest.mark.slow  # imports the training stack in a subprocess
 def test_check_command_reports_what_accelerate_would_start(tmp_path):
     assert tunedeck("export", "7b-full-zero2", "-o", str(tmp_path)).returncode == 0
     ok = tunedeck("check", str(tmp_path))

@@ -64,7 +64,7 @@ CASES = [
     ("7b-lora-ddp", ["training.per_device_train_batch_size=16", "training.gradient_accumulation_steps=1"], "warning", "training.per_device_train_batch_size", "gradient_accumulation_steps"),
     ("7b-lora-ddp", ["training.eval_steps=10"], "warning", "training.eval_steps", "dataset.eval_split"),
     ("7b-lora-ddp", ["dataset.text_field=' '"], "error", "dataset.text_field", "give its name"),
-    # Traps measured on CPU (notes/cpu-distributed.md)
+    # Traps measured on CPU (docs/notes/cpu-distributed.md)
     ("demo", ["strategy.kind=fsdp", "strategy.fsdp_version=1"], "error", "strategy.fsdp_version", "strategy.fsdp_version=2"),
     ("demo", ["strategy.kind=zero2", "training.precision=bf16", "model.dtype=bfloat16"], "error", "training.precision", "training.precision=fp32"),
     ("demo", ["training.precision=fp16", "model.dtype=float16"], "error", "training.precision", "training.precision=fp32"),

@@ -1,0 +1,181 @@
+"""The layers of the code, enforced: no module imports one from a layer above it or beside it.
+
+    0 core      spec*, untrusted, fields, validate, catalog, engine_facts, ...: the job and its rules
+    1 render    render/: the generated files         | estimate   memory*, advisor, estimate
+    2 runs      run*, supervisor, preflight, smoke, tail, monitor, demo, bundle_check, train
+    3 cli       backend/cli*.py                      | app        the panel (app/)
+    4 tunedeck/__main__.py: the console script, the one place that composes both front ends
+
+Layers of the same rank are peers and do not import each other: the CLI and the panel are two
+front ends over the same API, render and estimate two readings of the same spec.
+backend/train.py ships alone in every bundle (train_sft.py) and backend/supervisor.py runs as a
+bare script, so they import nothing of tunedeck.
+
+Imports are read with ast, function-local ones included: the code imports heavy or optional
+parts inside functions, and those are dependencies all the same. A string that is exactly a
+module's name (importlib.import_module, a command registry) counts as an import too.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# (layer, rank, module-name pattern); the first match places a module. A new module must be placed.
+LAYERS = [
+    ("core", 0, r"tunedeck(\.backend)?"),
+    (
+        "core",
+        0,
+        r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate|catalog|engine_facts|vocabulary|applies|problem|presets)",
+    ),
+    ("render", 1, r"tunedeck\.backend\.render(\..+)?"),
+    ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*)"),
+    ("runs", 2, r"tunedeck\.backend\.(runs?_\w+|runs|supervisor|preflight|smoke|tail|monitor|demo|bundle_check|train)"),
+    ("cli", 3, r"tunedeck\.backend\.cli\w*"),
+    ("app", 3, r"tunedeck\.app(\..+)?"),
+    ("entry", 4, r"tunedeck\.__main__"),
+]
+STANDALONE = {"tunedeck.backend.train", "tunedeck.backend.supervisor"}
+
+
+def package_sources(root: Path = REPO) -> dict[str, str]:
+    """Module name -> source of every module the wheel installs (the root, app/, backend/)."""
+    files = [*root.glob("*.py"), *root.glob("app/**/*.py"), *root.glob("backend/**/*.py")]
+    sources = {}
+    for file in files:
+        parts = file.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        sources[".".join(("tunedeck", *parts))] = file.read_text(encoding="utf-8")
+    return sources
+
+
+def layer_of(module: str) -> tuple[str, int] | None:
+    for name, rank, pattern in LAYERS:
+        if re.fullmatch(pattern, module):
+            return name, rank
+    return None
+
+
+def imported_modules(module: str, source: str, known: set[str]) -> list[tuple[int, str]]:
+    """(line, tunedeck module) for every import in the source, wherever it sits."""
+    is_package = any(name.startswith(module + ".") for name in known) or module == "tunedeck"
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from .x import y, from .. import z
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:  # `from tunedeck.backend import catalog` imports a module
+                sub = f"{base}.{alias.name}"
+                found.append((node.lineno, sub if sub in known else base))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known:
+            found.append((node.lineno, node.value))
+    return sorted({(line, name) for line, name in found if name == "tunedeck" or name.startswith("tunedeck.")})
+
+
+def layering_violations(sources: dict[str, str]) -> list[str]:
+    """Every import that goes up or sideways, each as 'module:line imports target (why)'."""
+    known = set(sources)
+    problems = []
+    for module, source in sorted(sources.items()):
+        home = layer_of(module)
+        if home is None:
+            problems.append(f"{module} is in no layer: place it in LAYERS in tests/test_layers.py")
+            continue
+        for line, target in imported_modules(module, source, known):
+            if target == module or module.startswith(target + "."):
+                continue  # itself, or its own parent package (imported by Python anyway)
+            where = f"{module}:{line} imports {target}"
+            if module in STANDALONE:
+                problems.append(f"{where} ({module} runs without tunedeck)")
+                continue
+            there = layer_of(target)
+            if there is None:
+                problems.append(f"{where} (no such module, or it is in no layer)")
+            elif there[1] > home[1]:
+                problems.append(f"{where} ({home[0]} must not import {there[0]}, a layer above it)")
+            elif there[1] == home[1] and there[0] != home[0]:
+                problems.append(f"{where} ({home[0]} and {there[0]} are peers: neither imports the other)")
+    return problems
+
+
+def test_the_package_keeps_its_layers():
+    sources = package_sources()
+    assert {"tunedeck.backend.spec", "tunedeck.app.page", "tunedeck.__main__"} <= set(sources)
+    assert layering_violations(sources) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "added", "expected"),
+    [
+        (  # core reaching a generator, inside a function
+            "tunedeck.backend.validate",
+            "def f():\n    from tunedeck.backend.render.accelerate_yaml import render_accelerate_config\n",
+            "tunedeck.backend.validate:{n} imports tunedeck.backend.render.accelerate_yaml "
+            "(core must not import render, a layer above it)",
+        ),
+        (  # the CLI registering the panel's command by name
+            "tunedeck.backend.cli",
+            'COMMANDS = ["tunedeck.app.cli_ui"]\n',
+            "tunedeck.backend.cli:{n} imports tunedeck.app.cli_ui (cli and app are peers: neither imports the other)",
+        ),
+        (  # the panel reaching into the CLI, relatively
+            "tunedeck.app.page",
+            "from ..backend import cli_runs\n",
+            "tunedeck.app.page:{n} imports tunedeck.backend.cli_runs (app and cli are peers: neither imports the other)",
+        ),
+        (  # a generator reaching a run folder
+            "tunedeck.backend.render.launch",
+            "from tunedeck.backend import runs\n",
+            "tunedeck.backend.render.launch:{n} imports tunedeck.backend.runs (render must not import runs, a layer above it)",
+        ),
+        (  # the bundle's entrypoint needing tunedeck
+            "tunedeck.backend.train",
+            "def f():\n    import tunedeck.backend.spec\n",
+            "tunedeck.backend.train:{n} imports tunedeck.backend.spec (tunedeck.backend.train runs without tunedeck)",
+        ),
+    ],
+)
+def test_a_forbidden_import_is_named(module, added, expected):
+    sources = package_sources()
+    line = sources[module].count("\n") + 1 + added.count("\n") - 1
+    sources[module] += added
+    assert layering_violations(sources) == [expected.format(n=line)]
+
+
+def test_a_new_module_must_be_placed_in_a_layer():
+    sources = {**package_sources(), "tunedeck.backend.newthing": "import os\n"}
+    assert layering_violations(sources) == [
+        "tunedeck.backend.newthing is in no layer: place it in LAYERS in tests/test_layers.py"
+    ]
+
+
+def test_rendering_reads_the_training_script_once():
+    """The panel renders the bundle on every change: the generators read no file per call."""
+    code = (
+        "import sys\n"
+        "from tunedeck.backend.render import render_bundle\n"
+        "from tunedeck.backend.spec import resolve_spec\n"
+        "spec = resolve_spec('7b-lora-ddp')\n"
+        "opened = []\n"
+        "sys.addaudithook(lambda event, args: event == 'open' and str(args[0]).endswith('train.py') and opened.append(args[0]))\n"
+        "for _ in range(3):\n"
+        "    assert 'train_sft.py' in render_bundle(spec)\n"
+        "print(len(opened))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) <= 1
