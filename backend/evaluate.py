@@ -153,7 +153,7 @@ def mean_loss(model, tokenizer, rows: list[dict], max_length: int, say, cancel) 
         attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch], device=device)
         labels = torch.tensor([[t if m else -100 for t, m in zip(i, mask)] + [-100] * (width - len(i)) for i, mask in batch], device=device)
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=attention).logits.float()
+            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
         loss = torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
         )

@@ -248,7 +248,9 @@ class ModelWorker(Worker):
 
 def run_task(op: str, args: dict, job: dict, runs_dir, on_event=None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S):
     """Start a worker, run one evaluate or merge request on the best device, and end the worker."""
-    placement = place(job, Path(runs_dir), frozenset())
+    from tunedeck.backend.evaluate import BATCH_SIZE
+
+    placement = place(job, Path(runs_dir), frozenset(), batch=BATCH_SIZE if op == "evaluate" else 1)
     worker = Worker(placement, idle_timeout_s)
     try:
         if placement.warning and on_event:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from tunedeck.backend.memory_job import CUDA_CONTEXT_BYTES, GIB, Job, frozen_base_params, input_values, quant_stats_bytes
 
-BATCH = 8  # evaluate.BATCH_SIZE: sequences scored at once
 GENERATED_TOKENS = 512
 HEADROOM = 1.15  # the allocator's fragmentation and what the estimate leaves out
 
@@ -25,8 +24,8 @@ class Placement:
     need_gb: float | None
 
 
-def inference_gb(job: dict) -> float | None:
-    """GiB a model of this job needs on one GPU for trying and evaluating; None when its architecture is unknown."""
+def inference_gb(job: dict, batch: int = 1) -> float | None:
+    """GiB a model of this job needs on one GPU to answer `batch` full-length prompts at once; None when its architecture is unknown."""
     from tunedeck.backend.spec import SpecError, spec_from_dict
 
     try:
@@ -36,8 +35,8 @@ def inference_gb(job: dict) -> float | None:
         return None
     arch = est.arch
     tokens = est.seq_len + GENERATED_TOKENS
-    kv_cache = 2 * arch.num_hidden_layers * arch.kv_size * est.act_bytes * tokens * BATCH
-    logits = BATCH * tokens * arch.vocab_size * 4  # scored in fp32
+    kv_cache = 2 * arch.num_hidden_layers * arch.kv_size * est.act_bytes * tokens * batch
+    logits = batch * tokens * arch.vocab_size * 4  # scored in fp32
     adapter = arch.lora_trainable(est.lora_r, est.lora_targets, est.use_dora) * est.weight_bytes if est.method != "full" else 0
     total = frozen_base_params(est) + quant_stats_bytes(est) + adapter + kv_cache + logits + CUDA_CONTEXT_BYTES
     return HEADROOM * total / GIB
@@ -73,12 +72,12 @@ def _free_gb(nvml) -> dict[int, float]:
         nvml.nvmlShutdown()
 
 
-def place(job: dict, runs_dir: Path, taken: set[int] | frozenset = frozenset(), nvml=None) -> Placement:
+def place(job: dict, runs_dir: Path, taken: set[int] | frozenset = frozenset(), nvml=None, batch: int = 1) -> Placement:
     """The GPU with the most free memory that fits and is free of runs and other workers, else the CPU with a warning."""
     free = _free_gb(nvml)
     if not free:
         return Placement("cpu", None, "no NVIDIA GPU found: the model runs on the CPU (slow for large models)", None)
-    need = inference_gb(job)
+    need = inference_gb(job, batch)
     if need is None:
         return Placement("cpu", None, "the model's size is unknown (not in the catalog, no config.json): it runs on the CPU", None)
     held = held_gpus(runs_dir)
