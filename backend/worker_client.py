@@ -18,6 +18,7 @@ import atexit
 import itertools
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -304,3 +305,42 @@ class WorkerPool:
     def live(self) -> dict[tuple, ModelWorker]:
         with self._lock:
             return {k: w for k, w in self._workers.items() if w.alive}
+
+
+def side_by_side(streams: dict[str, Iterator[str]]) -> Iterator[dict[str, str]]:
+    """Run answer streams at once (each worker answers in its own process); yield {name: text so far} per piece.
+
+    A stream that fails ends with "[error: ...]" in its text; the others go on. Leaving early
+    closes every stream, which cancels the answers still being generated.
+    """
+    pieces: queue.Queue = queue.Queue()
+    leave = threading.Event()
+    texts = {name: "" for name in streams}
+
+    def pump(name: str, stream: Iterator[str]) -> None:
+        try:
+            for piece in stream:
+                if leave.is_set():
+                    break
+                pieces.put((name, piece))
+        except Exception as exc:  # noqa: BLE001 - shown in that answer's text
+            pieces.put((name, f"\n[error: {exc}]"))
+        finally:
+            close = getattr(stream, "close", None)
+            if close:
+                close()
+            pieces.put((name, None))
+
+    for name, stream in streams.items():
+        threading.Thread(target=pump, args=(name, stream), name=f"answer-{name}", daemon=True).start()
+    running = set(streams)
+    try:
+        while running:
+            name, piece = pieces.get()
+            if piece is None:
+                running.discard(name)
+                continue
+            texts[name] += piece
+            yield dict(texts)
+    finally:
+        leave.set()

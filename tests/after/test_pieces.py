@@ -183,3 +183,38 @@ def test_a_run_that_saved_nothing_yet_says_when_it_will(tmp_path):
     (folder / "output" / "adapter_model.safetensors").unlink()
     result = tunedeck("eval", RUN_ID, "--runs-dir", tmp_path / "runs", timeout=60)
     assert result.returncode == 2 and "has saved no adapter yet" in result.stderr and "training.save_steps = 30" in result.stderr
+
+
+# ---------------------------------------------------------------- two answers side by side
+
+
+def test_side_by_side_streams_both_answers_and_reports_a_failure():
+    from tunedeck.backend.worker_client import side_by_side
+
+    def failing():
+        yield "par"
+        raise RuntimeError("worker died")
+
+    updates = list(side_by_side({"tuned": iter([" 7"]), "base": failing()}))
+    assert updates[-1] == {"tuned": " 7", "base": "par\n[error: worker died]"}
+    assert len(updates) == 3  # one update per piece
+
+
+def test_leaving_side_by_side_early_closes_the_streams():
+    import threading
+
+    from tunedeck.backend.worker_client import side_by_side
+
+    closed = threading.Event()
+
+    def endless():
+        try:
+            while True:
+                yield "x"
+        finally:
+            closed.set()  # what a worker's answer does when closed: cancel the generation
+
+    updates = side_by_side({"tuned": endless()})
+    assert next(updates) == {"tuned": "x"}
+    updates.close()
+    assert closed.wait(10)
