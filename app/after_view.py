@@ -14,6 +14,7 @@ import queue
 import re
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -92,13 +93,12 @@ class AfterView:
         elif compare.startswith("run:"):
             models["after.compare_answer"] = (compare[len("run:"):], None, False)
         yield {"after.status": "loading the model" + ("s" if len(models) > 1 else "") + " (the first answer takes longer)"}
-        warnings = []
-        workers = {}
-        for key, (rid, checkpoint, base) in models.items():
+        for rid, _, _ in models.values():
             self._run(rid)
-            workers[key] = self.pool.get(self.manager.runs_dir, rid, checkpoint, base)
-            if workers[key].info.get("warning"):
-                warnings.append(workers[key].info["warning"])
+        with ThreadPoolExecutor(max_workers=len(models)) as loading:  # both models load at once
+            futures = {key: loading.submit(self.pool.get, self.manager.runs_dir, *model) for key, model in models.items()}
+            workers = {key: future.result() for key, future in futures.items()}
+        warnings = [w.info["warning"] for w in workers.values() if w.info.get("warning")]
         where = ", ".join(f"{w.info['description']} on {w.info['device']}" for w in workers.values())
         status = where + ("" if not warnings else f" · ⚠ {warnings[0]}")
         yield {"after.status": status}

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tunedeck.backend.cli_runs import _add_runs_dir, _manager
 
+CHAT_IDLE_TIMEOUT_S = 7 * 24 * 3600.0
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help="ask a run's fine-tuned model (or its base) and print the answer; interactive without --prompt")
@@ -143,7 +145,8 @@ def _chat(args) -> int:
     runs_dir, _, weights = _resolve(args, args.base)
     progress = Progress()
     print(f"loading {weights.describe()} of run {args.run_id}", file=sys.stderr, flush=True)
-    worker = ModelWorker.open(runs_dir, args.run_id, args.checkpoint, args.base, on_event=progress)
+    # The session lasts as long as this command: no idle timeout to cut a slow typist off.
+    worker = ModelWorker.open(runs_dir, args.run_id, args.checkpoint, args.base, on_event=progress, idle_timeout_s=CHAT_IDLE_TIMEOUT_S)
     progress.close()
     try:
         if args.prompt is not None:

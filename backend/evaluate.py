@@ -213,7 +213,7 @@ def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, ca
 
 def evaluate_run(run_dir: Path, job: dict, names: list[str], device: str, data_file=None, limit=None, progress=None, cancel=None) -> dict:
     """{"data": source, "results": {name: metrics}} for the named weights ("base", "final", "checkpoint-N")."""
-    from tunedeck.backend.model_load import load_base, load_tokenizer, with_adapter
+    from tunedeck.backend.model_load import load_base, load_tokenizer, loaded_as, with_adapter
 
     every: dict[str, Weights] = {w.name: w for w in list_weights(run_dir, job)}
     missing = [n for n in names if n not in every]
@@ -238,5 +238,5 @@ def evaluate_run(run_dir: Path, job: dict, names: list[str], device: str, data_f
         results[weights.name]["step"] = weights.step
     stamp = time.time()
     for result in results.values():
-        result.update(data=source, device=device, evaluated_at=stamp)
+        result.update(data=source, device=device, evaluated_at=stamp, loaded_as=loaded_as(model))
     return {"data": source, "results": results}

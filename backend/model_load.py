@@ -52,7 +52,31 @@ def load_base(run_dir: Path, job: dict, device: str, *, quantized: bool = True, 
     _refuse_prequantized(model, path, quantized)
     if bnb is None:
         model.to(device)
+    elif device == "cpu":
+        _keep_cpu_4bit_layout(model)
     return model.eval()
+
+
+def loaded_as(model) -> str:
+    """How the base's weights are held, in words: "4-bit nf4 (21 Linear4bit layers)" or "float32"."""
+    layers = [m for m in model.modules() if type(m).__module__.startswith("bitsandbytes")]  # not PEFT's wrappers of them
+    four_bit = [m for m in layers if type(m).__name__ == "Linear4bit"]
+    if four_bit:
+        kind = getattr(four_bit[0].weight.quant_state, "quant_type", "4-bit")
+        return f"4-bit {kind} ({len(four_bit)} Linear4bit layers)"
+    eight_bit = sum(type(m).__name__ == "Linear8bitLt" for m in layers)
+    return f"8-bit ({eight_bit} Linear8bitLt layers)" if eight_bit else str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def _keep_cpu_4bit_layout(model) -> None:
+    # bitsandbytes 0.50 repacks a Linear4bit's weight for its AVX512-bf16 CPU kernel on the first
+    # forward in eval mode, and the repacking assumes in_features is a multiple of the quantization
+    # block: on the demo's 96-wide layers it fails with "shape '[96, 1]' is invalid for input of size
+    # 144" (measured). Such layers keep the generic 4-bit kernel, which training used too.
+    for module in model.modules():
+        state = getattr(getattr(module, "weight", None), "quant_state", None)
+        if hasattr(module, "support_avx512bf16_for_cpu") and state is not None and module.in_features % state.blocksize:
+            module.support_avx512bf16_for_cpu = False
 
 
 def _refuse_prequantized(model, path: str, quantized: bool) -> None:

@@ -107,7 +107,7 @@ class Worker:
         return select(run_dir, job, args["run_id"], args.get("checkpoint"), bool(args.get("base")))
 
     def op_load(self, args, progress, cancel):
-        from tunedeck.backend.model_load import load_model
+        from tunedeck.backend.model_load import load_model, loaded_as
         from tunedeck.backend.prompting import resolve_template
 
         run_dir, job = self._run(args)
@@ -123,6 +123,7 @@ class Worker:
             "chat_template": has_chat,
             "template": resolve_template("auto", fmt, has_chat),
             "parameters": sum(p.numel() for p in self.model.parameters()),
+            "loaded_as": loaded_as(self.model),
         }
         return self.loaded
 

@@ -67,9 +67,13 @@ class Worker:
             bufsize=1,
             start_new_session=True,  # a Ctrl-C meant for the panel or the CLI reaches the worker as a cancel, not a signal
         )
-        hello = self._read()
-        if hello.get("event") != "hello":
-            raise self._ended(f"the worker did not start: {hello}")
+        try:
+            hello = self._read()
+            if hello.get("event") != "hello":
+                raise self._ended(f"the worker did not start: {hello}")
+        except BaseException:
+            self.release()
+            raise
 
     @property
     def pid(self) -> int:
@@ -282,9 +286,15 @@ class WorkerPool:
             if worker is not None and worker.alive:
                 return worker
             if worker is not None:  # ended by its idle timeout
-                worker.release()
+                self._workers.pop(key).release()
             taken = frozenset(w.placement.gpu for w in self._workers.values() if w.alive and w.placement.gpu is not None)
-            worker = ModelWorker.open(runs_dir, run_id, checkpoint, base, taken=taken, idle_timeout_s=self.idle_timeout_s, on_event=on_event)
+        # Loading takes a while: outside the lock, so two models (side by side) load at once.
+        worker = ModelWorker.open(runs_dir, run_id, checkpoint, base, taken=taken, idle_timeout_s=self.idle_timeout_s, on_event=on_event)
+        with self._lock:
+            other = self._workers.get(key)
+            if other is not None and other.alive:  # another session loaded the same model meanwhile
+                worker.release()
+                return other
             self._workers[key] = worker
             return worker
 

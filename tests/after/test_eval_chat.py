@@ -80,3 +80,12 @@ def test_the_demo_keeps_the_readmes_promise(demo_run):
     losses = [r["loss"] for r in records if r["event"] == "log" and "loss" in r]
     assert start["world_size"] == 2 and start["model_class"] == "DistributedDataParallel"
     assert len(losses) == 60 and losses[0] > 7 and losses[-1] < 2
+
+
+def test_a_qlora_run_is_evaluated_on_its_4bit_base(qlora_run):
+    runs_dir, run_id = qlora_run
+    result = tunedeck("eval", run_id, "--limit", "16", "--json", "--runs-dir", runs_dir)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["adapter"]["loaded_as"] == "4-bit nf4 (21 Linear4bit layers)"  # as it trained: 3 layers x 7 linears
+    assert report["adapter"]["loss"] < report["base"]["loss"]

@@ -32,6 +32,15 @@ def wait_until(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout}s waiting until {what}")
 
 
+def drain(stream):
+    """Read a generator to its end; its return value."""
+    while True:
+        try:
+            next(stream)
+        except StopIteration as done:
+            return done.value
+
+
 def test_worker_is_gone_after_release():
     worker = Worker(CPU)
     pid = worker.pid
@@ -127,6 +136,11 @@ def test_model_worker_streams_cancels_and_is_released(demo_run):
         # A stop string ends the answer before it; what was streamed never shows it.
         stopped = worker.generate("Q: Reverse the letters. a b c\nA:", GenerationSettings(max_new_tokens=12, stop=(" ",)))
         assert list(stopped) == []
+
+        # The tokenizer's chat template, with an earlier turn: what a messages run would get.
+        chat = worker.generate("Add the numbers. 3 + 4", GenerationSettings(max_new_tokens=4), template="chat", history=[("hi", "hello")])
+        summary = drain(chat)
+        assert summary["template"] == "chat" and summary["new_tokens"] <= 4 and summary["stop_reason"] in ("end", "max_new_tokens")
 
         long_answer = worker.generate("Q:", GenerationSettings(max_new_tokens=4096, temperature=1.0))
         next(long_answer)
