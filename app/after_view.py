@@ -1,0 +1,202 @@
+"""The Try / Evaluate / Export tab (not wired into the page yet): chat with a run, score it, merge it.
+
+The heavy work happens in worker processes (backend/worker_client.py); this module picks the
+run's weights, streams answers side by side, shows progress, and confines what the page may
+name on disk: merged models go to <run>/merged/<name>/, uploads are read where Gradio put them.
+Handlers take plain values and return (or yield, for streams) {component id: value} for the ids
+in COMPONENTS; the page makes the components under those ids and wires them, turning USER_ERRORS
+into messages (gr.Error). Nothing here imports torch: test_imports checks every app module.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from tunedeck.backend.checkpoints import AfterError, list_weights
+from tunedeck.backend.eval_results import order_key, read_eval, table_rows
+from tunedeck.backend.prompting import GenerationSettings, SettingsError
+from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.worker_client import WorkerError, WorkerPool, run_task, side_by_side
+
+MERGED_DIR = "merged"  # under the run folder: where the page writes merged models
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NO_COMPARISON = ""
+COMPONENTS = (
+    "after.run", "after.weights", "after.compare", "after.prompt", "after.max_new_tokens", "after.temperature",
+    "after.top_p", "after.repetition_penalty", "after.stop", "after.answer", "after.compare_answer", "after.status",
+    "after.eval_scope", "after.eval_data", "after.eval_table", "after.eval_chart", "after.eval_status",
+    "after.merge_weights", "after.merge_name", "after.merge_dtype", "after.merge_status", "after.repo_id", "after.token",
+)  # fmt: skip
+EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", "examples", "data"]
+USER_ERRORS = (AfterError, WorkerError, SettingsError)  # their message is the whole story: show it as it is
+
+
+class AfterView:
+    def __init__(self, manager: RunManager, pool: WorkerPool | None = None):
+        self.manager = manager
+        self.pool = pool or WorkerPool()
+        self.components: dict = {}
+
+    # ------------------------------------------------------------ choices
+
+    def _run(self, run_id: str) -> tuple[Path, dict]:
+        if not run_id:
+            raise AfterError("pick a run first")
+        try:
+            self.manager.status(run_id)
+        except RunError as exc:
+            raise AfterError(str(exc)) from None
+        job = self.manager.job(run_id)
+        if not job:
+            raise AfterError(f"run {run_id} has no readable job.yaml")
+        return self.manager.run_dir(run_id), job
+
+    def weights_choices(self, run_id: str) -> list[tuple[str, str]]:
+        """(label, value) of what the run can be tried with: its final adapter, each checkpoint, its base."""
+        run_dir, job = self._run(run_id)
+        found = list_weights(run_dir, job)
+        labels = {"deepspeed": " · ZeRO shards, consolidated on first use", "fsdp": " · FSDP shards, consolidated on first use"}
+        choices = [(w.name.replace("final", "final adapter") + labels.get(w.layout, ""), w.name) for w in reversed(found[1:])]
+        return choices + [("base model (no adapter)", "base")]
+
+    def compare_choices(self, run_id: str) -> list[tuple[str, str]]:
+        """Beside the answer: nobody, the base of this run, or another run's final adapter (an overlay)."""
+        others = [(f"run {r.run_id} · {r.title}", f"run:{r.run_id}") for r in self.manager.list_runs() if r.run_id != run_id]
+        return [("no comparison", NO_COMPARISON), ("the base model", "base"), *others]
+
+    @staticmethod
+    def _choice(value: str) -> tuple[int | None, bool]:
+        """(checkpoint step, base?) of a weights value: "final", "checkpoint-N" or "base"."""
+        if value == "base":
+            return None, True
+        if value.startswith("checkpoint-") and value[len("checkpoint-"):].isdigit():
+            return int(value[len("checkpoint-"):]), False
+        return None, False
+
+    # ------------------------------------------------------------ try
+
+    def answer(self, run_id: str, weights: str, compare: str, prompt: str, settings: dict) -> Iterator[dict]:
+        """Stream the answer (and the comparison's, side by side): {component id: value} per update."""
+        settings_ok = GenerationSettings.from_dict(settings)
+        if not prompt.strip():
+            raise AfterError("prompt: type a prompt first")
+        models = {"after.answer": (run_id, *self._choice(weights))}
+        if compare == "base":
+            models["after.compare_answer"] = (run_id, None, True)
+        elif compare.startswith("run:"):
+            models["after.compare_answer"] = (compare[len("run:"):], None, False)
+        yield {"after.status": "loading the model" + ("s" if len(models) > 1 else "") + " (the first answer takes longer)"}
+        for rid, _, _ in models.values():
+            self._run(rid)
+        with ThreadPoolExecutor(max_workers=len(models)) as loading:  # both models load at once
+            futures = {key: loading.submit(self.pool.get, self.manager.runs_dir, *model) for key, model in models.items()}
+            workers = {key: future.result() for key, future in futures.items()}
+        warnings = [w.info["warning"] for w in workers.values() if w.info.get("warning")]
+        where = ", ".join(f"{w.info['description']} on {w.info['device']}" for w in workers.values())
+        status = where + ("" if not warnings else f" · ⚠ {warnings[0]}")
+        yield {"after.status": status}
+        for texts in side_by_side({key: w.generate(prompt, settings_ok) for key, w in workers.items()}):
+            yield {**texts, "after.status": status}
+
+    def release(self, run_id: str) -> dict:
+        """Let every model of this run go: their worker processes end."""
+        released = sum(self.pool.release(self.manager.runs_dir, run_id, *self._choice(value)) for _, value in self.weights_choices(run_id))
+        return {"after.status": f"released {released} model{'s' if released != 1 else ''} of run {run_id}"}
+
+    # ------------------------------------------------------------ evaluate
+
+    def eval_view(self, run_id: str) -> dict:
+        """The table and chart of what eval.json holds (shown again when the run is reopened)."""
+        data = read_eval(self.manager.run_dir(run_id))
+        rows = [[_fmt(v) for v in row] for row in table_rows(data)]
+        note = data.get("error") or ("" if rows else "not evaluated yet")
+        return {"after.eval_table": rows, "after.eval_chart": eval_figure(data), "after.eval_status": note}
+
+    def evaluate(self, run_id: str, scope: str, data_file: str | None = None, limit: int | None = None) -> Iterator[dict]:
+        """Evaluate in a worker; yield progress, then the table and chart."""
+        run_dir, job = self._run(run_id)
+        weights = [w.name for w in list_weights(run_dir, job)]
+        names = weights if scope == "all" else ["base", weights[-1]]
+        if len(names) < 2:
+            raise AfterError(f"run {run_id} has saved no adapter yet: nothing to compare with the base")
+        args = {"run_id": run_id, "names": names, "data": data_file, "limit": limit}
+        for event in _in_background(lambda on_event: run_task("evaluate", args, job, self.manager.runs_dir, on_event)):
+            yield {"after.eval_status": event}
+        yield self.eval_view(run_id)
+
+    # ------------------------------------------------------------ export
+
+    def merge_dir(self, run_id: str, name: str) -> Path:
+        if not NAME_PATTERN.match(name or ""):
+            raise AfterError("merge name: use letters, digits, '.', '_' and '-' (up to 64), e.g. merged-bf16")
+        return self.manager.run_dir(run_id) / MERGED_DIR / name
+
+    def merge(self, run_id: str, weights: str, name: str, dtype: str) -> Iterator[dict]:
+        """Merge in a worker into <run>/merged/<name>; yield progress, then where it is and how to serve it."""
+        out_dir = self.merge_dir(run_id, name)
+        _, job = self._run(run_id)
+        checkpoint, base = self._choice(weights)
+        if base:
+            raise AfterError("merge: pick an adapter (the final one or a checkpoint), not the base model")
+        note = " · QLoRA: merged into the base loaded in " + dtype + ", not into 4-bit weights" if job.get("method") == "qlora" else ""
+        args = {"run_id": run_id, "checkpoint": checkpoint, "out_dir": str(out_dir), "dtype": dtype}
+        result = {}
+        for event in _in_background(lambda on_event: result.update(run_task("merge", args, job, self.manager.runs_dir, on_event))):
+            yield {"after.merge_status": event + note}
+        yield {"after.merge_status": f"saved to {result['out_dir']}{note}\n\nserve it: `bash {result['out_dir']}/serve.sh` (or `serve.sh adapter`)"}
+
+    def push(self, run_id: str, name: str, repo_id: str, token: str) -> dict:
+        from tunedeck.backend.hub import push_folder
+
+        url = push_folder(self.merge_dir(run_id, name), repo_id.strip(), token.strip() or None)
+        return {"after.merge_status": f"pushed to {url}"}
+
+
+def _fmt(value):
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def _in_background(task) -> Iterator[str]:
+    """Run task(on_event) in a thread; yield a progress line per event; raise what it raised."""
+    events: queue.Queue = queue.Queue()
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            task(events.put)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the handler's thread
+            failure.append(exc)
+        finally:
+            events.put(None)
+
+    threading.Thread(target=run, name="after-task", daemon=True).start()
+    while (event := events.get()) is not None:
+        if event.get("event") == "progress":
+            yield f"{event['stage']} ({event['done']}/{event['total']})"
+        elif event.get("event") == "warning":
+            yield f"⚠ {event['message']}"
+    if failure:
+        raise failure[0]
+
+
+def eval_figure(data: dict) -> go.Figure:
+    """Loss and exact match per evaluated model, base first and checkpoints by step."""
+    names = sorted(data.get("results", {}), key=order_key)
+    results = [data["results"][n] for n in names]
+    figure = go.Figure()
+    figure.add_bar(x=names, y=[r.get("loss") for r in results], name="loss", marker_color="#4f46e5")
+    if any(r.get("exact_match") is not None for r in results):
+        figure.add_scatter(x=names, y=[r.get("exact_match") for r in results], name="exact match", yaxis="y2", mode="lines+markers", marker_color="#ea580c")
+    figure.update_layout(
+        template="plotly_white", margin=dict(l=50, r=50, t=30, b=40), legend=dict(orientation="h", y=1.08),
+        yaxis=dict(title="loss"), yaxis2=dict(title="exact match", overlaying="y", side="right", range=[0, 1], tickformat=".0%"),
+    )  # fmt: skip
+    return figure
+

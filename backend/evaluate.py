@@ -1,0 +1,242 @@
+"""Evaluate a run: loss and perplexity on held-out data, and exact/contains match of generated answers.
+
+Sequences are tokenized the way TRL's SFTTrainer tokenized them for training (its tokenize_fn
+in trl/trainer/sft_trainer.py): an EOS appended to plain text and completions, the loss on the
+completion only for prompt-completion data (completion_only_loss), on every token for text and
+messages. Loss is the mean over scored tokens; perplexity is exp(loss).
+
+The data: a chosen file (in the run's dataset format), else the job's dataset.eval_split, else
+the held-out file beside the training file, found as the datasets library splits a folder by
+file name (eval/test/validation beside train). The base is loaded once; each adapter is put
+on it in turn. Imports torch inside its functions: runs in the worker process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from tunedeck.backend import train
+from tunedeck.backend.checkpoints import AfterError, Weights, list_weights
+from tunedeck.backend.eval_results import order_key
+
+BATCH_SIZE = 8
+SAMPLES_KEPT = 3
+EXTRA_NEW_TOKENS = 8  # answers may run this far past the longest expected one before they are cut
+MAX_NEW_TOKENS = 256
+
+
+class Cancelled(Exception):
+    """The caller asked to stop."""
+
+
+def _local(run_dir: Path, path: str) -> Path:
+    candidate = Path(run_dir) / Path(path).expanduser()
+    return candidate.resolve() if candidate.exists() else Path(path).expanduser()
+
+
+def held_out_file(train_file: Path) -> Path | None:
+    """The eval/test/validation file beside a training file, as datasets' get_data_patterns names the splits."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    folder = train_file.parent
+    try:
+        files = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
+    except FileNotFoundError:  # datasets' EmptyDatasetError and DataFilesNotFoundError: no split files here
+        return None
+    if str(train_file.resolve()) not in {str(Path(f).resolve()) for f in files.get("train", [])}:
+        return None
+    for split in ("validation", "test"):
+        candidates = [Path(f) for f in files.get(split, []) if Path(f).suffix == train_file.suffix]
+        if len(candidates) == 1:
+            return candidates[0]
+    return None
+
+
+def eval_rows(run_dir: Path, job: dict, data_file: str | None = None, limit: int | None = None) -> tuple[list[dict], str]:
+    """(rows in TRL's columns: prompt/completion, text or messages; where they came from)."""
+    dataset_cfg = dict(job.get("dataset") or {})
+    split = "train"
+    if data_file:
+        path = _local(Path.cwd(), data_file)
+        if not path.is_file():
+            raise AfterError(f"--data: {data_file} is not a file; give a JSON/JSONL/CSV/Parquet file in the run's dataset format")
+        dataset_cfg["path"], source = str(path), str(path)
+    elif dataset_cfg.get("eval_split"):
+        split = dataset_cfg["eval_split"]
+        dataset_cfg["path"] = str(_local(run_dir, str(dataset_cfg.get("path", ""))))
+        source = f"{dataset_cfg['path']} [{split}]"
+    else:
+        train_file = _local(run_dir, str(dataset_cfg.get("path", "")))
+        found = held_out_file(train_file) if train_file.is_file() else None
+        if found is None:
+            raise AfterError(
+                "the run has no evaluation data: its job has no dataset.eval_split and there is no eval, test or "
+                f"validation file beside {train_file}; pass --data FILE (in the run's dataset format)"
+            )
+        dataset_cfg["path"], source = str(found), str(found)
+    try:
+        dataset = train.to_trl_format(train.load_split(dataset_cfg, split), dataset_cfg, "text")
+    except train.JobError as exc:
+        raise AfterError(str(exc)) from None
+    except (OSError, ValueError) as exc:
+        raise AfterError(f"cannot read the evaluation data {source}: {exc}") from None
+    count = len(dataset) if limit is None else min(limit, len(dataset))
+    if count == 0:
+        raise AfterError(f"the evaluation data {source} has no rows")
+    return [dataset[i] for i in range(count)], source
+
+
+# ---------------------------------------------------------------- tokenizing as TRL does
+
+
+def _ids(tokenizer, content, generation_prompt: bool = False) -> list[int]:
+    if isinstance(content, list):  # conversational
+        out = tokenizer.apply_chat_template(content, add_generation_prompt=generation_prompt, tokenize=True, return_dict=True)
+        return list(out["input_ids"])
+    return list(tokenizer(content)["input_ids"])
+
+
+def scored_sequence(tokenizer, row: dict, max_length: int) -> tuple[list[int], list[int]]:
+    """(input_ids, loss mask) of one row."""
+    eos = tokenizer.eos_token
+    if "prompt" in row:
+        completion = row["completion"]
+        if isinstance(completion, str) and not completion.endswith(eos):
+            completion += eos
+        prompt_ids = _ids(tokenizer, row["prompt"], generation_prompt=isinstance(row["prompt"], list))
+        full = _ids(tokenizer, row["prompt"] + completion)
+        start = next((i for i, (a, b) in enumerate(zip(prompt_ids, full)) if a != b), min(len(prompt_ids), len(full)))
+        mask = [0] * start + [1] * (len(full) - start)
+    elif "messages" in row:
+        full = _ids(tokenizer, row["messages"])
+        mask = [1] * len(full)
+    else:
+        text = row["text"] if row["text"].endswith(eos) else row["text"] + eos
+        full = _ids(tokenizer, text)
+        mask = [1] * len(full)
+    return full[:max_length], mask[:max_length]
+
+
+def question_and_answer(row: dict) -> tuple[object, str] | None:
+    """(prompt, expected answer) when the row has one to generate against, else None (plain text)."""
+    if "prompt" in row:
+        completion = row["completion"]
+        expected = completion if isinstance(completion, str) else " ".join(m["content"] for m in completion)
+        return row["prompt"], expected
+    messages = row.get("messages") or []
+    if len(messages) >= 2 and messages[-1].get("role") == "assistant":
+        return messages[:-1], messages[-1]["content"]
+    return None
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def _check(cancel) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled()
+
+
+def mean_loss(model, tokenizer, rows: list[dict], max_length: int, say, cancel) -> tuple[float, int]:
+    import torch
+
+    device = next(model.parameters()).device
+    total, tokens = 0.0, 0
+    sequences = [scored_sequence(tokenizer, row, max_length) for row in rows]
+    for start in range(0, len(sequences), BATCH_SIZE):
+        _check(cancel)
+        batch = sequences[start : start + BATCH_SIZE]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([i + [tokenizer.pad_token_id] * (width - len(i)) for i, _ in batch], device=device)
+        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch], device=device)
+        labels = torch.tensor([[t if m else -100 for t, m in zip(i, mask)] + [-100] * (width - len(i)) for i, mask in batch], device=device)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
+        )
+        total += float(loss)
+        tokens += int((labels[:, 1:] != -100).sum())
+        say(start + len(batch), len(sequences))
+    if tokens == 0:
+        raise AfterError("the evaluation data leaves no tokens to score (empty completions?)")
+    return total / tokens, tokens
+
+
+def answers(model, tokenizer, pairs: list[tuple[object, str]], say, cancel) -> list[str]:
+    """Greedy answers to each prompt, batched with left padding."""
+    import torch
+
+    device = next(model.parameters()).device
+    out = []
+    for start in range(0, len(pairs), BATCH_SIZE):
+        _check(cancel)
+        batch = pairs[start : start + BATCH_SIZE]
+        prompts = [_ids(tokenizer, p, generation_prompt=isinstance(p, list)) for p, _ in batch]
+        longest = max(len(tokenizer(e, add_special_tokens=False)["input_ids"]) for _, e in batch)
+        width = max(map(len, prompts))
+        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        with torch.no_grad():
+            generated = model.generate(
+                input_ids=ids, attention_mask=attention, do_sample=False, temperature=None, top_p=None, top_k=None,
+                max_new_tokens=min(longest + EXTRA_NEW_TOKENS, MAX_NEW_TOKENS),
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            )  # fmt: skip
+        out += tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
+        say(start + len(batch), len(pairs))
+    return out
+
+
+def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, cancel=None, label: str = "") -> dict:
+    """The metrics of one model on the rows."""
+    started = time.monotonic()
+    say = (lambda stage: lambda done, total: progress(f"{label}: {stage}", done, total)) if progress else (lambda stage: lambda *a: None)
+    loss, tokens = mean_loss(model, tokenizer, rows, max_length, say("loss"), cancel)
+    result = {"loss": loss, "perplexity": math.exp(min(loss, 700)), "tokens": tokens, "examples": len(rows)}
+    pairs = [qa for qa in map(question_and_answer, rows) if qa is not None]
+    result.update(exact_match=None, contains_match=None, generated=0, samples=[])
+    if pairs:
+        got = answers(model, tokenizer, pairs, say("generating answers"), cancel)
+        exact = sum(a.strip() == e.strip() for a, (_, e) in zip(got, pairs))
+        contains = sum(e.strip() in a for a, (_, e) in zip(got, pairs))
+        result.update(exact_match=exact / len(pairs), contains_match=contains / len(pairs), generated=len(pairs))
+        result["samples"] = [
+            {"prompt": p if isinstance(p, str) else p[-1]["content"], "expected": e, "answer": a}
+            for (p, e), a in list(zip(pairs, got))[:SAMPLES_KEPT]
+        ]
+    result["seconds"] = round(time.monotonic() - started, 2)
+    return result
+
+
+def evaluate_run(run_dir: Path, job: dict, names: list[str], device: str, data_file=None, limit=None, progress=None, cancel=None) -> dict:
+    """{"data": source, "results": {name: metrics}} for the named weights ("base", "final", "checkpoint-N")."""
+    from tunedeck.backend.model_load import load_base, load_tokenizer, loaded_as, with_adapter
+
+    every: dict[str, Weights] = {w.name: w for w in list_weights(run_dir, job)}
+    missing = [n for n in names if n not in every]
+    if missing:
+        raise AfterError(f"the run has no {missing[0]} to evaluate (it has: {', '.join(every)})")
+    rows, source = eval_rows(run_dir, job, data_file, limit)
+    max_length = int((job.get("dataset") or {}).get("max_seq_length") or 2048)
+    adapters = [every[n] for n in sorted(set(names), key=order_key) if not every[n].is_base]
+    tokenizer = load_tokenizer(run_dir, job, adapters[-1] if adapters else every["base"])
+    if progress:
+        progress(f"loading the base model on {device}", 0, 1)
+    model = load_base(run_dir, job, device)
+    results = {}
+    if "base" in names:
+        results["base"] = score(model, tokenizer, rows, max_length, progress, cancel, label="base")
+    for index, weights in enumerate(adapters):
+        _check(cancel)
+        model = with_adapter(model, run_dir, job, weights, progress, adapter_name=f"a{index}")
+        if index:
+            model.delete_adapter(f"a{index - 1}")  # one adapter in memory at a time
+        results[weights.name] = score(model, tokenizer, rows, max_length, progress, cancel, label=weights.name)
+        results[weights.name]["step"] = weights.step
+    stamp = time.time()
+    for result in results.values():
+        result.update(data=source, device=device, evaluated_at=stamp, loaded_as=loaded_as(model))
+    return {"data": source, "results": results}

@@ -1,0 +1,100 @@
+"""The Try / Evaluate / Export tab's handlers, called as the page will call them (no browser)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from runs.helpers import fake_run
+
+from tunedeck.app.after_view import AfterView
+from tunedeck.backend.checkpoints import AfterError
+from tunedeck.backend.eval_results import save_results
+from tunedeck.backend.prompting import SettingsError
+from tunedeck.backend.runs import RunManager
+from tunedeck.backend.spec import resolve_spec, spec_to_dict
+
+from .helpers import gone
+
+RUN_ID = "20250101-120000-abcdef"
+
+
+@pytest.fixture
+def sharded_run(tmp_path):
+    """A finished run folder whose output holds a ZeRO checkpoint, an FSDP one and the final adapter."""
+    folder = fake_run(tmp_path, RUN_ID, "finished", None)
+    (folder / "job.yaml").write_text(yaml.safe_dump(spec_to_dict(resolve_spec("demo"))))
+    out = folder / "output"
+    (out / "checkpoint-2" / "global_step2").mkdir(parents=True)
+    (out / "checkpoint-2" / "latest").write_text("global_step2")
+    (out / "checkpoint-4" / "pytorch_model_fsdp_0").mkdir(parents=True)
+    (out / "checkpoint-4" / "pytorch_model_fsdp_0" / ".metadata").write_bytes(b"")
+    (out / "checkpoint-9").mkdir()  # no weights in it: not offered
+    (out / "adapter_model.safetensors").write_bytes(b"")
+    return AfterView(RunManager(tmp_path))
+
+
+def test_weights_are_offered_newest_first_with_how_they_are_stored(sharded_run):
+    assert sharded_run.weights_choices(RUN_ID) == [
+        ("final adapter", "final"),
+        ("checkpoint-4 · FSDP shards, consolidated on first use", "checkpoint-4"),
+        ("checkpoint-2 · ZeRO shards, consolidated on first use", "checkpoint-2"),
+        ("base model (no adapter)", "base"),
+    ]
+    assert sharded_run.compare_choices(RUN_ID)[:2] == [("no comparison", ""), ("the base model", "base")]
+
+
+def test_merged_models_stay_inside_the_run_folder(sharded_run):
+    assert sharded_run.merge_dir(RUN_ID, "merged-bf16") == sharded_run.manager.run_dir(RUN_ID) / "merged" / "merged-bf16"
+    for name in ("../escape", "a/b", "/abs", "", ".hidden", "x" * 65):
+        with pytest.raises(AfterError, match="^merge name: "):
+            sharded_run.merge_dir(RUN_ID, name)
+    with pytest.raises(AfterError, match="not the base model"):
+        next(sharded_run.merge(RUN_ID, "base", "ok", "float32"))
+
+
+def test_bad_inputs_are_messages_before_any_worker_starts(sharded_run):
+    with pytest.raises(AfterError, match="^prompt: "):
+        next(sharded_run.answer(RUN_ID, "final", "", "  ", {}))
+    with pytest.raises(SettingsError, match="^temperature: "):
+        next(sharded_run.answer(RUN_ID, "final", "", "hi", {"temperature": 9}))
+    with pytest.raises(AfterError, match="is not a run id"):
+        sharded_run.weights_choices("../../etc")
+    assert sharded_run.pool.live() == {}
+
+
+def test_evaluation_results_show_again_from_the_run_folder(sharded_run):
+    assert sharded_run.eval_view(RUN_ID)["after.eval_status"] == "not evaluated yet"
+    save_results(sharded_run.manager.run_dir(RUN_ID), {"final": {"loss": 1.08123, "exact_match": 0.095}, "base": {"loss": 8.06, "exact_match": 0.0}})
+    view = sharded_run.eval_view(RUN_ID)
+    assert [row[:2] for row in view["after.eval_table"]] == [["base", 8.06], ["final", 1.0812]]
+    chart = view["after.eval_chart"]
+    assert list(chart.data[0].x) == ["base", "final"] and list(chart.data[1].y) == [0.0, 0.095]
+
+
+@pytest.mark.integration
+def test_answers_stream_side_by_side_and_merge_lands_in_the_run(demo_run):
+    runs_dir, run_id = demo_run
+    view = AfterView(RunManager(runs_dir))
+    try:
+        updates = list(view.answer(run_id, "final", "base", "Q: Add the numbers. 3 + 4\nA:", {"max_new_tokens": 6}))
+        assert updates[0]["after.status"].startswith("loading the models")
+        assert "the final adapter on cpu, the base model alone on cpu" in updates[1]["after.status"]
+        last = updates[-1]
+        assert last["after.answer"].strip()[:1].isdigit() and last["after.answer"] != last["after.compare_answer"]
+        pids = [w.pid for w in view.pool.live().values()]
+        assert len(pids) == 2
+        assert view.release(run_id)["after.status"] == f"released 2 models of run {run_id}"
+        assert all(gone(pid) for pid in pids)
+
+        steps = list(view.merge(run_id, "checkpoint-30", "ckpt30", "float32"))
+        assert any("merging the adapter" in s["after.merge_status"] for s in steps)
+        out = runs_dir / run_id / "merged" / "ckpt30"
+        assert steps[-1]["after.merge_status"].startswith(f"saved to {out}")
+        assert (out / "model.safetensors").is_file() and (out / "serve.sh").is_file()
+
+        scored = list(view.evaluate(run_id, "final", limit=8))
+        assert any(s.get("after.eval_status", "").startswith("base: loss") for s in scored)
+        assert [row[0] for row in scored[-1]["after.eval_table"]][:1] == ["base"]
+        assert "final" in [row[0] for row in scored[-1]["after.eval_table"]]
+    finally:
+        view.pool.release_all()

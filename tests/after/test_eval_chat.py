@@ -1,0 +1,91 @@
+"""`tunedeck eval` and `tunedeck chat` on a real demo run (60 steps of LoRA, DDP on 2 CPU processes)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tunedeck.backend.eval_results import read_eval
+
+from .helpers import tunedeck
+
+pytestmark = pytest.mark.integration
+
+
+def test_eval_adapter_beats_the_base_and_is_saved(demo_run, demo_home):
+    runs_dir, run_id = demo_run
+    result = tunedeck("eval", run_id, "--all", "--json", "--runs-dir", runs_dir)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    base, adapter = report["base"], report["adapter"]
+    # Measured on the demo's held-out file, found beside its training file as datasets splits a folder.
+    assert report["data"] == str(demo_home / "data" / "eval.jsonl")
+    assert adapter["name"] == "final" and base["examples"] == adapter["examples"] == 200
+    assert adapter["loss"] < base["loss"]
+    assert adapter["exact_match"] > base["exact_match"]
+    assert adapter["perplexity"] == pytest.approx(math.exp(adapter["loss"]))
+    assert sorted(report["checkpoints"]) == ["checkpoint-30", "checkpoint-60"]
+    # Read again from the run folder, as the panel does when the run is reopened.
+    saved = read_eval(runs_dir / run_id)["results"]
+    assert set(saved) == {"base", "checkpoint-30", "checkpoint-60", "final"}
+    assert saved["final"]["loss"] == adapter["loss"] and saved["checkpoint-30"]["step"] == 30
+    assert saved["final"]["samples"][0]["expected"].strip()
+
+
+def test_eval_table_for_one_checkpoint_keeps_earlier_results(demo_run):
+    runs_dir, run_id = demo_run
+    before = read_eval(runs_dir / run_id)["results"]
+    result = tunedeck("eval", run_id, "--checkpoint", "30", "--limit", "16", "--runs-dir", runs_dir)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].split() == ["MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "EXAMPLES"]
+    assert [line.split()[0] for line in lines[2:4]] == ["base", "checkpoint-30"]
+    assert lines[-1] == f"saved in {runs_dir / run_id / 'eval.json'}"
+    saved = read_eval(runs_dir / run_id)["results"]
+    assert saved["checkpoint-30"]["examples"] == 16  # replaced by this evaluation
+    assert set(saved) == set(before) | {"base", "checkpoint-30"}
+    assert all(saved[name] == before[name] for name in set(before) - {"base", "checkpoint-30"})  # the others kept
+
+
+def test_chat_answers_with_the_adapter_and_with_the_base(demo_run):
+    runs_dir, run_id = demo_run
+    prompt = "Q: Add the numbers. 3 + 4\nA:"
+    tuned = tunedeck("chat", run_id, "--prompt", prompt, "--max-new-tokens", "6", "--runs-dir", runs_dir)
+    assert tuned.returncode == 0, tuned.stderr
+    assert "loading the final adapter" in tuned.stderr
+    answer = tuned.stdout.strip()
+    assert answer and answer[0].isdigit()  # the fine-tuned model answers in the trained format: " 7"
+    # Interactive, with the base alone: prompts from stdin until end of input.
+    base = tunedeck("chat", run_id, "--base", "--max-new-tokens", "6", "--runs-dir", runs_dir, input=prompt.replace("\n", "\\n") + "\n/exit\n")
+    assert base.returncode == 0, base.stderr
+    assert "the base model alone" in base.stderr
+    assert base.stdout.strip() != answer
+
+
+def test_a_checkpoint_that_does_not_exist_is_named_before_anything_loads(demo_run):
+    runs_dir, run_id = demo_run
+    for command in (["chat", "--prompt", "hi"], ["eval"], ["merge", "-o", "unused"]):
+        result = tunedeck(command[0], run_id, *command[1:], "--checkpoint", "45", "--runs-dir", runs_dir, timeout=60)
+        assert result.returncode == 2
+        assert result.stderr.strip() == f"error: --checkpoint: run {run_id} has no checkpoint 45 (its checkpoints: 30, 60)"
+
+
+def test_the_demo_keeps_the_readmes_promise(demo_run):
+    # README: "a real 2-process DDP run ... its loss falls from about 8 to under 2 in 60 steps".
+    runs_dir, run_id = demo_run
+    records = [json.loads(line) for line in (runs_dir / run_id / "metrics.jsonl").read_text().splitlines()]
+    start = next(r for r in records if r["event"] == "start")
+    losses = [r["loss"] for r in records if r["event"] == "log" and "loss" in r]
+    assert start["world_size"] == 2 and start["model_class"] == "DistributedDataParallel"
+    assert len(losses) == 60 and losses[0] > 7 and losses[-1] < 2
+
+
+def test_a_qlora_run_is_evaluated_on_its_4bit_base(qlora_run):
+    runs_dir, run_id = qlora_run
+    result = tunedeck("eval", run_id, "--limit", "16", "--json", "--runs-dir", runs_dir)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["adapter"]["loaded_as"] == "4-bit nf4 (21 Linear4bit layers)"  # as it trained: 3 layers x 7 linears
+    assert report["adapter"]["loss"] < report["base"]["loss"]

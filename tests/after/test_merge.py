@@ -1,0 +1,122 @@
+"""`tunedeck merge`: a standalone model that transformers loads without PEFT, equal to base + adapter.
+
+Each case trains a real demo run on CPU (DDP, ZeRO-3, FSDP2, QLoRA), merges it with the CLI in
+float32, loads the result in a process where peft and bitsandbytes cannot be imported, and
+compares its logits on the demo's eval prompts with the base + adapter through PEFT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+from safetensors.torch import load_file
+
+from .helpers import eval_prompts, max_difference, merged_logits, peft_logits, tunedeck
+
+pytestmark = pytest.mark.integration
+TOLERANCE = 1e-4
+
+
+def merge(runs_dir, run_id, out, *extra) -> subprocess.CompletedProcess:
+    result = tunedeck("merge", run_id, "-o", out, "--dtype", "float32", "--runs-dir", runs_dir, *extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def merged_demo(demo_run, tmp_path_factory):
+    """(folder, CLI result) of the demo run's final adapter merged in float32."""
+    out = tmp_path_factory.mktemp("merged-demo") / "merged"
+    return out, merge(*demo_run, out)
+
+
+def test_demo_run_merges_into_a_model_equal_to_base_plus_adapter(demo_run, merged_demo, demo_home, tmp_path):
+    runs_dir, run_id = demo_run
+    out, result = merged_demo
+    assert f"saved to {out}" in result.stdout
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "serve.sh", "adapter"):
+        assert (out / name).exists(), name
+    assert not (out / "adapter_config.json").exists()  # a plain model: transformers must not take it for an adapter
+    prompts = eval_prompts(demo_home)
+    reference = peft_logits(demo_home / "model", runs_dir / run_id / "output", prompts)
+    merged, facts = merged_logits(out, prompts, tmp_path)
+    assert facts["class"] == "LlamaForCausalLM"
+    assert max_difference(reference, merged) < TOLERANCE
+    # The adapter really changes the model, so the equality above says something.
+    assert max_difference(peft_logits(demo_home / "model", None, prompts), merged) > 0.1
+
+
+def test_zero3_checkpoint_is_consolidated_from_its_shards(zero3_run, demo_home, tmp_path):
+    runs_dir, run_id = zero3_run
+    checkpoint = runs_dir / run_id / "output" / "checkpoint-2"
+    shards = sorted((checkpoint / "global_step2").glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
+    assert len(shards) == 2  # one per rank: a checkpoint no single process wrote whole
+    # The adapter the trainer gathered at save time is the reference; take it out of the checkpoint so the
+    # merge can only get the weights from the ZeRO shards.
+    reference_dir = tmp_path / "gathered"
+    reference_dir.mkdir()
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        shutil.copy(checkpoint / name, reference_dir / name)
+    (checkpoint / "adapter_model.safetensors").unlink()
+
+    out = tmp_path / "merged"
+    merge(runs_dir, run_id, out, "--checkpoint", "2")
+    consolidated = load_file(runs_dir / run_id / "consolidated" / "checkpoint-2" / "adapter_model.safetensors")
+    gathered = load_file(reference_dir / "adapter_model.safetensors")
+    assert consolidated.keys() == gathered.keys()
+    assert all(bool((consolidated[k] == gathered[k]).all()) for k in gathered)
+
+    prompts = eval_prompts(demo_home)
+    merged, _ = merged_logits(out, prompts, tmp_path)
+    assert max_difference(peft_logits(demo_home / "model", reference_dir, prompts), merged) < TOLERANCE
+    assert json.loads((out / "tunedeck_merge.json").read_text())["weights"] == "checkpoint-2"
+
+
+def test_fsdp_sharded_checkpoint_is_consolidated_and_merged(fsdp_run, demo_home, tmp_path):
+    runs_dir, run_id = fsdp_run
+    checkpoint = runs_dir / run_id / "output" / "checkpoint-4"
+    assert (checkpoint / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    assert not list(checkpoint.glob("adapter_model.*"))  # FSDP's sharded checkpoint holds no adapter file
+    out = tmp_path / "merged"
+    merge(runs_dir, run_id, out, "--checkpoint", "4")
+    # Step 4 is also the final save, which FSDP gathered into a plain adapter (FULL_STATE_DICT).
+    prompts = eval_prompts(demo_home)
+    merged, _ = merged_logits(out, prompts, tmp_path)
+    assert max_difference(peft_logits(demo_home / "model", runs_dir / run_id / "output", prompts), merged) < TOLERANCE
+
+
+def test_qlora_adapter_is_merged_into_the_16bit_base(qlora_run, demo_home, tmp_path):
+    runs_dir, run_id = qlora_run
+    out = tmp_path / "merged"
+    result = merge(runs_dir, run_id, out)
+    assert "not into 4-bit weights" in result.stderr
+    assert json.loads((out / "tunedeck_merge.json").read_text())["merged_into"] == "float32 base (not quantized)"
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    prompts = eval_prompts(demo_home)
+    merged, facts = merged_logits(out, prompts, tmp_path)  # bitsandbytes cannot be imported there
+    assert facts["quantization_config"] is None
+    assert max_difference(peft_logits(demo_home / "model", runs_dir / run_id / "output", prompts), merged) < TOLERANCE
+
+
+def test_serve_sh_of_a_merged_model_runs_vllm_with_the_right_arguments(demo_run, merged_demo, demo_home, tmp_path):
+    run_id = demo_run[1]
+    out = merged_demo[0]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "vllm"  # vLLM needs a GPU: a stand-in records the argv it would get
+    stand_in.write_text('#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n')
+    stand_in.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PORT": "8123"}
+    merged = json.loads(subprocess.run(["bash", str(out / "serve.sh")], env=env, capture_output=True, text=True, check=True).stdout)
+    assert merged[:2] == ["serve", str(out)] and merged[merged.index("--port") + 1] == "8123"
+    assert merged[merged.index("--dtype") + 1] == "float32"
+    adapter = json.loads(subprocess.run(["bash", str(out / "serve.sh"), "adapter"], env=env, capture_output=True, text=True, check=True).stdout)
+    assert adapter[:2] == ["serve", str(demo_home / "model")]  # the base model, with the adapter on top
+    assert "--enable-lora" in adapter and adapter[adapter.index("--max-lora-rank") + 1] == "16"
+    assert adapter[adapter.index("--lora-modules") + 1] == f"tunedeck-{run_id}-adapter={out / 'adapter'}"
+    assert (out / "adapter" / "adapter_config.json").is_file()
