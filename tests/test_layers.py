@@ -2,7 +2,8 @@
 
     0 core      spec*, untrusted, fields, validate, catalog, engine_facts, ...: the job and its rules
     1 render    render/: the generated files         | estimate   memory*, advisor, estimate
-    2 runs      run*, supervisor, preflight, smoke, tail, monitor, demo, bundle_check, train
+    2 runs      run*, supervisor, preflight, smoke, tail, monitor, demo, bundle_check, train,
+              and the after-training modules (worker*, checkpoints, evaluate, merge, ...)
     3 cli       backend/cli*.py                      | app        the panel (app/)
     4 tunedeck/__main__.py: the console script, the one place that composes both front ends
 
@@ -34,11 +35,17 @@ LAYERS = [
     (
         "core",
         0,
-        r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate|catalog|engine_facts|vocabulary|applies|problem|presets)",
+        r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate\w*|catalog|engine_facts|vocabulary|applies|problem|presets)",
     ),
     ("render", 1, r"tunedeck\.backend\.render(\..+)?"),
     ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*)"),
     ("runs", 2, r"tunedeck\.backend\.(runs?_\w+|runs|supervisor|preflight|smoke|tail|monitor|demo|bundle_check|train)"),
+    # After training (try, evaluate, merge): they read run folders, so they sit beside runs.
+    (
+        "runs",
+        2,
+        r"tunedeck\.backend\.(worker\w*|checkpoints|consolidate|evaluate|eval_results|merge|hub|model_load|prompting|generate)",
+    ),
     ("cli", 3, r"tunedeck\.backend\.cli\w*"),
     ("app", 3, r"tunedeck\.app(\..+)?"),
     ("entry", 4, r"tunedeck\.__main__"),
