@@ -62,13 +62,20 @@ class AfterView:
         """(label, value) of what the run can be tried with: its final adapter, each checkpoint, its base."""
         run_dir, job = self._run(run_id)
         found = list_weights(run_dir, job)
-        labels = {"deepspeed": " · ZeRO shards, consolidated on first use", "fsdp": " · FSDP shards, consolidated on first use"}
-        choices = [(w.name.replace("final", "final adapter") + labels.get(w.layout, ""), w.name) for w in reversed(found[1:])]
+        labels = {
+            "deepspeed": " · ZeRO shards, consolidated on first use",
+            "fsdp": " · FSDP shards, consolidated on first use",
+        }
+        choices = [
+            (w.name.replace("final", "final adapter") + labels.get(w.layout, ""), w.name) for w in reversed(found[1:])
+        ]
         return choices + [("base model (no adapter)", "base")]
 
     def compare_choices(self, run_id: str) -> list[tuple[str, str]]:
         """Beside the answer: nobody, the base of this run, or another run's final adapter (an overlay)."""
-        others = [(f"run {r.run_id} · {r.title}", f"run:{r.run_id}") for r in self.manager.list_runs() if r.run_id != run_id]
+        others = [
+            (f"run {r.run_id} · {r.title}", f"run:{r.run_id}") for r in self.manager.list_runs() if r.run_id != run_id
+        ]
         return [("no comparison", NO_COMPARISON), ("the base model", "base"), *others]
 
     @staticmethod
@@ -76,8 +83,8 @@ class AfterView:
         """(checkpoint step, base?) of a weights value: "final", "checkpoint-N" or "base"."""
         if value == "base":
             return None, True
-        if value.startswith("checkpoint-") and value[len("checkpoint-"):].isdigit():
-            return int(value[len("checkpoint-"):]), False
+        if value.startswith("checkpoint-") and value[len("checkpoint-") :].isdigit():
+            return int(value[len("checkpoint-") :]), False
         return None, False
 
     # ------------------------------------------------------------ try
@@ -91,12 +98,16 @@ class AfterView:
         if compare == "base":
             models["after.compare_answer"] = (run_id, None, True)
         elif compare.startswith("run:"):
-            models["after.compare_answer"] = (compare[len("run:"):], None, False)
-        yield {"after.status": "loading the model" + ("s" if len(models) > 1 else "") + " (the first answer takes longer)"}
+            models["after.compare_answer"] = (compare[len("run:") :], None, False)
+        yield {
+            "after.status": "loading the model" + ("s" if len(models) > 1 else "") + " (the first answer takes longer)"
+        }
         for rid, _, _ in models.values():
             self._run(rid)
         with ThreadPoolExecutor(max_workers=len(models)) as loading:  # both models load at once
-            futures = {key: loading.submit(self.pool.get, self.manager.runs_dir, *model) for key, model in models.items()}
+            futures = {
+                key: loading.submit(self.pool.get, self.manager.runs_dir, *model) for key, model in models.items()
+            }
             workers = {key: future.result() for key, future in futures.items()}
         warnings = [w.info["warning"] for w in workers.values() if w.info.get("warning")]
         where = ", ".join(f"{w.info['description']} on {w.info['device']}" for w in workers.values())
@@ -107,7 +118,10 @@ class AfterView:
 
     def release(self, run_id: str) -> dict:
         """Let every model of this run go: their worker processes end."""
-        released = sum(self.pool.release(self.manager.runs_dir, run_id, *self._choice(value)) for _, value in self.weights_choices(run_id))
+        released = sum(
+            self.pool.release(self.manager.runs_dir, run_id, *self._choice(value))
+            for _, value in self.weights_choices(run_id)
+        )
         return {"after.status": f"released {released} model{'s' if released != 1 else ''} of run {run_id}"}
 
     # ------------------------------------------------------------ evaluate
@@ -119,7 +133,9 @@ class AfterView:
         note = data.get("error") or ("" if rows else "not evaluated yet")
         return {"after.eval_table": rows, "after.eval_chart": eval_figure(data), "after.eval_status": note}
 
-    def evaluate(self, run_id: str, scope: str, data_file: str | None = None, limit: int | None = None) -> Iterator[dict]:
+    def evaluate(
+        self, run_id: str, scope: str, data_file: str | None = None, limit: int | None = None
+    ) -> Iterator[dict]:
         """Evaluate in a worker; yield progress, then the table and chart."""
         run_dir, job = self._run(run_id)
         weights = [w.name for w in list_weights(run_dir, job)]
@@ -145,12 +161,20 @@ class AfterView:
         checkpoint, base = self._choice(weights)
         if base:
             raise AfterError("merge: pick an adapter (the final one or a checkpoint), not the base model")
-        note = " · QLoRA: merged into the base loaded in " + dtype + ", not into 4-bit weights" if job.get("method") == "qlora" else ""
+        note = (
+            " · QLoRA: merged into the base loaded in " + dtype + ", not into 4-bit weights"
+            if job.get("method") == "qlora"
+            else ""
+        )
         args = {"run_id": run_id, "checkpoint": checkpoint, "out_dir": str(out_dir), "dtype": dtype}
         result = {}
-        for event in _in_background(lambda on_event: result.update(run_task("merge", args, job, self.manager.runs_dir, on_event))):
+        for event in _in_background(
+            lambda on_event: result.update(run_task("merge", args, job, self.manager.runs_dir, on_event))
+        ):
             yield {"after.merge_status": event + note}
-        yield {"after.merge_status": f"saved to {result['out_dir']}{note}\n\nserve it: `bash {result['out_dir']}/serve.sh` (or `serve.sh adapter`)"}
+        yield {
+            "after.merge_status": f"saved to {result['out_dir']}{note}\n\nserve it: `bash {result['out_dir']}/serve.sh` (or `serve.sh adapter`)"
+        }
 
     def push(self, run_id: str, name: str, repo_id: str, token: str) -> dict:
         from tunedeck.backend.hub import push_folder
@@ -193,10 +217,16 @@ def eval_figure(data: dict) -> go.Figure:
     figure = go.Figure()
     figure.add_bar(x=names, y=[r.get("loss") for r in results], name="loss", marker_color="#4f46e5")
     if any(r.get("exact_match") is not None for r in results):
-        figure.add_scatter(x=names, y=[r.get("exact_match") for r in results], name="exact match", yaxis="y2", mode="lines+markers", marker_color="#ea580c")
+        figure.add_scatter(
+            x=names,
+            y=[r.get("exact_match") for r in results],
+            name="exact match",
+            yaxis="y2",
+            mode="lines+markers",
+            marker_color="#ea580c",
+        )
     figure.update_layout(
         template="plotly_white", margin=dict(l=50, r=50, t=30, b=40), legend=dict(orientation="h", y=1.08),
         yaxis=dict(title="loss"), yaxis2=dict(title="exact match", overlaying="y", side="right", range=[0, 1], tickformat=".0%"),
     )  # fmt: skip
     return figure
-

@@ -68,7 +68,9 @@ class LoginThrottle:
     the check before the first one fails; a success forgets the client's failures.
     """
 
-    def __init__(self, per_client: int = PER_CLIENT, overall: int = OVERALL, window_s: float = WINDOW_S, clock=time.monotonic):
+    def __init__(
+        self, per_client: int = PER_CLIENT, overall: int = OVERALL, window_s: float = WINDOW_S, clock=time.monotonic
+    ):
         self.per_client, self.overall, self.window_s, self.clock = per_client, overall, window_s, clock
         self._failures: deque[tuple[float, str]] = deque()  # (when, client), oldest first
 
@@ -93,7 +95,9 @@ def signed_in(scope) -> bool:
     """Does the request carry a session that Gradio issued at /login (its own cookies and token table)?"""
     gradio_app = scope["app"]
     cookies = HTTPConnection(scope).cookies
-    token = cookies.get(f"access-token-{gradio_app.cookie_id}") or cookies.get(f"access-token-unsecure-{gradio_app.cookie_id}")
+    token = cookies.get(f"access-token-{gradio_app.cookie_id}") or cookies.get(
+        f"access-token-unsecure-{gradio_app.cookie_id}"
+    )
     return token is not None and token in gradio_app.tokens
 
 

@@ -74,7 +74,12 @@ def loss_figure(
         if steps:
             x, y = downsample(steps, eval_loss)
             fig.add_scatter(
-                x=x, y=y, mode="lines+markers", name=f"{label} eval loss", line=dict(color=color, dash="dot"), marker=dict(size=7)
+                x=x,
+                y=y,
+                mode="lines+markers",
+                name=f"{label} eval loss",
+                line=dict(color=color, dash="dot"),
+                marker=dict(size=7),
             )
     fig.update_layout(title="Loss", xaxis_title="step", height=340, **_LAYOUT)
     fig.update_yaxes(type="log" if log_scale else "linear")
@@ -86,7 +91,9 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, subplot_titles=[title for _, title in METRIC_PANELS], horizontal_spacing=0.08)
     for col, (key, title) in enumerate(METRIC_PANELS, start=1):
         x, y = downsample(*series(records, key))
-        fig.add_scatter(x=x, y=y, mode="lines", name=title, line=dict(color=COLORS[0]), row=1, col=col, showlegend=False)
+        fig.add_scatter(
+            x=x, y=y, mode="lines", name=title, line=dict(color=COLORS[0]), row=1, col=col, showlegend=False
+        )
         fig.update_xaxes(title_text="step", row=1, col=col)
     fig.update_yaxes(rangemode="tozero")  # a constant lr of 5e-3 must not read as 0
     fig.update_yaxes(exponentformat="e", row=1, col=1)

@@ -78,6 +78,8 @@ def _serve(args: argparse.Namespace, credentials, work: Path) -> int:
         launch(page, args.host, args.port, credentials)
     except OSError as exc:  # the port is taken, or the address is not this machine's
         reason = str(exc).split(". You can")[0].rstrip(".")
-        print(f"tunedeck ui: cannot serve on {args.host}:{args.port}: {reason}. Choose another --port.", file=sys.stderr)
+        print(
+            f"tunedeck ui: cannot serve on {args.host}:{args.port}: {reason}. Choose another --port.", file=sys.stderr
+        )
         return 2
     return 0

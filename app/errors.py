@@ -34,7 +34,7 @@ def shown_as_message(fn):
             return fn(*args, **kwargs)
         except gr.Error:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - every handler error becomes a message
             log.error("handler %s failed:\n%s", fn.__name__, traceback.format_exc())
             raise gr.Error(user_message(exc), print_exception=False) from None
 

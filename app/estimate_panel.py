@@ -65,7 +65,8 @@ class EstimatePanel(DerivedView):
                 ),
             )
             self.apply = add(
-                "estimate.apply", gr.Button("Apply recommendation", elem_id="apply-recommendation", interactive=False, scale=1)
+                "estimate.apply",
+                gr.Button("Apply recommendation", elem_id="apply-recommendation", interactive=False, scale=1),
             )
         self.recommendation = add("estimate.recommendation", gr.Markdown(elem_id="recommendation"))
         self.shown = add("estimate.shown", gr.State(EstimateShown()))
@@ -75,8 +76,12 @@ class EstimatePanel(DerivedView):
         """The table and the stacked bars, one per strategy (full width, under the form)."""
         with gr.Accordion("Memory per GPU for each strategy", open=True, elem_id="estimate-section"):
             with gr.Row():
-                self.table = self.ui.add("estimate.table", gr.Dataframe(interactive=False, elem_id="estimate-table", wrap=True, scale=1))
-                self.figure = self.ui.add("estimate.chart", gr.Plot(show_label=False, elem_id="estimate-chart", scale=1))
+                self.table = self.ui.add(
+                    "estimate.table", gr.Dataframe(interactive=False, elem_id="estimate-table", wrap=True, scale=1)
+                )
+                self.figure = self.ui.add(
+                    "estimate.chart", gr.Plot(show_label=False, elem_id="estimate-chart", scale=1)
+                )
 
     @property
     def outputs(self) -> list:

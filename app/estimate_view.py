@@ -15,7 +15,15 @@ from html import escape
 
 import plotly.graph_objects as go
 
-from tunedeck.backend.advisor import FIT_FRACTION, Advice, StrategyEstimate, advise, format_gb, gpu_memory_gb, limit_sentence
+from tunedeck.backend.advisor import (
+    FIT_FRACTION,
+    Advice,
+    StrategyEstimate,
+    advise,
+    format_gb,
+    gpu_memory_gb,
+    limit_sentence,
+)
 from tunedeck.backend.memory import TERMS, estimate
 from tunedeck.backend.memory_job import EstimateError
 from tunedeck.backend.memory_load import LOAD_TERMS
@@ -188,7 +196,8 @@ def measured_markdown(job: JobSpec | dict, peaks: dict[str, list[float]]) -> str
         values = peaks.get(kind) or []
         if values:
             ranks = ", ".join(
-                f"rank {i}: {format_gb(v)} ({(v - predicted[kind]) / predicted[kind]:+.0%})" for i, v in enumerate(values)
+                f"rank {i}: {format_gb(v)} ({(v - predicted[kind]) / predicted[kind]:+.0%})"
+                for i, v in enumerate(values)
             )
             lines.append(f"**Measured peak {kind}:** {ranks}")
     if len(lines) == 1:

@@ -65,5 +65,7 @@ def build_form(initial: dict[str, Any], ui: Registry) -> Form:
                 tabs[title] = tab
                 for field in FORM_FIELDS:
                     if field.section == title:
-                        components[field.path] = ui.add(field_id(field.path), _component(field, initial.get(field.path)))
+                        components[field.path] = ui.add(
+                            field_id(field.path), _component(field, initial.get(field.path))
+                        )
     return Form(components=[components[f.path] for f in FORM_FIELDS], section_tabs=tabs)

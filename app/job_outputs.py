@@ -52,7 +52,7 @@ def evaluate(values: Values, gpu_text: str | None = None) -> JobResult:
     issues = validate(spec)
     try:
         files = render_bundle(spec)
-    except Exception as exc:  # a generator bug must read as a message, not a blank page
+    except Exception as exc:  # noqa: BLE001 - a generator bug must read as a message, not a blank page
         files = {}
         issues.append(Problem("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
     advice = None if gpu_text is None else compute_advice(spec, gpu_text)
@@ -66,7 +66,9 @@ def issues_markdown(result: JobResult) -> str:
     warnings = [i for i in result.issues if i.level == "warning"]
     head = []
     if errors:
-        head.append(f"✗ **{len(errors)} error{'s' * (len(errors) > 1)}**: Start and the bundle download are disabled until fixed.")
+        head.append(
+            f"✗ **{len(errors)} error{'s' * (len(errors) > 1)}**: Start and the bundle download are disabled until fixed."
+        )
     if warnings:
         head.append(f"⚠ **{len(warnings)} warning{'s' * (len(warnings) > 1)}**")
     return "\n".join([" · ".join(head), *_problem_lines(errors + warnings)])
@@ -77,7 +79,11 @@ def _problem_lines(issues: list[Problem]) -> list[str]:
     lines = []
     for issue in issues:
         mark = "✗" if issue.level == "error" else "⚠"
-        where = f"`{issue.field}`: " if _PLAIN_FIELD.fullmatch(issue.field) else f"{escape(issue.field)}: " * bool(issue.field)
+        where = (
+            f"`{issue.field}`: "
+            if _PLAIN_FIELD.fullmatch(issue.field)
+            else f"{escape(issue.field)}: " * bool(issue.field)
+        )
         lines.append(f"- {mark} {where}{escape(issue.message)}")
     return lines
 
@@ -93,7 +99,9 @@ def batch_markdown(values: Values) -> str:
         return "**Global batch:** (fix the batch fields to see it)"
     total = per_device * processes * accumulation
     tokens = values.get("dataset.max_seq_length")
-    token_note = f" · up to {total * tokens:,} tokens per step" if isinstance(tokens, int) and 0 < tokens <= 2**20 else ""
+    token_note = (
+        f" · up to {total * tokens:,} tokens per step" if isinstance(tokens, int) and 0 < tokens <= 2**20 else ""
+    )
     return (
         f"**Global batch: {total}** sequences per optimizer step = {per_device} per device "
         f"× {processes} processes × {accumulation} accumulation steps{token_note}"
@@ -108,7 +116,10 @@ def read_uploaded_spec(path: str | None) -> tuple[str, JobSpec | None]:
     name = escape(shown(file.name))
     try:
         if file.stat().st_size > UPLOAD_LIMIT_BYTES:
-            return f"✗ **{name}** is larger than {UPLOAD_LIMIT_BYTES // 1024} KB; a job spec is a short YAML file.", None
+            return (
+                f"✗ **{name}** is larger than {UPLOAD_LIMIT_BYTES // 1024} KB; a job spec is a short YAML file.",
+                None,
+            )
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         return f"✗ **{name}** is not a text file; upload a job.yaml.", None

@@ -32,9 +32,10 @@ job's files under the preset's form (7 of 20 fresh panels, issue 8). Three rules
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import PurePath
-from typing import Any, Callable
+from typing import Any
 
 import gradio as gr
 
@@ -49,7 +50,15 @@ from tunedeck.backend.spec import JobSpec
 # Rule 1 above: one first-in-first-out lane for every event that touches the job outputs.
 JOB_QUEUE = {"concurrency_id": "job-view", "concurrency_limit": 1}
 
-LANGUAGES = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".sh": "shell", ".sbatch": "shell", ".py": "python", ".md": "markdown"}
+LANGUAGES = {
+    ".yaml": "yaml",
+    ".yml": "yaml",
+    ".json": "json",
+    ".sh": "shell",
+    ".sbatch": "shell",
+    ".py": "python",
+    ".md": "markdown",
+}
 
 
 def _digest(text: str) -> str:
@@ -132,8 +141,12 @@ class JobView:
         self.issues = add("job.issues", gr.Markdown(elem_id="job-issues"))
         self.batch = add("job.batch", gr.Markdown(elem_id="global-batch"))
         with gr.Row():
-            self.start = add("job.start", gr.Button("▶ Start run", variant="primary", elem_id="start-run", interactive=False))
-            self.zip = add("job.zip", gr.DownloadButton("⬇ Download bundle (.zip)", elem_id="download-zip", interactive=False))
+            self.start = add(
+                "job.start", gr.Button("▶ Start run", variant="primary", elem_id="start-run", interactive=False)
+            )
+            self.zip = add(
+                "job.zip", gr.DownloadButton("⬇ Download bundle (.zip)", elem_id="download-zip", interactive=False)
+            )
         # Rules 2 and 3 of the module docstring: what the browser has applied, sent back with every event.
         self.fills = add("job.fills", gr.Number(0, precision=0, visible=False, elem_id="job-fills"))
         self.digest = add("job.digest", gr.Textbox("", visible=False, elem_id="job-digest"))
@@ -176,7 +189,17 @@ class JobView:
     def outputs(self) -> list:
         """Everything a job event may set; a fill also writes the form and the derived views' controls."""
         derived = [c for view in self.derived for c in view.outputs]
-        own = [self.file_choice, self.code, self.issues, self.batch, self.start, self.zip, self.files, self.shown, self.fills]
+        own = [
+            self.file_choice,
+            self.code,
+            self.issues,
+            self.batch,
+            self.start,
+            self.zip,
+            self.files,
+            self.shown,
+            self.fills,
+        ]
         return [*self.form.components, *own, self.digest, *self.extra_inputs, *derived]
 
     @property
@@ -318,7 +341,9 @@ class JobView:
             **JOB_QUEUE,  # it writes JobShown too
         )
 
-    def wire_fill(self, trigger, fill: Callable[[JobEvent], tuple[JobSpec | None, str]], notice, reads: tuple = ()) -> None:
+    def wire_fill(
+        self, trigger, fill: Callable[[JobEvent], tuple[JobSpec | None, str]], notice, reads: tuple = ()
+    ) -> None:
         """`trigger` replaces the job with `fill(event)`'s spec and says its message in `notice`.
 
         `fill` returns (spec, message), or (None, message) to change nothing; `reads` are the

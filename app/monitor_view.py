@@ -45,13 +45,22 @@ def _process_label(pid: int) -> str:
 def gpu_card(gpu: GpuSample) -> str:
     mem_fraction = gpu.memory_used_mb / gpu.memory_total_mb if gpu.memory_total_mb else None
     rows = [
-        _bar("utilisation", (gpu.utilization_pct or 0) / 100 if gpu.utilization_pct is not None else None,
-             f"{gpu.utilization_pct:.0f}%" if gpu.utilization_pct is not None else "n/a"),
+        _bar(
+            "utilisation",
+            (gpu.utilization_pct or 0) / 100 if gpu.utilization_pct is not None else None,
+            f"{gpu.utilization_pct:.0f}%" if gpu.utilization_pct is not None else "n/a",
+        ),
         _bar("memory", mem_fraction, f"{gpu.memory_used_mb / 1024:.1f} / {gpu.memory_total_mb / 1024:.1f} GB"),
     ]
     if gpu.power_w is not None:
         limit = gpu.power_limit_w
-        rows.append(_bar("power", gpu.power_w / limit if limit else None, f"{gpu.power_w:.0f} W" + (f" / {limit:.0f} W" if limit else "")))
+        rows.append(
+            _bar(
+                "power",
+                gpu.power_w / limit if limit else None,
+                f"{gpu.power_w:.0f} W" + (f" / {limit:.0f} W" if limit else ""),
+            )
+        )
     temp = f" · {gpu.temperature_c:.0f} °C" if gpu.temperature_c is not None else ""
     procs = "".join(
         f"<li>{escape(_process_label(p.pid))}" + (f" — {p.used_mb / 1024:.1f} GB" if p.used_mb else "") + "</li>"
@@ -64,14 +73,20 @@ def gpu_card(gpu: GpuSample) -> str:
 def monitor_html(monitor: Monitor, sample: Sample | None) -> str:
     parts = []
     if monitor.gpu_error and not (sample and sample.gpus):
-        parts.append(f"<div class='td-card td-nogpu' id='no-gpu'>{escape(monitor.gpu_error)} CPU and RAM are still shown.</div>")
+        parts.append(
+            f"<div class='td-card td-nogpu' id='no-gpu'>{escape(monitor.gpu_error)} CPU and RAM are still shown.</div>"
+        )
     elif monitor.gpu_error:
         parts.append(f"<div class='td-card td-nogpu'>{escape(monitor.gpu_error)}</div>")
     if sample:
         parts.extend(gpu_card(g) for g in sample.gpus)
         host = [
             _bar("CPU", sample.cpu_percent / 100, f"{sample.cpu_percent:.0f}% of {psutil.cpu_count()} cores"),
-            _bar("RAM", sample.ram_used_gb / sample.ram_total_gb, f"{sample.ram_used_gb:.1f} / {sample.ram_total_gb:.1f} GB"),
+            _bar(
+                "RAM",
+                sample.ram_used_gb / sample.ram_total_gb,
+                f"{sample.ram_used_gb:.1f} / {sample.ram_total_gb:.1f} GB",
+            ),
         ]
         parts.append(f"<div class='td-card' id='host-gauges'><b>Host</b>{''.join(host)}</div>")
     else:
@@ -94,13 +109,26 @@ def sparklines(history: list[Sample]) -> go.Figure:
     ]
     for i in range(gpu_count):
         series.append([(s.gpus[i].utilization_pct or 0) if i < len(s.gpus) else None for s in history])
-        series.append([100 * s.gpus[i].memory_used_mb / s.gpus[i].memory_total_mb if i < len(s.gpus) else None for s in history])
+        series.append(
+            [100 * s.gpus[i].memory_used_mb / s.gpus[i].memory_total_mb if i < len(s.gpus) else None for s in history]
+        )
     for n, (title, ys) in enumerate(zip(titles, series)):
-        fig.add_scatter(x=seconds, y=ys, name=title, mode="lines", fill="tozeroy", line=dict(color="#4f46e5", width=1.5),
-                        row=n // cols + 1, col=n % cols + 1, showlegend=False)
+        fig.add_scatter(
+            x=seconds,
+            y=ys,
+            name=title,
+            mode="lines",
+            fill="tozeroy",
+            line=dict(color="#4f46e5", width=1.5),
+            row=n // cols + 1,
+            col=n % cols + 1,
+            showlegend=False,
+        )
     fig.update_yaxes(range=[0, 100])
     fig.update_xaxes(title_text="seconds ago", showticklabels=True)
-    fig.update_layout(height=190 * rows, margin=dict(l=40, r=10, t=30, b=30), template="plotly_white", uirevision="keep")
+    fig.update_layout(
+        height=190 * rows, margin=dict(l=40, r=10, t=30, b=30), template="plotly_white", uirevision="keep"
+    )
     return fig
 
 
@@ -119,7 +147,9 @@ class MonitorView(Section):
 
     def build(self, page: Page) -> None:
         add = page.ui.add
-        self.gauges = add("monitor.gauges", gr.HTML(monitor_html(self.monitor, self.monitor.latest()), elem_id="gpu-monitor"))
+        self.gauges = add(
+            "monitor.gauges", gr.HTML(monitor_html(self.monitor, self.monitor.latest()), elem_id="gpu-monitor")
+        )
         self.history = add("monitor.history", gr.Plot(show_label=False, elem_id="monitor-sparklines"))
         self.shown = add("monitor.shown", gr.State(MonitorShown()))
 

@@ -26,12 +26,16 @@ from tunedeck.backend.monitor import shared_monitor
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.spec import JobSpec, SpecError
 
-CSS = """
+CSS = (
+    """
 #presets button { min-width: 0; }
 .invalid input, .invalid textarea, .invalid .wrap { border-color: var(--error-border-color, #ef4444) !important; }
 #job-issues { min-height: 2.5em; }
 #file-tabs { gap: 4px; }
-""" + monitor_view.CSS + run_view.CSS
+"""
+    + monitor_view.CSS
+    + run_view.CSS
+)
 
 
 def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | None = None) -> gr.Blocks:

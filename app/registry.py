@@ -12,7 +12,8 @@ is wired by position, so adding an output never shifts another. The idea is LLaM
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import gradio as gr
 
@@ -39,7 +40,9 @@ class Registry:
             return self._by_id[component_id]
         except KeyError:
             near = [i for i in self._by_id if i.split(".")[0] == component_id.split(".")[0]]
-            raise KeyError(f"no component {component_id!r}; ids here: {', '.join(near) or ', '.join(self._by_id)}") from None
+            raise KeyError(
+                f"no component {component_id!r}; ids here: {', '.join(near) or ', '.join(self._by_id)}"
+            ) from None
 
     def __contains__(self, component_id: str) -> bool:
         return component_id in self._by_id

@@ -27,7 +27,15 @@ from tunedeck.backend.runs import RunError, RunManager, RunStatus
 
 RUNS_LIST_TTL_S = 2.0
 TABLE_HEADERS = ["run", "state", "job", "started", "duration"]
-STATE_MARKS = {"queued": "⏳", "running": "▶", "stopping": "■", "finished": "✓", "failed": "✗", "stopped": "■", DAMAGED: "⚠"}
+STATE_MARKS = {
+    "queued": "⏳",
+    "running": "▶",
+    "stopping": "■",
+    "finished": "✓",
+    "failed": "✗",
+    "stopped": "■",
+    DAMAGED: "⚠",
+}
 
 
 class RunsIndex:
@@ -98,10 +106,15 @@ class RunView(Section):
         add = page.ui.add
         with gr.Row(equal_height=True):
             self.select = add(
-                "run.select", gr.Dropdown(label="Run", choices=[], value=None, elem_id="run-select", scale=4, filterable=False)
+                "run.select",
+                gr.Dropdown(label="Run", choices=[], value=None, elem_id="run-select", scale=4, filterable=False),
             )
-            self.stop = add("run.stop", gr.Button("■ Stop", variant="stop", elem_id="stop-run", interactive=False, scale=1))
-        self.status = add("run.status", gr.Markdown("No runs yet: pick a job and press **Start run**.", elem_id="run-state"))
+            self.stop = add(
+                "run.stop", gr.Button("■ Stop", variant="stop", elem_id="stop-run", interactive=False, scale=1)
+            )
+        self.status = add(
+            "run.status", gr.Markdown("No runs yet: pick a job and press **Start run**.", elem_id="run-state")
+        )
         self.progress = add("run.progress", gr.HTML(elem_id="run-progress"))
         self.facts = add("run.facts", gr.Markdown(elem_id="run-facts"))
         self.error = add(
@@ -109,22 +122,29 @@ class RunView(Section):
         )
         with gr.Row():
             self.smoothing = add(
-                "run.smoothing", gr.Slider(0, 0.99, value=0.6, step=0.01, label="Smoothing (EMA weight)", elem_id="smoothing")
+                "run.smoothing",
+                gr.Slider(0, 0.99, value=0.6, step=0.01, label="Smoothing (EMA weight)", elem_id="smoothing"),
             )
             self.log_scale = add("run.log_scale", gr.Checkbox(label="Log scale", value=False, elem_id="log-scale"))
             self.overlay = add(
                 "run.overlay",
-                gr.Dropdown(label="Overlay the loss of", choices=[], value=None, elem_id="overlay-select", filterable=False),
+                gr.Dropdown(
+                    label="Overlay the loss of", choices=[], value=None, elem_id="overlay-select", filterable=False
+                ),
             )
         self.loss_plot = add("run.loss_chart", gr.Plot(show_label=False, elem_id="loss-chart"))
         self.metrics_plot = add("run.metrics_chart", gr.Plot(show_label=False, elem_id="metrics-chart"))
         self.memory = add("run.memory", gr.Markdown(elem_id="run-memory"))
         self.log = add(
             "run.log",
-            gr.Textbox(label="rank-0 log", lines=14, max_lines=14, autoscroll=True, interactive=False, elem_id="run-log"),
+            gr.Textbox(
+                label="rank-0 log", lines=14, max_lines=14, autoscroll=True, interactive=False, elem_id="run-log"
+            ),
         )
         gr.Markdown("#### Past runs")
-        self.table = add("run.table", gr.Dataframe(headers=TABLE_HEADERS, interactive=False, elem_id="runs-table", wrap=True))
+        self.table = add(
+            "run.table", gr.Dataframe(headers=TABLE_HEADERS, interactive=False, elem_id="runs-table", wrap=True)
+        )
         self.shown = add("run.shown", gr.State(RunShown()))
 
     @property
@@ -146,7 +166,9 @@ class RunView(Section):
         shown = shown or got[self.shown]
         return self.render(shown, got[self.smoothing], got[self.log_scale], got[self.overlay] or None, force=force)
 
-    def render(self, old: RunShown, smoothing: float, log_scale: bool, overlay: str | None, force: bool = False) -> Updates:
+    def render(
+        self, old: RunShown, smoothing: float, log_scale: bool, overlay: str | None, force: bool = False
+    ) -> Updates:
         """The outputs that differ from what `old` drew (all of them with `force`)."""
         shown, out = replace(old), {}
         self._draw(shown, out, smoothing, log_scale, overlay, force)
@@ -154,7 +176,9 @@ class RunView(Section):
             out[self.shown] = shown
         return out
 
-    def _draw(self, shown: RunShown, out: Updates, smoothing: float, log_scale: bool, overlay: str | None, force: bool) -> None:
+    def _draw(
+        self, shown: RunShown, out: Updates, smoothing: float, log_scale: bool, overlay: str | None, force: bool
+    ) -> None:
         runs = self.index.runs()
         if shown.follow:
             listed = [r for r in runs if r.state != DAMAGED] or runs
@@ -187,7 +211,16 @@ class RunView(Section):
                 other.refresh()
             except RunError:
                 other = None
-        sig = (run_id, version, status.state, status.error, overlay, other.version if other else None, smoothing, log_scale)
+        sig = (
+            run_id,
+            version,
+            status.state,
+            status.error,
+            overlay,
+            other.version if other else None,
+            smoothing,
+            log_scale,
+        )
         summary = summarize(watch, status.started_at, status.ended_at)
         bar = progress_html(summary.fraction, summary.progress, status.state)
         if not force and shown.sig == sig:
@@ -218,7 +251,7 @@ class RunView(Section):
         if self.memory_hook is not None:
             try:
                 return self.memory_hook(self.manager.job(run_id), peaks)
-            except Exception as exc:  # the estimate is advice: never let it break the run view
+            except Exception as exc:  # noqa: BLE001 - the estimate is advice: never let it break the run view
                 return f"(memory estimate unavailable: {escape(str(exc))})"
         if not peaks:
             return ""
@@ -257,10 +290,25 @@ class RunView(Section):
         def on_stop(got: Got) -> Updates:
             return {page.notice: self.stop_run(got[self.shown]), **self.redraw(got, force=True)}
 
-        listen([self.select.input], on_select, inputs=[self.select, *self.inputs], outputs=self.outputs, show_progress="hidden")
+        listen(
+            [self.select.input],
+            on_select,
+            inputs=[self.select, *self.inputs],
+            outputs=self.outputs,
+            show_progress="hidden",
+        )
         options = [self.smoothing.input, self.log_scale.input, self.overlay.input]
-        listen(options, on_option, inputs=self.inputs, outputs=self.outputs, show_progress="hidden", trigger_mode="always_last")
-        listen([self.stop.click], on_stop, inputs=self.inputs, outputs=[page.notice, *self.outputs], show_progress="hidden")
+        listen(
+            options,
+            on_option,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            show_progress="hidden",
+            trigger_mode="always_last",
+        )
+        listen(
+            [self.stop.click], on_stop, inputs=self.inputs, outputs=[page.notice, *self.outputs], show_progress="hidden"
+        )
         page.on_tick(lambda got, in_view: self.redraw(got), inputs=self.inputs, outputs=self.outputs)
         page.on_load(lambda got: self.redraw(got, force=True), inputs=self.inputs, outputs=self.outputs)
         # Gradio 6's Textbox autoscroll follows only the first update: keep the newest lines in view ourselves.

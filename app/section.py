@@ -9,7 +9,7 @@ Section subclass and one line in page.py's SECTIONS.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import gradio as gr
 
@@ -53,7 +53,9 @@ class Page:
         self.notice = self.ui.add("page.notice", gr.Markdown(elem_id="notice"))
         with self.ui.add("page.tabs", gr.Tabs(elem_id="main-tabs")) as self.tabs:
             for section in sections:
-                with self.ui.add("page.tab." + section.id, gr.Tab(section.title, id=section.id, elem_id="tab-" + section.id)):
+                with self.ui.add(
+                    "page.tab." + section.id, gr.Tab(section.title, id=section.id, elem_id="tab-" + section.id)
+                ):
                     section.build(self)
         self.in_view = self.ui.add("page.in_view", gr.State(sections[0].id))  # the tab this browser shows
         self.timer = self.ui.add("page.timer", gr.Timer(TICK_S))
@@ -86,7 +88,7 @@ class Page:
 
             blocks.load(
                 handler(load),
-                inputs=set(c for _, ins, _ in self._load for c in ins),
+                inputs={c for _, ins, _ in self._load for c in ins},
                 outputs=unique(c for _, _, outs in self._load for c in outs),
                 show_progress="hidden",
                 **self._load_options,
@@ -113,4 +115,6 @@ class Page:
                 return {self.in_view: section_id, **ticks(got, section_id)}
 
             tab = self.ui["page.tab." + section.id]
-            tab.select(handler(shown), inputs=tick_inputs, outputs=[*tick_outputs, self.in_view], show_progress="hidden")
+            tab.select(
+                handler(shown), inputs=tick_inputs, outputs=[*tick_outputs, self.in_view], show_progress="hidden"
+            )

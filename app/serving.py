@@ -96,7 +96,10 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
     where = f"[{host}]" if ":" in host else host
     print(f"tunedeck: the panel is at http://{where}:{port}/  (Ctrl-C stops the panel; runs keep going)", flush=True)
     if is_loopback(host):
-        print(f"tunedeck: from another machine: ssh -L {port}:127.0.0.1:{port} <this-server>, then open that address", flush=True)
+        print(
+            f"tunedeck: from another machine: ssh -L {port}:127.0.0.1:{port} <this-server>, then open that address",
+            flush=True,
+        )
     if block:
         page.block_thread()
     return app

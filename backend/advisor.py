@@ -145,7 +145,6 @@ def gpu_memory_gb(text: str | float) -> float:
     return float(value)
 
 
-
 # ---------------------------------------------------------------- comparing and choosing
 
 
@@ -290,7 +289,6 @@ def _qlora_changes(v: dict) -> dict:
     if v["method"] == "full":
         changes["training.learning_rate"] = 2e-4  # adapters train with a higher rate than full weights
     return changes
-
 
 
 # ---------------------------------------------------------------- the reason sentence

@@ -12,9 +12,10 @@ Values are the flat {dotted path: value} of a job (spec_parse.flat_values), as t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, Callable
+from typing import Any
 
 from tunedeck.backend.vocabulary import STRATEGIES, Strategy, column_fields
 

@@ -39,7 +39,16 @@ from tunedeck.backend.render.requirements import REQUIREMENTS_FILE, minimums
 from tunedeck.backend.spec import load_spec_file
 
 # The variables a launcher hands its ranks (the rest of its environment is ours anyway).
-_RANK_VARIABLES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_")
+_RANK_VARIABLES = (
+    "ACCELERATE_",
+    "FSDP_",
+    "PARALLELISM_CONFIG_",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_",
+)
 
 # Stand-in hidden size for "auto" bucket sizes when the model is not in the catalog.
 _FALLBACK_HIDDEN_SIZE = 4096
@@ -74,7 +83,9 @@ def check_bundle(directory: str | Path) -> BundleCheck:
         result = _check_with_libraries(directory, spec)
     except BundleCheckError as exc:
         if warnings:
-            raise BundleCheckError(f"{exc} (the installed stack is older than this bundle needs: {'; '.join(warnings)})") from exc
+            raise BundleCheckError(
+                f"{exc} (the installed stack is older than this bundle needs: {'; '.join(warnings)})"
+            ) from exc
         raise
     result.warnings = warnings
     return result
@@ -294,8 +305,8 @@ def _gpu_assumed(enabled: bool):
     if not enabled:
         yield
         return
-    import torch
     import accelerate.utils.dataclasses as accelerate_dataclasses
+    import torch
     import transformers.training_args as training_args_module
 
     patches = [

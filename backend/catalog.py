@@ -16,10 +16,10 @@ The tests build each family on PyTorch's meta device and compare counts.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,9 @@ class ModelArch:
 
 
 def _llama(layers, hidden, heads, kv_heads, intermediate, vocab, tied=False, *, source, **extra) -> ModelArch:
-    return ModelArch("llama", "LlamaDecoderLayer", layers, hidden, heads, kv_heads, intermediate, vocab, tied, source=source, **extra)
+    return ModelArch(
+        "llama", "LlamaDecoderLayer", layers, hidden, heads, kv_heads, intermediate, vocab, tied, source=source, **extra
+    )
 
 
 def _hub(repo: str) -> str:
@@ -210,7 +212,9 @@ def _gemma2(layers, hidden, heads, kv_heads, head_dim, intermediate, size) -> Mo
 
 
 def _phi3(layers, hidden, heads, kv_heads, intermediate, repo) -> ModelArch:
-    return ModelArch("phi3", "Phi3DecoderLayer", layers, hidden, heads, kv_heads, intermediate, 32064, source=_hub(repo))
+    return ModelArch(
+        "phi3", "Phi3DecoderLayer", layers, hidden, heads, kv_heads, intermediate, 32064, source=_hub(repo)
+    )
 
 
 _QWEN = {

@@ -19,9 +19,13 @@ CHAT_IDLE_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("chat", help="ask a run's fine-tuned model (or its base) and print the answer; interactive without --prompt")
+    p = sub.add_parser(
+        "chat", help="ask a run's fine-tuned model (or its base) and print the answer; interactive without --prompt"
+    )
     _run_arguments(p)
-    p.add_argument("--prompt", help="the prompt; without it, read prompts from the terminal until /exit or end of input")
+    p.add_argument(
+        "--prompt", help="the prompt; without it, read prompts from the terminal until /exit or end of input"
+    )
     p.add_argument("--base", action="store_true", help="answer with the base model alone (no adapter)")
     p.add_argument("--template", choices=("auto", "chat", "alpaca", "plain"), default="auto",
                    help="how the prompt is wrapped: auto follows the run's dataset.format (messages: the chat template; "
@@ -30,34 +34,57 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) answers greedily")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P")
     p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end the answer before this text (repeatable)")
+    p.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="end the answer before this text (repeatable)"
+    )
     p.set_defaults(handler=cmd_chat)
 
-    p = sub.add_parser("eval", help="loss, perplexity and exact match of the base model and a run's adapter; saved in eval.json")
+    p = sub.add_parser(
+        "eval", help="loss, perplexity and exact match of the base model and a run's adapter; saved in eval.json"
+    )
     _run_arguments(p)
     p.add_argument("--all", action="store_true", help="also evaluate every checkpoint")
-    p.add_argument("--data", metavar="FILE", help="evaluate on this file (in the run's dataset format) instead of its eval data")
+    p.add_argument(
+        "--data", metavar="FILE", help="evaluate on this file (in the run's dataset format) instead of its eval data"
+    )
     p.add_argument("--limit", type=int, metavar="N", help="only the first N rows")
     p.add_argument("--json", action="store_true", help='print {"base": {...}, "adapter": {...}} as JSON')
     p.set_defaults(handler=cmd_eval)
 
-    p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base and save a standalone model (+ serve.sh)")
+    p = sub.add_parser(
+        "merge", help="merge a run's LoRA adapter into its base and save a standalone model (+ serve.sh)"
+    )
     _run_arguments(p)
-    p.add_argument("-o", "--output", dest="out_dir", type=Path, required=True, metavar="DIR", help="a new folder for the model")
-    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="dtype of the saved weights (default: the run's model.dtype)")
+    p.add_argument(
+        "-o", "--output", dest="out_dir", type=Path, required=True, metavar="DIR", help="a new folder for the model"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        help="dtype of the saved weights (default: the run's model.dtype)",
+    )
     p.set_defaults(handler=cmd_merge)
 
-    p = sub.add_parser("push", help="upload a merged model folder to the Hugging Face Hub (token from HF_TOKEN or --token-file)")
+    p = sub.add_parser(
+        "push", help="upload a merged model folder to the Hugging Face Hub (token from HF_TOKEN or --token-file)"
+    )
     p.add_argument("folder", type=Path, metavar="DIR")
     p.add_argument("--repo-id", required=True, metavar="OWNER/NAME")
-    p.add_argument("--token-file", type=Path, metavar="FILE", help="a file holding a write token (default: $HF_TOKEN, or huggingface-cli login)")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="a file holding a write token (default: $HF_TOKEN, or huggingface-cli login)",
+    )
     p.add_argument("--public", action="store_true", help="make a new repository public (default private)")
     p.set_defaults(handler=cmd_push)
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_id", metavar="RUN", help="a run id, as `tunedeck runs` lists them")
-    parser.add_argument("--checkpoint", type=int, metavar="N", help="the checkpoint saved at step N (default: the final adapter)")
+    parser.add_argument(
+        "--checkpoint", type=int, metavar="N", help="the checkpoint saved at step N (default: the final adapter)"
+    )
     _add_runs_dir(parser)
 
 
@@ -141,12 +168,16 @@ def _chat(args) -> int:
     from tunedeck.backend.prompting import GenerationSettings
     from tunedeck.backend.worker_client import ModelWorker
 
-    settings = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, args.repetition_penalty, tuple(args.stop))
+    settings = GenerationSettings(
+        args.max_new_tokens, args.temperature, args.top_p, args.repetition_penalty, tuple(args.stop)
+    )
     runs_dir, _, weights = _resolve(args, args.base)
     progress = Progress()
     print(f"loading {weights.describe()} of run {args.run_id}", file=sys.stderr, flush=True)
     # The session lasts as long as this command: no idle timeout to cut a slow typist off.
-    worker = ModelWorker.open(runs_dir, args.run_id, args.checkpoint, args.base, on_event=progress, idle_timeout_s=CHAT_IDLE_TIMEOUT_S)
+    worker = ModelWorker.open(
+        runs_dir, args.run_id, args.checkpoint, args.base, on_event=progress, idle_timeout_s=CHAT_IDLE_TIMEOUT_S
+    )
     progress.close()
     try:
         if args.prompt is not None:
@@ -174,7 +205,10 @@ def _answer(worker, prompt: str, settings, template: str, history: list) -> str:
 def _interactive(worker, settings, template: str) -> int:
     chat = worker.info["template"] == "chat" if template == "auto" else template == "chat"
     note = "the conversation is kept (chat template)" if chat else "each prompt stands alone (no chat template)"
-    print(f"{worker.info['description']} on {worker.info['device']}; {note}. /reset forgets, /exit or Ctrl-D ends.", file=sys.stderr)
+    print(
+        f"{worker.info['description']} on {worker.info['device']}; {note}. /reset forgets, /exit or Ctrl-D ends.",
+        file=sys.stderr,
+    )
     history: list[tuple[str, str]] = []
     while True:
         try:
@@ -213,11 +247,17 @@ def _eval(args) -> int:
         names = [w.name for w in list_weights(RunManager(runs_dir).run_dir(args.run_id), job)]
     data = str(Path(args.data).resolve()) if args.data else None
     progress = Progress()
-    outcome = run_task("evaluate", {"run_id": args.run_id, "names": names, "data": data, "limit": args.limit}, job, runs_dir, progress)
+    outcome = run_task(
+        "evaluate", {"run_id": args.run_id, "names": names, "data": data, "limit": args.limit}, job, runs_dir, progress
+    )
     progress.close()
     results = outcome["results"]
     if args.json:
-        report = {"base": results["base"], "adapter": {**results[weights.name], "name": weights.name}, "data": outcome["data"]}
+        report = {
+            "base": results["base"],
+            "adapter": {**results[weights.name], "name": weights.name},
+            "data": outcome["data"],
+        }
         if args.all:
             report["checkpoints"] = {n: r for n, r in results.items() if n.startswith("checkpoint-")}
         print(json.dumps(report, indent=2))
@@ -236,7 +276,16 @@ def _print_table(results: dict, data: str) -> None:
     rows = [("MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "EXAMPLES")]
     for name in sorted(results, key=order_key):
         r = results[name]
-        rows.append((name, f"{r['loss']:.4f}", f"{r['perplexity']:.2f}", pct(r["exact_match"]), pct(r["contains_match"]), str(r["examples"])))
+        rows.append(
+            (
+                name,
+                f"{r['loss']:.4f}",
+                f"{r['perplexity']:.2f}",
+                pct(r["exact_match"]),
+                pct(r["contains_match"]),
+                str(r["examples"]),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     print(f"evaluated on {data}")
     for row in rows:
@@ -258,14 +307,19 @@ def _merge(args) -> int:
     out_dir = check_output_dir(args.out_dir)  # before anything loads
     dtype = args.dtype or (job.get("model") or {}).get("dtype") or "bfloat16"
     if job.get("method") == "qlora":
-        print("QLoRA run: the adapter is merged into the base loaded in " + dtype + ", not into 4-bit weights", file=sys.stderr)
+        print(
+            "QLoRA run: the adapter is merged into the base loaded in " + dtype + ", not into 4-bit weights",
+            file=sys.stderr,
+        )
     progress = Progress()
     request = {"run_id": args.run_id, "checkpoint": weights.step, "out_dir": str(out_dir), "dtype": dtype}
     result = run_task("merge", request, job, runs_dir, progress)
     progress.close()
     print(f"merged {weights.describe()} of run {args.run_id} into {result['base_model']} ({dtype})")
     print(f"saved to {result['out_dir']}: {', '.join(result['files'])}")
-    print(f"serve it: bash {Path(result['out_dir']) / 'serve.sh'}   (or `bash serve.sh adapter` for the base + adapter)")
+    print(
+        f"serve it: bash {Path(result['out_dir']) / 'serve.sh'}   (or `bash serve.sh adapter` for the base + adapter)"
+    )
     return 0
 
 
@@ -279,4 +333,6 @@ def cmd_push(args: argparse.Namespace) -> int:
         except OSError as exc:
             return _fail(f"--token-file: cannot read {args.token_file} ({exc.strerror or exc})")
     token = token or os.environ.get("HF_TOKEN")
-    return _handled(lambda: print(f"pushed to {push_folder(args.folder, args.repo_id, token, private=not args.public)}") or 0)
+    return _handled(
+        lambda: print(f"pushed to {push_folder(args.folder, args.repo_id, token, private=not args.public)}") or 0
+    )

@@ -51,7 +51,7 @@ def detect_gpu_memory_gb() -> tuple[float, str] | None:
             name = pynvml.nvmlDeviceGetName(handle)
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # NVMLError (no driver/GPU) or a missing library: no GPU to read
+    except Exception:  # noqa: BLE001 - NVMLError (no driver/GPU) or a missing library: no GPU to read
         return None
     name = name.decode() if isinstance(name, bytes) else name
     return total / 2**30, f"{name} (NVML)"
@@ -75,7 +75,9 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[float, str]:
 def _cpu_memory(args: argparse.Namespace) -> float:
     if args.cpu_mem is not None:
         if not 0 < args.cpu_mem < float("inf"):  # also nan, which every comparison would let "fit"
-            print_problems([("error", "--cpu-mem", f"{args.cpu_mem:g} GB of RAM: give the RAM of one machine, e.g. 256")])
+            print_problems(
+                [("error", "--cpu-mem", f"{args.cpu_mem:g} GB of RAM: give the RAM of one machine, e.g. 256")]
+            )
             raise SystemExit(2)
         return args.cpu_mem
     import psutil

@@ -45,7 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--runs-dir", type=Path, default=argparse.SUPPRESS, metavar="DIR", help="folder of the run folders (default: ./runs)"
+        "--runs-dir",
+        type=Path,
+        default=argparse.SUPPRESS,
+        metavar="DIR",
+        help="folder of the run folders (default: ./runs)",
     )
 
 
@@ -97,7 +101,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if status.state == "failed":
         print(f"failed: {status.error or 'see ' + str(manager.run_dir(run_id) / LOGS_DIR)}", file=sys.stderr)
     else:
-        print(f"{status.state} in {format_clock((status.ended_at or time.time()) - (status.started_at or time.time()))}")
+        print(
+            f"{status.state} in {format_clock((status.ended_at or time.time()) - (status.started_at or time.time()))}"
+        )
     if args.smoke:
         from tunedeck.backend.smoke import smoke_verdict
 
@@ -156,7 +162,9 @@ def _follow(manager, run_id: str):
                 return None
             stopping = True
             bar.close()
-            print("stopping: the ranks finish their step and save a checkpoint (Ctrl-C again to leave)", file=sys.stderr)
+            print(
+                "stopping: the ranks finish their step and save a checkpoint (Ctrl-C again to leave)", file=sys.stderr
+            )
             manager.stop(run_id)
 
 
@@ -244,7 +252,9 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     print(f"folder   {manager.run_dir(args.run_id)}")
     if status.started_at:
         end = status.ended_at or time.time()
-        print(f"started  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(status.started_at))}, ran {format_clock(end - status.started_at)}")
+        print(
+            f"started  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(status.started_at))}, ran {format_clock(end - status.started_at)}"
+        )
     if summary.facts:
         print(f"got      {summary.facts}")
     if run.records:
@@ -281,7 +291,9 @@ def cmd_runs_stop(args: argparse.Namespace) -> int:
         return 0
     if status.folder_deleted:
         gone = deleted_path(manager.run_dir(args.run_id))
-        print(f"stopping run {args.run_id}: {gone} was deleted while it ran; its processes are asked to stop", flush=True)
+        print(
+            f"stopping run {args.run_id}: {gone} was deleted while it ran; its processes are asked to stop", flush=True
+        )
     else:
         print(f"stopping run {args.run_id}: the ranks finish their step and save a checkpoint", flush=True)
     status = manager.wait(args.run_id, timeout=args.grace + 30)

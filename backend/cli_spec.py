@@ -115,7 +115,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         written = write_bundle(render_bundle(spec), Path(args.output))
     except (OSError, ValueError) as exc:  # not a folder, no permission, disk full; a NUL in the name
-        print_problems([("error", "--output", f"cannot write the bundle to {shown(args.output)}: {shown(exc, 200)}; give a writable folder")])
+        print_problems(
+            [
+                (
+                    "error",
+                    "--output",
+                    f"cannot write the bundle to {shown(args.output)}: {shown(exc, 200)}; give a writable folder",
+                )
+            ]
+        )
         return 2
     for path in written:
         print(path)

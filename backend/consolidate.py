@@ -104,7 +104,9 @@ def _adapter_config(run_dir: Path, job: dict, weights: Weights) -> dict:
 
     from tunedeck.backend.checkpoints import base_model_path
 
-    config = LoraConfig(task_type="CAUSAL_LM", base_model_name_or_path=base_model_path(run_dir, job), **(job.get("lora") or {}))
+    config = LoraConfig(
+        task_type="CAUSAL_LM", base_model_name_or_path=base_model_path(run_dir, job), **(job.get("lora") or {})
+    )
     return config.to_dict()
 
 
@@ -116,14 +118,18 @@ def _write_adapter(target: Path, adapter: dict, config: dict, stamp: dict) -> No
     staging.mkdir(parents=True)
     try:
         save_file(adapter, str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
-        (staging / "adapter_config.json").write_text(json.dumps(config, indent=2, default=_jsonable) + "\n", encoding="utf-8")
+        (staging / "adapter_config.json").write_text(
+            json.dumps(config, indent=2, default=_jsonable) + "\n", encoding="utf-8"
+        )
         (staging / SOURCE_FILE).write_text(json.dumps(stamp) + "\n", encoding="utf-8")
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        raise AfterError(f"cannot write the consolidated adapter to {target} ({exc.strerror or exc}): free space on its disk") from None
+        raise AfterError(
+            f"cannot write the consolidated adapter to {target} ({exc.strerror or exc}): free space on its disk"
+        ) from None
 
 
 def _jsonable(value):

@@ -77,7 +77,9 @@ def ensure_demo(home: Path | None = None) -> Path:
     )
     if result.returncode != 0 or not is_built(home):
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-        raise RuntimeError(f"building the demo in {home} failed (python -m tunedeck.backend.demo --home {home}):\n{tail}")
+        raise RuntimeError(
+            f"building the demo in {home} failed (python -m tunedeck.backend.demo --home {home}):\n{tail}"
+        )
     return home
 
 

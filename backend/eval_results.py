@@ -30,9 +30,17 @@ def read_eval(run_dir: Path) -> dict:
     except FileNotFoundError:
         return {"version": VERSION, "results": {}}
     except (OSError, ValueError) as exc:
-        return {"version": VERSION, "results": {}, "error": f"{path} cannot be read ({exc}); evaluate again to replace it"}
+        return {
+            "version": VERSION,
+            "results": {},
+            "error": f"{path} cannot be read ({exc}); evaluate again to replace it",
+        }
     if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
-        return {"version": VERSION, "results": {}, "error": f"{path} is not an evaluation file; evaluate again to replace it"}
+        return {
+            "version": VERSION,
+            "results": {},
+            "error": f"{path} is not an evaluation file; evaluate again to replace it",
+        }
     return data
 
 
@@ -53,8 +61,8 @@ def order_key(name: str) -> tuple:
     """base first, then checkpoints by step, then final."""
     if name == "base":
         return (0, 0)
-    if name.startswith("checkpoint-") and name[len("checkpoint-"):].isdigit():
-        return (1, int(name[len("checkpoint-"):]))
+    if name.startswith("checkpoint-") and name[len("checkpoint-") :].isdigit():
+        return (1, int(name[len("checkpoint-") :]))
     return (2, 0)
 
 
@@ -63,5 +71,15 @@ def table_rows(data: dict) -> list[list]:
     rows = []
     for name in sorted(data.get("results", {}), key=order_key):
         r = data["results"][name]
-        rows.append([name, r.get("loss"), r.get("perplexity"), r.get("exact_match"), r.get("contains_match"), r.get("examples"), r.get("data")])
+        rows.append(
+            [
+                name,
+                r.get("loss"),
+                r.get("perplexity"),
+                r.get("exact_match"),
+                r.get("contains_match"),
+                r.get("examples"),
+                r.get("data"),
+            ]
+        )
     return rows

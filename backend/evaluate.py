@@ -54,14 +54,18 @@ def held_out_file(train_file: Path) -> Path | None:
     return None
 
 
-def eval_rows(run_dir: Path, job: dict, data_file: str | None = None, limit: int | None = None) -> tuple[list[dict], str]:
+def eval_rows(
+    run_dir: Path, job: dict, data_file: str | None = None, limit: int | None = None
+) -> tuple[list[dict], str]:
     """(rows in TRL's columns: prompt/completion, text or messages; where they came from)."""
     dataset_cfg = dict(job.get("dataset") or {})
     split = "train"
     if data_file:
         path = _local(Path.cwd(), data_file)
         if not path.is_file():
-            raise AfterError(f"--data: {data_file} is not a file; give a JSON/JSONL/CSV/Parquet file in the run's dataset format")
+            raise AfterError(
+                f"--data: {data_file} is not a file; give a JSON/JSONL/CSV/Parquet file in the run's dataset format"
+            )
         dataset_cfg["path"], source = str(path), str(path)
     elif dataset_cfg.get("eval_split"):
         split = dataset_cfg["eval_split"]
@@ -93,7 +97,9 @@ def eval_rows(run_dir: Path, job: dict, data_file: str | None = None, limit: int
 
 def _ids(tokenizer, content, generation_prompt: bool = False) -> list[int]:
     if isinstance(content, list):  # conversational
-        out = tokenizer.apply_chat_template(content, add_generation_prompt=generation_prompt, tokenize=True, return_dict=True)
+        out = tokenizer.apply_chat_template(
+            content, add_generation_prompt=generation_prompt, tokenize=True, return_dict=True
+        )
         return list(out["input_ids"])
     return list(tokenizer(content)["input_ids"])
 
@@ -151,7 +157,10 @@ def mean_loss(model, tokenizer, rows: list[dict], max_length: int, say, cancel) 
         width = max(len(ids) for ids, _ in batch)
         ids = torch.tensor([i + [tokenizer.pad_token_id] * (width - len(i)) for i, _ in batch], device=device)
         attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch], device=device)
-        labels = torch.tensor([[t if m else -100 for t, m in zip(i, mask)] + [-100] * (width - len(i)) for i, mask in batch], device=device)
+        labels = torch.tensor(
+            [[t if m else -100 for t, m in zip(i, mask)] + [-100] * (width - len(i)) for i, mask in batch],
+            device=device,
+        )
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
         loss = torch.nn.functional.cross_entropy(
@@ -193,7 +202,11 @@ def answers(model, tokenizer, pairs: list[tuple[object, str]], say, cancel) -> l
 def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, cancel=None, label: str = "") -> dict:
     """The metrics of one model on the rows."""
     started = time.monotonic()
-    say = (lambda stage: lambda done, total: progress(f"{label}: {stage}", done, total)) if progress else (lambda stage: lambda *a: None)
+    say = (
+        (lambda stage: lambda done, total: progress(f"{label}: {stage}", done, total))
+        if progress
+        else (lambda stage: lambda *a: None)
+    )
     loss, tokens = mean_loss(model, tokenizer, rows, max_length, say("loss"), cancel)
     result = {"loss": loss, "perplexity": math.exp(min(loss, 700)), "tokens": tokens, "examples": len(rows)}
     pairs = [qa for qa in map(question_and_answer, rows) if qa is not None]
@@ -211,7 +224,9 @@ def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, ca
     return result
 
 
-def evaluate_run(run_dir: Path, job: dict, names: list[str], device: str, data_file=None, limit=None, progress=None, cancel=None) -> dict:
+def evaluate_run(
+    run_dir: Path, job: dict, names: list[str], device: str, data_file=None, limit=None, progress=None, cancel=None
+) -> dict:
     """{"data": source, "results": {name: metrics}} for the named weights ("base", "final", "checkpoint-N")."""
     from tunedeck.backend.model_load import load_base, load_tokenizer, loaded_as, with_adapter
 

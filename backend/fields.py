@@ -114,17 +114,19 @@ def build_fields(model: type[BaseModel] = JobSpec) -> list[FormField]:
     fields = []
     for path, info in iter_fields(model):
         kind, choices, optional, accepts_int = _describe_type(info.annotation)
-        fields.append(FormField(
-            path=path,
-            section=_section_of(path),
-            label=path.rsplit(".", 1)[-1],
-            help=info.description or "",
-            kind=kind,
-            choices=choices,
-            optional=optional,
-            accepts_int=accepts_int,
-            default=info.get_default(call_default_factory=True),
-        ))
+        fields.append(
+            FormField(
+                path=path,
+                section=_section_of(path),
+                label=path.rsplit(".", 1)[-1],
+                help=info.description or "",
+                kind=kind,
+                choices=choices,
+                optional=optional,
+                accepts_int=accepts_int,
+                default=info.get_default(call_default_factory=True),
+            )
+        )
     return fields
 
 
@@ -162,8 +164,8 @@ def spec_from_values(values: Values) -> JobSpec:
 
 
 __all__ = [
-    "FORM_FIELDS",
     "FIELDS_BY_PATH",
+    "FORM_FIELDS",
     "FormField",
     "Values",
     "applies",

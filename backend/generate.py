@@ -18,7 +18,11 @@ def encode_prompt(tokenizer, template: str, text: str, history=None) -> dict:
     """input_ids and attention_mask (batch of one) of the prompt in its template."""
     if template == "chat":
         ids = tokenizer.apply_chat_template(
-            chat_messages(text, history), add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+            chat_messages(text, history),
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
         )
         return {"input_ids": ids["input_ids"], "attention_mask": ids["attention_mask"]}
     return dict(tokenizer(wrap_plain(template, text), return_tensors="pt"))
@@ -96,4 +100,9 @@ def stream(model, tokenizer, inputs: dict, settings: GenerationSettings, cancel:
     new_tokens = counted.get("new_tokens", 0)
     if reason == "end" and new_tokens >= settings.max_new_tokens:
         reason = "max_new_tokens"
-    return {"text": trimmer.text, "new_tokens": new_tokens, "seconds": round(time.monotonic() - started, 3), "stop_reason": reason}
+    return {
+        "text": trimmer.text,
+        "new_tokens": new_tokens,
+        "seconds": round(time.monotonic() - started, 3),
+        "stop_reason": reason,
+    }

@@ -25,7 +25,12 @@ def push_folder(folder: Path, repo_id: str, token: str | None, private: bool = T
     api = HfApi(token=token or None)
     try:
         api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-        commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", commit_message="Upload model merged by tunedeck")
+        commit = api.upload_folder(
+            folder_path=str(folder),
+            repo_id=repo_id,
+            repo_type="model",
+            commit_message="Upload model merged by tunedeck",
+        )
     except OfflineModeIsEnabled:
         raise AfterError("push: HF_HUB_OFFLINE is set, so huggingface_hub will not connect; unset it to push") from None
     except HfHubHTTPError as exc:

@@ -81,7 +81,11 @@ def zero_model_state_bytes(
     if implementation == "paper" or stage == 0:
         weights = 2 if stage < 3 else 2 / n
         grads = 2 if stage < 2 else 2 / n
-        return {"weights": weights * params, "gradients": grads * params, "optimizer": (k if stage == 0 else k / n) * params}
+        return {
+            "weights": weights * params,
+            "gradients": grads * params,
+            "optimizer": (k if stage == 0 else k / n) * params,
+        }
     if implementation != "deepspeed":
         raise ValueError(f"implementation is 'paper' or 'deepspeed', not {implementation!r}")
     if stage == 1:  # whole 16-bit gradients, then an fp32 copy of this rank's partition
@@ -90,7 +94,6 @@ def zero_model_state_bytes(
         return {"weights": 2 * params, "gradients": 6 / n * params, "optimizer": k / n * params}
     # Stage 3: DeepSpeed's estimator counts 18 bytes/N (2 weights + 4 gradients + 12 optimizer).
     return {"weights": 2 / n * params, "gradients": 4 / n * params, "optimizer": k / n * params}
-
 
 
 def _optimizer_state_bytes(optim: str, param_bytes: int) -> float:
@@ -156,7 +159,6 @@ def trained_states(job: Job, params: int) -> tuple[dict[str, float], tuple[float
         moved = sum(states.values()) * job.per_machine
         return dict.fromkeys(states, 0.0), (moved, 0.0)
     return states, (0.0, 0.0)
-
 
 
 def frozen_base_bytes(job: Job, notes: list) -> tuple[float, float]:
@@ -290,4 +292,3 @@ def bucket_bytes(job: Job) -> float:
         prefetch = 2 * job.prefetch_bucket if job.zero_stage == 3 else 0
         return (2 if job.overlap_comm else 1) * job.reduce_bucket * 2 + prefetch
     return 0.0
-

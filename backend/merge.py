@@ -30,15 +30,21 @@ def check_output_dir(out_dir: Path) -> Path:
     """The resolved output folder; AfterError naming -o when it exists with files in it or cannot be made."""
     out_dir = Path(out_dir).expanduser().resolve()
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise AfterError(f"-o: {out_dir} already exists and is not an empty folder; choose a new folder for the merged model")
+        raise AfterError(
+            f"-o: {out_dir} already exists and is not an empty folder; choose a new folder for the merged model"
+        )
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise AfterError(f"-o: cannot create {out_dir.parent} ({exc.strerror or exc}); choose a folder you can write") from None
+        raise AfterError(
+            f"-o: cannot create {out_dir.parent} ({exc.strerror or exc}); choose a folder you can write"
+        ) from None
     return out_dir
 
 
-def merge_run(run_dir: Path, job: dict, run_id: str, weights: Weights, out_dir: Path, dtype: str, device: str, progress=None) -> dict:
+def merge_run(
+    run_dir: Path, job: dict, run_id: str, weights: Weights, out_dir: Path, dtype: str, device: str, progress=None
+) -> dict:
     """Merge and save; returns what was written (out_dir, files, dtype, ...)."""
     from tunedeck.backend.model_load import load_base, load_tokenizer, with_adapter
 
@@ -72,7 +78,9 @@ def merge_run(run_dir: Path, job: dict, run_id: str, weights: Weights, out_dir: 
             out_dir.rmdir()  # empty (checked above)
         staging.rename(out_dir)
     except OSError as exc:
-        raise AfterError(f"-o: writing the merged model to {out_dir} failed ({exc.strerror or exc}); free space or choose another folder") from None
+        raise AfterError(
+            f"-o: writing the merged model to {out_dir} failed ({exc.strerror or exc}); free space or choose another folder"
+        ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     say("done", steps, steps)

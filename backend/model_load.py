@@ -18,7 +18,6 @@ TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 def load_tokenizer(run_dir: Path, job: dict, weights: Weights):
     """The tokenizer saved with the weights (it carries the run's chat template), else the base model's."""
-    from transformers import AutoTokenizer
 
     folder = weights.path if weights.path and any((weights.path / f).is_file() for f in TOKENIZER_FILES) else None
     model_cfg = {**(job.get("model") or {}), "name_or_path": str(folder or base_model_path(run_dir, job))}
@@ -59,13 +58,19 @@ def load_base(run_dir: Path, job: dict, device: str, *, quantized: bool = True, 
 
 def loaded_as(model) -> str:
     """How the base's weights are held, in words: "4-bit nf4 (21 Linear4bit layers)" or "float32"."""
-    layers = [m for m in model.modules() if type(m).__module__.startswith("bitsandbytes")]  # not PEFT's wrappers of them
+    layers = [
+        m for m in model.modules() if type(m).__module__.startswith("bitsandbytes")
+    ]  # not PEFT's wrappers of them
     four_bit = [m for m in layers if type(m).__name__ == "Linear4bit"]
     if four_bit:
         kind = getattr(four_bit[0].weight.quant_state, "quant_type", "4-bit")
         return f"4-bit {kind} ({len(four_bit)} Linear4bit layers)"
     eight_bit = sum(type(m).__name__ == "Linear8bitLt" for m in layers)
-    return f"8-bit ({eight_bit} Linear8bitLt layers)" if eight_bit else str(next(model.parameters()).dtype).removeprefix("torch.")
+    return (
+        f"8-bit ({eight_bit} Linear8bitLt layers)"
+        if eight_bit
+        else str(next(model.parameters()).dtype).removeprefix("torch.")
+    )
 
 
 def _keep_cpu_4bit_layout(model) -> None:

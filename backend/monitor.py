@@ -143,11 +143,11 @@ class Monitor:
             started = time.monotonic()
             try:
                 self.sample_once()
-            except Exception as exc:  # never let the sampler die silently; the page shows the reason
+            except Exception as exc:  # noqa: BLE001 - never let the sampler die silently; the page shows the reason
                 self.gpu_error = f"monitor error: {exc}"
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
-    def start(self) -> "Monitor":
+    def start(self) -> Monitor:
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="tunedeck-monitor", daemon=True)

@@ -35,7 +35,9 @@ def preflight(spec, runs_dir: Path) -> list[Problem]:
         for section, key in (("model", "name_or_path"), ("dataset", "path")):
             if str(job[section][key]).startswith(home):
                 job[section] = {}
-    return [Problem("error", field, message) for field, message in train.input_problems(job, Path(runs_dir) / RUN_FOLDER)]
+    return [
+        Problem("error", field, message) for field, message in train.input_problems(job, Path(runs_dir) / RUN_FOLDER)
+    ]
 
 
 def gpu_indices() -> list[int]:
@@ -44,7 +46,7 @@ def gpu_indices() -> list[int]:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:  # pynvml.NVMLError and ImportError alike: no usable GPU
+    except Exception:  # noqa: BLE001 - pynvml.NVMLError and ImportError alike: no usable GPU
         return []
     try:
         return list(range(pynvml.nvmlDeviceGetCount()))
@@ -67,7 +69,9 @@ def claim_gpus(spec, runs: list[RunStatus]) -> list[int] | None:
     missing = [i for i in wanted if i not in available]
     if missing:
         names = f"GPU {missing[0]} does" if len(missing) == 1 else f"GPUs {', '.join(map(str, missing))} do"
-        raise RunError(f"launch.gpu_ids: {names} not exist here; this machine has GPUs {', '.join(map(str, available))}")
+        raise RunError(
+            f"launch.gpu_ids: {names} not exist here; this machine has GPUs {', '.join(map(str, available))}"
+        )
     wanted = wanted[: launch.processes_per_machine]
     if len(wanted) < launch.processes_per_machine:
         raise RunError(
@@ -78,7 +82,9 @@ def claim_gpus(spec, runs: list[RunStatus]) -> list[int] | None:
         clash = sorted(set(other.gpu_ids or []) & set(wanted)) if other.state in ACTIVE_STATES else []
         if clash:
             names = f"GPU {clash[0]} is" if len(clash) == 1 else f"GPUs {', '.join(map(str, clash))} are"
-            raise RunError(f"{names} in use by run {other.run_id} ({other.title}): stop it, or set launch.gpu_ids to free GPUs")
+            raise RunError(
+                f"{names} in use by run {other.run_id} ({other.title}): stop it, or set launch.gpu_ids to free GPUs"
+            )
     return wanted
 
 
@@ -87,7 +93,11 @@ def check_resume(spec, runs_dir: Path, runs: list[RunStatus]) -> None:
     if not spec.training.resume_from_checkpoint or Path(spec.output_dir).expanduser().is_absolute():
         return
     example = next(
-        (runs_dir / run.run_id / spec.output_dir for run in runs if any((runs_dir / run.run_id / spec.output_dir).glob("checkpoint-*"))),
+        (
+            runs_dir / run.run_id / spec.output_dir
+            for run in runs
+            if any((runs_dir / run.run_id / spec.output_dir).glob("checkpoint-*"))
+        ),
         None,
     )
     raise RunError(

@@ -88,9 +88,7 @@ def resolve_spec(source: str, overrides: list[str] | None = None) -> JobSpec:
     elif Path(source).is_file():
         spec = load_spec_file(source)
     else:
-        raise SpecError(
-            [("", f"{source!r} is neither a preset ({', '.join(presets)}) nor an existing YAML file")]
-        )
+        raise SpecError([("", f"{source!r} is neither a preset ({', '.join(presets)}) nor an existing YAML file")])
     if overrides:
         spec = set_paths(spec, parse_assignments(overrides))
     return spec

@@ -31,7 +31,11 @@ class GenerationSettings:
 
     def __post_init__(self):
         checks = (
-            ("max_new_tokens", 1 <= self.max_new_tokens <= MAX_NEW_TOKENS, f"a whole number from 1 to {MAX_NEW_TOKENS}"),
+            (
+                "max_new_tokens",
+                1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
+                f"a whole number from 1 to {MAX_NEW_TOKENS}",
+            ),
             ("temperature", 0 <= self.temperature <= 5, "from 0 (greedy) to 5"),
             ("top_p", 0 < self.top_p <= 1, "above 0 and at most 1"),
             ("repetition_penalty", 0 < self.repetition_penalty <= 10, "above 0 and at most 10 (1 = off)"),
@@ -55,7 +59,9 @@ class GenerationSettings:
         except (TypeError, ValueError) as exc:
             if isinstance(exc, SettingsError):
                 raise
-            raise SettingsError(f"generation settings: {exc}; give numbers for max_new_tokens, temperature, top_p and repetition_penalty") from None
+            raise SettingsError(
+                f"generation settings: {exc}; give numbers for max_new_tokens, temperature, top_p and repetition_penalty"
+            ) from None
 
     def to_dict(self) -> dict:
         return {**asdict(self), "stop": list(self.stop)}

@@ -53,7 +53,12 @@ def from_status_file(run_id: str, data: dict) -> RunStatus:
 
 def damaged(run_id: str, run_dir: Path, reason: str) -> RunStatus:
     return RunStatus(
-        run_id=run_id, state=DAMAGED, pid=None, started_at=None, ended_at=None, exit_code=None,
+        run_id=run_id,
+        state=DAMAGED,
+        pid=None,
+        started_at=None,
+        ended_at=None,
+        exit_code=None,
         error=f"{reason}: tunedeck cannot follow this run; its files are in {run_dir} (delete the folder if you do not need them)",
         title="damaged run folder",
     )
@@ -67,7 +72,11 @@ def live_supervisors(runs_dir: Path) -> dict[str, psutil.Process]:
     found = {}
     for proc in psutil.process_iter(["cmdline"]):  # a zombie's command line is empty
         cmdline = proc.info["cmdline"] or []
-        if len(cmdline) >= 2 and os.path.basename(cmdline[-2]) == SUPERVISOR_SCRIPT and Path(cmdline[-1]).parent == runs_dir:
+        if (
+            len(cmdline) >= 2
+            and os.path.basename(cmdline[-2]) == SUPERVISOR_SCRIPT
+            and Path(cmdline[-1]).parent == runs_dir
+        ):
             found[Path(cmdline[-1]).name] = proc
     return found
 
@@ -82,8 +91,12 @@ def orphan_status(run_id: str, run_dir: Path, supervisor: psutil.Process) -> Run
         children, gpus, started = [], "", None
     gone = deleted_path(run_dir)
     return RunStatus(
-        run_id=run_id, state="running", pid=children[0].pid if children else None, started_at=started,
-        ended_at=None, exit_code=None,
+        run_id=run_id,
+        state="running",
+        pid=children[0].pid if children else None,
+        started_at=started,
+        ended_at=None,
+        exit_code=None,
         error=(
             f"{gone} was deleted while the run was live: its processes still run (supervisor pid {supervisor.pid}), "
             f"but nothing of it can be recorded; stop it with `tunedeck runs stop {run_id}` or the Stop button"

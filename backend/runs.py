@@ -73,7 +73,9 @@ class RunManager:
         self._ensure_demo_if_used(spec)
         problems = preflight.preflight(spec, self.runs_dir)
         if problems:
-            raise RunError("the job's inputs have problems:\n" + "\n".join(f"- {p.field}: {p.message}" for p in problems))
+            raise RunError(
+                "the job's inputs have problems:\n" + "\n".join(f"- {p.field}: {p.message}" for p in problems)
+            )
         try:
             with self._start_lock():  # two starts at once must not both claim the same GPUs
                 gpus = preflight.claim_gpus(spec, self.list_runs())
@@ -99,7 +101,14 @@ class RunManager:
                     start_new_session=True,  # survives the manager (and a Ctrl-C in its terminal)
                 )
         except OSError as exc:
-            supervisor.record_end(run_dir, tries=2, retry_s=0, state="failed", ended_at=time.time(), error=f"could not start the supervisor: {exc}")
+            supervisor.record_end(
+                run_dir,
+                tries=2,
+                retry_s=0,
+                state="failed",
+                ended_at=time.time(),
+                error=f"could not start the supervisor: {exc}",
+            )
             raise RunError(f"could not start the run: {exc}") from None
         self._wait_until_launched(run_id)
         return run_id
@@ -126,7 +135,9 @@ class RunManager:
     def check_folder(self, create: bool) -> None:
         """RunError naming --runs-dir when the runs folder is a file or cannot be created."""
         if self.runs_dir.exists() and not self.runs_dir.is_dir():
-            raise RunError(f"--runs-dir: {self.runs_dir} is a file, not a folder: give a folder (it is created if missing)")
+            raise RunError(
+                f"--runs-dir: {self.runs_dir} is a file, not a folder: give a folder (it is created if missing)"
+            )
         if create:
             try:
                 self.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -179,7 +190,9 @@ class RunManager:
             env["OMP_NUM_THREADS"] = "1"
             env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run stays on the CPU even on a GPU machine
         else:
-            env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // per_machine))
+            env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(
+                max(1, (os.cpu_count() or 1) // per_machine)
+            )
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         return env
 
@@ -262,7 +275,10 @@ class RunManager:
                 # Its supervisor has exited: no process of the run is left, and nothing of it was recorded.
                 gone = run_status.deleted_path(self.run_dir(run_id))
                 return dataclasses.replace(
-                    last, state="stopped" if run_id in self._stop_requested else "failed", pid=None, ended_at=time.time(),
+                    last,
+                    state="stopped" if run_id in self._stop_requested else "failed",
+                    pid=None,
+                    ended_at=time.time(),
                     error=f"{gone} was deleted while the run was live; its processes have ended, and nothing of the run was recorded",
                 )
             last = status
@@ -320,7 +336,11 @@ class RunManager:
                 data = {**data, "state": "stopping"}
             return data
         # Between write and spawn the supervisor is not recorded yet: a fresh queued run is still fine.
-        if data["state"] == "queued" and not data.get("supervisor") and time.time() - (data.get("created_at") or 0) < 30:
+        if (
+            data["state"] == "queued"
+            and not data.get("supervisor")
+            and time.time() - (data.get("created_at") or 0) < 30
+        ):
             return data
         data = read_status_file(run_dir)  # it may have finished between our two reads
         if data["state"] not in ACTIVE_STATES or is_alive(data.get("launcher")):

@@ -89,7 +89,10 @@ def smoke_spec(spec: JobSpec, gpus: int = 0) -> JobSpec:
 def _smoke_data(spec: JobSpec) -> dict:
     d = spec.dataset
     if Path(d.path).expanduser().exists():
-        return {"dataset.split": _first_rows(d.split), "dataset.eval_split": d.eval_split and _first_rows(d.eval_split, 16)}
+        return {
+            "dataset.split": _first_rows(d.split),
+            "dataset.eval_split": d.eval_split and _first_rows(d.eval_split, 16),
+        }
     # A hub dataset cannot be fetched here: the demo task in the job's format, under the default column names.
     from tunedeck.backend.demo import ensure_demo
 
@@ -160,7 +163,9 @@ def start_smoke_run(manager, spec: JobSpec) -> str:
     errors = [p for p in validate(smoke) if p.level == "error"]
     if errors:
         where = "on GPUs" if not smoke.launch.use_cpu else "on CPU processes"
-        raise SmokeError(f"the job cannot be smoke-tested {where}:\n" + "\n".join(f"- {p.field}: {p.message}" for p in errors))
+        raise SmokeError(
+            f"the job cannot be smoke-tested {where}:\n" + "\n".join(f"- {p.field}: {p.message}" for p in errors)
+        )
     return manager.start(smoke)
 
 
@@ -188,7 +193,9 @@ def tiny_model_request(spec: JobSpec) -> tuple[dict, Path]:
         except (OSError, ValueError) as exc:
             raise SmokeError(f"model.name_or_path: {folder / 'config.json'} cannot be read: {exc}") from None
         # The model's own tokenizer, when it ships one: its chat template is part of the path.
-        has_tokenizer = any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
+        has_tokenizer = any(
+            (folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+        )
         tokenizer = folder if has_tokenizer else _demo_tokenizer()
     else:
         arch = catalog.lookup(source)
@@ -232,7 +239,9 @@ def _config_from_arch(arch: catalog.ModelArch) -> dict:
 
 def _shrink(config: dict) -> dict:
     """Same architecture and module names, tiny sizes. Multi-head, grouped-query or multi-query attention stays so."""
-    config = {k: v for k, v in config.items() if k not in ("quantization_config", "dtype", "torch_dtype", "_name_or_path")}
+    config = {
+        k: v for k, v in config.items() if k not in ("quantization_config", "dtype", "torch_dtype", "_name_or_path")
+    }
     heads = config.get("num_attention_heads") or 1
     kv_heads = config.get("num_key_value_heads") or heads
     config.update(TINY)
@@ -248,7 +257,9 @@ def _shrink(config: dict) -> dict:
 def ensure_tiny_model(spec: JobSpec) -> Path:
     """The tiny model's folder (config, random weights, tokenizer), built once in a subprocess."""
     config, tokenizer = tiny_model_request(spec)
-    key = hashlib.sha256(json.dumps([config, str(tokenizer.resolve()), _tokenizer_stamp(tokenizer)], sort_keys=True).encode())
+    key = hashlib.sha256(
+        json.dumps([config, str(tokenizer.resolve()), _tokenizer_stamp(tokenizer)], sort_keys=True).encode()
+    )
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(spec.model.name_or_path.rstrip("/")).name)[:60] or "model"
     target = smoke_home() / f"{name}-{key.hexdigest()[:10]}"
     if (target / "config.json").is_file():
@@ -306,7 +317,9 @@ def smoke_verdict(run_dir: Path) -> Verdict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build a tiny random-weight model from a shrunk config.json (for smoke runs).")
+    parser = argparse.ArgumentParser(
+        description="Build a tiny random-weight model from a shrunk config.json (for smoke runs)."
+    )
     parser.add_argument("--config", required=True, help="the tiny config as JSON (model_type and sizes)")
     parser.add_argument("--tokenizer", required=True, type=Path, help="folder of the tokenizer to use")
     parser.add_argument("--out", required=True, type=Path, help="folder to create")

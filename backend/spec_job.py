@@ -7,7 +7,7 @@ the sections on what is trained are in backend/spec_sections.py.
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -19,8 +19,8 @@ from tunedeck.backend.spec_sections import (
     ModelSpec,
     QuantizationSpec,
     SftField,
-    TrainingSpec,
     SpecSection,
+    TrainingSpec,
 )
 from tunedeck.backend.vocabulary import STRATEGIES, Strategy
 
@@ -35,39 +35,48 @@ class StrategySpec(SpecSection):
         "none", description="Move optimizer states off the GPU (ZeRO-1/2/3: cpu or nvme; FSDP: with parameters only)."
     )
     offload_params: OffloadDevice = Field(
-        "none", description="Move parameters off the GPU between uses (ZeRO-3: cpu or nvme; FSDP: cpu). Slow: last resort."
+        "none",
+        description="Move parameters off the GPU between uses (ZeRO-3: cpu or nvme; FSDP: cpu). Slow: last resort.",
     )
     nvme_path: str | None = Field(None, description="Fast local disk folder for NVMe offload, e.g. /local_nvme.")
     overlap_comm: bool = Field(True, description="DeepSpeed: overlap gradient reduction with the backward pass.")
-    contiguous_gradients: bool = Field(True, description="DeepSpeed: copy gradients to one buffer to avoid fragmentation.")
-    reduce_bucket_size: Union[Elements, Literal["auto"]] = Field(
+    contiguous_gradients: bool = Field(
+        True, description="DeepSpeed: copy gradients to one buffer to avoid fragmentation."
+    )
+    reduce_bucket_size: Elements | Literal["auto"] = Field(
         "auto", description="DeepSpeed: elements per gradient reduction bucket; auto = hidden_size^2."
     )
     allgather_bucket_size: int = Field(
         500_000_000, ge=1, le=MAX_ELEMENTS, description="DeepSpeed ZeRO-1/2: elements per parameter all-gather bucket."
     )
-    stage3_prefetch_bucket_size: Union[Elements, Literal["auto"]] = Field(
+    stage3_prefetch_bucket_size: Elements | Literal["auto"] = Field(
         "auto", description="ZeRO-3: parameters prefetched ahead of use; auto = 0.9 x hidden_size^2."
     )
-    stage3_param_persistence_threshold: Union[Annotated[int, Field(ge=0, le=MAX_ELEMENTS)], Literal["auto"]] = Field(
+    stage3_param_persistence_threshold: Annotated[int, Field(ge=0, le=MAX_ELEMENTS)] | Literal["auto"] = Field(
         "auto", description="ZeRO-3: parameters smaller than this stay unsharded; auto = 10 x hidden_size."
     )
     stage3_max_live_parameters: int = Field(
         1_000_000_000, ge=1, le=MAX_ELEMENTS, description="ZeRO-3: most parameters resident on a GPU at once."
     )
     stage3_max_reuse_distance: int = Field(
-        1_000_000_000, ge=0, le=MAX_ELEMENTS, description="ZeRO-3: keep a parameter if it is reused within this many parameters."
+        1_000_000_000,
+        ge=0,
+        le=MAX_ELEMENTS,
+        description="ZeRO-3: keep a parameter if it is reused within this many parameters.",
     )
     stage3_gather_16bit_weights_on_model_save: bool = Field(
         True, description="ZeRO-3: gather full 16-bit weights when saving, so the saved model loads without DeepSpeed."
     )
-    fsdp_version: Literal[1, 2] = Field(2, description="FSDP implementation: 2 (per-parameter sharding, fully_shard) or 1.")
+    fsdp_version: Literal[1, 2] = Field(
+        2, description="FSDP implementation: 2 (per-parameter sharding, fully_shard) or 1."
+    )
     fsdp_sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"] = Field(
         "FULL_SHARD",
         description="FSDP: FULL_SHARD (like ZeRO-3), SHARD_GRAD_OP (like ZeRO-2), HYBRID_SHARD (shard inside a node, replicate across nodes).",
     )
     fsdp_transformer_layer_cls_to_wrap: str | None = Field(
-        None, description="FSDP: decoder layer class to wrap, e.g. LlamaDecoderLayer; empty takes it from the model's architecture."
+        None,
+        description="FSDP: decoder layer class to wrap, e.g. LlamaDecoderLayer; empty takes it from the model's architecture.",
     )
     fsdp_activation_checkpointing: bool = Field(
         False, description="FSDP: checkpoint activations inside FSDP (use instead of training.gradient_checkpointing)."
@@ -96,12 +105,14 @@ class StrategySpec(SpecSection):
 
 class LaunchSpec(SpecSection):
     num_machines: int = Field(1, ge=1, le=4096, description="Nodes taking part in the run.")
-    num_processes: int = Field(
-        1, ge=1, le=65536, description="Processes (GPUs) in total across all machines."
-    )
+    num_processes: int = Field(1, ge=1, le=65536, description="Processes (GPUs) in total across all machines.")
     gpu_ids: str = Field("all", description="GPUs to use on each machine: all, or a list such as 0,1,2,3.")
-    machine_rank: int = Field(0, ge=0, le=4095, description="Rank of this machine, 0 to num_machines-1 (0 is the main node).")
-    main_process_ip: str | None = Field(None, description="Address of the main node (machine rank 0); needed with several machines.")
+    machine_rank: int = Field(
+        0, ge=0, le=4095, description="Rank of this machine, 0 to num_machines-1 (0 is the main node)."
+    )
+    main_process_ip: str | None = Field(
+        None, description="Address of the main node (machine rank 0); needed with several machines."
+    )
     main_process_port: int = Field(29500, ge=1, le=65535, description="Port of the main node's rendezvous.")
     rdzv_backend: Literal["static", "c10d"] = Field(
         "static", description="Rendezvous: static (fixed ranks) or c10d (elastic, for schedulers)."
@@ -133,10 +144,13 @@ class LaunchSpec(SpecSection):
 class JobSpec(SpecSection):
     model: ModelSpec = Field(default_factory=ModelSpec, description="Base model.")
     method: Literal["full", "lora", "qlora"] = Field(
-        "lora", description="full (all weights train), lora (adapters on a 16-bit base), qlora (adapters on a 4-bit base)."
+        "lora",
+        description="full (all weights train), lora (adapters on a 16-bit base), qlora (adapters on a 4-bit base).",
     )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapter (lora and qlora).")
-    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec, description="bitsandbytes quantization of the base.")
+    quantization: QuantizationSpec = Field(
+        default_factory=QuantizationSpec, description="bitsandbytes quantization of the base."
+    )
     dataset: DatasetSpec = Field(default_factory=DatasetSpec, description="Training data.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation.")
     strategy: StrategySpec = Field(default_factory=StrategySpec, description="How the work is split across GPUs.")
@@ -155,7 +169,9 @@ class JobSpec(SpecSection):
         # write beside other runs or anywhere above. An absolute (or ~) path is the user's own choice.
         path = PurePosixPath(value)
         if ".." in path.parts:
-            raise ValueError("'..' leads out of the run folder: name a folder inside it (e.g. output) or give an absolute path")
+            raise ValueError(
+                "'..' leads out of the run folder: name a folder inside it (e.g. output) or give an absolute path"
+            )
         if not path.parts:
             raise ValueError("this is the run folder itself, where the logs are: name a folder inside it, e.g. output")
         return value
@@ -169,4 +185,3 @@ class JobSpec(SpecSection):
         """Sequences per optimizer step across all processes."""
         t = self.training
         return t.per_device_train_batch_size * self.launch.num_processes * t.gradient_accumulation_steps
-

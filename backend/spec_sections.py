@@ -18,7 +18,7 @@ spec_parse.py, untrusted YAML in untrusted.py.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
@@ -38,7 +38,7 @@ Elements = Annotated[int, Field(ge=1, le=MAX_ELEMENTS)]
 SFT_CONFIG = "sft_config"  # the json_schema_extra key that holds a field's SFTConfig argument name
 
 
-def SftField(default: Any, *, sft: str | None = None, **kwargs: Any) -> Any:  # noqa: N802 - reads like Field
+def SftField(default: Any, *, sft: str | None = None, **kwargs: Any) -> Any:
     """A Field that is also TRL SFTConfig's argument `sft` (default: the field's own name).
 
     training_args.yaml copies it there by that name whenever the field applies (render/training_args.py).
@@ -93,7 +93,9 @@ class ModelSpec(SpecSection):
     trust_remote_code: bool = Field(
         False, description="Run Python code shipped with the model repository. Only for repositories you trust."
     )
-    revision: str | None = Field(None, description="Hub branch, tag or commit of the model; empty for the default branch.")
+    revision: str | None = Field(
+        None, description="Hub branch, tag or commit of the model; empty for the default branch."
+    )
 
 
 class LoraSpec(SpecSection):
@@ -101,8 +103,10 @@ class LoraSpec(SpecSection):
     lora_alpha: int = Field(
         32, ge=1, le=4096, description="LoRA scaling numerator (update scaled by lora_alpha / r). Usually 2 x r."
     )
-    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA input, 0 to <1. 0.05 is typical.")
-    target_modules: Union[Literal["all-linear"], Annotated[list[str], Field(max_length=1000)]] = Field(
+    lora_dropout: float = Field(
+        0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA input, 0 to <1. 0.05 is typical."
+    )
+    target_modules: Literal["all-linear"] | Annotated[list[str], Field(max_length=1000)] = Field(
         "all-linear",
         description="Modules that get adapters: 'all-linear' or module names such as q_proj,k_proj,v_proj,o_proj.",
     )
@@ -128,9 +132,7 @@ class QuantizationSpec(SpecSection):
     bnb_4bit_use_double_quant: bool = Field(
         True, description="Quantize the quantization constants too: saves about 0.37 bits per parameter."
     )
-    bnb_4bit_compute_dtype: Dtype = Field(
-        "bfloat16", description="dtype of the matmuls on dequantized 4-bit weights."
-    )
+    bnb_4bit_compute_dtype: Dtype = Field("bfloat16", description="dtype of the matmuls on dequantized 4-bit weights.")
     bnb_4bit_quant_storage: Literal["uint8", "bfloat16", "float16", "float32"] = Field(
         "uint8",
         description="Storage dtype of packed 4-bit weights. ZeRO-3 and FSDP need it equal to the compute dtype so they can shard it.",
@@ -194,15 +196,23 @@ class TrainingSpec(SpecSection):
     max_steps: int = SftField(
         -1, ge=-1, le=MAX_STEPS, description="Stop after this many optimizer steps; -1 trains for num_train_epochs."
     )
-    learning_rate: float = SftField(2e-4, gt=0, lt=1, description="Peak learning rate. LoRA: 1e-4 to 3e-4; full fine-tuning: 1e-5 to 2e-5.")
+    learning_rate: float = SftField(
+        2e-4, gt=0, lt=1, description="Peak learning rate. LoRA: 1e-4 to 3e-4; full fine-tuning: 1e-5 to 2e-5."
+    )
     lr_scheduler_type: Literal[
         "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
     ] = SftField("cosine", description="Learning-rate schedule after warmup.")
     warmup_steps: float = SftField(
-        0.03, ge=0, le=MAX_STEPS, description="Warmup: whole steps, or a fraction of all steps when below 1 (0.03 = 3%)."
+        0.03,
+        ge=0,
+        le=MAX_STEPS,
+        description="Warmup: whole steps, or a fraction of all steps when below 1 (0.03 = 3%).",
     )
     per_device_train_batch_size: int = SftField(
-        1, ge=1, le=4096, description="Micro batch per GPU per forward pass. Keep small; raise gradient accumulation instead."
+        1,
+        ge=1,
+        le=4096,
+        description="Micro batch per GPU per forward pass. Keep small; raise gradient accumulation instead.",
     )
     per_device_eval_batch_size: int = SftField(1, ge=1, le=4096, description="Micro batch per GPU for evaluation.")
     gradient_accumulation_steps: int = SftField(
@@ -211,14 +221,23 @@ class TrainingSpec(SpecSection):
     gradient_checkpointing: bool = SftField(
         True,
         sft="activation_checkpointing",  # SFTConfig's name since transformers 5.23: see render/requirements.py
-        description="Recompute activations in the backward pass: much less memory, about 30% slower."
+        description="Recompute activations in the backward pass: much less memory, about 30% slower.",
     )
     precision: Literal["bf16", "fp16", "fp32"] = Field(
-        "bf16", description="Mixed precision of training: bf16 (Ampere or newer), fp16 (older GPUs, loss scaling), fp32 (CPU)."
+        "bf16",
+        description="Mixed precision of training: bf16 (Ampere or newer), fp16 (older GPUs, loss scaling), fp32 (CPU).",
     )
     optim: Literal[
-        "adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd"
-    ] = SftField("adamw_torch", description="Optimizer (transformers name). 8-bit and paged variants need bitsandbytes.")
+        "adamw_torch",
+        "adamw_torch_fused",
+        "adamw_bnb_8bit",
+        "paged_adamw_8bit",
+        "paged_adamw_32bit",
+        "adafactor",
+        "sgd",
+    ] = SftField(
+        "adamw_torch", description="Optimizer (transformers name). 8-bit and paged variants need bitsandbytes."
+    )
     weight_decay: float = SftField(0.0, ge=0, le=1, description="Decoupled weight decay.")
     max_grad_norm: float = SftField(1.0, ge=0, le=1e6, description="Gradient clipping norm; 0 disables clipping.")
     # numpy (seeded by transformers.set_seed) takes 0 to 2**32-1, and says so only after the model loaded.

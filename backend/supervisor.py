@@ -218,7 +218,9 @@ def _signal_name(signum: int) -> str:
 def first_failure(run_dir: Path, ours: set[int] = frozenset()) -> str | None:
     """Why the run failed: a rank killed by a signal, else the rank that failed first (train.py's
     errors.jsonl), else the launcher log's tail."""
-    failures = sorted(_rank_errors(run_dir), key=lambda f: f.get("time") if isinstance(f.get("time"), (int, float)) else 0)
+    failures = sorted(
+        _rank_errors(run_dir), key=lambda f: f.get("time") if isinstance(f.get("time"), (int, float)) else 0
+    )
     killed = killed_rank(run_dir, ours)
     if killed:
         rank, signum = killed
@@ -238,7 +240,9 @@ def first_failure(run_dir: Path, ours: set[int] = frozenset()) -> str | None:
     return "\n".join(lines) or None
 
 
-def final_state(run_dir: Path, exit_code: int | None, stop_requested: bool, ours: set[int] = frozenset()) -> tuple[str, str | None]:
+def final_state(
+    run_dir: Path, exit_code: int | None, stop_requested: bool, ours: set[int] = frozenset()
+) -> tuple[str, str | None]:
     """(state, error) of a run whose launcher has exited."""
     end = end_record(run_dir)
     trained = end.get("status") if end else None
@@ -312,7 +316,9 @@ def supervise(run_dir: Path) -> int:
         status = update_status(run_dir, supervisor=process_identity(os.getpid()))
     except (OSError, ValueError) as exc:
         # Unrecorded, nobody could follow or stop the run: do not start it.
-        record_end(run_dir, state="failed", ended_at=time.time(), error=f"the supervisor could not record itself: {exc}")
+        record_end(
+            run_dir, state="failed", ended_at=time.time(), error=f"the supervisor could not record itself: {exc}"
+        )
         return 1
     # The manager may be asked to stop before we even start: then there is nothing to run.
     if (run_dir / STOP_FILE).exists() or stop_signal.is_set():
@@ -331,11 +337,22 @@ def supervise(run_dir: Path) -> int:
         record_end(run_dir, state="failed", ended_at=time.time(), error=f"could not start {status['argv'][0]}: {exc}")
         return 1
     try:
-        update_status(run_dir, state="running", started_at=time.time(), launcher={**process_identity(launcher.pid), "pgid": launcher.pid})
+        update_status(
+            run_dir,
+            state="running",
+            started_at=time.time(),
+            launcher={**process_identity(launcher.pid), "pgid": launcher.pid},
+        )
     except (OSError, ValueError) as exc:
         # Unrecorded, the launcher could not be found by anyone else: end the run at once, and say why.
         _kill_run(launcher)
-        record_end(run_dir, state="failed", ended_at=time.time(), exit_code=launcher.returncode, error=f"could not record the launcher: {exc}")
+        record_end(
+            run_dir,
+            state="failed",
+            ended_at=time.time(),
+            exit_code=launcher.returncode,
+            error=f"could not record the launcher: {exc}",
+        )
         return 1
     stop_since = stop_deadline = failed_since = None
     signalled: set[int] = set()

@@ -312,10 +312,14 @@ def load_datasets(job: dict, args, tokenizer):
             f"dataset.format: messages needs a chat template, and the tokenizer of {job['model']['name_or_path']} "
             "has none; use a chat model or the prompt-completion format"
         )
-    train = to_trl_format(load_split(dataset_cfg, dataset_cfg.get("split") or "train"), dataset_cfg, args.dataset_text_field)
+    train = to_trl_format(
+        load_split(dataset_cfg, dataset_cfg.get("split") or "train"), dataset_cfg, args.dataset_text_field
+    )
     evaluation = None
     if dataset_cfg.get("eval_split"):
-        evaluation = to_trl_format(load_split(dataset_cfg, dataset_cfg["eval_split"]), dataset_cfg, args.dataset_text_field)
+        evaluation = to_trl_format(
+            load_split(dataset_cfg, dataset_cfg["eval_split"]), dataset_cfg, args.dataset_text_field
+        )
     return train, evaluation
 
 
@@ -330,9 +334,16 @@ ROWS_CHECKED = 100
 # checks that they agree).
 FORMAT_COLUMNS = {
     "text": {"text_field": ("text", "text")},
-    "prompt-completion": {"prompt_field": ("prompt", "text or chat"), "completion_field": ("completion", "text or chat")},
+    "prompt-completion": {
+        "prompt_field": ("prompt", "text or chat"),
+        "completion_field": ("completion", "text or chat"),
+    },
     "messages": {"messages_field": ("messages", "chat")},
-    "alpaca": {"instruction_field": ("instruction", "text"), "input_field": ("input", "optional text"), "output_field": ("output", "text")},
+    "alpaca": {
+        "instruction_field": ("instruction", "text"),
+        "input_field": ("input", "optional text"),
+        "output_field": ("output", "text"),
+    },
 }
 CHAT_EXAMPLE = '[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]'
 KIND_NEEDS = {
@@ -388,7 +399,9 @@ def _value_problem(value, kind: str) -> str | None:
     if "text" in kind and isinstance(value, str):
         return None
     if "chat" in kind and isinstance(value, list):
-        bad = next((i for i, m in enumerate(value) if not (isinstance(m, dict) and "role" in m and "content" in m)), None)
+        bad = next(
+            (i for i, m in enumerate(value) if not (isinstance(m, dict) and "role" in m and "content" in m)), None
+        )
         if bad is None and value:
             return None
         return "an empty list" if not value else f"a list whose item {bad} is not a message with role and content"
@@ -415,7 +428,9 @@ def _rows(path: Path, limit: int):
             try:
                 items = json.load(f)
             except ValueError as exc:
-                raise JobError(f"dataset.path: {path} line {exc.lineno} is not valid JSON ({exc.msg}): fix the file") from None
+                raise JobError(
+                    f"dataset.path: {path} line {exc.lineno} is not valid JSON ({exc.msg}): fix the file"
+                ) from None
             yield from ((f"item {i + 1}", item) for i, item in enumerate(items[:limit]))
             return
         seen = 0
@@ -454,7 +469,10 @@ def dataset_problems(dataset_cfg: dict, base: Path, limit: int = ROWS_CHECKED) -
             rows += 1
             at = f"{path} {where}"
             if not isinstance(row, dict):
-                problems.setdefault("dataset.path", f"{at} holds {_kind_of(row)}, not a JSON object: each row must be an object of columns")
+                problems.setdefault(
+                    "dataset.path",
+                    f"{at} holds {_kind_of(row)}, not a JSON object: each row must be an object of columns",
+                )
                 continue
             for field, (col, kind) in columns.items():
                 if col not in row:
@@ -478,7 +496,12 @@ def dataset_problems(dataset_cfg: dict, base: Path, limit: int = ROWS_CHECKED) -
         return [("dataset.path", f"{path} cannot be read ({exc}); fix its permissions or point to another file")]
     if not rows:
         example = {c: "..." for c, _ in columns.values()}
-        return [("dataset.path", f"{path} has no rows: give a file with one JSON object per line, e.g. {json.dumps(example)}")]
+        return [
+            (
+                "dataset.path",
+                f"{path} has no rows: give a file with one JSON object per line, e.g. {json.dumps(example)}",
+            )
+        ]
     return list(problems.items())
 
 
@@ -497,7 +520,9 @@ def input_problems(job: dict, base: Path) -> list[tuple[str, str]]:
 def count_parameters(model) -> tuple[int, int]:
     """(trainable, total), counting ZeRO-3 partitioned and 4-bit packed parameters at full size (as PEFT does)."""
     # A 4-bit weight holds in x out values, packed; under FSDP2 it is a DTensor, no longer a Params4bit.
-    four_bit = {id(m.weight): m.in_features * m.out_features for m in model.modules() if type(m).__name__ == "Linear4bit"}
+    four_bit = {
+        id(m.weight): m.in_features * m.out_features for m in model.modules() if type(m).__name__ == "Linear4bit"
+    }
     trainable = total = 0
     for param in model.parameters():
         n = four_bit.get(id(param)) or (param.ds_numel if hasattr(param, "ds_numel") else param.numel())
@@ -727,9 +752,13 @@ def _process_problems(expected: dict, facts: dict) -> list[str]:
         got += f" on {_count(got_machines, 'machine')} ({', '.join(sorted(set(nodes)))})"
         why = ": start launch.sh once on every machine, each with its own MACHINE_RANK"
     if got_ranks == 1 and asked_ranks > 1:
-        why = (": the processes did not join one run (`accelerate launch --cpu` and distributed_type MULTI_CPU start "
-               "a single process; torchrun on CPU without use_cpu starts independent ones)")
-    return [f"asked {_count(asked_ranks, 'process', 'processes')} on {_count(asked_machines, 'machine')}, got {got}{why}"]
+        why = (
+            ": the processes did not join one run (`accelerate launch --cpu` and distributed_type MULTI_CPU start "
+            "a single process; torchrun on CPU without use_cpu starts independent ones)"
+        )
+    return [
+        f"asked {_count(asked_ranks, 'process', 'processes')} on {_count(asked_machines, 'machine')}, got {got}{why}"
+    ]
 
 
 def _engine_problems(expected: dict, facts: dict) -> list[str]:
@@ -739,13 +768,17 @@ def _engine_problems(expected: dict, facts: dict) -> list[str]:
     if asked != got:
         why = ""
         if got == "none" and asked == "deepspeed":
-            why = (" (DeepSpeed starts only through `accelerate launch --config_file accelerate_config.yaml`, "
-                   "which exports its config)")
+            why = (
+                " (DeepSpeed starts only through `accelerate launch --config_file accelerate_config.yaml`, "
+                "which exports its config)"
+            )
         elif got == "none" and expected["world_size"] > 1:
             why = " (the ranks train alone, sharing no gradient: on CPU, training_args.yaml needs use_cpu: true)"
         elif asked == "fsdp":
-            why = (" (accelerate falls back to DDP where it does not run FSDP: FSDP1 needs GPUs, and train_sft.py runs "
-                   "FSDP2 on CPU ranks only when the launcher exports an FSDP2 config)")
+            why = (
+                " (accelerate falls back to DDP where it does not run FSDP: FSDP1 needs GPUs, and train_sft.py runs "
+                "FSDP2 on CPU ranks only when the launcher exports an FSDP2 config)"
+            )
         return [f"asked {_engine(expected)}, got {_engine(facts, got)} ({facts['distributed_type']}){why}"]
     if "model_class" not in facts:
         return []
@@ -806,10 +839,16 @@ def check_processes(expected: dict, distributed_type: str | None = None) -> None
     """
     if distributed_type is None:
         # The variables accelerate itself reads for the world size (torchrun and accelerate set WORLD_SIZE; MPI the others).
-        sizes = [os.environ.get(name) for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")]
+        sizes = [
+            os.environ.get(name) for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+        ]
         problems = gate_problems(expected, {"world_size": int(next((n for n in sizes if n), 1))})
     else:
-        facts = {"world_size": _world_size(), "nodes": gather_from_ranks(node_name()), "distributed_type": distributed_type}
+        facts = {
+            "world_size": _world_size(),
+            "nodes": gather_from_ranks(node_name()),
+            "distributed_type": distributed_type,
+        }
         problems = shared_gate_problems(expected, facts)
     if problems:
         raise gate_error(problems)
@@ -1036,7 +1075,10 @@ def resume_checkpoint(args, job: dict) -> str | None:
 
     found = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
     if found is None:  # a first run (or a requeued job that never saved): say so, the step count starts at 0
-        print(f"resume_from_checkpoint: no checkpoint in {os.path.abspath(args.output_dir)}; starting from step 0", flush=True)
+        print(
+            f"resume_from_checkpoint: no checkpoint in {os.path.abspath(args.output_dir)}; starting from step 0",
+            flush=True,
+        )
     return found
 
 
@@ -1116,7 +1158,9 @@ def main(argv=None) -> int:
         else:
             error, trace = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__), traceback.format_exc()
             traceback.print_exc()
-        JsonlWriter(run_dir / "errors.jsonl").write({"rank": rank, "time": time.time(), "error": error, "traceback": trace})
+        JsonlWriter(run_dir / "errors.jsonl").write(
+            {"rank": rank, "time": time.time(), "error": error, "traceback": trace}
+        )
     if metrics:
         metrics.write(
             {"event": "end", "time": time.time(), "status": status, "runtime_s": time.time() - started, "error": error}

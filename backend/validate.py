@@ -14,7 +14,7 @@ does not apply is ignored, and the job says so.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from tunedeck.backend import validate_launch, validate_method, validate_strategy
 from tunedeck.backend.applies import applies, when

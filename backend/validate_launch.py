@@ -5,7 +5,7 @@ machine can hold), and processes, machines and GPUs.
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import psutil
 
@@ -41,9 +41,14 @@ def cpu(spec: JobSpec) -> Iterator[Problem]:
             f"DeepSpeed on CPU refuses {precision} ('Your setup doesn't support bf16/gpu'): set training.precision=fp32.",
         )
     elif precision == "fp16":
-        yield error("training.precision", "fp16 mixed precision needs a GPU: set training.precision=fp32 (or bf16) on CPU.")
+        yield error(
+            "training.precision", "fp16 mixed precision needs a GPU: set training.precision=fp32 (or bf16) on CPU."
+        )
     if spec.training.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
-        yield error("training.optim", f"{spec.training.optim} is a bitsandbytes GPU optimizer: set training.optim=adamw_torch on CPU.")
+        yield error(
+            "training.optim",
+            f"{spec.training.optim} is a bitsandbytes GPU optimizer: set training.optim=adamw_torch on CPU.",
+        )
 
 
 # ---------------------------------------------------------------- CPU processes on this machine

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from tunedeck.backend import catalog
 from tunedeck.backend.problem import Problem, error, warning
@@ -15,14 +15,19 @@ from tunedeck.backend.vocabulary import DATASET_FORMATS
 def method_and_quantization(spec: JobSpec) -> Iterator[Problem]:
     bits, q = spec.quantization.bits, spec.quantization
     if spec.method == "qlora" and bits != 4:
-        yield error("quantization.bits", "QLoRA trains adapters on a 4-bit base: set quantization.bits=4 (or method=lora for a 16-bit base).")
+        yield error(
+            "quantization.bits",
+            "QLoRA trains adapters on a 4-bit base: set quantization.bits=4 (or method=lora for a 16-bit base).",
+        )
     if spec.method == "full" and bits is not None:
         yield error(
             "quantization.bits",
             "full fine-tuning cannot update quantized weights: clear quantization.bits, or use method=lora/qlora.",
         )
     if spec.method == "lora" and bits == 4:
-        yield warning("method", "a 4-bit base with LoRA adapters is QLoRA: set method=qlora so the job says what it does.")
+        yield warning(
+            "method", "a 4-bit base with LoRA adapters is QLoRA: set method=qlora so the job says what it does."
+        )
     sharded = spec.strategy.facts.shards_parameters
     if bits == 4 and sharded and q.bnb_4bit_quant_storage != q.bnb_4bit_compute_dtype:
         yield error(
@@ -65,9 +70,14 @@ def lora(spec: JobSpec) -> Iterator[Problem]:
         return
     lora = spec.lora
     if isinstance(lora.target_modules, list) and not lora.target_modules:
-        yield error("lora.target_modules", "no modules get adapters: set lora.target_modules=all-linear or names such as q_proj,v_proj.")
+        yield error(
+            "lora.target_modules",
+            "no modules get adapters: set lora.target_modules=all-linear or names such as q_proj,v_proj.",
+        )
     if lora.r > 256:
-        yield warning("lora.r", f"rank {lora.r} is unusually large (8-64 is typical); it costs memory with little gain.")
+        yield warning(
+            "lora.r", f"rank {lora.r} is unusually large (8-64 is typical); it costs memory with little gain."
+        )
     ratio = lora.lora_alpha / lora.r
     if not 0.25 <= ratio <= 8:
         yield warning(
@@ -104,15 +114,16 @@ def lora(spec: JobSpec) -> Iterator[Problem]:
 def precision(spec: JobSpec) -> Iterator[Problem]:
     precision, dtype = spec.training.precision, spec.model.dtype
     if precision == "fp16" and dtype == "bfloat16":
-        yield error("training.precision", "fp16 training on bfloat16 weights mixes two 16-bit formats: set training.precision=bf16 (or model.dtype=float16).")
+        yield error(
+            "training.precision",
+            "fp16 training on bfloat16 weights mixes two 16-bit formats: set training.precision=bf16 (or model.dtype=float16).",
+        )
     if precision == "bf16" and dtype == "float16":
-        yield error("training.precision", "bf16 training on float16 weights mixes two 16-bit formats: set model.dtype=bfloat16 (or training.precision=fp16).")
-    if (
-        spec.method == "full"
-        and precision == "fp16"
-        and dtype == "float16"
-        and not spec.strategy.is_deepspeed
-    ):
+        yield error(
+            "training.precision",
+            "bf16 training on float16 weights mixes two 16-bit formats: set model.dtype=bfloat16 (or training.precision=fp16).",
+        )
+    if spec.method == "full" and precision == "fp16" and dtype == "float16" and not spec.strategy.is_deepspeed:
         yield error(
             "model.dtype",
             "fp16 mixed precision needs float32 master weights to train all weights (else 'Attempting to unscale "
@@ -136,7 +147,9 @@ def precision(spec: JobSpec) -> Iterator[Problem]:
             "flash_attention_2 runs only in float16/bfloat16; with float32 weights use attn_implementation=sdpa or model.dtype=bfloat16.",
         )
     if attn == "flash_attention_2" and spec.launch.use_cpu:
-        yield error("model.attn_implementation", "flash_attention_2 needs an NVIDIA GPU: set model.attn_implementation=sdpa.")
+        yield error(
+            "model.attn_implementation", "flash_attention_2 needs an NVIDIA GPU: set model.attn_implementation=sdpa."
+        )
     if spec.method == "full" and spec.training.learning_rate > 1e-4:
         yield warning(
             "training.learning_rate",

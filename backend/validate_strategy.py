@@ -5,7 +5,7 @@ What each strategy kind can shard and offload comes from the strategy table (bac
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from tunedeck.backend import catalog
 from tunedeck.backend.engine_facts import DEFAULT_NVME_BUFFER_SIZE, fsdp_layer_cls, nvme_param_buffer_size

@@ -135,7 +135,9 @@ class Worker:
         if self.model is None:
             raise AfterError("no model is loaded in this worker: load one first")
         settings = GenerationSettings.from_dict(args.get("settings") or {})
-        template = resolve_template(args.get("template") or "auto", self.loaded["dataset_format"], self.loaded["chat_template"])
+        template = resolve_template(
+            args.get("template") or "auto", self.loaded["dataset_format"], self.loaded["chat_template"]
+        )
         history = [tuple(turn) for turn in args.get("history") or []] if template == "chat" else None
         inputs = encode_prompt(self.tokenizer, template, str(args.get("prompt", "")), history)
         pieces = stream(self.model, self.tokenizer, inputs, settings, cancel)
@@ -150,7 +152,9 @@ class Worker:
         from tunedeck.backend.evaluate import evaluate_run
 
         run_dir, job = self._run(args)
-        outcome = evaluate_run(run_dir, job, args["names"], args["device"], args.get("data"), args.get("limit"), progress, cancel)
+        outcome = evaluate_run(
+            run_dir, job, args["names"], args["device"], args.get("data"), args.get("limit"), progress, cancel
+        )
         save_results(run_dir, outcome["results"])
         return outcome
 
@@ -159,7 +163,9 @@ class Worker:
 
         run_dir, job = self._run(args)
         weights = self._weights(run_dir, job, args)
-        return merge_run(run_dir, job, args["run_id"], weights, args["out_dir"], args["dtype"], args["device"], progress)
+        return merge_run(
+            run_dir, job, args["run_id"], weights, args["out_dir"], args["dtype"], args["device"], progress
+        )
 
     def handle(self, request: dict, cancel: CancelToken) -> None:
         from tunedeck.backend.checkpoints import AfterError

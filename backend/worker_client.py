@@ -57,7 +57,15 @@ class Worker:
             # As for CPU training runs (backend/runs.py): every core busy in one process thrashes a small machine.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 2) // 2))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tunedeck.backend.worker", "--parent", str(os.getpid()), "--idle-timeout", str(idle_timeout_s)],
+            [
+                sys.executable,
+                "-m",
+                "tunedeck.backend.worker",
+                "--parent",
+                str(os.getpid()),
+                "--idle-timeout",
+                str(idle_timeout_s),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -221,12 +229,20 @@ class ModelWorker(Worker):
 
         runs_dir = Path(runs_dir).resolve()
         job = _job(runs_dir, run_id)
-        select(RunManager(runs_dir).run_dir(run_id), job, run_id, checkpoint, base)  # a bad choice fails here, before a process starts
+        select(
+            RunManager(runs_dir).run_dir(run_id), job, run_id, checkpoint, base
+        )  # a bad choice fails here, before a process starts
         placement = place(job, runs_dir, taken)
         worker = cls(placement, idle_timeout_s)
         if placement.warning and on_event:
             on_event({"event": "warning", "message": placement.warning})
-        args = {"runs_dir": str(runs_dir), "run_id": run_id, "checkpoint": checkpoint, "base": base, "device": placement.device}
+        args = {
+            "runs_dir": str(runs_dir),
+            "run_id": run_id,
+            "checkpoint": checkpoint,
+            "base": base,
+            "device": placement.device,
+        }
         try:
             worker.info = worker.call("load", args, on_event)
         except BaseException:
@@ -235,7 +251,9 @@ class ModelWorker(Worker):
         worker.info["warning"] = placement.warning
         return worker
 
-    def generate(self, prompt: str, settings: GenerationSettings, template: str = "auto", history=None) -> Iterator[str]:
+    def generate(
+        self, prompt: str, settings: GenerationSettings, template: str = "auto", history=None
+    ) -> Iterator[str]:
         """Yield the answer's text as it is generated; the summary (text, new_tokens, seconds, stop_reason) is the return value."""
         args = {"prompt": prompt, "settings": settings.to_dict(), "template": template, "history": history or []}
         stream = self.events("generate", args)
@@ -260,7 +278,9 @@ def run_task(op: str, args: dict, job: dict, runs_dir, on_event=None, idle_timeo
     try:
         if placement.warning and on_event:
             on_event({"event": "warning", "message": placement.warning})
-        return worker.call(op, {**args, "runs_dir": str(Path(runs_dir).resolve()), "device": placement.device}, on_event)
+        return worker.call(
+            op, {**args, "runs_dir": str(Path(runs_dir).resolve()), "device": placement.device}, on_event
+        )
     finally:
         worker.release()
 
@@ -278,7 +298,9 @@ class WorkerPool:
     def key(runs_dir, run_id: str, checkpoint: int | None, base: bool) -> tuple:
         return (str(Path(runs_dir).resolve()), run_id, "base" if base else checkpoint)
 
-    def get(self, runs_dir, run_id: str, checkpoint: int | None = None, base: bool = False, on_event=None) -> ModelWorker:
+    def get(
+        self, runs_dir, run_id: str, checkpoint: int | None = None, base: bool = False, on_event=None
+    ) -> ModelWorker:
         """The live worker for this model, started (and loaded) when there is none."""
         key = self.key(runs_dir, run_id, checkpoint, base)
         with self._lock:
@@ -287,9 +309,13 @@ class WorkerPool:
                 return worker
             if worker is not None:  # ended by its idle timeout
                 self._workers.pop(key).release()
-            taken = frozenset(w.placement.gpu for w in self._workers.values() if w.alive and w.placement.gpu is not None)
+            taken = frozenset(
+                w.placement.gpu for w in self._workers.values() if w.alive and w.placement.gpu is not None
+            )
         # Loading takes a while: outside the lock, so two models (side by side) load at once.
-        worker = ModelWorker.open(runs_dir, run_id, checkpoint, base, taken=taken, idle_timeout_s=self.idle_timeout_s, on_event=on_event)
+        worker = ModelWorker.open(
+            runs_dir, run_id, checkpoint, base, taken=taken, idle_timeout_s=self.idle_timeout_s, on_event=on_event
+        )
         with self._lock:
             other = self._workers.get(key)
             if other is not None and other.alive:  # another session loaded the same model meanwhile
@@ -325,7 +351,7 @@ def side_by_side(streams: dict[str, Iterator[str]]) -> Iterator[dict[str, str]]:
     """
     pieces: queue.Queue = queue.Queue()
     leave = threading.Event()
-    texts = {name: "" for name in streams}
+    texts = dict.fromkeys(streams, "")
 
     def pump(name: str, stream: Iterator[str]) -> None:
         try:

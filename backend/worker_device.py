@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunedeck.backend.memory_job import CUDA_CONTEXT_BYTES, GIB, Job, frozen_base_params, input_values, quant_stats_bytes
+from tunedeck.backend.memory_job import (
+    CUDA_CONTEXT_BYTES,
+    GIB,
+    Job,
+    frozen_base_params,
+    input_values,
+    quant_stats_bytes,
+)
 
 GENERATED_TOKENS = 512
 HEADROOM = 1.15  # the allocator's fragmentation and what the estimate leaves out
@@ -37,15 +44,19 @@ def inference_gb(job: dict, batch: int = 1) -> float | None:
     tokens = est.seq_len + GENERATED_TOKENS
     kv_cache = 2 * arch.num_hidden_layers * arch.kv_size * est.act_bytes * tokens * batch
     logits = batch * tokens * arch.vocab_size * 4  # scored in fp32
-    adapter = arch.lora_trainable(est.lora_r, est.lora_targets, est.use_dora) * est.weight_bytes if est.method != "full" else 0
+    adapter = (
+        arch.lora_trainable(est.lora_r, est.lora_targets, est.use_dora) * est.weight_bytes
+        if est.method != "full"
+        else 0
+    )
     total = frozen_base_params(est) + quant_stats_bytes(est) + adapter + kv_cache + logits + CUDA_CONTEXT_BYTES
     return HEADROOM * total / GIB
 
 
 def held_gpus(runs_dir: Path) -> dict[int, str]:
     """GPU index -> the live run that holds it."""
+    from tunedeck.backend.run_folder import ACTIVE_STATES
     from tunedeck.backend.runs import RunManager
-    from tunedeck.backend.supervisor import ACTIVE_STATES
 
     held = {}
     for run in RunManager(runs_dir).list_runs():
@@ -64,10 +75,13 @@ def _free_gb(nvml) -> dict[int, float]:
             return {}
     try:
         nvml.nvmlInit()
-    except Exception:  # pynvml.NVMLError (no driver) and its library-not-found subclass alike
+    except Exception:  # noqa: BLE001 - pynvml.NVMLError (no driver) and its library-not-found subclass alike
         return {}
     try:
-        return {i: nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).free / GIB for i in range(nvml.nvmlDeviceGetCount())}
+        return {
+            i: nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).free / GIB
+            for i in range(nvml.nvmlDeviceGetCount())
+        }
     finally:
         nvml.nvmlShutdown()
 
@@ -79,7 +93,9 @@ def place(job: dict, runs_dir: Path, taken: set[int] | frozenset = frozenset(), 
         return Placement("cpu", None, "no NVIDIA GPU found: the model runs on the CPU (slow for large models)", None)
     need = inference_gb(job, batch)
     if need is None:
-        return Placement("cpu", None, "the model's size is unknown (not in the catalog, no config.json): it runs on the CPU", None)
+        return Placement(
+            "cpu", None, "the model's size is unknown (not in the catalog, no config.json): it runs on the CPU", None
+        )
     held = held_gpus(runs_dir)
     usable = {i: gb for i, gb in free.items() if i not in held and i not in taken}
     fitting = {i: gb for i, gb in usable.items() if gb >= need}
@@ -89,4 +105,9 @@ def place(job: dict, runs_dir: Path, taken: set[int] | frozenset = frozenset(), 
     reasons = [f"GPU {i} is held by run {held[i]}" for i in sorted(free) if i in held]
     reasons += [f"GPU {i} serves another model" for i in sorted(free) if i in taken and i not in held]
     reasons += [f"GPU {i} has {gb:.1f} GiB free" for i, gb in sorted(usable.items())]
-    return Placement("cpu", None, f"the model needs about {need:.1f} GiB and no GPU has room ({'; '.join(reasons)}): it runs on the CPU", need)
+    return Placement(
+        "cpu",
+        None,
+        f"the model needs about {need:.1f} GiB and no GPU has room ({'; '.join(reasons)}): it runs on the CPU",
+        need,
+    )

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tunedeck.backend.advisor import advise  # noqa: E402
-from tunedeck.backend.memory import estimate  # noqa: E402
-from tunedeck.backend.spec import load_presets  # noqa: E402
+from tunedeck.backend.advisor import advise
+from tunedeck.backend.memory import estimate
+from tunedeck.backend.spec import load_presets
 
 
 def per_call(fn, number: int) -> float:
@@ -29,8 +29,8 @@ def main() -> int:
     print(f"{'preset':18s} {'estimate':>11s} {'advise':>11s} {'advise/estimate':>16s}")
     for preset_id, preset in load_presets().items():
         spec = preset.build()
-        one = per_call(lambda: estimate(spec), 200)
-        advice = per_call(lambda: advise(spec, 80), 20)
+        one = per_call(lambda spec=spec: estimate(spec), 200)
+        advice = per_call(lambda spec=spec: advise(spec, 80), 20)
         print(f"{preset_id:18s} {one * 1e3:9.3f}ms {advice * 1e3:9.3f}ms {advice / one:15.1f}x")
     return 0
 

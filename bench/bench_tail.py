@@ -18,25 +18,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tunedeck.backend.tail import JsonlTail  # noqa: E402
+from tunedeck.backend.tail import JsonlTail
 
 
 def record(step: int) -> str:
-    return json.dumps(
-        {
-            "event": "log",
-            "time": 1_700_000_000 + step * 0.5,
-            "step": step,
-            "max_steps": 10**6,
-            "epoch": step / 5000,
-            "loss": 2.0 + 1.0 / (1 + step),
-            "learning_rate": 2e-4,
-            "grad_norm": 0.75,
-            "tokens_per_second": 12345.6,
-            "mean_token_accuracy": 0.61,
-            "num_tokens": step * 4096.0,
-        }
-    ) + "\n"
+    return (
+        json.dumps(
+            {
+                "event": "log",
+                "time": 1_700_000_000 + step * 0.5,
+                "step": step,
+                "max_steps": 10**6,
+                "epoch": step / 5000,
+                "loss": 2.0 + 1.0 / (1 + step),
+                "learning_rate": 2e-4,
+                "grad_norm": 0.75,
+                "tokens_per_second": 12345.6,
+                "mean_token_accuracy": 0.61,
+                "num_tokens": step * 4096.0,
+            }
+        )
+        + "\n"
+    )
 
 
 def read_everything(path: Path) -> list[dict]:

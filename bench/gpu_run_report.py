@@ -18,10 +18,15 @@ def main(runs_dir: str) -> int:
     peaks = [r.get("gpu_peak_allocated_gb") for r in logs if r.get("gpu_peak_allocated_gb")]
     print(f"  start: {json.dumps(start)}")
     if logs:
-        print(f"  loss {logs[0]['loss']:.3f} -> {logs[-1]['loss']:.3f} over {len(logs)} logs; peak allocated per rank: {peaks[-1] if peaks else None} GiB")
+        print(
+            f"  loss {logs[0]['loss']:.3f} -> {logs[-1]['loss']:.3f} over {len(logs)} logs; peak allocated per rank: {peaks[-1] if peaks else None} GiB"
+        )
     saved = any(runs[-1].parent.glob("output/adapter_model.safetensors"))
     ok = end.get("status") == "finished" and bool(peaks) and saved
-    print(("PASS" if ok else "FAIL") + f" run: status {end.get('status')}, GPU peaks recorded: {bool(peaks)}, adapter saved: {saved}")
+    print(
+        ("PASS" if ok else "FAIL")
+        + f" run: status {end.get('status')}, GPU peaks recorded: {bool(peaks)}, adapter saved: {saved}"
+    )
     return 0 if ok else 1
 
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from tunedeck.backend.memory import estimate
-from tunedeck.backend.runs import gpu_indices
+from tunedeck.backend.preflight import gpu_indices
 from tunedeck.backend.smoke import smoke_spec
 from tunedeck.backend.spec import load_presets, load_spec_file, resolve_spec
 
@@ -33,11 +33,13 @@ def gpu_memory_gb() -> float | None:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:  # pynvml.NVMLError and ImportError alike
+    except Exception:  # noqa: BLE001 - pynvml.NVMLError and ImportError alike
         return None
     try:
         count = pynvml.nvmlDeviceGetCount()
-        return min(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total / 2**30 for i in range(count))
+        return min(
+            pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total / 2**30 for i in range(count)
+        )
     finally:
         pynvml.nvmlShutdown()
 
@@ -70,7 +72,11 @@ def check(preset: str, gpus: int, gpu_gb: float | None, runs_dir: Path) -> dict:
     if gpu_gb is not None:
         need = estimate(smoke).per_gpu_gb
         if need > gpu_gb:
-            return {"preset": preset, "result": "SKIP", "why": f"the smoke job needs {need:.1f} GB per GPU, the GPUs have {gpu_gb:.1f}"}
+            return {
+                "preset": preset,
+                "result": "SKIP",
+                "why": f"the smoke job needs {need:.1f} GB per GPU, the GPUs have {gpu_gb:.1f}",
+            }
     before = set(runs_dir.iterdir()) if runs_dir.is_dir() else set()
     done = subprocess.run(
         [sys.executable, "-m", "tunedeck.backend.cli", "train", preset, "--smoke", "--runs-dir", str(runs_dir)],
@@ -93,7 +99,10 @@ def main() -> int:
     parser.add_argument("--presets", nargs="*", default=None, help="default: every preset")
     args = parser.parse_args()
     gpus, gpu_gb = len(gpu_indices()), gpu_memory_gb()
-    print(f"  {gpus} GPU(s)" + (f", smallest {gpu_gb:.1f} GiB" if gpu_gb else ": smoke runs on 2 CPU processes, host peaks only"))
+    print(
+        f"  {gpus} GPU(s)"
+        + (f", smallest {gpu_gb:.1f} GiB" if gpu_gb else ": smoke runs on 2 CPU processes, host peaks only")
+    )
     rows = []
     for preset in args.presets or sorted(load_presets()):
         row = check(preset, gpus, gpu_gb, args.runs_dir)

@@ -39,6 +39,7 @@ def train_script() -> str | None:
     except OSError:
         return None
 
+
 EXECUTABLE_FILES = frozenset({"launch.sh"})
 
 

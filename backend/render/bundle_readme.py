@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 
-from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.render.requirements import minimums
+from tunedeck.backend.spec import JobSpec
 
 _FILE_ROLES = {
     "job.yaml": "the tunedeck job spec: model, method, LoRA, quantization, dataset (read by train_sft.py)",
     "accelerate_config.yaml": "accelerate's launch config: distributed type, processes, machines",
-    "ds_config.json": "DeepSpeed config; \"auto\" values are filled from training_args.yaml by transformers",
+    "ds_config.json": 'DeepSpeed config; "auto" values are filled from training_args.yaml by transformers',
     "training_args.yaml": "TRL SFTConfig keyword arguments, passed unchanged",
     "launch.sh": "the exact `accelerate launch` command",
     "slurm.sbatch": "the same job on a Slurm cluster: `sbatch slurm.sbatch` runs launch.sh once per node",
@@ -18,6 +18,7 @@ _FILE_ROLES = {
     "requirements.txt": "the training stack at the versions tunedeck was tested with",
     "README.md": "this file",
 }
+
 
 def _code(text: str) -> str:
     """Markdown inline code that holds any text: a fence longer than the text's own backtick runs."""

@@ -13,6 +13,7 @@ import json
 from tunedeck.backend.engine_facts import nvme_param_buffer_size
 from tunedeck.backend.spec import JobSpec
 
+
 def _offload(device: str, nvme_path: str | None, buffer_size: int | None = None) -> dict:
     section: dict = {"device": device, "pin_memory": True}
     if device == "nvme":

@@ -28,7 +28,12 @@ def launch_argv(spec: JobSpec) -> list[str]:
     """The arguments after `accelerate`, as launch.sh passes them (for argv-list launchers)."""
     argv = ["launch", "--config_file", ACCELERATE_CONFIG]
     if spec.launch.num_machines > 1:
-        argv += ["--machine_rank", str(spec.launch.machine_rank), "--main_process_ip", spec.launch.main_process_ip or ""]
+        argv += [
+            "--machine_rank",
+            str(spec.launch.machine_rank),
+            "--main_process_ip",
+            spec.launch.main_process_ip or "",
+        ]
     return argv + [TRAIN_SCRIPT, "--job", JOB_FILE, "--training-args", TRAINING_ARGS_FILE]
 
 

@@ -21,14 +21,16 @@ def vllm_max_lora_rank(r: int) -> int:
     return next((rank for rank in VLLM_LORA_RANKS if rank >= r), r)
 
 
-def render_serve_sh(*, base_model: str, served_name: str, dtype: str, lora_rank: int, max_model_len: int | None = None) -> str:
+def render_serve_sh(
+    *, base_model: str, served_name: str, dtype: str, lora_rank: int, max_model_len: int | None = None
+) -> str:
     length = [f"--max-model-len {int(max_model_len)}"] if max_model_len else []
-    common = ["--host \"${HOST:-127.0.0.1}\"", "--port \"${PORT:-8000}\"", f"--dtype {shell_word(dtype)}", *length]
-    merged = ["vllm serve \"$HERE\"", f"--served-model-name {shell_word(served_name)}", *common]
+    common = ['--host "${HOST:-127.0.0.1}"', '--port "${PORT:-8000}"', f"--dtype {shell_word(dtype)}", *length]
+    merged = ['vllm serve "$HERE"', f"--served-model-name {shell_word(served_name)}", *common]
     adapter = [
         f"vllm serve {shell_word(base_model)}",
         "--enable-lora",
-        f"--lora-modules {shell_word(served_name + '-adapter')}=\"$HERE/{ADAPTER_SUBDIR}\"",
+        f'--lora-modules {shell_word(served_name + "-adapter")}="$HERE/{ADAPTER_SUBDIR}"',
         f"--max-lora-rank {vllm_max_lora_rank(lora_rank)}",
         *common,
     ]

@@ -30,7 +30,11 @@ def train_demo(runs_dir: Path, overrides: dict) -> tuple[Path, str]:
 def tunedeck(*args, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
     """The `tunedeck` command of this environment, as a user runs it."""
     return subprocess.run(
-        [str(Path(sys.executable).parent / "tunedeck"), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kwargs
+        [str(Path(sys.executable).parent / "tunedeck"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
     )
 
 
@@ -76,7 +80,10 @@ def merged_logits(folder: Path, prompts: list[str], scratch: Path):
 
     out = scratch / "merged_logits.pt"
     result = subprocess.run(
-        [sys.executable, "-c", MERGED_PROBE, str(folder), json.dumps(prompts), str(out)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", MERGED_PROBE, str(folder), json.dumps(prompts), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(out), json.loads(result.stdout.strip().splitlines()[-1])

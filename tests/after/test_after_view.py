@@ -44,7 +44,9 @@ def test_weights_are_offered_newest_first_with_how_they_are_stored(sharded_run):
 
 
 def test_merged_models_stay_inside_the_run_folder(sharded_run):
-    assert sharded_run.merge_dir(RUN_ID, "merged-bf16") == sharded_run.manager.run_dir(RUN_ID) / "merged" / "merged-bf16"
+    assert (
+        sharded_run.merge_dir(RUN_ID, "merged-bf16") == sharded_run.manager.run_dir(RUN_ID) / "merged" / "merged-bf16"
+    )
     for name in ("../escape", "a/b", "/abs", "", ".hidden", "x" * 65):
         with pytest.raises(AfterError, match="^merge name: "):
             sharded_run.merge_dir(RUN_ID, name)
@@ -64,7 +66,10 @@ def test_bad_inputs_are_messages_before_any_worker_starts(sharded_run):
 
 def test_evaluation_results_show_again_from_the_run_folder(sharded_run):
     assert sharded_run.eval_view(RUN_ID)["after.eval_status"] == "not evaluated yet"
-    save_results(sharded_run.manager.run_dir(RUN_ID), {"final": {"loss": 1.08123, "exact_match": 0.095}, "base": {"loss": 8.06, "exact_match": 0.0}})
+    save_results(
+        sharded_run.manager.run_dir(RUN_ID),
+        {"final": {"loss": 1.08123, "exact_match": 0.095}, "base": {"loss": 8.06, "exact_match": 0.0}},
+    )
     view = sharded_run.eval_view(RUN_ID)
     assert [row[:2] for row in view["after.eval_table"]] == [["base", 8.06], ["final", 1.0812]]
     chart = view["after.eval_chart"]

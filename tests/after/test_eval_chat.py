@@ -58,7 +58,16 @@ def test_chat_answers_with_the_adapter_and_with_the_base(demo_run):
     answer = tuned.stdout.strip()
     assert answer and answer[0].isdigit()  # the fine-tuned model answers in the trained format: " 7"
     # Interactive, with the base alone: prompts from stdin until end of input.
-    base = tunedeck("chat", run_id, "--base", "--max-new-tokens", "6", "--runs-dir", runs_dir, input=prompt.replace("\n", "\\n") + "\n/exit\n")
+    base = tunedeck(
+        "chat",
+        run_id,
+        "--base",
+        "--max-new-tokens",
+        "6",
+        "--runs-dir",
+        runs_dir,
+        input=prompt.replace("\n", "\\n") + "\n/exit\n",
+    )
     assert base.returncode == 0, base.stderr
     assert "the base model alone" in base.stderr
     assert base.stdout.strip() != answer
@@ -69,7 +78,9 @@ def test_a_checkpoint_that_does_not_exist_is_named_before_anything_loads(demo_ru
     for command in (["chat", "--prompt", "hi"], ["eval"], ["merge", "-o", "unused"]):
         result = tunedeck(command[0], run_id, *command[1:], "--checkpoint", "45", "--runs-dir", runs_dir, timeout=60)
         assert result.returncode == 2
-        assert result.stderr.strip() == f"error: --checkpoint: run {run_id} has no checkpoint 45 (its checkpoints: 30, 60)"
+        assert (
+            result.stderr.strip() == f"error: --checkpoint: run {run_id} has no checkpoint 45 (its checkpoints: 30, 60)"
+        )
 
 
 def test_the_demo_keeps_the_readmes_promise(demo_run):

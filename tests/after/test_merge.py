@@ -109,13 +109,19 @@ def test_serve_sh_of_a_merged_model_runs_vllm_with_the_right_arguments(demo_run,
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stand_in = bin_dir / "vllm"  # vLLM needs a GPU: a stand-in records the argv it would get
-    stand_in.write_text('#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n')
+    stand_in.write_text("#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     stand_in.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PORT": "8123"}
-    merged = json.loads(subprocess.run(["bash", str(out / "serve.sh")], env=env, capture_output=True, text=True, check=True).stdout)
+    merged = json.loads(
+        subprocess.run(["bash", str(out / "serve.sh")], env=env, capture_output=True, text=True, check=True).stdout
+    )
     assert merged[:2] == ["serve", str(out)] and merged[merged.index("--port") + 1] == "8123"
     assert merged[merged.index("--dtype") + 1] == "float32"
-    adapter = json.loads(subprocess.run(["bash", str(out / "serve.sh"), "adapter"], env=env, capture_output=True, text=True, check=True).stdout)
+    adapter = json.loads(
+        subprocess.run(
+            ["bash", str(out / "serve.sh"), "adapter"], env=env, capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert adapter[:2] == ["serve", str(demo_home / "model")]  # the base model, with the adapter on top
     assert "--enable-lora" in adapter and adapter[adapter.index("--max-lora-rank") + 1] == "16"
     assert adapter[adapter.index("--lora-modules") + 1] == f"tunedeck-{run_id}-adapter={out / 'adapter'}"

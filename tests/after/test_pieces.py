@@ -57,7 +57,9 @@ def test_templates_follow_the_runs_dataset_format():
 def test_alpaca_prompt_is_the_one_the_run_trained_on():
     from datasets import Dataset
 
-    trained = train.to_trl_format(Dataset.from_list([{"instruction": " Add 2 and 3. ", "output": "5"}]), {"format": "alpaca"}, "text")
+    trained = train.to_trl_format(
+        Dataset.from_list([{"instruction": " Add 2 and 3. ", "output": "5"}]), {"format": "alpaca"}, "text"
+    )
     assert wrap_plain("alpaca", "Add 2 and 3.") == trained[0]["prompt"]
 
 
@@ -69,7 +71,19 @@ def preset_job(preset: str) -> dict:
 
 
 def gpus(*free_gb) -> FakeNvml:
-    return FakeNvml([{"name": "NVIDIA H100 80GB HBM3", "total_mb": 81559, "used_mb": 81559 - gb * 1024, "util": 0, "temp": 40, "power_w": 70} for gb in free_gb])
+    return FakeNvml(
+        [
+            {
+                "name": "NVIDIA H100 80GB HBM3",
+                "total_mb": 81559,
+                "used_mb": 81559 - gb * 1024,
+                "util": 0,
+                "temp": 40,
+                "power_w": 70,
+            }
+            for gb in free_gb
+        ]
+    )
 
 
 def test_inference_estimates_are_in_the_right_range():
@@ -128,10 +142,16 @@ def test_serve_sh_quotes_every_value(tmp_path):
     script = tmp_path / "serve.sh"
     script.write_text(render_serve_sh(base_model=hostile, served_name="m;touch pwned3", dtype="bfloat16", lora_rank=12))
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "vllm").write_text('#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n')
+    (tmp_path / "bin" / "vllm").write_text(
+        "#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n"
+    )
     (tmp_path / "bin" / "vllm").chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
-    argv = json.loads(subprocess.run(["bash", str(script), "adapter"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout)
+    argv = json.loads(
+        subprocess.run(
+            ["bash", str(script), "adapter"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert argv[1] == hostile and argv[argv.index("--max-lora-rank") + 1] == "16"
     assert not list(tmp_path.glob("pwned*"))
     assert subprocess.run(["bash", str(script), "other"], env=env, capture_output=True, text=True).returncode == 2
@@ -168,7 +188,10 @@ def test_merge_refuses_a_used_output_folder_before_loading_anything(tmp_path):
     (used / "keep.txt").write_text("mine")
     result = tunedeck("merge", RUN_ID, "-o", used, "--runs-dir", tmp_path / "runs", timeout=60)
     assert result.returncode == 2
-    assert result.stderr == f"error: -o: {used} already exists and is not an empty folder; choose a new folder for the merged model\n"
+    assert (
+        result.stderr
+        == f"error: -o: {used} already exists and is not an empty folder; choose a new folder for the merged model\n"
+    )
     assert [p.name for p in used.iterdir()] == ["keep.txt"]
 
 
@@ -182,7 +205,11 @@ def test_a_run_that_saved_nothing_yet_says_when_it_will(tmp_path):
     folder = finished_run(tmp_path / "runs")
     (folder / "output" / "adapter_model.safetensors").unlink()
     result = tunedeck("eval", RUN_ID, "--runs-dir", tmp_path / "runs", timeout=60)
-    assert result.returncode == 2 and "has saved no adapter yet" in result.stderr and "training.save_steps = 30" in result.stderr
+    assert (
+        result.returncode == 2
+        and "has saved no adapter yet" in result.stderr
+        and "training.save_steps = 30" in result.stderr
+    )
 
 
 # ---------------------------------------------------------------- two answers side by side

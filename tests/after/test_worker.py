@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tunedeck.backend.prompting import GenerationSettings
-from tunedeck.backend.worker_client import ModelWorker, Worker, WorkerError, WorkerPool
+from tunedeck.backend.worker_client import Worker, WorkerError, WorkerPool
 from tunedeck.backend.worker_device import Placement
 
 from .helpers import gone
@@ -72,7 +72,7 @@ def test_worker_answers_errors_and_stays_up():
 
 
 PARENT = textwrap.dedent(
-    """
+    f"""
     import json, sys, time
     from tunedeck.backend.worker_client import ModelWorker, Worker
     from tunedeck.backend.worker_device import Placement
@@ -83,11 +83,10 @@ PARENT = textwrap.dedent(
         next(answer)
     else:
         worker = Worker(Placement("cpu", None, None, None))
-    heavy = [m for m in %r if m in sys.modules]
-    print(json.dumps({"worker": worker.pid, "heavy": heavy}), flush=True)
+    heavy = [m for m in {HEAVY!r} if m in sys.modules]
+    print(json.dumps({{"worker": worker.pid, "heavy": heavy}}), flush=True)
     time.sleep(600)
     """
-    % HEAVY
 )
 
 
@@ -123,7 +122,9 @@ def test_model_worker_streams_cancels_and_is_released(demo_run):
     try:
         events = []
         worker = pool.get(runs_dir, run_id, on_event=events.append)
-        assert worker.info["weights"] == "final" and worker.info["template"] == "plain" and worker.info["device"] == "cpu"
+        assert (
+            worker.info["weights"] == "final" and worker.info["template"] == "plain" and worker.info["device"] == "cpu"
+        )
         assert any(e.get("stage") == "loading the final adapter" for e in events)
         assert pool.get(runs_dir, run_id) is worker  # one worker per loaded model
         base = pool.get(runs_dir, run_id, base=True)
@@ -134,13 +135,21 @@ def test_model_worker_streams_cancels_and_is_released(demo_run):
         assert "".join(pieces).strip()[:1].isdigit()
         assert list(worker.generate(prompt, greedy)) == pieces  # greedy: the same answer again
         # A stop string ends the answer before it; what was streamed never shows it.
-        stopped = worker.generate("Q: Reverse the letters. a b c\nA:", GenerationSettings(max_new_tokens=12, stop=(" ",)))
+        stopped = worker.generate(
+            "Q: Reverse the letters. a b c\nA:", GenerationSettings(max_new_tokens=12, stop=(" ",))
+        )
         assert list(stopped) == []
 
         # The tokenizer's chat template, with an earlier turn: what a messages run would get.
-        chat = worker.generate("Add the numbers. 3 + 4", GenerationSettings(max_new_tokens=4), template="chat", history=[("hi", "hello")])
+        chat = worker.generate(
+            "Add the numbers. 3 + 4", GenerationSettings(max_new_tokens=4), template="chat", history=[("hi", "hello")]
+        )
         summary = drain(chat)
-        assert summary["template"] == "chat" and summary["new_tokens"] <= 4 and summary["stop_reason"] in ("end", "max_new_tokens")
+        assert (
+            summary["template"] == "chat"
+            and summary["new_tokens"] <= 4
+            and summary["stop_reason"] in ("end", "max_new_tokens")
+        )
 
         long_answer = worker.generate("Q:", GenerationSettings(max_new_tokens=4096, temperature=1.0))
         next(long_answer)
@@ -167,6 +176,8 @@ def test_client_side_imports_no_training_stack():
         "tunedeck.backend.cli.build_parser()\n"
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ})
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ}
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []

@@ -49,7 +49,7 @@ def main() -> None:
     out = (out_dir / f"rank{rank}.jsonl").open("w", encoding="utf-8")
     for name, case in CASES.items():
         os.environ["ACCELERATE_USE_FSDP"] = os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(bool(case.get("fsdp")))
-        ds_config = HfDeepSpeedConfig(ZERO3) if case.get("deepspeed") else None  # noqa: F841 (kept alive: a weak ref)
+        ds_config = HfDeepSpeedConfig(ZERO3) if case.get("deepspeed") else None
         params = list(load(path, case).parameters())
         report = {
             "case": name,

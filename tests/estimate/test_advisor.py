@@ -56,7 +56,9 @@ def test_sharding_shrinks_with_more_gpus_and_replication_does_not():
 def test_activations_grow_with_tokens_and_checkpointing_cuts_them():
     short = estimate(job(dataset__max_seq_length=1024)).breakdown["activations"]
     long = estimate(job(dataset__max_seq_length=4096)).breakdown["activations"]
-    batch = estimate(job(dataset__max_seq_length=1024, training__per_device_train_batch_size=4)).breakdown["activations"]
+    batch = estimate(job(dataset__max_seq_length=1024, training__per_device_train_batch_size=4)).breakdown[
+        "activations"
+    ]
     assert long == pytest.approx(4 * short, rel=0.05) and batch == pytest.approx(long, rel=0.05)
     stored = estimate(job(training__gradient_checkpointing=False)).breakdown["activations"]
     checkpointed = estimate(job(training__gradient_checkpointing=True)).breakdown["activations"]
@@ -65,13 +67,17 @@ def test_activations_grow_with_tokens_and_checkpointing_cuts_them():
 
 def test_eager_attention_keeps_the_score_matrix():
     sdpa = estimate(job(training__gradient_checkpointing=False)).breakdown["activations"]
-    eager = estimate(job(training__gradient_checkpointing=False, model__attn_implementation="eager")).breakdown["activations"]
+    eager = estimate(job(training__gradient_checkpointing=False, model__attn_implementation="eager")).breakdown[
+        "activations"
+    ]
     assert eager > 2 * sdpa
 
 
 def test_quantization_shrinks_the_frozen_base():
     lora = estimate(job(method="lora")).breakdown["weights"]
-    nf4 = estimate(job(method="qlora", quantization__bits=4, quantization__bnb_4bit_use_double_quant=False)).breakdown["weights"]
+    nf4 = estimate(job(method="qlora", quantization__bits=4, quantization__bnb_4bit_use_double_quant=False)).breakdown[
+        "weights"
+    ]
     nf4_dq = estimate(job(method="qlora", quantization__bits=4)).breakdown["weights"]
     int8 = estimate(job(method="lora", quantization__bits=8)).breakdown["weights"]
     assert nf4_dq < nf4 < int8 < lora
@@ -87,7 +93,9 @@ def test_lora_trains_far_fewer_parameters_than_full_fine_tuning():
 
 def test_offload_trades_gpu_memory_for_host_memory():
     on_gpu = estimate(job(method="full", strategy__kind="zero2", launch__num_processes=4))
-    offloaded = estimate(job(method="full", strategy__kind="zero2", strategy__offload_optimizer="cpu", launch__num_processes=4))
+    offloaded = estimate(
+        job(method="full", strategy__kind="zero2", strategy__offload_optimizer="cpu", launch__num_processes=4)
+    )
     assert offloaded.per_gpu_gb < on_gpu.per_gpu_gb and offloaded.cpu_gb > 0 == on_gpu.cpu_gb
 
 
@@ -119,7 +127,9 @@ def test_full_7b_fine_tuning_prefers_zero2():
 
 
 def test_full_70b_needs_its_weights_sharded_then_offloaded():
-    spec = job(method="full", model__name_or_path="meta-llama/Llama-2-70b-hf", launch__num_processes=8, strategy__kind="zero2")
+    spec = job(
+        method="full", model__name_or_path="meta-llama/Llama-2-70b-hf", launch__num_processes=8, strategy__kind="zero2"
+    )
     assert advise(spec, 80).recommendation.changes["strategy.kind"] in ("zero3", "fsdp")
     small = advise(spec, 24).recommendation
     assert small.changes.get("strategy.offload_optimizer") == "cpu" or small.changes.get("method") == "qlora"
@@ -158,10 +168,12 @@ def test_reason_is_one_sentence_with_numbers():
     for preset in PRESETS.values():
         for gpu in (16, 24, 80):
             reason = advise(preset.build(), gpu).recommendation.reason
-            assert reason.endswith(".") and reason.count(". ") == 0 and "GB" in reason or "MB" in reason
+            assert (reason.endswith(".") and reason.count(". ") == 0 and "GB" in reason) or "MB" in reason
 
 
-@pytest.mark.parametrize("text,expected", [("80", 80.0), ("24GB", 24.0), ("A100-80GB", 80.0), ("rtx 4090", 24.0), (40, 40.0)])
+@pytest.mark.parametrize(
+    "text,expected", [("80", 80.0), ("24GB", 24.0), ("A100-80GB", 80.0), ("rtx 4090", 24.0), (40, 40.0)]
+)
 def test_gpu_memory_accepts_sizes_and_names(text, expected):
     assert gpu_memory_gb(text) == expected
 

@@ -10,7 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    Phi3Config,
+    Qwen2Config,
+)
 
 from tunedeck.backend import catalog
 
@@ -108,7 +116,9 @@ def test_meta_device_model_has_the_catalog_counts(name):
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     assert largest == arch.largest_layer_params
     # What bitsandbytes would quantize: the nn.Linear weights of the decoder layers.
-    linear = sum(m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n)
+    linear = sum(
+        m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n
+    )
     assert linear == arch.linear_params
 
 
@@ -118,7 +128,9 @@ def test_lora_trainable_count_matches_peft_on_meta(name, r, targets):
     arch = catalog.lookup(name)
     if arch.model_type == "phi3" and targets != "all-linear":
         targets = ["qkv_proj", "o_proj"]  # Phi-3 fuses q, k and v
-    peft_model = get_peft_model(meta_model(arch), LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets), low_cpu_mem_usage=True)
+    peft_model = get_peft_model(
+        meta_model(arch), LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets), low_cpu_mem_usage=True
+    )
     assert trainable(peft_model) == arch.lora_trainable(r, targets)
 
 
@@ -165,7 +177,9 @@ def test_target_modules_rule_agrees_with_peft(name, targets):
     spec = resolve_spec("7b-lora-ddp", [f"model.name_or_path={name}", f"lora.target_modules={','.join(targets)}"])
     refused_by_validate = any(p.field == "lora.target_modules" and p.level == "error" for p in validate(spec))
     try:
-        get_peft_model(meta_model(catalog.lookup(name)), LoraConfig(r=8, target_modules=targets), low_cpu_mem_usage=True)
+        get_peft_model(
+            meta_model(catalog.lookup(name)), LoraConfig(r=8, target_modules=targets), low_cpu_mem_usage=True
+        )
         refused_by_peft = False
     except NoMatchingPeftModuleError:
         refused_by_peft = True

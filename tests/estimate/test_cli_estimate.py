@@ -16,7 +16,9 @@ TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([TUNEDECK, "estimate", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    return subprocess.run(
+        [TUNEDECK, "estimate", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120
+    )
 
 
 def estimate_json(*args: str) -> dict:
@@ -51,7 +53,9 @@ def test_the_cli_prints_the_one_advice_the_panel_shows():
 
     data = estimate_json("13b-lora-fsdp", "--gpu-mem", "24", "--cpu-mem", "256")
     advice = compute_advice(resolve_spec("13b-lora-fsdp"), "24", cpu_mem_gb=256)
-    assert {k: v for k, v in data.items() if k not in ("model", "gpu_mem_source")} == json.loads(json.dumps(advice.to_dict()))
+    assert {k: v for k, v in data.items() if k not in ("model", "gpu_mem_source")} == json.loads(
+        json.dumps(advice.to_dict())
+    )
     _, rows = estimate_table(advice)
     assert [row[0].split(" (")[0] for row in rows] == [s["strategy"] for s in data["strategies"]]
 
@@ -62,7 +66,9 @@ def test_set_overrides_and_gpu_names_change_the_answer():
     small = estimate_json("13b-lora-fsdp", "--gpu-mem", "RTX 4090", "--cpu-mem", "512")
     assert big["gpu_mem_gb"] == 80 and small["gpu_mem_gb"] == 24
     assert big["recommended"]["strategy"] == "DDP" and small["recommended"]["strategy"] != "DDP"
-    longer = estimate_json("13b-lora-fsdp", "--gpu-mem", "80", "--cpu-mem", "512", "--set", "dataset.max_seq_length=8192")
+    longer = estimate_json(
+        "13b-lora-fsdp", "--gpu-mem", "80", "--cpu-mem", "512", "--set", "dataset.max_seq_length=8192"
+    )
     assert longer["current"]["breakdown"]["activations"] > 3 * big["current"]["breakdown"]["activations"]
 
 
@@ -117,8 +123,14 @@ def test_bad_input_names_the_field_and_exits_nonzero(args, field):
 def test_demo_preset_on_a_fresh_machine_builds_the_demo_first(tmp_path):
     # A newcomer's first command may be this one: the demo's architecture comes from its built config.json.
     env = {**os.environ, "TUNEDECK_HOME": str(tmp_path)}
-    out = subprocess.run([TUNEDECK, "estimate", "demo", "--gpu-mem", "16", "--json"], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, timeout=300, env=env)
+    out = subprocess.run(
+        [TUNEDECK, "estimate", "demo", "--gpu-mem", "16", "--json"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["model"] == str(tmp_path / "demo" / "model")

@@ -87,7 +87,10 @@ def test_recommendation_says_the_load_limits_70b_qlora_on_24_gb(preset):
 
 
 def test_nothing_fits_is_said_plainly():
-    spec = set_paths(PRESETS["7b-full-zero2"].build(), {"model.name_or_path": "meta-llama/Llama-2-70b-hf", "dataset.max_seq_length": 65536})
+    spec = set_paths(
+        PRESETS["7b-full-zero2"].build(),
+        {"model.name_or_path": "meta-llama/Llama-2-70b-hf", "dataset.max_seq_length": 65536},
+    )
     text = markdown(spec, 16, cpu_mem_gb=64)
     assert "**Nothing fits.**" in text and "dataset.max_seq_length" in text
 

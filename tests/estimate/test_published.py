@@ -21,7 +21,21 @@ sys.modules["estimate_accuracy"] = accuracy  # dataclasses look their module up 
 _spec.loader.exec_module(accuracy)
 
 ROWS = accuracy.load_rows()
-REQUIRED = ("id", "model", "method", "strategy", "gpus", "micro_batch", "seq_len", "measured", "unit", "measure", "loss", "source", "quote")
+REQUIRED = (
+    "id",
+    "model",
+    "method",
+    "strategy",
+    "gpus",
+    "micro_batch",
+    "seq_len",
+    "measured",
+    "unit",
+    "measure",
+    "loss",
+    "source",
+    "quote",
+)
 
 
 def test_the_table_holds_at_least_twelve_distinct_sourced_runs():

@@ -112,9 +112,17 @@ def test_every_numeric_field_has_bounds(path):
 
 
 def test_numeric_fields_are_all_covered():
-    assert {"training.max_steps", "training.logging_steps", "training.save_steps", "training.eval_steps",
-            "training.warmup_steps", "training.num_train_epochs", "launch.machine_rank",
-            "strategy.reduce_bucket_size", "strategy.allgather_bucket_size"} <= set(NUMERIC)
+    assert {
+        "training.max_steps",
+        "training.logging_steps",
+        "training.save_steps",
+        "training.eval_steps",
+        "training.warmup_steps",
+        "training.num_train_epochs",
+        "launch.machine_rank",
+        "strategy.reduce_bucket_size",
+        "strategy.allgather_bucket_size",
+    } <= set(NUMERIC)
     assert set(NUMERIC) <= set(FIELD_PATHS)
 
 
@@ -138,6 +146,8 @@ def test_cpu_processes_are_checked_against_this_machine():
 
 
 def test_gpu_processes_are_not_held_to_this_machine():
-    spec = resolve_spec("7b-lora-ddp", ["launch.num_processes=64", "launch.num_machines=8", "launch.main_process_ip=10.0.0.1"])
+    spec = resolve_spec(
+        "7b-lora-ddp", ["launch.num_processes=64", "launch.num_machines=8", "launch.main_process_ip=10.0.0.1"]
+    )
     assert not [p for p in validate(spec) if p.field == "launch.num_processes"]
     assert FIELDS_BY_PATH["launch.num_processes"].kind == "int"

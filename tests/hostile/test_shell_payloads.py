@@ -90,7 +90,9 @@ def test_control_characters_are_refused_in_every_text_field(tmp_path, kind):
 
 def test_a_raw_line_break_in_set_is_refused_not_folded(tmp_path):
     # YAML would fold "x\ntouch ..." into "x touch ...": the value must be refused, not changed.
-    code, _, err = cli("export", "demo", "--set", f"model.name_or_path=x\ntouch {tmp_path}/PWNED #", "-o", str(tmp_path / "o"))
+    code, _, err = cli(
+        "export", "demo", "--set", f"model.name_or_path=x\ntouch {tmp_path}/PWNED #", "-o", str(tmp_path / "o")
+    )
     assert code == 2 and error_fields(err) == ["model.name_or_path"] and "U+000A (line feed)" in err
     assert not (tmp_path / "o").exists()
 

@@ -58,7 +58,7 @@ FILES = sorted(path.name for path in FOLDER.glob("*.yaml"))
 
 
 def test_every_file_has_an_expectation_and_passes_the_upload_size_limit():
-    assert FILES == sorted(EXPECTED)
+    assert sorted(EXPECTED) == FILES
     assert all((FOLDER / name).stat().st_size <= UPLOAD_LIMIT_BYTES for name in FILES)
     assert (FOLDER / "deep-mapping-100kb.yaml").stat().st_size >= 100_000
 

@@ -184,7 +184,9 @@ def open_tab(page, tabs_id: str, name: str) -> None:
         tab.first.click()
     else:
         page.locator(f"#{tabs_id} .overflow-menu > button").first.click()
-        page.locator(f"#{tabs_id} .overflow-dropdown button", has_text=re.compile(rf"^{re.escape(name)}$")).first.click()
+        page.locator(
+            f"#{tabs_id} .overflow-dropdown button", has_text=re.compile(rf"^{re.escape(name)}$")
+        ).first.click()
 
 
 def show_file(page, name: str) -> None:

@@ -21,7 +21,7 @@ class FakeNvml:
         self.power_supported = power_supported
         self.initialised = False
         for name in dir(self):
-            if name.startswith("nvml") or name.startswith("NVML"):
+            if name.startswith(("nvml", "NVML")):
                 assert hasattr(pynvml, name), f"pynvml has no {name}: the fake would hide a typo"
 
     def nvmlInit(self):
@@ -41,7 +41,9 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle):
         g = self.gpus[handle]
-        return SimpleNamespace(total=g["total_mb"] * 2**20, used=g["used_mb"] * 2**20, free=(g["total_mb"] - g["used_mb"]) * 2**20)
+        return SimpleNamespace(
+            total=g["total_mb"] * 2**20, used=g["used_mb"] * 2**20, free=(g["total_mb"] - g["used_mb"]) * 2**20
+        )
 
     def nvmlDeviceGetUtilizationRates(self, handle):
         return SimpleNamespace(gpu=self.gpus[handle]["util"], memory=0)
@@ -67,7 +69,15 @@ class FakeNvml:
 def two_h100s(pid: int) -> FakeNvml:
     return FakeNvml(
         [
-            {"name": "NVIDIA H100 80GB HBM3", "total_mb": 81559, "used_mb": 40000, "util": 97, "temp": 64, "power_w": 512, "procs": [(pid, 39000)]},
+            {
+                "name": "NVIDIA H100 80GB HBM3",
+                "total_mb": 81559,
+                "used_mb": 40000,
+                "util": 97,
+                "temp": 64,
+                "power_w": 512,
+                "procs": [(pid, 39000)],
+            },
             {"name": "NVIDIA H100 80GB HBM3", "total_mb": 81559, "used_mb": 500, "util": 0, "temp": 35, "power_w": 70},
         ]
     )

@@ -16,6 +16,7 @@ import time
 import zipfile
 
 import pytest
+
 from panel.browser import EVENTS_TAP_JS, PanelServer, code_text, field, settle, text_of, wait_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(1200)]  # 10 panels, each starts a run
@@ -45,7 +46,10 @@ def what_the_page_shows(page, tmp_path) -> dict:
         zipped = {name: archive.read(name).decode() for name in archive.namelist()}
     return {
         "model": field(page, "model.name_or_path").input_value(),
-        "file view": (page.locator("#file-view label, #file-view [data-testid=block-info]").first.inner_text(), code_text(page)),
+        "file view": (
+            page.locator("#file-view label, #file-view [data-testid=block-info]").first.inner_text(),
+            code_text(page),
+        ),
         "batch": " ".join(text_of(page, "#global-batch").split()),
         "issues": text_of(page, "#job-issues"),
         "zip": zipped,
@@ -106,7 +110,10 @@ def test_preset_clicked_during_first_load_is_what_the_page_shows_and_what_start_
                 manager = RunManager(server.runs_dir)
                 manager.stop(run_id, grace_s=5)  # only its job.yaml matters here; stop before it trains
                 started.append((manager, run_id))
-                print(f"round {round_}: boot wait {t1-t0:.1f}s, load+settle {t2-t1:.1f}s, zip {t3-t2:.1f}s, start {time.monotonic()-t3:.1f}s", flush=True)
+                print(
+                    f"round {round_}: boot wait {t1 - t0:.1f}s, load+settle {t2 - t1:.1f}s, zip {t3 - t2:.1f}s, start {time.monotonic() - t3:.1f}s",
+                    flush=True,
+                )
                 run_dir = server.runs_dir / run_id
                 ran = {name: (run_dir / name).read_text() for name in want["files"] if (run_dir / name).is_file()}
                 if problems := mismatches(shown, want, ran):

@@ -6,7 +6,7 @@ import time
 import zipfile
 
 import pytest
-import yaml
+
 from panel.browser import (
     HeldEvent,
     PanelServer,
@@ -158,7 +158,9 @@ def test_downloaded_bundle_is_accepted_by_the_spine_checks(page, server, tmp_pat
     bundle = tmp_path / "bundle"
     with zipfile.ZipFile(zip_path) as archive:
         archive.extractall(bundle)
-    assert {"job.yaml", "accelerate_config.yaml", "training_args.yaml", "launch.sh"} <= {p.name for p in bundle.iterdir()}
+    assert {"job.yaml", "accelerate_config.yaml", "training_args.yaml", "launch.sh"} <= {
+        p.name for p in bundle.iterdir()
+    }
 
     from tunedeck.backend.bundle_check import check_bundle
 

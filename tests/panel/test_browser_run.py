@@ -6,6 +6,8 @@ import json
 import re
 
 import pytest
+from runs.helpers import processes_working_in, run_processes, still_alive, wait_for
+
 from panel.browser import (
     HeldEvent,
     PanelServer,
@@ -18,7 +20,6 @@ from panel.browser import (
     text_of,
     wait_text,
 )
-from runs.helpers import processes_working_in, run_processes, still_alive, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(600)]  # real demo runs
 
@@ -89,7 +90,9 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
     page.click("#stop-run")
     wait_text(page, "#run-state", "stopped", timeout=120_000)
     assert json.loads((run_dir / "status.json").read_text())["state"] == "stopped"
-    wait_for(lambda: not still_alive(processes) and not processes_working_in(run_dir), 20, what="the run's processes to exit")
+    wait_for(
+        lambda: not still_alive(processes) and not processes_working_in(run_dir), 20, what="the run's processes to exit"
+    )
     assert page.locator("#stop-run").is_disabled()
 
 
@@ -141,7 +144,11 @@ def test_past_runs_reopen_and_overlay_two_loss_curves(page, server):
 
     page.locator("#overlay-select input").click()
     page.locator(f'#overlay-select li[role=option]:has-text("{newer}")').click()
-    traces = wait_for(lambda: any(newer in name for name in plot_points(page, "loss-chart")) and plot_points(page, "loss-chart"), 30, what="the overlaid curve")
+    traces = wait_for(
+        lambda: any(newer in name for name in plot_points(page, "loss-chart")) and plot_points(page, "loss-chart"),
+        30,
+        what="the overlaid curve",
+    )
     assert traces["this run loss"] > 0 and traces[f"{newer} loss"] > 0
 
 
@@ -168,20 +175,20 @@ def test_a_failing_run_shows_its_error_lines(page, server):
 
 def test_a_refused_start_says_why_and_launches_nothing(page, server):
     load(page, server)
-    before = set(p.name for p in server.runs_dir.iterdir())
+    before = {p.name for p in server.runs_dir.iterdir()}
     page.click("#preset-7b-lora-ddp")  # 4 GPUs: this machine has none
     wait_text(page, "#notice", "7B LoRA DDP")
     page.click("#start-run")
     wait_text(page, "#notice", "no NVIDIA GPU found", timeout=30_000)
     assert "launch.use_cpu" in page.inner_text("#notice")
-    assert set(p.name for p in server.runs_dir.iterdir()) == before
+    assert {p.name for p in server.runs_dir.iterdir()} == before
 
 
 def test_start_refuses_while_the_files_shown_are_not_the_forms(page, server):
     from tunedeck.backend.runs import RunManager
 
     load(page, server)
-    before = set(p.name for p in server.runs_dir.iterdir())
+    before = {p.name for p in server.runs_dir.iterdir()}
     open_tab(page, "form-sections", "Training")
     edit = HeldEvent(page, event_index(server.url, "input", "field-training-max-steps"))
     field(page, "training.max_steps").fill("3")  # its files are still on their way
@@ -189,7 +196,7 @@ def test_start_refuses_while_the_files_shown_are_not_the_forms(page, server):
     page.click("#start-run")
     wait_text(page, "#notice", "Not started", timeout=30_000)
     assert "press Start again" in page.inner_text("#notice")
-    assert set(p.name for p in server.runs_dir.iterdir()) == before
+    assert {p.name for p in server.runs_dir.iterdir()} == before
     assert field(page, "training.max_steps").input_value() == "3"  # nothing lost
 
     edit.release()

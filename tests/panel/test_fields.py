@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from tunedeck.backend.fields import FIELDS_BY_PATH, FORM_FIELDS, applies, section_titles, spec_from_values, values_from_form, values_from_spec
-from tunedeck.backend.spec import FIELD_PATHS, JobSpec, SpecError, load_presets, set_paths
-
 import pytest
+
+from tunedeck.backend.fields import (
+    FIELDS_BY_PATH,
+    FORM_FIELDS,
+    applies,
+    section_titles,
+    spec_from_values,
+    values_from_form,
+    values_from_spec,
+)
+from tunedeck.backend.spec import FIELD_PATHS, JobSpec, SpecError, load_presets, set_paths
 
 
 def visible(spec: JobSpec) -> set[str]:

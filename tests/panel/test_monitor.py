@@ -7,8 +7,8 @@ import time
 
 import pynvml
 
-from tunedeck.backend.monitor import Monitor
 from panel.fake_nvml import FakeNvml, two_h100s
+from tunedeck.backend.monitor import Monitor
 
 
 def test_without_a_gpu_the_monitor_says_so_and_still_samples_cpu_and_ram():
@@ -34,7 +34,10 @@ def test_reads_each_gpu_and_the_processes_holding_memory():
 
 
 def test_unsupported_readings_become_blanks_not_failures():
-    fake = FakeNvml([{"name": "Tesla T4", "total_mb": 15360, "used_mb": 0, "util": 0, "temp": 40, "power_w": 0}], power_supported=False)
+    fake = FakeNvml(
+        [{"name": "Tesla T4", "total_mb": 15360, "used_mb": 0, "util": 0, "temp": 40, "power_w": 0}],
+        power_supported=False,
+    )
     (gpu,) = Monitor(nvml=fake).sample_once().gpus
     assert gpu.power_w is None and gpu.power_limit_w is None and gpu.temperature_c == 40
 

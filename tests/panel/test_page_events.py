@@ -100,7 +100,15 @@ def test_the_gpu_tab_redraws_only_for_a_new_sample_and_only_in_view():
 
 def test_components_have_stable_ids(blocks):
     ui = blocks.tunedeck_ui
-    for component_id in ("job.lora.r", "job.strategy.kind", "job.start", "estimate.apply", "run.stop", "run.log", "page.notice"):
+    for component_id in (
+        "job.lora.r",
+        "job.strategy.kind",
+        "job.start",
+        "estimate.apply",
+        "run.stop",
+        "run.log",
+        "page.notice",
+    ):
         assert component_id in ui
     assert ui.id_of(ui["run.stop"]) == "run.stop"
     with pytest.raises(KeyError, match="run.stop"):
@@ -122,7 +130,9 @@ def test_a_new_tab_is_one_section(tmp_path):
             self.text = page.ui.add("clock.text", gr.Markdown())
 
         def wire(self, page):
-            page.on_tick(lambda got, in_view: {self.text: "tick"} if in_view == self.id else {}, inputs=[], outputs=[self.text])
+            page.on_tick(
+                lambda got, in_view: {self.text: "tick"} if in_view == self.id else {}, inputs=[], outputs=[self.text]
+            )
 
     class Home(Clock):
         id, title = "home", "Home"

@@ -19,8 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from panel.browser import PanelServer, wait_text
 
+from panel.browser import PanelServer, wait_text
 from tunedeck.app.auth_gate import FAILURE_DELAY_S, OVERALL, PER_CLIENT
 
 
@@ -84,7 +84,15 @@ def test_nothing_of_the_app_reaches_a_client_before_sign_in(panels, tmp_path):
     own_file = work_dir(server) / "gradio" / "probe" / "bundle.zip"  # a file the panel itself serves
     own_file.parent.mkdir(parents=True)
     own_file.write_bytes(b"PK tunedeck bundle")
-    secrets = [b"gradio_api_info", b"gradio_config", b"name_or_path", str(panels.demo).encode(), b"field-model", b"Llama", b"bundle"]
+    secrets = [
+        b"gradio_api_info",
+        b"gradio_config",
+        b"name_or_path",
+        str(panels.demo).encode(),
+        b"field-model",
+        b"Llama",
+        b"bundle",
+    ]
 
     routes = gradio_routes(tmp_path / "runs")
     assert len(routes) > 80 and ("GET", "/gradio_api/heartbeat/{session_hash}") in routes
@@ -98,7 +106,7 @@ def test_nothing_of_the_app_reaches_a_client_before_sign_in(panels, tmp_path):
         probed.append((method, path, status))
         assert not any(secret in body for secret in secrets), (method, path, body[:300])
         if (method, path) in (("GET", "/"), ("HEAD", "/")):
-            assert status == 200 and (method == "HEAD" or b"id=\"sign-in\"" in body)
+            assert status == 200 and (method == "HEAD" or b'id="sign-in"' in body)
             assert len(body) < 5000
         elif path == "/gradio_api/startup-events":
             assert status == 200 and body in (b"true", b"false")  # Gradio's launch() calls it before anyone signs in
@@ -115,7 +123,9 @@ def test_nothing_of_the_app_reaches_a_client_before_sign_in(panels, tmp_path):
 
 def test_a_panel_serves_no_file_that_another_panel_or_the_machine_wide_cache_holds(panels):
     opener = sign_in(panels.main, "ann", "s3cret")
-    machine_wide = panels.temp / "gradio" / "probe" / "left-by-another-app.txt"  # Gradio's default cache: $TMPDIR/gradio
+    machine_wide = (
+        panels.temp / "gradio" / "probe" / "left-by-another-app.txt"
+    )  # Gradio's default cache: $TMPDIR/gradio
     other_panels = work_dir(panels.other) / "gradio" / "probe" / "other-panel.txt"
     for path in (machine_wide, other_panels):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +161,9 @@ def post_login(server, user: str, password: str, source: str) -> SimpleNamespace
         connection.request("POST", "/login", body, {"Content-Type": "application/x-www-form-urlencoded"})
         response = connection.getresponse()
         return SimpleNamespace(
-            status=response.status, body=response.read().decode(), retry=response.getheader("Retry-After"),
+            status=response.status,
+            body=response.read().decode(),
+            retry=response.getheader("Retry-After"),
             seconds=time.monotonic() - started,
         )
     finally:
@@ -174,7 +186,9 @@ def test_failed_sign_ins_are_slowed_and_limited_per_client_and_overall(panels):
         thread.join()
     checked = [a for a in answers if a.status == 400]
     refused = [a for a in answers if a.status == 429]
-    print(f"one address, 3 s: {len(answers)} wrong passwords sent, {len(checked)} checked, {len(refused)} refused unchecked")
+    print(
+        f"one address, 3 s: {len(answers)} wrong passwords sent, {len(checked)} checked, {len(refused)} refused unchecked"
+    )
     assert len(checked) == PER_CLIENT and len(refused) == len(answers) - PER_CLIENT
     assert min(a.seconds for a in checked) >= FAILURE_DELAY_S * 0.95  # every failure is answered late
     assert "try again in" in refused[0].body and int(refused[0].retry) > 0
@@ -184,7 +198,10 @@ def test_failed_sign_ins_are_slowed_and_limited_per_client_and_overall(panels):
 
     # A swarm of addresses, one guess each: OVERALL failures a window in all, then everyone waits.
     swarm: list[SimpleNamespace] = []
-    threads = [threading.Thread(target=lambda n=n: swarm.append(post_login(server, "bob", "x", f"127.0.1.{n}"))) for n in range(1, 31)]
+    threads = [
+        threading.Thread(target=lambda n=n: swarm.append(post_login(server, "bob", "x", f"127.0.1.{n}")))
+        for n in range(1, 31)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

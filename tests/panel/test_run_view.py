@@ -22,13 +22,27 @@ def finished_run(runs_dir):
     run_dir = runs_dir / RUN_ID
     (run_dir / "logs").mkdir(parents=True)
     now = time.time()
-    write_status(run_dir, {"run_id": RUN_ID, "state": "finished", "title": "demo/model · lora · ddp · 2xCPU",
-                           "created_at": now - 60, "started_at": now - 50, "ended_at": now - 10, "exit_code": 0, "error": None})
+    write_status(
+        run_dir,
+        {
+            "run_id": RUN_ID,
+            "state": "finished",
+            "title": "demo/model · lora · ddp · 2xCPU",
+            "created_at": now - 60,
+            "started_at": now - 50,
+            "ended_at": now - 10,
+            "exit_code": 0,
+            "error": None,
+        },
+    )
     (run_dir / "job.yaml").write_text("method: lora\n")
     with open(run_dir / "metrics.jsonl", "w") as f:
         f.write(json.dumps({"event": "start", "world_size": 2, "distributed_type": "MULTI_GPU", "max_steps": 3}) + "\n")
         for step in (1, 2, 3):
-            f.write(json.dumps({"event": "log", "step": step, "max_steps": 3, "loss": 3.0 / step, "time": now - 40 + step}) + "\n")
+            f.write(
+                json.dumps({"event": "log", "step": step, "max_steps": 3, "loss": 3.0 / step, "time": now - 40 + step})
+                + "\n"
+            )
     (run_dir / "logs" / "rank0.log").write_text("training...\n")
     return run_dir
 
@@ -43,7 +57,10 @@ class Drawn:
 
     def render(self, shown: RunShown, log_scale: bool = False) -> dict:
         out = self.view.render(shown, 0.6, log_scale, None)
-        return {**{k.removeprefix("run."): v for k, v in self.ui.by_id(out).items()}, "shown": out.get(self.view.shown, shown)}
+        return {
+            **{k.removeprefix("run."): v for k, v in self.ui.by_id(out).items()},
+            "shown": out.get(self.view.shown, shown),
+        }
 
 
 @pytest.fixture
@@ -82,9 +99,20 @@ def test_the_runs_table_never_shows_a_live_runs_clock_frozen(run, tmp_path):
     live = "20250101-130000-d4e5f6"
     (tmp_path / live).mkdir()
     now = time.time()
-    write_status(tmp_path / live, {"run_id": live, "state": "running", "title": "t", "created_at": now - 3600,
-                                   "started_at": now - 3600, "ended_at": None, "exit_code": None, "error": None,
-                                   "supervisor": process_identity(os.getpid())})  # alive: this test process
+    write_status(
+        tmp_path / live,
+        {
+            "run_id": live,
+            "state": "running",
+            "title": "t",
+            "created_at": now - 3600,
+            "started_at": now - 3600,
+            "ended_at": None,
+            "exit_code": None,
+            "error": None,
+            "supervisor": process_identity(os.getpid()),
+        },
+    )  # alive: this test process
     rows = {row[0]: row for row in run.render(RunShown())["table"]}
     assert rows[live][1] == "running" and rows[live][4] == ""
     assert rows[RUN_ID][4] == "0:40"  # an ended run: its real duration
@@ -92,7 +120,11 @@ def test_the_runs_table_never_shows_a_live_runs_clock_frozen(run, tmp_path):
 
 def test_damaged_run_folders_are_one_row_each_and_break_nothing(run, tmp_path):
     # Newer than the good run: a reader that fails at the first bad folder never shows the good one.
-    damaged = {"20250102-120000-00000a": "[1, 2]", "20250102-120000-00000b": '{"state": 5}', "20250102-120000-00000c": None}
+    damaged = {
+        "20250102-120000-00000a": "[1, 2]",
+        "20250102-120000-00000b": '{"state": 5}',
+        "20250102-120000-00000c": None,
+    }
     for run_id, text in damaged.items():
         (tmp_path / run_id).mkdir()
         if text is not None:
@@ -103,7 +135,7 @@ def test_damaged_run_folders_are_one_row_each_and_break_nothing(run, tmp_path):
     out = run.render(RunShown())
     assert out["shown"].run == RUN_ID and "finished" in out["status"]  # follows the newest run that can be shown
     assert "step 3/3" in out["progress"] and len(out["loss_chart"].data[0].x) == 3
-    assert {row[0]: row[1] for row in out["table"]} == {RUN_ID: "finished", **{run_id: "damaged" for run_id in damaged}}
+    assert {row[0]: row[1] for row in out["table"]} == {RUN_ID: "finished", **dict.fromkeys(damaged, "damaged")}
 
     picked = run.render(RunShown(run="20250102-120000-00000a", follow=False))
     assert "⚠ damaged" in picked["status"]

@@ -48,8 +48,15 @@ def test_launcher_log_shown_until_rank0_writes(tmp_path, monkeypatch):
 
 
 def test_facts_line_says_what_the_run_got():
-    start = {"world_size": 2, "distributed_type": "DEEPSPEED", "zero_stage": 3, "trainable_params": 40_000_000,
-             "total_params": 10_000_000_000, "method": "qlora", "model_class": "DeepSpeedEngine"}
+    start = {
+        "world_size": 2,
+        "distributed_type": "DEEPSPEED",
+        "zero_stage": 3,
+        "trainable_params": 40_000_000,
+        "total_params": 10_000_000_000,
+        "method": "qlora",
+        "model_class": "DeepSpeedEngine",
+    }
     assert facts_line(start) == (
         "2 ranks · DeepSpeed ZeRO-3 · 0.4% of parameters trainable (40,000,000 of 10,000,000,000) · qlora · DeepSpeedEngine"
     )
@@ -77,7 +84,10 @@ def test_long_runs_are_downsampled_keeping_the_last_point():
     xs = list(range(100_000))
     x, y = downsample(xs, [v * 2 for v in xs])
     assert len(x) <= MAX_POINTS and x[0] == 0 and x[-1] == 99_999 and y[-1] == 199_998
-    records = [{"step": i, "loss": 1 / (i + 1), "learning_rate": 1e-4, "grad_norm": 1.0, "tokens_per_second": 5e3} for i in range(50_000)]
+    records = [
+        {"step": i, "loss": 1 / (i + 1), "learning_rate": 1e-4, "grad_norm": 1.0, "tokens_per_second": 5e3}
+        for i in range(50_000)
+    ]
     fig = loss_figure([("this run", records)], smoothing=0.9, log_scale=True)
     assert all(len(trace.x) <= MAX_POINTS for trace in fig.data)
     assert fig.layout.yaxis.type == "log"

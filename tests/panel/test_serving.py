@@ -39,7 +39,9 @@ def test_credentials_from_flag_and_file(tmp_path):
 def test_cli_refuses_public_bind_without_auth():
     proc = subprocess.run(
         [sys.executable, "-m", "tunedeck", "ui", "--host", "0.0.0.0", "--port", "7999"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "refusing to serve on 0.0.0.0 without a password" in proc.stderr
@@ -49,7 +51,9 @@ def test_cli_refuses_public_bind_without_auth():
 def test_cli_rejects_unknown_preset():
     proc = subprocess.run(
         [sys.executable, "-m", "tunedeck", "ui", "--preset", "nope", "--port", "7999"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "unknown preset 'nope'" in proc.stderr
 

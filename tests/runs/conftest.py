@@ -16,7 +16,9 @@ def small_disk(tmp_path):
     def make(size: str) -> Path:
         folder = tmp_path / f"disk{len(mounts)}"
         folder.mkdir()
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+        )
         if result.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
         mounts.append(folder)

@@ -138,5 +138,8 @@ def fake_run(runs_dir: Path, run_id: str, state: str, holder: subprocess.Popen |
 def tunedeck(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """The `tunedeck` command of this environment, as a user runs it."""
     return subprocess.run(
-        [str(Path(sys.executable).parent / "tunedeck"), *map(str, args)], capture_output=True, text=True, timeout=timeout
+        [str(Path(sys.executable).parent / "tunedeck"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )

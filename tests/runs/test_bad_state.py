@@ -33,7 +33,9 @@ def good_run(runs_dir, run_id: str = GOOD):
     status.update(ended_at=time.time() - 10, exit_code=0, title="demo/model · lora · ddp · 2xCPU")
     (folder / "status.json").write_text(json.dumps(status))
     records = [{"event": "start", "world_size": 2, "distributed_type": "MULTI_CPU", "max_steps": 3}]
-    records += [{"event": "log", "step": s, "max_steps": 3, "loss": 3.0 / s, "time": time.time() - 40 + s} for s in (1, 2, 3)]
+    records += [
+        {"event": "log", "step": s, "max_steps": 3, "loss": 3.0 / s, "time": time.time() - 40 + s} for s in (1, 2, 3)
+    ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return folder
 
@@ -64,7 +66,9 @@ def test_damaged_status_files_are_one_damaged_run_each_and_break_nothing(runs_di
     assert all("damaged" in lines[run_id] for run_id in DAMAGED)
 
     show = tunedeck("runs", "show", "20250102-120000-00000a", "--runs-dir", runs_dir)
-    assert show.returncode == 0 and "state    damaged" in show.stdout and "holds a JSON list" in show.stdout, show.stderr
+    assert show.returncode == 0 and "state    damaged" in show.stdout and "holds a JSON list" in show.stdout, (
+        show.stderr
+    )
     stop = tunedeck("runs", "stop", "20250102-120000-00000a", "--runs-dir", runs_dir)
     assert stop.returncode == 0 and "is not running (damaged)" in stop.stdout, stop.stderr
 
@@ -120,5 +124,7 @@ def test_the_panel_refuses_a_runs_dir_that_is_a_file(tmp_path):
     a_file.write_text("")
     for runs_dir, says in ((a_file, "is a file, not a folder"), (a_file / "sub", "cannot be created")):
         result = tunedeck("ui", "--runs-dir", runs_dir, "--port", "7999", timeout=60)
-        assert result.returncode == 2 and f"tunedeck ui: --runs-dir: {runs_dir}" in result.stderr and says in result.stderr
+        assert (
+            result.returncode == 2 and f"tunedeck ui: --runs-dir: {runs_dir}" in result.stderr and says in result.stderr
+        )
         assert "Traceback" not in result.stderr

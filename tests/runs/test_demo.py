@@ -44,7 +44,7 @@ def test_demo_contents(demo_home):
     assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
     assert config["vocab_size"] == build["vocab_size"]
     assert (demo_home / "model" / "chat_template.jinja").read_text().count("generation") >= 2
-    train = [json.loads(l) for l in (demo_home / "data" / "train.jsonl").read_text().splitlines()]
+    train = [json.loads(line) for line in (demo_home / "data" / "train.jsonl").read_text().splitlines()]
     assert len(train) >= 1000 and set(train[0]) == {"prompt", "completion"}
     expected_columns = {
         "text": {"text"},
@@ -66,7 +66,9 @@ def test_tokenizer_and_chat_template(demo_home):
     assert ids[0] == tokenizer.bos_token_id
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
     # Digits are single tokens: the arithmetic stays learnable for a tiny model.
-    assert [tokenizer.decode([i]).strip() for i in tokenizer("12345", add_special_tokens=False)["input_ids"]] == list("12345")
+    assert [tokenizer.decode([i]).strip() for i in tokenizer("12345", add_special_tokens=False)["input_ids"]] == list(
+        "12345"
+    )
     chat = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Reverse the letters. a b c"}, {"role": "assistant", "content": "c b a"}],
         tokenize=False,

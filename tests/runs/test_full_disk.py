@@ -32,9 +32,13 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_last_complete_one_for_resume(
     status = manager.wait(run_id, timeout=240)
     run_dir = manager.run_dir(run_id)
     assert status.state == "failed", f"{status}\n{logs_tail(run_dir)}"
-    assert status.error.startswith(f"rank 0 failed first: output_dir: the disk holding {run_dir / 'output'} is full: checkpoint-4 did not fit")
+    assert status.error.startswith(
+        f"rank 0 failed first: output_dir: the disk holding {run_dir / 'output'} is full: checkpoint-4 did not fit"
+    )
     output = run_dir / "output"
-    assert sorted(p.name for p in output.iterdir() if p.is_dir()) == ["checkpoint-2"]  # nothing half-written, no staging left
+    assert sorted(p.name for p in output.iterdir() if p.is_dir()) == [
+        "checkpoint-2"
+    ]  # nothing half-written, no staging left
     assert get_last_checkpoint(str(output)) == str(output / "checkpoint-2")
     assert json.loads((output / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
     assert not is_alive(status_json(run_dir)["supervisor"])

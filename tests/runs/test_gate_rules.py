@@ -46,12 +46,27 @@ def test_a_run_that_got_what_it_asked_passes():
 @pytest.mark.parametrize(
     "changes, overrides, message",
     [
-        ({"world_size": 1, "nodes": ["n0"]}, [], "asked 2 processes on 1 machine, got 1: the processes did not join one run"),
-        ({"nodes": ["n0", "n1"]}, [], "asked 2 processes on 1 machine, got 2 on 2 machines (n0, n1): start launch.sh once"),
-        ({}, ["launch.num_machines=2", "launch.main_process_ip=10.0.0.1"], "asked 2 processes on 2 machines, got 2 on 1 machine (n0)"),
+        (
+            {"world_size": 1, "nodes": ["n0"]},
+            [],
+            "asked 2 processes on 1 machine, got 1: the processes did not join one run",
+        ),
+        (
+            {"nodes": ["n0", "n1"]},
+            [],
+            "asked 2 processes on 1 machine, got 2 on 2 machines (n0, n1): start launch.sh once",
+        ),
+        (
+            {},
+            ["launch.num_machines=2", "launch.main_process_ip=10.0.0.1"],
+            "asked 2 processes on 2 machines, got 2 on 1 machine (n0)",
+        ),
         ({"zero_stage": 2}, [], "asked DeepSpeed ZeRO-3, got ZeRO-2"),
-        ({"zero_stage": None, "distributed_type": "MULTI_GPU", "model_class": "DistributedDataParallel"}, [],
-         "asked DeepSpeed ZeRO-3, got DDP (MULTI_GPU)"),
+        (
+            {"zero_stage": None, "distributed_type": "MULTI_GPU", "model_class": "DistributedDataParallel"},
+            [],
+            "asked DeepSpeed ZeRO-3, got DDP (MULTI_GPU)",
+        ),
         ({"quantized_modules": {}}, [], "asked a 4-bit base (quantization.bits=4), got no Linear4bit module"),
         ({"trainable_params": 65536}, [], "asked 32,768 trainable parameters (PEFT's count for the job), got 65,536"),
     ],
@@ -65,10 +80,19 @@ def test_fsdp_that_became_ddp_is_named_once_the_model_is_wrapped():
     fsdp = expected("13b-lora-fsdp")
     early = {"world_size": 2, "nodes": ["n0", "n0"], "distributed_type": "MULTI_CPU"}
     assert train.gate_problems(fsdp, early) == []  # before wrapping, FSDP ranks look like DDP ranks
-    ddp = facts(distributed_type="MULTI_CPU", zero_stage=None, model_class="DistributedDataParallel", quantized_modules={})
+    ddp = facts(
+        distributed_type="MULTI_CPU", zero_stage=None, model_class="DistributedDataParallel", quantized_modules={}
+    )
     (problem,) = train.gate_problems(fsdp, ddp)
     assert problem.startswith("asked FSDP2, got DDP (MULTI_CPU) (accelerate falls back to DDP")
-    fsdp1 = facts(distributed_type="FSDP", zero_stage=None, fsdp=True, fsdp_version=1, model_class="FullyShardedDataParallel", quantized_modules={})
+    fsdp1 = facts(
+        distributed_type="FSDP",
+        zero_stage=None,
+        fsdp=True,
+        fsdp_version=1,
+        model_class="FullyShardedDataParallel",
+        quantized_modules={},
+    )
     assert train.gate_problems(fsdp, fsdp1) == ["asked FSDP2, got FSDP1"]
 
 
@@ -89,7 +113,11 @@ def test_expected_trainable_is_what_peft_counts_on_the_real_model(preset, demo_h
     spec_job = job("demo", "method=full") if preset == "demo-full" else job("demo")
     model = AutoModelForCausalLM.from_pretrained(demo_home / "model")
     adapter = train.peft_config(spec_job)
-    real = get_peft_model(model, adapter).get_nb_trainable_parameters()[0] if adapter else sum(p.numel() for p in model.parameters())
+    real = (
+        get_peft_model(model, adapter).get_nb_trainable_parameters()[0]
+        if adapter
+        else sum(p.numel() for p in model.parameters())
+    )
     assert train.expected_trainable(spec_job) == real > 0
 
 

@@ -43,7 +43,9 @@ def launch(folder: Path, argv: list[str]) -> tuple[subprocess.CompletedProcess, 
     # HF_HOME elsewhere: no default accelerate config of this machine leaks into the launch.
     env = {**os.environ, "HF_HOME": str(folder.parent / "hf"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     began = time.monotonic()
-    result = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    result = subprocess.run(
+        argv, cwd=folder, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300
+    )
     return result, time.monotonic() - began
 
 
@@ -57,7 +59,9 @@ def assert_stopped_by_the_gate(folder: Path, result, seconds: float, *expected: 
     for text in expected:
         assert text in error, error
     assert not [r for r in read_metrics(folder) if r["event"] == "log"], "it trained before the gate stopped it"
-    assert "Traceback" not in (folder / "logs" / "rank0.log").read_text(), "the gate's failure is a message, not a crash"
+    assert "Traceback" not in (folder / "logs" / "rank0.log").read_text(), (
+        "the gate's failure is a message, not a crash"
+    )
     print(f"stopped by the gate after {seconds:.1f} s: {error}")
     return error
 
@@ -70,14 +74,18 @@ def test_accelerate_cpu_flag_starts_one_process(tmp_path, demo_spec):
     """`accelerate launch --cpu --num_processes 2` silently starts ONE process."""
     folder = bundle_for(tmp_path, demo_spec())
     result, seconds = launch(folder, [str(BIN / "accelerate"), "launch", "--cpu", "--num_processes", "2", *SCRIPT_ARGS])
-    assert_stopped_by_the_gate(folder, result, seconds, "asked 2 processes on 1 machine, got 1: ", "accelerate launch --cpu")
+    assert_stopped_by_the_gate(
+        folder, result, seconds, "asked 2 processes on 1 machine, got 1: ", "accelerate launch --cpu"
+    )
     assert start_records(folder) == []  # stopped right after setup, before the model was loaded
 
 
 def test_multi_cpu_yaml_starts_one_process(tmp_path, demo_spec):
     """distributed_type MULTI_CPU in the accelerate YAML silently starts one process."""
     folder = bundle_for(tmp_path, demo_spec(), accelerate={"distributed_type": "MULTI_CPU"})
-    result, seconds = launch(folder, [str(BIN / "accelerate"), "launch", "--config_file", "accelerate_config.yaml", *SCRIPT_ARGS])
+    result, seconds = launch(
+        folder, [str(BIN / "accelerate"), "launch", "--config_file", "accelerate_config.yaml", *SCRIPT_ARGS]
+    )
     assert_stopped_by_the_gate(folder, result, seconds, "asked 2 processes on 1 machine, got 1: ")
     assert start_records(folder) == []
 
@@ -91,7 +99,15 @@ def test_torchrun_without_use_cpu_trains_independent_ranks(tmp_path, demo_spec):
 
 
 def accelerate_launch(folder: Path) -> list[str]:
-    return [str(BIN / "accelerate"), "launch", "--config_file", "accelerate_config.yaml", "--main_process_port", "0", *SCRIPT_ARGS]
+    return [
+        str(BIN / "accelerate"),
+        "launch",
+        "--config_file",
+        "accelerate_config.yaml",
+        "--main_process_port",
+        "0",
+        *SCRIPT_ARGS,
+    ]
 
 
 def test_fsdp_in_the_training_arguments_becomes_ddp_on_cpu(tmp_path, demo_spec):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 
@@ -52,7 +51,7 @@ def test_invalid_spec_is_refused_before_anything_is_created(runs_dir, demo_spec)
 
 
 def test_gpu_job_without_gpu_says_what_to_do(runs_dir, demo_spec, monkeypatch):
-    monkeypatch.setattr(preflight, "gpu_indices", lambda: [])
+    monkeypatch.setattr(preflight, "gpu_indices", list)
     with pytest.raises(RunError, match="no NVIDIA GPU found.*launch.use_cpu"):
         RunManager(runs_dir).start(demo_spec({"launch.use_cpu": False}))
     assert run_folders(runs_dir) == []
@@ -110,7 +109,9 @@ def test_resume_into_a_relative_output_folder_is_refused_before_launch(runs_dir,
     # A relative output_dir lives inside the new run's folder: nothing to resume, the step count would restart.
     earlier = runs_dir / "20250101-120000-a1b2c3"
     (earlier / "output" / "checkpoint-30").mkdir(parents=True)
-    (earlier / "status.json").write_text(json.dumps({"run_id": earlier.name, "state": "stopped", "title": "t", "created_at": 1.0}))
+    (earlier / "status.json").write_text(
+        json.dumps({"run_id": earlier.name, "state": "stopped", "title": "t", "created_at": 1.0})
+    )
     spec = demo_spec({"training.resume_from_checkpoint": True})
     with pytest.raises(RunError) as refused:
         RunManager(runs_dir).start(spec)

@@ -45,14 +45,46 @@ def files(tmp_path):
 
 CASES = {
     # name: (overrides, field, the words of the message; {path} is the file)
-    "missing model": ({"model.name_or_path": "/nowhere/llama-7b"}, "model.name_or_path", "/nowhere/llama-7b does not exist: give the folder a model was saved to (with config.json) or a Hugging Face hub id"),
-    "relative model": ({"model.name_or_path": "./models/mine"}, "model.name_or_path", "./models/mine does not exist (a relative path is taken from the run folder, {runs}/<run-id>)"),
-    "no config.json": ({"model.name_or_path": "no-config"}, "model.name_or_path", "the folder {path} has no config.json: give the folder a model was saved to"),
-    "malformed": ({"dataset.path": "malformed"}, "dataset.path", "{path} line 2 is not valid JSON (Expecting ',' delimiter): fix or remove that line"),
-    "empty": ({"dataset.path": "empty"}, "dataset.path", '{path} has no rows: give a file with one JSON object per line, e.g. {{"prompt": "...", "completion": "..."}}'),
-    "wrong type": ({"dataset.path": "wrong type"}, "dataset.prompt_field", "{path} line 2: column 'prompt' holds a list whose item 0 is not a message with role and content, but dataset.format prompt-completion needs a string, or a list of messages such as"),
-    "missing column": ({"dataset.path": "missing column"}, "dataset.prompt_field", "{path} line 1 has no column 'prompt' (it has 'question', 'answer'): set dataset.prompt_field to the column that holds the prompt, or change dataset.format"),
-    "not an object": ({"dataset.path": "not an object"}, "dataset.path", "{path} line 2 holds a list, not a JSON object"),
+    "missing model": (
+        {"model.name_or_path": "/nowhere/llama-7b"},
+        "model.name_or_path",
+        "/nowhere/llama-7b does not exist: give the folder a model was saved to (with config.json) or a Hugging Face hub id",
+    ),
+    "relative model": (
+        {"model.name_or_path": "./models/mine"},
+        "model.name_or_path",
+        "./models/mine does not exist (a relative path is taken from the run folder, {runs}/<run-id>)",
+    ),
+    "no config.json": (
+        {"model.name_or_path": "no-config"},
+        "model.name_or_path",
+        "the folder {path} has no config.json: give the folder a model was saved to",
+    ),
+    "malformed": (
+        {"dataset.path": "malformed"},
+        "dataset.path",
+        "{path} line 2 is not valid JSON (Expecting ',' delimiter): fix or remove that line",
+    ),
+    "empty": (
+        {"dataset.path": "empty"},
+        "dataset.path",
+        '{path} has no rows: give a file with one JSON object per line, e.g. {{"prompt": "...", "completion": "..."}}',
+    ),
+    "wrong type": (
+        {"dataset.path": "wrong type"},
+        "dataset.prompt_field",
+        "{path} line 2: column 'prompt' holds a list whose item 0 is not a message with role and content, but dataset.format prompt-completion needs a string, or a list of messages such as",
+    ),
+    "missing column": (
+        {"dataset.path": "missing column"},
+        "dataset.prompt_field",
+        "{path} line 1 has no column 'prompt' (it has 'question', 'answer'): set dataset.prompt_field to the column that holds the prompt, or change dataset.format",
+    ),
+    "not an object": (
+        {"dataset.path": "not an object"},
+        "dataset.path",
+        "{path} line 2 holds a list, not a JSON object",
+    ),
 }
 
 
@@ -71,7 +103,9 @@ def test_good_inputs_and_hub_ids_pass(demo_spec, runs_dir, demo_home):
     for fmt in ("text", "prompt-completion", "messages", "alpaca"):
         spec = demo_spec({"dataset.path": str(demo_home / "formats" / f"{fmt}.jsonl"), "dataset.format": fmt})
         assert preflight(spec, runs_dir) == [], fmt
-    hub = demo_spec({"model.name_or_path": "meta-llama/Llama-2-7b-hf", "dataset.path": "timdettmers/openassistant-guanaco"})
+    hub = demo_spec(
+        {"model.name_or_path": "meta-llama/Llama-2-7b-hf", "dataset.path": "timdettmers/openassistant-guanaco"}
+    )
     assert preflight(hub, runs_dir) == []  # nothing to check without the network
 
 
@@ -90,7 +124,9 @@ def test_validate_and_train_print_the_problems_and_exit_2(files, runs_dir):
     validate = tunedeck("validate", "demo", *bad_data)
     assert validate.returncode == 2 and "Traceback" not in validate.stderr
     assert f"error: dataset.path: {files['malformed']} line 2 is not valid JSON" in validate.stderr
-    train = tunedeck("train", "demo", "--set", "model.name_or_path=/nowhere/llama-7b", *bad_data, "--runs-dir", runs_dir)
+    train = tunedeck(
+        "train", "demo", "--set", "model.name_or_path=/nowhere/llama-7b", *bad_data, "--runs-dir", runs_dir
+    )
     assert train.returncode == 2 and "Traceback" not in train.stderr, train.stderr
     assert "error: model.name_or_path: /nowhere/llama-7b does not exist" in train.stderr
     assert f"error: dataset.path: {files['malformed']} line 2" in train.stderr and "nothing started" in train.stderr
@@ -99,7 +135,9 @@ def test_validate_and_train_print_the_problems_and_exit_2(files, runs_dir):
 
 @pytest.mark.timeout(300)
 def test_a_bundle_run_without_tunedeck_says_the_same(files, demo_spec, tmp_path):
-    spec = demo_spec({"model.name_or_path": str(tmp_path / "no-config"), "dataset.path": files["empty"], "launch.num_processes": 1})
+    spec = demo_spec(
+        {"model.name_or_path": str(tmp_path / "no-config"), "dataset.path": files["empty"], "launch.num_processes": 1}
+    )
     expected = "\n".join(f"{p.field}: {p.message}" for p in preflight(spec, tmp_path))
     bundle = tmp_path / "bundle"
     write_bundle(render_bundle(spec), bundle)  # exported as a user would, then run by hand on a node
@@ -109,7 +147,11 @@ def test_a_bundle_run_without_tunedeck_says_the_same(files, demo_spec, tmp_path)
         (poison / package / "__init__.py").write_text("raise ImportError('the bundle must not import tunedeck')\n")
     result = subprocess.run(
         [sys.executable, "train_sft.py", "--job", "job.yaml", "--training-args", "training_args.yaml"],
-        cwd=bundle, env={**os.environ, "PYTHONPATH": str(poison), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=240,
+        cwd=bundle,
+        env={**os.environ, "PYTHONPATH": str(poison), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert result.returncode == 1
     (failure,) = [json.loads(line) for line in (bundle / "errors.jsonl").read_text().splitlines()]

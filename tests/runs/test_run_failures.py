@@ -7,6 +7,8 @@ A second Ctrl-C on `tunedeck train` exits 130, as documented.
 
 from __future__ import annotations
 
+import functools
+import operator
 import shutil
 import signal
 import subprocess
@@ -41,12 +43,16 @@ def test_a_run_whose_folder_was_deleted_is_listed_and_stopped(runs_dir, demo_spe
     assert f"{run_id}  running" in listing.stdout and "(folder deleted)" in listing.stdout, listing.stdout
     assert manager.active_run() == run_id
     show = tunedeck("runs", "show", run_id, "--runs-dir", runs_dir)
-    assert show.returncode == 0 and f"{run_dir} was deleted while the run was live" in show.stdout, show.stdout + show.stderr
+    assert show.returncode == 0 and f"{run_dir} was deleted while the run was live" in show.stdout, (
+        show.stdout + show.stderr
+    )
 
     stop = tunedeck("runs", "stop", run_id, "--grace", "30", "--runs-dir", runs_dir, timeout=180)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert f"stopping run {run_id}: {run_dir} was deleted while it ran" in stop.stdout
-    assert f"run {run_id}: stopped ({run_dir} was deleted while the run was live; its processes have ended" in stop.stdout
+    assert (
+        f"run {run_id}: stopped ({run_dir} was deleted while the run was live; its processes have ended" in stop.stdout
+    )
     assert still_alive([supervisor, *processes]) == []
     assert RunManager(runs_dir).list_runs() == []
 
@@ -74,7 +80,14 @@ def test_a_rank_killed_by_a_signal_is_reported_as_the_cause(runs_dir, demo_spec)
 
 def test_a_second_ctrl_c_leaves_the_run_stopping_and_exits_130(runs_dir, demo_home):
     train = subprocess.Popen(
-        [str(Path(sys.executable).parent / "tunedeck"), "train", "demo", "--runs-dir", str(runs_dir), *sum((["--set", f"{k}={v}"] for k, v in QUIET_LONG.items()), [])],
+        [
+            str(Path(sys.executable).parent / "tunedeck"),
+            "train",
+            "demo",
+            "--runs-dir",
+            str(runs_dir),
+            *functools.reduce(operator.iadd, (["--set", f"{k}={v}"] for k, v in QUIET_LONG.items()), []),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -95,4 +108,6 @@ def test_a_second_ctrl_c_leaves_the_run_stopping_and_exits_130(runs_dir, demo_ho
     manager = RunManager(runs_dir)
     run_id = manager.list_runs()[0].run_id
     assert manager.wait(run_id, timeout=120).state == "stopped"
-    assert not any(p.info["cmdline"] and str(runs_dir) in " ".join(p.info["cmdline"]) for p in psutil.process_iter(["cmdline"]))
+    assert not any(
+        p.info["cmdline"] and str(runs_dir) in " ".join(p.info["cmdline"]) for p in psutil.process_iter(["cmdline"])
+    )

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,17 @@ from tunedeck.backend.runs import RunManager
 from tunedeck.backend.supervisor import is_alive
 from tunedeck.backend.tail import JsonlTail
 
-from .helpers import end_record, log_records, logs_tail, processes_working_in, run_processes, start_record, status_json, still_alive, wait_for
+from .helpers import (
+    end_record,
+    log_records,
+    logs_tail,
+    processes_working_in,
+    run_processes,
+    start_record,
+    status_json,
+    still_alive,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -27,7 +36,11 @@ LONG = {"training.max_steps": 2000, "training.save_steps": 1000}
 
 def wait_for_training(run_dir: Path, timeout: float = 120) -> None:
     tail = JsonlTail(run_dir / "metrics.jsonl")
-    wait_for(lambda: any(r.get("event") == "log" for r in tail.read_new()), timeout, what=f"a log record\n{logs_tail(run_dir)}")
+    wait_for(
+        lambda: any(r.get("event") == "log" for r in tail.read_new()),
+        timeout,
+        what=f"a log record\n{logs_tail(run_dir)}",
+    )
 
 
 def test_stop_saves_a_checkpoint_and_leaves_no_process_five_times(runs_dir, demo_spec):
@@ -74,7 +87,9 @@ def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, 
     status = manager.wait(faulty, timeout=120)
     run_dir = manager.run_dir(faulty)
     assert status.state == "failed" and status.exit_code != 0, f"{status}\n{logs_tail(run_dir)}"
-    assert status.error.startswith("rank 1 failed first: RuntimeError: fault injected by TUNEDECK_FAULT on rank 1 at step 2")
+    assert status.error.startswith(
+        "rank 1 failed first: RuntimeError: fault injected by TUNEDECK_FAULT on rank 1 at step 2"
+    )
     failed_at = min(json.loads(line)["time"] for line in (run_dir / "errors.jsonl").read_text().splitlines())
     assert status.ended_at - failed_at < 15, "the failure took too long to be reported"
     assert processes_working_in(run_dir) == []

@@ -50,13 +50,15 @@ def free_port() -> int:
 def test_sbatch_runs_launch_sh_once_per_node_as_one_job(tmp_path, demo_spec):
     from tunedeck.backend.render import render_bundle, write_bundle
 
-    spec = demo_spec({
-        "training.max_steps": 3,
-        "launch.num_machines": 2,
-        "launch.num_processes": 2,
-        "launch.main_process_ip": "10.9.9.9",  # what the form said; Slurm's first host must win
-        "launch.main_process_port": free_port(),
-    })
+    spec = demo_spec(
+        {
+            "training.max_steps": 3,
+            "launch.num_machines": 2,
+            "launch.num_processes": 2,
+            "launch.main_process_ip": "10.9.9.9",  # what the form said; Slurm's first host must win
+            "launch.main_process_port": free_port(),
+        }
+    )
     bundle = tmp_path / "bundle"
     write_bundle(render_bundle(spec), bundle)
     sbatch = (bundle / "slurm.sbatch").read_text()

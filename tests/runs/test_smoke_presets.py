@@ -26,7 +26,13 @@ def deepspeed(stage: int):
     return {"distributed_type": "DEEPSPEED", "zero_stage": stage, "model_class": "DeepSpeedEngine", "fsdp": False}
 
 
-FSDP2 = {"distributed_type": "FSDP", "zero_stage": None, "fsdp": True, "fsdp_version": 2, "model_class": "FSDPPeftModelForCausalLM"}
+FSDP2 = {
+    "distributed_type": "FSDP",
+    "zero_stage": None,
+    "fsdp": True,
+    "fsdp_version": 2,
+    "model_class": "FSDPPeftModelForCausalLM",
+}
 DDP = {"distributed_type": "MULTI_CPU", "zero_stage": None, "fsdp": False, "model_class": "DistributedDataParallel"}
 ONE_DTYPE = {"frozen_dtypes": {"bfloat16": 21}}  # sharded QLoRA: no fp32 copy of the frozen weights
 
@@ -72,9 +78,13 @@ def test_smoke_run_of_every_preset_passes_and_proves_its_strategy(preset, tmp_pa
     assert [r["step"] for r in log_records(run_dir)] == [1, 2, 3]
     assert (run_dir / "output" / "checkpoint-3").is_dir()  # the strategy's checkpoint path ran too
 
-    listing = subprocess.run([str(BIN / "tunedeck"), "runs", "--runs-dir", str(runs_dir)], capture_output=True, text=True)
+    listing = subprocess.run(
+        [str(BIN / "tunedeck"), "runs", "--runs-dir", str(runs_dir)], capture_output=True, text=True
+    )
     assert run_dir.name in listing.stdout and "finished" in listing.stdout and "smoke/" in listing.stdout
     show = subprocess.run(
-        [str(BIN / "tunedeck"), "runs", "show", run_dir.name, "--runs-dir", str(runs_dir)], capture_output=True, text=True
+        [str(BIN / "tunedeck"), "runs", "show", run_dir.name, "--runs-dir", str(runs_dir)],
+        capture_output=True,
+        text=True,
     )
     assert f"verdict  {verdict}" in show.stdout, show.stdout

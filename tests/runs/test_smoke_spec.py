@@ -8,7 +8,15 @@ import pytest
 
 from tunedeck.backend import catalog
 from tunedeck.backend.runs import RunManager
-from tunedeck.backend.smoke import SmokeError, Verdict, is_smoke_job, smoke_home, smoke_spec, smoke_verdict, start_smoke_run
+from tunedeck.backend.smoke import (
+    SmokeError,
+    Verdict,
+    is_smoke_job,
+    smoke_home,
+    smoke_spec,
+    smoke_verdict,
+    start_smoke_run,
+)
 from tunedeck.backend.spec import load_presets, resolve_spec, spec_to_dict
 from tunedeck.backend.validate import validate
 
@@ -46,7 +54,8 @@ def test_smoke_on_gpus_keeps_the_precision_and_uses_the_gpus_there_are():
 
 
 @pytest.mark.parametrize(
-    "model", ["microsoft/Phi-3-mini-4k-instruct", "google/gemma-2-2b", "Qwen/Qwen2.5-0.5B", "mistralai/Mixtral-8x7B-v0.1"]
+    "model",
+    ["microsoft/Phi-3-mini-4k-instruct", "google/gemma-2-2b", "Qwen/Qwen2.5-0.5B", "mistralai/Mixtral-8x7B-v0.1"],
 )
 def test_tiny_model_has_the_architecture_and_module_names(model, demo_home):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -65,8 +74,12 @@ def test_tiny_model_has_the_architecture_and_module_names(model, demo_home):
 def test_local_model_keeps_its_own_tokenizer_and_chat_template(demo_home):
     smoke = smoke_spec(resolve_spec("demo"))
     folder = smoke.model.name_or_path
-    assert json.loads((demo_home / "model" / "config.json").read_text())["vocab_size"] == catalog.lookup(folder).vocab_size
-    assert (demo_home / "model" / "chat_template.jinja").read_text() == (smoke_home() / folder / "chat_template.jinja").read_text()
+    assert (
+        json.loads((demo_home / "model" / "config.json").read_text())["vocab_size"] == catalog.lookup(folder).vocab_size
+    )
+    assert (demo_home / "model" / "chat_template.jinja").read_text() == (
+        smoke_home() / folder / "chat_template.jinja"
+    ).read_text()
 
 
 def test_unknown_architecture_is_refused_with_the_field_and_the_fix():
@@ -75,10 +88,17 @@ def test_unknown_architecture_is_refused_with_the_field_and_the_fix():
 
 
 def test_hub_dataset_becomes_the_demo_data_in_the_jobs_format(demo_home):
-    spec = resolve_spec("7b-lora-ddp", ["dataset.format=alpaca", "dataset.instruction_field=task", "dataset.eval_split=test"])
+    spec = resolve_spec(
+        "7b-lora-ddp", ["dataset.format=alpaca", "dataset.instruction_field=task", "dataset.eval_split=test"]
+    )
     data = smoke_spec(spec).dataset
     assert data.path == str(demo_home / "formats" / "alpaca.jsonl")
-    assert (data.format, data.instruction_field, data.split, data.eval_split) == ("alpaca", "instruction", "train[:64]", "train[-16:]")
+    assert (data.format, data.instruction_field, data.split, data.eval_split) == (
+        "alpaca",
+        "instruction",
+        "train[:64]",
+        "train[-16:]",
+    )
     assert data.max_seq_length == 128
 
 
@@ -136,5 +156,7 @@ def test_verdict_fails_on_the_gate_and_on_a_loss_that_is_not_finite(tmp_path):
     assert smoke_verdict(tmp_path / "gate") == Verdict(False, f"smoke test FAILED: {error}")
     nan = [{"event": "log", "step": 1, "loss": 5.9}, {"event": "log", "step": 2, "loss": float("nan")}]
     write_metrics(tmp_path / "nan", START, *nan, {"event": "end", "status": "finished", "error": None})
-    assert smoke_verdict(tmp_path / "nan") == Verdict(False, "smoke test FAILED: the loss is not finite (nan) at step 2")
+    assert smoke_verdict(tmp_path / "nan") == Verdict(
+        False, "smoke test FAILED: the loss is not finite (nan) at step 2"
+    )
     assert not smoke_verdict(tmp_path / "missing").passed

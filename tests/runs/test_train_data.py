@@ -33,21 +33,33 @@ def tokenizer(demo_home):
 def sft_args(tmp_path, **extra):
     from trl import SFTConfig
 
-    return SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", max_length=64, **extra)
+    return SFTConfig(
+        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", max_length=64, **extra
+    )
 
 
 @pytest.mark.parametrize("fmt", list(FORMAT_SPECS))
 def test_each_format_becomes_trl_input_with_the_answer_trained(fmt, demo_home, tokenizer, tmp_path):
     from trl import SFTTrainer
 
-    job = {"model": {"name_or_path": str(demo_home / "model")}, "dataset": {"path": str(demo_home / "formats" / f"{fmt}.jsonl"), **FORMAT_SPECS[fmt]}}
+    job = {
+        "model": {"name_or_path": str(demo_home / "model")},
+        "dataset": {"path": str(demo_home / "formats" / f"{fmt}.jsonl"), **FORMAT_SPECS[fmt]},
+    }
     args = sft_args(tmp_path)
     train_set, eval_set = train.load_datasets(job, args, tokenizer)
     assert eval_set is None
-    expected = {"text": {"text"}, "prompt-completion": {"prompt", "completion"}, "messages": {"messages"}, "alpaca": {"prompt", "completion"}}
+    expected = {
+        "text": {"text"},
+        "prompt-completion": {"prompt", "completion"},
+        "messages": {"messages"},
+        "alpaca": {"prompt", "completion"},
+    }
     assert set(train_set.column_names) == expected[fmt]
     # A real SFTTrainer prepares it, and the first example's answer is among the trained tokens.
-    trainer = SFTTrainer(model=str(demo_home / "model"), args=args, train_dataset=train_set.select(range(4)), processing_class=tokenizer)
+    trainer = SFTTrainer(
+        model=str(demo_home / "model"), args=args, train_dataset=train_set.select(range(4)), processing_class=tokenizer
+    )
     row = trainer.train_dataset[0]
     trained = tokenizer.decode([label for label in row["labels"] if label != -100])
     first_answer = json.loads((demo_home / "formats" / "alpaca.jsonl").read_text().splitlines()[0])["output"]
@@ -99,13 +111,20 @@ def test_data_errors_name_the_field(demo_home, tokenizer, tmp_path):
     missing = {"model": {"name_or_path": "x"}, "dataset": {"path": str(tmp_path / "nope.jsonl"), "format": "text"}}
     with pytest.raises(train.JobError, match=r"dataset.path: .*nope.jsonl does not exist"):
         train.load_datasets(missing, args, tokenizer)
-    wrong_column = {"model": {"name_or_path": "x"}, "dataset": {"path": str(demo_home / "formats" / "text.jsonl"), "format": "prompt-completion"}}
-    with pytest.raises(train.JobError, match=r"dataset.prompt_field: column 'prompt' is not in the dataset \(columns: text\)"):
+    wrong_column = {
+        "model": {"name_or_path": "x"},
+        "dataset": {"path": str(demo_home / "formats" / "text.jsonl"), "format": "prompt-completion"},
+    }
+    with pytest.raises(
+        train.JobError, match=r"dataset.prompt_field: column 'prompt' is not in the dataset \(columns: text\)"
+    ):
         train.load_datasets(wrong_column, args, tokenizer)
     odd = tmp_path / "data.xml"
     odd.write_text("<x/>")
     with pytest.raises(train.JobError, match=r"dataset.path: .* not a .json, .jsonl, .csv or .parquet file"):
-        train.load_datasets({"model": {"name_or_path": "x"}, "dataset": {"path": str(odd), "format": "text"}}, args, tokenizer)
+        train.load_datasets(
+            {"model": {"name_or_path": "x"}, "dataset": {"path": str(odd), "format": "text"}}, args, tokenizer
+        )
 
 
 def test_messages_without_chat_template_is_refused(demo_home, tmp_path):
@@ -113,7 +132,10 @@ def test_messages_without_chat_template_is_refused(demo_home, tmp_path):
 
     tokenizer = AutoTokenizer.from_pretrained(demo_home / "model")
     tokenizer.chat_template = None
-    job = {"model": {"name_or_path": "plain-model"}, "dataset": {"path": str(demo_home / "formats" / "messages.jsonl"), "format": "messages"}}
+    job = {
+        "model": {"name_or_path": "plain-model"},
+        "dataset": {"path": str(demo_home / "formats" / "messages.jsonl"), "format": "messages"},
+    }
     with pytest.raises(train.JobError, match="messages needs a chat template.*plain-model"):
         train.load_datasets(job, sft_args(tmp_path), tokenizer)
 
@@ -122,7 +144,15 @@ def test_quantization_config_from_job():
     import torch
 
     config = train.quantization_config(
-        {"quantization": {"bits": 4, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "bfloat16"}}
+        {
+            "quantization": {
+                "bits": 4,
+                "bnb_4bit_quant_type": "nf4",
+                "bnb_4bit_use_double_quant": True,
+                "bnb_4bit_compute_dtype": "bfloat16",
+                "bnb_4bit_quant_storage": "bfloat16",
+            }
+        }
     )
     assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4" and config.bnb_4bit_use_double_quant
     assert config.bnb_4bit_compute_dtype == torch.bfloat16 and config.bnb_4bit_quant_storage == torch.bfloat16
@@ -131,7 +161,17 @@ def test_quantization_config_from_job():
 
 
 # The bundle runs on cluster nodes without tunedeck: train.py may import only these.
-ALLOWED_THIRD_PARTY = {"yaml", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "deepspeed", "bitsandbytes"}
+ALLOWED_THIRD_PARTY = {
+    "yaml",
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "datasets",
+    "accelerate",
+    "deepspeed",
+    "bitsandbytes",
+}
 
 
 def test_train_py_imports_only_the_hugging_face_stack():

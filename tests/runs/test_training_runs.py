@@ -69,10 +69,14 @@ def test_tunedeck_train_demo_as_a_new_user_runs_it(tmp_path):
     assert (run_dir / "output" / "adapter_model.safetensors").is_file()
     assert (run_dir / "logs" / "rank0.log").is_file() and (run_dir / "logs" / "rank1.log").is_file()
 
-    listing = subprocess.run([str(BIN / "tunedeck"), "runs", "--runs-dir", str(runs_dir)], capture_output=True, text=True)
+    listing = subprocess.run(
+        [str(BIN / "tunedeck"), "runs", "--runs-dir", str(runs_dir)], capture_output=True, text=True
+    )
     assert run_dir.name in listing.stdout and "finished" in listing.stdout and "60/60" in listing.stdout
     show = subprocess.run(
-        [str(BIN / "tunedeck"), "runs", "show", run_dir.name, "--runs-dir", str(runs_dir)], capture_output=True, text=True
+        [str(BIN / "tunedeck"), "runs", "show", run_dir.name, "--runs-dir", str(runs_dir)],
+        capture_output=True,
+        text=True,
     )
     assert "state    finished (exit code 0)" in show.stdout and "2 ranks" in show.stdout
 
@@ -135,7 +139,9 @@ def test_messages_dataset_with_evaluation(runs_dir, demo_spec, demo_home):
 
 def test_resume_continues_the_step_count(runs_dir, demo_spec, tmp_path):
     output = tmp_path / "shared-output"
-    first = demo_spec({"output_dir": str(output), "training.max_steps": 4, "training.save_steps": 2, "launch.num_processes": 1})
+    first = demo_spec(
+        {"output_dir": str(output), "training.max_steps": 4, "training.save_steps": 2, "launch.num_processes": 1}
+    )
     manager, run_id, status = run_to_end(runs_dir, first)
     assert_finished(manager, run_id, status)
     assert (output / "checkpoint-4" / "trainer_state.json").is_file()

@@ -42,7 +42,14 @@ def test_export_7b_lora_ddp(tmp_path, check):
 
 def test_export_with_overrides(tmp_path):
     result = tunedeck(
-        "export", "7b-full-zero2", "--set", "strategy.kind=zero3", "--set", "launch.num_processes=16", "-o", str(tmp_path)
+        "export",
+        "7b-full-zero2",
+        "--set",
+        "strategy.kind=zero3",
+        "--set",
+        "launch.num_processes=16",
+        "-o",
+        str(tmp_path),
     )
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "ds_config.json").read_text())["zero_optimization"]["stage"] == 3
@@ -119,7 +126,6 @@ def test_check_command_reports_what_accelerate_would_start(tmp_path):
     assert "accelerate starts 8 processes (8 per machine) with its deepspeed launcher as DEEPSPEED, ZeRO-2" in ok.stdout
 
 
-
 def test_check_command_names_the_refused_file(tmp_path, capsys, check):
     from tunedeck.backend.cli import main
 
@@ -130,7 +136,6 @@ def test_check_command_names_the_refused_file(tmp_path, capsys, check):
     # In-process (the libraries are loaded already); the same handler as the console script.
     assert main(["check", str(tmp_path)]) == 2
     assert "error: bundle: ds_config.json: DeepSpeed refused it" in capsys.readouterr().err
-
 
 
 def test_unreadable_spec_and_unwritable_output_are_errors_not_tracebacks(tmp_path, capsys):

@@ -10,6 +10,7 @@ looks its section up and names the field, or hands the whole section to a librar
 from __future__ import annotations
 
 import ast
+
 import pytest
 from pydantic import Field
 

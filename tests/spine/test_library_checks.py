@@ -19,7 +19,9 @@ from tunedeck.backend.vocabulary import STRATEGIES
 from .conftest import PRESET_IDS, STRATEGY_KINDS
 
 # kind: (accelerate's distributed_type as the strategy table gives it, what `accelerate launch` starts)
-EXPECTED = {kind: (s.distributed_type, "deepspeed" if s.is_deepspeed else "multi_gpu") for kind, s in STRATEGIES.items()}
+EXPECTED = {
+    kind: (s.distributed_type, "deepspeed" if s.is_deepspeed else "multi_gpu") for kind, s in STRATEGIES.items()
+}
 
 
 @pytest.mark.parametrize("kind", STRATEGY_KINDS)
@@ -122,7 +124,12 @@ def test_single_process_is_not_distributed(export, check):
 def test_two_machines_split_the_processes(export, check):
     spec = resolve_spec(
         "70b-qlora-zero3",
-        ["launch.num_machines=2", "launch.num_processes=16", "launch.main_process_ip=10.0.0.1", "launch.machine_rank=1"],
+        [
+            "launch.num_machines=2",
+            "launch.num_processes=16",
+            "launch.main_process_ip=10.0.0.1",
+            "launch.machine_rank=1",
+        ],
     )
     result = check(export(spec))
     assert (result.num_processes, result.processes_per_machine) == (16, 8)
@@ -162,7 +169,11 @@ def test_fsdp1_sharding_strategy_and_offload(export, check):
     "file, edit, words",
     [
         ("ds_config.json", lambda text: text.replace('"stage": 3', '"stage": 7'), "Input should be 0, 1, 2, 3"),
-        ("ds_config.json", lambda text: text.replace('"train_batch_size": "auto"', '"train_batch_size": 999'), "train_batch_size"),
+        (
+            "ds_config.json",
+            lambda text: text.replace('"train_batch_size": "auto"', '"train_batch_size": 999'),
+            "train_batch_size",
+        ),
         ("accelerate_config.yaml", lambda text: text + "num_gpus: 8\n", "unknown keys"),
         ("accelerate_config.yaml", lambda text: text.replace("num_processes: 8", "num_processes: -1"), "num_processes"),
         ("training_args.yaml", lambda text: text + "learning_rat: 0.1\n", "learning_rat"),

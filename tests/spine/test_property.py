@@ -44,7 +44,14 @@ def specs(draw) -> JobSpec:
     offload_params = draw(mostly("none", "cpu", "nvme"))
     assignments = {
         "model.name_or_path": draw(
-            st.sampled_from(["meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-70b-hf", "acme/unknown-7b"])
+            st.sampled_from(
+                [
+                    "meta-llama/Llama-2-7b-hf",
+                    "meta-llama/Llama-2-13b-hf",
+                    "meta-llama/Llama-2-70b-hf",
+                    "acme/unknown-7b",
+                ]
+            )
         ),
         "model.dtype": model_dtype,
         "model.attn_implementation": draw(mostly("sdpa", "eager", "flash_attention_2")),
@@ -52,7 +59,9 @@ def specs(draw) -> JobSpec:
         "lora.r": draw(st.sampled_from([4, 16, 64])),
         "quantization.bits": bits,
         "quantization.bnb_4bit_compute_dtype": draw(mostly(model_dtype, *DTYPES)),
-        "quantization.bnb_4bit_quant_storage": draw(mostly(model_dtype if model_dtype != "float32" else "uint8", "uint8", "bfloat16")),
+        "quantization.bnb_4bit_quant_storage": draw(
+            mostly(model_dtype if model_dtype != "float32" else "uint8", "uint8", "bfloat16")
+        ),
         "dataset.format": draw(st.sampled_from(list(DATASET_FORMATS))),
         "dataset.eval_split": draw(st.sampled_from([None, "test"])),
         "dataset.max_seq_length": draw(st.sampled_from([128, 2048])),

@@ -30,7 +30,10 @@ NVME = ["strategy.offload_optimizer=nvme", "strategy.offload_params=nvme", "stra
     ],
 )
 def test_nvme_parameter_buffers_hold_the_largest_partition(model, processes, buffer_size, export, check):
-    spec = resolve_spec("7b-full-zero2", ["strategy.kind=zero3", f"model.name_or_path={model}", f"launch.num_processes={processes}", *NVME])
+    spec = resolve_spec(
+        "7b-full-zero2",
+        ["strategy.kind=zero3", f"model.name_or_path={model}", f"launch.num_processes={processes}", *NVME],
+    )
     assert not has_errors(validate(spec))
     zero = check(export(spec)).deepspeed_config.zero_config  # DeepSpeed read the key we wrote
     assert zero.offload_param.device == "nvme"
@@ -39,10 +42,14 @@ def test_nvme_parameter_buffers_hold_the_largest_partition(model, processes, buf
 
 def test_cpu_parameter_offload_has_no_swap_buffer():
     spec = resolve_spec("70b-qlora-zero3", ["strategy.offload_optimizer=cpu", "strategy.offload_params=cpu"])
-    assert "buffer_size" not in yaml.safe_load(render_bundle(spec)["ds_config.json"])["zero_optimization"]["offload_param"]
+    assert (
+        "buffer_size" not in yaml.safe_load(render_bundle(spec)["ds_config.json"])["zero_optimization"]["offload_param"]
+    )
 
 
-@pytest.mark.parametrize("preset", ["7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp"])
+@pytest.mark.parametrize(
+    "preset", ["7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp"]
+)
 def test_gpu_jobs_wait_for_tokenisation_and_tokenise_in_parallel(preset, export, check):
     # TRL tokenises on the main processes first while the other ranks wait in a barrier that gives up
     # after ddp_timeout (default 30 minutes); a large dataset outlasts it.
@@ -87,7 +94,13 @@ def test_launch_sh_refuses_to_start_without_the_address_of_machine_0(two_machine
     assert refused.returncode == 2
     assert "set MAIN_PROCESS_IP=<address of machine 0>" in refused.stderr
     assert "accelerate" not in refused.stdout  # nothing half-launched
-    ok = subprocess.run(["bash", "launch.sh"], cwd=bundle, env={**env, "MAIN_PROCESS_IP": "10.0.0.7", "MACHINE_RANK": "1"}, capture_output=True, text=True)
+    ok = subprocess.run(
+        ["bash", "launch.sh"],
+        cwd=bundle,
+        env={**env, "MAIN_PROCESS_IP": "10.0.0.7", "MACHINE_RANK": "1"},
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "--machine_rank 1 --main_process_ip 10.0.0.7" in ok.stdout
 
@@ -99,7 +112,9 @@ def test_slurm_sbatch_gives_launch_sh_the_first_node_as_address(two_machine_bund
     # One task per node, as `srun --ntasks-per-node=1` runs it: here both nodes, one after the other.
     _fake(bin_dir, "srun", 'for id in 0 1; do SLURM_NODEID=$id bash -c "${@: -1}"; done\n')
     env = {**env, "SLURM_SUBMIT_DIR": str(bundle), "SLURM_JOB_NODELIST": "gpu-node-[a-b]"}
-    result = subprocess.run(["bash", str(bundle / "slurm.sbatch")], cwd=tmp_path, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        ["bash", str(bundle / "slurm.sbatch")], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert "--machine_rank 0 --main_process_ip gpu-node-a" in result.stdout
     assert "--machine_rank 1 --main_process_ip gpu-node-a" in result.stdout

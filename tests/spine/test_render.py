@@ -89,7 +89,12 @@ def test_cpu_training_args_carry_what_the_ranks_need():
 def test_training_args_follow_the_spec():
     spec = resolve_spec(
         "7b-lora-ddp",
-        ["dataset.eval_split=test", "training.eval_steps=50", "dataset.format=messages", "training.report_to=tensorboard"],
+        [
+            "dataset.eval_split=test",
+            "training.eval_steps=50",
+            "dataset.format=messages",
+            "training.report_to=tensorboard",
+        ],
     )
     args = yaml.safe_load(render_bundle(spec)["training_args.yaml"])
     assert (args["eval_strategy"], args["eval_steps"]) == ("steps", 50)
@@ -132,7 +137,9 @@ def test_multi_machine_launch_sh_takes_rank_and_address_from_the_environment(tmp
     fake.write_text('#!/bin/sh\necho "OMP=$OMP_NUM_THREADS ARGS=$*"\n')
     fake.chmod(0o755)
     env = {"PATH": os.environ["PATH"], "ACCELERATE": str(fake), "MACHINE_RANK": "1"}
-    out = subprocess.run(["bash", str(tmp_path / "launch.sh"), "--run-dir", "x"], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["bash", str(tmp_path / "launch.sh"), "--run-dir", "x"], env=env, capture_output=True, text=True, check=True
+    )
     assert "--machine_rank 1 --main_process_ip 10.0.0.1" in out.stdout
     assert "train_sft.py --job job.yaml --training-args training_args.yaml --run-dir x" in out.stdout
     assert int(out.stdout.split("OMP=")[1].split()[0]) >= 1

@@ -10,7 +10,8 @@ from packaging.version import Version
 
 from tunedeck.backend.cli import main
 from tunedeck.backend.render import render_bundle
-from tunedeck.backend.render.requirements import CONSTRAINTS_FILE, minimums, parse_pins, tested_versions
+from tunedeck.backend.render.requirements import CONSTRAINTS_FILE, minimums, parse_pins
+from tunedeck.backend.render.requirements import tested_versions as pinned_versions
 from tunedeck.backend.spec import resolve_spec
 
 from .conftest import PRESET_IDS, STRATEGY_KINDS
@@ -37,7 +38,7 @@ def test_every_bundle_pins_the_tested_stack_it_imports(preset):
 @pytest.mark.parametrize("kind", STRATEGY_KINDS)
 def test_the_tested_versions_meet_every_minimum(kind):
     spec = resolve_spec("7b-full-zero2", [f"strategy.kind={kind}"])
-    tested = tested_versions()
+    tested = pinned_versions()
     for need in minimums(spec):
         assert Version(tested[need.package]) >= Version(need.version), need
 
@@ -57,12 +58,15 @@ def test_readme_names_requirements_the_minimums_and_libaio_for_nvme():
     assert "`requirements.txt`: the training stack at the versions tunedeck was tested with" in readme
     assert "transformers >= 5.23.0" in readme and "deepspeed >= 0.19.0" in readme and "NaN" in readme
     assert "libaio" not in readme
-    nvme = resolve_spec("70b-qlora-zero3", ["strategy.offload_optimizer=nvme", "strategy.offload_params=nvme", "strategy.nvme_path=/nvme"])
+    nvme = resolve_spec(
+        "70b-qlora-zero3",
+        ["strategy.offload_optimizer=nvme", "strategy.offload_params=nvme", "strategy.nvme_path=/nvme"],
+    )
     assert "apt-get install libaio-dev" in render_bundle(nvme)["README.md"]
 
 
 def test_without_constraints_the_file_states_minimums(tmp_path):
-    assert tested_versions(tmp_path / "absent.txt") == {}
+    assert pinned_versions(tmp_path / "absent.txt") == {}
     from tunedeck.backend.render.requirements import render_requirements
 
     reqs = render_requirements(resolve_spec("7b-full-zero2"), {})

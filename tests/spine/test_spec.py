@@ -54,7 +54,9 @@ def test_every_preset_round_trips_through_yaml(preset):
 
 def test_presets_are_the_ones_promised():
     presets = load_presets()
-    assert {"7b-lora-ddp", "70b-qlora-zero3", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-fsdp", "demo"} <= set(presets)
+    assert {"7b-lora-ddp", "70b-qlora-zero3", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-fsdp", "demo"} <= set(
+        presets
+    )
     assert presets["7b-lora-ddp"].title == "7B LoRA DDP"
     assert presets["70b-qlora-zero3"].title == "70B QLoRA ZeRO-3"
     for preset in presets.values():
@@ -84,7 +86,12 @@ def test_set_paths_reads_yaml_scalars():
     spec = set_paths(
         JobSpec(),
         parse_assignments(
-            ["lora.r=8", "training.gradient_checkpointing=false", "quantization.bits=null", "lora.target_modules=q_proj, v_proj"]
+            [
+                "lora.r=8",
+                "training.gradient_checkpointing=false",
+                "quantization.bits=null",
+                "lora.target_modules=q_proj, v_proj",
+            ]
         ),
     )
     assert spec.lora.r == 8
@@ -97,7 +104,9 @@ def test_set_paths_keeps_text_fields_as_typed():
     # YAML would read these as numbers (0123456 even as octal) and the string fields would refuse them.
     spec = set_paths(
         JobSpec(),
-        parse_assignments(["model.revision=0123456", "dataset.split=2023", "output_dir=1e3", "dataset.eval_split=null"]),
+        parse_assignments(
+            ["model.revision=0123456", "dataset.split=2023", "output_dir=1e3", "dataset.eval_split=null"]
+        ),
     )
     assert (spec.model.revision, spec.dataset.split, spec.output_dir) == ("0123456", "2023", "1e3")
     assert spec.dataset.eval_split is None
@@ -111,8 +120,15 @@ def test_bad_values_raise_spec_errors_naming_the_field():
     assert fields == ["lora.lora_dropout", "launch.num_processes"]
     # inf passes `gt=0`, then the Trainer's math.ceil(epochs x steps) raises OverflowError at launch.
     with pytest.raises(SpecError) as err:
-        set_paths(JobSpec(), {"training.num_train_epochs": ".inf", "training.warmup_steps": ".inf", "training.max_grad_norm": ".nan"})
-    assert [path for path, _ in err.value.problems] == ["training.num_train_epochs", "training.warmup_steps", "training.max_grad_norm"]
+        set_paths(
+            JobSpec(),
+            {"training.num_train_epochs": ".inf", "training.warmup_steps": ".inf", "training.max_grad_norm": ".nan"},
+        )
+    assert [path for path, _ in err.value.problems] == [
+        "training.num_train_epochs",
+        "training.warmup_steps",
+        "training.max_grad_norm",
+    ]
     assert "finite number" in err.value.problems[0][1]
     with pytest.raises(SpecError) as err:
         spec_from_yaml(yaml.safe_dump({"training": {"learning_rat": 0.1}}))

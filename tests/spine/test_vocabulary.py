@@ -23,7 +23,7 @@ from tunedeck.backend.vocabulary import DATASET_FORMATS, STRATEGIES, column_fiel
 
 
 def test_the_training_script_knows_every_strategy_as_the_table_does():
-    assert train.STRATEGY_ENGINES == {kind: (s.engine, s.zero_stage) for kind, s in STRATEGIES.items()}
+    assert {kind: (s.engine, s.zero_stage) for kind, s in STRATEGIES.items()} == train.STRATEGY_ENGINES
 
 
 @pytest.mark.parametrize("kind", STRATEGIES)
@@ -34,9 +34,9 @@ def test_the_gate_expects_the_tables_engine(kind):
 
 
 def test_the_training_script_reads_every_format_as_the_table_does():
-    assert train.FORMAT_COLUMNS == {
+    assert {
         name: {c.field: (c.default, c.kind) for c in fmt.columns} for name, fmt in DATASET_FORMATS.items()
-    }
+    } == train.FORMAT_COLUMNS
     assert {c.kind for fmt in DATASET_FORMATS.values() for c in fmt.columns} <= set(train.KIND_NEEDS)
 
 
