@@ -21,12 +21,15 @@ from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.run_folder import read_job, read_records
 from tunedeck.backend.run_status import DAMAGED
 from tunedeck.backend.run_summary import format_clock, measured_peaks, summarize
 from tunedeck.backend.runs import RunError, RunManager, RunStatus
+from tunedeck.backend.smoke import is_smoke_job, smoke_verdict, start_smoke_run
 
 RUNS_LIST_TTL_S = 2.0
-TABLE_HEADERS = ["run", "state", "job", "started", "duration"]
+TABLE_HEADERS = ["run", "state", "job", "loss", "started", "duration"]
+SMOKE_MARK = "smoke test · "
 STATE_MARKS = {
     "queued": "⏳",
     "running": "▶",
@@ -38,6 +41,14 @@ STATE_MARKS = {
 }
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What the views say about a run beyond its status: read from its folder once per state."""
+
+    smoke: bool  # a smoke run (its model is one of the tiny ones)
+    loss: float | None  # the last training loss of an ended run (a live run's moves: its progress line has it)
+
+
 class RunsIndex:
     """list_runs(), shared by all sessions and refreshed at most every RUNS_LIST_TTL_S seconds."""
 
@@ -46,6 +57,22 @@ class RunsIndex:
         self._runs: list[RunStatus] = []
         self._at = -1e9
         self._lock = threading.Lock()
+        self._facts: dict[str, tuple[str, RunFacts]] = {}  # run id -> (the state they were read in, facts)
+
+    def facts(self, run: RunStatus) -> RunFacts:
+        """The run's facts, read again only when its state changed (an ended run's never change)."""
+        with self._lock:
+            known = self._facts.get(run.run_id)
+        if known and known[0] == run.state:
+            return known[1]
+        run_dir = self.manager.run_dir(run.run_id)
+        loss = None
+        if run.state not in ACTIVE:
+            loss = summarize(read_records(run_dir), run.started_at, run.ended_at).last_loss
+        facts = RunFacts(smoke=is_smoke_job(read_job(run_dir)), loss=loss)
+        with self._lock:
+            self._facts[run.run_id] = (run.state, facts)
+        return facts
 
     def runs(self, fresh: bool = False) -> list[RunStatus]:
         with self._lock:
@@ -71,6 +98,12 @@ def run_choices(runs: list[RunStatus]) -> list[tuple[str, str]]:
     return [(f"{STATE_MARKS.get(r.state, '')} {r.run_id} · {r.title}", r.run_id) for r in runs]
 
 
+def table_row(run: RunStatus, facts: RunFacts) -> list:
+    loss = f"{facts.loss:.4f}" if facts.loss is not None else ""
+    title = SMOKE_MARK * facts.smoke + run.title
+    return [run.run_id, run.state, title, loss, _when(run.started_at), _duration(run)]
+
+
 def progress_html(fraction: float, text: str, state: str) -> str:
     color = {"failed": "#dc2626", "finished": "#16a34a"}.get(state, "#4f46e5")
     return (
@@ -78,6 +111,14 @@ def progress_html(fraction: float, text: str, state: str) -> str:
         f"style='width:{100 * fraction:.1f}%;background:{color}'></div></div>"
         f"<div class='td-progress-text'>{escape(text)}</div></div>"
     )
+
+
+def smoke_line(run_dir, state: str) -> str:
+    """A smoke run's verdict once it has ended, what it is doing until then."""
+    if state in ACTIVE:
+        return "**Smoke test**: the job's exact path on a tiny model of its architecture, for a few steps."
+    verdict = smoke_verdict(run_dir)
+    return f"**{'✓' if verdict.passed else '✗'} {escape(verdict.line)}**"
 
 
 @dataclass
@@ -189,7 +230,7 @@ class RunView(Section):
             choices = run_choices(runs)
             out[self.select] = gr.update(choices=choices, value=shown.run)
             out[self.overlay] = gr.update(choices=[("(none)", "")] + choices, value=overlay or "")
-            out[self.table] = [[r.run_id, r.state, r.title, _when(r.started_at), _duration(r)] for r in runs]
+            out[self.table] = [table_row(r, self.index.facts(r)) for r in runs]
             shown.runs_sig = runs_sig
 
         run_id = shown.run
@@ -232,6 +273,8 @@ class RunView(Section):
         state_line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}` · {escape(status.title)}"
         if status.state == "failed" and status.exit_code not in (None, 0):
             state_line += f" · exit code {status.exit_code}"
+        if self.index.facts(status).smoke:
+            state_line += "\n\n" + smoke_line(self.manager.run_dir(run_id), status.state)
         runs_to_draw = [("this run", watch.records)] + ([(overlay, other.records)] if other else [])
         log_name, log_text = watch.log_text()
         out.update({
@@ -264,6 +307,12 @@ class RunView(Section):
     def start(self, spec) -> tuple[str, RunShown]:
         """Launch `spec` (RunError says why not); the view then follows the new run."""
         run_id = self.manager.start(spec)
+        self.index.runs(fresh=True)
+        return run_id, RunShown(run=run_id, follow=False)
+
+    def start_smoke(self, spec) -> tuple[str, RunShown]:
+        """Launch the smoke run of `spec` (SmokeError or RunError say why not); the view then follows it."""
+        run_id = start_smoke_run(self.manager, spec)
         self.index.runs(fresh=True)
         return run_id, RunShown(run=run_id, follow=False)
 

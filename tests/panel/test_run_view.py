@@ -10,7 +10,7 @@ import gradio as gr
 import pytest
 
 from tunedeck.app.registry import Registry
-from tunedeck.app.run_view import RunShown, RunView
+from tunedeck.app.run_view import TABLE_HEADERS, RunShown, RunView
 from tunedeck.app.section import Page
 from tunedeck.backend.runs import RunManager
 from tunedeck.backend.supervisor import process_identity, write_status
@@ -113,9 +113,9 @@ def test_the_runs_table_never_shows_a_live_runs_clock_frozen(run, tmp_path):
             "supervisor": process_identity(os.getpid()),
         },
     )  # alive: this test process
-    rows = {row[0]: row for row in run.render(RunShown())["table"]}
-    assert rows[live][1] == "running" and rows[live][4] == ""
-    assert rows[RUN_ID][4] == "0:40"  # an ended run: its real duration
+    rows = {row[0]: dict(zip(TABLE_HEADERS, row)) for row in run.render(RunShown())["table"]}
+    assert rows[live]["state"] == "running" and rows[live]["duration"] == ""
+    assert rows[RUN_ID]["duration"] == "0:40"  # an ended run: its real duration
 
 
 def test_damaged_run_folders_are_one_row_each_and_break_nothing(run, tmp_path):
