@@ -10,7 +10,8 @@ import gradio as gr
 import pytest
 
 from tunedeck.app.registry import Registry
-from tunedeck.app.run_view import TABLE_HEADERS, RunShown, RunView
+from tunedeck.app.run_index import TABLE_HEADERS
+from tunedeck.app.run_view import RunShown, RunView
 from tunedeck.app.section import Page
 from tunedeck.backend.runs import RunManager
 from tunedeck.backend.supervisor import process_identity, write_status
@@ -135,7 +136,8 @@ def test_damaged_run_folders_are_one_row_each_and_break_nothing(run, tmp_path):
     out = run.render(RunShown())
     assert out["shown"].run == RUN_ID and "finished" in out["status"]  # follows the newest run that can be shown
     assert "step 3/3" in out["progress"] and len(out["loss_chart"].data[0].x) == 3
-    assert {row[0]: row[1] for row in out["table"]} == {RUN_ID: "finished", **dict.fromkeys(damaged, "damaged")}
+    state = TABLE_HEADERS.index("state")
+    assert {row[0]: row[state] for row in out["table"]} == {RUN_ID: "finished", **dict.fromkeys(damaged, "damaged")}
 
     picked = run.render(RunShown(run="20250102-120000-00000a", follow=False))
     assert "⚠ damaged" in picked["status"]
