@@ -99,3 +99,13 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
     fig.update_yaxes(exponentformat="e", row=1, col=1)
     fig.update_layout(height=260, **{**_LAYOUT, "margin": dict(l=50, r=20, t=30, b=40)})
     return fig
+
+
+def waiting_figure(text: str, height: int = 340) -> go.Figure:
+    """A chart's place before it has data: the text alone, no empty axes (plotly's default frame reads -1..6)."""
+    fig = go.Figure()
+    fig.add_annotation(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=15))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(height=height, **{**_LAYOUT, "margin": dict(l=20, r=20, t=20, b=20)})
+    return fig

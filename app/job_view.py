@@ -144,6 +144,9 @@ class JobView:
             self.start = add(
                 "job.start", gr.Button("▶ Start run", variant="primary", elem_id="start-run", interactive=False)
             )
+            self.smoke = add(  # the job's exact path on a tiny model, in about a minute (page.wire_start)
+                "job.smoke", gr.Button("🧪 Smoke test", elem_id="smoke-run", interactive=False)
+            )
             self.zip = add(
                 "job.zip", gr.DownloadButton("⬇ Download bundle (.zip)", elem_id="download-zip", interactive=False)
             )
@@ -195,6 +198,7 @@ class JobView:
             self.issues,
             self.batch,
             self.start,
+            self.smoke,
             self.zip,
             self.files,
             self.shown,
@@ -281,7 +285,7 @@ class JobView:
             if getattr(old, key) != getattr(shown, key):
                 out[component] = getattr(shown, key)
         if old.startable != shown.startable:
-            out[self.start] = gr.update(interactive=shown.startable)
+            out[self.start] = out[self.smoke] = gr.update(interactive=shown.startable)
         self._download_updates(result, shown, out)
         if fill:
             out[self.fills] = shown.fills

@@ -24,6 +24,7 @@ from tunedeck.app.run_view import RunView
 from tunedeck.app.section import Page
 from tunedeck.backend.monitor import shared_monitor
 from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.smoke import SmokeError
 from tunedeck.backend.spec import JobSpec, SpecError
 
 CSS = (
@@ -64,23 +65,29 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
 
 
 def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
-    """Start: the job the form holds, if the files beside it are that job's, runs; the Run tab follows it."""
+    """Start and Smoke test: the job the form holds, if the files beside it are that job's, runs (or its
+    smoke run: the same path on a tiny model); the Run tab follows it."""
     form, digest = job.view.form.components, page.ui["job.digest"]
 
-    def on_start(got: Got) -> Updates:
-        try:  # what the page shows runs (job_view's rule 3)
-            run_id, shown = runs.start(job.view.spec_as_shown([got[c] for c in form], got[digest]))
-        except (SpecError, RunError, NotShownYet) as exc:
-            return {page.notice: f"✗ **Not started:** {escape(user_message(exc))}"}
-        return {page.notice: f"Started run `{run_id}`.", runs.shown: shown, **page.select(runs.id)}
+    def launcher(start, what: str):
+        def on_click(got: Got) -> Updates:
+            try:  # what the page shows runs (job_view's rule 3)
+                run_id, shown = start(job.view.spec_as_shown([got[c] for c in form], got[digest]))
+            except (SpecError, RunError, SmokeError, NotShownYet) as exc:
+                return {page.notice: f"✗ **Not started:** {escape(user_message(exc))}"}
+            return {page.notice: f"Started {what} `{run_id}`.", runs.shown: shown, **page.select(runs.id)}
 
-    start = page.ui["job.start"]
-    listen(
-        [start.click],
-        on_start,
-        inputs=[*form, digest],
-        outputs=[page.notice, runs.shown, page.tabs, page.in_view],
-        concurrency_limit=1,  # one launch at a time, whoever clicks
-        show_progress="minimal",
-        show_progress_on=[start],
-    )
+        return on_click
+
+    for button_id, start, what in (("job.start", runs.start, "run"), ("job.smoke", runs.start_smoke, "smoke run")):
+        button = page.ui[button_id]
+        listen(
+            [button.click],
+            launcher(start, what),
+            inputs=[*form, digest],
+            outputs=[page.notice, runs.shown, page.tabs, page.in_view],
+            concurrency_id="launch",  # one launch at a time, whoever clicks which
+            concurrency_limit=1,
+            show_progress="minimal",
+            show_progress_on=[button],
+        )

@@ -1,4 +1,4 @@
-"""The Run tab: Start/Stop, state, progress, charts, rank-0 log, past runs and overlays.
+"""The Run tab: Stop and Resume, state, progress, summary, name and notes, charts, rank-0 log, past runs.
 
 Everything is read from run folders (the disk is the message bus): closing the page
 never touches training, and a new page follows the live run. The page's 1-second tick
@@ -9,66 +9,25 @@ stat or two per second.
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass, replace
 from html import escape
 
 import gradio as gr
 
-from tunedeck.app.charts import loss_figure, metrics_figure
+from tunedeck.app.charts import loss_figure, metrics_figure, series, waiting_figure
 from tunedeck.app.registry import Got, Updates, listen
+from tunedeck.app.run_index import STATE_MARKS, TABLE_HEADERS, RunFacts, RunsIndex, run_choices, table_row
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
-from tunedeck.backend.run_status import DAMAGED
-from tunedeck.backend.run_summary import format_clock, measured_peaks, summarize
-from tunedeck.backend.runs import RunError, RunManager, RunStatus
+from tunedeck.backend.run_folder import NAME_MAX_CHARS, NotesError, write_notes
+from tunedeck.backend.run_resume import resume_run
+from tunedeck.backend.run_status import DAMAGED, RunStatus
+from tunedeck.backend.run_summary import measured_peaks, report, summarize
+from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.smoke import smoke_verdict, start_smoke_run
 
-RUNS_LIST_TTL_S = 2.0
-TABLE_HEADERS = ["run", "state", "job", "started", "duration"]
-STATE_MARKS = {
-    "queued": "⏳",
-    "running": "▶",
-    "stopping": "■",
-    "finished": "✓",
-    "failed": "✗",
-    "stopped": "■",
-    DAMAGED: "⚠",
-}
-
-
-class RunsIndex:
-    """list_runs(), shared by all sessions and refreshed at most every RUNS_LIST_TTL_S seconds."""
-
-    def __init__(self, manager: RunManager):
-        self.manager = manager
-        self._runs: list[RunStatus] = []
-        self._at = -1e9
-        self._lock = threading.Lock()
-
-    def runs(self, fresh: bool = False) -> list[RunStatus]:
-        with self._lock:
-            if fresh or time.monotonic() - self._at > RUNS_LIST_TTL_S:
-                self._runs = self.manager.list_runs()
-                self._at = time.monotonic()
-            return self._runs
-
-
-def _when(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
-
-
-def _duration(run: RunStatus) -> str:
-    # Ended runs only: the table is redrawn when a run changes state, not every tick, so a live
-    # run's clock would freeze here at its first value (its progress line shows the elapsed time).
-    if not run.started_at or not run.ended_at:
-        return ""
-    return format_clock(run.ended_at - run.started_at)
-
-
-def run_choices(runs: list[RunStatus]) -> list[tuple[str, str]]:
-    return [(f"{STATE_MARKS.get(r.state, '')} {r.run_id} · {r.title}", r.run_id) for r in runs]
+NO_STEP_YET = "No training step logged yet: the loss appears here after the first logging step."
 
 
 def progress_html(fraction: float, text: str, state: str) -> str:
@@ -80,6 +39,28 @@ def progress_html(fraction: float, text: str, state: str) -> str:
     )
 
 
+def state_hint(status: RunStatus, facts: RunFacts, step: int) -> str:
+    """What the run's state means for the reader now: drawn from the state, so it never outlives it."""
+    if status.state == "queued":
+        return "waiting for its processes to start"
+    if status.state == "stopping":
+        return "stopping: each rank finishes its step and saves a checkpoint"
+    if status.state in ("stopped", "failed") and facts.checkpoint is not None:
+        where = f"stopped at step {step}" if status.state == "stopped" else "failed"
+        return f"{where} · **↻ Resume** continues from its checkpoint at step {facts.checkpoint}"
+    if status.state in ("stopped", "failed"):
+        return "no checkpoint was saved: there is nothing to resume from"
+    return ""
+
+
+def smoke_line(run_dir, state: str) -> str:
+    """A smoke run's verdict once it has ended, what it is doing until then."""
+    if state in ACTIVE:
+        return "**Smoke test**: the job's exact path on a tiny model of its architecture, for a few steps."
+    verdict = smoke_verdict(run_dir)
+    return f"**{'✓' if verdict.passed else '✗'} {escape(verdict.line)}**"
+
+
 @dataclass
 class RunShown:
     """What one browser's Run tab shows (its gr.State); handlers work on a copy."""
@@ -88,6 +69,7 @@ class RunShown:
     follow: bool = True  # follow the live (else newest) run, until the user picks one
     runs_sig: tuple | None = None  # the run list the picker and the table were drawn from
     shown_run: str | None = None  # the run whose details are drawn
+    notes_run: str | None = None  # the run whose name and notes are in their boxes
     sig: tuple | None = None  # what those details were drawn from
 
 
@@ -112,11 +94,37 @@ class RunView(Section):
             self.stop = add(
                 "run.stop", gr.Button("■ Stop", variant="stop", elem_id="stop-run", interactive=False, scale=1)
             )
+            self.resume = add(  # a stopped or failed run, from the newest checkpoint in its own folder
+                "run.resume", gr.Button("↻ Resume", elem_id="resume-run", interactive=False, scale=1)
+            )
         self.status = add(
             "run.status", gr.Markdown("No runs yet: pick a job and press **Start run**.", elem_id="run-state")
         )
         self.progress = add("run.progress", gr.HTML(elem_id="run-progress"))
         self.facts = add("run.facts", gr.Markdown(elem_id="run-facts"))
+        self.summary = add("run.summary", gr.Markdown(elem_id="run-summary"))
+        with gr.Row():
+            self.name = add(
+                "run.name",
+                gr.Textbox(
+                    label="Name",
+                    placeholder="name this run (Enter or leaving the box saves it)",
+                    max_length=NAME_MAX_CHARS,
+                    elem_id="run-name",
+                    scale=1,
+                ),
+            )
+            self.notes = add(
+                "run.notes",
+                gr.Textbox(
+                    label="Notes",
+                    placeholder="what you tried, what you saw (saved when you leave the box)",
+                    lines=1,
+                    max_lines=6,
+                    elem_id="run-notes",
+                    scale=3,
+                ),
+            )
         self.error = add(
             "run.error", gr.Code(label="Error", language="shell", visible=False, elem_id="run-error", interactive=False)
         )
@@ -151,7 +159,8 @@ class RunView(Section):
     def outputs(self) -> list:
         return [
             self.shown, self.select, self.overlay, self.table, self.status, self.progress, self.facts,
-            self.error, self.loss_plot, self.metrics_plot, self.memory, self.log, self.stop,
+            self.summary, self.name, self.notes, self.error, self.loss_plot, self.metrics_plot, self.memory,
+            self.log, self.stop, self.resume,
         ]  # fmt: skip
 
     @property
@@ -186,10 +195,10 @@ class RunView(Section):
 
         runs_sig = tuple((r.run_id, r.state) for r in runs)
         if force or shown.runs_sig != runs_sig or shown.shown_run != shown.run:
-            choices = run_choices(runs)
+            choices = run_choices(self.index, runs)
             out[self.select] = gr.update(choices=choices, value=shown.run)
             out[self.overlay] = gr.update(choices=[("(none)", "")] + choices, value=overlay or "")
-            out[self.table] = [[r.run_id, r.state, r.title, _when(r.started_at), _duration(r)] for r in runs]
+            out[self.table] = [table_row(r, self.index.facts(r)) for r in runs]
             shown.runs_sig = runs_sig
 
         run_id = shown.run
@@ -211,11 +220,14 @@ class RunView(Section):
                 other.refresh()
             except RunError:
                 other = None
+        facts = self.index.facts(status)
         sig = (
             run_id,
             version,
             status.state,
             status.error,
+            facts.notes.name,
+            facts.checkpoint,
             overlay,
             other.version if other else None,
             smoothing,
@@ -228,23 +240,44 @@ class RunView(Section):
                 out[self.progress] = bar
             return
         shown.sig, shown.shown_run = sig, run_id
+        if shown.notes_run != run_id:  # the boxes are the user's while they type: filled once per run shown
+            shown.notes_run = run_id
+            out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
 
-        state_line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}` · {escape(status.title)}"
+        name = f" · **{escape(facts.notes.name)}**" if facts.notes.name else ""
+        state_line = (
+            f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}`{name} · {escape(status.title)}"
+        )
         if status.state == "failed" and status.exit_code not in (None, 0):
             state_line += f" · exit code {status.exit_code}"
-        runs_to_draw = [("this run", watch.records)] + ([(overlay, other.records)] if other else [])
+        hint = state_hint(status, facts, summary.step)
+        if hint:
+            state_line += f"\n\n{hint}"
+        if facts.smoke:
+            state_line += "\n\n" + smoke_line(self.manager.run_dir(run_id), status.state)
+        results = report(watch, status.started_at, status.ended_at).line() if watch.records else ""
         log_name, log_text = watch.log_text()
         out.update({
             self.status: state_line,
             self.progress: bar,
             self.facts: summary.facts,
+            self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" if results else "",
             self.error: gr.update(value=status.error or "", visible=bool(status.error)),
-            self.loss_plot: loss_figure(runs_to_draw, smoothing, log_scale),
-            self.metrics_plot: metrics_figure(watch.records),
+            self.loss_plot: self._loss_chart(watch, other and (overlay, other), smoothing, log_scale),
+            self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
             self.memory: self._memory_markdown(run_id, watch),
             self.log: gr.update(value=log_text, label=f"{log_name} (last lines)"),
             self.stop: gr.update(interactive=status.state in ("queued", "running")),
+            self.resume: gr.update(interactive=facts.checkpoint is not None),
         })  # fmt: skip
+
+    @staticmethod
+    def _loss_chart(watch, other, smoothing: float, log_scale: bool):
+        """The loss chart, or its placeholder text while no loss has been logged (an empty chart reads -1..6)."""
+        runs_to_draw = [("this run", watch.records)] + ([(other[0], other[1].records)] if other else [])
+        if not any(series(records, key)[0] for _, records in runs_to_draw for key in ("loss", "eval_loss")):
+            return waiting_figure(NO_STEP_YET)
+        return loss_figure(runs_to_draw, smoothing, log_scale)
 
     def _memory_markdown(self, run_id: str, watch) -> str:
         peaks = measured_peaks(watch)
@@ -267,18 +300,34 @@ class RunView(Section):
         self.index.runs(fresh=True)
         return run_id, RunShown(run=run_id, follow=False)
 
-    def stop_run(self, shown: RunShown) -> str:
-        run_id = shown.run
-        if not run_id:
-            return "No run selected."
-        status = self.manager.stop(run_id, grace_s=30)
+    def start_smoke(self, spec) -> tuple[str, RunShown]:
+        """Launch the smoke run of `spec` (SmokeError or RunError say why not); the view then follows it."""
+        run_id = start_smoke_run(self.manager, spec)
         self.index.runs(fresh=True)
-        return f"Stopping run `{run_id}`: ranks finish their step and save a checkpoint (state: {status.state})."
+        return run_id, RunShown(run=run_id, follow=False)
+
+    def stop_run(self, shown: RunShown) -> str:
+        """Ask the run in view to stop; the notice is only for what went wrong (the state line says the rest)."""
+        if not shown.run:
+            return "No run selected."
+        self.manager.stop(shown.run, grace_s=30)
+        self.index.runs(fresh=True)
+        return ""
+
+    def resume(self, shown: RunShown) -> tuple[str, RunShown]:
+        """Continue the run in view from its newest checkpoint, as a new run; the view then follows it."""
+        if not shown.run:
+            raise RunError("no run selected")
+        new_id, step = resume_run(self.manager, shown.run)
+        self.index.runs(fresh=True)
+        return f"Resumed run `{shown.run}` as run `{new_id}`, from its checkpoint at step {step}.", RunShown(
+            run=new_id, follow=False
+        )
 
     # ------------------------------------------------------------ events
 
     def wire(self, page: Page) -> None:
-        """Run picker, chart options and Stop; the page's tick and load redraw what changed."""
+        """Run picker, chart options, Stop, Resume, name and notes; the page's tick and load redraw what changed."""
 
         def on_select(got: Got) -> Updates:
             run_id = got[self.select]
@@ -290,6 +339,40 @@ class RunView(Section):
         def on_stop(got: Got) -> Updates:
             return {page.notice: self.stop_run(got[self.shown]), **self.redraw(got, force=True)}
 
+        def on_resume(got: Got) -> Updates:
+            try:
+                notice, shown = self.resume(got[self.shown])
+            except RunError as exc:
+                return {page.notice: f"✗ **Not resumed:** {escape(str(exc))}"}
+            return {page.notice: notice, **self.redraw(got, force=True, shown=shown)}
+
+        def on_notes(got: Got) -> Updates:
+            run_id = got[self.shown].notes_run
+            if run_id is None:
+                return {}
+            try:
+                write_notes(self.manager.run_dir(run_id), got[self.name] or "", got[self.notes] or "")
+            except (NotesError, RunError) as exc:
+                return {page.notice: f"✗ **Not saved:** {escape(str(exc))}"}
+            return self.redraw(got, force=True)  # the table and the state line show the new name
+
+        listen(
+            [self.resume.click],
+            on_resume,
+            inputs=self.inputs,
+            outputs=[page.notice, *self.outputs],
+            concurrency_id="launch",  # one launch at a time, with Start and Smoke test (page.py)
+            concurrency_limit=1,
+            show_progress="minimal",
+            show_progress_on=[self.resume],
+        )
+        listen(
+            [self.name.blur, self.name.submit, self.notes.blur],
+            on_notes,
+            inputs=[self.name, self.notes, *self.inputs],
+            outputs=[page.notice, *self.outputs],
+            show_progress="hidden",
+        )
         listen(
             [self.select.input],
             on_select,

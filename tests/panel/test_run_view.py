@@ -10,6 +10,7 @@ import gradio as gr
 import pytest
 
 from tunedeck.app.registry import Registry
+from tunedeck.app.run_index import TABLE_HEADERS
 from tunedeck.app.run_view import RunShown, RunView
 from tunedeck.app.section import Page
 from tunedeck.backend.runs import RunManager
@@ -113,9 +114,9 @@ def test_the_runs_table_never_shows_a_live_runs_clock_frozen(run, tmp_path):
             "supervisor": process_identity(os.getpid()),
         },
     )  # alive: this test process
-    rows = {row[0]: row for row in run.render(RunShown())["table"]}
-    assert rows[live][1] == "running" and rows[live][4] == ""
-    assert rows[RUN_ID][4] == "0:40"  # an ended run: its real duration
+    rows = {row[0]: dict(zip(TABLE_HEADERS, row)) for row in run.render(RunShown())["table"]}
+    assert rows[live]["state"] == "running" and rows[live]["duration"] == ""
+    assert rows[RUN_ID]["duration"] == "0:40"  # an ended run: its real duration
 
 
 def test_damaged_run_folders_are_one_row_each_and_break_nothing(run, tmp_path):
@@ -135,7 +136,8 @@ def test_damaged_run_folders_are_one_row_each_and_break_nothing(run, tmp_path):
     out = run.render(RunShown())
     assert out["shown"].run == RUN_ID and "finished" in out["status"]  # follows the newest run that can be shown
     assert "step 3/3" in out["progress"] and len(out["loss_chart"].data[0].x) == 3
-    assert {row[0]: row[1] for row in out["table"]} == {RUN_ID: "finished", **dict.fromkeys(damaged, "damaged")}
+    state = TABLE_HEADERS.index("state")
+    assert {row[0]: row[state] for row in out["table"]} == {RUN_ID: "finished", **dict.fromkeys(damaged, "damaged")}
 
     picked = run.render(RunShown(run="20250102-120000-00000a", follow=False))
     assert "⚠ damaged" in picked["status"]
