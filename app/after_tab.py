@@ -94,7 +94,10 @@ class AfterTab(Section):
             add("after.compare", gr.Dropdown(label="Beside it", choices=[], elem_id="after-compare", scale=2))
         gr.Markdown("### Try", elem_id="after-try-title")
         with gr.Row():
-            add("after.prompt", gr.Textbox(label="Prompt", lines=3, elem_id="after-prompt", scale=4))
+            add(
+                "after.prompt",
+                gr.Textbox(label="Prompt (Shift+Enter answers)", lines=3, elem_id="after-prompt", scale=4),
+            )
             with gr.Column(scale=1, min_width=160):
                 add("after.ask", gr.Button("Answer", variant="primary", elem_id="after-ask"))
                 add("after.release", gr.Button("Release models", elem_id="after-release"))
@@ -118,7 +121,10 @@ class AfterTab(Section):
                                              value="final", label="Models", elem_id="after-eval-scope"))  # fmt: skip
             add("after.eval_data", gr.File(label="Evaluation data (default: the run's eval split)", type="filepath",
                                            file_types=[".jsonl", ".json", ".csv", ".parquet"], height=90))  # fmt: skip
-            add("after.eval_limit", gr.Number(None, label="examples (blank: all)", precision=0, minimum=1))
+            add(
+                "after.eval_limit",
+                gr.Number(0, label="examples (0: all)", precision=0, minimum=0, elem_id="after-eval-limit"),
+            )
             add("after.evaluate", gr.Button("Evaluate", variant="primary", elem_id="after-evaluate"))
         add("after.eval_status", gr.Markdown(elem_id="after-eval-status"))
         with gr.Row():
@@ -200,6 +206,7 @@ class AfterTab(Section):
 
         gr.on([ui["after.ask"].click, ui["after.prompt"].submit], on_answer, inputs={ui[i] for i in answer_in},
               outputs=[ui["after.answer"], ui["after.compare_answer"], ui["after.status"]], concurrency_limit=4,
+              trigger_mode="once",  # a second click while answering is ignored: the models answer one prompt at a time
               show_progress="minimal", show_progress_on=[ui["after.ask"]])  # fmt: skip
 
         def on_release(got: Got, request: gr.Request) -> Updates:
