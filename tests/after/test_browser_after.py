@@ -12,7 +12,7 @@ import time
 
 import psutil
 import pytest
-from panel.browser import PanelServer, fill, open_tab, plot_points, settle, wait_text
+from panel.browser import EVENTS_TAP_JS, PanelServer, fill, open_tab, plot_points, settle, wait_text
 from runs.helpers import wait_for
 
 from .helpers import gone
@@ -106,6 +106,12 @@ def ask(page, max_new_tokens: int = 16) -> None:
     page.click("#after-ask")
 
 
+def eval_losses(page) -> dict[str, float]:
+    """{model: loss} of the rows of the evaluation table."""
+    rows = [text.split() for text in page.locator("#after-eval-table [role=row]").all_inner_texts()]
+    return {cells[0]: float(cells[1]) for cells in rows if cells and cells[0] != "model"}
+
+
 def answer_of(page, elem_id: str) -> str:
     return page.locator(f"#{elem_id} textarea").input_value()
 
@@ -139,18 +145,17 @@ def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
     assert "not evaluated yet" in page.locator("#after-eval-status").inner_text()
     fill(page.locator("#after-eval-limit input"), "8")
     page.click("#after-evaluate")
-    page.wait_for_selector("#after-eval-table tbody tr >> nth=1", timeout=240_000)
+    wait_text(page, "#after-eval-table", "final", timeout=240_000)
     settle(page)
-    rows = [r.split("\t") for r in page.locator("#after-eval-table tbody tr").all_inner_texts()]
-    assert [r[0].strip() for r in rows] == ["base", "final"]
-    loss = {r[0].strip(): float(r[1]) for r in rows}
-    assert loss["final"] < loss["base"]
+    loss = eval_losses(page)
+    assert list(loss) == ["base", "final"] and loss["final"] < loss["base"]
     assert plot_points(page, "after-eval-chart").get("loss") == 2
     saved = json.loads((server.runs_dir / server.run_id / "eval.json").read_text())
     assert set(saved["results"]) == {"base", "final"}
 
     open_after(page, server)  # reopened: the table is read back from eval.json
-    page.wait_for_selector("#after-eval-table tbody tr >> nth=1")
+    wait_text(page, "#after-eval-table", "final")
+    assert eval_losses(page) == loss
 
 
 def test_merge_writes_the_folder_under_the_run_and_shows_its_path_and_serve_sh(page, server):
@@ -172,6 +177,7 @@ def test_merge_writes_the_folder_under_the_run_and_shows_its_path_and_serve_sh(p
 def test_workers_end_when_the_tab_closes_after_idle_timeout_and_with_the_panel(browser, server):
     def fresh_page():
         context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        context.add_init_script(EVENTS_TAP_JS)  # for settle()
         return context, context.new_page()
 
     def ask_alone(page):
