@@ -1,11 +1,14 @@
-"""The Try / Evaluate / Export tab (not wired into the page yet): chat with a run, score it, merge it.
+"""What the Try / Evaluate / Export tab does (app/after_tab.py lays it out): chat with a run, score it, merge it.
 
 The heavy work happens in worker processes (backend/worker_client.py); this module picks the
 run's weights, streams answers side by side, shows progress, and confines what the page may
 name on disk: merged models go to <run>/merged/<name>/, uploads are read where Gradio put them.
 Handlers take plain values and return (or yield, for streams) {component id: value} for the ids
-in COMPONENTS; the page makes the components under those ids and wires them, turning USER_ERRORS
+in COMPONENTS; the tab makes the components under those ids and wires them, turning USER_ERRORS
 into messages (gr.Error). Nothing here imports torch: test_imports checks every app module.
+
+The models a browser session loaded are remembered by session, so the session's end (its tab
+closed) lets them go unless another session still uses them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import plotly.graph_objects as go
 from tunedeck.backend.checkpoints import AfterError, list_weights
 from tunedeck.backend.eval_results import order_key, read_eval, table_rows
 from tunedeck.backend.prompting import GenerationSettings, SettingsError
+from tunedeck.backend.render.serve import SERVE_FILE
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.worker_client import WorkerError, WorkerPool, run_task, side_by_side
 
@@ -33,7 +37,9 @@ COMPONENTS = (
     "after.top_p", "after.repetition_penalty", "after.stop", "after.answer", "after.compare_answer", "after.status",
     "after.eval_scope", "after.eval_data", "after.eval_table", "after.eval_chart", "after.eval_status",
     "after.merge_weights", "after.merge_name", "after.merge_dtype", "after.merge_status", "after.repo_id", "after.token",
+    "after.eval_limit", "after.serve",
 )  # fmt: skip
+Model = tuple  # (run id, checkpoint step or None, base?): one loaded model, one worker
 EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", "examples", "data"]
 USER_ERRORS = (AfterError, WorkerError, SettingsError)  # their message is the whole story: show it as it is
 
@@ -43,6 +49,8 @@ class AfterView:
         self.manager = manager
         self.pool = pool or WorkerPool()
         self.components: dict = {}
+        self._held: dict[str, set[Model]] = {}  # browser session -> the models it loaded
+        self._held_lock = threading.Lock()
 
     # ------------------------------------------------------------ choices
 
@@ -57,6 +65,19 @@ class AfterView:
         if not job:
             raise AfterError(f"run {run_id} has no readable job.yaml")
         return self.manager.run_dir(run_id), job
+
+    def run_choices(self) -> list[tuple[str, str]]:
+        """(label, run id) of every run with something to try: a final adapter or a checkpoint, live runs too."""
+        choices = []
+        for run in self.manager.list_runs():
+            job = self.manager.job(run.run_id)
+            if not job or job.get("method", "lora") not in ("lora", "qlora"):
+                continue  # damaged, or a full fine-tune: its output is already a standalone model
+            saved = [w.name for w in list_weights(self.manager.run_dir(run.run_id), job)[1:]]
+            if saved:
+                newest = "final adapter" if saved[-1] == "final" else f"{len(saved)} checkpoint{'s' * (len(saved) > 1)}"
+                choices.append((f"{run.run_id} · {run.state} · {newest} · {run.title}", run.run_id))
+        return choices
 
     def weights_choices(self, run_id: str) -> list[tuple[str, str]]:
         """(label, value) of what the run can be tried with: its final adapter, each checkpoint, its base."""
@@ -89,7 +110,9 @@ class AfterView:
 
     # ------------------------------------------------------------ try
 
-    def answer(self, run_id: str, weights: str, compare: str, prompt: str, settings: dict) -> Iterator[dict]:
+    def answer(
+        self, run_id: str, weights: str, compare: str, prompt: str, settings: dict, session: str = ""
+    ) -> Iterator[dict]:
         """Stream the answer (and the comparison's, side by side): {component id: value} per update."""
         settings_ok = GenerationSettings.from_dict(settings)
         if not prompt.strip():
@@ -104,10 +127,21 @@ class AfterView:
         }
         for rid, _, _ in models.values():
             self._run(rid)
+        with self._held_lock:
+            self._held.setdefault(session, set()).update(models.values())
+        events: queue.Queue = queue.Queue()
         with ThreadPoolExecutor(max_workers=len(models)) as loading:  # both models load at once
             futures = {
-                key: loading.submit(self.pool.get, self.manager.runs_dir, *model) for key, model in models.items()
+                key: loading.submit(self.pool.get, self.manager.runs_dir, *model, on_event=events.put)
+                for key, model in models.items()
             }
+            while not all(f.done() for f in futures.values()):
+                try:
+                    line = _progress_line(events.get(timeout=0.2))
+                except queue.Empty:
+                    continue
+                if line:
+                    yield {"after.status": "loading: " + line}
             workers = {key: future.result() for key, future in futures.items()}
         warnings = [w.info["warning"] for w in workers.values() if w.info.get("warning")]
         where = ", ".join(f"{w.info['description']} on {w.info['device']}" for w in workers.values())
@@ -123,6 +157,16 @@ class AfterView:
             for _, value in self.weights_choices(run_id)
         )
         return {"after.status": f"released {released} model{'s' if released != 1 else ''} of run {run_id}"}
+
+    def release_session(self, session: str, shared_too: bool = True) -> dict:
+        """Let the models this browser session loaded go (the Release button; its tab closing, shared_too=False:
+        a model another session also uses stays)."""
+        with self._held_lock:
+            mine = self._held.pop(session, set())
+            others = set().union(*self._held.values()) if self._held else set()
+        ending = mine if shared_too else mine - others
+        released = sum(self.pool.release(self.manager.runs_dir, *model) for model in ending)
+        return {"after.status": f"released {released} model{'s' if released != 1 else ''}; their processes ended"}
 
     # ------------------------------------------------------------ evaluate
 
@@ -172,8 +216,10 @@ class AfterView:
             lambda on_event: result.update(run_task("merge", args, job, self.manager.runs_dir, on_event))
         ):
             yield {"after.merge_status": event + note}
+        serve = Path(result["out_dir"]) / SERVE_FILE
         yield {
-            "after.merge_status": f"saved to {result['out_dir']}{note}\n\nserve it: `bash {result['out_dir']}/serve.sh` (or `serve.sh adapter`)"
+            "after.merge_status": f"saved to {result['out_dir']}{note}\n\nserve it: `bash {serve}` (or `bash {serve} adapter`)",
+            "after.serve": serve.read_text(encoding="utf-8") if serve.is_file() else "",
         }
 
     def push(self, run_id: str, name: str, repo_id: str, token: str) -> dict:
@@ -202,12 +248,20 @@ def _in_background(task) -> Iterator[str]:
 
     threading.Thread(target=run, name="after-task", daemon=True).start()
     while (event := events.get()) is not None:
-        if event.get("event") == "progress":
-            yield f"{event['stage']} ({event['done']}/{event['total']})"
-        elif event.get("event") == "warning":
-            yield f"⚠ {event['message']}"
+        line = _progress_line(event)
+        if line:
+            yield line
     if failure:
         raise failure[0]
+
+
+def _progress_line(event: dict) -> str:
+    """A worker's progress or warning event as one line of the page ("" for other events)."""
+    if event.get("event") == "progress":
+        return f"{event['stage']} ({event['done']}/{event['total']})"
+    if event.get("event") == "warning":
+        return f"⚠ {event['message']}"
+    return ""
 
 
 def eval_figure(data: dict) -> go.Figure:

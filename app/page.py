@@ -13,7 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from tunedeck.app import monitor_view, run_view
+from tunedeck.app import after_tab, monitor_view, run_view
 from tunedeck.app.errors import user_message
 from tunedeck.app.estimate_panel import measured_vs_predicted
 from tunedeck.app.job_tab import JobTab, ordered_presets
@@ -36,6 +36,7 @@ CSS = (
 """
     + monitor_view.CSS
     + run_view.CSS
+    + after_tab.CSS
 )
 
 
@@ -51,7 +52,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
     job = JobTab(presets, by_id[preset_id].build() if preset_id else JobSpec(), shared_monitor(), work_dir)
     runs = RunView(RunManager(runs_dir))
     runs.memory_hook = measured_vs_predicted
-    sections = [job, runs, MonitorView(shared_monitor())]
+    sections = [job, runs, MonitorView(shared_monitor()), after_tab.AfterTab.for_runs(runs.manager)]
 
     page = Page(Registry())
     with gr.Blocks(title="tunedeck") as blocks:

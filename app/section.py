@@ -79,6 +79,7 @@ class Page:
 
     def wire(self, blocks: gr.Blocks, sections: list[Section]) -> None:
         """Wire every section, then the page-wide events they joined."""
+        self.blocks = blocks  # for a section's own page-wide events (unload)
         for section in sections:
             section.wire(self)
         if self._load:

@@ -1,0 +1,255 @@
+"""The Try · Evaluate · Export tab: the layout and events over AfterView (app/after_view.py).
+
+The run list is read again whenever the tab comes into view (a run that just saved a
+checkpoint shows up). Answers, evaluations and merges stream their progress into the page
+(generator handlers). Models live in worker processes: started on the first answer, ended
+by the Release button, by this browser's tab closing (Blocks.unload), by their idle timeout
+(TUNEDECK_WORKER_IDLE_S, default 900 s) and with the panel.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import gradio as gr
+
+from tunedeck.app.after_view import EVAL_HEADERS, USER_ERRORS, AfterView
+from tunedeck.app.errors import user_message
+from tunedeck.app.registry import Got, Updates, listen
+from tunedeck.app.section import Page, Section
+from tunedeck.backend.checkpoints import AfterError
+from tunedeck.backend.prompting import MAX_NEW_TOKENS
+from tunedeck.backend.worker_client import DEFAULT_IDLE_TIMEOUT_S, WorkerPool
+
+IDLE_ENV = "TUNEDECK_WORKER_IDLE_S"  # seconds a loaded model may sit unused before its worker ends
+DTYPES = ["bfloat16", "float16", "float32"]
+SETTINGS = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "stop")
+log = logging.getLogger("tunedeck.panel")
+CSS = """
+#after-answer textarea, #after-compare-answer textarea { font-family: var(--font-mono); }
+"""
+
+
+def idle_timeout_s() -> float:
+    raw = os.environ.get(IDLE_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_IDLE_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"{IDLE_ENV}: {raw!r} is not a number of seconds (e.g. 900)") from None
+    if value <= 0:
+        raise ValueError(f"{IDLE_ENV}: {raw!r} must be above 0 seconds")
+    return value
+
+
+def streamed(fn):
+    """handler() for generator listeners: each yielded {id: value} goes to the page; errors become messages."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            for updates in fn(*args, **kwargs):
+                yield updates or gr.skip()
+        except gr.Error:
+            raise
+        except USER_ERRORS as exc:
+            raise gr.Error(str(exc), print_exception=False) from None
+        except Exception as exc:  # noqa: BLE001 - every handler error becomes a message
+            log.error("handler %s failed:\n%s", fn.__name__, traceback.format_exc())
+            raise gr.Error(user_message(exc), print_exception=False) from None
+
+    return run
+
+
+def uploaded(path: str | None) -> str | None:
+    """An evaluation file the page names: only where Gradio keeps this panel's uploads."""
+    if not path:
+        return None
+    folder = Path(gr.utils.get_upload_folder()).resolve()
+    if not Path(path).resolve().is_relative_to(folder):
+        raise AfterError("evaluation data: upload the file with the file box (the page reads no other path)")
+    return path
+
+
+class AfterTab(Section):
+    id = "after"
+    title = "Try · Evaluate · Export"
+
+    def __init__(self, view: AfterView):
+        self.view = view
+
+    @classmethod
+    def for_runs(cls, manager) -> AfterTab:
+        return cls(AfterView(manager, WorkerPool(idle_timeout_s())))
+
+    def build(self, page: Page) -> None:
+        add = page.ui.add
+        with gr.Row():
+            add("after.run", gr.Dropdown(label="Run", choices=[], elem_id="after-run", scale=3))
+            add("after.weights", gr.Dropdown(label="Weights", choices=[], elem_id="after-weights", scale=2))
+            add("after.compare", gr.Dropdown(label="Beside it", choices=[], elem_id="after-compare", scale=2))
+        gr.Markdown("### Try", elem_id="after-try-title")
+        with gr.Row():
+            add(
+                "after.prompt",
+                gr.Textbox(label="Prompt (Shift+Enter answers)", lines=3, elem_id="after-prompt", scale=4),
+            )
+            with gr.Column(scale=1, min_width=160):
+                add("after.ask", gr.Button("Answer", variant="primary", elem_id="after-ask"))
+                add("after.release", gr.Button("Release models", elem_id="after-release"))
+        with gr.Accordion("Generation settings", open=False, elem_id="after-settings"):
+            with gr.Row():
+                add("after.max_new_tokens", gr.Number(64, label="max new tokens", precision=0, minimum=1,
+                                                      maximum=MAX_NEW_TOKENS, elem_id="after-max-new-tokens"))  # fmt: skip
+                add("after.temperature", gr.Slider(0, 2, 0, step=0.05, label="temperature (0 = greedy)"))
+                add("after.top_p", gr.Slider(0.05, 1, 1, step=0.05, label="top-p"))
+                add("after.repetition_penalty", gr.Number(1.0, label="repetition penalty (1 = off)"))
+                add("after.stop", gr.Textbox(label="stop strings (one per line)", lines=2, elem_id="after-stop"))
+        with gr.Row():
+            add("after.answer", gr.Textbox(label="Answer", lines=6, interactive=False, elem_id="after-answer"))
+            add("after.compare_answer", gr.Textbox(label="Beside it", lines=6, interactive=False,
+                                                   elem_id="after-compare-answer"))  # fmt: skip
+        add("after.status", gr.Markdown(elem_id="after-status"))
+
+        gr.Markdown("### Evaluate", elem_id="after-eval-title")
+        with gr.Row():
+            add("after.eval_scope", gr.Radio([("final adapter and base", "final"), ("base and every checkpoint", "all")],
+                                             value="final", label="Models", elem_id="after-eval-scope"))  # fmt: skip
+            add("after.eval_data", gr.File(label="Evaluation data (default: the run's eval split)", type="filepath",
+                                           file_types=[".jsonl", ".json", ".csv", ".parquet"], height=90))  # fmt: skip
+            add(
+                "after.eval_limit",
+                gr.Number(0, label="examples (0: all)", precision=0, minimum=0, elem_id="after-eval-limit"),
+            )
+            add("after.evaluate", gr.Button("Evaluate", variant="primary", elem_id="after-evaluate"))
+        add("after.eval_status", gr.Markdown(elem_id="after-eval-status"))
+        with gr.Row():
+            add("after.eval_table", gr.Dataframe(headers=EVAL_HEADERS, interactive=False, elem_id="after-eval-table"))
+            add("after.eval_chart", gr.Plot(label="loss and exact match", elem_id="after-eval-chart"))
+
+        gr.Markdown(
+            "### Export\nMerges the adapter into the base and saves a standalone model under the run folder "
+            "(`<run>/merged/<name>/`), with `serve.sh` for vLLM. A QLoRA adapter is merged into the base loaded "
+            "in 16 bit (or the dtype you pick), never into its 4-bit weights, so the merged model needs no bitsandbytes.",
+            elem_id="after-export-title",
+        )
+        with gr.Row():
+            add("after.merge_weights", gr.Dropdown(label="Adapter", choices=[], elem_id="after-merge-weights"))
+            add("after.merge_dtype", gr.Dropdown(DTYPES, value="bfloat16", label="dtype", elem_id="after-merge-dtype"))
+            add("after.merge_name", gr.Textbox("merged", label="folder name (under <run>/merged/)",
+                                               elem_id="after-merge-name"))  # fmt: skip
+            add("after.merge", gr.Button("Merge", variant="primary", elem_id="after-merge"))
+        add("after.merge_status", gr.Markdown(elem_id="after-merge-status"))
+        add("after.serve", gr.Code(label="serve.sh", language="shell", interactive=False, elem_id="after-serve"))
+        with gr.Row():
+            add("after.repo_id", gr.Textbox(label="Hub repo id (user/name)", elem_id="after-repo-id"))
+            add("after.token", gr.Textbox(label="Hub token (write access)", type="password", elem_id="after-token"))
+            add("after.push", gr.Button("Push to the Hub", elem_id="after-push"))
+
+    # ------------------------------------------------------------ handlers (got: {component: value})
+
+    def _choices(self, page: Page, run_id: str | None) -> Updates:
+        """The run's weights, comparisons and adapters, and its saved evaluation."""
+        ui = page.ui
+        if not run_id:
+            return {ui[i]: gr.update(choices=[], value=None) for i in ("after.weights", "after.merge_weights")}
+        weights = self.view.weights_choices(run_id)
+        adapters = [c for c in weights if c[1] != "base"]
+        return {
+            ui["after.weights"]: gr.update(choices=weights, value=weights[0][1]),
+            ui["after.compare"]: gr.update(choices=self.view.compare_choices(run_id), value="base"),
+            ui["after.merge_weights"]: gr.update(choices=adapters, value=adapters[0][1] if adapters else None),
+            **{ui[k]: v for k, v in self.view.eval_view(run_id).items()},
+        }
+
+    def wire(self, page: Page) -> None:
+        ui, view = page.ui, self.view
+        run = ui["after.run"]
+
+        def on_shown(got: Got) -> Updates:  # the tab came into view: runs may have been started or saved since
+            runs = view.run_choices()
+            ids = [r for _, r in runs]
+            current = got[run] if got[run] in ids else (ids[0] if ids else None)
+            status = {} if runs else {ui["after.status"]: "No run has saved an adapter yet: train one (Job tab)."}
+            return {run: gr.update(choices=runs, value=current), **self._choices(page, current), **status}
+
+        def on_run(got: Got) -> Updates:
+            return self._choices(page, got[run])
+
+        picks = ["after.weights", "after.compare", "after.merge_weights", "after.eval_table", "after.eval_chart",
+                 "after.eval_status"]  # fmt: skip
+        listen(
+            [ui["page.tab." + self.id].select], on_shown, [run], [run, ui["after.status"], *map(ui.__getitem__, picks)]
+        )
+        listen([run.input], on_run, [run], [ui[i] for i in picks])
+
+        answer_in = ["after.run", "after.weights", "after.compare", "after.prompt", *("after." + s for s in SETTINGS)]
+
+        @streamed
+        def on_answer(got: Got, request: gr.Request) -> Iterator[Updates]:
+            value = {i: got[ui[i]] for i in answer_in}
+            settings = {s: value["after." + s] for s in SETTINGS}
+            settings["stop"] = [line for line in (settings["stop"] or "").splitlines() if line]
+            yield {ui["after.answer"]: "", ui["after.compare_answer"]: ""}
+            args = (
+                value["after.run"],
+                value["after.weights"],
+                value["after.compare"] or "",
+                value["after.prompt"] or "",
+            )
+            for updates in view.answer(*args, settings, session=request.session_hash):
+                yield {ui[k]: v for k, v in updates.items()}
+
+        gr.on([ui["after.ask"].click, ui["after.prompt"].submit], on_answer, inputs={ui[i] for i in answer_in},
+              outputs=[ui["after.answer"], ui["after.compare_answer"], ui["after.status"]], concurrency_limit=4,
+              trigger_mode="once",  # a second click while answering is ignored: the models answer one prompt at a time
+              show_progress="minimal", show_progress_on=[ui["after.ask"]])  # fmt: skip
+
+        def on_release(got: Got, request: gr.Request) -> Updates:
+            return {ui[k]: v for k, v in view.release_session(request.session_hash).items()}
+
+        listen([ui["after.release"].click], on_release, [run], [ui["after.status"]])
+
+        @streamed
+        def on_evaluate(got: Got) -> Iterator[Updates]:
+            limit = got[ui["after.eval_limit"]]
+            args = (got[run], got[ui["after.eval_scope"]], uploaded(got[ui["after.eval_data"]]))
+            for updates in view.evaluate(*args, limit=int(limit) if limit else None):
+                yield {ui[k]: v for k, v in updates.items()}
+
+        eval_out = [ui[i] for i in ("after.eval_status", "after.eval_table", "after.eval_chart")]
+        gr.on([ui["after.evaluate"].click], on_evaluate, outputs=eval_out, show_progress="minimal",
+              inputs={run, ui["after.eval_scope"], ui["after.eval_data"], ui["after.eval_limit"]},
+              show_progress_on=[ui["after.evaluate"]])  # fmt: skip
+
+        @streamed
+        def on_merge(got: Got) -> Iterator[Updates]:
+            args = [got[ui[i]] for i in ("after.run", "after.merge_weights", "after.merge_name", "after.merge_dtype")]
+            if not args[1]:
+                raise AfterError("adapter: the run has saved no adapter yet")
+            for updates in view.merge(args[0], args[1], (args[2] or "").strip(), args[3]):
+                yield {ui[k]: v for k, v in updates.items()}
+
+        merge_in = {ui[i] for i in ("after.run", "after.merge_weights", "after.merge_name", "after.merge_dtype")}
+        gr.on([ui["after.merge"].click], on_merge, inputs=merge_in, outputs=[ui["after.merge_status"], ui["after.serve"]],
+              show_progress="minimal", show_progress_on=[ui["after.merge"]])  # fmt: skip
+
+        def on_push(got: Got) -> Updates:
+            try:
+                done = view.push(got[run], (got[ui["after.merge_name"]] or "").strip(), got[ui["after.repo_id"]] or "",
+                                 got[ui["after.token"]] or "")  # fmt: skip
+            except AfterError as exc:
+                return {ui["after.merge_status"]: f"✗ {exc}"}
+            return {ui[k]: v for k, v in done.items()}
+
+        listen([ui["after.push"].click], on_push, [run, *(ui[i] for i in ("after.merge_name", "after.repo_id",
+               "after.token"))], [ui["after.merge_status"]], show_progress="minimal")  # fmt: skip
+
+        def on_unload(request: gr.Request) -> None:  # this browser tab closed: its models go, unless shared
+            view.release_session(request.session_hash, shared_too=False)
+
+        page.blocks.unload(on_unload)

@@ -1,0 +1,207 @@
+"""The Try · Evaluate · Export tab in headless Chromium, over a copy of the session's trained demo run.
+
+One panel for the module, with a short worker idle timeout; the tests run in order and the last
+one stops the panel. Worker processes are the panel's children running tunedeck.backend.worker.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import psutil
+import pytest
+from panel.browser import EVENTS_TAP_JS, PanelServer, fill, open_tab, plot_points, settle, wait_text
+from runs.helpers import wait_for
+
+from .helpers import gone
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+
+IDLE_S = 10  # the panel's worker idle timeout in this module (TUNEDECK_WORKER_IDLE_S)
+TAB = "Try · Evaluate · Export"
+PROMPT = ("Q: Add the numbers. 3 + 4", "A:")  # the demo's prompt-completion format, two lines
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, demo_run):
+    """A panel over a runs folder holding a copy of the demo run (so this module's eval.json and merges are its own)."""
+    runs_dir, run_id = demo_run
+    mine = tmp_path_factory.mktemp("after-panel") / "runs"
+    shutil.copytree(runs_dir / run_id, mine / run_id, ignore=shutil.ignore_patterns("merged", "eval.json"))
+    # A closed tab is noticed at the next heartbeat (Gradio's default: 15 s).
+    server = PanelServer(mine, env={"TUNEDECK_WORKER_IDLE_S": str(IDLE_S), "GRADIO_HEARTBEAT_INTERVAL": "2"})
+    server.run_id = run_id
+    yield server
+    server.stop()
+
+
+# Counts the streamed updates the page receives (process_generating messages on Gradio's SSE stream).
+GENERATING_TAP_JS = r"""
+(() => {
+  window.__generating = 0;
+  const original = window.fetch;
+  window.fetch = async (...args) => {
+    const response = await original(...args);
+    const url = String((args[0] && args[0].url) || args[0]);
+    if (url.includes("/queue/data") && (response.headers.get("content-type") || "").includes("event-stream")) {
+      const reader = response.clone().body.getReader(), decoder = new TextDecoder();
+      (async () => {
+        for (;;) {
+          const {value, done} = await reader.read().catch(() => ({done: true}));
+          if (done) return;
+          window.__generating += (decoder.decode(value, {stream: true}).match(/"process_generating"/g) || []).length;
+        }
+      })();
+    }
+    return response;
+  };
+})();
+"""
+
+
+def workers(server) -> list[int]:
+    """Pids of the panel's live worker processes."""
+    found = []
+    for child in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if "tunedeck.backend.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return sorted(found)
+
+
+def torch_loaded(pid: int) -> bool:
+    """Whether the process has torch's libraries mapped (import torch loads libtorch*.so)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return "libtorch" in maps.read()
+
+
+def open_after(page, server) -> None:
+    page.goto(server.url)
+    page.wait_for_selector("#main-tabs")
+    open_tab(page, "main-tabs", TAB)
+    page.wait_for_function(
+        "id => (document.querySelector('#after-run input') || {}).value?.startsWith(id)", arg=server.run_id
+    )
+    settle(page)
+
+
+def pick(page, elem_id: str, option: str) -> None:
+    page.locator(f"#{elem_id} input").click()
+    page.locator(f'#{elem_id} li[role=option][aria-label="{option}"]').click()
+
+
+def ask(page, max_new_tokens: int = 16) -> None:
+    box = page.locator("#after-max-new-tokens input")
+    page.locator("#after-settings").get_by_text("Generation settings").click()
+    fill(box, str(max_new_tokens))
+    prompt = page.locator("#after-prompt textarea")
+    prompt.click()
+    prompt.press_sequentially(PROMPT[0])
+    prompt.press("Enter")  # a new line (Shift+Enter would submit)
+    prompt.press_sequentially(PROMPT[1])
+    page.click("#after-ask")
+
+
+def eval_losses(page) -> dict[str, float]:
+    """{model: loss} of the rows of the evaluation table."""
+    rows = [text.split() for text in page.locator("#after-eval-table [role=row]").all_inner_texts()]
+    return {cells[0]: float(cells[1]) for cells in rows if cells and cells[0] != "model"}
+
+
+def answer_of(page, elem_id: str) -> str:
+    return page.locator(f"#{elem_id} textarea").input_value()
+
+
+def test_try_streams_the_adapter_and_the_base_side_by_side_and_release_ends_their_workers(page, server):
+    page.add_init_script(GENERATING_TAP_JS)
+    open_after(page, server)
+    assert page.locator("#after-weights input").input_value() == "final adapter"
+    assert page.locator("#after-compare input").input_value() == "the base model"
+    ask(page, max_new_tokens=24)
+    wait_text(page, "#after-status", "the final adapter on cpu", timeout=240_000)
+    wait_for(lambda: answer_of(page, "after-compare-answer"), 60, what="the answers")
+    settle(page)
+    tuned, base = answer_of(page, "after-answer"), answer_of(page, "after-compare-answer")
+    assert tuned.strip()[:1].isdigit(), tuned  # the adapter learned the demo's answer format
+    assert base and base != tuned
+    # Streamed: the status lines, then an update per generated piece (the base rambles on for 24 tokens).
+    assert page.evaluate("window.__generating") > 10
+    assert "the base model alone on cpu" in page.locator("#after-status").inner_text()
+
+    pids = workers(server)
+    assert len(pids) == 2  # one per loaded model
+    page.click("#after-release")
+    wait_text(page, "#after-status", "released 2 models")
+    wait_for(lambda: all(gone(p) for p in pids), 30, what="the released workers to end")
+    assert not torch_loaded(server.proc.pid)
+
+
+def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
+    open_after(page, server)
+    assert "not evaluated yet" in page.locator("#after-eval-status").inner_text()
+    fill(page.locator("#after-eval-limit input"), "8")
+    page.click("#after-evaluate")
+    wait_text(page, "#after-eval-table", "final", timeout=240_000)
+    settle(page)
+    loss = eval_losses(page)
+    assert list(loss) == ["base", "final"] and loss["final"] < loss["base"]
+    assert plot_points(page, "after-eval-chart").get("loss") == 2
+    saved = json.loads((server.runs_dir / server.run_id / "eval.json").read_text())
+    assert set(saved["results"]) == {"base", "final"}
+
+    open_after(page, server)  # reopened: the table is read back from eval.json
+    wait_text(page, "#after-eval-table", "final")
+    assert eval_losses(page) == loss
+
+
+def test_merge_writes_the_folder_under_the_run_and_shows_its_path_and_serve_sh(page, server):
+    open_after(page, server)
+    pick(page, "after-merge-dtype", "float32")
+    fill(page.locator("#after-merge-name textarea, #after-merge-name input").first, "from-page")
+    page.click("#after-merge")
+    out = server.runs_dir.resolve() / server.run_id / "merged" / "from-page"
+    wait_text(page, "#after-merge-status", f"saved to {out}", timeout=240_000)
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    wait_text(page, "#after-serve", "vllm serve")
+
+    fill(page.locator("#after-merge-name textarea, #after-merge-name input").first, "../../escape")
+    page.click("#after-merge")
+    wait_text(page, "body", "merge name: use letters")
+    assert not (server.runs_dir / "escape").exists()
+
+
+def test_workers_end_when_the_tab_closes_after_idle_timeout_and_with_the_panel(browser, server):
+    def fresh_page():
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        context.add_init_script(EVENTS_TAP_JS)  # for settle()
+        return context, context.new_page()
+
+    def ask_alone(page):
+        open_after(page, server)
+        pick(page, "after-compare", "no comparison")
+        ask(page, max_new_tokens=4)
+        wait_text(page, "#after-status", "the final adapter on cpu", timeout=240_000)
+        return wait_for(lambda: workers(server), 30, what="a worker")
+
+    context, page = fresh_page()  # 1. the browser tab closes: its model goes
+    pids = ask_alone(page)
+    context.close()
+    wait_for(lambda: all(gone(p) for p in pids), 60, what="the worker of a closed tab to end")
+
+    context, page = fresh_page()  # 2. nobody asks for IDLE_S: the worker ends by itself
+    pids = ask_alone(page)
+    started = time.monotonic()
+    wait_for(lambda: all(gone(p) for p in pids), IDLE_S + 30, what="the idle worker to end")
+    assert time.monotonic() - started >= IDLE_S - 3  # ended by its timeout, not at once
+
+    ask(page, max_new_tokens=4)  # 3. the page loads it again; the panel exits: no orphan
+    pids = wait_for(lambda: workers(server), 120, what="a worker loaded again")
+    wait_text(page, "#after-status", "the final adapter on cpu", timeout=240_000)
+    assert not torch_loaded(server.proc.pid)
+    context.close()
+    server.stop()
+    wait_for(lambda: all(gone(p) for p in pids), 30, what="the workers to end with the panel")
