@@ -16,6 +16,7 @@ import gradio as gr
 from tunedeck.app import monitor_view, run_view
 from tunedeck.app.errors import user_message
 from tunedeck.app.estimate_panel import measured_vs_predicted
+from tunedeck.app.form_marks import JUMP_JS
 from tunedeck.app.job_tab import JobTab, ordered_presets
 from tunedeck.app.job_view import NotShownYet
 from tunedeck.app.monitor_view import MonitorView
@@ -29,7 +30,23 @@ from tunedeck.backend.spec import JobSpec, SpecError
 CSS = (
     """
 #presets button { min-width: 0; }
-.invalid input, .invalid textarea, .invalid .wrap { border-color: var(--error-border-color, #ef4444) !important; }
+/* Problems where they are: Gradio 6 inputs have border-width 0, so a border colour shows nothing;
+   an outline on the field's block does. */
+.invalid { outline: 2px solid #dc2626 !important; outline-offset: 2px; border-radius: var(--block-radius); }
+.warned { outline: 2px solid #b45309 !important; outline-offset: 2px; border-radius: var(--block-radius); }
+.invalid .info-text { color: #b91c1c !important; }
+.warned .info-text { color: #92400e !important; }
+/* Help text readable (WCAG AA, 4.5:1): the theme's subdued grey is about 2.5:1 on white. */
+.info-text { color: #4b5563 !important; font-size: 13px !important; }
+.info-text code { font-size: 11px; color: #374151; background: #f3f4f6; padding: 0 3px; }
+.dark .info-text { color: #d1d5db !important; }
+.dark .info-text code { color: #e5e7eb; background: #374151; }
+/* A calm form: fields in a grid of two columns, not one long column. */
+.field-grid { display: grid !important; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 10px; }
+.field-grid > .hidden, .field-grid > [style*="display: none"] { display: none !important; }
+#form-sections [role=tablist] button { padding-left: 8px; padding-right: 8px; }
+#job-fixes { gap: 6px; flex-wrap: wrap; }
+#job-fixes button { flex: 0 1 auto; }
 #job-issues { min-height: 2.5em; }
 #file-tabs { gap: 4px; }
 """
@@ -59,7 +76,8 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
         page.wire(blocks, sections)
         wire_start(page, job, runs)
     blocks.tunedeck_ui = page.ui
-    blocks.tunedeck_css = CSS  # launch() takes css in Gradio 6
+    blocks.tunedeck_css = CSS  # launch() takes css and js in Gradio 6
+    blocks.tunedeck_js = JUMP_JS
     return blocks
 
 

@@ -91,6 +91,7 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
         prevent_thread_lock=True,
         theme=gr.themes.Soft(),
         css=getattr(page, "tunedeck_css", None),
+        js=getattr(page, "tunedeck_js", None),
         quiet=True,
     )
     where = f"[{host}]" if ":" in host else host
