@@ -32,18 +32,22 @@ CSS = (
 #presets button { min-width: 0; }
 /* Problems where they are: Gradio 6 inputs have border-width 0, so a border colour shows nothing;
    an outline on the field's block does. */
-.invalid { outline: 2px solid #dc2626 !important; outline-offset: 2px; border-radius: var(--block-radius); }
-.warned { outline: 2px solid #b45309 !important; outline-offset: 2px; border-radius: var(--block-radius); }
+.invalid { outline: 2px solid #dc2626 !important; outline-offset: -2px; }
+.warned { outline: 2px solid #b45309 !important; outline-offset: -2px; }
 .invalid .info-text { color: #b91c1c !important; }
 .warned .info-text { color: #92400e !important; }
-/* Help text readable (WCAG AA, 4.5:1): the theme's subdued grey is about 2.5:1 on white. */
-.info-text { color: #4b5563 !important; font-size: 13px !important; }
-.info-text code { font-size: 11px; color: #374151; background: #f3f4f6; padding: 0 3px; }
-.dark .info-text { color: #d1d5db !important; }
-.dark .info-text code { color: #e5e7eb; background: #374151; }
+/* Help text at a readable size (its colour is the theme's, page_theme); the raw key a small hint. */
+.info-text { font-size: 13px !important; }
+.info-text code { font-size: 11px; color: inherit; background: var(--background-fill-secondary); padding: 0 3px; }
+/* The file viewer in one dark ink: the stock highlighting colours read at 2-4:1 on its light background. */
+#file-view .cm-content span { color: inherit !important; }
+.dark #file-view .cm-content span { color: inherit !important; }
 /* A calm form: fields in a grid of two columns, not one long column. */
-.field-grid { display: grid !important; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 10px; }
-.field-grid > .hidden, .field-grid > [style*="display: none"] { display: none !important; }
+/* Gradio wraps consecutive form components in one .form block: that block is the grid. */
+.field-grid > .form {
+  display: grid !important; grid-template-columns: repeat(2, minmax(0, 1fr)); background: var(--block-background-fill);
+}
+.field-grid > .form > .hidden { display: none !important; }
 #form-sections [role=tablist] button { padding-left: 8px; padding-right: 8px; }
 #job-fixes { gap: 6px; flex-wrap: wrap; }
 #job-fixes button { flex: 0 1 auto; }
@@ -53,6 +57,22 @@ CSS = (
     + monitor_view.CSS
     + run_view.CSS
 )
+
+
+def page_theme() -> gr.themes.Base:
+    """Gradio's Soft theme with its indigo one shade darker: the stock indigo-500 of labels, selected
+    tabs and white-on-primary buttons reads at 3.6-4.5:1, below WCAG AA's 4.5:1 (tests/panel/test_browser_form.py
+    measures every text of the page)."""
+    indigo = gr.themes.colors.indigo
+    shades = [indigo.c50, indigo.c100, indigo.c200, indigo.c300, indigo.c500, indigo.c600, indigo.c700, indigo.c800]
+    darker = gr.themes.Color(*shades, indigo.c900, indigo.c950, indigo.c950, name="indigo-darker")
+    # The subdued grey of help text and slider bounds is about 2.5:1 on white: gray-600 is 7.5:1.
+    return gr.themes.Soft(primary_hue=darker).set(
+        body_text_color_subdued="*neutral_600",
+        body_text_color_subdued_dark="*neutral_300",
+        block_info_text_color="*neutral_600",
+        block_info_text_color_dark="*neutral_300",
+    )
 
 
 def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | None = None) -> gr.Blocks:
@@ -78,6 +98,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
     blocks.tunedeck_ui = page.ui
     blocks.tunedeck_css = CSS  # launch() takes css and js in Gradio 6
     blocks.tunedeck_js = JUMP_JS
+    blocks.tunedeck_theme = page_theme()
     return blocks
 
 
