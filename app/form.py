@@ -1,8 +1,14 @@
 """The job form: one Gradio component per spec field, grouped in section tabs.
 
 Components come from backend.fields (the spec's own registry): widget kind from the
-field type, label from its name, help text from its description. Nothing here is
-written per field. Each field is registered as `job.<its spec path>` (e.g. `job.lora.r`).
+field type, label from its title, help text from its description, with the raw key as a
+small code hint after the help. Each section shows its basic fields in a grid and folds the
+others into an Advanced accordion. Nothing here is written per field. Each field is
+registered as `job.<its spec path>` (e.g. `job.lora.r`).
+
+A field with a problem gets the class `invalid` (an error) or `warned`, which page.py's CSS
+draws as an outline, and its problem in place of its help; its section's tab counts them
+("Training ✗2"). form_marks.py computes those looks.
 """
 
 from __future__ import annotations
@@ -21,8 +27,26 @@ def element_id(path: str) -> str:
     return "field-" + path.replace(".", "-").replace("_", "-")
 
 
+def section_id(title: str) -> str:
+    """DOM id of a section's tab panel (its tab button is this id + `-button`)."""
+    return "section-" + "".join(c if c.isalnum() else "-" for c in title.split()[0].lower())
+
+
+def advanced_id(title: str) -> str:
+    """DOM id of a section's Advanced accordion."""
+    return section_id(title) + "-advanced"
+
+
+def info_text(field: FormField, says: str | None = None) -> str:
+    """What a field shows under its label: its problem (`says`) or its help, then its raw key as a hint.
+
+    Gradio renders `code` in info text, so the key reads as a small code span (CSS: .info-text code).
+    """
+    return f"{says or field.help} `{field.path}`"
+
+
 def _component(field: FormField, value: Any) -> gr.components.Component:
-    common = dict(label=field.label, info=field.help, elem_id=element_id(field.path), interactive=True)
+    common = dict(label=field.label, info=info_text(field), elem_id=element_id(field.path), interactive=True)
     if field.kind == "bool":
         return gr.Checkbox(value=value, **common)
     if field.kind == "choice":
@@ -55,17 +79,35 @@ class Form:
         return values_from_form(self.raw(got))
 
 
+def jump_targets() -> dict[str, list]:
+    """{field's DOM id: [its tab button's id, its Advanced accordion's id or None]}: what the page's
+    jump script opens before it scrolls to a field (form_marks.JUMP_JS)."""
+    return {
+        element_id(f.path): [section_id(f.section) + "-button", None if f.basic else advanced_id(f.section)]
+        for f in FORM_FIELDS
+    }
+
+
+def _grid(ui: Registry, fields: list[FormField], initial: dict[str, Any], out: dict) -> None:
+    with gr.Column(elem_classes=["field-grid"]):
+        for field in fields:
+            out[field.path] = ui.add(field_id(field.path), _component(field, initial.get(field.path)))
+
+
 def build_form(initial: dict[str, Any], ui: Registry) -> Form:
     """Render the form inside the current Blocks context; `initial` holds widget values by path."""
     components: dict[str, gr.components.Component] = {}
     tabs: dict[str, gr.Tab] = {}
     with gr.Tabs(elem_id="form-sections", overflow_behavior="wrap"):
         for title in section_titles():
-            with gr.Tab(title, elem_id="section-" + title.split()[0].lower()) as tab:
+            with ui.add(
+                "job.section." + section_id(title).removeprefix("section-"), gr.Tab(title, elem_id=section_id(title))
+            ) as tab:
                 tabs[title] = tab
-                for field in FORM_FIELDS:
-                    if field.section == title:
-                        components[field.path] = ui.add(
-                            field_id(field.path), _component(field, initial.get(field.path))
-                        )
+                fields = [f for f in FORM_FIELDS if f.section == title]
+                _grid(ui, [f for f in fields if f.basic], initial, components)
+                advanced = [f for f in fields if not f.basic]
+                if advanced:
+                    with gr.Accordion(f"Advanced ({len(advanced)})", open=False, elem_id=advanced_id(title)):
+                        _grid(ui, advanced, initial, components)
     return Form(components=[components[f.path] for f in FORM_FIELDS], section_tabs=tabs)

@@ -14,8 +14,9 @@ from html import escape
 from pathlib import Path
 
 from tunedeck.app.estimate_view import Unavailable, compute_advice
+from tunedeck.app.form_marks import problem_link
 from tunedeck.backend.advisor import Advice
-from tunedeck.backend.fields import Values, spec_from_values
+from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.untrusted import shown
 from tunedeck.backend.validate import Problem, validate
@@ -75,15 +76,18 @@ def issues_markdown(result: JobResult) -> str:
 
 
 def _problem_lines(issues: list[Problem]) -> list[str]:
-    """One markdown list item per problem; the field and message may hold text from the input: escaped."""
+    """One markdown list item per problem, its field's label a link to the field; the field and message may
+    hold text from the input: escaped."""
     lines = []
     for issue in issues:
         mark = "✗" if issue.level == "error" else "⚠"
-        where = (
-            f"`{issue.field}`: "
-            if _PLAIN_FIELD.fullmatch(issue.field)
-            else f"{escape(issue.field)}: " * bool(issue.field)
-        )
+        form_field = FIELDS_BY_PATH.get(issue.field)
+        if form_field is not None:  # a link that jumps to the field (form_marks.JUMP_JS)
+            where = f"[**{form_field.label}**]({problem_link(issue.field)}) `{issue.field}`: "
+        elif _PLAIN_FIELD.fullmatch(issue.field):
+            where = f"`{issue.field}`: "
+        else:
+            where = f"{escape(issue.field)}: " * bool(issue.field)
         lines.append(f"- {mark} {where}{escape(issue.message)}")
     return lines
 

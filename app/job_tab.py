@@ -69,7 +69,14 @@ class JobTab(Section):
 
     def wire(self, page: Page) -> None:
         view, notice = self.view, page.notice
+        view.notice = notice  # an edit that sets implied fields says so there
         view.wire()
+        for button in view.fix_buttons:
+
+            def fix(event: JobEvent, button=button):
+                return view.fix(event, event.got[button])
+
+            view.wire_fill(button.click, fix, notice, reads=(button,))
         for preset in self.presets:
 
             def load_preset(event: JobEvent, preset: Preset = preset):

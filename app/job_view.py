@@ -27,6 +27,10 @@ job's files under the preset's form (7 of 20 fresh panels, issue 8). Three rules
 3. Start compares. Start sends the digest of the files the browser shows (a hidden box set
    with the files) beside the form; the server renders the form's bundle and refuses on a
    mismatch (JobView.spec_as_shown).
+
+Two kinds of events change fields for the person, and both are fills (rule 2): an edit whose
+choice implies other fields (backend/implied.py: choosing QLoRA sets 4-bit NF4) writes them
+and says so in the notice, and a Fix button applies its problem's fix (Problem.fix).
 """
 
 from __future__ import annotations
@@ -41,11 +45,20 @@ import gradio as gr
 
 from tunedeck.app.downloads import BundleWriter, bundle_digest, zip_name_for
 from tunedeck.app.form import Form
+from tunedeck.app.form_marks import MAX_FIXES, FieldLook, field_looks, fix_choices, tab_labels
 from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
 from tunedeck.app.registry import Got, Registry, Updates, listen
-from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec, visible
+from tunedeck.backend.fields import (
+    FORM_FIELDS,
+    Values,
+    spec_from_values,
+    values_from_form,
+    values_from_spec,
+    visible,
+)
+from tunedeck.backend.implied import describe, implied
 from tunedeck.backend.render import render_bundle
-from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.spec import JobSpec, SpecError, set_paths
 
 # Rule 1 above: one first-in-first-out lane for every event that touches the job outputs.
 JOB_QUEUE = {"concurrency_id": "job-view", "concurrency_limit": 1}
@@ -75,7 +88,10 @@ class JobShown:
 
     painted: bool = False  # a job event has painted the outputs (a late page load then paints nothing)
     fills: int = 0  # fills sent to this browser (rule 2)
-    looks: dict[str, tuple[bool, bool]] = field(default_factory=dict)  # field path -> (visible, marked invalid)
+    looks: dict[str, tuple[bool, FieldLook]] = field(default_factory=dict)  # field path -> (visible, its problem look)
+    values: Values = field(default_factory=dict)  # the form's values the outputs were computed from
+    tabs: dict[str, str] = field(default_factory=dict)  # section title -> tab label ("Training ✗2")
+    fixes: list[tuple[str, dict]] = field(default_factory=list)  # (Fix button label, {path: value}) on display
     files: dict[str, str] = field(default_factory=dict)  # the bundle beside the form
     choice: str | None = None  # the file in the viewer
     code: tuple[str, str] | None = None  # (name, digest) of the viewer's text
@@ -132,6 +148,7 @@ class JobView:
         self.file_names = file_names
         self.writer = writer
         self.derived: list[DerivedView] = []
+        self.notice = None  # the page's notice line (set before wire): says what an edit set for the person
 
     # ------------------------------------------------------------ layout
 
@@ -139,6 +156,11 @@ class JobView:
         """Problems, global batch, Start and the zip download (top of the right column)."""
         add = self.ui.add
         self.issues = add("job.issues", gr.Markdown(elem_id="job-issues"))
+        with add("job.fixes", gr.Row(elem_id="job-fixes", visible=False)) as self.fixes_row:
+            self.fix_buttons = [
+                add(f"job.fix.{i}", gr.Button("Fix", size="sm", visible=False, elem_id=f"fix-{i}", min_width=80))
+                for i in range(MAX_FIXES)
+            ]
         self.batch = add("job.batch", gr.Markdown(elem_id="global-batch"))
         with gr.Row():
             self.start = add(
@@ -203,6 +225,10 @@ class JobView:
             self.files,
             self.shown,
             self.fills,
+            self.fixes_row,
+            *self.fix_buttons,
+            *self.form.section_tabs.values(),
+            *([self.notice] if self.notice is not None else []),
         ]
         return [*self.form.components, *own, self.digest, *self.extra_inputs, *derived]
 
@@ -233,7 +259,17 @@ class JobView:
         event = self.event(got)
         if event.stale:
             return {}
-        return self.updates(self.evaluate(values_from_form(event.raw), got), event, fill=False)
+        values = values_from_form(event.raw)
+        before = event.shown.values
+        changed = {path for path, value in values.items() if before.get(path) != value} if before else set()
+        values, applied = implied(values, changed)
+        if not applied:
+            return self.updates(self.evaluate(values, got), event, fill=False)
+        try:  # the implied values go into the form like a fill (rule 2): what the widgets will hold
+            spec = spec_from_values(values)
+        except SpecError:  # another field does not parse yet: show the edit as it is
+            return self.updates(self.evaluate(values_from_form(event.raw), got), event, fill=False)
+        return {**self.on_fill(spec, event), self.notice: describe(applied)}
 
     def on_load(self, got: Got) -> Updates:
         """First paint of a new page: only if no other job event painted before it (rule 2)."""
@@ -271,12 +307,15 @@ class JobView:
         old = event.shown
         shown = replace(old, painted=True, fills=old.fills + fill, looks={})
         out: Updates = {}
-        invalid = result.error_fields
+        looks = field_looks(result.issues)
         for f, component in zip(FORM_FIELDS, self.form.components):
-            look = shown.looks[f.path] = (visible(f.path, result.values) or f.path in invalid, f.path in invalid)
+            mark = looks[f.path]
+            look = shown.looks[f.path] = (visible(f.path, result.values) or mark.level is not None, mark)
             change = {"value": f.to_form(result.values[f.path])} if fill else {}
             if fill or old.looks.get(f.path) != look:
-                out[component] = gr.update(**change, visible=look[0], elem_classes=["invalid"] if look[1] else [])
+                out[component] = gr.update(**change, visible=look[0], elem_classes=mark.classes, info=mark.info)
+        shown.values = dict(result.values)
+        self._mark_updates(result, shown, out)
         if result.files:  # with no files (the spec does not parse) the last ones stay in view
             self._file_updates(result.files, shown, out)
         shown.issues, shown.batch = issues_markdown(result), batch_markdown(result.values)
@@ -295,6 +334,29 @@ class JobView:
         if shown != old:
             out[self.shown] = shown
         return out
+
+    def _mark_updates(self, result: JobResult, shown: JobShown, out: Updates) -> None:
+        """The section tabs' problem counts and the Fix buttons, where they changed."""
+        old_tabs, shown.tabs = shown.tabs, tab_labels(result.issues)
+        for title, tab in self.form.section_tabs.items():
+            if old_tabs.get(title) != shown.tabs[title]:
+                out[tab] = gr.update(label=shown.tabs[title])
+        old_fixes, shown.fixes = shown.fixes, fix_choices(result.issues)
+        if old_fixes != shown.fixes:
+            out[self.fixes_row] = gr.update(visible=bool(shown.fixes))
+            for index, button in enumerate(self.fix_buttons):
+                label = shown.fixes[index][0] if index < len(shown.fixes) else "Fix"
+                out[button] = gr.update(value=label, visible=index < len(shown.fixes))
+
+    def fix(self, event: JobEvent, label: str) -> tuple[JobSpec | None, str]:
+        """A Fix button: its problem's fix, applied to the form the person sees (a fill, rule 2)."""
+        fixes = dict(event.shown.fixes)
+        if event.stale or label not in fixes:  # the problems changed before the click arrived
+            return None, "The problems changed before Fix arrived; read them again and press Fix again."
+        changes = fixes[label]
+        spec = set_paths(spec_from_values(values_from_form(event.raw)), changes)
+        done = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
+        return spec, f"Fixed: {done}."
 
     def _file_updates(self, files: dict[str, str], shown: JobShown, out: Updates) -> None:
         names = list(files)

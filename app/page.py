@@ -16,6 +16,7 @@ import gradio as gr
 from tunedeck.app import after_tab, monitor_view, run_view
 from tunedeck.app.errors import user_message
 from tunedeck.app.estimate_panel import measured_vs_predicted
+from tunedeck.app.form_marks import JUMP_JS
 from tunedeck.app.job_tab import JobTab, ordered_presets
 from tunedeck.app.job_view import NotShownYet
 from tunedeck.app.monitor_view import MonitorView
@@ -30,7 +31,27 @@ from tunedeck.backend.spec import JobSpec, SpecError
 CSS = (
     """
 #presets button { min-width: 0; }
-.invalid input, .invalid textarea, .invalid .wrap { border-color: var(--error-border-color, #ef4444) !important; }
+/* Problems where they are: Gradio 6 inputs have border-width 0, so a border colour shows nothing;
+   an outline on the field's block does. */
+.invalid { outline: 2px solid #dc2626 !important; outline-offset: -2px; }
+.warned { outline: 2px solid #b45309 !important; outline-offset: -2px; }
+.invalid .info-text { color: #b91c1c !important; }
+.warned .info-text { color: #92400e !important; }
+/* Help text at a readable size (its colour is the theme's, page_theme); the raw key a small hint. */
+.info-text { font-size: 13px !important; }
+.info-text code { font-size: 11px; color: inherit; background: var(--background-fill-secondary); padding: 0 3px; }
+/* The file viewer in one dark ink: the stock highlighting colours read at 2-4:1 on its light background. */
+#file-view .cm-content span { color: inherit !important; }
+.dark #file-view .cm-content span { color: inherit !important; }
+/* A calm form: fields in a grid of two columns, not one long column. */
+/* Gradio wraps consecutive form components in one .form block: that block is the grid. */
+.field-grid > .form {
+  display: grid !important; grid-template-columns: repeat(2, minmax(0, 1fr)); background: var(--block-background-fill);
+}
+.field-grid > .form > .hidden { display: none !important; }
+#form-sections [role=tablist] button { padding-left: 8px; padding-right: 8px; }
+#job-fixes { gap: 6px; flex-wrap: wrap; }
+#job-fixes button { flex: 0 1 auto; }
 #job-issues { min-height: 2.5em; }
 #file-tabs { gap: 4px; }
 """
@@ -38,6 +59,22 @@ CSS = (
     + run_view.CSS
     + after_tab.CSS
 )
+
+
+def page_theme() -> gr.themes.Base:
+    """Gradio's Soft theme with its indigo one shade darker: the stock indigo-500 of labels, selected
+    tabs and white-on-primary buttons reads at 3.6-4.5:1, below WCAG AA's 4.5:1 (tests/panel/test_browser_form.py
+    measures every text of the page)."""
+    indigo = gr.themes.colors.indigo
+    shades = [indigo.c50, indigo.c100, indigo.c200, indigo.c300, indigo.c500, indigo.c600, indigo.c700, indigo.c800]
+    darker = gr.themes.Color(*shades, indigo.c900, indigo.c950, indigo.c950, name="indigo-darker")
+    # The subdued grey of help text and slider bounds is about 2.5:1 on white: gray-600 is 7.5:1.
+    return gr.themes.Soft(primary_hue=darker).set(
+        body_text_color_subdued="*neutral_600",
+        body_text_color_subdued_dark="*neutral_300",
+        block_info_text_color="*neutral_600",
+        block_info_text_color_dark="*neutral_300",
+    )
 
 
 def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | None = None) -> gr.Blocks:
@@ -61,7 +98,9 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
         page.wire(blocks, sections)
         wire_start(page, job, runs)
     blocks.tunedeck_ui = page.ui
-    blocks.tunedeck_css = CSS  # launch() takes css in Gradio 6
+    blocks.tunedeck_css = CSS  # launch() takes css and js in Gradio 6
+    blocks.tunedeck_js = JUMP_JS
+    blocks.tunedeck_theme = page_theme()
     return blocks
 
 

@@ -89,8 +89,9 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
         max_file_size="1mb",
         footer_links=[],
         prevent_thread_lock=True,
-        theme=gr.themes.Soft(),
+        theme=getattr(page, "tunedeck_theme", None) or gr.themes.Soft(),
         css=getattr(page, "tunedeck_css", None),
+        js=getattr(page, "tunedeck_js", None),
         quiet=True,
     )
     where = f"[{host}]" if ":" in host else host

@@ -1,8 +1,9 @@
 """The form's view of the job spec: which widget, which section, and whether a field applies.
 
 Everything here is derived from the JobSpec's own field registry (backend.spec.iter_fields):
-the widget kind comes from the field's type, the help text from its description, the
-section from its top-level key. A field added to the spec appears in the form with no
+the widget kind comes from the field's type, the label from its title, the help text from
+its description, Basic or Advanced from its `basic` mark (spec_sections.BASIC), the section
+from its top-level key. A field added to the spec appears in the form with no
 change here. When a field applies (LoRA knobs only with adapters, ZeRO-3 knobs only with
 ZeRO-3, ...) comes from the one applicability table, backend/applies.py, which validation
 reads too.
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 
 from tunedeck.backend.applies import Values, applies
 from tunedeck.backend.spec import JobSpec, flat_values, iter_fields, parse_spec, set_dotted
+from tunedeck.backend.spec_sections import BASIC_KEY
 
 # Form sections in page order; a field goes to the first section whose prefixes match its path.
 SECTIONS: list[tuple[str, tuple[str, ...]]] = [
@@ -38,13 +40,19 @@ OTHER_SECTION = "Other"
 class FormField:
     path: str
     section: str
-    label: str
-    help: str
+    label: str  # the human label (the field's title); the raw key is only a secondary hint
+    help: str  # one line (the field's description)
     kind: Literal["choice", "bool", "int", "float", "text"]  # float is typed as text: "2e-4" works
     choices: tuple = ()  # for "choice": the allowed values, None first when the field is optional
     optional: bool = False  # None is allowed (shown as an empty box or "(none)")
     accepts_int: bool = False  # a text box that may hold a number, e.g. Union[int, Literal["auto"]]
     default: Any = None
+    basic: bool = False  # in the section's first view; the others fold into its Advanced part
+
+    @property
+    def key(self) -> str:
+        """The raw key as YAML and --set spell it (the last part of the path)."""
+        return self.path.rsplit(".", 1)[-1]
 
     def to_form(self, value: Any) -> Any:
         """Spec value -> what the widget holds."""
@@ -118,13 +126,14 @@ def build_fields(model: type[BaseModel] = JobSpec) -> list[FormField]:
             FormField(
                 path=path,
                 section=_section_of(path),
-                label=path.rsplit(".", 1)[-1],
+                label=info.title or "",  # empty: tests/panel/test_field_labels.py names the field
                 help=info.description or "",
                 kind=kind,
                 choices=choices,
                 optional=optional,
                 accepts_int=accepts_int,
                 default=info.get_default(call_default_factory=True),
+                basic=isinstance(info.json_schema_extra, dict) and bool(info.json_schema_extra.get(BASIC_KEY)),
             )
         )
     return fields

@@ -1,6 +1,6 @@
 """docs/job-spec.md, generated from the spec: `tunedeck schema --markdown`.
 
-One table per form section, one row per field: its type and choices, default, when it
+One table per form section, one row per field: its label and key, its type and choices, default, when it
 applies (backend/applies.py), where it goes (the SFTConfig argument it is copied to), and
 its description; then the strategy and dataset-format tables (backend/vocabulary.py).
 tests/spine/test_spec_docs.py fails when the file in docs/ is stale.
@@ -30,7 +30,8 @@ def spec_markdown() -> str:
         "field from the command line. **Applies** says when a field matters: the form hides it otherwise, and",
         "validation warns when it is set but ignored. **Goes to** names the TRL `SFTConfig` argument that",
         "`training_args.yaml` copies it to; the other fields reach `accelerate_config.yaml`, `ds_config.json` or",
-        "`launch.sh`, or are read by `train_sft.py` from `job.yaml`.",
+        "`launch.sh`, or are read by `train_sft.py` from `job.yaml`. Each field's label and description are the",
+        "form's label and help; fields marked (advanced) are folded under Advanced in the form.",
     ]
     for title in section_titles():
         lines += ["", f"## {title}", "", "| Field | Type | Default | Applies | Goes to | Description |"]
@@ -70,7 +71,7 @@ def _row(field: FormField) -> str:
     rule = when(field.path)
     sft = sft_name(field.path)
     cells = [
-        f"`{field.path}`",
+        f"{field.label}<br>`{field.path}`" + ("" if field.basic else " (advanced)"),
         kind,
         _code(field.default),
         rule.says,

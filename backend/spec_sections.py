@@ -37,13 +37,19 @@ Steps = Annotated[int, Field(ge=1, le=MAX_STEPS)]
 Elements = Annotated[int, Field(ge=1, le=MAX_ELEMENTS)]
 SFT_CONFIG = "sft_config"  # the json_schema_extra key that holds a field's SFTConfig argument name
 
+# Every field has a `title` (the human label the form, `tunedeck schema` and docs/job-spec.md show)
+# and a `description` (its one-line help); tests/panel/test_field_labels.py fails for a field without
+# either. A field marked basic is shown in its section's first view; the others fold into Advanced.
+BASIC_KEY = "basic"
+BASIC = {BASIC_KEY: True}  # json_schema_extra of a basic field: Field(..., json_schema_extra=BASIC)
 
-def SftField(default: Any, *, sft: str | None = None, **kwargs: Any) -> Any:
+
+def SftField(default: Any, *, sft: str | None = None, basic: bool = False, **kwargs: Any) -> Any:
     """A Field that is also TRL SFTConfig's argument `sft` (default: the field's own name).
 
     training_args.yaml copies it there by that name whenever the field applies (render/training_args.py).
     """
-    return Field(default, json_schema_extra={SFT_CONFIG: sft or True}, **kwargs)
+    return Field(default, json_schema_extra={SFT_CONFIG: sft or True, **(BASIC if basic else {})}, **kwargs)
 
 
 class SpecSection(BaseModel):
@@ -80,38 +86,65 @@ class ModelSpec(SpecSection):
     name_or_path: str = Field(
         "meta-llama/Llama-2-7b-hf",
         min_length=1,
+        title="Base model",
+        json_schema_extra=BASIC,
         description="Hugging Face hub id or local folder of the base model (config.json, weights, tokenizer).",
     )
     dtype: Dtype = Field(
         "bfloat16",
+        title="Weights dtype",
+        json_schema_extra=BASIC,
         description="dtype the base weights are loaded in (from_pretrained dtype). bfloat16 needs an Ampere or newer GPU.",
     )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
         "sdpa",
+        title="Attention kernel",
         description="Attention kernel: sdpa (PyTorch built-in, works everywhere), flash_attention_2 (needs the flash-attn package and a 16-bit dtype), eager.",
     )
     trust_remote_code: bool = Field(
-        False, description="Run Python code shipped with the model repository. Only for repositories you trust."
+        False,
+        title="Trust remote code",
+        description="Run Python code shipped with the model repository. Only for repositories you trust.",
     )
     revision: str | None = Field(
-        None, description="Hub branch, tag or commit of the model; empty for the default branch."
+        None,
+        title="Model revision",
+        description="Hub branch, tag or commit of the model; empty for the default branch.",
     )
 
 
 class LoraSpec(SpecSection):
-    r: int = Field(16, ge=1, le=1024, description="LoRA rank: size of the low-rank update. 8-64 is typical.")
+    r: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        title="LoRA rank",
+        json_schema_extra=BASIC,
+        description="LoRA rank: size of the low-rank update. 8-64 is typical.",
+    )
     lora_alpha: int = Field(
-        32, ge=1, le=4096, description="LoRA scaling numerator (update scaled by lora_alpha / r). Usually 2 x r."
+        32,
+        ge=1,
+        le=4096,
+        title="LoRA alpha",
+        json_schema_extra=BASIC,
+        description="LoRA scaling numerator (update scaled by lora_alpha / r). Usually 2 x r.",
     )
     lora_dropout: float = Field(
-        0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA input, 0 to <1. 0.05 is typical."
+        0.05, ge=0.0, lt=1.0, title="LoRA dropout", description="Dropout on the LoRA input, 0 to <1. 0.05 is typical."
     )
     target_modules: Literal["all-linear"] | Annotated[list[str], Field(max_length=1000)] = Field(
         "all-linear",
+        title="Target modules",
+        json_schema_extra=BASIC,
         description="Modules that get adapters: 'all-linear' or module names such as q_proj,k_proj,v_proj,o_proj.",
     )
-    bias: Literal["none", "all", "lora_only"] = Field("none", description="Which biases are trained.")
-    use_dora: bool = Field(False, description="Weight-decomposed LoRA (DoRA): a little better, slower per step.")
+    bias: Literal["none", "all", "lora_only"] = Field(
+        "none", title="Trained biases", description="Which biases are trained."
+    )
+    use_dora: bool = Field(
+        False, title="DoRA", description="Weight-decomposed LoRA (DoRA): a little better, slower per step."
+    )
 
     @field_validator("target_modules", mode="before")
     @classmethod
@@ -124,17 +157,27 @@ class LoraSpec(SpecSection):
 
 class QuantizationSpec(SpecSection):
     bits: Literal[4, 8] | None = Field(
-        None, description="Load the base model quantized with bitsandbytes: 4 (QLoRA), 8, or empty for no quantization."
+        None,
+        title="Quantized base",
+        json_schema_extra=BASIC,
+        description="Load the base model quantized with bitsandbytes: 4 (QLoRA), 8, or empty for no quantization.",
     )
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = Field(
-        "nf4", description="4-bit data type. NF4 suits normally distributed weights (QLoRA paper)."
+        "nf4",
+        title="4-bit data type",
+        description="4-bit data type. NF4 suits normally distributed weights (QLoRA paper).",
     )
     bnb_4bit_use_double_quant: bool = Field(
-        True, description="Quantize the quantization constants too: saves about 0.37 bits per parameter."
+        True,
+        title="Double quantization",
+        description="Quantize the quantization constants too: saves about 0.37 bits per parameter.",
     )
-    bnb_4bit_compute_dtype: Dtype = Field("bfloat16", description="dtype of the matmuls on dequantized 4-bit weights.")
+    bnb_4bit_compute_dtype: Dtype = Field(
+        "bfloat16", title="4-bit compute dtype", description="dtype of the matmuls on dequantized 4-bit weights."
+    )
     bnb_4bit_quant_storage: Literal["uint8", "bfloat16", "float16", "float32"] = Field(
         "uint8",
+        title="4-bit storage dtype",
         description="Storage dtype of packed 4-bit weights. ZeRO-3 and FSDP need it equal to the compute dtype so they can shard it.",
     )
 
@@ -143,15 +186,25 @@ class _DatasetSource(SpecSection):
     path: str = Field(
         "timdettmers/openassistant-guanaco",
         min_length=1,
+        title="Dataset",
+        json_schema_extra=BASIC,
         description="Local JSON/JSONL/CSV/Parquet file or folder, or a Hugging Face hub dataset id.",
     )
-    name: str | None = Field(None, description="Dataset configuration name on the hub, if it has several.")
-    split: str = Field("train", min_length=1, description="Training split; slices work, e.g. train[:95%].")
+    name: str | None = Field(
+        None, title="Hub configuration", description="Dataset configuration name on the hub, if it has several."
+    )
+    split: str = Field(
+        "train", min_length=1, title="Training split", description="Training split; slices work, e.g. train[:95%]."
+    )
     eval_split: str | None = Field(
-        None, description="Evaluation split, e.g. test or train[95%:]; empty for no evaluation."
+        None,
+        title="Evaluation split",
+        description="Evaluation split, e.g. test or train[95%:]; empty for no evaluation.",
     )
     format: DatasetFormatName = Field(
         "text",
+        title="Row format",
+        json_schema_extra=BASIC,
         description="Record layout: " + "; ".join(f"{f.name}: {f.summary}" for f in DATASET_FORMATS.values()) + ".",
     )
 
@@ -167,8 +220,10 @@ _DatasetColumns = create_model(
             str,
             Field(
                 column.default,
+                title=f"{name.removesuffix('_field').capitalize()} column",
                 description=f"Column holding {column.holds} (format {' or '.join(formats)}).",
-                json_schema_extra={SFT_CONFIG: column.sft} if column.sft else None,
+                # The chosen format's columns are few (the others are hidden): part of the first view.
+                json_schema_extra={**BASIC, **({SFT_CONFIG: column.sft} if column.sft else {})},
             ),
         )
         for name, (column, formats) in column_fields().items()
@@ -182,49 +237,83 @@ class DatasetSpec(_DatasetColumns):  # type: ignore[misc, valid-type]
         sft="max_length",
         ge=8,
         le=1_048_576,
+        title="Max sequence length",
+        basic=True,
         description="Longest sequence in tokens; longer examples are truncated.",
     )
     packing: bool = SftField(
-        False, description="Pack several short examples into one sequence: no padding waste, higher throughput."
+        False,
+        title="Packing",
+        basic=True,
+        description="Pack several short examples into one sequence: no padding waste, higher throughput.",
     )
 
 
 class TrainingSpec(SpecSection):
     num_train_epochs: float = SftField(
-        1.0, gt=0, le=10_000, description="Passes over the training data (ignored when max_steps > 0)."
+        1.0,
+        gt=0,
+        le=10_000,
+        title="Epochs",
+        basic=True,
+        description="Passes over the training data (ignored when max_steps > 0).",
     )
     max_steps: int = SftField(
-        -1, ge=-1, le=MAX_STEPS, description="Stop after this many optimizer steps; -1 trains for num_train_epochs."
+        -1,
+        ge=-1,
+        le=MAX_STEPS,
+        title="Max steps",
+        basic=True,
+        description="Stop after this many optimizer steps; -1 trains for num_train_epochs.",
     )
     learning_rate: float = SftField(
-        2e-4, gt=0, lt=1, description="Peak learning rate. LoRA: 1e-4 to 3e-4; full fine-tuning: 1e-5 to 2e-5."
+        2e-4,
+        gt=0,
+        lt=1,
+        title="Learning rate",
+        basic=True,
+        description="Peak learning rate. LoRA: 1e-4 to 3e-4; full fine-tuning: 1e-5 to 2e-5.",
     )
     lr_scheduler_type: Literal[
         "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
-    ] = SftField("cosine", description="Learning-rate schedule after warmup.")
+    ] = SftField("cosine", title="LR schedule", description="Learning-rate schedule after warmup.")
     warmup_steps: float = SftField(
         0.03,
         ge=0,
         le=MAX_STEPS,
+        title="Warmup",
         description="Warmup: whole steps, or a fraction of all steps when below 1 (0.03 = 3%).",
     )
     per_device_train_batch_size: int = SftField(
         1,
         ge=1,
         le=4096,
+        title="Batch per GPU",
+        basic=True,
         description="Micro batch per GPU per forward pass. Keep small; raise gradient accumulation instead.",
     )
-    per_device_eval_batch_size: int = SftField(1, ge=1, le=4096, description="Micro batch per GPU for evaluation.")
+    per_device_eval_batch_size: int = SftField(
+        1, ge=1, le=4096, title="Eval batch per GPU", description="Micro batch per GPU for evaluation."
+    )
     gradient_accumulation_steps: int = SftField(
-        8, ge=1, le=4096, description="Micro batches summed before each optimizer step."
+        8,
+        ge=1,
+        le=4096,
+        title="Gradient accumulation",
+        basic=True,
+        description="Micro batches summed before each optimizer step.",
     )
     gradient_checkpointing: bool = SftField(
         True,
         sft="activation_checkpointing",  # SFTConfig's name since transformers 5.23: see render/requirements.py
+        title="Gradient checkpointing",
+        basic=True,
         description="Recompute activations in the backward pass: much less memory, about 30% slower.",
     )
     precision: Literal["bf16", "fp16", "fp32"] = Field(
         "bf16",
+        title="Mixed precision",
+        json_schema_extra=BASIC,
         description="Mixed precision of training: bf16 (Ampere or newer), fp16 (older GPUs, loss scaling), fp32 (CPU).",
     )
     optim: Literal[
@@ -236,26 +325,46 @@ class TrainingSpec(SpecSection):
         "adafactor",
         "sgd",
     ] = SftField(
-        "adamw_torch", description="Optimizer (transformers name). 8-bit and paged variants need bitsandbytes."
+        "adamw_torch",
+        title="Optimizer",
+        description="Optimizer (transformers name). 8-bit and paged variants need bitsandbytes.",
     )
-    weight_decay: float = SftField(0.0, ge=0, le=1, description="Decoupled weight decay.")
-    max_grad_norm: float = SftField(1.0, ge=0, le=1e6, description="Gradient clipping norm; 0 disables clipping.")
+    weight_decay: float = SftField(0.0, ge=0, le=1, title="Weight decay", description="Decoupled weight decay.")
+    max_grad_norm: float = SftField(
+        1.0, ge=0, le=1e6, title="Gradient clipping", description="Gradient clipping norm; 0 disables clipping."
+    )
     # numpy (seeded by transformers.set_seed) takes 0 to 2**32-1, and says so only after the model loaded.
-    seed: int = SftField(42, ge=0, le=2**32 - 1, description="Random seed for data order and adapter initialisation.")
-    logging_steps: Steps = SftField(10, description="Log loss and learning rate every this many steps.")
-    save_steps: Steps = SftField(500, description="Save a checkpoint every this many steps.")
+    seed: int = SftField(
+        42, ge=0, le=2**32 - 1, title="Seed", description="Random seed for data order and adapter initialisation."
+    )
+    logging_steps: Steps = SftField(
+        10, title="Log every", description="Log loss and learning rate every this many steps."
+    )
+    save_steps: Steps = SftField(500, title="Checkpoint every", description="Save a checkpoint every this many steps.")
     save_total_limit: int | None = SftField(
-        2, ge=1, le=100_000, description="Keep at most this many checkpoints; empty keeps all."
+        2,
+        ge=1,
+        le=100_000,
+        title="Checkpoints kept",
+        description="Keep at most this many checkpoints; empty keeps all.",
     )
     eval_steps: Steps | None = Field(
-        None, description="Evaluate every this many steps (needs an eval split); empty uses logging_steps."
+        None,
+        title="Evaluate every",
+        description="Evaluate every this many steps (needs an eval split); empty uses logging_steps.",
     )
     report_to: Literal["none", "tensorboard", "wandb", "mlflow", "trackio"] = SftField(
-        "none", description="Extra experiment tracker; tunedeck's own metrics are always written."
+        "none",
+        title="Experiment tracker",
+        description="Extra experiment tracker; tunedeck's own metrics are always written.",
     )
     ddp_find_unused_parameters: bool = SftField(
-        False, description="Let DDP search for parameters without gradients. False for LoRA (frozen base), faster."
+        False,
+        title="Find unused parameters (DDP)",
+        description="Let DDP search for parameters without gradients. False for LoRA (frozen base), faster.",
     )
     resume_from_checkpoint: bool = Field(
-        False, description="Continue from the newest checkpoint in the output folder, if there is one."
+        False,
+        title="Resume from checkpoint",
+        description="Continue from the newest checkpoint in the output folder, if there is one.",
     )

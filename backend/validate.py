@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 from tunedeck.backend import validate_launch, validate_method, validate_strategy
 from tunedeck.backend.applies import applies, when
-from tunedeck.backend.problem import Problem, has_errors, warning
+from tunedeck.backend.problem import Problem, has_errors, spelled, warning
 from tunedeck.backend.spec import JobSpec, field_info, flat_values
 
 # CPU_RANK_BYTES: what one CPU rank costs in RAM, read by tests that size a machine.
@@ -57,9 +57,11 @@ def ignored_settings(spec: JobSpec, named: set[str] = frozenset()) -> list[Probl
         if path in named or value == default or applies(path, values):
             continue
         rule = when(path)
-        job = ", ".join(f"{key}={_word(values[key])}" for key in rule.reads)
-        fix = "clear it" if default is None else f"set it back to {_word(default)}"
-        out.append(warning(path, f"ignored: it applies only {rule.says}, and this job has {job}: {fix}."))
+        job = ", ".join(f"{key}={spelled(values[key])}" for key in rule.reads)
+        fix = "clear it" if default is None else f"set it back to {spelled(default)}"
+        out.append(
+            warning(path, f"ignored: it applies only {rule.says}, and this job has {job}: {fix}.", {path: default})
+        )
     return out
 
 
@@ -69,11 +71,6 @@ def describe_global_batch(spec: JobSpec) -> str:
         f"global batch {spec.global_batch_size} = {t.per_device_train_batch_size} per device "
         f"x {launch.num_processes} processes x {t.gradient_accumulation_steps} accumulation steps"
     )
-
-
-def _word(value) -> str:
-    """A value as --set and YAML spell it."""
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 __all__ = ["CPU_RANK_BYTES", "RULES", "Problem", "describe_global_batch", "has_errors", "ignored_settings", "validate"]

@@ -26,6 +26,7 @@ def cpu(spec: JobSpec) -> Iterator[Problem]:
             "strategy.fsdp_version",
             "FSDP1 cannot run on CPU (PyTorch: 'FSDP needs a non-CPU accelerator device'; accelerate silently "
             "falls back to plain DDP): set strategy.fsdp_version=2, which runs on CPU processes, or use GPUs.",
+            {"strategy.fsdp_version": 2},
         )
     if engine == "fsdp" and spec.strategy.offload_params == "cpu":
         # Measured: FSDP2's CPUOffloadPolicy pins host memory, which torch refuses without an accelerator.
@@ -34,20 +35,25 @@ def cpu(spec: JobSpec) -> Iterator[Problem]:
             "FSDP's CPU offload pins host memory, which needs a GPU ('Cannot access accelerator device when none is "
             "available'): set strategy.offload_params=none and strategy.offload_optimizer=none on CPU processes, "
             "whose weights are in host memory already.",
+            {"strategy.offload_params": "none", "strategy.offload_optimizer": "none"},
         )
     if spec.strategy.is_deepspeed and precision != "fp32":
         yield error(
             "training.precision",
             f"DeepSpeed on CPU refuses {precision} ('Your setup doesn't support bf16/gpu'): set training.precision=fp32.",
+            {"training.precision": "fp32"},
         )
     elif precision == "fp16":
         yield error(
-            "training.precision", "fp16 mixed precision needs a GPU: set training.precision=fp32 (or bf16) on CPU."
+            "training.precision",
+            "fp16 mixed precision needs a GPU: set training.precision=fp32 (or bf16) on CPU.",
+            {"training.precision": "fp32"},
         )
     if spec.training.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
         yield error(
             "training.optim",
             f"{spec.training.optim} is a bitsandbytes GPU optimizer: set training.optim=adamw_torch on CPU.",
+            {"training.optim": "adamw_torch"},
         )
 
 

@@ -18,15 +18,19 @@ def method_and_quantization(spec: JobSpec) -> Iterator[Problem]:
         yield error(
             "quantization.bits",
             "QLoRA trains adapters on a 4-bit base: set quantization.bits=4 (or method=lora for a 16-bit base).",
+            {"quantization.bits": 4},
         )
     if spec.method == "full" and bits is not None:
         yield error(
             "quantization.bits",
             "full fine-tuning cannot update quantized weights: clear quantization.bits, or use method=lora/qlora.",
+            {"quantization.bits": None},
         )
     if spec.method == "lora" and bits == 4:
         yield warning(
-            "method", "a 4-bit base with LoRA adapters is QLoRA: set method=qlora so the job says what it does."
+            "method",
+            "a 4-bit base with LoRA adapters is QLoRA: set method=qlora so the job says what it does.",
+            {"method": "qlora"},
         )
     sharded = spec.strategy.facts.shards_parameters
     if bits == 4 and sharded and q.bnb_4bit_quant_storage != q.bnb_4bit_compute_dtype:
@@ -34,6 +38,7 @@ def method_and_quantization(spec: JobSpec) -> Iterator[Problem]:
             "quantization.bnb_4bit_quant_storage",
             f"{spec.strategy.kind} can only shard 4-bit weights stored in a float dtype equal to the compute dtype: "
             f"set quantization.bnb_4bit_quant_storage={q.bnb_4bit_compute_dtype}.",
+            {"quantization.bnb_4bit_quant_storage": q.bnb_4bit_compute_dtype},
         )
     if bits == 4 and sharded and spec.model.dtype != q.bnb_4bit_compute_dtype:
         # The sharded recipes load the model in the storage dtype (PEFT's docs, "QLoRA and FSDP": dtype
@@ -43,6 +48,7 @@ def method_and_quantization(spec: JobSpec) -> Iterator[Problem]:
             "model.dtype",
             f"{spec.strategy.kind} shards the 4-bit weights and the rest of the model together, so the model must "
             f"load in the 4-bit storage and compute dtype: set model.dtype={q.bnb_4bit_compute_dtype}.",
+            {"model.dtype": q.bnb_4bit_compute_dtype},
         )
     if bits == 8 and sharded:
         yield error(
@@ -54,6 +60,7 @@ def method_and_quantization(spec: JobSpec) -> Iterator[Problem]:
         yield warning(
             "quantization.bnb_4bit_compute_dtype",
             "training in fp16 while 4-bit matmuls compute in bfloat16: set quantization.bnb_4bit_compute_dtype=float16.",
+            {"quantization.bnb_4bit_compute_dtype": "float16"},
         )
 
 
@@ -73,6 +80,7 @@ def lora(spec: JobSpec) -> Iterator[Problem]:
         yield error(
             "lora.target_modules",
             "no modules get adapters: set lora.target_modules=all-linear or names such as q_proj,v_proj.",
+            {"lora.target_modules": "all-linear"},
         )
     if lora.r > 256:
         yield warning(
@@ -83,6 +91,7 @@ def lora(spec: JobSpec) -> Iterator[Problem]:
         yield warning(
             "lora.lora_alpha",
             f"lora_alpha/r = {ratio:g} scales the update oddly; the usual choice is lora_alpha = 2 x r = {2 * lora.r}.",
+            {"lora.lora_alpha": min(2 * lora.r, 4096)},
         )
     arch = catalog.lookup(spec.model.name_or_path)
     if arch is not None and isinstance(lora.target_modules, list) and lora.target_modules:
@@ -148,7 +157,9 @@ def precision(spec: JobSpec) -> Iterator[Problem]:
         )
     if attn == "flash_attention_2" and spec.launch.use_cpu:
         yield error(
-            "model.attn_implementation", "flash_attention_2 needs an NVIDIA GPU: set model.attn_implementation=sdpa."
+            "model.attn_implementation",
+            "flash_attention_2 needs an NVIDIA GPU: set model.attn_implementation=sdpa.",
+            {"model.attn_implementation": "sdpa"},
         )
     if spec.method == "full" and spec.training.learning_rate > 1e-4:
         yield warning(

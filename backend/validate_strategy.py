@@ -71,12 +71,14 @@ def offload(spec: JobSpec) -> Iterator[Problem]:
             "strategy.offload_optimizer",
             "parameters are offloaded but optimizer states stay on the GPU: offload the optimizer first "
             "(strategy.offload_optimizer=cpu); parameter offload is the slow last resort.",
+            {"strategy.offload_optimizer": "cpu"},
         )
     if s.offload_optimizer != "none" and s.is_deepspeed and spec.training.optim != "adamw_torch":
         yield warning(
             "training.optim",
             f"with an offloaded optimizer DeepSpeed's CPU AdamW runs instead of {spec.training.optim}: "
             "set training.optim=adamw_torch so the job says what runs.",
+            {"training.optim": "adamw_torch"},
         )
 
 
@@ -87,6 +89,7 @@ def fsdp(spec: JobSpec) -> Iterator[Problem]:
             yield warning(
                 "strategy.fsdp_activation_checkpointing",
                 f"ignored with strategy.kind={s.kind} (FSDP only): use training.gradient_checkpointing instead.",
+                {"strategy.fsdp_activation_checkpointing": False, "training.gradient_checkpointing": True},
             )
         return
     if fsdp_layer_cls(spec) is None:
@@ -100,6 +103,7 @@ def fsdp(spec: JobSpec) -> Iterator[Problem]:
             "training.gradient_checkpointing",
             "FSDP activation checkpointing and training.gradient_checkpointing cannot both be on (the trainer refuses): "
             "set training.gradient_checkpointing=false and keep strategy.fsdp_activation_checkpointing.",
+            {"training.gradient_checkpointing": False},
         )
     if spec.method == "full" and spec.training.gradient_checkpointing and not s.fsdp_activation_checkpointing:
         # transformers warns about the same: the Trainer's checkpointing re-runs each FSDP unit's forward,
@@ -108,6 +112,7 @@ def fsdp(spec: JobSpec) -> Iterator[Problem]:
             "strategy.fsdp_activation_checkpointing",
             "under FSDP the trainer's activation checkpointing all-gathers every layer's weights once more in the "
             "backward pass: set strategy.fsdp_activation_checkpointing=true and training.gradient_checkpointing=false.",
+            {"strategy.fsdp_activation_checkpointing": True, "training.gradient_checkpointing": False},
         )
     if spec.quantization.bits == 4 and s.fsdp_cpu_ram_efficient_loading:
         # accelerate's fsdp2_prepare_model skips the rank-0 load and broadcast when the model has
@@ -116,11 +121,13 @@ def fsdp(spec: JobSpec) -> Iterator[Problem]:
             "strategy.fsdp_cpu_ram_efficient_loading",
             "ignored for 4-bit models: accelerate and transformers load the whole quantized model on every rank, "
             "so host RAM is not saved: set strategy.fsdp_cpu_ram_efficient_loading=false so the job says what runs.",
+            {"strategy.fsdp_cpu_ram_efficient_loading": False},
         )
     if s.fsdp_sharding_strategy == "HYBRID_SHARD" and spec.launch.num_machines == 1:
         yield warning(
             "strategy.fsdp_sharding_strategy",
             "HYBRID_SHARD replicates across machines; on one machine it is FULL_SHARD: set FULL_SHARD.",
+            {"strategy.fsdp_sharding_strategy": "FULL_SHARD"},
         )
 
 
@@ -131,6 +138,7 @@ def adapter_strategy(spec: JobSpec) -> Iterator[Problem]:
             "training.ddp_find_unused_parameters",
             "with LoRA the frozen base has no gradients by design; searching for unused parameters every step "
             "only slows DDP: set training.ddp_find_unused_parameters=false.",
+            {"training.ddp_find_unused_parameters": False},
         )
     if spec.method == "lora" and facts.shards_parameters:
         arch = catalog.lookup(spec.model.name_or_path)

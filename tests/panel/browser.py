@@ -265,3 +265,65 @@ class HeldEvent:
         self.released = True
         for route in self.held:
             route.continue_()
+
+
+# ---------------------------------------------------------------- readability
+
+# WCAG 2.1 contrast of every visible text on the page against what is behind it, from computed
+# styles: the text colour over the first opaque background up the tree (semi-transparent layers
+# composited on the way; a gradient counts by its worst colour). Disabled controls are exempt
+# (WCAG 1.4.3: "text that is part of an inactive user interface component"), as is text in SVG
+# (chart labels: their fill is not a CSS colour of the element), and text hidden for screen readers only
+# (a 1x1 px box).
+CONTRAST_JS = r"""
+() => {
+  const parse = c => { const m = c.match(/rgba?\(([^)]+)\)/); if (!m) return null;
+    const p = m[1].split(/[ ,/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
+  const lum = ([r, g, b]) => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+  const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+  const over = (top, bottom) => { const a = top[3]; return [0, 1, 2].map(i => top[i] * a + bottom[i] * (1 - a)).concat(1); };
+  function backgrounds(el) {  // the colours that can be behind el's text, nearest layer first
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const s = getComputedStyle(e);
+      const image = s.backgroundImage || "";
+      if (image.includes("gradient")) {
+        const stops = (image.match(/rgba?\([^)]+\)/g) || []).map(parse);
+        if (stops.length && stops.every(c => c[3] === 1)) return {layers, ends: stops};
+      }
+      const c = parse(s.backgroundColor);
+      if (c && c[3] > 0) { layers.push(c); if (c[3] === 1) return {layers: layers.slice(0, -1), ends: [c]}; }
+    }
+    return {layers, ends: [[255, 255, 255, 1]]};
+  }
+  const failures = [];
+  let checked = 0;
+  for (const el of document.querySelectorAll("body *")) {
+    if (el.closest("svg, [disabled], [aria-disabled=true], .cm-gutters")) continue;
+    const own = [...el.childNodes].filter(n => n.nodeType === 3 && n.textContent.trim()).map(n => n.textContent.trim()).join(" ");
+    if (!own) continue;
+    const s = getComputedStyle(el), rect = el.getBoundingClientRect();
+    if (rect.width <= 1 || rect.height <= 1 || s.visibility !== "visible" || el.closest("[hidden]") || !el.checkVisibility({opacityProperty: true})) continue;
+    const color = parse(s.color);
+    const {layers, ends} = backgrounds(el);
+    let worst = Infinity;
+    for (const end of ends) {
+      const behind = layers.reduceRight((acc, layer) => over(layer, acc), end);
+      worst = Math.min(worst, ratio(over(color, behind), behind));
+    }
+    const size = parseFloat(s.fontSize), bold = Number(s.fontWeight) >= 700;
+    const need = size >= 24 || (size >= 18.66 && bold) ? 3.0 : 4.5;
+    checked++;
+    if (worst < need) failures.push({text: own.slice(0, 60), ratio: Math.round(worst * 100) / 100, need, color: s.color,
+      where: (el.id ? "#" + el.id : el.tagName.toLowerCase()) + " in " + ((el.closest("[id]") || {}).id || "?")});
+  }
+  return {checked, failures};
+}
+"""
+
+
+def contrast_failures(page) -> tuple[int, list[dict]]:
+    """(texts checked, those below WCAG AA: 4.5:1, or 3:1 for large text) of the page as shown now."""
+    result = page.evaluate(CONTRAST_JS)
+    return result["checked"], result["failures"]

@@ -19,11 +19,15 @@ def test_the_field_reference_is_current():
     )
 
 
-def test_the_reference_lists_every_field_with_when_it_applies_and_where_it_goes():
+def test_the_reference_lists_every_field_with_its_label_when_it_applies_and_where_it_goes():
     text = spec_markdown()
     for path in FIELD_PATHS:
-        assert f"| `{path}` |" in text, path
-    assert "| `training.gradient_checkpointing` | bool | `true` | always | `activation_checkpointing` |" in text
+        assert f"<br>`{path}`" in text, path
+    assert (
+        "| Gradient checkpointing<br>`training.gradient_checkpointing` | bool | `true` | always "
+        "| `activation_checkpointing` |" in text
+    )
+    assert "| Seed<br>`training.seed` (advanced) |" in text
     assert "| with strategy.kind=zero3 |" in text  # the stage3_* knobs
     assert "| `zero3` | DeepSpeed ZeRO-3" in text  # the strategy table
 
