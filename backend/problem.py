@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -11,6 +11,7 @@ class Problem:
     level: Literal["error", "warning"]
     field: str  # dotted path, e.g. "strategy.offload_params"
     message: str  # says the fix
+    fix: dict[str, Any] | None = None  # {dotted path: value} that resolves it, when there is one
 
 
 def error(field: str, message: str) -> Problem:
