@@ -23,16 +23,14 @@ from tunedeck.app.estimate_view import (
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.job_view import DerivedView
 from tunedeck.app.registry import Got, Registry, Updates
+from tunedeck.backend.hardware import machine_facts
 
-DEFAULT_GPU_GB = 80  # when this machine has no GPU to measure
 
-
-def default_gpu_memory(monitor) -> tuple[str, str]:
-    """(value, where it came from) for the GPU memory box: this machine's GPU when there is one."""
-    gb = monitor.total_gpu_memory_gb()
-    if gb is None:
-        return str(DEFAULT_GPU_GB), f"no NVIDIA GPU here, so {DEFAULT_GPU_GB} GB is assumed"
-    return f"{gb:.0f}", "from this machine's GPU (NVML)"
+def default_machine(monitor) -> tuple[str, str, str, str]:
+    """(GPU box value, its source, RAM box value, its source): the facts `tunedeck validate` uses too."""
+    m = machine_facts(monitor=monitor)
+    ram = "" if m.ram_gb is None else f"{m.ram_gb:.0f}"
+    return f"{m.gpu_mem_gb:.0f}", m.gpu_source, ram, m.ram_source
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,7 @@ class EstimateShown:
 class EstimatePanel(DerivedView):
     def __init__(self, ui: Registry, monitor):
         self.ui = ui
-        self.default_gpu, self.default_source = default_gpu_memory(monitor)
+        self.default_gpu, self.default_source, self.default_ram, self.ram_source = default_machine(monitor)
 
     def build_advice(self) -> None:
         """GPU size, the recommendation and its Apply button (right column)."""
@@ -64,13 +62,24 @@ class EstimatePanel(DerivedView):
                     scale=3,
                 ),
             )
-            self.apply = add(
-                "estimate.apply",
-                gr.Button("Apply recommendation", elem_id="apply-recommendation", interactive=False, scale=1),
+            self.ram = add(
+                "estimate.ram",
+                gr.Textbox(
+                    value=self.default_ram,
+                    label="Host RAM per machine",
+                    info=f"GB, for loading and CPU/NVMe offload; empty: not checked. {self.ram_source}.",
+                    elem_id="host-ram",
+                    max_lines=1,
+                    scale=2,
+                ),
             )
+        self.apply = add(
+            "estimate.apply",
+            gr.Button("Apply recommendation", elem_id="apply-recommendation", interactive=False),
+        )
         self.recommendation = add("estimate.recommendation", gr.Markdown(elem_id="recommendation"))
         self.shown = add("estimate.shown", gr.State(EstimateShown()))
-        self.inputs = [self.gpu]
+        self.inputs = [self.gpu, self.ram]
 
     def build_details(self) -> None:
         """The table and the stacked bars, one per strategy (full width, under the form)."""
@@ -88,7 +97,7 @@ class EstimatePanel(DerivedView):
         return [self.recommendation, self.apply, self.table, self.figure, self.shown]
 
     def context(self, got: Got) -> dict:
-        return {"gpu_text": got[self.gpu]}
+        return {"gpu_text": got[self.gpu], "ram_text": got[self.ram]}
 
     def update(self, result: JobResult, got: Got) -> Updates:
         old: EstimateShown = got[self.shown]
@@ -101,7 +110,9 @@ class EstimatePanel(DerivedView):
             # Apply only when the advice changes fields (an unknown model or GPU: the markdown says which).
             applicable = not isinstance(advice, Unavailable) and bool(advice.recommendation.changes)
             # Same totals per strategy on the same GPU: the chart (the slow part) is unchanged.
-            shown = EstimateShown(recommendation_markdown(advice), applicable, repr((rows, got[self.gpu])))
+            shown = EstimateShown(
+                recommendation_markdown(advice), applicable, repr((rows, got[self.gpu], got[self.ram]))
+            )
         out: Updates = {}
         if shown.recommendation != old.recommendation:
             out[self.recommendation] = shown.recommendation
@@ -114,8 +125,8 @@ class EstimatePanel(DerivedView):
         return out
 
     def apply_recommendation(self, spec, got: Got):
-        """(strategy label, {dotted path: value}) of the recommendation for `spec` on the GPU box's size."""
-        advice = compute_advice(spec, got[self.gpu])
+        """(strategy label, {dotted path: value}) of the recommendation for `spec` on the boxes' GPU and RAM."""
+        advice = compute_advice(spec, got[self.gpu], got[self.ram])
         if isinstance(advice, Unavailable):
             raise ValueError(advice.text)
         return advice.recommendation.strategy, advice.recommendation.changes

@@ -58,14 +58,35 @@ class Unavailable:
     text: str
 
 
-def compute_advice(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None) -> Advice | Unavailable:
-    """The advice for this job on this GPU, or why there is none."""
+def compute_advice(
+    spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | str | None = None
+) -> Advice | Unavailable:
+    """The advice for this job on this GPU (and host RAM: GB, a box's text, or None for not checked), or why there is none."""
     try:
-        return advise(spec, gpu_memory_gb(gpu_mem_gb), cpu_mem_gb=cpu_mem_gb)
+        gpu = gpu_memory_gb(gpu_mem_gb)
+    except ValueError as exc:
+        return Unavailable(f"**GPU memory**: {escape(str(exc))}.", str(exc))
+    try:
+        ram = parse_ram(cpu_mem_gb) if isinstance(cpu_mem_gb, str) else cpu_mem_gb
+        return advise(spec, gpu, cpu_mem_gb=ram)
     except EstimateError as exc:
         return Unavailable(f"**Memory estimate unavailable** ({exc.field}): {escape(str(exc))}.", str(exc))
     except ValueError as exc:
-        return Unavailable(f"**GPU memory**: {escape(str(exc))}.", str(exc))
+        return Unavailable(f"**Host RAM**: {escape(str(exc))}.", str(exc))
+
+
+def parse_ram(text: str | None) -> float | None:
+    """The RAM box: GB, or empty for "not checked". Raises ValueError saying what is accepted."""
+    text = (text or "").strip().upper().removesuffix("GB").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number: give the RAM of one machine in GB, e.g. 256") from None
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{value:g} GB: give the RAM of one machine in GB, e.g. 256")
+    return value
 
 
 def estimate_table(advice: Advice | Unavailable) -> tuple[list[str], list[list]]:

@@ -46,7 +46,7 @@ def _problem(level: str, what: str, advice: Advice) -> Problem:
     return Problem(
         level,
         FIELD,
-        f"The job as set {what}: Apply recommendation switches to {rec.strategy} ({sets}).",
+        f"The job as set {what}: use {rec.strategy} instead ({sets}; Apply recommendation).",
         fix=rec.changes,
     )
 
