@@ -13,26 +13,21 @@ from dataclasses import dataclass
 import gradio as gr
 
 from tunedeck.app.estimate_view import (
+    HEADERS,
+    ORDER_NOTE,
     Unavailable,
     compute_advice,
     estimate_figure,
     estimate_table,
     measured_markdown,
+    option_changes,
+    option_choices,
     recommendation_markdown,
 )
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.job_view import DerivedView
 from tunedeck.app.registry import Got, Registry, Updates
-
-DEFAULT_GPU_GB = 80  # when this machine has no GPU to measure
-
-
-def default_gpu_memory(monitor) -> tuple[str, str]:
-    """(value, where it came from) for the GPU memory box: this machine's GPU when there is one."""
-    gb = monitor.total_gpu_memory_gb()
-    if gb is None:
-        return str(DEFAULT_GPU_GB), f"no NVIDIA GPU here, so {DEFAULT_GPU_GB} GB is assumed"
-    return f"{gb:.0f}", "from this machine's GPU (NVML)"
+from tunedeck.backend.hardware import machine_facts
 
 
 @dataclass(frozen=True)
@@ -47,7 +42,7 @@ class EstimateShown:
 class EstimatePanel(DerivedView):
     def __init__(self, ui: Registry, monitor):
         self.ui = ui
-        self.default_gpu, self.default_source = default_gpu_memory(monitor)
+        self.machine = machine_facts(monitor=monitor)  # the facts `tunedeck validate` uses too
 
     def build_advice(self) -> None:
         """GPU size, the recommendation and its Apply button (right column)."""
@@ -56,39 +51,72 @@ class EstimatePanel(DerivedView):
             self.gpu = add(
                 "estimate.gpu",
                 gr.Textbox(
-                    value=self.default_gpu,
+                    value=f"{self.machine.gpu_mem_gb:.0f}",
                     label="GPU memory per GPU",
-                    info=f"GB (24, 80) or a GPU model (A100-40GB, H100, RTX 4090); {self.default_source}.",
+                    info=f"GB (24, 80) or a GPU model (A100-40GB, H100, RTX 4090); {self.machine.gpu_source}.",
                     elem_id="gpu-memory",
                     max_lines=1,
                     scale=3,
                 ),
             )
-            self.apply = add(
-                "estimate.apply",
-                gr.Button("Apply recommendation", elem_id="apply-recommendation", interactive=False, scale=1),
+            self.ram = add(
+                "estimate.ram",
+                gr.Textbox(
+                    value="" if self.machine.ram_gb is None else f"{self.machine.ram_gb:.0f}",
+                    label="Host RAM per machine",
+                    info=f"GB, for loading and CPU/NVMe offload; empty: not checked. {self.machine.ram_source}.",
+                    elem_id="host-ram",
+                    max_lines=1,
+                    scale=2,
+                ),
             )
+        self.apply = add(
+            "estimate.apply",
+            gr.Button("Apply recommendation", elem_id="apply-recommendation", interactive=False),
+        )
         self.recommendation = add("estimate.recommendation", gr.Markdown(elem_id="recommendation"))
         self.shown = add("estimate.shown", gr.State(EstimateShown()))
-        self.inputs = [self.gpu]
+        self.inputs = [self.gpu, self.ram]
 
     def build_details(self) -> None:
-        """The table and the stacked bars, one per strategy (full width, under the form)."""
+        """The table (full width: its headers never wrap letter by letter), a picker to apply any row,
+        and the bars, one per strategy, under the form."""
+        add = self.ui.add
         with gr.Accordion("Memory per GPU for each strategy", open=True, elem_id="estimate-section"):
-            with gr.Row():
-                self.table = self.ui.add(
-                    "estimate.table", gr.Dataframe(interactive=False, elem_id="estimate-table", wrap=True, scale=1)
+            self.table = add(
+                "estimate.table",
+                gr.Dataframe(
+                    headers=HEADERS,
+                    interactive=False,
+                    elem_id="estimate-table",
+                    wrap=False,
+                    column_widths=["28%", "8%", "7%", "7%", "8%", "5%", "9%", "7%", "15%", "6%"],
+                ),
+            )
+            add("estimate.order_note", gr.Markdown(ORDER_NOTE, elem_id="estimate-order"))
+            with gr.Row(equal_height=True):
+                self.pick = add(
+                    "estimate.pick",
+                    gr.Dropdown(
+                        choices=[],
+                        label="Apply another strategy",
+                        info="any row of the table; it sets the fields that strategy needs",
+                        elem_id="estimate-pick",
+                        scale=3,
+                    ),
                 )
-                self.figure = self.ui.add(
-                    "estimate.chart", gr.Plot(show_label=False, elem_id="estimate-chart", scale=1)
+                self.apply_pick = add(
+                    "estimate.apply_pick",
+                    gr.Button("Apply this strategy", elem_id="apply-strategy", size="sm", scale=1),
                 )
+            self.figure = add("estimate.chart", gr.Plot(show_label=False, elem_id="estimate-chart"))
 
     @property
     def outputs(self) -> list:
-        return [self.recommendation, self.apply, self.table, self.figure, self.shown]
+        return [self.recommendation, self.apply, self.table, self.figure, self.pick, self.shown]
 
     def context(self, got: Got) -> dict:
-        return {"gpu_text": got[self.gpu]}
+        return {"gpu_text": got[self.gpu], "ram_text": got[self.ram]}
 
     def update(self, result: JobResult, got: Got) -> Updates:
         old: EstimateShown = got[self.shown]
@@ -101,7 +129,9 @@ class EstimatePanel(DerivedView):
             # Apply only when the advice changes fields (an unknown model or GPU: the markdown says which).
             applicable = not isinstance(advice, Unavailable) and bool(advice.recommendation.changes)
             # Same totals per strategy on the same GPU: the chart (the slow part) is unchanged.
-            shown = EstimateShown(recommendation_markdown(advice), applicable, repr((rows, got[self.gpu])))
+            shown = EstimateShown(
+                recommendation_markdown(advice), applicable, repr((rows, got[self.gpu], got[self.ram]))
+            )
         out: Updates = {}
         if shown.recommendation != old.recommendation:
             out[self.recommendation] = shown.recommendation
@@ -109,13 +139,36 @@ class EstimatePanel(DerivedView):
             out[self.apply] = gr.update(interactive=shown.applicable)
         if shown.table != old.table:
             out.update({self.table: gr.update(value=rows, headers=headers), self.figure: estimate_figure(advice)})
+            if rows is not None:
+                out[self.pick] = gr.update(choices=option_choices(advice), value=None)
         if shown != old:
             out[self.shown] = shown
         return out
 
+    def apply_option(self, spec, values: dict, got: Got):
+        """(strategy label, {dotted path: value}) of the option picked below the table, for `spec`."""
+        strategy = got[self.pick]
+        if not strategy:
+            raise ValueError("pick a strategy in the list first")
+        advice = compute_advice(spec, got[self.gpu], got[self.ram])
+        if isinstance(advice, Unavailable):
+            raise ValueError(advice.text)
+        return strategy, option_changes(advice, strategy, values)
+
+    def follow_preset(self, preset, got: Got) -> str:
+        """Where no GPU is measured here, a preset sets the GPU and RAM boxes to the machine it is meant
+        for (so its estimate reads as on that machine); says which in a sentence for the notice."""
+        hw = preset.hardware
+        if hw is None:
+            return ""
+        if self.machine.has_gpu or not hw.gpus:
+            return f"Meant for **{hw.label}**."
+        got[self.gpu], got[self.ram] = f"{hw.gpu_mem_gb:g}", f"{hw.ram_gb:g}"  # the fill writes them (job_view)
+        return f"Meant for **{hw.label}**: the estimate below is for that machine."
+
     def apply_recommendation(self, spec, got: Got):
-        """(strategy label, {dotted path: value}) of the recommendation for `spec` on the GPU box's size."""
-        advice = compute_advice(spec, got[self.gpu])
+        """(strategy label, {dotted path: value}) of the recommendation for `spec` on the boxes' GPU and RAM."""
+        advice = compute_advice(spec, got[self.gpu], got[self.ram])
         if isinstance(advice, Unavailable):
             raise ValueError(advice.text)
         return advice.recommendation.strategy, advice.recommendation.changes

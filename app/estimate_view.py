@@ -30,9 +30,15 @@ from tunedeck.backend.memory_load import LOAD_TERMS
 from tunedeck.backend.spec import JobSpec, SpecError, parse_spec
 
 HEADERS = [
-    "Strategy", "Per GPU (GB)", "Load (GB)", "Train (GB)", "Peak in", "Fits",
-    "CPU RAM per machine (GB)", "NVMe per machine (GB)", "Largest term",
+    "Strategy", "GB per GPU", "Load GB", "Train GB", "Peak in", "Fits",
+    "Host RAM GB", "NVMe GB", "Largest term", "Speed",
 ]  # fmt: skip
+# Under the table: why the rows are in this order, and what the Speed column means.
+ORDER_NOTE = (
+    "Rows from the least memory per GPU to the most. **Speed** is the advisor's order, 1 = fastest: "
+    "no sharding before sharding, then weight sharding, then offload to CPU/NVMe, then 4-bit; "
+    "the recommendation is the fastest that fits."
+)
 
 # One color per memory term, the same in every bar.
 TERM_COLORS = {
@@ -58,22 +64,49 @@ class Unavailable:
     text: str
 
 
-def compute_advice(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None) -> Advice | Unavailable:
-    """The advice for this job on this GPU, or why there is none."""
+def compute_advice(
+    spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | str | None = None
+) -> Advice | Unavailable:
+    """The advice for this job on this GPU (and host RAM: GB, a box's text, or None for not checked), or why there is none."""
     try:
-        return advise(spec, gpu_memory_gb(gpu_mem_gb), cpu_mem_gb=cpu_mem_gb)
+        gpu = gpu_memory_gb(gpu_mem_gb)
+    except ValueError as exc:
+        return Unavailable(f"**GPU memory**: {escape(str(exc))}.", str(exc))
+    try:
+        ram = parse_ram(cpu_mem_gb) if isinstance(cpu_mem_gb, str) else cpu_mem_gb
+        return advise(spec, gpu, cpu_mem_gb=ram)
     except EstimateError as exc:
         return Unavailable(f"**Memory estimate unavailable** ({exc.field}): {escape(str(exc))}.", str(exc))
     except ValueError as exc:
-        return Unavailable(f"**GPU memory**: {escape(str(exc))}.", str(exc))
+        return Unavailable(f"**Host RAM**: {escape(str(exc))}.", str(exc))
+
+
+def parse_ram(text: str | None) -> float | None:
+    """The RAM box: GB, or empty for "not checked". Raises ValueError saying what is accepted."""
+    text = (text or "").strip().upper().removesuffix("GB").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number: give the RAM of one machine in GB, e.g. 256") from None
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{value:g} GB: give the RAM of one machine in GB, e.g. 256")
+    return value
+
+
+def by_memory(advice: Advice) -> list[tuple[int, StrategyEstimate]]:
+    """(speed rank, 1 = fastest; option) from the least memory per GPU to the most."""
+    ranked = list(enumerate(advice.options, start=1))
+    return sorted(ranked, key=lambda item: (item[1].estimate.per_gpu_gb, item[0]))
 
 
 def estimate_table(advice: Advice | Unavailable) -> tuple[list[str], list[list]]:
-    """(headers, rows): one row per strategy, fastest first; the current one and the advice marked."""
+    """(headers, rows): one row per strategy, by memory; the current one and the advice marked."""
     if isinstance(advice, Unavailable):
         return HEADERS, []
     rows = []
-    for o in advice.options:
+    for rank, o in by_memory(advice):
         e = o.estimate
         phases = e.phases
         terms, values = (LOAD_TERMS, e.load_breakdown) if e.limiting_phase == "load" else (TERMS, e.breakdown)
@@ -89,21 +122,38 @@ def estimate_table(advice: Advice | Unavailable) -> tuple[list[str], list[list]]
                 round(e.host_gb, 1),
                 round(e.nvme_gb, 1),
                 terms[largest],
+                rank,
             ]
         )
     return HEADERS, rows
 
 
+def option_choices(advice: Advice | Unavailable) -> list[tuple[str, str]]:
+    """(label, strategy) of each option for the "apply a strategy" picker, in the table's order."""
+    if isinstance(advice, Unavailable):
+        return []
+    return [(_label(o, advice.recommendation.strategy), o.strategy) for _, o in by_memory(advice)]
+
+
+def option_changes(advice: Advice, strategy: str, values: dict) -> dict:
+    """The fields that turn the job into `strategy`'s option: only those that differ from `values`."""
+    option = next((o for o in advice.options if o.strategy == strategy), None)
+    if option is None:
+        raise ValueError(f"{strategy!r} is not an option for this job any more: pick one from the list again")
+    return {k: v for k, v in option.changes.items() if values.get(k) != v}
+
+
 def estimate_figure(advice: Advice | Unavailable) -> go.Figure:
-    """One stacked bar per strategy (a segment per training term), a marker at each strategy's
-    load phase, and lines at the GPU's capacity and the fit threshold."""
+    """One horizontal stacked bar per strategy (a segment per training term; labels on the left, so they
+    never overlap a bar), a marker at each strategy's load phase, and lines at the GPU's capacity and
+    the fit threshold. Bars in the table's order, least memory on top."""
     fig = go.Figure()
     fig.update_layout(
         barmode="stack",
         template="plotly_white",
-        margin=dict(l=50, r=20, t=40, b=110),
-        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
-        yaxis_title="GB per GPU",
+        margin=dict(l=10, r=20, t=60, b=40),
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+        xaxis_title="GB per GPU",
         uirevision="keep",
     )
     if isinstance(advice, Unavailable):
@@ -113,7 +163,7 @@ def estimate_figure(advice: Advice | Unavailable) -> go.Figure:
         fig.update_xaxes(visible=False)
         fig.update_yaxes(visible=False)
         return fig
-    options, gb = advice.options, advice.gpu_mem_gb
+    options, gb = [o for _, o in by_memory(advice)], advice.gpu_mem_gb
     labels = [_label(o, advice.recommendation.strategy) for o in options]
     for key, name in TERMS.items():
         values = [o.estimate.breakdown[key] for o in options]
@@ -121,31 +171,31 @@ def estimate_figure(advice: Advice | Unavailable) -> go.Figure:
             continue
         fig.add_bar(
             name=name,
-            x=labels,
-            y=values,
+            y=labels,
+            x=values,
+            orientation="h",
             marker_color=TERM_COLORS[key],
-            hovertemplate=f"%{{x}}<br>{name} (training): %{{y:.2f}} GB<extra></extra>",
+            hovertemplate=f"%{{y}}<br>{name} (training): %{{x:.2f}} GB<extra></extra>",
         )
     fig.add_scatter(
         name=LOAD_MARKER,
-        x=labels,
-        y=[o.estimate.phases["load"] for o in options],
+        y=labels,
+        x=[o.estimate.phases["load"] for o in options],
         mode="markers",
-        marker=dict(symbol="line-ew", size=36, line=dict(width=4, color="#111827")),
-        hovertemplate="%{x}<br>while loading: %{y:.2f} GB<extra></extra>",
+        marker=dict(symbol="line-ns", size=22, line=dict(width=4, color="#111827")),
+        hovertemplate="%{y}<br>while loading: %{x:.2f} GB<extra></extra>",
     )
-    fig.add_hline(
-        y=gb, line_color="#dc2626", line_width=2, annotation_text=f"GPU {gb:g} GB", annotation_position="top left"
-    )
-    fig.add_hline(
-        y=FIT_FRACTION * gb,
+    fig.add_vline(x=gb, line_color="#dc2626", line_width=2, annotation_text=f"GPU {gb:g} GB", annotation_position="top")
+    fig.add_vline(
+        x=FIT_FRACTION * gb,
         line_color="#dc2626",
         line_dash="dot",
         line_width=1,
         annotation_text=f"fits below {FIT_FRACTION:.0%}",
         annotation_position="bottom left",
     )
-    fig.update_xaxes(tickangle=-30)
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    fig.update_layout(height=140 + 32 * len(options))
     return fig
 
 

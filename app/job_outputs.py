@@ -17,9 +17,10 @@ from tunedeck.app.estimate_view import Unavailable, compute_advice
 from tunedeck.app.form_marks import problem_link
 from tunedeck.backend.advisor import Advice
 from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
+from tunedeck.backend.fit import fit_problems
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.untrusted import shown
-from tunedeck.backend.validate import Problem, validate
+from tunedeck.backend.validate import Problem, has_errors, validate
 
 UPLOAD_LIMIT_BYTES = 256 * 1024
 _PLAIN_FIELD = re.compile(r"[A-Za-z0-9_.]+")  # every spec field; an unknown key from a file may hold anything
@@ -42,8 +43,9 @@ class JobResult:
         return {i.field for i in self.issues if i.level == "error" and i.field}
 
 
-def evaluate(values: Values, gpu_text: str | None = None) -> JobResult:
-    """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`."""
+def evaluate(values: Values, gpu_text: str | None = None, ram_text: str | None = None) -> JobResult:
+    """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`
+    and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/fit.py)."""
     from tunedeck.backend.render import render_bundle
 
     try:
@@ -56,7 +58,9 @@ def evaluate(values: Values, gpu_text: str | None = None) -> JobResult:
     except Exception as exc:  # noqa: BLE001 - a generator bug must read as a message, not a blank page
         files = {}
         issues.append(Problem("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
-    advice = None if gpu_text is None else compute_advice(spec, gpu_text)
+    advice = None if gpu_text is None else compute_advice(spec, gpu_text, ram_text)
+    if isinstance(advice, Advice) and not has_errors(issues):  # the same rule as `tunedeck validate`
+        issues = sorted(issues + fit_problems(spec, advice), key=lambda p: p.level != "error")
     return JobResult(values, spec, issues, files, advice)
 
 

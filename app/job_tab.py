@@ -17,6 +17,7 @@ from tunedeck.app.estimate_panel import EstimatePanel
 from tunedeck.app.form import build_form
 from tunedeck.app.job_outputs import read_uploaded_spec
 from tunedeck.app.job_view import JOB_QUEUE, JobEvent, JobView
+from tunedeck.app.model_access import access_markdown
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
 from tunedeck.backend.render import render_bundle
@@ -58,6 +59,7 @@ class JobTab(Section):
         with gr.Row():
             with gr.Column(scale=6):
                 form = build_form({f.path: f.to_form(initial[f.path]) for f in FORM_FIELDS}, page.ui)
+                page.ui.add("job.model_access", gr.Markdown(access_markdown(), elem_id="model-access"))
             with gr.Column(scale=5):
                 self.view = JobView(page.ui, form, list(render_bundle(self.initial)), self.writer)
                 self.estimate = EstimatePanel(page.ui, self.monitor)
@@ -80,7 +82,8 @@ class JobTab(Section):
         for preset in self.presets:
 
             def load_preset(event: JobEvent, preset: Preset = preset):
-                return preset.build(), f"Loaded preset **{preset.title}**: {preset.description}"
+                meant = self.estimate.follow_preset(preset, event.got)
+                return preset.build(), f"Loaded preset **{preset.title}**: {preset.description} {meant}"
 
             view.wire_fill(page.ui["job.preset." + preset.id].click, load_preset, notice)
 
@@ -90,6 +93,7 @@ class JobTab(Section):
 
         view.wire_fill(self.upload.upload, upload, notice, reads=(self.upload,))
         view.wire_fill(self.estimate.apply.click, self.apply, notice)
+        view.wire_fill(self.estimate.apply_pick.click, self.apply_picked, notice, reads=(self.estimate.pick,))
         page.on_load(view.on_load, inputs=view.inputs, outputs=view.outputs, **JOB_QUEUE)
 
     def apply(self, event: JobEvent):
@@ -100,5 +104,20 @@ class JobTab(Section):
         strategy, changes = self.estimate.apply_recommendation(spec, event.got)
         if not changes:
             return None, "The job already follows the recommendation."
+        applied = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
+        return set_paths(spec, changes), f"Applied **{strategy}**: {applied}."
+
+    def apply_picked(self, event: JobEvent):
+        """Apply this strategy: the picked row's changes for the job the form holds."""
+        if event.stale:
+            return None, "The job changed before Apply arrived; pick the strategy again."
+        values = values_from_form(event.raw)
+        spec = spec_from_values(values)
+        try:
+            strategy, changes = self.estimate.apply_option(spec, values, event.got)
+        except ValueError as exc:
+            return None, f"Nothing applied: {exc}."
+        if not changes:
+            return None, f"The job already uses **{strategy}**."
         applied = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
         return set_paths(spec, changes), f"Applied **{strategy}**: {applied}."

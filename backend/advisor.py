@@ -174,10 +174,29 @@ def _recommend(
     chosen = next((o for o in usable if o.fits), None)
     if chosen is None:
         return _nothing_fits(values, options, gpu_mem_gb, cpu_mem_gb)
+    # Options of one tier are equally fast (ZeRO-3 and FSDP FULL_SHARD move the same bytes):
+    # the job's own choice among them stays.
+    chosen = next((o for o in usable if o.current and o.fits and _tier(o) == _tier(chosen)), chosen)
     changes = {k: v for k, v in chosen.changes.items() if values.get(k) != v}
     faster = [o for o in usable[: usable.index(chosen)] if not o.fits]
     reason = _reason(values, chosen, faster, gpu_mem_gb)
     return Recommendation(chosen.strategy, changes, reason, chosen.estimate, True)
+
+
+def _tier(option: StrategyEstimate) -> tuple:
+    """What sets an option's speed: what it trains, whether it shards the weights, what it offloads."""
+    c = option.changes
+    facts = STRATEGIES[c["strategy.kind"]]
+    shards = facts.shards_parameters and c.get("strategy.fsdp_sharding_strategy") != "SHARD_GRAD_OP"
+    hybrid = c.get("strategy.fsdp_sharding_strategy") == "HYBRID_SHARD"
+    return (
+        c.get("method"),
+        facts.engine == "ddp",
+        shards,
+        hybrid,
+        c["strategy.offload_optimizer"],
+        c["strategy.offload_params"],
+    )
 
 
 def _strategy_key(v: dict) -> tuple:
@@ -243,7 +262,10 @@ def _candidates(v: dict) -> list[tuple[str, dict]]:
             _option("zero3", "cpu", "cpu"),
             _option("zero3", "nvme", "nvme"),
         ]
-    out = [(label, {**changes, **_checkpointing_for(v, changes)}) for label, changes in plain]
+    out = [
+        (label, {**changes, **_keep_4bit_sharded(v, changes), **_checkpointing_for(v, changes)})
+        for label, changes in plain
+    ]
     if v["method"] != "qlora":
         quant = _qlora_changes(v)
         label, ddp = _option("ddp")
@@ -253,6 +275,13 @@ def _candidates(v: dict) -> list[tuple[str, dict]]:
             extra = {**_sharded_4bit_dtypes(quant), **changes, **_checkpointing_for(v, changes)}
             out.append((f"QLoRA + {label}", {**quant, **extra}))
     return out
+
+
+def _keep_4bit_sharded(v: dict, changes: dict) -> dict:
+    """A QLoRA job moved to ZeRO-3 or FSDP stores its 4-bit weights so that they shard (else every GPU keeps them)."""
+    if v["method"] != "qlora" or not STRATEGIES[changes["strategy.kind"]].shards_parameters:
+        return {}
+    return _sharded_4bit_dtypes(v)
 
 
 def _sharded_4bit_dtypes(quant: dict) -> dict:

@@ -16,6 +16,7 @@ The tests build each family on PyTorch's meta device and compare counts.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -204,6 +205,14 @@ def _qwen25(layers, hidden, heads, kv_heads, intermediate, vocab, tied, size) ->
     )  # fmt: skip
 
 
+def _qwen3(layers, hidden, heads, intermediate, tied, size) -> ModelArch:
+    # Every Qwen3 dense model: 8 kv heads of 128, no q/k/v bias, q and k normalised per head.
+    return ModelArch(
+        "qwen3", "Qwen3DecoderLayer", layers, hidden, heads, 8, intermediate, 151936, tied, head_dim=128,
+        source=_hub(f"Qwen/Qwen3-{size}"),
+    )  # fmt: skip
+
+
 def _gemma2(layers, hidden, heads, kv_heads, head_dim, intermediate, size) -> ModelArch:
     return ModelArch(
         "gemma2", "Gemma2DecoderLayer", layers, hidden, heads, kv_heads, intermediate, 256000, True,
@@ -225,6 +234,14 @@ _QWEN = {
     "14B": _qwen25(48, 5120, 40, 8, 13824, 152064, False, "14B"),
     "32B": _qwen25(64, 5120, 40, 8, 27648, 152064, False, "32B"),
     "72B": _qwen25(80, 8192, 64, 8, 29568, 152064, False, "72B"),
+}
+_QWEN3 = {
+    "0.6B": _qwen3(28, 1024, 16, 3072, True, "0.6B"),
+    "1.7B": _qwen3(28, 2048, 16, 6144, True, "1.7B"),
+    "4B": _qwen3(36, 2560, 32, 9728, True, "4B"),
+    "8B": _qwen3(36, 4096, 32, 12288, False, "8B"),
+    "14B": _qwen3(40, 5120, 40, 17408, False, "14B"),
+    "32B": _qwen3(64, 5120, 64, 25600, False, "32B"),
 }
 _GEMMA2 = {
     "2b": _gemma2(26, 2304, 8, 4, 256, 9216, "2b"),
@@ -255,6 +272,8 @@ KNOWN: dict[str, ModelArch] = _with_variants(
         "meta-llama/Meta-Llama-3-70B": _LLAMA3_70B,
         "meta-llama/Llama-3.1-8B": _LLAMA3_8B,  # 3.1 changes rope scaling and context only
         "meta-llama/Llama-3.1-70B": _LLAMA3_70B,
+        "meta-llama/Meta-Llama-3.1-8B": _LLAMA3_8B,  # the 3.1 repositories' first names, still redirected
+        "meta-llama/Meta-Llama-3.1-70B": _LLAMA3_70B,
         "meta-llama/Llama-3.2-1B": _LLAMA32_1B,
         "meta-llama/Llama-3.2-3B": _LLAMA32_3B,
         "meta-llama/Llama-3.3-70B-Instruct": _LLAMA3_70B,
@@ -262,6 +281,7 @@ KNOWN: dict[str, ModelArch] = _with_variants(
         "mistralai/Mistral-7B-v0.3": _mistral(32768, "mistralai/Mistral-7B-v0.3"),
         "mistralai/Mixtral-8x7B-v0.1": _MIXTRAL_8X7B,
         **{f"Qwen/Qwen2.5-{size}": arch for size, arch in _QWEN.items()},
+        **{f"Qwen/Qwen3-{size}": arch for size, arch in _QWEN3.items()},  # Qwen3's chat models carry no suffix
         **{f"google/gemma-2-{size}": arch for size, arch in _GEMMA2.items()},
         "microsoft/Phi-3-mini-4k-instruct": _PHI3_MINI,
         "microsoft/Phi-3-medium-4k-instruct": _PHI3_MEDIUM,
@@ -269,6 +289,7 @@ KNOWN: dict[str, ModelArch] = _with_variants(
     }
 )
 KNOWN["mistralai/Mistral-7B-Instruct-v0.2"] = _mistral(32000, "mistralai/Mistral-7B-Instruct-v0.2")
+KNOWN["mistralai/Mistral-7B-Instruct-v0.3"] = KNOWN["mistralai/Mistral-7B-v0.3"]
 KNOWN["mistralai/Mixtral-8x7B-Instruct-v0.1"] = _MIXTRAL_8X7B
 for _size in _GEMMA2:
     KNOWN[f"google/gemma-2-{_size}-it"] = _GEMMA2[_size]
@@ -311,16 +332,52 @@ def from_config(config: dict, source: str = "") -> ModelArch | None:
     )
 
 
+# Hub ids are case-insensitive, and people often type a model's name without its organisation.
+_BY_LOWER = {name.lower(): arch for name, arch in KNOWN.items()}
+_BY_BASENAME = {name.rpartition("/")[2].lower(): arch for name, arch in KNOWN.items()}
+
+
 def lookup(name_or_path: str) -> ModelArch | None:
-    """Facts for a hub id we know, or a local folder with a config.json; None otherwise."""
+    """Facts for a hub id we know, a local folder with a config.json, or a hub id in the local
+    Hugging Face cache (what `from_pretrained` downloaded before); None otherwise."""
     if name_or_path in KNOWN:
         return KNOWN[name_or_path]
+    known = _BY_LOWER.get(name_or_path.lower()) or (
+        None if "/" in name_or_path else _BY_BASENAME.get(name_or_path.lower())
+    )
+    if known is not None:
+        return known
     config_file = Path(name_or_path) / "config.json"
+    if not config_file.is_file():
+        config_file = cached_config(name_or_path) or config_file
     try:
         mtime = config_file.stat().st_mtime_ns
     except OSError:
         return None
     return _read_local(str(config_file), mtime)
+
+
+def hub_cache_dir() -> Path:
+    """Where huggingface_hub keeps downloads: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+    return Path(home) / "hub"
+
+
+def cached_config(repo_id: str) -> Path | None:
+    """config.json of a hub model in the local cache (models--org--name/snapshots/<revision>/), the
+    revision refs/main names first; None when it was never downloaded here."""
+    if repo_id.count("/") != 1 or ".." in repo_id:
+        return None
+    folder = hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+    try:
+        revision = (folder / "refs" / "main").read_text(encoding="utf-8").strip()
+    except OSError:
+        revision = ""
+    candidates = [folder / "snapshots" / revision / "config.json"] if revision else []
+    candidates += sorted(folder.glob("snapshots/*/config.json"))
+    return next((c for c in candidates if c.is_file()), None)
 
 
 @lru_cache(maxsize=64)

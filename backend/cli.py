@@ -45,6 +45,34 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
+    """--gpu-mem and --cpu-mem: the machine a job is checked against (backend/hardware.py), as in the page."""
+    parser.add_argument(
+        "--gpu-mem",
+        metavar="GB",
+        help="memory of one GPU in GB, or a GPU name such as A100-80GB or RTX4090 "
+        "(default: this machine's smallest GPU by NVML, else 80)",
+    )
+    parser.add_argument(
+        "--cpu-mem",
+        metavar="GB",
+        type=float,
+        help="host RAM per machine, for loading the model and offloaded states "
+        "(default: this machine's RAM when it has GPUs, else not checked)",
+    )
+
+
+def machine_or_exit(args: argparse.Namespace):
+    """The Machine for --gpu-mem/--cpu-mem (or this machine's facts), or print the bad flag and exit 2."""
+    from tunedeck.backend.hardware import MachineValueError, machine_facts
+
+    try:
+        return machine_facts(args.gpu_mem, args.cpu_mem)
+    except MachineValueError as exc:
+        print_problems([("error", "--gpu-mem" if exc.which == "gpu" else "--cpu-mem", str(exc))])
+        raise SystemExit(2) from None
+
+
 def load_spec_or_exit(args: argparse.Namespace):
     """Resolve SPEC and --set, or print each problem (field and fix) and exit 2."""
     from tunedeck.backend.spec import SpecError, resolve_spec

@@ -6,9 +6,13 @@ import argparse
 import json
 import sys
 
-from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
-
-DEFAULT_GPU_GB = 80.0
+from tunedeck.backend.cli import (
+    add_machine_arguments,
+    add_spec_arguments,
+    load_spec_or_exit,
+    machine_or_exit,
+    print_problems,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,70 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "FSDP, QLoRA) and recommend the fastest that fits the GPU.",
     )
     add_spec_arguments(p)
-    p.add_argument(
-        "--gpu-mem",
-        metavar="GB",
-        help="memory of one GPU in GB, or a GPU name such as A100-80GB or RTX4090 "
-        "(default: the first GPU NVML reports, else 80)",
-    )
-    p.add_argument(
-        "--cpu-mem",
-        metavar="GB",
-        type=float,
-        help="host RAM per machine, for loading the model and offloaded states (default: this machine's RAM)",
-    )
+    add_machine_arguments(p)
     p.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object: current (with phases: load and train GB per GPU), strategies, recommended",
     )
     p.set_defaults(handler=cmd_estimate)
-
-
-def detect_gpu_memory_gb() -> tuple[float, str] | None:
-    """Total memory of GPU 0 through NVML, or None on a machine without an NVIDIA GPU."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            name = pynvml.nvmlDeviceGetName(handle)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - NVMLError (no driver/GPU) or a missing library: no GPU to read
-        return None
-    name = name.decode() if isinstance(name, bytes) else name
-    return total / 2**30, f"{name} (NVML)"
-
-
-def _gpu_memory(args: argparse.Namespace) -> tuple[float, str]:
-    from tunedeck.backend.advisor import gpu_memory_gb
-
-    if args.gpu_mem is not None:
-        try:
-            return gpu_memory_gb(args.gpu_mem), "--gpu-mem"
-        except ValueError as exc:
-            print_problems([("error", "--gpu-mem", str(exc))])
-            raise SystemExit(2) from None
-    detected = detect_gpu_memory_gb()
-    if detected is not None:
-        return detected
-    return DEFAULT_GPU_GB, f"no NVIDIA GPU found, assumed {DEFAULT_GPU_GB:g} GB (pass --gpu-mem)"
-
-
-def _cpu_memory(args: argparse.Namespace) -> float:
-    if args.cpu_mem is not None:
-        if not 0 < args.cpu_mem < float("inf"):  # also nan, which every comparison would let "fit"
-            print_problems(
-                [("error", "--cpu-mem", f"{args.cpu_mem:g} GB of RAM: give the RAM of one machine, e.g. 256")]
-            )
-            raise SystemExit(2)
-        return args.cpu_mem
-    import psutil
-
-    return psutil.virtual_memory().total / 2**30
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -92,10 +39,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     spec = load_spec_or_exit(args)
     ensure_demo_if_used(spec)  # the demo model's architecture is read from its built config.json
-    gpu_gb, gpu_source = _gpu_memory(args)
-    cpu_gb = _cpu_memory(args)
+    machine = machine_or_exit(args)  # the same facts as `tunedeck validate` and the page
+    gpu_source = machine.gpu_source
     try:
-        advice = advise(spec, gpu_gb, cpu_mem_gb=cpu_gb)
+        advice = advise(spec, machine.gpu_mem_gb, cpu_mem_gb=machine.ram_gb)
     except EstimateError as exc:
         print_problems([("error", exc.field, str(exc))])
         return 2
@@ -120,7 +67,9 @@ def _print_report(spec, advice, gpu_source: str) -> None:
         f"{spec.model.name_or_path} · {spec.method} · {spec.strategy.kind} · {spec.launch.num_processes} process(es)"
         f" · micro batch {t.per_device_train_batch_size} x {spec.dataset.max_seq_length} tokens\n"
         f"parameters {current.params:,}, trainable {current.trainable_params:,} ({share:.2%})\n"
-        f"GPU memory {gpu_gb:g} GB ({gpu_source}), host RAM {advice.cpu_mem_gb:.0f} GB per machine\n\n"
+        f"GPU memory {gpu_gb:g} GB ({gpu_source}), host RAM "
+        + ("not checked" if advice.cpu_mem_gb is None else f"{advice.cpu_mem_gb:.0f} GB per machine")
+        + "\n\n"
     )
     phases = current.phases
     out(

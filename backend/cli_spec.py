@@ -7,7 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
+from tunedeck.backend.cli import (
+    add_machine_arguments,
+    add_spec_arguments,
+    load_spec_or_exit,
+    machine_or_exit,
+    print_problems,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,8 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=cmd_schema)
 
-    p = sub.add_parser("validate", help="check a job and print its problems")
+    p = sub.add_parser(
+        "validate",
+        help="check a job and print its problems, including whether it fits the GPUs and host RAM",
+        description="Check a job: its fields, their combinations, its local model and data, and whether it fits "
+        "the GPU memory and host RAM (this machine's, or --gpu-mem/--cpu-mem), as the panel does.",
+    )
     add_spec_arguments(p)
+    add_machine_arguments(p)
     p.set_defaults(handler=cmd_validate)
 
     p = sub.add_parser("export", help="write the job's files (accelerate YAML, DeepSpeed JSON, ...) to a folder")
@@ -74,12 +86,31 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(spec) -> tuple[list, bool]:
+def _check(spec, machine=None) -> tuple[list, bool]:
+    """The job's problems, printed; with a `machine` (backend/hardware.py) also whether it fits."""
     from tunedeck.backend.validate import has_errors, validate
 
     problems = validate(spec)
+    if machine is not None and not has_errors(problems):
+        problems = sorted(problems + _fit(spec, machine), key=lambda p: p.level != "error")
     print_problems((p.level, p.field, p.message) for p in problems)
     return problems, has_errors(problems)
+
+
+def _fit(spec, machine) -> list:
+    """Whether the job fits `machine` (backend/fit.py), as the page says it; nothing for an unknown model."""
+    from tunedeck.backend.advisor import advise
+    from tunedeck.backend.demo import ensure_demo_if_used
+    from tunedeck.backend.fit import fit_problems
+    from tunedeck.backend.memory_job import EstimateError
+
+    if spec.launch.use_cpu:
+        return []
+    ensure_demo_if_used(spec)
+    try:
+        return fit_problems(spec, advise(spec, machine.gpu_mem_gb, cpu_mem_gb=machine.ram_gb))
+    except EstimateError:  # `tunedeck estimate` says why; the job may still be fine
+        return []
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -87,7 +118,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from tunedeck.backend.validate import describe_global_batch
 
     spec = load_spec_or_exit(args)
-    problems, failed = _check(spec)
+    machine = machine_or_exit(args)
+    problems, failed = _check(spec, machine)
     if failed:
         return 2
     # The local model folder and data file, checked as `tunedeck train` (default --runs-dir) will see them.
@@ -99,6 +131,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"ok: {spec.method} on {spec.model.name_or_path}, {spec.strategy.kind}, "
         f"{spec.launch.num_processes} processes, {describe_global_batch(spec)}"
         + (f" ({len(problems)} warnings)" if problems else "")
+        + (
+            ""
+            if spec.launch.use_cpu
+            else f"; checked against {machine.gpu_mem_gb:g} GB per GPU ({machine.gpu_source})"
+            + (f" and {machine.ram_gb:.0f} GB of host RAM" if machine.ram_gb is not None else "")
+        )
     )
     return 0
 

@@ -64,7 +64,8 @@ def input_values(spec: JobSpec, loss: str = "fused") -> dict[str, Any]:
         raise EstimateError(
             "model.name_or_path",
             f"tunedeck does not know the architecture of {values['model.name_or_path']!r}: use a model from the "
-            "catalog (e.g. meta-llama/Llama-2-7b-hf) or a local folder with its config.json",
+            "catalog (e.g. Qwen/Qwen2.5-7B-Instruct), a local folder with its config.json, or download it once "
+            "(`hf download ORG/NAME config.json` puts it in the Hugging Face cache, where tunedeck reads it)",
         )
     return values
 

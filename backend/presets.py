@@ -41,11 +41,29 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
+class PresetHardware(BaseModel):
+    """The machine a preset is meant for: the advisor recommends the preset's strategy there (tests pin it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpus: int = Field(ge=0, description="GPUs in all (launch.num_processes); 0 for a CPU job")
+    gpu: str | None = Field(None, description="a GPU the advisor knows (advisor.GPU_MEMORY_GB), e.g. A100-80GB")
+    gpu_mem_gb: float | None = Field(None, gt=0, description="memory of one such GPU in GB")
+    ram_gb: float = Field(gt=0, description="host RAM per machine in GB")
+
+    @property
+    def label(self) -> str:
+        """'4x RTX 4090 (24 GB), 128 GB RAM' or 'CPU only, 4 GB RAM'."""
+        if not self.gpus:
+            return f"CPU only, {self.ram_gb:g} GB RAM"
+        return f"{self.gpus}x {self.gpu} ({self.gpu_mem_gb:g} GB), {self.ram_gb:g} GB RAM"
+
+
 class Preset(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str
     title: str
     description: str
+    hardware: PresetHardware | None = Field(None, description="what the preset is meant for")
     spec: dict = Field(default_factory=dict, description="Partial spec merged over the defaults.")
 
     def build(self) -> JobSpec:

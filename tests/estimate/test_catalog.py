@@ -18,6 +18,7 @@ from transformers import (
     MixtralConfig,
     Phi3Config,
     Qwen2Config,
+    Qwen3Config,
 )
 
 from tunedeck.backend import catalog
@@ -27,6 +28,7 @@ CONFIG_CLASSES = {
     "mistral": MistralConfig,
     "mixtral": MixtralConfig,
     "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
     "gemma2": Gemma2Config,
     "phi3": Phi3Config,
 }
@@ -49,6 +51,10 @@ PUBLISHED_COUNTS = {
     "Qwen/Qwen2.5-14B": 14_770_033_664,
     "Qwen/Qwen2.5-32B": 32_763_876_352,
     "Qwen/Qwen2.5-72B": 72_706_203_648,
+    "Qwen/Qwen3-4B": 4_022_468_096,
+    "Qwen/Qwen3-8B": 8_190_735_360,
+    "Qwen/Qwen3-14B": 14_768_307_200,
+    "Qwen/Qwen3-32B": 32_762_123_264,
     "google/gemma-2-2b": 2_614_341_888,
     "google/gemma-2-9b": 9_241_705_984,
     "google/gemma-2-27b": 27_227_128_320,
@@ -63,6 +69,7 @@ ON_META = [
     "mistralai/Mistral-7B-v0.1",
     "mistralai/Mixtral-8x7B-v0.1",
     "Qwen/Qwen2.5-0.5B",
+    "Qwen/Qwen3-0.6B",
     "google/gemma-2-2b",
     "microsoft/Phi-3-mini-4k-instruct",
 ]

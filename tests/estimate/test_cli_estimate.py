@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tunedeck.backend import catalog
+from tunedeck.backend.spec import resolve_spec
 
 TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
 
@@ -28,7 +29,7 @@ def estimate_json(*args: str) -> dict:
 
 
 def test_json_has_current_strategies_and_recommended():
-    data = estimate_json("7b-full-zero2", "--gpu-mem", "40", "--cpu-mem", "512")
+    data = estimate_json("7b-full-zero2", "--gpu-mem", "80", "--cpu-mem", "512")  # the preset's A100-80GB
     current = data["current"]
     keys = {"per_gpu_gb", "phases", "limited_by", "cpu_gb", "load_cpu_gb", "breakdown", "load_breakdown", "fits"}
     assert keys <= current.keys()
@@ -40,7 +41,7 @@ def test_json_has_current_strategies_and_recommended():
     for s in data["strategies"]:
         assert {"strategy", "fits", "changes", "per_gpu_gb", "phases", "breakdown"} <= s.keys()
         assert s["per_gpu_gb"] == max(s["phases"].values())
-        assert s["fits"] == (s["per_gpu_gb"] <= 0.9 * 40 and max(s["cpu_gb"], s["load_cpu_gb"]) <= 0.9 * 512)
+        assert s["fits"] == (s["per_gpu_gb"] <= 0.9 * 80 and max(s["cpu_gb"], s["load_cpu_gb"]) <= 0.9 * 512)
     assert [s["strategy"] for s in data["strategies"] if s["current"]] == ["ZeRO-2"]
     rec = data["recommended"]
     assert rec["strategy"] == "ZeRO-2" and rec["changes"] == {} and rec["reason"].endswith(".")
@@ -76,7 +77,7 @@ def test_text_report_shows_the_breakdown_table_and_advice():
     result = run("7b-lora-ddp", "--gpu-mem", "24", "--cpu-mem", "256")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "meta-llama/Llama-2-7b-hf · lora · ddp · 4 process(es)" in out
+    assert "Qwen/Qwen2.5-7B-Instruct · lora · ddp · 4 process(es)" in out
     assert "Activations" in out and "Weights as loaded" in out and "STRATEGY" in out and "DDP (current)" in out
     assert "training sets the peak" in out and "host RAM per machine" in out
     assert "is the fastest option that fits" in out
@@ -84,15 +85,15 @@ def test_text_report_shows_the_breakdown_table_and_advice():
 
 @pytest.mark.parametrize("preset", ["70b-qlora-zero3", "70b-qlora-fsdp"])
 def test_70b_qlora_presets_need_the_whole_4bit_model_per_gpu_to_load(preset):
-    arch = catalog.lookup("meta-llama/Llama-2-70b-hf")
-    four_bit_gb = (arch.linear_params * 0.5 + (arch.num_parameters - arch.linear_params) * 2) / 2**30  # ~32 GB
+    arch = catalog.lookup(resolve_spec(preset).model.name_or_path)
+    four_bit_gb = (arch.linear_params * 0.5 + (arch.num_parameters - arch.linear_params) * 2) / 2**30  # 35-38 GB
     for gpu in ("24", "40"):
         data = estimate_json(preset, "--gpu-mem", gpu, "--cpu-mem", "512")
         current = data["current"]
         assert current["phases"]["load"] >= four_bit_gb and current["per_gpu_gb"] == current["phases"]["load"]
         assert current["limited_by"] == "load" and not current["fits"]
         assert data["recommended"]["strategy"] is None and not any(s["fits"] for s in data["strategies"])
-    text = run(preset, "--gpu-mem", "24", "--cpu-mem", "512").stdout
+    text = run(preset, "--gpu-mem", "40", "--cpu-mem", "512").stdout
     assert "loading sets the peak" in text and "fits in training" in text and "to load the model" in text
 
 

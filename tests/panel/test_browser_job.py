@@ -68,8 +68,8 @@ def test_a_page_load_answered_after_a_preset_never_paints_over_it(page, server):
     load_event.release()
     settle(page)  # the load's response has arrived and been applied
     assert "× 8 processes" in text_of(page, "#global-batch")
-    assert "meta-llama/Llama-2-70b-hf" in code_text(page)
-    assert field(page, "model.name_or_path").input_value() == "meta-llama/Llama-2-70b-hf"
+    assert "meta-llama/Llama-3.1-70B-Instruct" in code_text(page)
+    assert field(page, "model.name_or_path").input_value() == "meta-llama/Llama-3.1-70B-Instruct"
 
 
 def test_an_edit_answered_after_a_preset_is_dropped_and_later_edits_apply(page, server):
@@ -154,7 +154,7 @@ def test_downloaded_bundle_is_accepted_by_the_spine_checks(page, server, tmp_pat
         page.click("#download-zip")
     zip_path = tmp_path / info.value.suggested_filename
     info.value.save_as(zip_path)
-    assert zip_path.name == "tunedeck-Llama-2-7b-hf-lora-ddp.zip"
+    assert zip_path.name == "tunedeck-Qwen2.5-7B-Instruct-lora-ddp.zip"
     bundle = tmp_path / "bundle"
     with zipfile.ZipFile(zip_path) as archive:
         archive.extractall(bundle)

@@ -54,7 +54,7 @@ def test_bundle_writer_writes_zip_and_files_inside_its_folder(tmp_path):
     writer = BundleWriter(tmp_path)
     zip_path, paths = writer.write(files, zip_name_for(spec))
     assert zip_path.parent.parent == tmp_path and all(p.is_relative_to(tmp_path) for p in paths)
-    assert zip_path.name == "tunedeck-Llama-2-7b-hf-lora-ddp.zip"
+    assert zip_path.name == "tunedeck-Qwen2.5-7B-Instruct-lora-ddp.zip"
     with zipfile.ZipFile(io.BytesIO(zip_path.read_bytes())) as archive:
         assert archive.namelist() == list(files)
     assert [p.read_text() for p in paths] == list(files.values())
