@@ -39,7 +39,7 @@ LAYERS = [
     ),
     ("render", 1, r"tunedeck\.backend\.render(\..+)?"),
     ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*)"),
-    ("runs", 2, r"tunedeck\.backend\.(runs?_\w+|runs|supervisor|preflight|smoke|tail|monitor|demo|bundle_check|train)"),
+    ("runs", 2, r"tunedeck\.backend\.(runs?_\w+|runs|slurm_\w+|supervisor|preflight|smoke|tail|monitor|demo|bundle_check|train)"),
     # After training (try, evaluate, merge): they read run folders, so they sit beside runs.
     (
         "runs",
@@ -50,7 +50,7 @@ LAYERS = [
     ("app", 3, r"tunedeck\.app(\..+)?"),
     ("entry", 4, r"tunedeck\.__main__"),
 ]
-STANDALONE = {"tunedeck.backend.train", "tunedeck.backend.supervisor"}
+STANDALONE = {"tunedeck.backend.train", "tunedeck.backend.supervisor", "tunedeck.backend.slurm_jobs"}
 
 
 def package_sources(root: Path = REPO) -> dict[str, str]:
