@@ -72,7 +72,9 @@ class RunManager:
         self.check_folder(create=True)
         preflight.check_resume(spec, self.runs_dir, self.list_runs())
         self._ensure_demo_if_used(spec)
-        problems = preflight.preflight(spec, self.runs_dir)
+        problems = [
+            p for p in preflight.preflight(spec, self.runs_dir) if p.level == "error"
+        ]  # warnings: shown by the CLI and the page
         if problems:
             raise RunError(
                 "the job's inputs have problems:\n" + "\n".join(f"- {p.field}: {p.message}" for p in problems)

@@ -102,7 +102,8 @@ def _ended(run_dir: Path, data: dict, recorded: dict, job: slurm_jobs.SlurmJob |
             error = f"{said}\n{error}" if error else said
         else:
             error = said
-    slurm = {**recorded, "state": job.state if job else "gone", "reason": job.reason if job else "", "nodes": []}
+    nodes = (job.nodes if job else []) or recorded.get("nodes") or []
+    slurm = {**recorded, "state": job.state if job else "gone", "reason": job.reason if job else "", "nodes": nodes}
     ended = {
         "state": state,
         "ended_at": data.get("ended_at") or run_folder.last_written(run_dir),

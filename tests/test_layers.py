@@ -39,7 +39,11 @@ LAYERS = [
     ),
     ("render", 1, r"tunedeck\.backend\.render(\..+)?"),
     ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*)"),
-    ("runs", 2, r"tunedeck\.backend\.(runs?_\w+|runs|slurm_\w+|supervisor|preflight|smoke|tail|monitor|demo|bundle_check|train)"),
+    (
+        "runs",
+        2,
+        r"tunedeck\.backend\.(runs?_\w+|runs|slurm_\w+|supervisor|preflight|smoke|tail|monitor|demo|bundle_check|train)",
+    ),
     # After training (try, evaluate, merge): they read run folders, so they sit beside runs.
     (
         "runs",

@@ -83,7 +83,9 @@ def ensure_hosts() -> None:
         with HOSTS_FILE.open("a") as hosts:
             hosts.write(f"127.0.0.1 {' '.join(missing)}  # tunedeck's local Slurm test cluster\n")
     except OSError as exc:
-        raise ClusterUnavailable(f"the node names {missing} do not resolve and {HOSTS_FILE} cannot be written: {exc}")
+        raise ClusterUnavailable(
+            f"the node names {missing} do not resolve and {HOSTS_FILE} cannot be written: {exc}"
+        ) from None
 
 
 def slurm_conf(folder: Path, host: str, ctld_port: int, node_ports: list[int], kill_wait_s: int) -> str:
