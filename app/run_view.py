@@ -216,6 +216,7 @@ class RunView(Section):
             version,
             status.state,
             status.error,
+            status.where,  # a Slurm run: its queue state and reason, then its nodes
             overlay,
             other.version if other else None,
             smoothing,
@@ -232,6 +233,8 @@ class RunView(Section):
         state_line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}` · {escape(status.title)}"
         if status.state == "failed" and status.exit_code not in (None, 0):
             state_line += f" · exit code {status.exit_code}"
+        if status.where:
+            state_line += f" · {escape(status.where)}"
         runs_to_draw = [("this run", watch.records)] + ([(overlay, other.records)] if other else [])
         log_name, log_text = watch.log_text()
         out.update({

@@ -102,6 +102,11 @@ def _ended(run_dir: Path, data: dict, recorded: dict, job: slurm_jobs.SlurmJob |
             error = f"{said}\n{error}" if error else said
         else:
             error = said
+    if state == "stopped" and not stop_requested and not error:
+        error = (
+            "Slurm signalled the job to stop (its time limit was near, or an scancel): its last checkpoint is in "
+            "output_dir; resume with training.resume_from_checkpoint=true"
+        )
     nodes = (job.nodes if job else []) or recorded.get("nodes") or []
     slurm = {**recorded, "state": job.state if job else "gone", "reason": job.reason if job else "", "nodes": nodes}
     ended = {

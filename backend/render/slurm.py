@@ -70,8 +70,11 @@ def render_slurm_sbatch(spec: JobSpec) -> str:
             "# SIGTERM to this script alone (the time limit's --signal=B:TERM) goes on to every rank, which",
             "# saves a checkpoint and exits. A stop from tunedeck signals the steps itself (and leaves",
             "# stop.request here): no second signal then.",
+            "time_limit_reached=0",
             "forward_term() {",
-            '  [ -e stop.request ] || scancel --signal=TERM "$SLURM_JOB_ID" || true',
+            "  [ -e stop.request ] && return",
+            "  time_limit_reached=1",
+            '  scancel --signal=TERM "$SLURM_JOB_ID" || true',
             "}",
             "trap forward_term TERM",
             # In the background: bash runs a trap only between commands, never while a foreground one runs.
@@ -80,6 +83,15 @@ def render_slurm_sbatch(spec: JobSpec) -> str:
             "set +e  # the job's exit status is srun's",
             'wait "$steps"; status=$?',
             'while kill -0 "$steps" 2>/dev/null; do wait "$steps"; status=$?; done  # woken by the trap: wait on',
+            *(
+                [
+                    "# launch.slurm.requeue: at the time limit, back into the queue; the next start resumes from the",
+                    "# checkpoint just saved (train_sft.py reads SLURM_RESTART_COUNT).",
+                    'if [ "$time_limit_reached" = 1 ]; then scontrol requeue "$SLURM_JOB_ID"; fi',
+                ]
+                if spec.launch.slurm.requeue
+                else []
+            ),
             'exit "$status"',
             "",
         ]
