@@ -7,6 +7,7 @@ its tab is in view, and only when a new sample arrived.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
 
@@ -142,8 +143,9 @@ class MonitorShown:
 class MonitorView(Section):
     id, title = "gpus", "GPUs"
 
-    def __init__(self, monitor: Monitor):
+    def __init__(self, monitor: Monitor, cluster_runs: Callable[[], list] | None = None):
         self.monitor = monitor
+        self.cluster_runs = cluster_runs  # live Slurm runs (RunStatus): their GPUs are on the nodes they hold
 
     def build(self, page: Page) -> None:
         add = page.ui.add
@@ -165,10 +167,24 @@ class MonitorView(Section):
         if sample is not None and sample.time == shown.sample_time:
             return {}
         return {
-            self.gauges: monitor_html(self.monitor, sample),
+            self.gauges: monitor_html(self.monitor, sample) + self._cluster_html(),
             self.history: sparklines(self.monitor.history()),
             self.shown: MonitorShown(sample.time if sample else None),
         }
+
+    def _cluster_html(self) -> str:
+        """One line per live Slurm run: the nodes it holds (their GPUs are there, not on this machine)."""
+        if self.cluster_runs is None:
+            return ""
+        lines = []
+        for run in self.cluster_runs():
+            nodes = (run.slurm or {}).get("nodes") or []
+            held = f"holds {', '.join(nodes)}" if nodes else "waits for nodes"
+            lines.append(
+                f"<div>Slurm job {escape(str(run.slurm.get('job_id')))} (run {escape(run.run_id)}) {escape(held)}: "
+                "its GPUs are on those nodes, not shown here.</div>"
+            )
+        return f"<div class='td-card' id='slurm-nodes'><b>Slurm</b>{''.join(lines)}</div>" if lines else ""
 
 
 CSS = """

@@ -89,7 +89,11 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
     job = JobTab(presets, by_id[preset_id].build() if preset_id else JobSpec(), shared_monitor(), work_dir)
     runs = RunView(RunManager(runs_dir))
     runs.memory_hook = measured_vs_predicted
-    sections = [job, runs, MonitorView(shared_monitor()), after_tab.AfterTab.for_runs(runs.manager)]
+
+    def live_slurm_runs() -> list:
+        return [r for r in runs.index.runs() if r.slurm and r.state in ("queued", "running", "stopping")]
+
+    sections = [job, runs, MonitorView(shared_monitor(), cluster_runs=live_slurm_runs), after_tab.AfterTab.for_runs(runs.manager)]
 
     page = Page(Registry())
     with gr.Blocks(title="tunedeck") as blocks:

@@ -228,6 +228,7 @@ class RunView(Section):
             status.error,
             facts.notes.name,
             facts.checkpoint,
+            status.where,  # a Slurm run: its queue state and reason, then its nodes
             overlay,
             other.version if other else None,
             smoothing,
@@ -250,6 +251,8 @@ class RunView(Section):
         )
         if status.state == "failed" and status.exit_code not in (None, 0):
             state_line += f" · exit code {status.exit_code}"
+        if status.where:
+            state_line += f" · {escape(status.where)}"
         hint = state_hint(status, facts, summary.step)
         if hint:
             state_line += f"\n\n{hint}"

@@ -54,6 +54,17 @@ _MACHINES = When(
     lambda v: (v.get("launch.num_machines") or 1) > 1,
     "with several machines (launch.num_machines > 1)",
 )
+_MACHINES_BY_HAND = When(
+    ("launch.num_machines", "launch.backend"),
+    lambda v: (v.get("launch.num_machines") or 1) > 1 and v.get("launch.backend", "local") == "local",
+    "with several machines started by hand (launch.num_machines > 1, launch.backend=local; Slurm picks them)",
+)
+_SLURM = When(("launch.backend",), lambda v: v.get("launch.backend") == "slurm", "with launch.backend=slurm")
+_SLURM_GPUS = When(
+    ("launch.backend", "launch.use_cpu"),
+    lambda v: v.get("launch.backend") == "slurm" and not v.get("launch.use_cpu"),
+    "with launch.backend=slurm on GPUs (launch.use_cpu=false)",
+)
 _GPUS = When(("launch.use_cpu",), lambda v: not v.get("launch.use_cpu"), "on GPUs (launch.use_cpu=false)")
 _NVME = When(
     ("strategy.offload_optimizer", "strategy.offload_params"),
@@ -79,11 +90,13 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("strategy.fsdp_*", _kinds(lambda s: s.engine == "fsdp")),
     ("strategy.*", _kinds(lambda s: s.is_deepspeed)),  # the remaining DeepSpeed knobs
     ("launch.gpu_ids", _GPUS),
-    ("launch.machine_rank", _MACHINES),
-    ("launch.main_process_ip", _MACHINES),
+    ("launch.machine_rank", _MACHINES_BY_HAND),
+    ("launch.main_process_ip", _MACHINES_BY_HAND),
     ("launch.main_process_port", _MACHINES),
     ("launch.rdzv_backend", _MACHINES),
     ("launch.same_network", _MACHINES),
+    ("launch.slurm.gpus_per_node", _SLURM_GPUS),
+    ("launch.slurm.*", _SLURM),
 ]
 
 

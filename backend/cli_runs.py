@@ -142,9 +142,14 @@ def _follow(manager, run_id: str):
     reader, run = MetricsReader(manager.run_dir(run_id)), RunRecords()
     bar = ProgressBar(sys.stdout)
     stopping = False
+    where = ""
     while True:
         try:
             status = manager.status(run_id)
+            if status.where and _where_changed(where, status):  # a Slurm run: its queue state, then its nodes
+                where = status.where
+                bar.close()
+                print(f"{status.state}: {where}", flush=True)
             for record in reader.read_new():
                 run.add([record])
                 if record["event"] == "start":
@@ -166,6 +171,11 @@ def _follow(manager, run_id: str):
                 "stopping: the ranks finish their step and save a checkpoint (Ctrl-C again to leave)", file=sys.stderr
             )
             manager.stop(run_id)
+
+
+def _where_changed(shown: str, status) -> bool:
+    """Print Slurm's view when its state, reason or nodes change (not the expected start alone)."""
+    return status.where.split(" · expected start")[0] != shown.split(" · expected start")[0]
 
 
 class ProgressBar:
@@ -216,13 +226,14 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs in {manager.runs_dir}")
         return 0
-    rows = [("ID", "STATE", "STEP", "LOSS", "STARTED", "TITLE")]
+    rows = [("ID", "STATE", "WHERE", "STEP", "LOSS", "STARTED", "TITLE")]
     for run in runs:
         summary = _summary(manager, run)
         rows.append(
             (
                 run.run_id,
                 run.state,
+                f"slurm:{run.slurm.get('job_id')}" if run.slurm else "local",
                 summary.steps if summary else "-",
                 f"{summary.last_loss:.4f}" if summary and summary.last_loss is not None else "-",
                 time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at)) if run.started_at else "-",
@@ -250,6 +261,8 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     print(f"title    {status.title}")
     print(f"state    {status.state}" + (f" (exit code {status.exit_code})" if status.exit_code is not None else ""))
     print(f"folder   {manager.run_dir(args.run_id)}")
+    if status.where:
+        print(f"slurm    {status.where}")
     if status.started_at:
         end = status.ended_at or time.time()
         print(

@@ -35,9 +35,11 @@ def preflight(spec, runs_dir: Path) -> list[Problem]:
         for section, key in (("model", "name_or_path"), ("dataset", "path")):
             if str(job[section][key]).startswith(home):
                 job[section] = {}
+    from tunedeck.backend.preflight_launch import launch_problems
+
     return [
         Problem("error", field, message) for field, message in train.input_problems(job, Path(runs_dir) / RUN_FOLDER)
-    ]
+    ] + launch_problems(spec, Path(runs_dir), Path(runs_dir) / RUN_FOLDER)
 
 
 def gpu_indices() -> list[int]:

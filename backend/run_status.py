@@ -34,6 +34,24 @@ class RunStatus:
     title: str  # one line: model, method, strategy
     gpu_ids: list[int] | None = None  # the GPUs the run holds (None: CPU, or unknown)
     folder_deleted: bool = False  # live, but its folder or status.json was deleted
+    backend: str = "local"  # where it runs: local | slurm
+    slurm: dict | None = None  # a Slurm run: job_id, state, reason, nodes, expected_start (backend/slurm_runs.py)
+
+    @property
+    def where(self) -> str:
+        """One line on where the run is, for a Slurm run: 'Slurm job 12 · PENDING (Resources)'."""
+        if not self.slurm:
+            return ""
+        line = f"Slurm job {self.slurm.get('job_id')}"
+        if self.slurm.get("state"):
+            line += f" · {self.slurm['state']}"
+        if self.slurm.get("reason"):
+            line += f" ({self.slurm['reason']})"
+        if self.slurm.get("nodes"):
+            line += f" on {', '.join(self.slurm['nodes'])}"
+        if self.state == "queued" and self.slurm.get("expected_start"):
+            line += f" · expected start {self.slurm['expected_start']}"
+        return line
 
 
 def from_status_file(run_id: str, data: dict) -> RunStatus:
@@ -48,6 +66,8 @@ def from_status_file(run_id: str, data: dict) -> RunStatus:
         error=data.get("error"),
         title=data.get("title") or "",
         gpu_ids=data.get("gpu_ids"),
+        backend=data.get("backend") or "local",
+        slurm=data.get("slurm") if isinstance(data.get("slurm"), dict) else None,
     )
 
 

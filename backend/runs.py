@@ -31,10 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-from tunedeck.backend import run_folder, run_status, supervisor
+from tunedeck.backend import run_folder, run_status, slurm_runs, supervisor
 from tunedeck.backend.run_folder import ACTIVE_STATES, STATUS_FILE, STOP_FILE, DamagedStatus, read_status_file
 from tunedeck.backend.run_status import RunStatus
 from tunedeck.backend.run_summary import run_title
+from tunedeck.backend.slurm_jobs import SlurmUnavailable
 from tunedeck.backend.spec import spec_to_dict
 from tunedeck.backend.supervisor import is_alive, write_status
 
@@ -71,11 +72,15 @@ class RunManager:
         self.check_folder(create=True)
         preflight.check_resume(spec, self.runs_dir, self.list_runs())
         self._ensure_demo_if_used(spec)
-        problems = preflight.preflight(spec, self.runs_dir)
+        problems = [
+            p for p in preflight.preflight(spec, self.runs_dir) if p.level == "error"
+        ]  # warnings: shown by the CLI and the page
         if problems:
             raise RunError(
                 "the job's inputs have problems:\n" + "\n".join(f"- {p.field}: {p.message}" for p in problems)
             )
+        if spec.launch.backend == slurm_runs.BACKEND:
+            return self._submit(spec, accelerate)
         try:
             with self._start_lock():  # two starts at once must not both claim the same GPUs
                 gpus = preflight.claim_gpus(spec, self.list_runs())
@@ -113,7 +118,33 @@ class RunManager:
         self._wait_until_launched(run_id)
         return run_id
 
-    def _write_run_folder(self, spec, argv: list[str], gpus: list[int] | None, env_changes: dict[str, str]) -> str:
+    def _submit(self, spec, accelerate: str) -> str:
+        """A Slurm run: write the run folder, submit its slurm.sbatch from it, record the job id."""
+        env_changes = self._env_changes(spec, None)
+        if not spec.launch.use_cpu:  # Slurm gives each node its GPUs, and launch.sh shares the node's cores
+            for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"):
+                env_changes.pop(name)
+        env_changes["ACCELERATE"] = accelerate  # the same environment on every node (a shared filesystem)
+        argv = ["sbatch", "--parsable", slurm_runs.SLURM_FILE]
+        try:
+            with self._start_lock():
+                run_id = self._write_run_folder(spec, argv, None, env_changes, backend=slurm_runs.BACKEND)
+        except OSError as exc:
+            raise RunError(
+                f"--runs-dir: cannot write a new run into {self.runs_dir} ({exc.strerror or exc}): free space on "
+                "its disk, or choose another runs folder"
+            ) from None
+        run_dir = self.run_dir(run_id)
+        try:
+            slurm_runs.submit(run_dir, {**_inherited_env(), **env_changes})
+        except (SlurmUnavailable, OSError) as exc:
+            supervisor.record_end(run_dir, tries=2, retry_s=0, state="failed", ended_at=time.time(), error=str(exc))
+            raise RunError(f"launch.backend: could not submit the run to Slurm: {exc}") from None
+        return run_id
+
+    def _write_run_folder(
+        self, spec, argv: list[str], gpus: list[int] | None, env_changes: dict[str, str], backend: str = "local"
+    ) -> str:
         """Write the whole run folder under a hidden name, then rename it: a full disk leaves nothing behind."""
         from tunedeck.backend.render import render_bundle, write_bundle
 
@@ -124,7 +155,8 @@ class RunManager:
             (staging / run_folder.LOGS_DIR).mkdir()
             # The environment tunedeck set on top of its own (PATH only gains the venv's bin).
             env = {k: v for k, v in env_changes.items() if k != "PATH"}
-            write_status(staging, run_folder.queued_status(run_id, run_title(spec_to_dict(spec)), argv, gpus, env))
+            status = run_folder.queued_status(run_id, run_title(spec_to_dict(spec)), argv, gpus, env)
+            write_status(staging, {**status, "backend": backend})
             run_folder.write_reserve(staging)  # room for the final status if training fills the disk
             staging.rename(self.runs_dir / run_id)
         except BaseException:
@@ -225,6 +257,12 @@ class RunManager:
         if status.state not in ACTIVE_STATES:
             return status
         self._stop_requested.add(run_id)
+        if status.backend == slurm_runs.BACKEND:
+            try:
+                slurm_runs.stop(self.run_dir(run_id), self._read_quietly(self.run_dir(run_id)), grace_s)
+            except SlurmUnavailable as exc:
+                raise RunError(f"could not stop Slurm job {(status.slurm or {}).get('job_id')}: {exc}") from None
+            return self.status(run_id)
         if status.folder_deleted:
             # No folder to drop the request into: its supervisor takes SIGTERM as the same request.
             found = run_status.live_supervisors(self.runs_dir).get(run_id)
@@ -316,7 +354,8 @@ class RunManager:
         try:
             data = read_status_file(run_dir)
             if data["state"] in ACTIVE_STATES:
-                data = self._reattach(run_dir, data)
+                reattach = slurm_runs.follow if slurm_runs.is_slurm(data) else self._reattach
+                data = reattach(run_dir, data)
         except DamagedStatus as exc:
             return run_status.damaged(run_id, run_dir, str(exc))
         except FileNotFoundError:

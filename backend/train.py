@@ -1064,9 +1064,16 @@ def _switch_cpu_ranks_to_fsdp2(accelerator) -> bool:
     return True
 
 
+def requeued() -> bool:
+    """Whether this is a Slurm job started again after a requeue (its restart count is above 0)."""
+    return os.environ.get("SLURM_RESTART_COUNT", "0").strip() not in ("", "0")
+
+
 def resume_checkpoint(args, job: dict) -> str | None:
     """The newest checkpoint in output_dir when resuming was asked for, else None (a fresh start)."""
     wanted = args.resume_from_checkpoint or (job.get("training") or {}).get("resume_from_checkpoint")
+    if not wanted and requeued():
+        wanted = True  # Slurm started this job again (preempted or requeued): go on from where it stopped
     if not wanted:
         return None
     if isinstance(wanted, str) and wanted.lower() not in ("true", "last"):

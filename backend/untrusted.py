@@ -124,6 +124,15 @@ def _bad_char(text: str, index: int, path: str) -> YamlRefused:
     )
 
 
+# Sections of a section (a job spec is otherwise section: {field: value}): their fields are three keys deep.
+SUBSECTIONS = {("launch", "slurm")}
+
+
+def _field_keys(keys: list[str]) -> list[str]:
+    """The keys that name a spec field, out of the keys open around a too-deep value."""
+    return keys[:3] if tuple(keys[:2]) in SUBSECTIONS else keys[:2]
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader that keeps the key path it is composing, and refuses deep nesting and aliases."""
 
@@ -140,7 +149,7 @@ class _Loader(yaml.SafeLoader):
         try:
             if len(self.open_keys) > MAX_DEPTH:
                 raise YamlRefused(
-                    _dotted([k for k in self.open_keys if k is not None][:2]),
+                    _dotted(_field_keys([k for k in self.open_keys if k is not None])),
                     f"nested more than {MAX_DEPTH} levels deep: a job spec is sections of fields "
                     "(section: {field: value}); write the value out flat",
                 )

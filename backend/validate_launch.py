@@ -113,7 +113,7 @@ def launch(spec: JobSpec) -> Iterator[Problem]:
             "launch.machine_rank",
             f"machine ranks run from 0 to {launch.num_machines - 1}: set launch.machine_rank below launch.num_machines.",
         )
-    if launch.num_machines > 1 and not launch.main_process_ip:
+    if launch.num_machines > 1 and not launch.main_process_ip and launch.backend == "local":
         # Not an error: slurm.sbatch finds machine 0 itself, and launch.sh reads MAIN_PROCESS_IP at run time.
         yield warning(
             "launch.main_process_ip",

@@ -42,7 +42,7 @@ LAYERS = [
     (
         "runs",
         2,
-        r"tunedeck\.backend\.(runs?_\w+|runs|supervisor|preflight|smoke|tail|monitor|hardware|demo|bundle_check|train)",
+        r"tunedeck\.backend\.(runs?_\w+|runs|slurm_\w+|supervisor|preflight|smoke|tail|monitor|hardware|demo|bundle_check|train)",
     ),
     # After training (try, evaluate, merge): they read run folders, so they sit beside runs.
     (
@@ -54,7 +54,7 @@ LAYERS = [
     ("app", 3, r"tunedeck\.app(\..+)?"),
     ("entry", 4, r"tunedeck\.__main__"),
 ]
-STANDALONE = {"tunedeck.backend.train", "tunedeck.backend.supervisor"}
+STANDALONE = {"tunedeck.backend.train", "tunedeck.backend.supervisor", "tunedeck.backend.slurm_jobs"}
 
 
 def package_sources(root: Path = REPO) -> dict[str, str]:

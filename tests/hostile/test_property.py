@@ -139,8 +139,11 @@ def job_yaml(chosen: dict[str, Hostile]) -> str:
     """The demo job as a job.yaml, with the chosen fields' values written in as YAML text."""
     data = spec_to_dict(DEMO)
     for index, path in enumerate(chosen):
-        section, _, leaf = path.rpartition(".")
-        (data[section] if section else data)[leaf] = f"HOSTILE{index}"
+        *sections, leaf = path.split(".")
+        target = data
+        for section in sections:  # launch.slurm.* sits two sections deep
+            target = target[section]
+        target[leaf] = f"HOSTILE{index}"
     text = yaml.safe_dump(data, sort_keys=False)
     for index, value in enumerate(chosen.values()):
         text = text.replace(f"HOSTILE{index}\n", value.text + "\n", 1)

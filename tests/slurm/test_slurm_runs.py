@@ -1,0 +1,129 @@
+"""Runs on the real local 2-node Slurm cluster (tests/slurm/local_cluster.py): no stand-ins for
+sbatch, squeue, scontrol or scancel.
+
+Two training runs serve every assertion (the CI budget): the demo submitted from the CLI and
+followed to its end, and one run with a time limit and requeue on, which saves a checkpoint
+when its time limit nears, is requeued, resumes from that checkpoint, and is then stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tunedeck.tests.runs.helpers import end_record, log_records, logs_tail, read_metrics, wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+TUNEDECK = str(Path(sys.executable).parent / "tunedeck")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def squeue(job_id: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def processes_of(run_dir: Path) -> list[str]:
+    """Command lines of live processes working in the run folder (launchers and ranks on both nodes)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == str(run_dir):
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def cli_run(slurm_cluster, shared_runs_dir, demo_home):
+    """The done-when command: the demo on two nodes, submitted and followed by `tunedeck train`."""
+    runs = shared_runs_dir / "cli"
+    argv = [TUNEDECK, "train", "demo", "--runs-dir", str(runs)]
+    for assignment in ("launch.backend=slurm", "launch.num_machines=2", "launch.num_processes=2"):
+        argv += ["--set", assignment]
+    # Both "nodes" are this machine: a free rendezvous port, not 29500 that another run here may hold.
+    argv += ["--set", f"launch.main_process_port={free_port()}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    run_dir = next(p for p in runs.iterdir() if p.is_dir())
+    return done, run_dir, runs
+
+
+def test_cli_trains_the_demo_on_both_nodes(cli_run):
+    done, run_dir, runs = cli_run
+    assert done.returncode == 0, done.stdout + done.stderr + logs_tail(run_dir)
+    lines = done.stdout.splitlines()
+    queued = next(i for i, line in enumerate(lines) if re.match(r"queued: Slurm job \d+ · PENDING", line))
+    running = next(i for i, line in enumerate(lines) if line.startswith("running: Slurm job"))
+    assert queued < running, done.stdout  # the queue state first
+    assert "on n0, n1" in lines[running]
+    start = next(r for r in read_metrics(run_dir) if r["event"] == "start")
+    assert start["world_size"] == 2 and start["nodes"] == ["n0", "n1"], start
+    losses = [r["loss"] for r in log_records(run_dir)]
+    assert losses[-1] < losses[0] / 2, losses
+    assert end_record(run_dir)["status"] == "finished"
+    job_id = re.search(r"Slurm job (\d+)", lines[queued]).group(1)
+    listed = subprocess.run([TUNEDECK, "runs", "--runs-dir", str(runs)], capture_output=True, text=True)
+    assert re.search(rf"{run_dir.name}\s+finished\s+slurm:{job_id}\s", listed.stdout), listed.stdout
+    shown = subprocess.run([TUNEDECK, "runs", "show", run_dir.name, "--runs-dir", str(runs)], capture_output=True, text=True)
+    assert f"Slurm job {job_id} · COMPLETED" in shown.stdout, shown.stdout
+    assert not processes_of(run_dir)
+
+
+def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_cluster, shared_runs_dir, demo_spec):
+    from tunedeck.backend.runs import RunManager
+
+    manager = RunManager(shared_runs_dir / "requeue")
+    spec = demo_spec(
+        {
+            "launch.backend": "slurm",
+            "launch.num_machines": 2,
+            "launch.num_processes": 2,
+            "launch.main_process_port": free_port(),
+            "launch.slurm.time_limit": "2",  # minutes
+            "launch.slurm.signal_before_s": 60,
+            "launch.slurm.requeue": True,
+            "training.max_steps": 100000,
+            "training.save_steps": 100000,  # no checkpoint of its own: each one comes from a signal
+        }
+    )
+    run_id = manager.start(spec)
+    run_dir = manager.run_dir(run_id)
+    job_id = manager.status(run_id).slurm["job_id"]
+    checkpoints = run_dir / "output"
+
+    def starts() -> list[dict]:
+        return [r for r in read_metrics(run_dir) if r["event"] == "start"]
+
+    # The time limit nears: SIGTERM, a checkpoint, and (requeue on) the job goes back into the queue.
+    first = wait_for(lambda: list(checkpoints.glob("checkpoint-*")), 300, 1, "the time limit's checkpoint")
+    saved_step = int(first[0].name.split("-")[1])
+    assert saved_step > 0, logs_tail(run_dir)
+    # The same job starts again and resumes from that checkpoint.
+    wait_for(lambda: len(starts()) == 2, 300, 1, "the requeued job's start record\n" + logs_tail(run_dir))
+    assert starts()[1]["resumed_from_step"] == saved_step
+    status = manager.status(run_id)
+    assert status.state == "running" and status.slurm["job_id"] == job_id
+    wait_for(lambda: log_records(run_dir)[-1]["step"] > saved_step, 120, 1, "a step after the resume")
+
+    # Stop: the ranks save a checkpoint and exit; nothing is left in the queue or on the machine.
+    stopped_at = time.time()
+    manager.stop(run_id, grace_s=60)
+    final = manager.wait(run_id, timeout=120)
+    assert final.state == "stopped", (final, logs_tail(run_dir))
+    assert time.time() - stopped_at < 60  # the ranks saved and exited; no kill after the grace period
+    steps = sorted(int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*"))
+    assert steps[-1] > saved_step, steps
+    wait_for(lambda: squeue(job_id) == "", 60, 1, "the job to leave the queue")
+    wait_for(lambda: not processes_of(run_dir), 30, 1, "no process of the run")
