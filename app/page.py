@@ -93,7 +93,12 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
     def live_slurm_runs() -> list:
         return [r for r in runs.index.runs() if r.slurm and r.state in ("queued", "running", "stopping")]
 
-    sections = [job, runs, MonitorView(shared_monitor(), cluster_runs=live_slurm_runs), after_tab.AfterTab.for_runs(runs.manager)]
+    sections = [
+        job,
+        runs,
+        MonitorView(shared_monitor(), cluster_runs=live_slurm_runs),
+        after_tab.AfterTab.for_runs(runs.manager),
+    ]
 
     page = Page(Registry())
     with gr.Blocks(title="tunedeck") as blocks:

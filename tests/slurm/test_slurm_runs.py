@@ -76,7 +76,9 @@ def test_cli_trains_the_demo_on_both_nodes(cli_run):
     job_id = re.search(r"Slurm job (\d+)", lines[queued]).group(1)
     listed = subprocess.run([TUNEDECK, "runs", "--runs-dir", str(runs)], capture_output=True, text=True)
     assert re.search(rf"{run_dir.name}\s+finished\s+slurm:{job_id}\s", listed.stdout), listed.stdout
-    shown = subprocess.run([TUNEDECK, "runs", "show", run_dir.name, "--runs-dir", str(runs)], capture_output=True, text=True)
+    shown = subprocess.run(
+        [TUNEDECK, "runs", "show", run_dir.name, "--runs-dir", str(runs)], capture_output=True, text=True
+    )
     assert f"Slurm job {job_id} · COMPLETED" in shown.stdout, shown.stdout
     assert not processes_of(run_dir)
 
