@@ -35,7 +35,7 @@ LAYERS = [
     (
         "core",
         0,
-        r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate\w*|catalog|engine_facts|vocabulary|applies|problem|presets)",
+        r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate\w*|catalog|engine_facts|vocabulary|applies|problem|presets|flops)",
     ),
     ("render", 1, r"tunedeck\.backend\.render(\..+)?"),
     ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*)"),
