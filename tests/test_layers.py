@@ -38,7 +38,7 @@ LAYERS = [
         r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate\w*|catalog|engine_facts|vocabulary|applies|problem|presets|flops)",
     ),
     ("render", 1, r"tunedeck\.backend\.render(\..+)?"),
-    ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*)"),
+    ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*|speed)"),
     ("runs", 2, r"tunedeck\.backend\.(runs?_\w+|runs|supervisor|preflight|smoke|tail|monitor|demo|bundle_check|train)"),
     # After training (try, evaluate, merge): they read run folders, so they sit beside runs.
     (
