@@ -1,4 +1,4 @@
-"""Plotly figures of a run's metrics: loss (with EMA smoothing, eval loss, overlay), lr, grad norm, tokens/s.
+"""Plotly figures of a run's metrics: loss (with EMA smoothing, eval loss, overlay), lr, grad norm, tokens/s, MFU.
 
 Figures are built from a run's log records (backend/run_folder.py's LogRecord), downsampled
 to at most MAX_POINTS per series, so a week-long run draws as fast as a demo.
@@ -16,7 +16,10 @@ from tunedeck.backend.run_folder import LogRecord, is_number
 
 MAX_POINTS = 2000
 # The small charts beside the loss: (LogRecord field, title).
-METRIC_PANELS = (("learning_rate", "learning rate"), ("grad_norm", "grad norm"), ("tokens_per_second", "tokens / s"))
+METRIC_PANELS = (
+    ("learning_rate", "learning rate"), ("grad_norm", "grad norm"), ("tokens_per_second", "tokens / s"), ("mfu", "MFU"),
+)  # fmt: skip
+NO_MFU = "no MFU: no known<br>GPU peak (CPU run?)"
 COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
 _LAYOUT = dict(
     margin=dict(l=50, r=20, t=40, b=40),
@@ -87,16 +90,21 @@ def loss_figure(
 
 
 def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
-    """Learning rate, gradient norm and throughput side by side."""
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[title for _, title in METRIC_PANELS], horizontal_spacing=0.08)
+    """Learning rate, gradient norm, throughput and MFU (model FLOPs utilisation) side by side."""
+    cols = len(METRIC_PANELS)
+    fig = make_subplots(rows=1, cols=cols, subplot_titles=[t for _, t in METRIC_PANELS], horizontal_spacing=0.07)
     for col, (key, title) in enumerate(METRIC_PANELS, start=1):
         x, y = downsample(*series(records, key))
+        if key == "mfu" and records and not y:  # train.py logs none without a known peak: say so, draw nothing
+            fig.add_annotation(text=NO_MFU, showarrow=False, x=0.5, y=0.5, row=1, col=col,
+                               xref="x domain", yref="y domain", font=dict(color="#64748b"))  # fmt: skip
         fig.add_scatter(
             x=x, y=y, mode="lines", name=title, line=dict(color=COLORS[0]), row=1, col=col, showlegend=False
         )
         fig.update_xaxes(title_text="step", row=1, col=col)
     fig.update_yaxes(rangemode="tozero")  # a constant lr of 5e-3 must not read as 0
     fig.update_yaxes(exponentformat="e", row=1, col=1)
+    fig.update_yaxes(tickformat=".0%", row=1, col=cols)  # MFU is a share of the GPU's peak
     fig.update_layout(height=260, **{**_LAYOUT, "margin": dict(l=50, r=20, t=30, b=40)})
     return fig
 

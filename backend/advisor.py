@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunedeck.backend.memory import Estimate, estimate_values
-from tunedeck.backend.memory_job import input_values
+from tunedeck.backend.memory_job import Job, input_values
 from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.speed import TIE_SHARE, Hardware, Schedule, SpeedEstimate, predict
 from tunedeck.backend.vocabulary import STRATEGIES
 
 # A strategy "fits" when its peak stays below this share of the GPU: the rest is headroom
@@ -31,10 +32,19 @@ class StrategyEstimate:
     estimate: Estimate
     fits: bool
     current: bool = False  # the job as given already uses this strategy
+    speed: SpeedEstimate | None = None  # predicted step time and throughput (backend/speed.py)
 
     def to_dict(self) -> dict:
         return {"strategy": self.strategy, "changes": self.changes, "fits": self.fits, "current": self.current,
-                **self.estimate.to_dict()}  # fmt: skip
+                **self.estimate.to_dict(), **speed_dict(self.speed)}  # fmt: skip
+
+
+SPEED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "hours", "cost")
+
+
+def speed_dict(speed: SpeedEstimate | None) -> dict:
+    """The speed keys of a JSON report: always present, None where nothing is predicted."""
+    return speed.to_dict() if speed is not None else dict.fromkeys(SPEED_KEYS)
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,8 @@ class Advice:
     current: Estimate  # the job exactly as given
     options: list[StrategyEstimate]  # fastest first
     recommendation: Recommendation
+    current_speed: SpeedEstimate | None = None
+    hardware: Hardware | None = None
 
     @property
     def current_fits(self) -> bool:
@@ -70,7 +82,7 @@ class Advice:
         return {
             "gpu_mem_gb": round(self.gpu_mem_gb, 2),
             "cpu_mem_gb": None if self.cpu_mem_gb is None else round(self.cpu_mem_gb, 2),
-            "current": {"fits": self.current_fits, **self.current.to_dict()},
+            "current": {"fits": self.current_fits, **self.current.to_dict(), **speed_dict(self.current_speed)},
             "strategies": [o.to_dict() for o in self.options],
             "recommended": self.recommendation.to_dict(),
         }
@@ -79,16 +91,36 @@ class Advice:
 # ---------------------------------------------------------------- public API
 
 
-def advise(spec: JobSpec, gpu_mem_gb: float, *, cpu_mem_gb: float | None = None, loss: str = "fused") -> Advice:
-    """The job as given, every strategy option and the recommendation, in one pass."""
+def advise(
+    spec: JobSpec,
+    gpu_mem_gb: float,
+    *,
+    cpu_mem_gb: float | None = None,
+    loss: str = "fused",
+    hardware: Hardware | None = None,
+    schedule: Schedule | None = None,
+    correction: float = 1.0,
+) -> Advice:
+    """The job as given, every strategy option and the recommendation, in one pass.
+
+    With hardware and schedule, each option also gets its predicted speed, and the recommendation
+    is the fastest prediction that fits (correction: throughput factor from the user's own runs)."""
     values = input_values(spec, loss)
-    options = _compare(values, gpu_mem_gb, cpu_mem_gb)
+
+    def speed(v: dict) -> SpeedEstimate | None:
+        if hardware is None or schedule is None:
+            return None
+        return predict(Job.from_values(v), hardware, schedule, correction)
+
+    options = _compare(values, gpu_mem_gb, cpu_mem_gb, speed)
     return Advice(
         gpu_mem_gb=gpu_mem_gb,
         cpu_mem_gb=cpu_mem_gb,
         current=estimate_values(values),
         options=options,
-        recommendation=_recommend(values, options, gpu_mem_gb, cpu_mem_gb),
+        recommendation=_recommend(values, options, gpu_mem_gb, cpu_mem_gb, hardware),
+        current_speed=speed(values),
+        hardware=hardware,
     )
 
 
@@ -148,7 +180,7 @@ def gpu_memory_gb(text: str | float) -> float:
 # ---------------------------------------------------------------- comparing and choosing
 
 
-def _compare(values: dict, gpu_mem_gb: float, cpu_mem_gb: float | None) -> list[StrategyEstimate]:
+def _compare(values: dict, gpu_mem_gb: float, cpu_mem_gb: float | None, speed=lambda v: None) -> list[StrategyEstimate]:
     current = _strategy_key(values)
     out = []
     for label, changes in _candidates(values):
@@ -161,25 +193,31 @@ def _compare(values: dict, gpu_mem_gb: float, cpu_mem_gb: float | None) -> list[
                 estimate=est,
                 fits=fits(est, gpu_mem_gb, cpu_mem_gb),
                 current=_strategy_key(variant) == current,
+                speed=speed(variant),
             )
         )
     return out
 
 
 def _recommend(
-    values: dict, options: list[StrategyEstimate], gpu_mem_gb: float, cpu_mem_gb: float | None
+    values: dict,
+    options: list[StrategyEstimate],
+    gpu_mem_gb: float,
+    cpu_mem_gb: float | None,
+    hardware: Hardware | None = None,
 ) -> Recommendation:
     # NVMe offload needs a fast local disk the job names; without one it is shown, not advised.
     usable = [o for o in options if values["strategy.nvme_path"] or "nvme" not in o.changes.values()]
-    chosen = next((o for o in usable if o.fits), None)
-    if chosen is None:
+    fitting = [o for o in usable if o.fits]
+    if not fitting:
         return _nothing_fits(values, options, gpu_mem_gb, cpu_mem_gb)
-    # Options of one tier are equally fast (ZeRO-3 and FSDP FULL_SHARD move the same bytes):
-    # the job's own choice among them stays.
-    chosen = next((o for o in usable if o.current and o.fits and _tier(o) == _tier(chosen)), chosen)
+    chosen = _fastest(fitting)
+    # Options of one tier are equally fast (ZeRO-3 and FSDP FULL_SHARD move the same bytes), and so are
+    # predictions within TIE_SHARE of each other: the job's own choice among them stays.
+    chosen = next((o for o in fitting if o.current and _as_fast(o, chosen)), chosen)
     changes = {k: v for k, v in chosen.changes.items() if values.get(k) != v}
     faster = [o for o in usable[: usable.index(chosen)] if not o.fits]
-    reason = _reason(values, chosen, faster, gpu_mem_gb)
+    reason = _reason(values, chosen, faster, gpu_mem_gb) + _speed_reason(values, chosen, fitting, hardware)
     return Recommendation(chosen.strategy, changes, reason, chosen.estimate, True)
 
 
@@ -197,6 +235,47 @@ def _tier(option: StrategyEstimate) -> tuple:
         c["strategy.offload_optimizer"],
         c["strategy.offload_params"],
     )
+
+
+def _as_fast(option: StrategyEstimate, chosen: StrategyEstimate) -> bool:
+    if _tier(option) == _tier(chosen):
+        return True
+    timed = option.speed is not None and chosen.speed is not None
+    return timed and option.speed.step_time_s <= chosen.speed.step_time_s * (1 + TIE_SHARE)
+
+
+def _fastest(fitting: list[StrategyEstimate]) -> StrategyEstimate:
+    """The shortest predicted step; within TIE_SHARE of it, the guides' order. Without predictions, that order."""
+    timed = [o for o in fitting if o.speed is not None]
+    if not timed:
+        return fitting[0]
+    best = min(o.speed.step_time_s for o in timed)
+    return next(o for o in timed if o.speed.step_time_s <= best * (1 + TIE_SHARE))
+
+
+def _speed_reason(v: dict, chosen: StrategyEstimate, fitting: list[StrategyEstimate], hw: Hardware | None) -> str:
+    """By how much the choice is faster than the next that fits, and what the network costs across machines."""
+    if chosen.speed is None:
+        return ""
+    text = f" Predicted {chosen.speed.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+    others = sorted((o for o in fitting if o is not chosen and o.speed is not None), key=lambda o: o.speed.step_time_s)
+    if others:
+        ratio = others[0].speed.step_time_s / chosen.speed.step_time_s
+        if ratio < 1 + TIE_SHARE:
+            text += f", as fast as {others[0].strategy} (within {TIE_SHARE:.0%}: the guides' order decides)"
+        else:
+            text += f", {ratio:.2f}x the speed of {others[0].strategy} (the next fastest that fits)"
+    text += "."
+    if hw is not None and v["launch.num_machines"] > 1:
+        link = hw.inter.replace("infiniband", "InfiniBand").replace("ethernet", "Ethernet")
+        if chosen.changes.get("strategy.fsdp_sharding_strategy") == "HYBRID_SHARD":
+            text += (
+                f" Across machines on {link}, hybrid sharding keeps the weight gathers inside each machine "
+                "and sends only gradients between machines."
+            )
+        for note in chosen.speed.notes:
+            text += f" On {link}, {note}: fewer machines, or a faster network, would finish sooner per GPU."
+    return text
 
 
 def _strategy_key(v: dict) -> tuple:

@@ -1,4 +1,5 @@
-"""`tunedeck estimate SPEC [--set ...] [--gpu-mem GB] [--json]`: memory per GPU and the advice."""
+"""`tunedeck estimate SPEC [--set ...] [--gpu NAME] [--gpu-mem GB] [--interconnect LINK] [--json]`:
+memory per GPU, predicted speed, time and cost per strategy, and the advice."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from tunedeck.backend.cli import (
     print_problems,
 )
 
+ASSUMED_GPU = "A100-80GB"  # the speed prediction's GPU when none is named or found
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -25,6 +28,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_spec_arguments(p)
     add_machine_arguments(p)
     p.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="the GPU, for its memory and peak throughput together: A100-80GB, A100-40GB, H100, H200, L40S, A10G, "
+        "L4, RTX 4090, RTX 3090, A6000, V100 ... (default: the first GPU NVML reports; --gpu-mem overrides the memory)",
+    )
+    p.add_argument(
+        "--interconnect",
+        choices=("nvlink", "pcie", "infiniband", "ethernet"),
+        help="the link the time prediction assumes: nvlink or pcie between the GPUs of a machine (default: NVLink "
+        "for SXM GPUs, else PCIe), infiniband or ethernet between machines (default: InfiniBand)",
+    )
+    p.add_argument(
+        "--price-per-gpu-hour", metavar="PRICE", type=float, help="price of one GPU-hour, to predict the job's cost"
+    )
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="scale the predicted throughput by how your last runs on this GPU compared with their prediction",
+    )
+    p.add_argument("--runs-dir", default="runs", help="where your runs are, for --calibrate (default: runs)")
+    p.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object: current (with phases: load and train GB per GPU), strategies, recommended",
@@ -32,25 +56,91 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_estimate)
 
 
+def _fail(flag: str, message: str):
+    print_problems([("error", flag, message)])
+    raise SystemExit(2)
+
+
+def _nvml_gpu_name() -> str | None:
+    """The NVML name of GPU 0, or None on a machine without an NVIDIA GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - NVMLError (no driver/GPU) or a missing library: no GPU to read
+        return None
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def _hardware(args: argparse.Namespace):
+    """The GPU and links the speed prediction assumes (--gpu, NVML, else ASSUMED_GPU), with --price-per-gpu-hour."""
+    from tunedeck.backend.speed import Hardware
+
+    price = args.price_per_gpu_hour
+    if price is not None and not 0 <= price < 1e6:
+        _fail("--price-per-gpu-hour", f"{price:g}: give the price of one GPU-hour, e.g. 2.5")
+    name = args.gpu or _nvml_gpu_name()
+    try:
+        hardware = Hardware.named(name, args.interconnect, price_per_gpu_hour=price)
+    except ValueError as exc:
+        if args.gpu:
+            _fail("--gpu", str(exc))
+        hardware = Hardware.named(None, args.interconnect, price_per_gpu_hour=price)  # an NVML GPU not in the table
+    if name is None:  # nothing named or found: predict for the most common training GPU, and say so
+        hardware = Hardware.named(ASSUMED_GPU, args.interconnect, price_per_gpu_hour=price, source="assumed")
+    return hardware
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     from tunedeck.backend.advisor import advise
     from tunedeck.backend.demo import ensure_demo_if_used
     from tunedeck.backend.memory_job import EstimateError
+    from tunedeck.backend.run_speed import calibration
+    from tunedeck.backend.speed import dataset_rows, schedule_of
 
     spec = load_spec_or_exit(args)
     ensure_demo_if_used(spec)  # the demo model's architecture is read from its built config.json
+    hardware = _hardware(args)
+    if args.gpu and args.gpu_mem is None:  # --gpu names the memory too; --gpu-mem overrides it
+        from tunedeck.backend.flops import gpu_row
+
+        args.gpu_mem = str(gpu_row(args.gpu)[2])
     machine = machine_or_exit(args)  # the same facts as `tunedeck validate` and the page
-    gpu_source = machine.gpu_source
+    gpu_source = f"{hardware.gpu} (--gpu)" if args.gpu and machine.gpu_source == "given" else machine.gpu_source
+    schedule = schedule_of(spec, *dataset_rows(spec))
+    calibrated = calibration(args.runs_dir, hardware.gpu)
+    correction = calibrated.factor if args.calibrate and calibrated else 1.0
     try:
-        advice = advise(spec, machine.gpu_mem_gb, cpu_mem_gb=machine.ram_gb)
+        advice = advise(
+            spec,
+            machine.gpu_mem_gb,
+            cpu_mem_gb=machine.ram_gb,
+            hardware=hardware,
+            schedule=schedule,
+            correction=correction,
+        )
     except EstimateError as exc:
         print_problems([("error", exc.field, str(exc))])
         return 2
+    speed = {
+        "gpu": hardware.gpu,
+        "gpu_source": hardware.source or ("--gpu" if args.gpu else "NVML"),
+        "interconnect": {"inside_machine": hardware.intra, "between_machines": hardware.inter},
+        "price_per_gpu_hour": hardware.price_per_gpu_hour,
+        "steps_source": schedule.steps_source,
+        "your_runs": calibrated.to_dict() if calibrated else None,
+        "calibrated": correction != 1.0,
+    }
     if args.json:
-        report = {"model": spec.model.name_or_path, **advice.to_dict(), "gpu_mem_source": gpu_source}
+        report = {"model": spec.model.name_or_path, **advice.to_dict(), "gpu_mem_source": gpu_source, "speed": speed}
         print(json.dumps(report, indent=2))
         return 0
     _print_report(spec, advice, gpu_source)
+    _print_speed(advice, speed, calibrated, args.calibrate)
     return 0
 
 
@@ -89,14 +179,17 @@ def _print_report(spec, advice, gpu_source: str) -> None:
                 out(f"    {label:24s} {values[key]:9.3f} GB\n")
     for note in current.notes:
         out(f"  note: {note}\n")
-    out(f"\n{'STRATEGY':34s} {'GPU GB':>8s} {'LOAD':>7s} {'TRAIN':>7s}  {'FITS':4s} {'CPU GB':>7s} {'NVME GB':>8s}\n")
+    out(
+        f"\n{'STRATEGY':34s} {'GPU GB':>8s} {'LOAD':>7s} {'TRAIN':>7s}  {'FITS':4s} {'CPU GB':>7s} {'NVME GB':>8s}"
+        f" {'STEP S':>8s} {'TOK/S/GPU':>10s} {'HOURS':>8s} {'COST':>9s}\n"
+    )
     for o in advice.options:
         name = o.strategy + (" (current)" if o.current else "")
         e = o.estimate
         load, train = e.phases["load"], e.phases["train"]
         out(
             f"{name:34s} {e.per_gpu_gb:8.1f} {load:7.1f} {train:7.1f}  {'yes' if o.fits else 'no':4s} "
-            f"{e.host_gb:7.1f} {e.nvme_gb:8.1f}\n"
+            f"{e.host_gb:7.1f} {e.nvme_gb:8.1f} {_speed_columns(o.speed)}\n"
         )
     rec = advice.recommendation
     out(f"\n{rec.reason}\n")
@@ -109,3 +202,29 @@ def _cli_value(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return str(value)
+
+
+def _speed_columns(speed) -> str:
+    if speed is None:
+        return f"{'-':>8s} {'-':>10s} {'-':>8s} {'-':>9s}"
+    hours = f"{speed.hours:8.2f}" if speed.hours is not None else f"{'?':>8s}"
+    cost = f"{speed.cost:9.2f}" if speed.cost is not None else f"{'-':>9s}"
+    return f"{speed.step_time_s:8.2f} {speed.tokens_per_s_per_gpu:10,.0f} {hours} {cost}"
+
+
+def _print_speed(advice, speed: dict, calibrated, applied: bool) -> None:
+    """The assumptions behind the speed columns, and how the user's own runs compared."""
+    out = sys.stdout.write
+    if speed["gpu"] is None:
+        out("\nspeed: not predicted (no peak throughput known for this GPU; pass --gpu NAME)\n")
+        return
+    links = speed["interconnect"]
+    assumed = " (assumed: pass --gpu NAME)" if speed["gpu_source"] == "assumed" else ""
+    out(
+        f"\nspeed on {speed['gpu']}{assumed}, {links['inside_machine']} inside a machine, "
+        f"{links['between_machines']} between machines; steps: {speed['steps_source']}\n"
+    )
+    if advice.current_speed is None:
+        out("  the job as set runs on CPU: no speed prediction\n")
+    if calibrated:
+        out(f"  {calibrated.sentence()}" + (" (applied)" if applied else " (--calibrate applies it)") + "\n")

@@ -77,6 +77,18 @@ class GateVerdict(TypedDict, total=False):
     problems: list[str]  # "asked 2 processes on 1 machine, got 1: ..."
 
 
+class FlopsInputs(TypedDict, total=False):
+    """What backend/flops.py's flops_per_token reads, taken from the live model."""
+
+    matmul_params: int
+    layer_matmul_params: int
+    trainable_params: int
+    layers: int
+    attention_width: int
+    full: bool
+    checkpointing: bool
+
+
 class StartRecord(TypedDict, total=False):
     """What the run got, read from the live objects after setup (train.py's describe_run)."""
 
@@ -102,6 +114,14 @@ class StartRecord(TypedDict, total=False):
     load_gpu_peak_allocated_gb: list[float] | None  # per rank, right after loading
     load_host_peak_rss_gb: list[float]
     gate: GateVerdict
+    # MFU's inputs (train.py's speed_facts): the GPU by its NVML name (None on CPU), the compute
+    # dtype, its peak dense TFLOPS and where that comes from, or the note saying why there is none.
+    gpu_name: str | None
+    compute_dtype: str
+    peak_tflops: float | None
+    peak_source: str
+    mfu_note: str
+    flops_inputs: FlopsInputs
 
 
 class LogRecord(TypedDict, total=False):
@@ -120,6 +140,8 @@ class LogRecord(TypedDict, total=False):
     tokens_per_second: float
     eval_loss: float
     eval_mean_token_accuracy: float
+    mfu: float  # model FLOPs utilisation of the window (0-1), only with a known peak
+    hfu: float  # hardware FLOPs utilisation: mfu plus activation checkpointing's recomputation
     gpu_peak_allocated_gb: list[float]  # per rank, highest so far (GPU runs only)
     gpu_peak_reserved_gb: list[float]
 

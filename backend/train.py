@@ -643,6 +643,183 @@ def load_peaks() -> dict:
     }
 
 
+# ---------------------------------------------------------------- how fast: MFU and HFU
+#
+# Model FLOPs utilisation: the FLOPs of the tokens trained (forward + backward, backend/flops.py
+# explains the formula) per second, over the GPU's peak dense throughput for the compute dtype.
+# HFU adds the forward passes activation checkpointing recomputes. Without a known peak (a CPU
+# run, a GPU missing from the table) there is no MFU: the start record says why instead.
+
+# >>> SHARED with backend/train.py (a verbatim copy there; edit here, then --sync)
+# Peak dense (no sparsity) tensor throughput in TFLOPS per GPU and compute dtype, with memory
+# in GB and the page each number comes from. Rows are matched against the NVML device name
+# (torch.cuda.get_device_name gives the same) in order: the more specific rows first.
+# (key, words the normalised name must all contain, memory GB, SXM board (NVLink between GPUs),
+#  {dtype: TFLOPS}, source)
+GPU_TABLE = (
+    ("H200 NVL", ("H200", "NVL"), 141, False, {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60},
+     "https://www.nvidia.com/en-us/data-center/h200/"),
+    ("H200", ("H200",), 141, True, {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67},
+     "https://www.nvidia.com/en-us/data-center/h200/"),
+    ("H100 NVL", ("H100", "NVL"), 94, False, {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60},
+     "https://www.nvidia.com/en-us/data-center/h100/"),
+    ("H100 PCIe", ("H100", "PCIE"), 80, False, {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51},
+     "https://www.nvidia.com/en-us/data-center/h100/"),
+    ("H100", ("H100",), 80, True, {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67},
+     "https://www.nvidia.com/en-us/data-center/h100/"),
+    ("A100-40GB", ("A100", "40GB"), 40, True, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
+     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    ("A100-80GB", ("A100",), 80, True, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
+     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    ("A10G", ("A10G",), 24, False, {"bf16": 70, "fp16": 70, "tf32": 35, "fp32": 35},
+     "https://d1.awsstatic.com/product-marketing/ec2/NVIDIA_AWS_A10G_DataSheet_FINAL_02_17_2022.pdf"),
+    ("A10", ("A10",), 24, False, {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2},
+     "https://www.nvidia.com/en-us/data-center/products/a10-gpu/"),
+    ("L40S", ("L40S",), 48, False, {"bf16": 362, "fp16": 362, "tf32": 183, "fp32": 91.6},
+     "https://www.nvidia.com/en-us/data-center/l40s/"),
+    ("L40", ("L40",), 48, False, {"bf16": 181, "fp16": 181, "tf32": 90.5, "fp32": 90.5},
+     "https://www.nvidia.com/en-us/data-center/l40/"),
+    ("L4", ("L4",), 24, False, {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3},
+     "https://www.nvidia.com/en-us/data-center/l4/"),
+    # GeForce: tensor throughput with FP32 accumulation, which PyTorch's bf16/fp16 matmuls use
+    # (the headline figures accumulate in FP16 and are twice these).
+    ("RTX 4090", ("RTX4090",), 24, False, {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6},
+     "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"),
+    ("RTX 3090", ("RTX3090",), 24, False, {"bf16": 71, "fp16": 71, "tf32": 35.6, "fp32": 35.6},
+     "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"),
+    ("RTX 6000 Ada", ("RTX6000ADA",), 48, False, {"bf16": 364.2, "fp16": 364.2, "tf32": 182.1, "fp32": 91.1},
+     "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"),
+    ("A6000", ("A6000",), 48, False, {"bf16": 154.8, "fp16": 154.8, "tf32": 77.4, "fp32": 38.7},
+     "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/quadro-product-literature/proviz-print-nvidia-rtx-a6000-datasheet-us-nvidia-1454980-r9-web%20(1).pdf"),
+    # Volta has no bf16 units: a bf16 job there has no peak to compare with.
+    ("V100-16GB", ("V100", "16GB"), 16, True, {"fp16": 125, "fp32": 15.7},
+     "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"),
+    ("V100", ("V100",), 32, True, {"fp16": 125, "fp32": 15.7},
+     "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"),
+    ("T4", ("T4",), 16, False, {"fp16": 65, "fp32": 8.1},
+     "https://www.nvidia.com/en-us/data-center/tesla-t4/"),
+)  # fmt: skip
+PEAK_ENV = "TUNEDECK_PEAK_TFLOPS"  # a peak to measure against where the table has none (tests, new GPUs)
+
+
+def normalise_gpu_name(name):
+    """'NVIDIA GeForce RTX 4090' -> 'RTX4090', 'NVIDIA A100-SXM4-80GB' -> 'A100SXM480GB'."""
+    text = str(name).upper()
+    for word in ("NVIDIA", "GEFORCE", "TESLA", "QUADRO", " ", "-", "_"):
+        text = text.replace(word, "")
+    return text
+
+
+def gpu_row(name):
+    """The GPU_TABLE row of an NVML name or a typed one ('A100-80GB', 'RTX 4090'), or None."""
+    text = normalise_gpu_name(name)
+    for row in GPU_TABLE:
+        if all(word in text for word in row[1]):
+            return row
+    return None
+
+
+def peak_tflops(name, dtype):
+    """(TFLOPS, source) of a GPU for a compute dtype (bf16, fp16, tf32, fp32), or (None, why not)."""
+    row = gpu_row(name)
+    if row is None:
+        return None, f"{name!r} is not in tunedeck's GPU table (set {PEAK_ENV} to its peak in TFLOPS)"
+    tflops = row[4].get(dtype)
+    if tflops is None:
+        return None, f"{row[0]} has no {dtype} tensor units in its datasheet"
+    return float(tflops), row[5]
+
+
+def flops_per_token(
+    matmul_params, trainable_params, layers, attention_width, seq_len, full, checkpointing, layer_matmul_params=None
+):
+    """(model FLOPs, hardware FLOPs) per trained token of one training step (forward + backward).
+
+    matmul_params: weights a token is multiplied by (decoder linears, routed experts, the head);
+    trainable_params: the weights that get gradients (all of them when full); attention_width:
+    heads x head_dim; seq_len: the tokens each sequence attends over; checkpointing: activation
+    checkpointing recomputes every layer's forward (layer_matmul_params: the decoder layers'
+    share of matmul_params, default all of it).
+    """
+    weight_grads = matmul_params if full else trainable_params
+    attention = 4 * layers * attention_width * seq_len  # forward: QK^T and AV, 2 FLOPs per multiply-add
+    model = 4 * matmul_params + 2 * weight_grads + 3 * attention
+    hardware = model
+    if checkpointing:
+        recomputed = matmul_params if layer_matmul_params is None else layer_matmul_params
+        hardware += 2 * recomputed + attention
+    return float(model), float(hardware)
+
+
+# <<< SHARED
+
+
+def speed_facts(trainer, trainable: int, total: int) -> dict:
+    """What MFU needs, for the start record: the GPU, its peak for the compute dtype, the FLOP inputs."""
+    import torch
+
+    model, args = trainer.model, trainer.args
+    config = getattr(model, "config", None)
+    linears = {}  # module name -> in x out, for every matmul a token goes through (LoRA's own included)
+    for name, module in model.named_modules():
+        leaf = next(module.children(), None) is None  # not PEFT's wrapper around the base layer: counted once
+        if leaf and hasattr(module, "in_features") and hasattr(module, "out_features"):
+            linears[name] = int(module.in_features) * int(module.out_features)
+    head = sum(n for name, n in linears.items() if name.endswith("lm_head"))
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    head_dim = getattr(config, "head_dim", None) or (int(getattr(config, "hidden_size", 0)) // max(1, heads))
+    checkpointing = bool(args.gradient_checkpointing)
+    fsdp_plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if fsdp_plugin is not None and getattr(fsdp_plugin, "activation_checkpointing", False):
+        checkpointing = True
+    if args.bf16:
+        dtype = "bf16"
+    elif args.fp16:
+        dtype = "fp16"
+    else:
+        dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(getattr(model, "dtype", None))
+        dtype = dtype or ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
+    gpu = torch.cuda.get_device_name(args.device) if torch.cuda.is_available() and args.device.type == "cuda" else None
+    facts = {
+        "gpu_name": gpu,
+        "compute_dtype": dtype,
+        "flops_inputs": {
+            "matmul_params": sum(linears.values()),
+            "layer_matmul_params": sum(linears.values()) - head,
+            "trainable_params": trainable,
+            "layers": int(getattr(config, "num_hidden_layers", 0) or 0),
+            "attention_width": heads * int(head_dim),
+            "full": trainable >= total,  # every weight gets its gradient
+            "checkpointing": checkpointing,
+        },
+    }
+    peak, source = None, f"this run computes on {args.device.type.upper()}, not a GPU with a published peak"
+    if os.environ.get(PEAK_ENV):
+        peak, source = float(os.environ[PEAK_ENV]), PEAK_ENV
+    elif gpu is not None:
+        peak, source = peak_tflops(gpu, dtype)
+    facts["peak_tflops"] = peak
+    if peak:
+        facts["peak_source"] = source
+    else:
+        facts["mfu_note"] = f"MFU is not defined without a known peak: {source} (set {PEAK_ENV} to measure against one)"
+    return facts
+
+
+def utilisation(facts: dict, tokens_per_second: float, seq_len: float) -> dict:
+    """{"mfu", "hfu"} of a logging window (tokens/s of all ranks together), or {} without a peak."""
+    peak = facts.get("peak_tflops")
+    if not peak or tokens_per_second <= 0:
+        return {}
+    f = facts["flops_inputs"]
+    model, hardware = flops_per_token(
+        f["matmul_params"], f["trainable_params"], f["layers"], f["attention_width"], seq_len,
+        f["full"], f["checkpointing"], f["layer_matmul_params"],
+    )  # fmt: skip
+    per_gpu = tokens_per_second / max(1, _world_size())
+    return {"mfu": per_gpu * model / (peak * 1e12), "hfu": per_gpu * hardware / (peak * 1e12)}
+
+
 # ---------------------------------------------------------------- the sanity gate
 #
 # Several launches exit 0 while running something else than asked (measured on CPU, see
@@ -868,12 +1045,16 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self.load_peaks: dict = {}  # train() fills it in right after the model loaded
             self.stopped_early = False
             self._last_log = (time.time(), 0)
+            self._last_step = 0
+            self.speed: dict = {}  # speed_facts, at the start of training
             self._step_end = 0.0
             self._fault = _parse_fault(os.environ.get(FAULT_ENV))
 
         def on_train_begin(self, args, state, control, **kwargs):
-            self._last_log = (time.time(), 0)
+            self._last_log, self._last_step = (time.time(), 0), state.global_step
             record = {**describe_run(self.trainer, job), **self.load_peaks}
+            self.speed = speed_facts(self.trainer, record["trainable_params"], record["total_params"])
+            record.update(self.speed)
             problems = shared_gate_problems(expected, record) if expected else []
             record["gate"] = {"passed": not problems, "problems": problems}
             if metrics:
@@ -908,7 +1089,12 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 last_time, last_tokens = self._last_log
                 if tokens is not None and now > last_time:
                     record["tokens_per_second"] = (tokens - last_tokens) / (now - last_time)
-                    self._last_log = (now, tokens)
+                    if self.speed.get("peak_tflops"):
+                        rows = (state.global_step - self._last_step) * args.per_device_train_batch_size
+                        rows *= args.gradient_accumulation_steps * _world_size()
+                        seq_len = (tokens - last_tokens) / max(1, rows)  # attention's FLOPs grow with it
+                        record.update(utilisation(self.speed, record["tokens_per_second"], seq_len))
+                    self._last_log, self._last_step = (now, tokens), state.global_step
                 for key in ("loss", "learning_rate", "grad_norm", "mean_token_accuracy", "num_tokens"):
                     if key in logs:
                         record[key] = logs[key]

@@ -35,10 +35,10 @@ LAYERS = [
     (
         "core",
         0,
-        r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate\w*|catalog|engine_facts|vocabulary|applies|implied|problem|presets)",
+        r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate\w*|catalog|engine_facts|vocabulary|applies|implied|problem|presets|flops)",
     ),
     ("render", 1, r"tunedeck\.backend\.render(\..+)?"),
-    ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*|fit)"),
+    ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*|fit|speed)"),
     (
         "runs",
         2,

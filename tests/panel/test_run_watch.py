@@ -105,3 +105,15 @@ def test_loss_figure_overlays_and_marks_eval_loss():
     b = [{"step": 1, "loss": 3.0}]
     names = [t.name for t in loss_figure([("this run", a), ("other", b)], smoothing=0.5).data]
     assert names == ["this run loss", "this run smoothed", "this run eval loss", "other loss", "other smoothed"]
+
+
+def test_mfu_is_charted_beside_tokens_per_second_and_a_cpu_run_says_why_not():
+    gpu = [{"step": i, "loss": 1.0, "tokens_per_second": 5e3, "mfu": 0.41} for i in range(1, 4)]
+    fig = metrics_figure(gpu)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles[2:] == ["tokens / s", "MFU"]  # side by side
+    mfu_trace = fig.data[-1]
+    assert list(mfu_trace.y) == [0.41] * 3 and fig.layout.yaxis4.tickformat == ".0%"
+    cpu = metrics_figure([{"step": 1, "loss": 1.0, "tokens_per_second": 500.0}])
+    assert any("no MFU" in a.text for a in cpu.layout.annotations)
+    assert not any("no MFU" in a.text for a in fig.layout.annotations)

@@ -110,9 +110,10 @@ def train_records(source: str) -> dict[str, set[str]]:
     return {
         "start": _returned_dict(_function(tree, "describe_run"))
         | _returned_dict(_function(tree, "load_peaks"))
-        | _stored_keys(begin),
+        | _stored_keys(begin)
+        | _stored_keys(_function(tree, "speed_facts"), "facts"),  # record.update(speed_facts(...))
         "gate": _dicts(gate)[0],
-        "log": _stored_keys(_function(tree, "on_log")),
+        "log": _stored_keys(_function(tree, "on_log")) | set().union(*_dicts(_function(tree, "utilisation"))),
         "end": next(keys for keys in _dicts(main) if "event" in keys),
         "error": next(keys for keys in _dicts(main) if "rank" in keys),
     }

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tunedeck.backend import flops
 from tunedeck.backend.runs import RunManager
 
 from .helpers import end_record, log_records, logs_tail, read_metrics, start_record
@@ -62,6 +63,9 @@ def test_tunedeck_train_demo_as_a_new_user_runs_it(tmp_path):
     assert start["world_size"] == 2 and start["backend"] == "gloo"
     assert start["model_class"] == "DistributedDataParallel" and start["zero_stage"] is None and not start["fsdp"]
     assert 0 < start["trainable_params"] < start["total_params"]
+    # On CPU there is no peak to measure against: the run says so, and logs no made-up MFU.
+    assert start["peak_tflops"] is None and start["mfu_note"].startswith("MFU is not defined without a known peak")
+    assert not any("mfu" in r for r in log_records(run_dir))
     losses = [r["loss"] for r in log_records(run_dir)]
     assert [r["step"] for r in log_records(run_dir)] == list(range(1, 61))
     assert losses[-1] <= losses[0] / 2, losses
@@ -82,11 +86,21 @@ def test_tunedeck_train_demo_as_a_new_user_runs_it(tmp_path):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_deepspeed_zero_two_ranks(stage, runs_dir, demo_spec):
+def test_deepspeed_zero_two_ranks(stage, runs_dir, demo_spec, monkeypatch):
+    # A stand-in peak takes the GPU path of MFU on CPU (bench/gpu_check.sh checks the real one).
+    monkeypatch.setenv(flops.PEAK_ENV, "0.05")
     spec = demo_spec({"strategy.kind": f"zero{stage}", "training.max_steps": 3, "training.save_steps": 100})
     manager, run_id, status = run_to_end(runs_dir, spec)
     assert_finished(manager, run_id, status)
     start = start_record(manager.run_dir(run_id))
+    assert start["peak_tflops"] == 0.05 and start["peak_source"] == flops.PEAK_ENV
+    inputs = start["flops_inputs"]
+    assert inputs["trainable_params"] == start["trainable_params"] and not inputs["full"]
+    for record in log_records(manager.run_dir(run_id)):
+        model, _ = flops.flops_per_token(*[inputs[k] for k in ("matmul_params", "trainable_params", "layers")],
+                                         inputs["attention_width"], 1, False, False)  # fmt: skip
+        assert 0 < record["mfu"] <= record["hfu"] < 1
+        assert record["mfu"] >= record["tokens_per_second"] / 2 * model / 0.05e12  # rows longer than 1 add attention
     assert start["world_size"] == 2
     assert start["distributed_type"] == "DEEPSPEED" and start["zero_stage"] == stage
     assert start["model_class"] == "DeepSpeedEngine"

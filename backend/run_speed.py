@@ -1,0 +1,133 @@
+"""A finished run's measured speed and memory beside what tunedeck predicts for its job, and the
+correction your own runs suggest for the next prediction on the same GPU.
+
+The measurement is the run's own metrics.jsonl (the GPU by its NVML name in the start record,
+tokens/s and peak memory in the log records); the prediction is backend/speed.py and
+backend/memory.py for the run's job.yaml on that GPU, computed when asked, so a run started
+from a bundle without tunedeck is compared too.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunedeck.backend.flops import gpu_row
+from tunedeck.backend.memory import estimate
+from tunedeck.backend.memory_job import EstimateError, Job, input_values
+from tunedeck.backend.run_folder import is_number, read_job, read_records
+from tunedeck.backend.spec import SpecError, parse_spec
+from tunedeck.backend.speed import Hardware, predict, schedule_of
+
+RUNS_CALIBRATED = 5  # the last runs a correction is taken from
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    run_id: str
+    gpu: str  # GPU_TABLE key
+    measured_tokens_per_s_per_gpu: float
+    predicted_tokens_per_s_per_gpu: float
+    measured_peak_gb: float | None  # highest torch.cuda.max_memory_allocated over the ranks
+    predicted_peak_gb: float
+
+    @property
+    def throughput_ratio(self) -> float:
+        return self.measured_tokens_per_s_per_gpu / self.predicted_tokens_per_s_per_gpu
+
+    def to_dict(self) -> dict:
+        return {
+            "run_id": self.run_id,
+            "gpu": self.gpu,
+            "tokens_per_s_per_gpu": {
+                "measured": round(self.measured_tokens_per_s_per_gpu, 1),
+                "predicted": round(self.predicted_tokens_per_s_per_gpu, 1),
+            },
+            "peak_allocated_gb": {
+                "measured": self.measured_peak_gb,
+                "predicted": round(self.predicted_peak_gb, 2),
+            },
+        }
+
+
+def compare_run(run_dir: Path) -> RunComparison | None:
+    """Measured vs predicted for a finished GPU run; None when it has nothing to compare (CPU, failed, unknown GPU)."""
+    run = read_records(run_dir)
+    if not run.start or not run.end or run.end.get("status") != "finished":
+        return None
+    row = gpu_row(run.start.get("gpu_name") or "")
+    world = run.start.get("world_size") or 1
+    rates = [r["tokens_per_second"] for r in run.records if is_number(r.get("tokens_per_second"))]
+    if row is None or len(rates) < 2:
+        return None
+    try:
+        spec = parse_spec(read_job(run_dir))
+        job = Job.from_values(input_values(spec))
+        speed = predict(job, Hardware.named(row[0]), schedule_of(spec, None))
+        memory = estimate(spec)
+    except (SpecError, EstimateError, ValueError):
+        return None
+    if speed is None:
+        return None
+    peaks = [max(r["gpu_peak_allocated_gb"]) for r in run.records if r.get("gpu_peak_allocated_gb")]
+    return RunComparison(
+        run_id=Path(run_dir).name,
+        gpu=row[0],
+        measured_tokens_per_s_per_gpu=statistics.median(rates[1:]) / world,  # the first window holds the warm-up
+        predicted_tokens_per_s_per_gpu=speed.tokens_per_s_per_gpu,
+        measured_peak_gb=max(peaks) if peaks else None,
+        predicted_peak_gb=memory.allocated_gb,
+    )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    gpu: str
+    runs: list[RunComparison]
+
+    @property
+    def factor(self) -> float:
+        """Measured over predicted throughput, the median of the runs: what --calibrate multiplies by."""
+        return statistics.median(r.throughput_ratio for r in self.runs)
+
+    @property
+    def memory_error(self) -> float | None:
+        errors = [
+            (r.measured_peak_gb - r.predicted_peak_gb) / r.predicted_peak_gb for r in self.runs if r.measured_peak_gb
+        ]
+        return statistics.median(errors) if errors else None
+
+    def sentence(self) -> str:
+        count = len(self.runs)
+        text = (
+            f"your last {count} run{'s' * (count != 1)} on {self.gpu} {'were' if count != 1 else 'was'} "
+            f"{self.factor - 1:+.0%} vs prediction in tokens/s per GPU"
+        )
+        if self.memory_error is not None:
+            text += f", {self.memory_error:+.0%} in peak memory"
+        return text
+
+    def to_dict(self) -> dict:
+        return {
+            "gpu": self.gpu,
+            "throughput_factor": round(self.factor, 3),
+            "peak_memory_error": None if self.memory_error is None else round(self.memory_error, 3),
+            "sentence": self.sentence(),
+            "runs": [r.to_dict() for r in self.runs],
+        }
+
+
+def calibration(runs_dir: Path | str, gpu: str | None) -> Calibration | None:
+    """The last RUNS_CALIBRATED finished runs on this GPU (a GPU_TABLE key) that compare, or None."""
+    folder = Path(runs_dir)
+    if gpu is None or not folder.is_dir():
+        return None
+    found = []
+    for run_dir in sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True):  # run ids sort by time
+        comparison = compare_run(run_dir)
+        if comparison is not None and comparison.gpu == gpu:
+            found.append(comparison)
+            if len(found) == RUNS_CALIBRATED:
+                break
+    return Calibration(gpu, found) if found else None

@@ -1,0 +1,333 @@
+"""Predicted speed of a job: step time, tokens/s per GPU, time to finish and cost, per strategy.
+
+A step is compute plus the communication compute does not hide, plus offload traffic:
+
+  compute   hardware FLOPs of the step (backend/flops.py: forward, backward, recomputation)
+            over the GPU's peak dense throughput x an efficiency: EFFICIENCY[method] x
+            tokens / (tokens + HALF_SATURATION_TOKENS) per micro batch (small matmuls leave
+            the tensor cores idle). Both constants are fitted to the published runs in
+            tests/data/measured_throughput.yaml (bench/speed_accuracy.py prints the error).
+  comms     per optimizer step, by engine: DDP all-reduces the trainable gradients once
+            (the Trainer skips the sync on accumulation micro-steps, `no_sync`); ZeRO-1
+            reduce-scatters them once and all-gathers the updated weights; ZeRO-2
+            reduce-scatters on every micro-step (DeepSpeed has no no_sync for stage 2/3);
+            ZeRO-3 and FSDP FULL_SHARD all-gather the weights for forward and again for
+            backward on every micro-step (ZeRO paper, Rajbhandari et al. 2020, section 7:
+            1.5x DDP's volume; https://arxiv.org/abs/1910.02054); SHARD_GRAD_OP gathers once
+            per micro-step; HYBRID_SHARD shards inside a machine and all-reduces gradient
+            shards across machines. A ring moves (n-1)/n of a tensor per GPU for a
+            reduce-scatter or all-gather and twice that for an all-reduce (NCCL's bus
+            bandwidth, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
+            Gradient traffic hides behind the backward pass (2/3 of a micro-step's compute),
+            prefetched weight gathers behind the whole micro-step; what is left is exposed.
+  offload   optimizer states on the CPU: gradients down and weights up over PCIe, and the
+            Adam step on the CPU (memory-bound); NVMe: the states through the disk.
+
+Around the steps (not one constant): start-up, reading the weights, evaluation passes
+(forward only) and checkpoint saves (adapter, or weights and optimizer states for full
+fine-tuning). The steps come from training.max_steps, else from the dataset's row count
+(a local file's lines, or a hub dataset in KNOWN_DATASET_ROWS) x epochs / global batch.
+Every row is taken as dataset.max_seq_length tokens: with shorter rows and no packing the
+real run is faster.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from tunedeck.backend import flops
+from tunedeck.backend.memory_job import Job, frozen_base_params
+
+# ---------------------------------------------------------------- constants, each with its source
+
+# Share of the peak that matmul-heavy training reaches at a saturating micro batch, per method.
+# Fitted to tests/data/measured_throughput.yaml (bench/speed_accuracy.py): dense bf16 training
+# of 7-70B models lands at 40-60% MFU in MosaicML's and torchtune's published tables; QLoRA
+# dequantizes every 4-bit weight in forward and backward (bitsandbytes), which costs about a third.
+EFFICIENCY = {"full": 0.55, "lora": 0.50, "qlora": 0.33}
+# Tokens per micro batch at which the efficiency is half its saturated value (fitted as above).
+HALF_SATURATION_TOKENS = 512
+# Near-equal predictions (within this share) keep the guides' order: less memory risk for nothing.
+TIE_SHARE = 0.03
+
+NCCL_EFFICIENCY = 0.8  # nccl-tests' bus bandwidth reaches about 80% of the link rate (PERFORMANCE.md above)
+# (name, GB/s per direction, scope, source). Inside a machine the figure is per GPU; between
+# machines per machine (InfiniBand: one NIC per GPU, as in NVIDIA's DGX/HGX reference designs).
+INTERCONNECTS = {
+    "nvlink": (300.0, "gpu", "NVLink 3: 600 GB/s bidirectional per A100 (A100 datasheet); H100's 900 GB/s is faster"),
+    "pcie": (32.0, "gpu", "PCIe 4.0 x16: 16 GT/s x 16 lanes, about 32 GB/s per direction (PCI-SIG)"),
+    "infiniband": (25.0, "nic-per-gpu", "HDR InfiniBand: 200 Gb/s = 25 GB/s per NIC, one NIC per GPU (DGX A100)"),
+    "ethernet": (12.5, "machine", "100 Gb Ethernet: 12.5 GB/s per machine, shared by its GPUs"),
+}
+INTRA_LINKS, INTER_LINKS = ("nvlink", "pcie"), ("infiniband", "ethernet")
+PCIE_HOST_GBPS = 25.0  # GPU<->pinned host memory on PCIe 4.0 x16 (80% of 32 GB/s, as NCCL above)
+# CPU Adam is memory-bound: it reads fp32 weight, gradient, two moments and writes three back
+# (28 bytes) plus the bf16 copy (2): about 30 bytes per parameter, at 100 GB/s of host memory
+# bandwidth per machine (half of 8-channel DDR4-3200's 204.8 GB/s theoretical).
+CPU_ADAM_BYTES, HOST_MEMORY_GBPS = 30, 100.0
+NVME_GBPS = 3.0  # one PCIe 4.0 NVMe drive's sustained rate per machine (drives reach 3-7 GB/s sequential)
+STARTUP_S = 45.0  # imports, process group, tokenizing: 20-60 s measured for the demo and smoke runs here
+READ_GBPS = 1.5  # safetensors from a local disk, cold page cache
+WRITE_GBPS = 1.0  # checkpoints to a local or network disk
+# Row counts of hub datasets the presets use, from their dataset cards.
+KNOWN_DATASET_ROWS = {
+    "timdettmers/openassistant-guanaco": (9846, "https://huggingface.co/datasets/timdettmers/openassistant-guanaco"),
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The GPU (its GPU_TABLE key, or None when unknown), its peak for the job's dtype, the links, the price."""
+
+    gpu: str | None
+    intra: str = "nvlink"  # between the GPUs of a machine
+    inter: str = "infiniband"  # between machines
+    price_per_gpu_hour: float | None = None
+    source: str = ""  # where the GPU came from: NVML, --gpu, assumed
+
+    @classmethod
+    def named(cls, name: str | None, interconnect: str | None = None, **kwargs) -> Hardware:
+        """From a GPU name (NVML's or typed) and one --interconnect value. ValueError naming the fix."""
+        row = flops.gpu_row(name) if name else None
+        if name and row is None:
+            known = ", ".join(r[0] for r in flops.GPU_TABLE)
+            raise ValueError(f"unknown GPU {name!r}: use one of {known}")
+        intra = "nvlink" if row is None or row[3] else "pcie"
+        inter = "infiniband"
+        if interconnect is not None:
+            if interconnect not in INTERCONNECTS:
+                raise ValueError(f"unknown interconnect {interconnect!r}: use one of {', '.join(INTERCONNECTS)}")
+            if interconnect in INTRA_LINKS:
+                intra = interconnect
+            else:
+                inter = interconnect
+        return cls(gpu=row[0] if row else None, intra=intra, inter=inter, **kwargs)
+
+    def peak(self, dtype: str) -> float | None:
+        return flops.peak_tflops(self.gpu, dtype)[0] if self.gpu else None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What the job runs around its steps, read from the spec (and the dataset's size when known)."""
+
+    grad_accum: int
+    steps: int | None  # optimizer steps, None when unknown
+    steps_source: str  # how they were counted, in words
+    eval_passes: int = 0
+    eval_rows: int = 0
+    saves: int = 0
+
+
+@dataclass(frozen=True)
+class SpeedEstimate:
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float  # the predicted model FLOPs utilisation
+    parts: dict[str, float]  # seconds per step: compute, exposed communication, offload
+    around_s: dict[str, float]  # seconds outside the steps: startup, load, eval, checkpoints
+    steps: int | None
+    steps_source: str
+    hours: float | None
+    cost: float | None
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return {
+            "step_time_s": round(self.step_time_s, 3),
+            "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu, 1),
+            "predicted_mfu": round(self.mfu, 3),
+            "hours": None if self.hours is None else round(self.hours, 3),
+            "cost": None if self.cost is None else round(self.cost, 2),
+            "steps": self.steps,
+            "steps_source": self.steps_source,
+            "step_parts_s": {k: round(v, 3) for k, v in self.parts.items()},
+            "around_steps_s": {k: round(v, 1) for k, v in self.around_s.items()},
+        }
+
+
+# ---------------------------------------------------------------- the prediction
+
+
+def compute_dtype(job: Job) -> str:
+    if job.precision in ("bf16", "fp16"):
+        return job.precision
+    return "bf16" if job.weight_bytes == 2 else "tf32"  # PyTorch allows TF32 matmuls under the Trainer's tf32
+
+
+def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0) -> SpeedEstimate | None:
+    """The job's speed on this hardware, or None without a peak to compute from (a CPU job, an unknown GPU).
+
+    correction multiplies the throughput (from the user's own runs, backend/run_speed.py)."""
+    peak = hw.peak(compute_dtype(job))
+    if job.use_cpu or not peak:
+        return None
+    full = job.method == "full"
+    model_flops, hardware_flops = flops.arch_flops_per_token(
+        job.arch, job.trainable_params, job.seq_len, full, job.checkpointing
+    )
+    efficiency = EFFICIENCY[job.method] * job.tokens / (job.tokens + HALF_SATURATION_TOKENS) * correction
+    micro = job.tokens * hardware_flops / (peak * 1e12 * efficiency)  # one micro batch's compute
+    ga = schedule.grad_accum
+    comms, notes = _exposed_comms(job, hw, micro, ga)
+    offload = _offload(job)
+    step = ga * micro + comms + offload
+    tokens_per_s = ga * job.tokens / step
+    around = _around_steps(job, schedule, peak * 1e12 * efficiency)
+    hours = cost = None
+    if schedule.steps is not None:
+        hours = (schedule.steps * step + sum(around.values())) / 3600
+        if hw.price_per_gpu_hour is not None:
+            cost = hours * hw.price_per_gpu_hour * job.world
+    return SpeedEstimate(
+        step_time_s=step,
+        tokens_per_s_per_gpu=tokens_per_s,
+        mfu=tokens_per_s * model_flops / (peak * 1e12),
+        parts={"compute": ga * micro, "communication": comms, "offload": offload},
+        around_s=around,
+        steps=schedule.steps,
+        steps_source=schedule.steps_source,
+        hours=hours,
+        cost=cost,
+        notes=tuple(notes),
+    )
+
+
+def _bandwidth(hw: Hardware, per_machine: int, machines: int) -> tuple[float, float]:
+    """(bytes/s per GPU on a ring over every rank, bytes/s per machine between machines)."""
+    intra_rate, _, _ = INTERCONNECTS[hw.intra]
+    inter_rate, scope, _ = INTERCONNECTS[hw.inter]
+    intra = intra_rate * 1e9 * NCCL_EFFICIENCY
+    inter_machine = inter_rate * 1e9 * NCCL_EFFICIENCY * (per_machine if scope == "nic-per-gpu" else 1)
+    if machines <= 1:
+        return intra, inter_machine
+    return min(intra, inter_machine / per_machine), inter_machine  # the ring's slowest link sets the pace
+
+
+def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int) -> tuple[float, list[str]]:
+    """Seconds per optimizer step that communication adds to compute."""
+    n, machines = job.world, job.machines
+    if n <= 1:
+        return 0.0, []
+    g = job.per_machine
+    ring, inter_machine = _bandwidth(hw, g, machines)
+    adapter_bytes = 4 if job.method != "full" or job.weight_bytes == 4 else 2  # LoRA adapters stay fp32
+    grads = job.trainable_params * adapter_bytes
+    weights = frozen_base_params(job) if job.method == "qlora" else job.arch.num_parameters * job.compute_bytes
+    rs = (n - 1) / n / ring  # seconds per byte of a reduce-scatter or all-gather over every rank
+    backward = 2 / 3 * micro  # what gradient traffic can hide behind
+    engine, stage = job.engine, job.zero_stage
+    if engine == "ddp" or stage == 1:
+        exposed = max(0.0, 2 * rs * grads - backward)
+        if stage == 1:
+            exposed += rs * job.trainable_params * job.compute_bytes  # gathering the updated weights
+    elif stage == 2:
+        exposed = ga * max(0.0, rs * grads - backward) + rs * job.trainable_params * job.compute_bytes
+    elif engine == "deepspeed" or job.fsdp_sharding == "FULL_SHARD":
+        gathers = ga * 2 * rs * weights  # forward and backward, every micro-step
+        reduce = (ga if engine == "deepspeed" else 1) * rs * grads  # FSDP skips it on no_sync micro-steps
+        exposed = max(0.0, gathers + reduce - ga * micro)
+    elif job.fsdp_sharding == "SHARD_GRAD_OP":
+        exposed = max(0.0, ga * rs * weights + rs * grads - ga * micro)
+    else:  # HYBRID_SHARD: FULL_SHARD inside the machine, gradient shards all-reduced across machines
+        local = (g - 1) / g / _bandwidth(hw, g, 1)[0] if g > 1 else 0.0
+        across = 2 * (machines - 1) / machines * grads / inter_machine
+        exposed = max(0.0, ga * 2 * local * weights + local * grads + across - ga * micro)
+    notes = []
+    if machines > 1 and exposed > 0.25 * (ga * micro + exposed):
+        notes.append(f"{exposed / (ga * micro + exposed):.0%} of each step waits on the network between machines")
+    return exposed, notes
+
+
+def _offload(job: Job) -> float:
+    """Seconds per step of offload traffic and the CPU optimizer step (not hidden: they follow the backward pass)."""
+    if job.offload_optimizer == "none" and job.offload_params == "none":
+        return 0.0
+    shard = job.trainable_params / job.world  # each rank moves and updates its shard
+    per_machine = job.trainable_params / job.machines
+    seconds = shard * (4 + job.compute_bytes) / (PCIE_HOST_GBPS * 1e9)  # gradients down, weights up
+    seconds += per_machine * CPU_ADAM_BYTES / (HOST_MEMORY_GBPS * 1e9)
+    if job.offload_params != "none":  # the weights cross PCIe for forward and backward
+        seconds += 2 * job.arch.num_parameters * job.compute_bytes / job.world / (PCIE_HOST_GBPS * 1e9)
+    if "nvme" in (job.offload_optimizer, job.offload_params):
+        seconds += per_machine * 2 * 12 / (NVME_GBPS * 1e9)  # fp32 weight and moments, read and written
+    return seconds
+
+
+def _around_steps(job: Job, schedule: Schedule, flops_per_s: float) -> dict[str, float]:
+    """Seconds the run spends outside its training steps."""
+    arch = job.arch
+    load = arch.num_parameters * job.weight_bytes / (READ_GBPS * 1e9)  # every machine reads the checkpoint
+    eval_flops = flops.arch_flops_per_token(arch, 0, job.seq_len, True, False)[0] / 3  # forward only
+    eval_s = schedule.eval_passes * schedule.eval_rows * job.seq_len * eval_flops / (flops_per_s * job.world)
+    if job.method == "full":  # weights and Adam's fp32 weight and moments
+        checkpoint = arch.num_parameters * (job.weight_bytes + 12)
+    else:
+        checkpoint = job.trainable_params * 12
+    return {
+        "startup": STARTUP_S,
+        "load": load,
+        "eval": eval_s,
+        "checkpoints": schedule.saves * checkpoint / (WRITE_GBPS * 1e9),
+    }
+
+
+def schedule_of(spec, rows: int | None, rows_source: str = "") -> Schedule:
+    """The job's steps, evaluations and saves; rows: training rows when known."""
+    t = spec.training
+    global_batch = t.per_device_train_batch_size * t.gradient_accumulation_steps * spec.launch.num_processes
+    if t.max_steps > 0:
+        steps, source = t.max_steps, f"training.max_steps = {t.max_steps}"
+    elif rows:
+        per_epoch = math.ceil(rows / global_batch)
+        steps = math.ceil(per_epoch * t.num_train_epochs)
+        source = f"{rows:,} rows{rows_source} x {t.num_train_epochs:g} epochs / global batch {global_batch}"
+    else:
+        steps, source = None, "unknown: set training.max_steps, or use a local dataset file"
+    eval_rows = _slice_rows(spec.dataset.eval_split, rows) if spec.dataset.eval_split else 0
+    evals = steps // (t.eval_steps or t.logging_steps) if steps and eval_rows else 0
+    saves = (steps // t.save_steps + 1) if steps else 0  # and the final save
+    return Schedule(
+        grad_accum=t.gradient_accumulation_steps, steps=steps, steps_source=source,
+        eval_passes=evals, eval_rows=eval_rows, saves=saves,
+    )  # fmt: skip
+
+
+def _slice_rows(split: str, rows: int | None) -> int:
+    """Rows of a sliced split such as train[95%:] or train[:200] (0 when it cannot be told)."""
+    match = re.fullmatch(r"\w+\[(-?\d*)(%?):(-?\d*)(%?)\]", split.replace(" ", ""))
+    if not match or not rows:
+        return 0
+    start, start_pct, end, end_pct = match.groups()
+    bound = lambda v, pct, default: default if v == "" else rows * int(v) // 100 if pct else int(v)  # noqa: E731
+    lo, hi = bound(start, start_pct, 0), bound(end, end_pct, rows)
+    lo, hi = (lo + rows if lo < 0 else lo), (hi + rows if hi < 0 else hi)
+    return max(0, min(hi, rows) - max(0, lo))
+
+
+def dataset_rows(spec) -> tuple[int | None, str]:
+    """(training rows, where the count comes from) of a local JSONL/CSV file or a known hub dataset."""
+    path = Path(spec.dataset.path).expanduser()
+    if path.is_file() and path.suffix.lower() in (".jsonl", ".csv"):
+        stat = path.stat()
+        lines = _count_lines(str(path), stat.st_size, stat.st_mtime_ns)
+        return (lines - 1 if path.suffix.lower() == ".csv" else lines), f" in {path.name}"
+    known = KNOWN_DATASET_ROWS.get(spec.dataset.path)
+    if known:
+        return known[0], f" ({spec.dataset.path}'s dataset card)"
+    return None, ""
+
+
+@lru_cache(maxsize=32)
+def _count_lines(path: str, size: int, mtime_ns: int) -> int:
+    """Non-empty lines of a file, read once per version (the page asks on every change)."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            count += chunk.count(b"\n")
+            last = chunk[-1:]
+    return count + (last != b"\n")

@@ -1,0 +1,120 @@
+"""FLOPs per token, the GPU peak table, and train.py's MFU records (backend/flops.py, backend/train.py)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tunedeck.backend import catalog, flops, train
+
+
+def test_train_carries_the_shared_block_verbatim():
+    train_text = flops.TRAIN_FILE.read_text(encoding="utf-8")
+    own = flops.shared_block(flops.Path(flops.__file__).read_text(encoding="utf-8"))
+    assert flops.shared_block(train_text) == own, "run `python -m tunedeck.backend.flops --sync`"
+    drifted = train_text.replace('"bf16": 989', '"bf16": 990', 1)
+    assert flops.shared_block(drifted) != own  # a one-number edit in train.py alone is caught
+    assert flops.synced_train_text(drifted) == train_text  # and --sync repairs it
+
+
+def test_flops_per_token_full_lora_and_checkpointing_by_hand():
+    n, layers, width, seq = 1000, 2, 8, 16
+    attention = 4 * layers * width * seq  # forward QK^T and AV
+    model, hardware = flops.flops_per_token(n, n, layers, width, seq, full=True, checkpointing=False)
+    assert model == hardware == 6 * n + 3 * attention  # PaLM: 6N + 12 L d T
+    model, _ = flops.flops_per_token(n, 10, layers, width, seq, full=False, checkpointing=False)
+    assert model == 4 * n + 2 * 10 + 3 * attention  # frozen weights: no weight gradients
+    model, hardware = flops.flops_per_token(n, 10, layers, width, seq, False, True, layer_matmul_params=900)
+    assert hardware - model == 2 * 900 + attention  # one more forward of the layers, not of the head
+
+
+def test_llama2_7b_costs_about_six_times_its_parameters_per_token():
+    arch = catalog.lookup("meta-llama/Llama-2-7b-hf")
+    matmul, _ = flops.arch_matmul_params(arch)
+    assert (
+        matmul == arch.num_parameters - arch.embedding_params - arch.num_hidden_layers * arch.layer_norm_params - 4096
+    )
+    full, _ = flops.arch_flops_per_token(arch, arch.num_parameters, 2048, full=True, checkpointing=False)
+    assert 6 * 6.4e9 < full < 6 * 7.5e9  # 6N plus attention's 12 x 32 x 4096 x 2048 = 3.2 GFLOPs
+    lora, _ = flops.arch_flops_per_token(arch, 20_000_000, 2048, full=False, checkpointing=False)
+    assert lora / full == pytest.approx(2 / 3, abs=0.03)  # LoRA saves the weight gradients' third
+
+
+def test_mixture_of_experts_counts_the_routed_experts_only():
+    arch = catalog.lookup("mistralai/Mixtral-8x7B-v0.1")
+    matmul, _ = flops.arch_matmul_params(arch)
+    assert 12e9 < matmul < 14e9  # Mixtral: 12.9B active of 46.7B parameters (Mistral AI's announcement)
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "dtype", "tflops"),
+    [
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312),
+        ("NVIDIA A100-PCIE-40GB", "bf16", 312),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989),
+        ("NVIDIA H100 PCIe", "bf16", 756),
+        ("NVIDIA H100 NVL", "fp16", 835),
+        ("NVIDIA H200", "bf16", 989),
+        ("NVIDIA L40S", "bf16", 362),
+        ("NVIDIA L4", "bf16", 121),
+        ("NVIDIA A10G", "bf16", 70),
+        ("NVIDIA A10", "bf16", 125),
+        ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+        ("NVIDIA GeForce RTX 3090", "fp16", 71),
+        ("NVIDIA RTX A6000", "bf16", 154.8),
+        ("Tesla V100-SXM2-32GB", "fp16", 125),
+        ("A100-40GB", "tf32", 156),  # the names people type work too
+        ("RTX 4090", "fp32", 82.6),
+    ],
+)
+def test_peaks_by_nvml_name(nvml_name, dtype, tflops):
+    peak, source = flops.peak_tflops(nvml_name, dtype)
+    assert peak == tflops and source.startswith("https://")
+
+
+def test_no_peak_is_made_up():
+    assert flops.peak_tflops("Tesla V100-SXM2-16GB", "bf16") == (
+        None,
+        "V100-16GB has no bf16 tensor units in its datasheet",
+    )
+    peak, why = flops.peak_tflops("Some Future GPU", "bf16")
+    assert peak is None and flops.PEAK_ENV in why
+    assert all(row[5].startswith("https://") for row in flops.GPU_TABLE)
+
+
+def _recorder(tmp_path, monkeypatch, speed: dict):
+    """train.py's callback with a stepped clock: what it writes for given speed facts."""
+    from transformers import TrainerControl
+
+    clock = [1000.0]
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0]))
+    recorder = train.make_callback(train.JsonlWriter(tmp_path / "metrics.jsonl"), train.StopRequest(), {}, None)
+    recorder.speed = speed
+    args = SimpleNamespace(device="cpu", per_device_train_batch_size=2, gradient_accumulation_steps=2)
+    state = SimpleNamespace(global_step=0, max_steps=10, epoch=0.0)
+    for tokens in (400, 800):  # one step a second, 4 rows of 100 tokens each
+        clock[0] += 1
+        state.global_step += 1
+        recorder.on_step_end(args, state, TrainerControl())
+        recorder.on_log(args, state, TrainerControl(), logs={"loss": 1.0, "num_tokens": tokens})
+    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
+FACTS = {"matmul_params": 10**6, "layer_matmul_params": 9 * 10**5, "trainable_params": 10**4, "layers": 2,
+         "attention_width": 64, "full": False, "checkpointing": True}  # fmt: skip
+
+
+def test_mfu_and_hfu_per_logging_step(tmp_path, monkeypatch):
+    records = _recorder(tmp_path, monkeypatch, {"peak_tflops": 1e-3, "flops_inputs": FACTS})
+    model, hardware = flops.flops_per_token(10**6, 10**4, 2, 64, 100, False, True, 9 * 10**5)
+    for r in records:  # 400 tokens/s on one process, against a 1 GFLOPS peak
+        assert r["tokens_per_second"] == 400
+        assert r["mfu"] == pytest.approx(400 * model / 1e9)
+        assert r["hfu"] == pytest.approx(400 * hardware / 1e9) and r["hfu"] > r["mfu"]
+
+
+def test_no_peak_no_mfu(tmp_path, monkeypatch):
+    records = _recorder(tmp_path, monkeypatch, {"peak_tflops": None, "mfu_note": "...", "flops_inputs": FACTS})
+    assert records and not any("mfu" in r or "hfu" in r for r in records)
