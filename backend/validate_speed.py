@@ -8,7 +8,9 @@ input checks ask it there (and tunedeck's pre-launch check, on this machine).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 from tunedeck.backend import catalog
 from tunedeck.backend.problem import Problem, error, warning
@@ -38,16 +40,29 @@ def _liger(spec: JobSpec) -> Iterator[Problem]:
             "Liger's kernels are Triton kernels for NVIDIA GPUs: set training.use_liger_kernel=false on CPU.",
         )
         return
-    arch = catalog.lookup(spec.model.name_or_path)
-    if arch is None:
+    model_type = _model_type(spec.model.name_or_path)
+    if model_type is None:
         yield warning(
             "training.use_liger_kernel",
             f"the architecture of {spec.model.name_or_path} is unknown here; Liger patches only model types "
             f"{', '.join(LIGER_MODEL_TYPES)} and leaves others as they are.",
         )
-    elif arch.model_type not in LIGER_MODEL_TYPES:
+    elif model_type not in LIGER_MODEL_TYPES:
         yield error(
             "training.use_liger_kernel",
-            f"Liger has no kernels for model type {arch.model_type} (it patches {', '.join(LIGER_MODEL_TYPES)}): "
+            f"Liger has no kernels for model type {model_type} (it patches {', '.join(LIGER_MODEL_TYPES)}): "
             "set training.use_liger_kernel=false.",
         )
+
+
+def _model_type(name_or_path: str) -> str | None:
+    """The model's type: from the catalog, or from a local folder's config.json (any type, known or not)."""
+    arch = catalog.lookup(name_or_path)
+    if arch is not None:
+        return arch.model_type
+    try:
+        config = json.loads((Path(name_or_path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    return model_type if isinstance(model_type, str) and model_type else None
