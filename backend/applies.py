@@ -66,6 +66,7 @@ _SLURM_GPUS = When(
     "with launch.backend=slurm on GPUs (launch.use_cpu=false)",
 )
 _GPUS = When(("launch.use_cpu",), lambda v: not v.get("launch.use_cpu"), "on GPUs (launch.use_cpu=false)")
+_NOT_PACKING = When(("dataset.packing",), lambda v: not v.get("dataset.packing"), "with dataset.packing=false")
 _NVME = When(
     ("strategy.offload_optimizer", "strategy.offload_params"),
     lambda v: "nvme" in (v.get("strategy.offload_optimizer"), v.get("strategy.offload_params")),
@@ -78,6 +79,9 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("quantization.bits", _ADAPTERS),
     ("quantization.bnb_4bit_*", _FOUR_BIT),
     *[(f"dataset.{name}", _formats(formats)) for name, (_, formats) in column_fields().items()],
+    ("dataset.assistant_only_loss", _formats(["messages"])),
+    ("training.group_by_length", _NOT_PACKING),
+    ("training.dataloader_num_workers", _GPUS),
     ("training.per_device_eval_batch_size", _EVALUATION),
     ("training.eval_steps", _EVALUATION),
     ("training.ddp_find_unused_parameters", _kinds(lambda s: s.engine == "ddp")),

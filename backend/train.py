@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -511,6 +512,15 @@ def input_problems(job: dict, base: Path) -> list[tuple[str, str]]:
     model = model_problem(str((job.get("model") or {}).get("name_or_path") or ""), base)
     if model:
         problems.append(("model.name_or_path", model))
+    if (job.get("training") or {}).get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:
+        # transformers would raise only once the trainer is built, after the model loaded.
+        problems.append(
+            (
+                "training.use_liger_kernel",
+                "needs the liger-kernel package, which is not installed: pip install liger-kernel, "
+                "or set training.use_liger_kernel=false",
+            )
+        )
     return problems + dataset_problems(job.get("dataset") or {}, base)
 
 

@@ -7,7 +7,8 @@ with an unhelpful message, or, worse, accept while silently doing something else
 from the seed guides and the libraries' documentation.
 
 The rules live by area: validate_method.py (what is trained), validate_strategy.py (how the
-work is split), validate_launch.py (where it runs). One more rule comes from the
+work is split), validate_launch.py (where it runs),
+validate_speed.py (the speed switches). One more rule comes from the
 applicability table (backend/applies.py): a field set to other than its default where it
 does not apply is ignored, and the job says so.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from tunedeck.backend import validate_launch, validate_method, validate_strategy
+from tunedeck.backend import validate_launch, validate_method, validate_speed, validate_strategy
 from tunedeck.backend.applies import applies, when
 from tunedeck.backend.problem import Problem, has_errors, spelled, warning
 from tunedeck.backend.spec import JobSpec, field_info, flat_values
@@ -37,6 +38,7 @@ RULES: list[Rule] = [
     validate_launch.cpu_processes,
     validate_launch.launch,
     validate_method.training,
+    validate_speed.speed,
 ]
 
 

@@ -52,8 +52,8 @@ def cpu(spec: JobSpec) -> Iterator[Problem]:
     if spec.training.optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
         yield error(
             "training.optim",
-            f"{spec.training.optim} is a bitsandbytes GPU optimizer: set training.optim=adamw_torch on CPU.",
-            {"training.optim": "adamw_torch"},
+            f"{spec.training.optim} is a bitsandbytes GPU optimizer: set training.optim=adamw_torch_fused on CPU.",
+            {"training.optim": "adamw_torch_fused"},
         )
 
 

@@ -12,6 +12,9 @@ from tunedeck.backend.engine_facts import DEFAULT_NVME_BUFFER_SIZE, fsdp_layer_c
 from tunedeck.backend.problem import Problem, error, warning
 from tunedeck.backend.spec import JobSpec
 
+# Plain AdamW in either implementation: what DeepSpeed's CPU AdamW stands in for under optimizer offload.
+ADAMW = ("adamw_torch", "adamw_torch_fused")
+
 
 def offload(spec: JobSpec) -> Iterator[Problem]:
     s = spec.strategy
@@ -73,12 +76,12 @@ def offload(spec: JobSpec) -> Iterator[Problem]:
             "(strategy.offload_optimizer=cpu); parameter offload is the slow last resort.",
             {"strategy.offload_optimizer": "cpu"},
         )
-    if s.offload_optimizer != "none" and s.is_deepspeed and spec.training.optim != "adamw_torch":
+    if s.offload_optimizer != "none" and s.is_deepspeed and spec.training.optim not in ADAMW:
         yield warning(
             "training.optim",
             f"with an offloaded optimizer DeepSpeed's CPU AdamW runs instead of {spec.training.optim}: "
-            "set training.optim=adamw_torch so the job says what runs.",
-            {"training.optim": "adamw_torch"},
+            "set training.optim=adamw_torch_fused so the job says what runs.",
+            {"training.optim": "adamw_torch_fused"},
         )
 
 

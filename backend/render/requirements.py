@@ -54,6 +54,7 @@ def minimums(spec: JobSpec) -> list[Minimum]:
 def packages(spec: JobSpec) -> list[str]:
     """The training stack this job imports."""
     extra = (["deepspeed"] if spec.strategy.is_deepspeed else []) + (["bitsandbytes"] if spec.quantization.bits else [])
+    extra += ["liger-kernel"] if spec.training.use_liger_kernel else []
     return [*_ALWAYS, *extra]
 
 

@@ -55,6 +55,9 @@ def training_args_dict(spec: JobSpec) -> dict:
         args["dataset_num_proc"] = DATASET_NUM_PROC
         if launch.num_processes > 1:
             args["ddp_timeout"] = DDP_TIMEOUT_S
+    if t.group_by_length and not d.packing:
+        # transformers 5 replaced the group_by_length flag with this sampler choice.
+        args["train_sampling_strategy"] = "group_by_length"
     args["logging_first_step"] = True  # a first point on the loss chart right away
     args["save_strategy"] = "steps"
     if d.eval_split:

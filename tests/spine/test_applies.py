@@ -81,6 +81,11 @@ def test_sft_arguments_are_copied_by_name_exactly_where_they_apply(preset, overr
 def test_every_training_field_that_trl_takes_is_declared_as_one():
     # TrainingSpec mirrors SFTConfig's names: a field of the same name that is not an SftField is a slip
     # (it would not reach training_args.yaml). Those below are derived or read by train_sft.py.
-    derived = {"training.precision", "training.eval_steps", "training.resume_from_checkpoint"}
+    derived = {
+        "training.precision",
+        "training.eval_steps",
+        "training.resume_from_checkpoint",
+        "training.group_by_length",
+    }
     training = {f.path for f in FORM_FIELDS if f.path.startswith("training.")}
     assert training - set(SFT_ARGUMENTS) == derived

@@ -35,6 +35,7 @@ BASES = [
     ("7b-lora-ddp", ["dataset.eval_split=test"]),
     ("7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8", "launch.main_process_ip=10.0.0.1"]),
     ("demo", []),
+    ("7b-lora-ddp", ["dataset.packing=false"]),
     *[("7b-lora-ddp", [f"dataset.format={name}"]) for name in DATASET_FORMATS],
 ]
 

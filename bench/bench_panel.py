@@ -1,0 +1,181 @@
+"""What watching a run in the panel costs the run, and how fast a new metrics record reaches the page.
+
+1. Training through the panel vs bare: the demo started with the page's Start button (panel
+   process, detached supervisor, the page open in headless Chromium and polling every second,
+   the panel tailing metrics.jsonl and the rank-0 log), then the very same bundle (the run
+   folder's generated files, copied) run bare with `bash launch.sh`; alternating, `--repeats`
+   times each. Training steps per second from each run's metrics.jsonl (first logged step to last).
+2. Streaming latency: a run folder the page follows receives synthetic metrics records, one at
+   a time at random moments; for each, the time from its write to the page showing its step
+   (the progress line "step N/..."), p50 and p95 over `--samples`.
+3. The panel's resident memory while a run trains (the highest sample, one a second).
+
+    .venv/bin/python bench/bench_panel.py [--repeats 2] [--samples 50] [--steps 60] [--json report.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the browser tests' panel server and page helpers
+
+from panel.browser import CHROMIUM, CHROMIUM_FLAGS, PanelServer, open_tab, set_field, settle, wait_text  # noqa: E402
+
+BUNDLE_FILES = ("job.yaml", "accelerate_config.yaml", "training_args.yaml", "train_sft.py", "launch.sh")
+PROGRESS_JS = "([s, t]) => { const e = document.querySelector(s); return !!e && e.innerText.includes(t); }"
+
+
+def steps_per_s(run_dir: Path) -> float:
+    logs = [
+        r
+        for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if r.get("event") == "log" and "loss" in r
+    ]
+    first, last = logs[0], logs[-1]
+    return (last["step"] - first["step"]) / (last["time"] - first["time"])
+
+
+class RssSampler(threading.Thread):
+    """The highest resident memory of one process, sampled every second while running."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        import psutil
+
+        self.process, self.peak, self.stopped = psutil.Process(pid), 0, threading.Event()
+
+    def run(self):
+        while not self.stopped.wait(1.0):
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+
+def newest_run(runs_dir: Path) -> Path:
+    return max((p for p in runs_dir.iterdir() if p.is_dir()), key=lambda p: p.name)
+
+
+def train_through_panel(page, server: PanelServer, rss: RssSampler, timeout_s: float) -> Path:
+    before = {p.name for p in server.runs_dir.iterdir()}
+    page.click("#start-run")
+    wait_text(page, "#notice", "Started run", timeout=60_000)
+    wait_text(page, "#run-state", "running", timeout=120_000)
+    rss.peak = max(rss.peak, rss.process.memory_info().rss)
+    wait_text(page, "#run-state", "finished", timeout=timeout_s * 1000)
+    (run_dir,) = [p for p in server.runs_dir.iterdir() if p.name not in before]
+    return run_dir
+
+
+def train_bare(run_dir: Path, folder: Path, timeout_s: float) -> Path:
+    folder.mkdir(parents=True)
+    for name in BUNDLE_FILES:
+        shutil.copy2(run_dir / name, folder / name)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    result = subprocess.run(
+        ["bash", "launch.sh"], cwd=folder, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"the bare run failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    return folder
+
+
+def streaming_latency(page, runs_dir: Path, template: Path, samples: int) -> list[float]:
+    """Seconds from a metrics record's write to the page showing it, for `samples` records."""
+    run_dir = runs_dir / f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(time.time() + 60))}-fa57fa"  # the newest
+    run_dir.mkdir()
+    shutil.copy2(template / "status.json", run_dir / "status.json")
+    shutil.copy2(template / "job.yaml", run_dir / "job.yaml")
+    start = (template / "metrics.jsonl").read_text().splitlines()[0]  # the start record: what the run got
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text(start + "\n")
+    total = samples + 1
+    page.wait_for_function(PROGRESS_JS, arg=["#run-state", run_dir.name], timeout=60_000)  # the page follows it
+    rng, latencies = random.Random(14), []
+    for step in range(1, total):
+        time.sleep(rng.uniform(0.1, 1.2))  # at random moments against the page's 1-second tick
+        record = {"event": "log", "time": time.time(), "step": step, "max_steps": total, "loss": 2.0 - step / total}
+        written = time.monotonic()
+        with open(metrics, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        page.wait_for_function(
+            PROGRESS_JS, arg=["#run-progress", f"step {step}/{total}"], polling="raf", timeout=30_000
+        )
+        latencies.append(time.monotonic() - written)
+    return latencies
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=2, help="runs each way, alternating (default 2)")
+    parser.add_argument("--samples", type=int, default=50, help="metrics records timed into the page (default 50)")
+    parser.add_argument("--steps", type=int, default=60, help="training steps of each demo run (default 60)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per training run")
+    parser.add_argument("--json", type=Path, help="also write the report here")
+    args = parser.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    work = Path(tempfile.mkdtemp(prefix="bench-panel-"))
+    runs_dir = work / "runs"
+    runs_dir.mkdir()
+    server = PanelServer(runs_dir, "--preset", "demo")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.set_default_timeout(30_000)
+            page.goto(server.url)
+            page.wait_for_selector("#file-view .cm-content")
+            wait_text(page, "#job-issues", "No problems", timeout=60_000)
+            if args.steps != 60:
+                open_tab(page, "form-sections", "Training")
+                set_field(page, "training.max_steps", str(args.steps))
+                settle(page)
+            rss = RssSampler(server.proc.pid)
+            rss.start()
+            panel, bare, template = [], [], None
+            for repeat in range(args.repeats):
+                template = train_through_panel(page, server, rss, args.timeout)
+                panel.append(steps_per_s(template))
+                bare.append(steps_per_s(train_bare(template, work / f"bare-{repeat}", args.timeout)))
+            rss.stopped.set()
+            latencies = streaming_latency(page, runs_dir, template, args.samples)
+            browser.close()
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    report = {
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "panel_steps_per_s": panel,
+        "bare_steps_per_s": bare,
+        "steps_per_s_ratio": statistics.mean(panel) / statistics.mean(bare),
+        "latency_samples": len(latencies),
+        "latency_p50_s": percentile(latencies, 0.5),
+        "latency_p95_s": percentile(latencies, 0.95),
+        "panel_rss_mib": rss.peak / 2**20,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
