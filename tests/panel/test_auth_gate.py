@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from tunedeck.app.auth_gate import LoginThrottle, password_checker
@@ -64,6 +63,7 @@ def test_password_check_takes_as_long_for_an_unknown_user_as_for_a_wrong_passwor
             for _ in range(2000):
                 check(user, password)
             samples[name].append(time.perf_counter() - started)
-    medians = {name: statistics.median(times) for name, times in samples.items()}
-    print({name: f"{1e9 * t / 2000:.0f} ns" for name, t in medians.items()})
-    assert max(medians.values()) / min(medians.values()) < 1.25, medians
+    # The fastest of the 25 rounds: the least disturbed by a loaded machine (medians drift under load).
+    fastest = {name: min(times) for name, times in samples.items()}
+    print({name: f"{1e9 * t / 2000:.0f} ns" for name, t in fastest.items()})
+    assert max(fastest.values()) / min(fastest.values()) < 1.25, fastest
