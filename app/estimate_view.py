@@ -28,11 +28,14 @@ from tunedeck.backend.memory import TERMS, estimate
 from tunedeck.backend.memory_job import EstimateError
 from tunedeck.backend.memory_load import LOAD_TERMS
 from tunedeck.backend.spec import JobSpec, SpecError, parse_spec
+from tunedeck.backend.speed import Hardware, dataset_rows, hardware_for, schedule_of
 
 HEADERS = [
     "Strategy", "Per GPU (GB)", "Load (GB)", "Train (GB)", "Peak in", "Fits",
     "CPU RAM per machine (GB)", "NVMe per machine (GB)", "Largest term",
 ]  # fmt: skip
+# The predicted speed of each strategy (backend/speed.py), after the memory columns.
+SPEED_HEADERS = ["Step (s)", "Tokens/s per GPU", "Hours", "Cost"]
 
 # One color per memory term, the same in every bar.
 TERM_COLORS = {
@@ -58,10 +61,15 @@ class Unavailable:
     text: str
 
 
-def compute_advice(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None) -> Advice | Unavailable:
-    """The advice for this job on this GPU, or why there is none."""
+def compute_advice(
+    spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | None = None, hardware: Hardware | None = None
+) -> Advice | Unavailable:
+    """The advice for this job on this GPU, or why there is none; with the speed predicted on the GPU
+    the box names (or on the assumed one, which the advice says)."""
     try:
-        return advise(spec, gpu_memory_gb(gpu_mem_gb), cpu_mem_gb=cpu_mem_gb)
+        hardware = hardware or hardware_for(gpu_mem_gb)
+        schedule = schedule_of(spec, *dataset_rows(spec))
+        return advise(spec, gpu_memory_gb(gpu_mem_gb), cpu_mem_gb=cpu_mem_gb, hardware=hardware, schedule=schedule)
     except EstimateError as exc:
         return Unavailable(f"**Memory estimate unavailable** ({exc.field}): {escape(str(exc))}.", str(exc))
     except ValueError as exc:
@@ -71,7 +79,7 @@ def compute_advice(spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | N
 def estimate_table(advice: Advice | Unavailable) -> tuple[list[str], list[list]]:
     """(headers, rows): one row per strategy, fastest first; the current one and the advice marked."""
     if isinstance(advice, Unavailable):
-        return HEADERS, []
+        return HEADERS + SPEED_HEADERS, []
     rows = []
     for o in advice.options:
         e = o.estimate
@@ -89,9 +97,23 @@ def estimate_table(advice: Advice | Unavailable) -> tuple[list[str], list[list]]
                 round(e.host_gb, 1),
                 round(e.nvme_gb, 1),
                 terms[largest],
+                *_speed_cells(o),
             ]
         )
-    return HEADERS, rows
+    return HEADERS + SPEED_HEADERS, rows
+
+
+def _speed_cells(option: StrategyEstimate) -> list:
+    """Step time, tokens/s per GPU, hours and cost; "" where nothing is predicted (a CPU job, no price)."""
+    s = option.speed
+    if s is None:
+        return ["", "", "", ""]
+    return [
+        round(s.step_time_s, 2),
+        round(s.tokens_per_s_per_gpu),
+        "" if s.hours is None else round(s.hours, 2),
+        "" if s.cost is None else round(s.cost, 2),
+    ]
 
 
 def estimate_figure(advice: Advice | Unavailable) -> go.Figure:

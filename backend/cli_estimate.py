@@ -10,7 +10,6 @@ import sys
 from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
 
 DEFAULT_GPU_GB = 80.0
-ASSUMED_GPU = "A100-80GB"  # the speed prediction's GPU when none is named or found
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -89,7 +88,7 @@ def _gpu(args: argparse.Namespace):
     """(GPU memory GB, where it comes from, Hardware for the speed prediction)."""
     from tunedeck.backend.advisor import gpu_memory_gb
     from tunedeck.backend.flops import gpu_row
-    from tunedeck.backend.speed import Hardware
+    from tunedeck.backend.speed import Hardware, hardware_for
 
     price = args.price_per_gpu_hour
     if price is not None and not 0 <= price < 1e6:
@@ -103,7 +102,7 @@ def _gpu(args: argparse.Namespace):
             _fail("--gpu", str(exc))
         hardware = Hardware.named(None, args.interconnect, price_per_gpu_hour=price)  # an NVML GPU not in the table
     if name is None:  # nothing named or found: predict for the most common training GPU, and say so
-        hardware = Hardware.named(ASSUMED_GPU, args.interconnect, price_per_gpu_hour=price, source="assumed")
+        hardware = hardware_for(args.gpu_mem, args.interconnect, price)
     if args.gpu_mem is not None:
         try:
             return gpu_memory_gb(args.gpu_mem), "--gpu-mem", hardware

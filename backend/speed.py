@@ -111,6 +111,16 @@ class Hardware:
         return flops.peak_tflops(self.gpu, dtype)[0] if self.gpu else None
 
 
+ASSUMED_GPU = "A100-80GB"  # the GPU a prediction assumes when none is named or found (and says so)
+
+
+def hardware_for(gpu_text, interconnect: str | None = None, price: float | None = None) -> Hardware:
+    """The hardware of a GPU box's text ('A100-80GB', an NVML name, or only a size such as '80')."""
+    if isinstance(gpu_text, str) and flops.gpu_row(gpu_text) is not None:
+        return Hardware.named(gpu_text, interconnect, price_per_gpu_hour=price)
+    return Hardware.named(ASSUMED_GPU, interconnect, price_per_gpu_hour=price, source="assumed")
+
+
 @dataclass(frozen=True)
 class Schedule:
     """What the job runs around its steps, read from the spec (and the dataset's size when known)."""

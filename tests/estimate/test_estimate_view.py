@@ -7,6 +7,7 @@ import pytest
 from tunedeck.app.estimate_view import (
     HEADERS,
     LOAD_MARKER,
+    SPEED_HEADERS,
     Unavailable,
     compute_advice,
     estimate_figure,
@@ -33,7 +34,7 @@ def markdown(spec, gpu, cpu_mem_gb=None) -> str:
 
 def test_table_has_one_row_per_strategy_with_marks_and_both_phases(lora13b):
     headers, rows = estimate_table(compute_advice(lora13b, 24))
-    assert headers == HEADERS
+    assert headers[: len(HEADERS)] == HEADERS and headers[len(HEADERS) :] == SPEED_HEADERS
     options = advise(lora13b, 24).options
     assert [r[0].split(" (")[0] for r in rows] == [o.strategy for o in options]
     assert sum("current" in r[0] for r in rows) == 1 and sum("★ recommended" in r[0] for r in rows) == 1
@@ -99,7 +100,7 @@ def test_unknown_model_gives_messages_not_tracebacks(lora13b):
     advice = compute_advice(set_paths(lora13b, {"model.name_or_path": "someone/private-model"}), 24)
     assert isinstance(advice, Unavailable)
     assert "Memory estimate unavailable" in recommendation_markdown(advice)
-    assert estimate_table(advice) == (HEADERS, [])
+    assert estimate_table(advice) == (HEADERS + SPEED_HEADERS, [])
     fig = estimate_figure(advice)
     assert not fig.data and "does not know the architecture" in fig.layout.annotations[0].text
     assert "GPU memory" in markdown(lora13b, "banana")
