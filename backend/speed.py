@@ -110,7 +110,12 @@ class Hardware:
         return cls(gpu=row[0] if row else None, intra=intra, inter=inter, **kwargs)
 
     def peak(self, dtype: str) -> float | None:
-        return flops.peak_tflops(self.gpu, dtype)[0] if self.gpu else None
+        return _peak(self.gpu, dtype) if self.gpu else None
+
+
+@lru_cache(maxsize=64)
+def _peak(gpu: str, dtype: str) -> float | None:
+    return flops.peak_tflops(gpu, dtype)[0]  # the page predicts a dozen options per keystroke
 
 
 ASSUMED_GPU = "A100-80GB"  # the GPU a prediction assumes when none is named or found (and says so)
@@ -179,17 +184,16 @@ def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0)
     if job.use_cpu or not peak:
         return None
     full = job.method == "full"
-    model_flops, hardware_flops = flops.arch_flops_per_token(
-        job.arch, job.trainable_params, job.seq_len, full, job.checkpointing
-    )
+    trainable = job.trainable_params  # a property that counts the adapters: once per prediction
+    model_flops, hardware_flops = flops.arch_flops_per_token(job.arch, trainable, job.seq_len, full, job.checkpointing)
     efficiency = EFFICIENCY[job.method] * job.tokens / (job.tokens + HALF_SATURATION_TOKENS) * correction
     micro = job.tokens * hardware_flops / (peak * 1e12 * efficiency)  # one micro batch's compute
     ga = schedule.grad_accum
-    comms, notes = _exposed_comms(job, hw, micro, ga)
-    offload = _offload(job)
+    comms, notes = _exposed_comms(job, hw, micro, ga, trainable)
+    offload = _offload(job, trainable)
     step = ga * micro + comms + offload
     tokens_per_s = ga * job.tokens / step
-    around = _around_steps(job, schedule, peak * 1e12 * efficiency)
+    around = _around_steps(job, schedule, peak * 1e12 * efficiency, trainable)
     hours = cost = None
     if schedule.steps is not None:
         hours = (schedule.steps * step + sum(around.values())) / 3600
@@ -220,7 +224,7 @@ def _bandwidth(hw: Hardware, per_machine: int, machines: int) -> tuple[float, fl
     return min(intra, inter_machine / per_machine), inter_machine  # the ring's slowest link sets the pace
 
 
-def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int) -> tuple[float, list[str]]:
+def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int, trainable: int) -> tuple[float, list[str]]:
     """Seconds per optimizer step that communication adds to compute."""
     n, machines = job.world, job.machines
     if n <= 1:
@@ -228,7 +232,7 @@ def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int) -> tuple[float
     g = job.per_machine
     ring, inter_machine = _bandwidth(hw, g, machines)
     adapter_bytes = 4 if job.method != "full" or job.weight_bytes == 4 else 2  # LoRA adapters stay fp32
-    grads = job.trainable_params * adapter_bytes
+    grads = trainable * adapter_bytes
     weights = frozen_base_params(job) if job.method == "qlora" else job.arch.num_parameters * job.compute_bytes
     rs = (n - 1) / n / ring  # seconds per byte of a reduce-scatter or all-gather over every rank
     backward = 2 / 3 * micro  # what gradient traffic can hide behind
@@ -236,9 +240,9 @@ def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int) -> tuple[float
     if engine == "ddp" or stage == 1:
         exposed = max(0.0, 2 * rs * grads - backward)
         if stage == 1:
-            exposed += rs * job.trainable_params * job.compute_bytes  # gathering the updated weights
+            exposed += rs * trainable * job.compute_bytes  # gathering the updated weights
     elif stage == 2:
-        exposed = ga * max(0.0, rs * grads - backward) + rs * job.trainable_params * job.compute_bytes
+        exposed = ga * max(0.0, rs * grads - backward) + rs * trainable * job.compute_bytes
     elif engine == "deepspeed" or job.fsdp_sharding == "FULL_SHARD":
         gathers = ga * 2 * rs * weights  # forward and backward, every micro-step
         reduce = (ga if engine == "deepspeed" else 1) * rs * grads  # FSDP skips it on no_sync micro-steps
@@ -255,12 +259,12 @@ def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int) -> tuple[float
     return exposed, notes
 
 
-def _offload(job: Job) -> float:
+def _offload(job: Job, trainable: int) -> float:
     """Seconds per step of offload traffic and the CPU optimizer step (not hidden: they follow the backward pass)."""
     if job.offload_optimizer == "none" and job.offload_params == "none":
         return 0.0
-    shard = job.trainable_params / job.world  # each rank moves and updates its shard
-    per_machine = job.trainable_params / job.machines
+    shard = trainable / job.world  # each rank moves and updates its shard
+    per_machine = trainable / job.machines
     seconds = shard * (4 + job.compute_bytes) / (PCIE_HOST_GBPS * 1e9)  # gradients down, weights up
     seconds += per_machine * CPU_ADAM_BYTES / (HOST_MEMORY_GBPS * 1e9)
     if job.offload_params != "none":  # the weights cross PCIe for forward and backward
@@ -270,7 +274,7 @@ def _offload(job: Job) -> float:
     return seconds
 
 
-def _around_steps(job: Job, schedule: Schedule, flops_per_s: float) -> dict[str, float]:
+def _around_steps(job: Job, schedule: Schedule, flops_per_s: float, trainable: int) -> dict[str, float]:
     """Seconds the run spends outside its training steps."""
     arch = job.arch
     load = arch.num_parameters * job.weight_bytes / (READ_GBPS * 1e9)  # every machine reads the checkpoint
@@ -279,7 +283,7 @@ def _around_steps(job: Job, schedule: Schedule, flops_per_s: float) -> dict[str,
     if job.method == "full":  # weights and Adam's fp32 weight and moments
         checkpoint = arch.num_parameters * (job.weight_bytes + 12)
     else:
-        checkpoint = job.trainable_params * 12
+        checkpoint = trainable * 12
     return {
         "startup": STARTUP_S,
         "load": load,

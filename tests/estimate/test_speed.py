@@ -84,8 +84,8 @@ def test_zero3_moves_one_and_a_half_times_ddps_bytes():
     _, ddp = _job("7b-full-zero2", **{"strategy.kind": "ddp", "model.dtype": "bfloat16"})
     _, zero3 = _job("7b-full-zero2", **{"strategy.kind": "zero3", "model.dtype": "bfloat16"})
     nothing_hidden = 0.0
-    ddp_s, _ = speed._exposed_comms(ddp, A100, nothing_hidden, 1)
-    zero3_s, _ = speed._exposed_comms(zero3, A100, nothing_hidden, 1)
+    ddp_s, _ = speed._exposed_comms(ddp, A100, nothing_hidden, 1, ddp.trainable_params)
+    zero3_s, _ = speed._exposed_comms(zero3, A100, nothing_hidden, 1, zero3.trainable_params)
     assert zero3_s / ddp_s == pytest.approx(1.5, rel=0.01)
 
 
