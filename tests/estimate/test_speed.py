@@ -185,3 +185,23 @@ def test_cpu_and_unfinished_runs_do_not_calibrate(tmp_path):
     start = json.loads(lines[0]) | {"gpu_name": None}
     (run_dir / "metrics.jsonl").write_text("\n".join([json.dumps(start), *lines[1:]]) + "\n")
     assert compare_run(run_dir) is None
+
+
+def test_runs_show_prints_mfu_and_measured_vs_predicted(tmp_path):
+    spec, job = _job("7b-lora-ddp")
+    predicted = speed.predict(job, A100, speed.schedule_of(spec, None)).tokens_per_s_per_gpu
+    run_dir = fake_gpu_run(tmp_path, "20260101-000000-aaaaaa", spec, predicted * 0.9, 20.0)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    logs = [json.dumps(json.loads(line) | {"mfu": 0.4, "hfu": 0.5}) if '"log"' in line else line for line in lines]
+    (run_dir / "metrics.jsonl").write_text("\n".join(logs) + "\n")
+    (run_dir / "status.json").write_text(json.dumps({"run_id": run_dir.name, "state": "finished", "exit_code": 0}))
+    shown = subprocess.run(
+        [TUNEDECK, "runs", "show", run_dir.name, "--runs-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "mfu      40.0% median (hfu 50.0%)" in shown.stdout, shown.stdout + shown.stderr
+    assert re.search(
+        r"speed    [\d,]+ tokens/s per GPU measured vs [\d,]+ predicted on A100-80GB \(-10%\)", shown.stdout
+    )
