@@ -198,7 +198,24 @@ def recommendation_markdown(advice: Advice | Unavailable) -> str:
         lines.append("Changes: " + ", ".join(f"`{k}` → `{_value(v)}`" for k, v in rec.changes.items()))
     else:
         lines.append(f"**Keep {rec.strategy}.** {escape(rec.reason)}")
+    speed = _speed_markdown(advice)
+    if speed:
+        lines.append(speed)
     return "\n\n".join(lines)
+
+
+def _speed_markdown(advice: Advice) -> str:
+    """The job as set: predicted speed and time, on which GPU, and how the steps were counted."""
+    s, hw = advice.current_speed, advice.hardware
+    if hw is None:
+        return ""
+    if s is None:
+        return "**Speed:** not predicted (a CPU job, or no known peak for the GPU)."
+    gpu = f"{hw.gpu} (assumed: type your GPU's name in the GPU box)" if hw.source == "assumed" else hw.gpu
+    text = f"**Speed on {escape(gpu, quote=False)}:** {s.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {s.step_time_s:.2f} s per step"
+    if s.hours is not None:
+        text += f", about {s.hours:.1f} h to finish ({escape(s.steps_source, quote=False)})"
+    return text + "."
 
 
 def measured_markdown(job: JobSpec | dict, peaks: dict[str, list[float]]) -> str:

@@ -114,3 +114,13 @@ def test_measured_peaks_shown_beside_the_prediction(lora13b):
     assert "Measured peak reserved" in text and "+0%" in text and "peak while training" in text
     assert "No GPU peaks measured" in measured_markdown(lora13b, {})
     assert "unavailable" in measured_markdown({"method": "nonsense"}, peaks)
+
+
+def test_the_advice_says_the_predicted_speed_and_on_which_gpu(lora13b):
+    assumed = markdown(lora13b, 80, 512)
+    assert "**Speed on A100-80GB (assumed: type your GPU's name in the GPU box):**" in assumed
+    assert "tokens/s per GPU" in assumed and "h to finish" in assumed and "dataset card" in assumed
+    named = markdown(lora13b, "H100", 512)
+    assert "**Speed on H100:**" in named
+    _, rows = estimate_table(compute_advice(lora13b, "H100", 512))
+    assert all(isinstance(r[len(HEADERS)], float) and r[len(HEADERS) + 1] > 0 for r in rows)  # step s, tokens/s
