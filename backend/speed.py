@@ -72,7 +72,10 @@ PCIE_HOST_GBPS = 25.0  # GPU<->pinned host memory on PCIe 4.0 x16 (80% of 32 GB/
 # bandwidth per machine (half of 8-channel DDR4-3200's 204.8 GB/s theoretical).
 CPU_ADAM_BYTES, HOST_MEMORY_GBPS = 30, 100.0
 NVME_GBPS = 3.0  # one PCIe 4.0 NVMe drive's sustained rate per machine (drives reach 3-7 GB/s sequential)
-STARTUP_S = 45.0  # imports, process group, tokenizing: 20-60 s measured for the demo and smoke runs here
+# Launch to the first step, before the weights are read: imports (torch, transformers, TRL), the
+# process group, tokenizing. Measured: 62 s for the 2-rank CPU demo on a loaded 2-core machine
+# (status.json's started_at to the start record); a GPU node with fast cores takes less.
+STARTUP_S = 45.0
 READ_GBPS = 1.5  # safetensors from a local disk, cold page cache
 WRITE_GBPS = 1.0  # checkpoints to a local or network disk
 # Row counts of hub datasets the presets use, from their dataset cards.
