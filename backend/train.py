@@ -794,8 +794,10 @@ def speed_facts(trainer, trainable: int, total: int) -> dict:
         },
     }
     peak, source = None, f"this run computes on {args.device.type.upper()}, not a GPU with a published peak"
-    if os.environ.get(PEAK_ENV):
-        peak, source = float(os.environ[PEAK_ENV]), PEAK_ENV
+    override = os.environ.get(PEAK_ENV)
+    if override:  # a typo must not stop a training run: it says why there is no MFU instead
+        peak = _tflops(override)
+        source = PEAK_ENV if peak else f"{PEAK_ENV}={override!r} is not a number of TFLOPS"
     elif gpu is not None:
         peak, source = peak_tflops(gpu, dtype)
     facts["peak_tflops"] = peak
@@ -804,6 +806,14 @@ def speed_facts(trainer, trainable: int, total: int) -> dict:
     else:
         facts["mfu_note"] = f"MFU is not defined without a known peak: {source} (set {PEAK_ENV} to measure against one)"
     return facts
+
+
+def _tflops(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < 1e7 else None  # also refuses nan and inf
 
 
 def utilisation(facts: dict, tokens_per_second: float, seq_len: float) -> dict:
