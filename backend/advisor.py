@@ -211,6 +211,9 @@ def _recommend(
     fitting = [o for o in usable if o.fits]
     if not fitting:
         return _nothing_fits(values, options, gpu_mem_gb, cpu_mem_gb)
+    # Quantizing the base changes what is trained: it is the answer to memory, never to speed.
+    same_method = [o for o in fitting if o.changes.get("method", values["method"]) == values["method"]]
+    fitting = same_method or fitting
     chosen = _fastest(fitting)
     changes = {k: v for k, v in chosen.changes.items() if values.get(k) != v}
     faster = [o for o in usable[: usable.index(chosen)] if not o.fits]

@@ -23,11 +23,12 @@ ROWS = accuracy.load_rows()
 
 def test_the_table_holds_sourced_runs_of_several_publishers_gpus_and_methods():
     assert len(ROWS) >= 10 and len({r["id"] for r in ROWS}) == len(ROWS)
-    assert len({r["source"] for r in ROWS}) >= 2
+    assert len({r["source"] for r in ROWS}) >= 3
     assert {r["method"] for r in ROWS} >= {"full", "lora", "qlora"}
     assert len({r["gpu"] for r in ROWS}) >= 3
     for row in ROWS:
         assert row["source"].startswith("https://") and row["quote"], row["id"]
+        assert ("measured" in row) != ("seconds" in row and "samples" in row), row["id"]
         assert flops.gpu_row(row["gpu"])[0] == row["gpu"], row["id"]
         assert ("arch" in row) != ("model" in row) and ("arch" in row or catalog.lookup(row["model"]) is not None), row[
             "id"
