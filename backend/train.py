@@ -20,7 +20,9 @@ both YAML files are taken from there):
   metrics.jsonl     rank 0 only: {"event": "start"} with what the run actually got (world
                     size, each rank's node, accelerate's distributed type, ZeRO stage, FSDP
                     version, wrapped model class, 4-bit modules, parameter counts, memory
-                    peaks after loading, the gate's verdict), one {"event": "log"} per logging step, and
+                    peaks after loading, the gate's verdict, the GPU's peak TFLOPS or why MFU is not
+                    defined), one {"event": "log"} per logging step (with mfu and hfu when the peak
+                    is known), and
                     {"event": "end"} with the status (finished | stopped | failed)
   logs/rank<N>.log  each rank's stdout and stderr
   errors.jsonl      one line per rank that failed (rank, time, error, traceback)
