@@ -331,11 +331,14 @@ def _slice_rows(split: str, rows: int | None) -> int:
 
 def dataset_rows(spec) -> tuple[int | None, str]:
     """(training rows, where the count comes from) of a local JSONL/CSV file or a known hub dataset."""
-    path = Path(spec.dataset.path).expanduser()
-    if path.is_file() and path.suffix.lower() in (".jsonl", ".csv"):
-        stat = path.stat()
-        lines = _count_lines(str(path), stat.st_size, stat.st_mtime_ns)
-        return (lines - 1 if path.suffix.lower() == ".csv" else lines), f" in {path.name}"
+    try:
+        path = Path(spec.dataset.path).expanduser()
+        if path.is_file() and path.suffix.lower() in (".jsonl", ".csv"):
+            stat = path.stat()
+            lines = _count_lines(str(path), stat.st_size, stat.st_mtime_ns)
+            return (lines - 1 if path.suffix.lower() == ".csv" else lines), f" in {path.name}"
+    except (OSError, RuntimeError):  # a name too long, an unknown ~user, a file that vanished: count unknown
+        return None, ""
     known = KNOWN_DATASET_ROWS.get(spec.dataset.path)
     if known:
         return known[0], f" ({spec.dataset.path}'s dataset card)"
@@ -344,7 +347,7 @@ def dataset_rows(spec) -> tuple[int | None, str]:
 
 @lru_cache(maxsize=32)
 def _count_lines(path: str, size: int, mtime_ns: int) -> int:
-    """Non-empty lines of a file, read once per version (the page asks on every change)."""
+    """Lines of a file (a last line without a newline counts), read once per version: the page asks on every change."""
     count, last = 0, b"\n"
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):

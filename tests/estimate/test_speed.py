@@ -128,11 +128,13 @@ def test_cpu_jobs_and_unknown_gpus_get_no_made_up_speed():
     assert speed.predict(cpu, A100, speed.schedule_of(spec, 100)) is None
 
 
-def test_dataset_rows_of_a_local_file(tmp_path, demo_home):
+def test_dataset_rows_of_a_local_file(demo_home):
     spec = set_paths(load_preset("demo"), {})
     rows, source = speed.dataset_rows(spec)
     data = Path(spec.dataset.path)
     assert rows == len(data.read_text().splitlines()) and data.name in source
+    for odd in ("/tmp/" + "x" * 300 + ".jsonl", "~no-such-user-here/data.jsonl", "/nonexistent/data.jsonl"):
+        assert speed.dataset_rows(set_paths(spec, {"dataset.path": odd})) == (None, "")  # unknown, no traceback
 
 
 # ---------------------------------------------------------------- calibration from finished runs
