@@ -28,6 +28,7 @@ from tunedeck.backend.memory import TERMS, estimate
 from tunedeck.backend.memory_job import EstimateError
 from tunedeck.backend.memory_load import LOAD_TERMS
 from tunedeck.backend.spec import JobSpec, SpecError, parse_spec
+from tunedeck.backend.speed import Hardware, dataset_rows, hardware_for, schedule_of
 
 HEADERS = [
     "Strategy", "GB per GPU", "Load GB", "Train GB", "Peak in", "Fits",
@@ -35,10 +36,12 @@ HEADERS = [
 ]  # fmt: skip
 # Under the table: why the rows are in this order, and what the Speed column means.
 ORDER_NOTE = (
-    "Rows from the least memory per GPU to the most. **Speed** is the advisor's order, 1 = fastest: "
-    "no sharding before sharding, then weight sharding, then offload to CPU/NVMe, then 4-bit; "
+    "Rows from the least memory per GPU to the most. **Speed** ranks the predicted step time, 1 = fastest "
+    "(without a prediction, the guides' order: no sharding, then weight sharding, then offload, then 4-bit); "
     "the recommendation is the fastest that fits."
 )
+# The predicted speed of each strategy (backend/speed.py), after the memory columns.
+SPEED_HEADERS = ["Step (s)", "Tokens/s per GPU", "Hours", "Cost"]
 
 # One color per memory term, the same in every bar.
 TERM_COLORS = {
@@ -65,16 +68,19 @@ class Unavailable:
 
 
 def compute_advice(
-    spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | str | None = None
+    spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | str | None = None, hardware: Hardware | None = None
 ) -> Advice | Unavailable:
-    """The advice for this job on this GPU (and host RAM: GB, a box's text, or None for not checked), or why there is none."""
+    """The advice for this job on this GPU (and host RAM: GB, a box's text, or None for not checked), or why
+    there is none; with the speed predicted on the GPU the box names (or on the assumed one, which the advice says)."""
     try:
         gpu = gpu_memory_gb(gpu_mem_gb)
     except ValueError as exc:
         return Unavailable(f"**GPU memory**: {escape(str(exc))}.", str(exc))
     try:
         ram = parse_ram(cpu_mem_gb) if isinstance(cpu_mem_gb, str) else cpu_mem_gb
-        return advise(spec, gpu, cpu_mem_gb=ram)
+        hardware = hardware or hardware_for(gpu_mem_gb)
+        schedule = schedule_of(spec, *dataset_rows(spec))
+        return advise(spec, gpu, cpu_mem_gb=ram, hardware=hardware, schedule=schedule)
     except EstimateError as exc:
         return Unavailable(f"**Memory estimate unavailable** ({exc.field}): {escape(str(exc))}.", str(exc))
     except ValueError as exc:
@@ -97,14 +103,16 @@ def parse_ram(text: str | None) -> float | None:
 
 def by_memory(advice: Advice) -> list[tuple[int, StrategyEstimate]]:
     """(speed rank, 1 = fastest; option) from the least memory per GPU to the most."""
-    ranked = list(enumerate(advice.options, start=1))
+    inf = float("inf")
+    fastest_first = sorted(advice.options, key=lambda o: o.speed.step_time_s if o.speed is not None else inf)
+    ranked = [(rank, o) for rank, o in enumerate(fastest_first, start=1)]  # sorted() keeps the guides' order on ties
     return sorted(ranked, key=lambda item: (item[1].estimate.per_gpu_gb, item[0]))
 
 
 def estimate_table(advice: Advice | Unavailable) -> tuple[list[str], list[list]]:
     """(headers, rows): one row per strategy, by memory; the current one and the advice marked."""
     if isinstance(advice, Unavailable):
-        return HEADERS, []
+        return HEADERS + SPEED_HEADERS, []
     rows = []
     for rank, o in by_memory(advice):
         e = o.estimate
@@ -123,9 +131,23 @@ def estimate_table(advice: Advice | Unavailable) -> tuple[list[str], list[list]]
                 round(e.nvme_gb, 1),
                 terms[largest],
                 rank,
+                *_speed_cells(o),
             ]
         )
-    return HEADERS, rows
+    return HEADERS + SPEED_HEADERS, rows
+
+
+def _speed_cells(option: StrategyEstimate) -> list:
+    """Step time, tokens/s per GPU, hours and cost; "" where nothing is predicted (a CPU job, no price)."""
+    s = option.speed
+    if s is None:
+        return ["", "", "", ""]
+    return [
+        round(s.step_time_s, 2),
+        round(s.tokens_per_s_per_gpu),
+        "" if s.hours is None else round(s.hours, 2),
+        "" if s.cost is None else round(s.cost, 2),
+    ]
 
 
 def option_choices(advice: Advice | Unavailable) -> list[tuple[str, str]]:
@@ -226,7 +248,24 @@ def recommendation_markdown(advice: Advice | Unavailable) -> str:
         lines.append("Changes: " + ", ".join(f"`{k}` → `{_value(v)}`" for k, v in rec.changes.items()))
     else:
         lines.append(f"**Keep {rec.strategy}.** {escape(rec.reason)}")
+    speed = _speed_markdown(advice)
+    if speed:
+        lines.append(speed)
     return "\n\n".join(lines)
+
+
+def _speed_markdown(advice: Advice) -> str:
+    """The job as set: predicted speed and time, on which GPU, and how the steps were counted."""
+    s, hw = advice.current_speed, advice.hardware
+    if hw is None:
+        return ""
+    if s is None:
+        return "**Speed:** not predicted (a CPU job, or no known peak for the GPU)."
+    gpu = f"{hw.gpu} (assumed: type your GPU's name in the GPU box)" if hw.source == "assumed" else hw.gpu
+    text = f"**Speed on {escape(gpu, quote=False)}:** {s.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {s.step_time_s:.2f} s per step"
+    if s.hours is not None:
+        text += f", about {s.hours:.1f} h to finish ({escape(s.steps_source, quote=False)})"
+    return text + "."
 
 
 def measured_markdown(job: JobSpec | dict, peaks: dict[str, list[float]]) -> str:

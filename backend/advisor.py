@@ -211,6 +211,9 @@ def _recommend(
     fitting = [o for o in usable if o.fits]
     if not fitting:
         return _nothing_fits(values, options, gpu_mem_gb, cpu_mem_gb)
+    # Quantizing the base changes what is trained: it is the answer to memory, never to speed.
+    same_method = [o for o in fitting if o.changes.get("method", values["method"]) == values["method"]]
+    fitting = same_method or fitting
     chosen = _fastest(fitting)
     # Options of one tier are equally fast (ZeRO-3 and FSDP FULL_SHARD move the same bytes), and so are
     # predictions within TIE_SHARE of each other: the job's own choice among them stays.

@@ -15,8 +15,6 @@ from tunedeck.backend.cli import (
     print_problems,
 )
 
-ASSUMED_GPU = "A100-80GB"  # the speed prediction's GPU when none is named or found
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -77,8 +75,8 @@ def _nvml_gpu_name() -> str | None:
 
 
 def _hardware(args: argparse.Namespace):
-    """The GPU and links the speed prediction assumes (--gpu, NVML, else ASSUMED_GPU), with --price-per-gpu-hour."""
-    from tunedeck.backend.speed import Hardware
+    """The GPU and links the speed prediction assumes (--gpu, NVML, a --gpu-mem name, else the assumed GPU), with --price-per-gpu-hour."""
+    from tunedeck.backend.speed import Hardware, hardware_for
 
     price = args.price_per_gpu_hour
     if price is not None and not 0 <= price < 1e6:
@@ -91,7 +89,7 @@ def _hardware(args: argparse.Namespace):
             _fail("--gpu", str(exc))
         hardware = Hardware.named(None, args.interconnect, price_per_gpu_hour=price)  # an NVML GPU not in the table
     if name is None:  # nothing named or found: predict for the most common training GPU, and say so
-        hardware = Hardware.named(ASSUMED_GPU, args.interconnect, price_per_gpu_hour=price, source="assumed")
+        hardware = hardware_for(args.gpu_mem, args.interconnect, price)  # a --gpu-mem name, else the assumed GPU
     return hardware
 
 

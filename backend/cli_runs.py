@@ -276,7 +276,25 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     if status.error:
         print(("note:\n" if status.state in ACTIVE_STATES else "error:\n") + status.error)
     _print_smoke_verdict(manager, status)
+    _print_speed(manager.run_dir(args.run_id), run)
     return 0
+
+
+def _print_speed(run_dir, run) -> None:
+    """MFU as logged, and a finished GPU run's speed and memory beside their prediction."""
+    import statistics
+
+    from tunedeck.backend.run_speed import compare_run
+
+    mfu = [r["mfu"] for r in run.records if "mfu" in r]
+    if mfu:
+        hfu = [r["hfu"] for r in run.records if "hfu" in r]
+        print(f"mfu      {statistics.median(mfu):.1%} median (hfu {statistics.median(hfu):.1%})")
+    elif run.start and run.start.get("mfu_note"):
+        print(f"mfu      {run.start['mfu_note']}")
+    comparison = compare_run(run_dir)
+    if comparison is not None:
+        print(f"speed    {comparison.line()}")
 
 
 def _print_smoke_verdict(manager, status) -> None:

@@ -44,11 +44,14 @@ from tunedeck.backend.memory_job import Job, frozen_base_params
 
 # ---------------------------------------------------------------- constants, each with its source
 
-# Share of the peak that matmul-heavy training reaches at a saturating micro batch, per method.
-# Fitted to tests/data/measured_throughput.yaml (bench/speed_accuracy.py): dense bf16 training
-# of 7-70B models lands at 40-60% MFU in MosaicML's and torchtune's published tables; QLoRA
-# dequantizes every 4-bit weight in forward and backward (bitsandbytes), which costs about a third.
-EFFICIENCY = {"full": 0.55, "lora": 0.50, "qlora": 0.33}
+# Share of the peak a micro batch reaches at saturation, per method, and the tokens per micro
+# batch at which it is half that (small matmuls leave the tensor cores idle). Fitted to the
+# published runs in tests/data/measured_throughput.yaml (torchtune's README, MosaicML's LLM
+# Foundry benchmarks, Answer.AI's FSDP+QLoRA benchmarks): `python bench/speed_accuracy.py` prints
+# a median absolute error of 18%, the largest 41% (H100 runs reach a lower share of their peak
+# than the A100 and RTX 4090 runs). QLoRA's
+# dequantization of every 4-bit weight in forward and backward is what its lower share stands for.
+EFFICIENCY = {"full": 0.60, "lora": 0.58, "qlora": 0.50}
 # Tokens per micro batch at which the efficiency is half its saturated value (fitted as above).
 HALF_SATURATION_TOKENS = 512
 # Near-equal predictions (within this share) keep the guides' order: less memory risk for nothing.
@@ -70,7 +73,10 @@ PCIE_HOST_GBPS = 25.0  # GPU<->pinned host memory on PCIe 4.0 x16 (80% of 32 GB/
 # bandwidth per machine (half of 8-channel DDR4-3200's 204.8 GB/s theoretical).
 CPU_ADAM_BYTES, HOST_MEMORY_GBPS = 30, 100.0
 NVME_GBPS = 3.0  # one PCIe 4.0 NVMe drive's sustained rate per machine (drives reach 3-7 GB/s sequential)
-STARTUP_S = 45.0  # imports, process group, tokenizing: 20-60 s measured for the demo and smoke runs here
+# Launch to the first step, before the weights are read: imports (torch, transformers, TRL), the
+# process group, tokenizing. Measured: 62 s for the 2-rank CPU demo on a loaded 2-core machine
+# (status.json's started_at to the start record); a GPU node with fast cores takes less.
+STARTUP_S = 45.0
 READ_GBPS = 1.5  # safetensors from a local disk, cold page cache
 WRITE_GBPS = 1.0  # checkpoints to a local or network disk
 # Row counts of hub datasets the presets use, from their dataset cards.
@@ -108,7 +114,22 @@ class Hardware:
         return cls(gpu=row[0] if row else None, intra=intra, inter=inter, **kwargs)
 
     def peak(self, dtype: str) -> float | None:
-        return flops.peak_tflops(self.gpu, dtype)[0] if self.gpu else None
+        return _peak(self.gpu, dtype) if self.gpu else None
+
+
+@lru_cache(maxsize=64)
+def _peak(gpu: str, dtype: str) -> float | None:
+    return flops.peak_tflops(gpu, dtype)[0]  # the page predicts a dozen options per keystroke
+
+
+ASSUMED_GPU = "A100-80GB"  # the GPU a prediction assumes when none is named or found (and says so)
+
+
+def hardware_for(gpu_text, interconnect: str | None = None, price: float | None = None) -> Hardware:
+    """The hardware of a GPU box's text ('A100-80GB', an NVML name, or only a size such as '80')."""
+    if isinstance(gpu_text, str) and flops.gpu_row(gpu_text) is not None:
+        return Hardware.named(gpu_text, interconnect, price_per_gpu_hour=price)
+    return Hardware.named(ASSUMED_GPU, interconnect, price_per_gpu_hour=price, source="assumed")
 
 
 @dataclass(frozen=True)
@@ -167,17 +188,16 @@ def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0)
     if job.use_cpu or not peak:
         return None
     full = job.method == "full"
-    model_flops, hardware_flops = flops.arch_flops_per_token(
-        job.arch, job.trainable_params, job.seq_len, full, job.checkpointing
-    )
+    trainable = job.trainable_params  # a property that counts the adapters: once per prediction
+    model_flops, hardware_flops = flops.arch_flops_per_token(job.arch, trainable, job.seq_len, full, job.checkpointing)
     efficiency = EFFICIENCY[job.method] * job.tokens / (job.tokens + HALF_SATURATION_TOKENS) * correction
     micro = job.tokens * hardware_flops / (peak * 1e12 * efficiency)  # one micro batch's compute
     ga = schedule.grad_accum
-    comms, notes = _exposed_comms(job, hw, micro, ga)
-    offload = _offload(job)
+    comms, notes = _exposed_comms(job, hw, micro, ga, trainable)
+    offload = _offload(job, trainable)
     step = ga * micro + comms + offload
     tokens_per_s = ga * job.tokens / step
-    around = _around_steps(job, schedule, peak * 1e12 * efficiency)
+    around = _around_steps(job, schedule, peak * 1e12 * efficiency, trainable)
     hours = cost = None
     if schedule.steps is not None:
         hours = (schedule.steps * step + sum(around.values())) / 3600
@@ -208,7 +228,7 @@ def _bandwidth(hw: Hardware, per_machine: int, machines: int) -> tuple[float, fl
     return min(intra, inter_machine / per_machine), inter_machine  # the ring's slowest link sets the pace
 
 
-def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int) -> tuple[float, list[str]]:
+def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int, trainable: int) -> tuple[float, list[str]]:
     """Seconds per optimizer step that communication adds to compute."""
     n, machines = job.world, job.machines
     if n <= 1:
@@ -216,7 +236,7 @@ def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int) -> tuple[float
     g = job.per_machine
     ring, inter_machine = _bandwidth(hw, g, machines)
     adapter_bytes = 4 if job.method != "full" or job.weight_bytes == 4 else 2  # LoRA adapters stay fp32
-    grads = job.trainable_params * adapter_bytes
+    grads = trainable * adapter_bytes
     weights = frozen_base_params(job) if job.method == "qlora" else job.arch.num_parameters * job.compute_bytes
     rs = (n - 1) / n / ring  # seconds per byte of a reduce-scatter or all-gather over every rank
     backward = 2 / 3 * micro  # what gradient traffic can hide behind
@@ -224,9 +244,9 @@ def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int) -> tuple[float
     if engine == "ddp" or stage == 1:
         exposed = max(0.0, 2 * rs * grads - backward)
         if stage == 1:
-            exposed += rs * job.trainable_params * job.compute_bytes  # gathering the updated weights
+            exposed += rs * trainable * job.compute_bytes  # gathering the updated weights
     elif stage == 2:
-        exposed = ga * max(0.0, rs * grads - backward) + rs * job.trainable_params * job.compute_bytes
+        exposed = ga * max(0.0, rs * grads - backward) + rs * trainable * job.compute_bytes
     elif engine == "deepspeed" or job.fsdp_sharding == "FULL_SHARD":
         gathers = ga * 2 * rs * weights  # forward and backward, every micro-step
         reduce = (ga if engine == "deepspeed" else 1) * rs * grads  # FSDP skips it on no_sync micro-steps
@@ -243,12 +263,12 @@ def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int) -> tuple[float
     return exposed, notes
 
 
-def _offload(job: Job) -> float:
+def _offload(job: Job, trainable: int) -> float:
     """Seconds per step of offload traffic and the CPU optimizer step (not hidden: they follow the backward pass)."""
     if job.offload_optimizer == "none" and job.offload_params == "none":
         return 0.0
-    shard = job.trainable_params / job.world  # each rank moves and updates its shard
-    per_machine = job.trainable_params / job.machines
+    shard = trainable / job.world  # each rank moves and updates its shard
+    per_machine = trainable / job.machines
     seconds = shard * (4 + job.compute_bytes) / (PCIE_HOST_GBPS * 1e9)  # gradients down, weights up
     seconds += per_machine * CPU_ADAM_BYTES / (HOST_MEMORY_GBPS * 1e9)
     if job.offload_params != "none":  # the weights cross PCIe for forward and backward
@@ -258,7 +278,7 @@ def _offload(job: Job) -> float:
     return seconds
 
 
-def _around_steps(job: Job, schedule: Schedule, flops_per_s: float) -> dict[str, float]:
+def _around_steps(job: Job, schedule: Schedule, flops_per_s: float, trainable: int) -> dict[str, float]:
     """Seconds the run spends outside its training steps."""
     arch = job.arch
     load = arch.num_parameters * job.weight_bytes / (READ_GBPS * 1e9)  # every machine reads the checkpoint
@@ -267,7 +287,7 @@ def _around_steps(job: Job, schedule: Schedule, flops_per_s: float) -> dict[str,
     if job.method == "full":  # weights and Adam's fp32 weight and moments
         checkpoint = arch.num_parameters * (job.weight_bytes + 12)
     else:
-        checkpoint = job.trainable_params * 12
+        checkpoint = trainable * 12
     return {
         "startup": STARTUP_S,
         "load": load,
@@ -311,11 +331,14 @@ def _slice_rows(split: str, rows: int | None) -> int:
 
 def dataset_rows(spec) -> tuple[int | None, str]:
     """(training rows, where the count comes from) of a local JSONL/CSV file or a known hub dataset."""
-    path = Path(spec.dataset.path).expanduser()
-    if path.is_file() and path.suffix.lower() in (".jsonl", ".csv"):
-        stat = path.stat()
-        lines = _count_lines(str(path), stat.st_size, stat.st_mtime_ns)
-        return (lines - 1 if path.suffix.lower() == ".csv" else lines), f" in {path.name}"
+    try:
+        path = Path(spec.dataset.path).expanduser()
+        if path.is_file() and path.suffix.lower() in (".jsonl", ".csv"):
+            stat = path.stat()
+            lines = _count_lines(str(path), stat.st_size, stat.st_mtime_ns)
+            return (lines - 1 if path.suffix.lower() == ".csv" else lines), f" in {path.name}"
+    except (OSError, RuntimeError):  # a name too long, an unknown ~user, a file that vanished: count unknown
+        return None, ""
     known = KNOWN_DATASET_ROWS.get(spec.dataset.path)
     if known:
         return known[0], f" ({spec.dataset.path}'s dataset card)"
@@ -324,7 +347,7 @@ def dataset_rows(spec) -> tuple[int | None, str]:
 
 @lru_cache(maxsize=32)
 def _count_lines(path: str, size: int, mtime_ns: int) -> int:
-    """Non-empty lines of a file, read once per version (the page asks on every change)."""
+    """Lines of a file (a last line without a newline counts), read once per version: the page asks on every change."""
     count, last = 0, b"\n"
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):

@@ -20,7 +20,9 @@ both YAML files are taken from there):
   metrics.jsonl     rank 0 only: {"event": "start"} with what the run actually got (world
                     size, each rank's node, accelerate's distributed type, ZeRO stage, FSDP
                     version, wrapped model class, 4-bit modules, parameter counts, memory
-                    peaks after loading, the gate's verdict), one {"event": "log"} per logging step, and
+                    peaks after loading, the gate's verdict, the GPU's peak TFLOPS or why MFU is not
+                    defined), one {"event": "log"} per logging step (with mfu and hfu when the peak
+                    is known), and
                     {"event": "end"} with the status (finished | stopped | failed)
   logs/rank<N>.log  each rank's stdout and stderr
   errors.jsonl      one line per rank that failed (rank, time, error, traceback)
@@ -804,8 +806,10 @@ def speed_facts(trainer, trainable: int, total: int) -> dict:
         },
     }
     peak, source = None, f"this run computes on {args.device.type.upper()}, not a GPU with a published peak"
-    if os.environ.get(PEAK_ENV):
-        peak, source = float(os.environ[PEAK_ENV]), PEAK_ENV
+    override = os.environ.get(PEAK_ENV)
+    if override:  # a typo must not stop a training run: it says why there is no MFU instead
+        peak = _tflops(override)
+        source = PEAK_ENV if peak else f"{PEAK_ENV}={override!r} is not a number of TFLOPS"
     elif gpu is not None:
         peak, source = peak_tflops(gpu, dtype)
     facts["peak_tflops"] = peak
@@ -814,6 +818,14 @@ def speed_facts(trainer, trainable: int, total: int) -> dict:
     else:
         facts["mfu_note"] = f"MFU is not defined without a known peak: {source} (set {PEAK_ENV} to measure against one)"
     return facts
+
+
+def _tflops(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < 1e7 else None  # also refuses nan and inf
 
 
 def utilisation(facts: dict, tokens_per_second: float, seq_len: float) -> dict:

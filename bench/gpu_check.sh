@@ -3,7 +3,8 @@
 #   1. the NVML monitor's real code path (backend/monitor.py) reads the GPU and sees memory move;
 #   2. measured peak memory of real LoRA / full training steps vs tunedeck's estimate;
 #   3. a real tunedeck run on the GPU: the demo in bf16 (LoRA), in 4-bit (QLoRA, bitsandbytes) and
-#      under FSDP2 (the final adapter must be saved);
+#      under FSDP2 (the final adapter must be saved; every log record must carry MFU and HFU against
+#      the GPU's peak from backend/flops.py's table, which names this GPU);
 #   4. the smoke run (`tunedeck train PRESET --smoke`) of every preset that fits the GPUs found, with
 #      its load and training peaks beside the estimate (bench/gpu_smoke_check.py).
 # Needs torch with CUDA, transformers, accelerate, peft. Packages the machine lacks travel as

@@ -1,5 +1,5 @@
 """After a GPU run: print what the start record says it got and the measured peaks; PASS if it finished
-on CUDA and saved its adapter."""
+on CUDA, saved its adapter, and logged MFU against the GPU's peak from the table (backend/flops.py)."""
 
 import json
 import sys
@@ -22,12 +22,26 @@ def main(runs_dir: str) -> int:
             f"  loss {logs[0]['loss']:.3f} -> {logs[-1]['loss']:.3f} over {len(logs)} logs; peak allocated per rank: {peaks[-1] if peaks else None} GiB"
         )
     saved = any(runs[-1].parent.glob("output/adapter_model.safetensors"))
-    ok = end.get("status") == "finished" and bool(peaks) and saved
+    mfu_ok = mfu_logged(start, logs)
+    ok = end.get("status") == "finished" and bool(peaks) and saved and mfu_ok
     print(
         ("PASS" if ok else "FAIL")
-        + f" run: status {end.get('status')}, GPU peaks recorded: {bool(peaks)}, adapter saved: {saved}"
+        + f" run: status {end.get('status')}, GPU peaks recorded: {bool(peaks)}, adapter saved: {saved}, "
+        f"MFU logged against a known peak: {mfu_ok}"
     )
     return 0 if ok else 1
+
+
+def mfu_logged(start: dict, logs: list[dict]) -> bool:
+    """Every training log carries 0 < mfu <= hfu < 1 against the peak the table gives for this GPU."""
+    mfu = [r.get("mfu") for r in logs]
+    print(
+        f"  GPU {start.get('gpu_name')!r}, {start.get('compute_dtype')}: peak {start.get('peak_tflops')} TFLOPS "
+        f"({start.get('peak_source') or start.get('mfu_note')}); MFU per log: {[round(m, 5) for m in mfu if m]}"
+    )
+    if not start.get("peak_tflops") or not logs:
+        return False
+    return all(m is not None and 0 < m <= r.get("hfu", 0) < 1 for m, r in zip(mfu, logs))
 
 
 if __name__ == "__main__":

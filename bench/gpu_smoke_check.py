@@ -54,10 +54,14 @@ def peaks(run_dir: Path) -> dict:
     start = next((r for r in records(run_dir) if r.get("event") == "start"), {})
     steps = [r["gpu_peak_allocated_gb"] for r in records(run_dir) if r.get("gpu_peak_allocated_gb")]
     load = start.get("load_gpu_peak_allocated_gb")
+    mfu = [r["mfu"] for r in records(run_dir) if "mfu" in r]
     return {
         "load_gpu_gb": max(load) if load else None,
         "train_gpu_gb": max(steps[-1]) if steps else None,
         "load_host_rss_gb": max(start.get("load_host_peak_rss_gb") or [0]) or None,
+        # MFU of a 3-step smoke run on a 2-layer model: proof that it is logged, not a speed figure.
+        "mfu_last": round(mfu[-1], 5) if mfu else None,
+        "peak_tflops": start.get("peak_tflops"),
     }
 
 
@@ -89,6 +93,9 @@ def check(preset: str, gpus: int, gpu_gb: float | None, runs_dir: Path) -> dict:
         row.update(run=str(new[-1]), measured=peaks(new[-1]), estimate=predicted(new[-1] / "job.yaml"))
     if gpus and row["result"] == "PASS" and not (row.get("measured") or {}).get("train_gpu_gb"):
         row.update(result="FAIL", verdict=row["verdict"] + " (but no GPU peak was recorded)")
+    measured = row.get("measured") or {}
+    if gpus and row["result"] == "PASS" and measured.get("peak_tflops") and not measured.get("mfu_last"):
+        row.update(result="FAIL", verdict=row["verdict"] + " (but no MFU was logged against the GPU's known peak)")
     return row
 
 
@@ -111,7 +118,8 @@ def main() -> int:
         detail = row.get("why") or row["verdict"]
         if m:
             detail += (f"; load peak {m['load_gpu_gb']} GiB, train peak {m['train_gpu_gb']} GiB allocated "
-                       f"(estimate {e['allocated_gb']} allocated, phases {e['phases'] or 'n/a'}); host RSS at load {m['load_host_rss_gb']} GiB")  # fmt: skip
+                       f"(estimate {e['allocated_gb']} allocated, phases {e['phases'] or 'n/a'}); host RSS at load {m['load_host_rss_gb']} GiB; "
+                       f"MFU {m['mfu_last']} of {m['peak_tflops']} TFLOPS")  # fmt: skip
         print(f"{row['result']} smoke {preset}: {detail}", flush=True)
     if args.out:
         args.out.write_text(json.dumps({"gpus": gpus, "gpu_gb": gpu_gb, "rows": rows}, indent=2))

@@ -9,6 +9,7 @@ import pytest
 from tunedeck.app.estimate_view import (
     HEADERS,
     LOAD_MARKER,
+    SPEED_HEADERS,
     Unavailable,
     by_memory,
     compute_advice,
@@ -38,7 +39,7 @@ def markdown(spec, gpu, cpu_mem_gb=None) -> str:
 
 def test_table_has_one_row_per_strategy_with_marks_and_both_phases(lora13b):
     headers, rows = estimate_table(compute_advice(lora13b, 24))
-    assert headers == HEADERS
+    assert headers[: len(HEADERS)] == HEADERS and headers[len(HEADERS) :] == SPEED_HEADERS
     options = advise(lora13b, 24).options
     assert sorted(r[0].split(" (")[0] for r in rows) == sorted(o.strategy for o in options)
     assert [r[1] for r in rows] == sorted(r[1] for r in rows)  # by memory per GPU
@@ -111,7 +112,7 @@ def test_unknown_model_gives_messages_not_tracebacks(lora13b):
     advice = compute_advice(set_paths(lora13b, {"model.name_or_path": "someone/private-model"}), 24)
     assert isinstance(advice, Unavailable)
     assert "Memory estimate unavailable" in recommendation_markdown(advice)
-    assert estimate_table(advice) == (HEADERS, [])
+    assert estimate_table(advice) == (HEADERS + SPEED_HEADERS, [])
     fig = estimate_figure(advice)
     assert not fig.data and "does not know the architecture" in fig.layout.annotations[0].text
     assert "GPU memory" in markdown(lora13b, "banana")
@@ -137,3 +138,13 @@ def test_any_row_can_be_applied_by_its_strategy(lora13b):
     assert option_changes(advice, "FSDP FULL_SHARD", values) == {}  # the job's own
     with pytest.raises(ValueError, match="not an option"):
         option_changes(advice, "ZeRO-9", values)
+
+
+def test_the_advice_says_the_predicted_speed_and_on_which_gpu(lora13b):
+    assumed = markdown(lora13b, 80, 512)
+    assert "**Speed on A100-80GB (assumed: type your GPU's name in the GPU box):**" in assumed
+    assert "tokens/s per GPU" in assumed and "h to finish" in assumed and "dataset card" in assumed
+    named = markdown(lora13b, "H100", 512)
+    assert "**Speed on H100:**" in named
+    _, rows = estimate_table(compute_advice(lora13b, "H100", 512))
+    assert all(isinstance(r[len(HEADERS)], float) and r[len(HEADERS) + 1] > 0 for r in rows)  # step s, tokens/s

@@ -118,3 +118,37 @@ def test_mfu_and_hfu_per_logging_step(tmp_path, monkeypatch):
 def test_no_peak_no_mfu(tmp_path, monkeypatch):
     records = _recorder(tmp_path, monkeypatch, {"peak_tflops": None, "mfu_note": "...", "flops_inputs": FACTS})
     assert records and not any("mfu" in r or "hfu" in r for r in records)
+
+
+def _tiny_trainer(trainable_adapter: bool):
+    """What speed_facts reads of a trainer: a model of Linear layers with a config, args, the accelerator state."""
+    import torch
+
+    class Tiny(torch.nn.Module):
+        config = SimpleNamespace(num_attention_heads=4, hidden_size=32, num_hidden_layers=2)
+
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(2))
+            self.lm_head = torch.nn.Linear(32, 100, bias=False)
+
+    args = SimpleNamespace(bf16=False, fp16=False, device=torch.device("cpu"), gradient_checkpointing=True)
+    accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=None))
+    return SimpleNamespace(model=Tiny(), args=args, accelerator=accelerator)
+
+
+def test_speed_facts_count_the_live_model_and_never_make_up_a_peak(monkeypatch):
+    monkeypatch.delenv(flops.PEAK_ENV, raising=False)
+    facts = train.speed_facts(_tiny_trainer(False), trainable=100, total=5000)
+    assert facts["flops_inputs"] == {
+        "matmul_params": 2 * 32 * 32 + 32 * 100, "layer_matmul_params": 2 * 32 * 32, "trainable_params": 100,
+        "layers": 2, "attention_width": 32, "full": False, "checkpointing": True,
+    }  # fmt: skip
+    assert facts["gpu_name"] is None and facts["peak_tflops"] is None
+    assert facts["mfu_note"].startswith("MFU is not defined without a known peak: this run computes on CPU")
+    monkeypatch.setenv(flops.PEAK_ENV, "12.5")
+    assert train.speed_facts(_tiny_trainer(False), 100, 5000)["peak_tflops"] == 12.5
+    for typo in ("twelve", "nan", "-3"):
+        monkeypatch.setenv(flops.PEAK_ENV, typo)
+        facts = train.speed_facts(_tiny_trainer(False), 100, 5000)
+        assert facts["peak_tflops"] is None and f"{flops.PEAK_ENV}={typo!r} is not a number" in facts["mfu_note"]

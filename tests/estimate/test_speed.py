@@ -1,0 +1,211 @@
+"""Predicted speed, time and cost per strategy (backend/speed.py), the advisor's use of it, and
+calibration from finished runs (backend/run_speed.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tunedeck.backend import speed
+from tunedeck.backend.advisor import advise
+from tunedeck.backend.memory_job import Job, input_values
+from tunedeck.backend.presets import resolve_spec as load_preset
+from tunedeck.backend.run_speed import calibration, compare_run
+from tunedeck.backend.spec import set_paths, spec_to_yaml
+
+TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
+A100 = speed.Hardware.named("A100-80GB")
+
+
+def estimate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [TUNEDECK, "estimate", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120
+    )
+
+
+def test_estimate_json_has_time_and_throughput_for_every_strategy():
+    result = estimate("7b-lora-ddp", "--json", "--cpu-mem", "512", "--price-per-gpu-hour", "2.5")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for entry in [data["current"], *data["strategies"]]:
+        assert entry["step_time_s"] > 0 and entry["tokens_per_s_per_gpu"] > 0, entry.get("strategy", "current")
+        assert entry["hours"] > 0  # 9,846 guanaco rows x 1 epoch / global batch 32 = 308 steps
+        assert entry["cost"] == pytest.approx(entry["hours"] * 2.5 * 4, rel=0.01)
+    assert data["current"]["steps"] == 308
+    assert data["speed"]["gpu"] == "A100-80GB" and data["speed"]["gpu_source"] == "assumed"  # no GPU here
+
+
+def test_gpu_names_give_memory_and_peak_and_bad_input_names_the_flag():
+    data = json.loads(estimate("7b-lora-ddp", "--json", "--gpu", "RTX 4090", "--cpu-mem", "512").stdout)
+    assert data["gpu_mem_gb"] == 24 and data["speed"]["gpu"] == "RTX 4090"
+    assert data["speed"]["interconnect"]["inside_machine"] == "pcie"  # a GeForce board has no NVLink
+    h200 = json.loads(estimate("7b-lora-ddp", "--json", "--gpu", "H200", "--cpu-mem", "512").stdout)
+    assert h200["current"]["tokens_per_s_per_gpu"] > 2.5 * data["current"]["tokens_per_s_per_gpu"]
+    bad = estimate("7b-lora-ddp", "--gpu", "GTX 970")
+    assert bad.returncode == 2 and "--gpu" in bad.stderr and "A100-80GB" in bad.stderr
+    assert estimate("7b-lora-ddp", "--interconnect", "carrier-pigeon").returncode == 2
+
+
+def _job(preset: str, **changes) -> tuple:
+    spec = set_paths(load_preset(preset), changes)
+    return spec, Job.from_values(input_values(spec))
+
+
+def test_the_recommendation_changes_with_the_interconnect_and_says_why():
+    """Full fine-tuning of 7B on 2 machines x 8 A100s: across InfiniBand every data-parallel option keeps up;
+    across 100 Gb Ethernet only hybrid sharding does (weight gathers stay inside a machine)."""
+    spec = set_paths(load_preset("7b-full-zero2"), {"launch.num_machines": 2, "launch.num_processes": 16,
+                                                     "training.gradient_accumulation_steps": 8})  # fmt: skip
+    schedule = speed.schedule_of(spec, 10_000)
+    advice = {}
+    for link in ("infiniband", "ethernet"):
+        hw = speed.Hardware.named("A100-80GB", link)
+        advice[link] = advise(spec, 80, cpu_mem_gb=2000, hardware=hw, schedule=schedule).recommendation
+    assert "HYBRID_SHARD" not in advice["infiniband"].strategy
+    assert advice["ethernet"].strategy == "FSDP HYBRID_SHARD"
+    # QLoRA + DDP is predicted faster still, but quantizing changes what is trained: never chosen for speed.
+    assert all("method" not in a.changes for a in advice.values())
+    assert "Ethernet, hybrid sharding keeps the weight gathers inside each machine" in advice["ethernet"].reason
+    assert re.search(r"\d\.\d\dx the speed of |as fast as ", advice["ethernet"].reason)  # by how much
+
+
+def test_fewer_machines_are_suggested_when_the_network_dominates():
+    spec, job = _job("7b-full-zero2", **{"launch.num_machines": 4, "launch.num_processes": 16})
+    prediction = speed.predict(job, speed.Hardware.named("A100-80GB", "ethernet"), speed.schedule_of(spec, 10_000))
+    assert prediction.parts["communication"] > prediction.parts["compute"]
+    assert "waits on the network between machines" in prediction.notes[0]
+
+
+def test_zero3_moves_one_and_a_half_times_ddps_bytes():
+    """ZeRO paper section 7: ZeRO-3 gathers weights twice and reduce-scatters gradients, 3 x Psi vs DDP's 2 x Psi."""
+    _, ddp = _job("7b-full-zero2", **{"strategy.kind": "ddp", "model.dtype": "bfloat16"})
+    _, zero3 = _job("7b-full-zero2", **{"strategy.kind": "zero3", "model.dtype": "bfloat16"})
+    nothing_hidden = 0.0
+    ddp_s, _ = speed._exposed_comms(ddp, A100, nothing_hidden, 1, ddp.trainable_params)
+    zero3_s, _ = speed._exposed_comms(zero3, A100, nothing_hidden, 1, zero3.trainable_params)
+    assert zero3_s / ddp_s == pytest.approx(1.5, rel=0.01)
+
+
+def test_lora_ddp_gradients_hide_behind_the_backward_pass():
+    spec, job = _job("7b-lora-ddp")
+    prediction = speed.predict(job, A100, speed.schedule_of(spec, 1000))
+    assert prediction.parts["communication"] == 0 and prediction.parts["offload"] == 0
+    assert 0.2 < prediction.mfu < 0.6  # the published range (tests/data/measured_throughput.yaml)
+
+
+def test_steps_from_max_steps_rows_or_unknown():
+    spec = load_preset("7b-lora-ddp")  # global batch 2 x 4 x 4 = 32
+    assert speed.schedule_of(spec, 3200).steps == 100
+    assert speed.schedule_of(set_paths(spec, {"training.num_train_epochs": 2.5}), 3200).steps == 250
+    assert speed.schedule_of(set_paths(spec, {"training.max_steps": 7}), 3200).steps == 7
+    unknown = speed.schedule_of(set_paths(spec, {"dataset.path": "someone/unknown"}), None)
+    assert unknown.steps is None and "training.max_steps" in unknown.steps_source
+    _, job = _job("7b-lora-ddp")
+    assert speed.predict(job, A100, unknown).hours is None
+
+
+def test_time_outside_the_steps_is_modelled_not_one_constant():
+    spec, job = _job("7b-lora-ddp", **{"dataset.eval_split": "train[95%:]", "training.eval_steps": 50})
+    schedule = speed.schedule_of(spec, 4000)
+    assert schedule.eval_rows == 200 and schedule.eval_passes == 2  # 125 steps, every 50
+    lora = speed.predict(job, A100, schedule).around_s
+    full_spec, full = _job("7b-full-zero2")
+    full_around = speed.predict(full, A100, speed.schedule_of(full_spec, 4000)).around_s
+    assert lora["eval"] > 0 and full_around["eval"] == 0
+    assert full_around["checkpoints"] > 100 * lora["checkpoints"]  # weights and Adam states vs an adapter
+    assert lora["load"] == pytest.approx(6.74e9 * 2 / 1.5e9, rel=0.01)  # bf16 weights at READ_GBPS
+
+
+def test_cpu_jobs_and_unknown_gpus_get_no_made_up_speed():
+    spec, job = _job("7b-lora-ddp")
+    assert speed.predict(job, speed.Hardware(gpu=None), speed.schedule_of(spec, 100)) is None
+    _, cpu = _job("7b-lora-ddp", **{"launch.use_cpu": True})
+    assert speed.predict(cpu, A100, speed.schedule_of(spec, 100)) is None
+
+
+def test_dataset_rows_of_a_local_file(demo_home):
+    spec = set_paths(load_preset("demo"), {})
+    rows, source = speed.dataset_rows(spec)
+    data = Path(spec.dataset.path)
+    assert rows == len(data.read_text().splitlines()) and data.name in source
+    for odd in ("/tmp/" + "x" * 300 + ".jsonl", "~no-such-user-here/data.jsonl", "/nonexistent/data.jsonl"):
+        assert speed.dataset_rows(set_paths(spec, {"dataset.path": odd})) == (None, "")  # unknown, no traceback
+
+
+# ---------------------------------------------------------------- calibration from finished runs
+
+
+def fake_gpu_run(runs_dir: Path, run_id: str, spec, tokens_per_s: float, peak_gb: float, world: int = 4) -> Path:
+    """A finished run folder as train.py writes it on a GPU: job.yaml and metrics.jsonl."""
+    run_dir = runs_dir / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "job.yaml").write_text(spec_to_yaml(spec))
+    records = [{"event": "start", "world_size": world, "gpu_name": "NVIDIA A100-SXM4-80GB", "compute_dtype": "bf16"}]
+    for step in range(1, 5):
+        records.append({"event": "log", "step": step, "loss": 1.0, "tokens_per_second": tokens_per_s * world,
+                        "gpu_peak_allocated_gb": [peak_gb] * world})  # fmt: skip
+    records.append({"event": "end", "status": "finished", "runtime_s": 60.0})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run_dir
+
+
+def test_finished_runs_compare_with_their_prediction_and_calibrate_the_next(tmp_path):
+    spec, job = _job("7b-lora-ddp")
+    predicted = speed.predict(job, A100, speed.schedule_of(spec, None)).tokens_per_s_per_gpu
+    runs = tmp_path / "runs"
+    fake_gpu_run(runs, "20260101-000000-aaaaaa", spec, predicted * 1.10, 20.0)
+    fake_gpu_run(runs, "20260102-000000-bbbbbb", spec, predicted * 1.20, 20.0)
+    fake_gpu_run(runs, "20260103-000000-cccccc", spec, predicted * 1.30, 20.0)
+    comparison = compare_run(runs / "20260103-000000-cccccc")
+    assert comparison.throughput_ratio == pytest.approx(1.30) and comparison.measured_peak_gb == 20.0
+    found = calibration(runs, "A100-80GB")
+    assert found.factor == pytest.approx(1.20) and len(found.runs) == 3
+    assert found.sentence().startswith("your last 3 runs on A100-80GB were +20% vs prediction")
+    assert calibration(runs, "H100") is None  # other GPUs' runs say nothing about this one
+
+    plain = json.loads(estimate("7b-lora-ddp", "--json", "--cpu-mem", "512", "--runs-dir", str(runs)).stdout)
+    fixed = json.loads(
+        estimate("7b-lora-ddp", "--json", "--cpu-mem", "512", "--runs-dir", str(runs), "--calibrate").stdout
+    )
+    assert plain["speed"]["your_runs"]["throughput_factor"] == pytest.approx(1.2, abs=0.001)
+    assert not plain["speed"]["calibrated"] and fixed["speed"]["calibrated"]
+    ratio = fixed["current"]["tokens_per_s_per_gpu"] / plain["current"]["tokens_per_s_per_gpu"]
+    assert ratio == pytest.approx(1.2, rel=0.001)  # LoRA DDP is all compute: it speeds up by the whole factor
+    text = estimate("7b-lora-ddp", "--cpu-mem", "512", "--runs-dir", str(runs)).stdout
+    assert "your last 3 runs on A100-80GB were +20% vs prediction" in text and "--calibrate applies it" in text
+
+
+def test_cpu_and_unfinished_runs_do_not_calibrate(tmp_path):
+    spec, _ = _job("7b-lora-ddp")
+    run_dir = fake_gpu_run(tmp_path, "20260101-000000-aaaaaa", spec, 1000.0, 20.0)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # still running: no end record
+    assert compare_run(run_dir) is None
+    start = json.loads(lines[0]) | {"gpu_name": None}
+    (run_dir / "metrics.jsonl").write_text("\n".join([json.dumps(start), *lines[1:]]) + "\n")
+    assert compare_run(run_dir) is None
+
+
+def test_runs_show_prints_mfu_and_measured_vs_predicted(tmp_path):
+    spec, job = _job("7b-lora-ddp")
+    predicted = speed.predict(job, A100, speed.schedule_of(spec, None)).tokens_per_s_per_gpu
+    run_dir = fake_gpu_run(tmp_path, "20260101-000000-aaaaaa", spec, predicted * 0.9, 20.0)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    logs = [json.dumps(json.loads(line) | {"mfu": 0.4, "hfu": 0.5}) if '"log"' in line else line for line in lines]
+    (run_dir / "metrics.jsonl").write_text("\n".join(logs) + "\n")
+    (run_dir / "status.json").write_text(json.dumps({"run_id": run_dir.name, "state": "finished", "exit_code": 0}))
+    shown = subprocess.run(
+        [TUNEDECK, "runs", "show", run_dir.name, "--runs-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "mfu      40.0% median (hfu 50.0%)" in shown.stdout, shown.stdout + shown.stderr
+    assert re.search(
+        r"speed    [\d,]+ tokens/s per GPU measured vs [\d,]+ predicted on A100-80GB \(-10%\)", shown.stdout
+    )
