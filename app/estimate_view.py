@@ -65,7 +65,7 @@ class Unavailable:
 
 
 def compute_advice(
-    spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | str | None = None
+    spec: JobSpec, gpu_mem_gb: float | str, cpu_mem_gb: float | str | None = None, seq_len: int | None = None
 ) -> Advice | Unavailable:
     """The advice for this job on this GPU (and host RAM: GB, a box's text, or None for not checked), or why there is none."""
     try:
@@ -74,7 +74,7 @@ def compute_advice(
         return Unavailable(f"**GPU memory**: {escape(str(exc))}.", str(exc))
     try:
         ram = parse_ram(cpu_mem_gb) if isinstance(cpu_mem_gb, str) else cpu_mem_gb
-        return advise(spec, gpu, cpu_mem_gb=ram)
+        return advise(spec, gpu, cpu_mem_gb=ram, seq_len=seq_len)
     except EstimateError as exc:
         return Unavailable(f"**Memory estimate unavailable** ({exc.field}): {escape(str(exc))}.", str(exc))
     except ValueError as exc:

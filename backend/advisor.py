@@ -79,9 +79,22 @@ class Advice:
 # ---------------------------------------------------------------- public API
 
 
-def advise(spec: JobSpec, gpu_mem_gb: float, *, cpu_mem_gb: float | None = None, loss: str = "fused") -> Advice:
-    """The job as given, every strategy option and the recommendation, in one pass."""
+def advise(
+    spec: JobSpec,
+    gpu_mem_gb: float,
+    *,
+    cpu_mem_gb: float | None = None,
+    loss: str = "fused",
+    seq_len: int | None = None,
+) -> Advice:
+    """The job as given, every strategy option and the recommendation, in one pass.
+
+    `seq_len`: the longest sequence the data really has (backend/preview.py), when measured; else
+    every micro-batch is taken to be dataset.max_seq_length tokens long.
+    """
     values = input_values(spec, loss)
+    if seq_len is not None:
+        values["dataset.max_seq_length"] = min(seq_len, values["dataset.max_seq_length"])
     options = _compare(values, gpu_mem_gb, cpu_mem_gb)
     return Advice(
         gpu_mem_gb=gpu_mem_gb,
