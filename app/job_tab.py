@@ -118,8 +118,7 @@ class JobTab(Section):
         strategy, changes = self.estimate.apply_recommendation(spec, event.got)
         if not changes:
             return None, "The job already follows the recommendation."
-        applied = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
-        return set_paths(spec, changes), f"Applied **{strategy}**: {applied}."
+        return applied(spec, strategy, changes)
 
     def apply_picked(self, event: JobEvent):
         """Apply this strategy: the picked row's changes for the job the form holds."""
@@ -133,5 +132,10 @@ class JobTab(Section):
             return None, f"Nothing applied: {exc}."
         if not changes:
             return None, f"The job already uses **{strategy}**."
-        applied = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
-        return set_paths(spec, changes), f"Applied **{strategy}**: {applied}."
+        return applied(spec, strategy, changes)
+
+
+def applied(spec: JobSpec, strategy: str, changes: dict) -> tuple[JobSpec, str]:
+    """The job with `changes`, and the notice that lists them."""
+    listed = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
+    return set_paths(spec, changes), f"Applied **{strategy}**: {listed}."
