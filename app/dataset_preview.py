@@ -1,7 +1,7 @@
 """The dataset preview beside the form: the first rows as the model sees them and their lengths.
 
 Reading the data and tokenizing need datasets and transformers, which the panel never imports
-(DESIGN.md, principle 4): the preview runs `python -m tunedeck preview JOB --json` in a
+(tests/panel/test_imports.py): the preview runs `python -m tunedeck preview JOB --json` in a
 subprocess (backend/preview.py) on demand. Its statistics stay in the browser's state, and the
 memory estimate uses the longest measured row (instead of dataset.max_seq_length) for as long
 as the dataset, the model and the batch are the ones measured.
