@@ -60,10 +60,13 @@ def preview_markdown(result: dict) -> str:
         f"**{s['rows']:,} of {result['rows_in_split']:,} rows measured** ({unit}, counted with "
         f"{escape(result['tokenizer'])}):",
         "",
-        "| p50 | p95 | max | max_seq_length | truncated | padding, no packing | padding, packing |",
-        "|---|---|---|---|---|---|---|",
-        f"| {s['p50']} | {s['p95']} | {s['max']} | {s['max_seq_length']} | {s['truncated']} "
-        f"| {s['padding_waste']:.0%} | {s['padding_waste_packed']:.0%} |",
+        # One measure per line: the column beside the form is too narrow for seven columns.
+        "| length | |",
+        "|---|---|",
+        f"| p50 · p95 · max | {s['p50']} · {s['p95']} · {s['max']} tokens |",
+        f"| max_seq_length | {s['max_seq_length']} ({s['truncated']:,} rows truncated) |",
+        f"| padding without packing | {s['padding_waste']:.0%} of the tokens in a batch |",
+        f"| padding with packing | {s['padding_waste_packed']:.0%} |",
         "",
         f"Packing is **{'on' if result['packing'] else 'off'}**. "
         + (

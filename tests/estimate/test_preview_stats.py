@@ -37,3 +37,22 @@ def test_the_page_uses_measured_lengths_only_for_the_job_they_were_measured_for(
     other = resolve_spec("7b-lora-ddp", ["training.per_device_train_batch_size=4"])  # another batch: stale
     stale = evaluate(values_from_spec(other), "80", "", state)
     assert stale.advice.current.per_gpu_gb == evaluate(values_from_spec(other), "80", "").advice.current.per_gpu_gb
+
+
+def test_the_preview_reads_as_rows_and_one_measure_per_line():
+    from tunedeck.app.dataset_preview import preview_markdown
+
+    result = {
+        "rows": ["Q: 1 + 1\nA: 2</s>"],
+        "rows_in_split": 10,
+        "stats": length_stats([10, 12, 70], 64, 2),
+        "packing": False,
+        "tokenizer": "the tokenizer of demo",
+        "counted": "tokens",
+    }
+    text = preview_markdown(result)
+    assert "**3 of 10 rows measured**" in text and "| p50 · p95 · max | 12 · 70 · 70 tokens |" in text
+    assert "64 (1 rows truncated)" in text and "the longest row (64 tokens)" in text
+    assert "```\nQ: 1 + 1\nA: 2</s>\n```" in text
+    error = preview_markdown({"error": {"field": "dataset.path", "message": "no <file>"}})
+    assert error == "✗ `dataset.path`: no &lt;file&gt;"

@@ -98,7 +98,7 @@ def test_the_demo_dataset_preview_shows_its_lengths(page, server):
     wait_text(page, "#dataset-preview", "rows measured", timeout=240_000)
     text = text_of(page, "#dataset-preview")
     assert "2,000 of 2,000 rows measured" in text and "tokenizer of" in text
-    assert "p50" in text and "max_seq_length" in text and "64" in text
+    assert "p50 · p95 · max" in text and "64 (0 rows truncated)" in text
     assert "Row 1 as the model sees it" in text and "Q:" in text and "</s>" in text
     wait_text(page, "#dataset-preview", "uses the longest row")
     page.locator("#dataset-preview-section").screenshot(path=str(ARTIFACTS / "dataset-preview-demo.png"))
