@@ -89,8 +89,8 @@ class EstimatePanel(DerivedView):
                     headers=HEADERS,
                     interactive=False,
                     elem_id="estimate-table",
-                    wrap=False,
-                    column_widths=["28%", "8%", "7%", "7%", "8%", "5%", "9%", "7%", "15%", "6%"],
+                    wrap=True,  # full width, so headers wrap at most at their words
+                    column_widths=["25%", "10%", "8%", "8%", "8%", "5%", "10%", "8%", "12%", "6%"],
                 ),
             )
             add("estimate.order_note", gr.Markdown(ORDER_NOTE, elem_id="estimate-order"))

@@ -18,6 +18,7 @@ from tunedeck.app.form_marks import problem_link
 from tunedeck.backend.advisor import Advice
 from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
 from tunedeck.backend.fit import fit_problems
+from tunedeck.backend.preview import measured_seq_len, preview_key
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.untrusted import shown
 from tunedeck.backend.validate import Problem, has_errors, validate
@@ -43,9 +44,12 @@ class JobResult:
         return {i.field for i in self.issues if i.level == "error" and i.field}
 
 
-def evaluate(values: Values, gpu_text: str | None = None, ram_text: str | None = None) -> JobResult:
+def evaluate(
+    values: Values, gpu_text: str | None = None, ram_text: str | None = None, measured: dict | None = None
+) -> JobResult:
     """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`
-    and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/fit.py)."""
+    and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/fit.py).
+    `measured`: the dataset preview's lengths (app/dataset_preview.py), used while they are this job's."""
     from tunedeck.backend.render import render_bundle
 
     try:
@@ -58,7 +62,10 @@ def evaluate(values: Values, gpu_text: str | None = None, ram_text: str | None =
     except Exception as exc:  # noqa: BLE001 - a generator bug must read as a message, not a blank page
         files = {}
         issues.append(Problem("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
-    advice = None if gpu_text is None else compute_advice(spec, gpu_text, ram_text)
+    seq_len = None
+    if measured and measured.get("key") == preview_key(spec):
+        seq_len = measured_seq_len(measured.get("stats"), spec.dataset.packing)
+    advice = None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, seq_len)
     if isinstance(advice, Advice) and not has_errors(issues):  # the same rule as `tunedeck validate`
         issues = sorted(issues + fit_problems(spec, advice), key=lambda p: p.level != "error")
     return JobResult(values, spec, issues, files, advice)

@@ -12,16 +12,18 @@ from pathlib import Path
 
 import gradio as gr
 
+from tunedeck.app.dataset_preview import DatasetPreview
 from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.estimate_panel import EstimatePanel
 from tunedeck.app.form import build_form
 from tunedeck.app.job_outputs import read_uploaded_spec
 from tunedeck.app.job_view import JOB_QUEUE, JobEvent, JobView
 from tunedeck.app.model_access import access_markdown
+from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
 from tunedeck.backend.render import render_bundle
-from tunedeck.backend.spec import JobSpec, Preset, load_presets, set_paths
+from tunedeck.backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
 
 # Presets in the order a newcomer reads them: the runnable demo, then growing model sizes.
 PRESET_ORDER = ("demo", "7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp")
@@ -60,6 +62,8 @@ class JobTab(Section):
             with gr.Column(scale=6):
                 form = build_form({f.path: f.to_form(initial[f.path]) for f in FORM_FIELDS}, page.ui)
                 page.ui.add("job.model_access", gr.Markdown(access_markdown(), elem_id="model-access"))
+                self.preview = DatasetPreview(page.ui)
+                self.preview.build()
             with gr.Column(scale=5):
                 self.view = JobView(page.ui, form, list(render_bundle(self.initial)), self.writer)
                 self.estimate = EstimatePanel(page.ui, self.monitor)
@@ -67,7 +71,7 @@ class JobTab(Section):
                 self.estimate.build_advice()
                 self.view.build_files()
         self.estimate.build_details()
-        self.view.derived.append(self.estimate)
+        self.view.derived += [self.estimate, self.preview]
 
     def wire(self, page: Page) -> None:
         view, notice = self.view, page.notice
@@ -94,7 +98,24 @@ class JobTab(Section):
         view.wire_fill(self.upload.upload, upload, notice, reads=(self.upload,))
         view.wire_fill(self.estimate.apply.click, self.apply, notice)
         view.wire_fill(self.estimate.apply_pick.click, self.apply_picked, notice, reads=(self.estimate.pick,))
+        self.wire_preview(view)
         page.on_load(view.on_load, inputs=view.inputs, outputs=view.outputs, **JOB_QUEUE)
+
+    def wire_preview(self, view: JobView) -> None:
+        """Preview: measured in a subprocess outside the job queue (edits go on meanwhile); once its
+        state changes, the job is evaluated again, so the estimate uses the measured lengths."""
+        preview = self.preview
+
+        def measure(got: Got) -> Updates:
+            try:
+                spec = spec_from_values(values_from_form(view.form.raw(got)))
+            except SpecError:
+                return {preview.text: "✗ Fix the errors in the form first: the preview reads the job as set."}
+            text, state = preview.measure(spec)
+            return {preview.text: text, preview.shown: state}
+
+        listen([preview.button.click], measure, inputs=view.form.components, outputs=[preview.text, preview.shown])
+        listen([preview.shown.change], view.on_edit, inputs=view.inputs, outputs=view.outputs, **JOB_QUEUE)
 
     def apply(self, event: JobEvent):
         """Apply: the recommendation's changes for the job the form holds."""
@@ -104,8 +125,7 @@ class JobTab(Section):
         strategy, changes = self.estimate.apply_recommendation(spec, event.got)
         if not changes:
             return None, "The job already follows the recommendation."
-        applied = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
-        return set_paths(spec, changes), f"Applied **{strategy}**: {applied}."
+        return applied(spec, strategy, changes)
 
     def apply_picked(self, event: JobEvent):
         """Apply this strategy: the picked row's changes for the job the form holds."""
@@ -119,5 +139,10 @@ class JobTab(Section):
             return None, f"Nothing applied: {exc}."
         if not changes:
             return None, f"The job already uses **{strategy}**."
-        applied = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
-        return set_paths(spec, changes), f"Applied **{strategy}**: {applied}."
+        return applied(spec, strategy, changes)
+
+
+def applied(spec: JobSpec, strategy: str, changes: dict) -> tuple[JobSpec, str]:
+    """The job with `changes`, and the notice that lists them."""
+    listed = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
+    return set_paths(spec, changes), f"Applied **{strategy}**: {listed}."

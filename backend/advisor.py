@@ -100,12 +100,18 @@ def advise(
     hardware: Hardware | None = None,
     schedule: Schedule | None = None,
     correction: float = 1.0,
+    seq_len: int | None = None,
 ) -> Advice:
     """The job as given, every strategy option and the recommendation, in one pass.
 
     With hardware and schedule, each option also gets its predicted speed, and the recommendation
-    is the fastest prediction that fits (correction: throughput factor from the user's own runs)."""
+    is the fastest prediction that fits (correction: throughput factor from the user's own runs).
+    `seq_len`: the longest sequence the data really has (backend/preview.py), when measured; else
+    every micro-batch is taken to be dataset.max_seq_length tokens long.
+    """
     values = input_values(spec, loss)
+    if seq_len is not None:
+        values["dataset.max_seq_length"] = min(seq_len, values["dataset.max_seq_length"])
 
     def speed(v: dict) -> SpeedEstimate | None:
         if hardware is None or schedule is None:

@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "tunedeck.backend.cli_spec",  # presets, schema, validate, export, check
     "tunedeck.backend.cli_runs",  # train, runs
     "tunedeck.backend.cli_estimate",  # estimate
+    "tunedeck.backend.cli_preview",  # preview
     "tunedeck.backend.cli_after",  # chat, eval, merge, push
 ]
 

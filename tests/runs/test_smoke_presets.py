@@ -39,7 +39,8 @@ ONE_DTYPE = {"frozen_dtypes": {"bfloat16": 21}}  # sharded QLoRA: no fp32 copy o
 # What each preset's start record must say. A new preset needs its line here.
 PROOF = {
     "70b-qlora-zero3": {**deepspeed(3), **ONE_DTYPE, "method": "qlora"},
-    "70b-qlora-fsdp": {**FSDP2, **ONE_DTYPE, "method": "qlora"},
+    # Qwen2.5 adds q/k/v biases: 3 more frozen bf16 tensors in each of the 2 layers.
+    "70b-qlora-fsdp": {**FSDP2, "frozen_dtypes": {"bfloat16": 27}, "method": "qlora"},
     "13b-lora-fsdp": {**FSDP2, "method": "lora"},
     "7b-full-zero2": {**deepspeed(2), "method": "full"},
     "7b-lora-ddp": {**DDP, "method": "lora"},

@@ -1,0 +1,63 @@
+"""`tunedeck preview SPEC [--rows N] [--json]`: the dataset as the model will see it, and its lengths."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "preview",
+        help="show the first rows of the job's dataset as the model sees them, and their token lengths",
+        description="The first rows after the dataset format and chat template, and token-length statistics "
+        "(p50/p95/max against dataset.max_seq_length, rows truncated, padding with and without packing), "
+        "for a local file or a hub dataset in the local Hugging Face cache. Nothing is downloaded.",
+    )
+    add_spec_arguments(p)
+    p.add_argument("--rows", type=int, default=3, metavar="N", help="rows to show (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: rows, stats, tokenizer")
+    p.set_defaults(handler=cmd_preview)
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    from tunedeck.backend.demo import ensure_demo_if_used
+    from tunedeck.backend.preview import PreviewError, preview
+
+    if not 0 <= args.rows <= 100:
+        print_problems([("error", "--rows", f"{args.rows} rows: give 0 to 100")])
+        return 2
+    spec = load_spec_or_exit(args)
+    ensure_demo_if_used(spec)
+    try:
+        result = preview(spec, rows=args.rows)
+    except PreviewError as exc:
+        if args.json:
+            print(json.dumps({"error": {"field": exc.field, "message": str(exc)}}))
+        print_problems([("error", exc.field, str(exc))])
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    out = sys.stdout.write
+    for i, text in enumerate(result["rows"], start=1):
+        out(f"--- row {i} ---\n{text}\n")
+    out(f"\n{stats_line(result)}\n")
+    return 0
+
+
+def stats_line(result: dict) -> str:
+    """The statistics in plain words, as the page says them too."""
+    s = result["stats"]
+    if not s.get("rows"):
+        return "the split has no rows"
+    unit = "tokens" if result["counted"] == "tokens" else "tokens (estimated)"
+    return (
+        f"{s['rows']:,} of {result['rows_in_split']:,} rows measured, {unit}: p50 {s['p50']}, p95 {s['p95']}, "
+        f"max {s['max']} (max_seq_length {s['max_seq_length']}); {s['truncated']} truncated; padding "
+        f"{s['padding_waste']:.0%} without packing, {s['padding_waste_packed']:.0%} with packing "
+        f"(packing is {'on' if result['packing'] else 'off'}); counted with {result['tokenizer']}"
+    )

@@ -1,0 +1,152 @@
+"""The dataset as the model will see it: the first rows after the format and the chat template,
+and token-length statistics against dataset.max_seq_length.
+
+The rows come the way train_sft.py reads them (backend/train.py: load_split, to_trl_format),
+so the preview is of the data the run gets: a local JSON/JSONL/CSV/Parquet file or folder, or a
+hub dataset already in the local Hugging Face cache (read offline: nothing is downloaded). Each
+row becomes the text SFTTrainer tokenizes: the chat template for messages, prompt + completion
+otherwise, with the EOS token TRL appends. Lengths are counted with the job's own tokenizer when
+it is on this machine (a local model folder or the Hugging Face cache); otherwise they are
+estimated at 4 characters per token and marked so.
+
+It imports datasets and transformers: the panel runs it in a subprocess (`tunedeck preview --json`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from tunedeck.backend.spec import JobSpec
+
+ROWS_MEASURED = 5000  # enough for p95 to be stable; a preview should answer in seconds
+CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text with BPE tokenizers
+
+
+class PreviewError(ValueError):
+    """Why there is no preview, naming the field to fix."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def length_stats(lengths: list[int], max_seq_length: int, batch_size: int) -> dict:
+    """p50/p95/max, rows truncated, and the share of padding per micro-batch without and with packing.
+
+    Without packing each micro-batch (rows in order) pads to its longest row, cut at max_seq_length.
+    With packing rows are concatenated and cut into blocks of max_seq_length: only the last block pads.
+    """
+    if not lengths:
+        return {"rows": 0}
+    ordered = sorted(lengths)
+    kept = [min(n, max_seq_length) for n in lengths]
+    padded = 0
+    for start in range(0, len(kept), batch_size):
+        batch = kept[start : start + batch_size]
+        padded += max(batch) * len(batch)
+    total = sum(kept)
+    packed = math.ceil(sum(lengths) / max_seq_length) * max_seq_length
+    return {
+        "rows": len(lengths),
+        "p50": _percentile(ordered, 50),
+        "p95": _percentile(ordered, 95),
+        "max": ordered[-1],
+        "mean": round(sum(lengths) / len(lengths), 1),
+        "max_seq_length": max_seq_length,
+        "truncated": sum(n > max_seq_length for n in lengths),
+        "padding_waste": round(1 - total / padded, 4),
+        "padding_waste_packed": round(1 - sum(lengths) / packed, 4),
+    }
+
+
+def _percentile(ordered: list[int], q: int) -> int:
+    """Nearest-rank percentile: a length some row really has."""
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
+    """{"rows": [texts as the model sees them], "stats": length_stats, "tokenizer": ..., "counted": ...}."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the local cache only: a preview never downloads
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    from tunedeck.backend import train
+
+    job = spec.model_dump(mode="json")
+    dataset_cfg = job["dataset"]
+    try:
+        data = train.load_split(dataset_cfg, dataset_cfg.get("split") or "train")
+    except train.JobError as exc:
+        raise PreviewError("dataset.path", str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; the page needs the sentence
+        raise PreviewError(
+            "dataset.path",
+            f"{dataset_cfg['path']} could not be read here ({type(exc).__name__}: {str(exc)[:300]}); a hub dataset "
+            "is previewed only once it is in the local Hugging Face cache (run the job, or `hf download --repo-type "
+            "dataset NAME`)",
+        ) from None
+    total_rows = len(data)
+    data = data.select(range(min(limit, total_rows)))
+    try:
+        data = train.to_trl_format(data, dataset_cfg, "text")
+    except train.JobError as exc:
+        text = str(exc)
+        raise PreviewError(text.split(":", 1)[0], text) from None
+    tokenizer, tokenizer_note = _tokenizer(job)
+    texts = [_as_seen(example, tokenizer) for example in data]
+    if tokenizer is not None:
+        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    else:
+        lengths = [max(1, round(len(t) / CHARS_PER_TOKEN)) for t in texts]
+    stats = length_stats(lengths, spec.dataset.max_seq_length, spec.training.per_device_train_batch_size)
+    return {
+        "dataset": dataset_cfg["path"],
+        "format": dataset_cfg["format"],
+        "rows": texts[:rows],
+        "rows_in_split": total_rows,
+        "stats": stats,
+        "packing": spec.dataset.packing,
+        "tokenizer": tokenizer_note,
+        "counted": "tokens" if tokenizer is not None else "estimated",
+    }
+
+
+def _tokenizer(job: dict):
+    """(tokenizer or None, what was used, in words)."""
+    name = job["model"]["name_or_path"]
+    try:
+        from tunedeck.backend import train
+
+        return train.load_tokenizer(job), f"the tokenizer of {name}"
+    except Exception:  # noqa: BLE001 - not on this machine (offline), gated, or no tokenizer files
+        return None, (
+            f"estimated at {CHARS_PER_TOKEN} characters per token: the tokenizer of {name} is not on this machine "
+            "(a local model folder or the Hugging Face cache)"
+        )
+
+
+def _as_seen(example: dict, tokenizer) -> str:
+    """The text SFTTrainer tokenizes for one row: chat template for messages, prompt + completion + EOS otherwise."""
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    if "messages" in example:
+        if tokenizer is not None and tokenizer.chat_template:
+            return tokenizer.apply_chat_template(example["messages"], tokenize=False)
+        return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in example["messages"])
+    if "prompt" in example:
+        return f"{example['prompt']}{example['completion']}{eos}"
+    return f"{example['text']}{eos}"
+
+
+def preview_key(spec: JobSpec) -> str:
+    """What measured lengths depend on: the data, how rows become text, the tokenizer, the batch."""
+    import json
+
+    dataset = spec.dataset.model_dump(mode="json", exclude={"max_seq_length", "packing"})
+    return json.dumps([dataset, spec.model.name_or_path, spec.training.per_device_train_batch_size], sort_keys=True)
+
+
+def measured_seq_len(stats: dict | None, packing: bool) -> int | None:
+    """The sequence length the memory estimate should use: the longest row (cut at max_seq_length)
+    when batches pad to their longest row; None with packing (every block is full) or no stats."""
+    if not stats or not stats.get("rows") or packing:
+        return None
+    return min(stats["max"], stats["max_seq_length"])

@@ -1,0 +1,104 @@
+"""Honest fit and the dataset preview in the real page (headless Chromium, 1280 px wide).
+
+One panel for the module; screenshots under test-artifacts/panel/ (conftest.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from panel.browser import ARTIFACTS, PanelServer, fill, settle, text_of, wait_text
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = PanelServer(tmp_path_factory.mktemp("runs"), "--preset", "demo")
+    yield server
+    server.stop()
+
+
+def load(page, server):
+    page.set_viewport_size({"width": 1280, "height": 1000})
+    page.set_default_timeout(60_000)  # a busy 2-core machine
+    page.goto(server.url)
+    page.wait_for_selector("#file-view .cm-content")
+    page.wait_for_function("document.querySelector('#global-batch').innerText.includes('Global batch')")
+
+
+def gpu_box(page):
+    return page.locator("#gpu-memory textarea, #gpu-memory input").first
+
+
+def start_enabled(page) -> bool:
+    return page.locator("#start-run").is_enabled()
+
+
+def test_70b_qlora_on_24_gb_is_a_fit_error_and_applying_the_advice_clears_one(page, server):
+    load(page, server)
+    page.click("#preset-70b-qlora-zero3")
+    # No GPU here: the preset's own machine (8x L40S, 48 GB) is put in the boxes, where it is advised as set.
+    wait_text(page, "#notice", "Meant for 8x L40S (48 GB), 256 GB RAM")
+    wait_text(page, "#recommendation", "Keep ZeRO-3")
+    assert gpu_box(page).input_value() == "48"
+
+    fill(gpu_box(page), "24")
+    wait_text(page, "#job-issues", "does not fit")
+    issues = text_of(page, "#job-issues")
+    assert "strategy.kind" in issues and "39.5 GB per GPU while loading" in issues and "at least 44 GB" in issues
+    page.wait_for_function("document.querySelector('#start-run').disabled")
+    assert not page.locator("#apply-recommendation").is_enabled()  # nothing fits 24 GB: no way out to apply
+    page.screenshot(path=str(ARTIFACTS / "fit-70b-qlora-on-24gb.png"), full_page=True)
+
+    # On its 48 GB GPUs, pick DDP from the table's list: every GPU would hold the whole 4-bit model and more.
+    fill(gpu_box(page), "48")
+    wait_text(page, "#recommendation", "Keep ZeRO-3")
+    page.locator("#estimate-pick input").click()
+    page.locator('#estimate-pick li[role=option][aria-label^="DDP"]').click()
+    page.click("#apply-strategy")
+    wait_text(page, "#notice", "Applied DDP")
+    wait_text(page, "#job-issues", "does not fit")
+    assert "use FSDP FULL_SHARD instead" in text_of(page, "#job-issues")
+    page.wait_for_function("document.querySelector('#start-run').disabled")
+    page.screenshot(path=str(ARTIFACTS / "fit-70b-qlora-ddp-on-48gb.png"), full_page=True)
+
+    assert page.locator("#apply-recommendation").is_enabled()
+    page.click("#apply-recommendation")
+    wait_text(page, "#notice", "Applied FSDP FULL_SHARD")
+    wait_text(page, "#recommendation", "Keep FSDP FULL_SHARD")
+    settle(page)
+    assert "does not fit" not in text_of(page, "#job-issues")
+    page.wait_for_function("!document.querySelector('#start-run').disabled")
+
+
+def test_the_estimate_table_reads_at_1280_px(page, server):
+    load(page, server)
+    page.click("#preset-13b-lora-fsdp")
+    wait_text(page, "#recommendation", "Keep FSDP FULL_SHARD")
+    page.wait_for_selector("#estimate-chart .js-plotly-plot")
+    wait_text(page, "#estimate-order", "Speed")
+    headers = page.locator("#estimate-table thead th")
+    heights = [h.bounding_box()["height"] for h in headers.all() if h.is_visible()]
+    assert heights and max(heights) < 70  # at most two lines each, not a letter per line
+    largest = page.locator("#estimate-table thead th", has_text="Largest term").first
+    assert largest.is_visible() and largest.evaluate("e => e.scrollWidth <= e.clientWidth + 1")
+    table = page.inner_text("#estimate-table")
+    assert all(name in table for name in ("FSDP FULL_SHARD (current, ★ recommended)", "ZeRO-3 + NVMe offload", "DDP"))
+    page.locator("#estimate-section").screenshot(path=str(ARTIFACTS / "estimate-table-1280.png"))
+
+
+@pytest.mark.integration  # the preview runs `tunedeck preview --json` in a subprocess
+def test_the_demo_dataset_preview_shows_its_lengths(page, server):
+    load(page, server)
+    page.click("#preset-demo")
+    wait_text(page, "#notice", "Loaded preset")
+    page.locator("#dataset-preview-section").get_by_text("Dataset preview").first.click()
+    page.click("#preview-dataset")
+    wait_text(page, "#dataset-preview", "rows measured", timeout=240_000)
+    text = text_of(page, "#dataset-preview")
+    assert "2,000 of 2,000 rows measured" in text and "tokenizer of" in text
+    assert "p50 · p95 · max" in text and "64 (0 rows truncated)" in text
+    assert "Row 1 as the model sees it" in text and "Q:" in text and "</s>" in text
+    wait_text(page, "#dataset-preview", "uses the longest row")
+    page.locator("#dataset-preview-section").screenshot(path=str(ARTIFACTS / "dataset-preview-demo.png"))
