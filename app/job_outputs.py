@@ -65,7 +65,7 @@ def evaluate(
     seq_len = None
     if measured and measured.get("key") == preview_key(spec):
         seq_len = measured_seq_len(measured.get("stats"), spec.dataset.packing)
-    advice = None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, seq_len)
+    advice = None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, seq_len=seq_len)
     if isinstance(advice, Advice) and not has_errors(issues):  # the same rule as `tunedeck validate`
         issues = sorted(issues + fit_problems(spec, advice), key=lambda p: p.level != "error")
     return JobResult(values, spec, issues, files, advice)
