@@ -11,7 +11,8 @@ import re
 import pytest
 from runs.helpers import wait_for
 
-from panel.browser import ARTIFACTS, PanelServer, plot_points, text_of, wait_text
+from panel.browser import ARTIFACTS, PanelServer, plot_points, text_of
+from panel.browser import wait_text as _wait_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -32,6 +33,15 @@ def server(tmp_path_factory, demo_home):
     server.stop()
 
 
+def wait_text(page, selector: str, text: str, timeout: float = 60_000) -> None:
+    _wait_text(page, selector, text, timeout)  # these tests share 2 cores with training runs
+
+
+@pytest.fixture(autouse=True)
+def patient(page):
+    page.set_default_timeout(60_000)  # these tests share 2 cores with training runs
+
+
 def load(page, server):
     page.goto(server.url)
     page.wait_for_selector("#file-view .cm-content")
@@ -45,7 +55,7 @@ def test_smoke_test_button_runs_the_shown_job_and_shows_its_verdict(page, server
     wait_text(page, "#job-issues", "No problems")
     page.click("#smoke-run")
     wait_text(page, "#notice", "Started smoke run", timeout=120_000)  # the first builds the tiny model
-    wait_text(page, "#run-state", "Smoke test", timeout=30_000)
+    wait_text(page, "#run-state", "Smoke test")
     wait_text(page, "#run-state", "smoke test passed", timeout=300_000)
     line = text_of(page, "#run-state")
     assert "2 ranks on 1 machine · DDP" in line and "trainable parameters; loss" in line
@@ -79,7 +89,7 @@ def stopped_run(server):
 def open_run(page, server, run_id: str) -> None:
     page.goto(server.url)
     page.click("#tab-run-button")
-    wait_text(page, "#runs-table", run_id, timeout=60_000)
+    wait_text(page, "#runs-table", run_id)
     pick_run(page, run_id)
     wait_text(page, "#run-state", run_id)
 
@@ -149,7 +159,7 @@ def test_resume_continues_at_the_step_after_the_checkpoint_and_stop_leaves_no_st
     assert f"from its checkpoint at step {checkpoint}" in page.inner_text("#notice")
     new_id = shown_run_id(page)
     assert new_id != run_id
-    wait_text(page, "#loss-chart", "No training step logged yet", timeout=20_000)  # a placeholder, not empty axes
+    wait_text(page, "#loss-chart", "No training step logged yet")  # a placeholder, not empty axes
     page.screenshot(path=str(ARTIFACTS / "run-view-before-first-step.png"))
     new_dir = server.runs_dir / new_id
     first = wait_for(lambda: read_records(new_dir).records, 240, what="the resumed run's first step")[0]
@@ -160,9 +170,8 @@ def test_resume_continues_at_the_step_after_the_checkpoint_and_stop_leaves_no_st
     wait_text(page, "#run-summary", f"resumed from step {checkpoint}")
 
     page.click("#stop-run")
-    wait_text(page, "#run-state", "stopping", timeout=20_000)
     wait_text(page, "#run-state", "stopped", timeout=180_000)
-    wait_text(page, "#run-state", "Resume", timeout=20_000)
+    wait_text(page, "#run-state", "Resume")
     state, notice = text_of(page, "#run-state"), page.inner_text("#notice")
     assert "stopping" not in state.lower() and "stopping" not in notice.lower(), (state, notice)
     assert "stopped at step" in state
