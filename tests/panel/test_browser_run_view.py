@@ -11,7 +11,7 @@ import re
 import pytest
 from runs.helpers import wait_for
 
-from panel.browser import ARTIFACTS, PanelServer, plot_points, text_of
+from panel.browser import ARTIFACTS, PanelServer, plot_points, stop_live_runs, text_of
 from panel.browser import wait_text as _wait_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -23,13 +23,7 @@ LONG_RUN = 5000  # steps: the shared demo run is stopped long before
 def server(tmp_path_factory, demo_home):
     server = PanelServer(tmp_path_factory.mktemp("runs"), "--preset", "demo")
     yield server
-    from tunedeck.backend.runs import RunManager
-
-    manager = RunManager(server.runs_dir)  # never leave a run behind, whatever failed
-    for run in manager.list_runs():
-        if run.state in ("queued", "running", "stopping"):
-            manager.stop(run.run_id, grace_s=5)
-            manager.wait(run.run_id, timeout=60)
+    stop_live_runs(server.runs_dir)  # whatever failed
     server.stop()
 
 
