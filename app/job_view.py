@@ -167,7 +167,7 @@ class JobView:
                 "job.start", gr.Button("▶ Start run", variant="primary", elem_id="start-run", interactive=False)
             )
             self.smoke = add(  # the job's exact path on a tiny model, in about a minute (page.wire_start)
-                "job.smoke", gr.Button("🧪 Smoke test", elem_id="smoke-run", interactive=False)
+                "job.smoke", gr.Button("Smoke test", elem_id="smoke-run", interactive=False)
             )
             self.zip = add(
                 "job.zip", gr.DownloadButton("⬇ Download bundle (.zip)", elem_id="download-zip", interactive=False)

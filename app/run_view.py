@@ -317,7 +317,7 @@ class RunView(Section):
         self.index.runs(fresh=True)
         return ""
 
-    def resume(self, shown: RunShown) -> tuple[str, RunShown]:
+    def resume_shown(self, shown: RunShown) -> tuple[str, RunShown]:
         """Continue the run in view from its newest checkpoint, as a new run; the view then follows it."""
         if not shown.run:
             raise RunError("no run selected")
@@ -344,7 +344,7 @@ class RunView(Section):
 
         def on_resume(got: Got) -> Updates:
             try:
-                notice, shown = self.resume(got[self.shown])
+                notice, shown = self.resume_shown(got[self.shown])
             except RunError as exc:
                 return {page.notice: f"✗ **Not resumed:** {escape(str(exc))}"}
             return {page.notice: notice, **self.redraw(got, force=True, shown=shown)}

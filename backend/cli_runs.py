@@ -8,8 +8,17 @@ import time
 from pathlib import Path
 
 from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
-from tunedeck.backend.run_folder import ACTIVE_STATES, LOGS_DIR, LogRecord, MetricsReader, RunRecords, read_records
-from tunedeck.backend.run_summary import RunSummary, facts_line, format_clock, summarize
+from tunedeck.backend.run_folder import (
+    ACTIVE_STATES,
+    LOGS_DIR,
+    LogRecord,
+    MetricsReader,
+    RunRecords,
+    read_notes,
+    read_records,
+)
+from tunedeck.backend.run_summary import RunSummary, facts_line, format_clock, report, summarize
+from tunedeck.backend.untrusted import shown
 
 # Exit codes of `tunedeck train`: the training's own status.
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130}
@@ -27,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=cmd_train)
 
-    p = sub.add_parser("runs", help="list runs; `runs show ID`, `runs stop ID`")
+    p = sub.add_parser("runs", help="list runs; `runs show ID`, `runs stop ID`, `runs resume ID`, `runs note ID`")
     _add_runs_dir(p)
     p.set_defaults(handler=cmd_runs_list)
     actions = p.add_subparsers(dest="action", metavar="ACTION")
@@ -41,6 +50,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     stop.add_argument("--no-wait", action="store_true", help="return once the stop is requested")
     _add_runs_dir(stop)
     stop.set_defaults(handler=cmd_runs_stop)
+    resume = actions.add_parser(
+        "resume", help="continue a stopped or failed run from its newest checkpoint, as a new run (and follow it)"
+    )
+    resume.add_argument("run_id", metavar="ID")
+    _add_runs_dir(resume)
+    resume.set_defaults(handler=cmd_runs_resume)
+    note = actions.add_parser("note", help="set a run's name and notes (shown by `runs`, `runs show` and the panel)")
+    note.add_argument("run_id", metavar="ID")
+    note.add_argument("--name", help="one line (up to 80 characters)")
+    note.add_argument("--notes", help="free text")
+    _add_runs_dir(note)
+    note.set_defaults(handler=cmd_runs_note)
 
 
 def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
@@ -226,12 +247,13 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs in {manager.runs_dir}")
         return 0
-    rows = [("ID", "STATE", "WHERE", "STEP", "LOSS", "STARTED", "TITLE")]
+    rows = [("ID", "NAME", "STATE", "WHERE", "STEP", "LOSS", "STARTED", "TITLE")]
     for run in runs:
         summary = _summary(manager, run)
         rows.append(
             (
                 run.run_id,
+                shown(read_notes(manager.run_dir(run.run_id)).name, limit=30) or "-",
                 run.state,
                 f"slurm:{run.slurm.get('job_id')}" if run.slurm else "local",
                 summary.steps if summary else "-",
@@ -257,7 +279,10 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         return 2
     run = read_records(manager.run_dir(args.run_id))
     summary = summarize(run, status.started_at, status.ended_at)
+    notes = read_notes(manager.run_dir(args.run_id))
     print(f"run      {status.run_id}")
+    if notes.name:
+        print(f"name     {notes.name}")
     print(f"title    {status.title}")
     print(f"state    {status.state}" + (f" (exit code {status.exit_code})" if status.exit_code is not None else ""))
     print(f"folder   {manager.run_dir(args.run_id)}")
@@ -273,6 +298,9 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     if run.records:
         loss = f", loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
         print(f"progress {summary.step_text}{loss}")
+        print(f"summary  {report(run, status.started_at, status.ended_at).line()}")
+    if notes.notes:
+        print("notes:\n" + notes.notes)
     if status.error:
         print(("note:\n" if status.state in ACTIVE_STATES else "error:\n") + status.error)
     _print_smoke_verdict(manager, status)
@@ -330,3 +358,42 @@ def cmd_runs_stop(args: argparse.Namespace) -> int:
     status = manager.wait(args.run_id, timeout=args.grace + 30)
     print(f"run {args.run_id}: {status.state}" + (f" ({status.error})" if status.folder_deleted else ""))
     return 0 if status.state in ("stopped", "finished", "failed") else 1
+
+
+def cmd_runs_resume(args: argparse.Namespace) -> int:
+    """Continue a stopped or failed run from its newest checkpoint (backend/run_resume.py), then follow it."""
+    from tunedeck.backend.run_resume import resume_run
+    from tunedeck.backend.runs import RunError
+
+    manager = _manager(args)
+    try:
+        run_id, step = resume_run(manager, args.run_id)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"run {run_id}: continues run {args.run_id} from its checkpoint at step {step}")
+    print(f"folder {manager.run_dir(run_id)}", flush=True)
+    status = _follow(manager, run_id)
+    if status is None:
+        return EXIT_CODES["stopped"]
+    print(f"{status.state}" + (f": {status.error}" if status.state == "failed" and status.error else ""))
+    return EXIT_CODES.get(status.state, 1)
+
+
+def cmd_runs_note(args: argparse.Namespace) -> int:
+    from tunedeck.backend.run_folder import NotesError, write_notes
+    from tunedeck.backend.runs import RunError
+
+    manager = _manager(args)
+    try:
+        run_dir = manager.run_dir(args.run_id)
+        old = read_notes(run_dir)
+        name = old.name if args.name is None else args.name
+        notes = write_notes(run_dir, name, old.notes if args.notes is None else args.notes)
+    except (RunError, NotesError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"run {args.run_id}: name {notes.name!r}" + (f", notes of {len(notes.notes)} characters" if notes.notes else "")
+    )
+    return 0

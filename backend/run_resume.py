@@ -70,7 +70,7 @@ def resume_run(manager: RunManager, run_id: str) -> tuple[str, int]:
     spec, step = resume_spec(manager, run_id)
     new_id = manager.start(spec)
     old = read_notes(manager.run_dir(run_id))
-    name = f"{old.name} (resumed)" if old.name else f"resumes {run_id}"
+    name = old.name.removesuffix(" (resumed)") + " (resumed)" if old.name else f"resumes {run_id}"  # once, in a chain
     try:
         write_notes(manager.run_dir(new_id), name[:NAME_MAX_CHARS], f"Continues run {run_id} from checkpoint-{step}.")
     except ValueError:

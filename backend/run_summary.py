@@ -179,24 +179,18 @@ class RunReport:
 
     def line(self) -> str:
         """'final loss 1.083 · best 1.021 at step 52 · ...', the parts that are known."""
-        parts = []
-        if self.resumed_from_step:
-            parts.append(f"resumed from step {self.resumed_from_step}")
-        if self.final_loss is not None:
-            parts.append(f"final loss {self.final_loss:.4f}")
-        if self.best_loss is not None:
-            parts.append(f"best {self.best_loss:.4f} at step {self.best_step}")
-        if self.eval_loss is not None:
-            parts.append(f"eval loss {self.eval_loss:.4f}")
-        if self.tokens is not None:
-            parts.append(f"{self.tokens:,} tokens")
-        if self.wall_s is not None:
-            parts.append(f"{format_clock(self.wall_s)} wall")
-        if self.tokens_per_s is not None:
-            parts.append(f"{self.tokens_per_s:,.0f} tokens/s mean")
-        if self.peak_gb is not None:
-            parts.append(f"peak {self.peak_gb:.2f} GB per GPU")
-        return " · ".join(parts)
+        wall = format_clock(self.wall_s) if self.wall_s is not None else None
+        shown = (
+            ("resumed from step {}", self.resumed_from_step or None),
+            ("final loss {:.4f}", self.final_loss),
+            ("best {:.4f} at step {}", self.best_loss, self.best_step),
+            ("eval loss {:.4f}", self.eval_loss),
+            ("{:,} tokens", self.tokens),
+            ("{} wall", wall),
+            ("{:,.0f} tokens/s mean", self.tokens_per_s),
+            ("peak {:.2f} GB per GPU", self.peak_gb),
+        )
+        return " · ".join(text.format(*values) for text, *values in shown if values[0] is not None)
 
 
 def report(run: RunRecords, started_at: float | None, ended_at: float | None, now: float | None = None) -> RunReport:

@@ -88,6 +88,17 @@ class PanelServer:
         self._log.close()
 
 
+def stop_live_runs(runs_dir: Path) -> None:
+    """Stop every run still live in runs_dir and wait for it: a test module never leaves a run behind."""
+    from tunedeck.backend.runs import RunManager
+
+    manager = RunManager(runs_dir)
+    for run in manager.list_runs():
+        if run.state in ("queued", "running", "stopping"):
+            manager.stop(run.run_id, grace_s=5)
+            manager.wait(run.run_id, timeout=60)
+
+
 # ---------------------------------------------------------------- page helpers
 
 # Installed with page.add_init_script before the page loads: records every event the page sends

@@ -17,6 +17,7 @@ from panel.browser import (
     plot_points,
     set_field,
     settle,
+    stop_live_runs,
     text_of,
     wait_text,
 )
@@ -30,13 +31,7 @@ LONG_RUN = 5000  # steps: long enough that the run is still going when the test 
 def server(tmp_path_factory, demo_home):
     server = PanelServer(tmp_path_factory.mktemp("runs"), "--preset", "demo")
     yield server
-    from tunedeck.backend.runs import RunManager
-
-    manager = RunManager(server.runs_dir)  # never leave a run behind, whatever failed
-    for run in manager.list_runs():
-        if run.state in ("queued", "running", "stopping"):
-            manager.stop(run.run_id, grace_s=5)
-            manager.wait(run.run_id, timeout=60)
+    stop_live_runs(server.runs_dir)  # whatever failed
     server.stop()
 
 

@@ -143,3 +143,32 @@ def test_damaged_run_folders_are_one_row_each_and_break_nothing(run, tmp_path):
     assert "⚠ damaged" in picked["status"]
     assert picked["error"]["visible"] and "status.json holds a JSON list, not an object" in picked["error"]["value"]
     assert picked["stop"]["interactive"] is False
+
+
+def test_hints_follow_the_state_and_resume_needs_a_checkpoint(run, tmp_path):
+    from tunedeck.backend.supervisor import update_status
+
+    run_dir = tmp_path / RUN_ID
+    (run_dir / "notes.json").write_text('{"name": "baseline", "notes": "first try"}')
+    first = run.render(RunShown())
+    assert "**baseline**" in first["status"] and (first["name"], first["notes"]) == ("baseline", "first try")
+    assert "final loss 1.0000 · best 1.0000 at step 3" in first["summary"]
+    assert first["resume"]["interactive"] is False  # finished: nothing to resume
+
+    update_status(run_dir, state="stopped")
+    stopped = run.render(first["shown"])
+    assert "no checkpoint was saved" in stopped["status"] and stopped["resume"]["interactive"] is False
+    (run_dir / "output" / "checkpoint-3").mkdir(parents=True)
+    update_status(run_dir, state="failed")  # a new state: the folder is looked at again
+    failed = run.render(stopped["shown"])
+    assert "Resume** continues from its checkpoint at step 3" in failed["status"]
+    assert failed["resume"]["interactive"] is True and "stopping" not in failed["status"]
+    assert "name" not in failed  # the boxes are the user's once filled: never overwritten by a redraw
+
+
+def test_before_the_first_step_the_loss_chart_says_so_instead_of_empty_axes(run, tmp_path):
+    (tmp_path / RUN_ID / "metrics.jsonl").write_text("")
+    out = run.render(RunShown())
+    (note,) = out["loss_chart"].layout.annotations
+    assert "No training step logged yet" in note.text and not out["loss_chart"].data
+    assert out["metrics_chart"]["visible"] is False and out["summary"] == ""
