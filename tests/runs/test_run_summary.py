@@ -43,7 +43,7 @@ def test_the_cli_and_the_panel_say_the_same_about_a_run(runs_dir):
     assert "progress step 3/3, loss 1.0000\n" in show.stdout  # the last training loss, not the eval loss after it
     listing = tunedeck("runs", "--runs-dir", runs_dir)
     (row,) = [line.split() for line in listing.stdout.splitlines() if line.startswith(RUN_ID)]
-    assert row[1:5] == ["-", "finished", "3/3", "1.0000"]  # no name yet
+    assert row[1:6] == ["-", "finished", "local", "3/3", "1.0000"]  # no name yet
 
     watch = RunWatch(folder)  # the panel's reader of the same folder
     watch.refresh()

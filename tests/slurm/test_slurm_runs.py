@@ -75,7 +75,7 @@ def test_cli_trains_the_demo_on_both_nodes(cli_run):
     assert end_record(run_dir)["status"] == "finished"
     job_id = re.search(r"Slurm job (\d+)", lines[queued]).group(1)
     listed = subprocess.run([TUNEDECK, "runs", "--runs-dir", str(runs)], capture_output=True, text=True)
-    assert re.search(rf"{run_dir.name}\s+finished\s+slurm:{job_id}\s", listed.stdout), listed.stdout
+    assert re.search(rf"{run_dir.name}\s+\S+\s+finished\s+slurm:{job_id}\s", listed.stdout), listed.stdout
     shown = subprocess.run(
         [TUNEDECK, "runs", "show", run_dir.name, "--runs-dir", str(runs)], capture_output=True, text=True
     )
