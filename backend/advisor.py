@@ -271,7 +271,8 @@ def _speed_reason(v: dict, chosen: StrategyEstimate, fitting: list[StrategyEstim
     if others:
         ratio = others[0].speed.step_time_s / chosen.speed.step_time_s
         if ratio < 1 + TIE_SHARE:
-            text += f", as fast as {others[0].strategy} (within {TIE_SHARE:.0%}: the guides' order decides)"
+            decides = "the job's own choice stays" if chosen.current else "the guides' order decides"
+            text += f", as fast as {others[0].strategy} (within {TIE_SHARE:.0%}: {decides})"
         else:
             text += f", {ratio:.2f}x the speed of {others[0].strategy} (the next fastest that fits)"
     text += "."

@@ -58,7 +58,8 @@ def test_the_cli_prints_the_one_advice_the_panel_shows():
         json.dumps(advice.to_dict())
     )
     _, rows = estimate_table(advice)
-    assert [row[0].split(" (")[0] for row in rows] == [s["strategy"] for s in data["strategies"]]
+    by_memory = sorted(data["strategies"], key=lambda s: s["per_gpu_gb"])  # the table's order
+    assert [row[0].split(" (")[0] for row in rows] == [s["strategy"] for s in by_memory]
 
 
 def test_set_overrides_and_gpu_names_change_the_answer():
@@ -66,7 +67,10 @@ def test_set_overrides_and_gpu_names_change_the_answer():
     big = estimate_json("13b-lora-fsdp", "--gpu-mem", "A100-80GB", "--cpu-mem", "512")
     small = estimate_json("13b-lora-fsdp", "--gpu-mem", "RTX 4090", "--cpu-mem", "512")
     assert big["gpu_mem_gb"] == 80 and small["gpu_mem_gb"] == 24
-    assert big["recommended"]["strategy"] == "DDP" and small["recommended"]["strategy"] != "DDP"
+    # On 80 GB DDP fits and is predicted as fast as the preset's FSDP, so the job's own choice stays.
+    assert big["recommended"]["strategy"] == "FSDP FULL_SHARD" and "as fast as DDP" in big["recommended"]["reason"]
+    assert next(s for s in big["strategies"] if s["strategy"] == "DDP")["fits"]
+    assert not next(s for s in small["strategies"] if s["strategy"] == "DDP")["fits"]
     longer = estimate_json(
         "13b-lora-fsdp", "--gpu-mem", "80", "--cpu-mem", "512", "--set", "dataset.max_seq_length=8192"
     )
