@@ -63,6 +63,8 @@ def cli_run(slurm_cluster, shared_runs_dir, demo_home):
 def test_cli_trains_the_demo_on_both_nodes(cli_run):
     done, run_dir, runs = cli_run
     assert done.returncode == 0, done.stdout + done.stderr + logs_tail(run_dir)
+    # /var/tmp is a node's own folder on a real cluster: a warning (one host here), before the submission.
+    assert "warning: --runs-dir:" in done.stderr and "looks like a node's own folder" in done.stderr
     lines = done.stdout.splitlines()
     queued = next(i for i, line in enumerate(lines) if re.match(r"queued: Slurm job \d+ · PENDING", line))
     running = next(i for i, line in enumerate(lines) if line.startswith("running: Slurm job"))
@@ -76,7 +78,9 @@ def test_cli_trains_the_demo_on_both_nodes(cli_run):
     job_id = re.search(r"Slurm job (\d+)", lines[queued]).group(1)
     listed = subprocess.run([TUNEDECK, "runs", "--runs-dir", str(runs)], capture_output=True, text=True)
     assert re.search(rf"{run_dir.name}\s+finished\s+slurm:{job_id}\s", listed.stdout), listed.stdout
-    shown = subprocess.run([TUNEDECK, "runs", "show", run_dir.name, "--runs-dir", str(runs)], capture_output=True, text=True)
+    shown = subprocess.run(
+        [TUNEDECK, "runs", "show", run_dir.name, "--runs-dir", str(runs)], capture_output=True, text=True
+    )
     assert f"Slurm job {job_id} · COMPLETED" in shown.stdout, shown.stdout
     assert not processes_of(run_dir)
 
