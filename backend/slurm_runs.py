@@ -102,7 +102,9 @@ def _ended(run_dir: Path, data: dict, recorded: dict, job: slurm_jobs.SlurmJob |
             error = f"{said}\n{error}" if error else said
         else:
             error = said
-    if state == "stopped" and not stop_requested and not error:
+    if state == "stopped" and _stopped_by_time_limit(run_dir):
+        error = ENDED_BY_SLURM["TIMEOUT"].replace("ended the job at", "stopped the job before")
+    elif state == "stopped" and not stop_requested and not error:
         error = (
             "Slurm signalled the job to stop (its time limit was near, or an scancel): its last checkpoint is in "
             "output_dir; resume with training.resume_from_checkpoint=true"
@@ -120,6 +122,14 @@ def _ended(run_dir: Path, data: dict, recorded: dict, job: slurm_jobs.SlurmJob |
     if problem:
         ended["error"] = f"{error or ''}\n(this end is not recorded in status.json: {problem})".strip()
     return {**data, **ended}
+
+
+def _stopped_by_time_limit(run_dir: Path) -> bool:
+    """slurm.sbatch writes the stop request itself when the time limit nears ("by": "time_limit")."""
+    try:
+        return '"time_limit"' in (run_dir / STOP_FILE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
 
 
 def stop(run_dir: Path, data: dict, grace_s: float, env: dict[str, str] | None = None) -> None:
