@@ -114,12 +114,14 @@ def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_clu
     first = wait_for(lambda: list(checkpoints.glob("checkpoint-*")), 300, 1, "the time limit's checkpoint")
     saved_step = int(first[0].name.split("-")[1])
     assert saved_step > 0, logs_tail(run_dir)
-    # Slurm holds a requeued job for 2 minutes before it may start again (BeginTime); release it now.
+    # Slurm holds a requeued job for 2 minutes before it may start again (BeginTime): release it now, with
+    # a longer limit, so that this start is stopped by the Stop below and not by its time limit again.
     wait_for(lambda: "BeginTime" in squeue(job_id, "%r"), 120, 1, "the job back in the queue")
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now", "TimeLimit=20"], check=True)
     # The same job starts again and resumes from that checkpoint.
     wait_for(lambda: len(starts()) == 2, 300, 1, "the requeued job's start record\n" + logs_tail(run_dir))
     assert starts()[1]["resumed_from_step"] == saved_step
+    assert not (run_dir / "stop.request").exists()  # the stop that ended the last start is done
     status = manager.status(run_id)
     assert status.state == "running" and status.slurm["job_id"] == job_id
     wait_for(lambda: log_records(run_dir)[-1]["step"] > saved_step, 120, 1, "a step after the resume")
