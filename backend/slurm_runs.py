@@ -9,9 +9,9 @@ Slurm's state and reason while it waits, running with its nodes, and once Slurm 
 rank errors) and Slurm's last word, written to status.json once. So a panel restarted mid-run,
 or a `tunedeck runs` on another login node, finds the run where it is.
 
-Stop: stop.request in the folder (the run is "stopping"; the job script then passes no second
-signal on), SIGTERM to the job's script and steps (the ranks save a checkpoint and exit), and
-after the grace period `scancel` for whatever is left. A job still waiting is cancelled at once.
+Stop: stop.request in the shared folder (the run is "stopping"), which every rank reads at its
+next step: it saves a checkpoint and exits, and the job ends by itself; after the grace period
+`scancel` ends whatever is left. A job still waiting is cancelled at once.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def _stopped_by_time_limit(run_dir: Path) -> bool:
 
 
 def stop(run_dir: Path, data: dict, grace_s: float, env: dict[str, str] | None = None) -> None:
-    """Ask the job to stop: SIGTERM to its ranks now, scancel after grace_s (at once when it still waits)."""
+    """Ask the job to stop: stop.request for its ranks now, scancel after grace_s (at once when it still waits)."""
     job_id = str((data.get("slurm") or {}).get("job_id") or "")
     run_folder.write_stop_request(run_dir, grace_s)  # before the signal: the job script must not pass a second one
     if not job_id:
@@ -144,5 +144,8 @@ def stop(run_dir: Path, data: dict, grace_s: float, env: dict[str, str] | None =
     if job.waiting:
         slurm_jobs.cancel(job_id)  # nothing started, nothing to save
         return
-    slurm_jobs.signal_steps(job_id)
+    # No signal: every rank reads stop.request at its next step. Measured on the local cluster:
+    # `scancel --signal=TERM --full` also reaches srun in the job script, which answers "forcing job
+    # termination" and ends the job at once; a TERM to the steps alone reaches torch's elastic agent,
+    # which kills its ranks 30 s later, saved or not.
     slurm_jobs.start_cancel_after(job_id, grace_s, env)

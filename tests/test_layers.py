@@ -42,7 +42,7 @@ LAYERS = [
     (
         "runs",
         2,
-        r"tunedeck\.backend\.(runs?_\w+|runs|slurm_\w+|supervisor|preflight|smoke|tail|monitor|demo|bundle_check|train)",
+        r"tunedeck\.backend\.(runs?_\w+|runs|slurm_\w+|supervisor|preflight\w*|smoke|tail|monitor|demo|bundle_check|train)",
     ),
     # After training (try, evaluate, merge): they read run folders, so they sit beside runs.
     (

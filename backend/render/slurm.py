@@ -3,8 +3,8 @@
 The header comes from launch.slurm (partition, account, QOS, time limit, GPUs, CPUs, memory,
 exclusive, requeue, extra #SBATCH lines). A stop and the time limit both reach the ranks as
 a stop request, on which they save a checkpoint and exit: tunedeck's Stop writes stop.request
-and sends SIGTERM to the job's steps (`scancel --signal=TERM --full`); before the time limit
-Slurm sends SIGTERM to this script alone (`--signal=B:TERM@<s>`), which writes stop.request. A requeued job (SLURM_RESTART_COUNT
+into the run folder; before the time limit Slurm sends SIGTERM to this script alone
+(`--signal=B:TERM@<s>`), which writes stop.request. A requeued job (SLURM_RESTART_COUNT
 > 0) resumes from the newest checkpoint in output_dir (train_sft.py reads the variable).
 The time limit's stop travels as the run folder's stop.request, which every rank reads at
 each step: a signal would also reach torch's elastic agent, which kills its ranks 30 s later.
@@ -74,7 +74,7 @@ def render_slurm_sbatch(spec: JobSpec) -> str:
             "# SIGTERM to this script alone (the time limit's --signal=B:TERM): every rank finds stop.request",
             "# in this shared folder at its next step, saves a checkpoint and exits (a signal would also reach",
             "# torch's launcher, which kills its ranks 30 s later, saved or not). A stop from tunedeck leaves",
-            "# the file itself and signals the steps.",
+            "# the file itself.",
             "time_limit_reached=0",
             "forward_term() {",
             "  [ -e stop.request ] && return",
