@@ -39,7 +39,7 @@ def test_slurm_run_from_the_page_queues_runs_reattaches_and_stops(page, slurm_cl
     ).stdout.strip()
     try:
         page.goto(server.url)
-        page.wait_for_selector("#file-view .cm-content")
+        page.wait_for_selector("#file-view .cm-content", timeout=90_000)
         open_tab(page, "form-sections", "Hardware/Launch")
         choose(page, "launch.backend", "slurm")
         set_field(page, "launch.num_machines", "2")
