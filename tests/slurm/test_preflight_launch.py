@@ -22,6 +22,7 @@ def train(runs: Path, *sets: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # the console script in a subprocess
 def test_unresolvable_rendezvous_host_is_named_before_start(tmp_path):
     done = train(tmp_path / "runs", *TWO_MACHINES, "--set", "launch.main_process_ip=no-such-node.invalid")
     assert done.returncode == 2, done.stdout + done.stderr
@@ -30,6 +31,7 @@ def test_unresolvable_rendezvous_host_is_named_before_start(tmp_path):
     assert not any((tmp_path / "runs").iterdir())
 
 
+@pytest.mark.slow
 def test_rendezvous_port_in_use_on_machine_zero_is_named(tmp_path):
     with socket.socket() as holder:
         holder.bind(("", 0))
@@ -48,6 +50,7 @@ def test_rendezvous_port_in_use_on_machine_zero_is_named(tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 def test_full_disk_is_named_before_submission(slurm_cluster, shared_runs_dir, small_disk):
     disk = small_disk("1m")  # the demo keeps 2 checkpoints of about 1 MiB each
     before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
