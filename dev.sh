@@ -34,6 +34,17 @@ setup_chromium() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium fonts-dejavu-core >/dev/null
 }
 
+setup_slurm() {
+  # The slurm tests start a real 2-node cluster on this machine (tests/slurm/local_cluster.py) from Debian's packages.
+  PATH="$PATH:/usr/sbin:/sbin" command -v slurmctld >/dev/null && command -v sbatch >/dev/null && return
+  [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null || return 0  # the slurm tests then skip, saying why
+  echo "==> installing Debian's Slurm and munge for the slurm tests"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo -n"
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q slurmctld slurmd slurm-client munge >/dev/null
+}
+
 lint() {
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .
@@ -49,6 +60,7 @@ case "${1:-}" in
     shift
     setup_venv
     setup_chromium
+    setup_slurm
     lint
     exec .venv/bin/python -m pytest "$@"
     ;;

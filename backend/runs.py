@@ -87,10 +87,7 @@ class RunManager:
                 env_changes = self._env_changes(spec, gpus)
                 run_id = self._write_run_folder(spec, [accelerate, *self._launch_args(spec)], gpus, env_changes)
         except OSError as exc:  # a full disk, a read-only one
-            raise RunError(
-                f"--runs-dir: cannot write a new run into {self.runs_dir} ({exc.strerror or exc}): free space on "
-                "its disk, or choose another runs folder"
-            ) from None
+            raise self._cannot_write(exc) from None
         run_dir = self.run_dir(run_id)
         # From here on the supervisor is the only writer of status.json (it records itself first).
         # It runs as a script (it needs only psutil), so it works whether or not tunedeck is installed.
@@ -118,6 +115,12 @@ class RunManager:
         self._wait_until_launched(run_id)
         return run_id
 
+    def _cannot_write(self, exc: OSError) -> RunError:
+        return RunError(
+            f"--runs-dir: cannot write a new run into {self.runs_dir} ({exc.strerror or exc}): free space on "
+            "its disk, or choose another runs folder"
+        )
+
     def _submit(self, spec, accelerate: str) -> str:
         """A Slurm run: write the run folder, submit its slurm.sbatch from it, record the job id."""
         env_changes = self._env_changes(spec, None)
@@ -130,10 +133,7 @@ class RunManager:
             with self._start_lock():
                 run_id = self._write_run_folder(spec, argv, None, env_changes, backend=slurm_runs.BACKEND)
         except OSError as exc:
-            raise RunError(
-                f"--runs-dir: cannot write a new run into {self.runs_dir} ({exc.strerror or exc}): free space on "
-                "its disk, or choose another runs folder"
-            ) from None
+            raise self._cannot_write(exc) from None
         run_dir = self.run_dir(run_id)
         try:
             slurm_runs.submit(run_dir, {**_inherited_env(), **env_changes})

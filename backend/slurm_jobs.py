@@ -165,14 +165,6 @@ def expand_nodes(node_list: str) -> list[str]:
 # ---------------------------------------------------------------- signal and cancel
 
 
-def signal_steps(job_id: str) -> None:
-    """SIGTERM to the job's script and every step: its ranks save a checkpoint and exit."""
-    forget(job_id)
-    done = run(["scancel", "--signal=TERM", "--full", job_id])
-    if done.returncode:
-        raise SlurmUnavailable(f"scancel: {_failure(done)}")
-
-
 def cancel(job_id: str) -> None:
     forget(job_id)
     done = run(["scancel", job_id])

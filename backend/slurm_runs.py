@@ -9,9 +9,9 @@ Slurm's state and reason while it waits, running with its nodes, and once Slurm 
 rank errors) and Slurm's last word, written to status.json once. So a panel restarted mid-run,
 or a `tunedeck runs` on another login node, finds the run where it is.
 
-Stop: stop.request in the folder (the run is "stopping"; the job script then passes no second
-signal on), SIGTERM to the job's script and steps (the ranks save a checkpoint and exit), and
-after the grace period `scancel` for whatever is left. A job still waiting is cancelled at once.
+Stop: stop.request in the shared folder (the run is "stopping"), which every rank reads at its
+next step: it saves a checkpoint and exits, and the job ends by itself; after the grace period
+`scancel` ends whatever is left. A job still waiting is cancelled at once.
 """
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ def _ended(run_dir: Path, data: dict, recorded: dict, job: slurm_jobs.SlurmJob |
             error = f"{said}\n{error}" if error else said
         else:
             error = said
-    if state == "stopped" and not stop_requested and not error:
+    if state == "stopped" and _stopped_by_time_limit(run_dir):
+        error = ENDED_BY_SLURM["TIMEOUT"].replace("ended the job at", "stopped the job before")
+    elif state == "stopped" and not stop_requested and not error:
         error = (
             "Slurm signalled the job to stop (its time limit was near, or an scancel): its last checkpoint is in "
             "output_dir; resume with training.resume_from_checkpoint=true"
@@ -122,8 +124,16 @@ def _ended(run_dir: Path, data: dict, recorded: dict, job: slurm_jobs.SlurmJob |
     return {**data, **ended}
 
 
+def _stopped_by_time_limit(run_dir: Path) -> bool:
+    """slurm.sbatch writes the stop request itself when the time limit nears ("by": "time_limit")."""
+    try:
+        return '"time_limit"' in (run_dir / STOP_FILE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
 def stop(run_dir: Path, data: dict, grace_s: float, env: dict[str, str] | None = None) -> None:
-    """Ask the job to stop: SIGTERM to its ranks now, scancel after grace_s (at once when it still waits)."""
+    """Ask the job to stop: stop.request for its ranks now, scancel after grace_s (at once when it still waits)."""
     job_id = str((data.get("slurm") or {}).get("job_id") or "")
     run_folder.write_stop_request(run_dir, grace_s)  # before the signal: the job script must not pass a second one
     if not job_id:
@@ -134,5 +144,8 @@ def stop(run_dir: Path, data: dict, grace_s: float, env: dict[str, str] | None =
     if job.waiting:
         slurm_jobs.cancel(job_id)  # nothing started, nothing to save
         return
-    slurm_jobs.signal_steps(job_id)
+    # No signal: every rank reads stop.request at its next step. Measured on the local cluster:
+    # `scancel --signal=TERM --full` also reaches srun in the job script, which answers "forcing job
+    # termination" and ends the job at once; a TERM to the steps alone reaches torch's elastic agent,
+    # which kills its ranks 30 s later, saved or not.
     slurm_jobs.start_cancel_after(job_id, grace_s, env)

@@ -167,16 +167,14 @@ class SlurmSpec(SpecSection):
         300,
         ge=10,
         le=65535,
-        description="Seconds before the time limit when the ranks get SIGTERM to save a checkpoint and stop.",
+        description="Seconds before the time limit when the ranks are asked to save a checkpoint and stop.",
     )
-    gpus_per_node: int | None = Field(
-        None, ge=1, le=1024, description="GPUs per node to ask for; empty: the processes per machine (GPU runs)."
+    # 0 rather than empty for "not set": the form's number box has no empty value.
+    gpus_per_node: int = Field(
+        0, ge=0, le=1024, description="GPUs per node to ask for; 0: the processes per machine (GPU runs)."
     )
-    cpus_per_task: int | None = Field(
-        None,
-        ge=1,
-        le=4096,
-        description="CPU cores per node for the node's ranks and data loading; empty: Slurm's default.",
+    cpus_per_task: int = Field(
+        0, ge=0, le=4096, description="CPU cores per node for the node's ranks and data loading; 0: Slurm's default."
     )
     mem: str | None = Field(
         None,

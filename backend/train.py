@@ -115,20 +115,37 @@ def _json_default(value):
     return str(value)
 
 
-class StopRequest:
-    """Set by SIGTERM/SIGINT; the training loop acts on it at the next step boundary."""
+STOP_FILE = "stop.request"  # the run folder's stop request (backend/run_folder.py)
 
-    def __init__(self):
-        self.requested = False
+
+class StopRequest:
+    """Set by SIGTERM/SIGINT, or by a stop.request file in the run folder; the training loop acts on it
+    at the next step boundary.
+
+    The file reaches every node through the shared run folder without a signal: on Slurm a signal
+    also reaches torch's elastic agent, which kills its ranks 30 s later, saved or not (slurm.sbatch
+    writes the file when the time limit nears).
+    """
+
+    def __init__(self, run_dir: Path | None = None):
+        self._set = False
+        self._file = run_dir / STOP_FILE if run_dir is not None else None
+
+    @property
+    def requested(self) -> bool:
+        if not self._set and self._file is not None and self._file.exists():
+            print(f"found {STOP_FILE}: stopping after the current step", flush=True)
+            self._set = True
+        return self._set
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        if not self.requested:
+        if not self._set:
             print(f"received {signal.Signals(signum).name}: stopping after the current step", flush=True)
-        self.requested = True
+        self._set = True
 
 
 # ---------------------------------------------------------------- inputs
@@ -1356,7 +1373,7 @@ def main(argv=None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     os.chdir(run_dir)  # relative paths (output_dir, data files) are from the run folder
     rank = global_rank()
-    stop = StopRequest()
+    stop = StopRequest(run_dir)
     stop.install()
     terminal = redirect_output(run_dir, rank)
     metrics = JsonlWriter(run_dir / "metrics.jsonl") if rank == 0 else None

@@ -2,10 +2,12 @@
 
 The header comes from launch.slurm (partition, account, QOS, time limit, GPUs, CPUs, memory,
 exclusive, requeue, extra #SBATCH lines). A stop and the time limit both reach the ranks as
-SIGTERM, on which they save a checkpoint and exit: tunedeck's Stop sends it to the job's steps
-(`scancel --signal=TERM --full`); before the time limit Slurm sends it to this script alone
-(`--signal=B:TERM@<s>`), which passes it on to the steps. A requeued job (SLURM_RESTART_COUNT
+a stop request, on which they save a checkpoint and exit: tunedeck's Stop writes stop.request
+into the run folder; before the time limit Slurm sends SIGTERM to this script alone
+(`--signal=B:TERM@<s>`), which writes stop.request. A requeued job (SLURM_RESTART_COUNT
 > 0) resumes from the newest checkpoint in output_dir (train_sft.py reads the variable).
+The time limit's stop travels as the run folder's stop.request, which every rank reads at
+each step: a signal would also reach torch's elastic agent, which kills its ranks 30 s later.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def render_slurm_sbatch(spec: JobSpec) -> str:
             "set -euo pipefail",
             # sbatch runs a copy of this script from its spool folder: the bundle is where it was submitted.
             'cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")}"',
+            "# A requeued job starts again: the stop that ended its last run is done.",
+            'if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then rm -f stop.request; fi',
             "",
             "# The allocation's first node is machine 0, the rendezvous host; every node runs",
             "# launch.sh once, with its node id as machine rank.",
@@ -67,14 +71,15 @@ def render_slurm_sbatch(spec: JobSpec) -> str:
             'MAIN_PROCESS_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
             "export MAIN_PROCESS_IP",
             "",
-            "# SIGTERM to this script alone (the time limit's --signal=B:TERM) goes on to every rank, which",
-            "# saves a checkpoint and exits. A stop from tunedeck signals the steps itself (and leaves",
-            "# stop.request here): no second signal then.",
+            "# SIGTERM to this script alone (the time limit's --signal=B:TERM): every rank finds stop.request",
+            "# in this shared folder at its next step, saves a checkpoint and exits (a signal would also reach",
+            "# torch's launcher, which kills its ranks 30 s later, saved or not). A stop from tunedeck leaves",
+            "# the file itself.",
             "time_limit_reached=0",
             "forward_term() {",
             "  [ -e stop.request ] && return",
             "  time_limit_reached=1",
-            '  scancel --signal=TERM "$SLURM_JOB_ID" || true',
+            f"""  printf '{{"grace_s": {spec.launch.slurm.signal_before_s}, "time": %s, "by": "time_limit"}}\\n' "$(date +%s)" > stop.request""",
             "}",
             "trap forward_term TERM",
             # In the background: bash runs a trap only between commands, never while a foreground one runs.

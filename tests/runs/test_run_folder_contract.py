@@ -191,6 +191,7 @@ def test_train_end_statuses_are_the_contracts():
 def test_supervisor_names_the_files_of_the_contract():
     for name in ("STATUS_FILE", "STOP_FILE", "METRICS_FILE", "ERRORS_FILE", "LAUNCHER_LOG", "RESERVE_FILE"):
         assert getattr(supervisor, name) == getattr(run_folder, name), name
+    assert train.STOP_FILE == run_folder.STOP_FILE  # the ranks read the stop request too
     # "see logs/rank3.log" in a failure's headline
     assert any(run_folder.rank_log(7).replace("7", "{}") in f for f in _fstrings(ast.parse(SUPERVISOR)))
 

@@ -30,8 +30,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def squeue(job_id: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+def squeue(job_id: str, what: str = "%T") -> str:
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", what], capture_output=True, text=True).stdout.strip()
 
 
 def processes_of(run_dir: Path) -> list[str]:
@@ -63,6 +63,8 @@ def cli_run(slurm_cluster, shared_runs_dir, demo_home):
 def test_cli_trains_the_demo_on_both_nodes(cli_run):
     done, run_dir, runs = cli_run
     assert done.returncode == 0, done.stdout + done.stderr + logs_tail(run_dir)
+    # /var/tmp is a node's own folder on a real cluster: a warning (one host here), before the submission.
+    assert "warning: --runs-dir:" in done.stderr and "looks like a node's own folder" in done.stderr
     lines = done.stdout.splitlines()
     queued = next(i for i, line in enumerate(lines) if re.match(r"queued: Slurm job \d+ · PENDING", line))
     running = next(i for i, line in enumerate(lines) if line.startswith("running: Slurm job"))
@@ -93,8 +95,8 @@ def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_clu
             "launch.num_machines": 2,
             "launch.num_processes": 2,
             "launch.main_process_port": free_port(),
-            "launch.slurm.time_limit": "2",  # minutes
-            "launch.slurm.signal_before_s": 60,
+            "launch.slurm.time_limit": "3",  # minutes
+            "launch.slurm.signal_before_s": 100,  # Slurm sends it up to 60 s early: after the start, still
             "launch.slurm.requeue": True,
             "training.max_steps": 100000,
             "training.save_steps": 100000,  # no checkpoint of its own: each one comes from a signal
@@ -112,9 +114,14 @@ def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_clu
     first = wait_for(lambda: list(checkpoints.glob("checkpoint-*")), 300, 1, "the time limit's checkpoint")
     saved_step = int(first[0].name.split("-")[1])
     assert saved_step > 0, logs_tail(run_dir)
+    # Slurm holds a requeued job for 2 minutes before it may start again (BeginTime): release it now, with
+    # a longer limit, so that this start is stopped by the Stop below and not by its time limit again.
+    wait_for(lambda: "BeginTime" in squeue(job_id, "%r"), 120, 1, "the job back in the queue")
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now", "TimeLimit=20"], check=True)
     # The same job starts again and resumes from that checkpoint.
     wait_for(lambda: len(starts()) == 2, 300, 1, "the requeued job's start record\n" + logs_tail(run_dir))
     assert starts()[1]["resumed_from_step"] == saved_step
+    assert not (run_dir / "stop.request").exists()  # the stop that ended the last start is done
     status = manager.status(run_id)
     assert status.state == "running" and status.slurm["job_id"] == job_id
     wait_for(lambda: log_records(run_dir)[-1]["step"] > saved_step, 120, 1, "a step after the resume")

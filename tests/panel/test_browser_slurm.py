@@ -1,0 +1,93 @@
+"""A Slurm run from the page, on the real local 2-node cluster (tests/slurm/local_cluster.py).
+
+One run serves the whole story: Where to run = slurm, Start while a blocking job holds both
+nodes (queued, with Slurm's reason), the blocker cancelled (running on n0 and n1, live curves
+and the rank-0 log, the GPU tab naming the nodes), the panel restarted mid-run (it
+re-attaches), then Stop (a checkpoint, no job in squeue, no process of the run left).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from runs.helpers import processes_working_in, wait_for
+
+from panel.browser import PanelServer, choose, free_port, open_tab, plot_points, set_field, settle, text_of, wait_text
+
+pytestmark = [pytest.mark.slurm, pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(900)]
+
+
+def loss_points(page) -> int:
+    return plot_points(page, "loss-chart").get("this run loss", 0)
+
+
+def squeue(job_id: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def test_slurm_run_from_the_page_queues_runs_reattaches_and_stops(page, slurm_cluster, shared_runs_dir, demo_home):
+    runs = shared_runs_dir / "panel"
+    runs.mkdir(exist_ok=True)
+    server = PanelServer(runs, "--preset", "demo")
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#file-view .cm-content", timeout=90_000)
+        open_tab(page, "form-sections", "Hardware/Launch")
+        choose(page, "launch.backend", "slurm")
+        set_field(page, "launch.num_machines", "2")
+        set_field(page, "launch.num_processes", "2")
+        set_field(page, "launch.main_process_port", str(free_port()))  # both "nodes" are this machine
+        open_tab(page, "form-sections", "Training")
+        set_field(page, "training.max_steps", "5000")
+        settle(page)
+        wait_text(page, "#file-view .cm-content", "backend: slurm")
+        page.click("#start-run")
+        wait_text(page, "#notice", "Started run", timeout=60_000)
+        run_id = re.search(r"\d{8}-\d{6}-[0-9a-f]{6}", text_of(page, "#notice")).group(0)
+
+        # Queued behind the blocker, with Slurm's state and reason.
+        wait_text(page, "#run-state", "queued", timeout=30_000)
+        wait_text(page, "#run-state", "PENDING (", timeout=30_000)
+        assert re.search(r"PENDING \((Resources|Priority|Nodes)", text_of(page, "#run-state")), text_of(
+            page, "#run-state"
+        )
+        job_id = re.search(r"Slurm job (\d+)", text_of(page, "#run-state")).group(1)
+
+        subprocess.run(["scancel", blocker], check=True)
+        wait_text(page, "#run-state", "running", timeout=120_000)
+        wait_text(page, "#run-state", "on n0, n1", timeout=30_000)
+        wait_for(lambda: loss_points(page) >= 2, 300, 1, "the first loss points")
+        wait_for(lambda: page.locator("#run-log textarea").input_value().strip(), 60, 1, "the rank-0 log")
+
+        page.click("#tab-gpus-button")
+        wait_text(page, "#gpu-monitor", f"Slurm job {job_id} (run {run_id}) holds n0, n1", timeout=30_000)
+
+        # The panel restarted mid-run finds the run where it is.
+        server.stop()
+        server = PanelServer(runs, "--preset", "demo")
+        page.goto(server.url)
+        page.click("#tab-run-button")
+        wait_text(page, "#run-state", run_id, timeout=30_000)
+        wait_text(page, "#run-state", "running", timeout=30_000)
+        before = wait_for(lambda: loss_points(page), 60, 1, "the chart after the restart")
+        wait_for(lambda: loss_points(page) > before, 120, 1, "the chart to keep growing")
+
+        # Stop: the ranks save a checkpoint and exit; nothing is left in the queue or on the machine.
+        page.click("#stop-run")
+        wait_text(page, "#run-state", "stopped", timeout=180_000)
+        run_dir = runs / run_id
+        assert list((run_dir / "output").glob("checkpoint-*")), "Stop saves a checkpoint"
+        wait_for(lambda: squeue(job_id) == "", 60, 1, "the job to leave the queue")
+        wait_for(lambda: not processes_working_in(run_dir), 30, 1, "no process of the run")
+    finally:
+        subprocess.run(["scancel", blocker], check=False)
+        slurm_cluster.cancel_all()
+        server.stop()
