@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import os
 import re
 import secrets
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from tunedeck.backend import run_folder, run_status, slurm_runs, supervisor
 from tunedeck.backend.run_folder import ACTIVE_STATES, STATUS_FILE, STOP_FILE, DamagedStatus, read_status_file
+from tunedeck.backend.run_launch import accelerate_command, inherited_env, launch_args, rank_env
 from tunedeck.backend.run_status import RunStatus
 from tunedeck.backend.run_summary import run_title
 from tunedeck.backend.slurm_jobs import SlurmUnavailable
@@ -45,11 +45,6 @@ DEFAULT_GRACE_S = 60.0
 
 class RunError(Exception):
     """Why a run cannot be started, found or stopped; the message is for the user."""
-
-
-def _inherited_env() -> dict[str, str]:
-    """This process's environment minus the panel's own Gradio folders (removed when the panel exits)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("GRADIO_")}
 
 
 class RunManager:
@@ -68,7 +63,12 @@ class RunManager:
         errors = [p for p in validate(spec) if p.level == "error"]
         if errors:
             raise RunError("the job has errors:\n" + "\n".join(f"- {p.field}: {p.message}" for p in errors))
-        accelerate = self._accelerate_command()
+        accelerate = accelerate_command()
+        if accelerate is None:
+            raise RunError(
+                f"the accelerate command is not installed next to {sys.executable}: install the training stack "
+                "(pip install 'tunedeck[train]')"
+            )
         self.check_folder(create=True)
         preflight.check_resume(spec, self.runs_dir, self.list_runs())
         self._ensure_demo_if_used(spec)
@@ -84,8 +84,8 @@ class RunManager:
         try:
             with self._start_lock():  # two starts at once must not both claim the same GPUs
                 gpus = preflight.claim_gpus(spec, self.list_runs())
-                env_changes = self._env_changes(spec, gpus)
-                run_id = self._write_run_folder(spec, [accelerate, *self._launch_args(spec)], gpus, env_changes)
+                env_changes = rank_env(spec, gpus)
+                run_id = self._write_run_folder(spec, [accelerate, *launch_args(spec)], gpus, env_changes)
         except OSError as exc:  # a full disk, a read-only one
             raise self._cannot_write(exc) from None
         run_dir = self.run_dir(run_id)
@@ -96,7 +96,7 @@ class RunManager:
                 self._supervisors[run_id] = subprocess.Popen(
                     [sys.executable, supervisor.__file__, str(run_dir)],
                     cwd=run_dir,
-                    env={**_inherited_env(), **env_changes},
+                    env={**inherited_env(), **env_changes},
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -123,7 +123,7 @@ class RunManager:
 
     def _submit(self, spec, accelerate: str) -> str:
         """A Slurm run: write the run folder, submit its slurm.sbatch from it, record the job id."""
-        env_changes = self._env_changes(spec, None)
+        env_changes = rank_env(spec, None)
         if not spec.launch.use_cpu:  # Slurm gives each node its GPUs, and launch.sh shares the node's cores
             for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"):
                 env_changes.pop(name)
@@ -136,7 +136,7 @@ class RunManager:
             raise self._cannot_write(exc) from None
         run_dir = self.run_dir(run_id)
         try:
-            slurm_runs.submit(run_dir, {**_inherited_env(), **env_changes})
+            slurm_runs.submit(run_dir, {**inherited_env(), **env_changes})
         except (SlurmUnavailable, OSError) as exc:
             supervisor.record_end(run_dir, tries=2, retry_s=0, state="failed", ended_at=time.time(), error=str(exc))
             raise RunError(f"launch.backend: could not submit the run to Slurm: {exc}") from None
@@ -184,49 +184,6 @@ class RunManager:
         with open(self.runs_dir / ".start.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
-
-    @staticmethod
-    def _accelerate_command() -> str:
-        # The console script of the same environment as this Python, not whatever PATH finds first.
-        candidate = Path(sys.executable).parent / "accelerate"
-        if candidate.is_file():
-            return str(candidate)
-        raise RunError(
-            f"the accelerate command is not installed next to {sys.executable}: install the training stack "
-            "(pip install 'tunedeck[train]')"
-        )
-
-    @staticmethod
-    def _launch_args(spec) -> list[str]:
-        from tunedeck.backend.render.launch import launch_argv
-
-        args = launch_argv(spec)
-        if spec.launch.num_machines == 1:
-            # On one machine the rendezvous port is private: let accelerate pick a free one, so
-            # two runs (or a run and someone's notebook) never collide on 29500.
-            args[1:1] = ["--main_process_port", "0"]
-        return args
-
-    @staticmethod
-    def _env_changes(spec, gpus: list[int] | None) -> dict[str, str]:
-        per_machine = spec.launch.processes_per_machine
-        env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        if spec.strategy.is_deepspeed and not os.environ.get("TORCH_EXTENSIONS_DIR"):
-            # DeepSpeed compiles an op against this environment's torch on first use (~1 min); keyed by
-            # environment, two virtualenvs on one machine do not keep rebuilding each other's copy.
-            key = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
-            env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "torch_extensions" / f"tunedeck-{key}")
-        if gpus is None:
-            # Measured: several threads per process on a small machine make training ~6x slower.
-            env["OMP_NUM_THREADS"] = "1"
-            env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run stays on the CPU even on a GPU machine
-        else:
-            env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(
-                max(1, (os.cpu_count() or 1) // per_machine)
-            )
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        return env
 
     @staticmethod
     def _ensure_demo_if_used(spec) -> None:
