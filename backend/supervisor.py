@@ -2,28 +2,20 @@
 
     python backend/supervisor.py RUN_DIR     (it needs only psutil: no tunedeck import)
 
-The run manager starts it in its own session and returns; the supervisor starts the
-launcher (argv and environment prepared by the manager, recorded in status.json),
-records pid and process start time, carries out a stop request (the manager drops a
-`stop.request` file), and writes the final state and exit code to status.json when the
-launcher exits. Because it outlives the manager, a panel restart loses nothing: the new
-manager re-attaches by reading status.json and checking pids and start times.
+Started by the run manager in its own session, it starts the launcher (argv and environment
+recorded in status.json), records pid and start time, carries out a stop request (a
+`stop.request` file, or SIGTERM to the supervisor when the folder was deleted) and writes the
+final state and exit code to status.json. It outlives the manager, so a panel restart
+re-attaches by reading status.json and checking pids and start times.
 
-Stop: SIGTERM to the ranks (the launcher's children), which finish their step, save a
-checkpoint and exit; the launcher then exits by itself. The launcher itself is not
-signalled first: torch's elastic agent answers SIGTERM by killing its workers 30 s later,
-which could cut a large checkpoint in half. After the grace period, SIGKILL to every
-process of the run. Signalling the launcher's process group would not do: the elastic
-agent starts each rank in a session of its own. The supervisor is a child subreaper, so
-ranks orphaned by a dead launcher stay its descendants; whatever is left when the
-launcher exits is killed, so no process of a run outlives it. SIGTERM to the supervisor is a
-stop request too (the manager sends it when the run's folder was deleted, so no file can carry
-the request).
+Stop: SIGTERM to the ranks, which finish their step, save a checkpoint and exit; not to the
+launcher, whose elastic agent kills its workers 30 s after a SIGTERM (a large checkpoint cut
+in half), nor to its process group (each rank has a session of its own). After the grace
+period, SIGKILL to every process of the run. As a child subreaper it keeps ranks orphaned by
+a dead launcher, and kills whatever is left when the launcher exits.
 
-A full disk must not leave a run "running" forever: the manager writes a small reserve file
-into the run folder at start, and when the final status cannot be written the supervisor
-deletes the reserve and writes again (the run's own processes are gone by then, so the
-space freed is ours).
+A full disk must not leave a run "running" forever: the manager writes a reserve file into the
+run folder, which the supervisor deletes to write the final status when nothing else fits.
 
 One file on purpose: it runs as a script with nothing but psutil, so it spells the run
 folder's names itself (backend/run_folder.py owns them; a contract test compares the two).
@@ -54,11 +46,10 @@ RESERVE_FILE = ".disk-reserve"  # room kept for the final status.json on a disk 
 DEFAULT_GRACE_S = 60.0
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 POLL_S = 0.2
-# After a rank has failed, the others get this long to finish on their own: a rank blocked in
-# a collective on its dead peer ignores SIGTERM (gloo and NCCL can wait for many minutes).
+# After a rank failed, the others get this long to end on their own (one blocked in a collective on
+# its dead peer ignores SIGTERM for minutes); then they are killed, and the launcher gets the summary
+# grace to print its failure summary (it names a rank that died by a signal) and exit.
 FAILURE_GRACE_S = 5.0
-# Then the ranks are killed, and the launcher gets this long to print its failure summary (which
-# names a rank that died by a signal) and exit by itself.
 SUMMARY_GRACE_S = 10.0
 ERROR_LINES = 20
 
@@ -263,11 +254,7 @@ def final_state(
 
 
 def _become_subreaper() -> None:
-    """Adopt orphaned descendants (Linux): if the launcher dies first, its ranks become ours, not init's.
-
-    torch's elastic agent starts every rank in a session of its own, so neither the launcher's
-    process group nor its tree alone is a reliable handle on a run's processes.
-    """
+    """Adopt orphaned descendants (Linux): if the launcher dies first, its ranks become ours, not init's."""
     try:
         import ctypes
 
