@@ -6,8 +6,10 @@ one line at 1280 px. One panel for the module."""
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import expect
 
-from panel.browser import PanelServer, choose, contrast_failures, field, open_tab, set_field, settle, wait_text
+from panel.browser import PanelServer, choose, contrast_failures, field, open_tab, set_field, wait_text
+from tunedeck.app.form import section_id
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -25,38 +27,41 @@ def load(page, server, width: int = 1440):
     page.goto(server.url)
     page.wait_for_selector("#file-view .cm-content")
     page.wait_for_function("document.querySelector('#global-batch').innerText.includes('Global batch')")
-    settle(page)
+    wait_text(page, "#job-issues", "No problems", timeout=60_000)  # the page load's paint has arrived
 
 
-def tab_label(page, title_start: str) -> str:
-    return page.locator("#form-sections [role=tablist] > button[role=tab]", has_text=title_start).first.inner_text()
+def tab(page, title_start: str):
+    return page.locator("#form-sections [role=tablist] > button[role=tab]", has_text=title_start).first
 
 
-def outline(page, elem_id: str) -> dict:
-    return page.evaluate(
-        """id => { const s = getComputedStyle(document.getElementById(id));
-                   return {style: s.outlineStyle, width: parseFloat(s.outlineWidth), color: s.outlineColor}; }""",
-        elem_id,
+OUTLINE_JS = """id => { const e = document.getElementById(id); if (!e) return null; const s = getComputedStyle(e);
+                        return {style: s.outlineStyle, width: parseFloat(s.outlineWidth), color: s.outlineColor}; }"""
+
+
+def outline(page, elem_id: str, drawn: bool) -> dict:
+    """The field's outline as the browser draws it (computed style), once it is (not) drawn."""
+    page.wait_for_function(
+        f"id => {{ const o = ({OUTLINE_JS})(id); return o && (o.style !== 'none' && o.width > 0) === {str(drawn).lower()}; }}",
+        arg=elem_id,
     )
+    return page.evaluate(OUTLINE_JS, elem_id)
 
 
 def test_an_invalid_value_is_outlined_at_its_field_with_its_message_and_counted_on_its_tab(page, server):
     load(page, server)
     open_tab(page, "form-sections", "LoRA/Quantization")
-    assert outline(page, "field-lora-r")["style"] == "none"
+    outline(page, "field-lora-r", drawn=False)
     set_field(page, "lora.r", "0")
     wait_text(page, "#job-issues", "lora.r")
-    settle(page)
-    drawn = outline(page, "field-lora-r")  # what shows, not only the class (Gradio 6 inputs have no border)
+    drawn = outline(page, "field-lora-r", drawn=True)  # what shows, not only the class (Gradio 6 inputs: no border)
     assert drawn["style"] == "solid" and drawn["width"] >= 2 and drawn["color"] == "rgb(220, 38, 38)", drawn
-    assert "greater than or equal to 1" in page.inner_text("#field-lora-r .info-text")
-    assert tab_label(page, "LoRA") == "LoRA/Quantization ✗1"
-    assert tab_label(page, "Training") == "Training"
+    expect(page.locator("#field-lora-r .info-text")).to_contain_text("greater than or equal to 1")
+    expect(tab(page, "LoRA")).to_have_text("LoRA/Quantization ✗1")
+    expect(tab(page, "Training")).to_have_text("Training")
     set_field(page, "lora.r", "8")
     wait_text(page, "#job-issues", "No problems")
-    settle(page)
-    assert outline(page, "field-lora-r")["style"] == "none"
-    assert tab_label(page, "LoRA") == "LoRA/Quantization"
+    outline(page, "field-lora-r", drawn=False)
+    expect(tab(page, "LoRA")).to_have_text("LoRA/Quantization")
 
 
 def test_clicking_a_problem_opens_its_tab_and_advanced_fold_and_focuses_the_field(page, server):
@@ -72,7 +77,7 @@ def test_clicking_a_problem_opens_its_tab_and_advanced_fold_and_focuses_the_fiel
     assert page.locator("#field-training-seed").is_visible()
     top = page.evaluate("document.getElementById('field-training-seed').getBoundingClientRect().top")
     assert 0 <= top < page.viewport_size["height"], top  # scrolled into view
-    assert tab_label(page, "Training") == "Training ✗1"
+    expect(tab(page, "Training")).to_have_text("Training ✗1")
 
 
 def test_choosing_qlora_sets_4bit_nf4_says_so_and_shows_no_error(page, server):
@@ -80,20 +85,19 @@ def test_choosing_qlora_sets_4bit_nf4_says_so_and_shows_no_error(page, server):
     open_tab(page, "form-sections", "LoRA/Quantization")
     choose(page, "method", "qlora")
     wait_text(page, "#notice", "Set for you")
-    settle(page)
     assert "quantization.bits" in page.inner_text("#notice")
-    assert field(page, "quantization.bits").input_value() == "4"
-    assert "error" not in page.inner_text("#job-issues")
-    assert page.locator(".invalid").count() == 0
-    assert page.locator("#start-run").is_enabled()
+    expect(field(page, "quantization.bits")).to_have_value("4")
+    wait_text(page, "#job-issues", "No problems")
+    expect(page.locator(".invalid")).to_have_count(0)
+    expect(page.locator("#start-run")).to_be_enabled()
     # Sharded: the 4-bit storage and compute dtype follow the model's.
     open_tab(page, "form-sections", "Strategy")
     choose(page, "strategy.kind", "fsdp")
     wait_text(page, "#notice", "bnb_4bit_quant_storage")
-    settle(page)
+    expect(page.locator("#start-run")).to_be_enabled()  # no error: 4-bit weights FSDP can shard
     assert "✗" not in page.inner_text("#job-issues")
     open_tab(page, "form-sections", "LoRA/Quantization")
-    assert field(page, "quantization.bnb_4bit_quant_storage").input_value() == "bfloat16"
+    expect(field(page, "quantization.bnb_4bit_quant_storage")).to_have_value("bfloat16")
 
 
 def test_a_fix_button_applies_its_fix_and_clears_its_problem(page, server):
@@ -101,19 +105,17 @@ def test_a_fix_button_applies_its_fix_and_clears_its_problem(page, server):
     open_tab(page, "form-sections", "Training")
     field(page, "training.ddp_find_unused_parameters").check()  # LoRA under DDP: a warning with one fix
     wait_text(page, "#job-issues", "ddp_find_unused_parameters")
-    settle(page)
     button = page.locator("#job-fixes button", has_text="training.ddp_find_unused_parameters=false")
-    assert button.is_visible()
-    assert tab_label(page, "Training") == "Training ⚠1"
-    drawn = outline(page, "field-training-ddp-find-unused-parameters")
-    assert drawn["style"] == "solid" and drawn["width"] >= 2, drawn  # a warning is outlined too
+    expect(button).to_be_visible()
+    expect(tab(page, "Training")).to_have_text("Training ⚠1")
+    drawn = outline(page, "field-training-ddp-find-unused-parameters", drawn=True)  # a warning is outlined too
+    assert drawn["style"] == "solid" and drawn["width"] >= 2, drawn
     button.click()
     wait_text(page, "#notice", "Fixed")
     wait_text(page, "#job-issues", "No problems")
-    settle(page)
-    assert not field(page, "training.ddp_find_unused_parameters").is_checked()
-    assert not page.locator("#job-fixes").is_visible()
-    assert page.locator("#start-run").is_enabled()  # the files shown are the fixed job's (Start's digest)
+    expect(field(page, "training.ddp_find_unused_parameters")).not_to_be_checked()
+    expect(page.locator("#job-fixes")).to_be_hidden()
+    expect(page.locator("#start-run")).to_be_enabled()
 
 
 def test_every_text_of_the_job_tab_meets_wcag_aa_contrast(page, server):
@@ -121,11 +123,11 @@ def test_every_text_of_the_job_tab_meets_wcag_aa_contrast(page, server):
     open_tab(page, "form-sections", "LoRA/Quantization")
     set_field(page, "lora.r", "0")  # an error's message and outline are part of what must read well
     wait_text(page, "#job-issues", "lora.r")
-    settle(page)
+    outline(page, "field-lora-r", drawn=True)
     checked, failures = 0, []
     for section in ("Model", "Dataset", "LoRA/Quantization", "Strategy", "Training", "Hardware/Launch"):
         open_tab(page, "form-sections", section)
-        settle(page)
+        page.locator(f"#{section_id(section)} .block").first.wait_for()
         count, found = contrast_failures(page)
         checked, failures = checked + count, failures + found
     assert checked > 300, checked  # the walk saw the page's text
@@ -138,8 +140,8 @@ def test_section_tabs_fit_on_one_line_at_1280_px_even_with_counts(page, server):
     set_field(page, "training.seed", "-1")
     open_tab(page, "form-sections", "LoRA/Quantization")
     set_field(page, "lora.r", "0")
-    wait_text(page, "#form-sections [role=tablist]", "✗1")
-    settle(page)
+    expect(tab(page, "LoRA")).to_have_text("LoRA/Quantization ✗1")
+    expect(tab(page, "Training")).to_have_text("Training ✗1")
     tops = page.evaluate(
         "[...document.querySelectorAll('#form-sections [role=tablist] > button[role=tab]')]"
         ".filter(b => b.offsetParent).map(b => [b.innerText, Math.round(b.getBoundingClientRect().top)])"
