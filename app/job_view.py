@@ -57,6 +57,7 @@ from tunedeck.backend.fields import (
     visible,
 )
 from tunedeck.backend.implied import describe, implied
+from tunedeck.backend.problem import spelled
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import JobSpec, SpecError, set_paths
 
@@ -355,7 +356,7 @@ class JobView:
             return None, "The problems changed before Fix arrived; read them again and press Fix again."
         changes = fixes[label]
         spec = set_paths(spec_from_values(values_from_form(event.raw)), changes)
-        done = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
+        done = ", ".join(f"`{path}` → `{spelled(value)}`" for path, value in changes.items())
         return spec, f"Fixed: {done}."
 
     def _file_updates(self, files: dict[str, str], shown: JobShown, out: Updates) -> None:

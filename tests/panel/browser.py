@@ -160,10 +160,15 @@ def settle(page, timeout: float = 60_000) -> None:
 
 
 def field(page, path: str):
-    """The input element of a spec field's widget (by its dotted path)."""
-    from tunedeck.app.form import element_id
+    """The input element of a spec field's widget (by its dotted path), its Advanced fold opened if it is
+    in one (in the section on view; the page's own jump script does it, as a click on a problem does)."""
+    from tunedeck.app.form import element_id, jump_targets
 
-    return page.locator(f"#{element_id(path)}").locator("input, textarea").first
+    box = page.locator(f"#{element_id(path)}")
+    advanced = jump_targets()[element_id(path)][1]
+    if advanced and page.locator(f"#{advanced}").is_visible() and not box.is_visible():
+        page.locator(f"#{advanced} button.label-wrap").first.click()
+    return box.locator("input, textarea").first
 
 
 def set_field(page, path: str, value: str) -> None:

@@ -31,7 +31,7 @@ def main() -> int:
             page.goto(server.url)
             wait_text(page, "#recommendation", "GB per GPU")
             page.wait_for_selector("#estimate-chart .js-plotly-plot")
-            page.screenshot(path=str(docs / "screenshot.png"))
+            page.screenshot(path=str(docs / "screenshot.png"), full_page=True)  # the whole Job tab
             page.click("#start-run")
             wait_text(page, "#run-state", "finished", timeout=300_000)
             page.wait_for_timeout(1500)

@@ -136,6 +136,8 @@ def test_invalid_value_names_the_field_and_disables_start(page, server):
 def test_fields_that_do_not_apply_are_hidden(page, server):
     load(page, server)
     open_tab(page, "form-sections", "Strategy")
+    page.locator("#section-strategy-advanced button.label-wrap").first.click()  # unfolded: hidden = not applicable
+    page.locator("#section-strategy-advanced button.label-wrap.open").wait_for()
     assert not page.locator("#field-strategy-stage3-max-live-parameters").is_visible()
     assert not page.locator("#field-strategy-offload-params").is_visible()
     choose(page, "strategy.kind", "zero3")
