@@ -156,37 +156,63 @@ SBATCH_PREFIX = "#SBATCH "
 class SlurmSpec(SpecSection):
     """How the job is submitted to Slurm (launch.backend=slurm): the #SBATCH lines of slurm.sbatch."""
 
-    partition: str | None = Field(None, description="Partition (queue) to submit to; empty: the cluster's default.")
-    account: str | None = Field(None, description="Account charged for the job, where the cluster asks for one.")
-    qos: str | None = Field(None, description="Quality of service, where the cluster uses them.")
+    partition: str | None = Field(
+        None,
+        title="Slurm partition",
+        json_schema_extra=BASIC,
+        description="Partition (queue) to submit to; empty: the cluster's default.",
+    )
+    account: str | None = Field(
+        None,
+        title="Slurm account",
+        json_schema_extra=BASIC,
+        description="Account charged for the job, where the cluster asks for one.",
+    )
+    qos: str | None = Field(None, title="Slurm QOS", description="Quality of service, where the cluster uses them.")
     time_limit: str | None = Field(
         None,
+        title="Time limit",
+        json_schema_extra=BASIC,
         description="Wall-clock limit in Slurm's format: minutes (90), HH:MM:SS or D-HH:MM:SS; empty: the partition's.",
     )
     signal_before_s: int = Field(
         300,
         ge=10,
         le=65535,
+        title="Checkpoint before the limit (s)",
         description="Seconds before the time limit when the ranks are asked to save a checkpoint and stop.",
     )
     # 0 rather than empty for "not set": the form's number box has no empty value.
     gpus_per_node: int = Field(
-        0, ge=0, le=1024, description="GPUs per node to ask for; 0: the processes per machine (GPU runs)."
+        0,
+        ge=0,
+        le=1024,
+        title="GPUs per node",
+        json_schema_extra=BASIC,
+        description="GPUs per node to ask for; 0: the processes per machine (GPU runs).",
     )
     cpus_per_task: int = Field(
-        0, ge=0, le=4096, description="CPU cores per node for the node's ranks and data loading; 0: Slurm's default."
+        0,
+        ge=0,
+        le=4096,
+        title="CPUs per node",
+        description="CPU cores per node for the node's ranks and data loading; 0: Slurm's default.",
     )
     mem: str | None = Field(
         None,
+        title="Memory per node",
         description="Memory per node, e.g. 64G or 500M; 0 asks for all of each node's memory; empty: Slurm's default.",
     )
-    exclusive: bool = Field(True, description="Take whole nodes (no other job shares them).")
+    exclusive: bool = Field(True, title="Whole nodes", description="Take whole nodes (no other job shares them).")
     requeue: bool = Field(
         False,
+        title="Requeue on preemption",
+        json_schema_extra=BASIC,
         description="When Slurm preempts or requeues the job, it starts again and resumes from its newest checkpoint.",
     )
     extra_directives: Annotated[list[str], Field(max_length=100)] = Field(
         default_factory=list,
+        title="Extra #SBATCH lines",
         description="More lines for the script's header, each starting with '#SBATCH ', e.g. #SBATCH --constraint=a100.",
     )
 
@@ -303,7 +329,9 @@ class LaunchSpec(SpecSection):
         json_schema_extra=BASIC,
         description="Train on CPU processes (gloo backend), for machines without a GPU: the demo and tests.",
     )
-    slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="Slurm submission (launch.backend=slurm).")
+    slurm: SlurmSpec = Field(
+        default_factory=SlurmSpec, title="Slurm", description="Slurm submission (launch.backend=slurm)."
+    )
 
     @field_validator("gpu_ids", mode="before")
     @classmethod
