@@ -36,6 +36,7 @@ BASES = [
     ("7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8", "launch.main_process_ip=10.0.0.1"]),
     ("demo", []),
     ("7b-lora-ddp", ["dataset.packing=false"]),
+    ("7b-lora-ddp", ["launch.backend=slurm", "launch.num_machines=2", "launch.num_processes=8"]),
     *[("7b-lora-ddp", [f"dataset.format={name}"]) for name in DATASET_FORMATS],
 ]
 
@@ -87,6 +88,9 @@ def other_values(field: FormField, value):
         return [base + 1, base * 2, 1, 10] if field.kind == "int" else [base / 2, base * 2 or 0.5, 0.5]
     if field.path.endswith("gpu_ids"):
         return ["0,1,2,3,4,5,6,7"]
+    slurm_formats = {"time_limit": ["90", "1-12:00:00"], "mem": ["64G", "0"], "extra_directives": ["#SBATCH --x=1"]}
+    if field.path.startswith("launch.slurm.") and field.path.rsplit(".", 1)[1] in slurm_formats:
+        return slurm_formats[field.path.rsplit(".", 1)[1]]  # Slurm's own formats: free text does not validate
     return [f"{value or 'x'}-changed", *([12_345_678] if field.accepts_int else [])]
 
 

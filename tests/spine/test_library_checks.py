@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from tunedeck.backend.catalog import lookup
 from tunedeck.backend.render.training_args import SFT_ARGUMENTS
 from tunedeck.backend.spec import resolve_spec
 from tunedeck.backend.validate import has_errors, validate
@@ -70,7 +71,8 @@ def test_every_preset_and_strategy_passes_the_libraries(preset, kind, export, ch
         plugin = result.fsdp_plugin
         assert result.env["ACCELERATE_USE_FSDP"] == "true"
         assert plugin.fsdp_version == spec.strategy.fsdp_version
-        assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+        # The catalog's decoder layer of the model (Qwen2.5 presets: Qwen2DecoderLayer; Llama: LlamaDecoderLayer).
+        assert plugin.transformer_cls_names_to_wrap == [lookup(spec.model.name_or_path).decoder_layer_cls]
         assert plugin.activation_checkpointing == spec.strategy.fsdp_activation_checkpointing
 
 
