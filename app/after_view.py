@@ -205,6 +205,8 @@ class AfterView:
         checkpoint, base = self._choice(weights)
         if base:
             raise AfterError("merge: pick an adapter (the final one or a checkpoint), not the base model")
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise AfterError(f"merge name: {out_dir} already holds a merged model; choose another name")
         note = (
             " · QLoRA: merged into the base loaded in " + dtype + ", not into 4-bit weights"
             if job.get("method") == "qlora"
@@ -225,7 +227,13 @@ class AfterView:
     def push(self, run_id: str, name: str, repo_id: str, token: str) -> dict:
         from tunedeck.backend.hub import push_folder
 
-        url = push_folder(self.merge_dir(run_id, name), repo_id.strip(), token.strip() or None)
+        folder = self.merge_dir(run_id, name)
+        if not (folder / "config.json").is_file():
+            raise AfterError(f"merge name: {folder} holds no merged model yet; Merge first, then push")
+        try:
+            url = push_folder(folder, repo_id.strip(), token.strip() or None)
+        except AfterError as exc:  # its messages name the CLI's flag; the page's box is "Hub repo id"
+            raise AfterError(str(exc).replace("--repo-id:", "Hub repo id:", 1)) from None
         return {"after.merge_status": f"pushed to {url}"}
 
 
