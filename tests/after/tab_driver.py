@@ -9,9 +9,11 @@ PROMPT = ("Q: Add the numbers. 3 + 4", "A:")  # the demo's prompt-completion for
 
 
 def open_after(page, server) -> None:
+    page.set_default_timeout(
+        120_000
+    )  # a loaded CI machine paints the first page slowly; a wait costs nothing when fast
     page.goto(server.url)
     page.wait_for_selector("#main-tabs")
-    settle(page)  # the first load's events answered: the tabs are in place
     open_tab(page, "main-tabs", TAB)
     page.wait_for_function(
         "id => (document.querySelector('#after-run input') || {}).value?.startsWith(id)", arg=server.run_id

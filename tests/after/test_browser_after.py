@@ -20,7 +20,7 @@ from .tab_driver import answer_of, ask, eval_losses, open_after, pick
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
-IDLE_S = 15  # the panel's worker idle timeout in this module (TUNEDECK_WORKER_IDLE_S)
+IDLE_S = 30  # the panel's worker idle timeout in this module (TUNEDECK_WORKER_IDLE_S)
 
 
 @pytest.fixture(scope="module")
