@@ -129,7 +129,7 @@ class AfterTab(Section):
         add("after.eval_status", gr.Markdown(elem_id="after-eval-status"))
         with gr.Row():
             add("after.eval_table", gr.Dataframe(headers=EVAL_HEADERS, interactive=False, elem_id="after-eval-table"))
-            add("after.eval_chart", gr.Plot(label="loss and exact match", elem_id="after-eval-chart"))
+            add("after.eval_chart", gr.Plot(label="loss and exact match", show_label=False, elem_id="after-eval-chart"))
 
         gr.Markdown(
             "### Export\nMerges the adapter into the base and saves a standalone model under the run folder "
@@ -140,7 +140,7 @@ class AfterTab(Section):
         with gr.Row():
             add("after.merge_weights", gr.Dropdown(label="Adapter", choices=[], elem_id="after-merge-weights"))
             add("after.merge_dtype", gr.Dropdown(DTYPES, value="bfloat16", label="dtype", elem_id="after-merge-dtype"))
-            add("after.merge_name", gr.Textbox("merged", label="folder name (under <run>/merged/)",
+            add("after.merge_name", gr.Textbox("model", label="folder name (under <run>/merged/)",
                                                elem_id="after-merge-name"))  # fmt: skip
             add("after.merge", gr.Button("Merge", variant="primary", elem_id="after-merge"))
         add("after.merge_status", gr.Markdown(elem_id="after-merge-status"))

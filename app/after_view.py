@@ -17,7 +17,6 @@ import queue
 import re
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -129,26 +128,32 @@ class AfterView:
             self._run(rid)
         with self._held_lock:
             self._held.setdefault(session, set()).update(models.values())
+        # Each model loads, then answers at once, in its own thread: a model loaded first does not sit
+        # idle (its worker's idle timeout runs) while the other one still loads.
         events: queue.Queue = queue.Queue()
-        with ThreadPoolExecutor(max_workers=len(models)) as loading:  # both models load at once
-            futures = {
-                key: loading.submit(self.pool.get, self.manager.runs_dir, *model, on_event=events.put)
-                for key, model in models.items()
-            }
-            while not all(f.done() for f in futures.values()):
-                try:
-                    line = _progress_line(events.get(timeout=0.2))
-                except queue.Empty:
-                    continue
-                if line:
-                    yield {"after.status": "loading: " + line}
-            workers = {key: future.result() for key, future in futures.items()}
-        warnings = [w.info["warning"] for w in workers.values() if w.info.get("warning")]
-        where = ", ".join(f"{w.info['description']} on {w.info['device']}" for w in workers.values())
-        status = where + ("" if not warnings else f" · ⚠ {warnings[0]}")
-        yield {"after.status": status}
-        for texts in side_by_side({key: w.generate(prompt, settings_ok) for key, w in workers.items()}):
+        streams = {
+            key: self._load_then_answer(key, model, prompt, settings_ok, events) for key, model in models.items()
+        }
+        workers, status = {}, ""
+        for texts in side_by_side(streams, every_s=0.25):
+            while not events.empty():
+                event = events.get()
+                if event.get("event") == "loaded":
+                    workers[event["key"]] = event["worker"]
+                elif not workers and _progress_line(event):
+                    status = "loading: " + _progress_line(event)
+            if workers:
+                infos = [workers[key].info for key in models if key in workers]
+                warnings = [i["warning"] for i in infos if i.get("warning")]
+                status = ", ".join(f"{i['description']} on {i['device']}" for i in infos)
+                status += f" · ⚠ {warnings[0]}" if warnings else ""
             yield {**texts, "after.status": status}
+
+    def _load_then_answer(self, key: str, model: Model, prompt: str, settings, events: queue.Queue) -> Iterator[str]:
+        worker = self.pool.get(self.manager.runs_dir, *model, on_event=events.put)
+        events.put({"event": "loaded", "key": key, "worker": worker})
+        yield ""  # the page learns where the model runs before its first token
+        return (yield from worker.generate(prompt, settings))
 
     def release(self, run_id: str) -> dict:
         """Let every model of this run go: their worker processes end."""
@@ -205,6 +210,8 @@ class AfterView:
         checkpoint, base = self._choice(weights)
         if base:
             raise AfterError("merge: pick an adapter (the final one or a checkpoint), not the base model")
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise AfterError(f"merge name: {out_dir} already holds a merged model; choose another name")
         note = (
             " · QLoRA: merged into the base loaded in " + dtype + ", not into 4-bit weights"
             if job.get("method") == "qlora"
@@ -225,7 +232,13 @@ class AfterView:
     def push(self, run_id: str, name: str, repo_id: str, token: str) -> dict:
         from tunedeck.backend.hub import push_folder
 
-        url = push_folder(self.merge_dir(run_id, name), repo_id.strip(), token.strip() or None)
+        folder = self.merge_dir(run_id, name)
+        if not (folder / "config.json").is_file():
+            raise AfterError(f"merge name: {folder} holds no merged model yet; Merge first, then push")
+        try:
+            url = push_folder(folder, repo_id.strip(), token.strip() or None)
+        except AfterError as exc:  # its messages name the CLI's flag; the page's box is "Hub repo id"
+            raise AfterError(str(exc).replace("--repo-id:", "Hub repo id:", 1)) from None
         return {"after.merge_status": f"pushed to {url}"}
 
 

@@ -343,8 +343,9 @@ class WorkerPool:
             return {k: w for k, w in self._workers.items() if w.alive}
 
 
-def side_by_side(streams: dict[str, Iterator[str]]) -> Iterator[dict[str, str]]:
-    """Run answer streams at once (each worker answers in its own process); yield {name: text so far} per piece.
+def side_by_side(streams: dict[str, Iterator[str]], every_s: float | None = None) -> Iterator[dict[str, str]]:
+    """Run answer streams at once (each worker answers in its own process); yield {name: text so far} per piece,
+    and also every `every_s` seconds without one (so a caller can show progress while models load).
 
     A stream that fails ends with "[error: ...]" in its text; the others go on. Leaving early
     closes every stream, which cancels the answers still being generated.
@@ -372,7 +373,11 @@ def side_by_side(streams: dict[str, Iterator[str]]) -> Iterator[dict[str, str]]:
     running = set(streams)
     try:
         while running:
-            name, piece = pieces.get()
+            try:
+                name, piece = pieces.get(timeout=every_s)
+            except queue.Empty:
+                yield dict(texts)
+                continue
             if piece is None:
                 running.discard(name)
                 continue

@@ -83,7 +83,7 @@ def test_answers_stream_side_by_side_and_merge_lands_in_the_run(demo_run):
     try:
         updates = list(view.answer(run_id, "final", "base", "Q: Add the numbers. 3 + 4\nA:", {"max_new_tokens": 6}))
         assert updates[0]["after.status"].startswith("loading the models")
-        assert "the final adapter on cpu, the base model alone on cpu" in updates[1]["after.status"]
+        assert "the final adapter on cpu, the base model alone on cpu" in updates[-1]["after.status"]
         last = updates[-1]
         assert last["after.answer"].strip()[:1].isdigit() and last["after.answer"] != last["after.compare_answer"]
         pids = [w.pid for w in view.pool.live().values()]
@@ -103,3 +103,28 @@ def test_answers_stream_side_by_side_and_merge_lands_in_the_run(demo_run):
         assert "final" in [row[0] for row in scored[-1]["after.eval_table"]]
     finally:
         view.pool.release_all()
+
+
+def test_the_run_list_offers_runs_that_saved_an_adapter_or_a_checkpoint(sharded_run, tmp_path):
+    fake_run(tmp_path, "20250101-130000-abcdef", "running", None).joinpath("job.yaml").write_text(
+        yaml.safe_dump(spec_to_dict(resolve_spec("demo")))
+    )  # live, nothing saved yet: not offered
+    [(label, run_id)] = sharded_run.run_choices()
+    assert run_id == RUN_ID and label.startswith(f"{RUN_ID} · finished · final adapter")
+
+
+def test_a_merge_never_overwrites_and_push_without_network_says_so(sharded_run, monkeypatch):
+    with pytest.raises(AfterError, match="^merge name: .* holds no merged model yet; Merge first"):
+        sharded_run.push(RUN_ID, "done", "someone/model", "")
+    out = sharded_run.merge_dir(RUN_ID, "done")
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    with pytest.raises(AfterError, match="^merge name: .* already holds a merged model"):
+        next(sharded_run.merge(RUN_ID, "final", "done", "float32"))
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: as without network
+    with pytest.raises(AfterError, match="^push: cannot reach the Hugging Face Hub"):
+        sharded_run.push(RUN_ID, "done", "someone/model", "hf_not_a_real_token")
+    with pytest.raises(AfterError, match="^Hub repo id: "):
+        sharded_run.push(RUN_ID, "done", "no owner", "")

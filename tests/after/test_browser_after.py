@@ -12,16 +12,15 @@ import time
 
 import psutil
 import pytest
-from panel.browser import EVENTS_TAP_JS, PanelServer, fill, open_tab, plot_points, settle, wait_text
+from panel.browser import EVENTS_TAP_JS, PanelServer, fill, plot_points, settle, wait_text
 from runs.helpers import wait_for
 
 from .helpers import gone
+from .tab_driver import answer_of, ask, eval_losses, open_after, pick
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
-IDLE_S = 10  # the panel's worker idle timeout in this module (TUNEDECK_WORKER_IDLE_S)
-TAB = "Try · Evaluate · Export"
-PROMPT = ("Q: Add the numbers. 3 + 4", "A:")  # the demo's prompt-completion format, two lines
+IDLE_S = 30  # the panel's worker idle timeout in this module (TUNEDECK_WORKER_IDLE_S)
 
 
 @pytest.fixture(scope="module")
@@ -77,43 +76,6 @@ def torch_loaded(pid: int) -> bool:
     """Whether the process has torch's libraries mapped (import torch loads libtorch*.so)."""
     with open(f"/proc/{pid}/maps") as maps:
         return "libtorch" in maps.read()
-
-
-def open_after(page, server) -> None:
-    page.goto(server.url)
-    page.wait_for_selector("#main-tabs")
-    open_tab(page, "main-tabs", TAB)
-    page.wait_for_function(
-        "id => (document.querySelector('#after-run input') || {}).value?.startsWith(id)", arg=server.run_id
-    )
-    settle(page)
-
-
-def pick(page, elem_id: str, option: str) -> None:
-    page.locator(f"#{elem_id} input").click()
-    page.locator(f'#{elem_id} li[role=option][aria-label="{option}"]').click()
-
-
-def ask(page, max_new_tokens: int = 16) -> None:
-    box = page.locator("#after-max-new-tokens input")
-    page.locator("#after-settings").get_by_text("Generation settings").click()
-    fill(box, str(max_new_tokens))
-    prompt = page.locator("#after-prompt textarea")
-    prompt.click()
-    prompt.press_sequentially(PROMPT[0])
-    prompt.press("Enter")  # a new line (Shift+Enter would submit)
-    prompt.press_sequentially(PROMPT[1])
-    page.click("#after-ask")
-
-
-def eval_losses(page) -> dict[str, float]:
-    """{model: loss} of the rows of the evaluation table."""
-    rows = [text.split() for text in page.locator("#after-eval-table [role=row]").all_inner_texts()]
-    return {cells[0]: float(cells[1]) for cells in rows if cells and cells[0] != "model"}
-
-
-def answer_of(page, elem_id: str) -> str:
-    return page.locator(f"#{elem_id} textarea").input_value()
 
 
 def test_try_streams_the_adapter_and_the_base_side_by_side_and_release_ends_their_workers(page, server):
@@ -198,7 +160,7 @@ def test_workers_end_when_the_tab_closes_after_idle_timeout_and_with_the_panel(b
     wait_for(lambda: all(gone(p) for p in pids), IDLE_S + 30, what="the idle worker to end")
     assert time.monotonic() - started >= IDLE_S - 3  # ended by its timeout, not at once
 
-    ask(page, max_new_tokens=4)  # 3. the page loads it again; the panel exits: no orphan
+    page.click("#after-ask")  # 3. the same prompt again: the model loads again; the panel exits: no orphan
     pids = wait_for(lambda: workers(server), 120, what="a worker loaded again")
     wait_text(page, "#after-status", "the final adapter on cpu", timeout=240_000)
     assert not torch_loaded(server.proc.pid)

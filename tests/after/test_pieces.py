@@ -245,3 +245,17 @@ def test_leaving_side_by_side_early_closes_the_streams():
     assert next(updates) == {"tuned": "x"}
     updates.close()
     assert closed.wait(10)
+
+
+def test_side_by_side_also_answers_while_a_stream_is_still_loading():
+    import time
+
+    from tunedeck.backend.worker_client import side_by_side
+
+    def loading_then_answering():
+        time.sleep(0.8)  # a model still loading: nothing to show yet
+        yield " 7"
+
+    updates = list(side_by_side({"tuned": loading_then_answering()}, every_s=0.1))
+    assert updates[0] == {"tuned": ""} and len(updates) >= 4  # the caller got to show progress meanwhile
+    assert updates[-1] == {"tuned": " 7"}
