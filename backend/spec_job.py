@@ -1,7 +1,7 @@
 """The job spec's sections on how a job runs (strategy, launch) and the JobSpec as a whole.
 
 The strategy kinds and their properties come from the strategy table (backend/vocabulary.py);
-the sections on what is trained are in backend/spec_sections.py.
+the sections on what is trained are in backend/spec_sections.py and backend/spec_training.py.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from tunedeck.backend.spec_sections import (
     QuantizationSpec,
     SftField,
     SpecSection,
-    TrainingSpec,
 )
+from tunedeck.backend.spec_training import TrainingSpec
 from tunedeck.backend.vocabulary import STRATEGIES, Strategy
 
 StrategyKind = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
