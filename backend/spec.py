@@ -8,6 +8,7 @@ round-trips: spec -> YAML -> spec is the identity. The code lives by concern:
   spec_sections.py  what is trained: model, LoRA, quantization, dataset
   spec_training.py  the training section: epochs, learning rate, batches, checkpoints
   spec_job.py       how it runs: strategy and launch; the JobSpec as a whole
+  spec_slurm.py     launch.slurm: the #SBATCH lines, in Slurm's formats
   spec_parse.py     YAML and dicts in and out, `--set`, the field registry, SpecError
   presets.py        presets and the package's data folder, the demo's folder
 """
