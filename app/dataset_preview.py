@@ -18,8 +18,8 @@ from pathlib import Path
 
 import gradio as gr
 
+from tunedeck.app.job_events import DerivedView
 from tunedeck.app.job_outputs import JobResult
-from tunedeck.app.job_view import DerivedView
 from tunedeck.app.registry import Got, Registry, Updates
 from tunedeck.backend.preview import preview_key
 from tunedeck.backend.spec import JobSpec, spec_to_yaml

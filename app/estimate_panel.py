@@ -24,8 +24,8 @@ from tunedeck.app.estimate_view import (
     option_choices,
     recommendation_markdown,
 )
+from tunedeck.app.job_events import DerivedView
 from tunedeck.app.job_outputs import JobResult
-from tunedeck.app.job_view import DerivedView
 from tunedeck.app.registry import Got, Registry, Updates
 from tunedeck.backend.hardware import machine_facts
 

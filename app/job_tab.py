@@ -16,8 +16,9 @@ from tunedeck.app.dataset_preview import DatasetPreview
 from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.estimate_panel import EstimatePanel
 from tunedeck.app.form import build_form
+from tunedeck.app.job_events import JobEvent
 from tunedeck.app.job_outputs import read_uploaded_spec
-from tunedeck.app.job_view import JOB_QUEUE, JobEvent, JobView
+from tunedeck.app.job_view import JOB_QUEUE, JobView
 from tunedeck.app.model_access import access_markdown
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section

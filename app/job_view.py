@@ -37,20 +37,19 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import PurePath
-from typing import Any
 
 import gradio as gr
 
 from tunedeck.app.downloads import BundleWriter, bundle_digest, zip_name_for
 from tunedeck.app.form import Form
-from tunedeck.app.form_marks import MAX_FIXES, FieldLook, field_looks, fix_choices, tab_labels
+from tunedeck.app.form_marks import MAX_FIXES, field_looks, fix_choices, tab_labels
+from tunedeck.app.job_events import DerivedView, JobEvent, JobShown, NotShownYet
 from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
 from tunedeck.app.registry import Got, Registry, Updates, listen
 from tunedeck.backend.fields import (
     FORM_FIELDS,
-    Values,
     spec_from_values,
     values_from_form,
     values_from_spec,
@@ -81,65 +80,6 @@ def _digest(text: str) -> str:
 
 def language_of(name: str) -> str | None:
     return LANGUAGES.get(PurePath(name).suffix)
-
-
-@dataclass
-class JobShown:
-    """What one browser's job outputs show (its gr.State): a handler sends only what differs."""
-
-    painted: bool = False  # a job event has painted the outputs (a late page load then paints nothing)
-    fills: int = 0  # fills sent to this browser (rule 2)
-    looks: dict[str, tuple[bool, FieldLook]] = field(default_factory=dict)  # field path -> (visible, its problem look)
-    values: Values = field(default_factory=dict)  # the form's values the outputs were computed from
-    tabs: dict[str, str] = field(default_factory=dict)  # section title -> tab label ("Training ✗2")
-    fixes: list[tuple[str, dict]] = field(default_factory=list)  # (Fix button label, {path: value}) on display
-    files: dict[str, str] = field(default_factory=dict)  # the bundle beside the form
-    choice: str | None = None  # the file in the viewer
-    code: tuple[str, str] | None = None  # (name, digest) of the viewer's text
-    digest: str | None = None  # the bundle's digest in the hidden box Start sends (rule 3)
-    issues: str | None = None
-    batch: str | None = None
-    startable: bool | None = None
-    zip: str | None = None  # the zip offered for download; None: the button is disabled
-
-
-class DerivedView:
-    """Something else the page derives from the job (the memory estimate), in the same handler.
-
-    `inputs` are its own controls (read with every job event, written back by a fill),
-    `shown` its gr.State (what the browser shows, read and written with every job event),
-    `outputs` what it shows; `context` turns its controls into arguments of
-    job_outputs.evaluate, and `update` returns what changed for a result.
-    """
-
-    inputs: list
-    shown: Any
-    outputs: list
-
-    def context(self, got: Got) -> dict:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def update(self, result: JobResult, got: Got) -> Updates:  # pragma: no cover - interface
-        raise NotImplementedError
-
-
-class NotShownYet(ValueError):
-    """The files the browser shows are not those of its form (rule 3): nothing may run."""
-
-
-@dataclass
-class JobEvent:
-    """A job event's inputs: the form's widget values, what the browser shows, and all it sent."""
-
-    raw: list  # the form's widget values, in FORM_FIELDS order
-    shown: JobShown
-    fills_seen: int  # the fills the browser had applied when the event fired
-    got: Got  # everything the listener received (the derived views read their controls here)
-
-    @property
-    def stale(self) -> bool:
-        """Fired before a fill that has been sent since: its form values are no longer on the page."""
-        return int(self.fills_seen or 0) != self.shown.fills
 
 
 class JobView:

@@ -16,49 +16,19 @@ import gradio as gr
 
 from tunedeck.app.charts import loss_figure, metrics_figure, series, waiting_figure
 from tunedeck.app.registry import Got, Updates, listen
-from tunedeck.app.run_index import STATE_MARKS, TABLE_HEADERS, RunFacts, RunsIndex, run_choices, table_row
+from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, run_choices, table_row
+from tunedeck.app.run_state_line import progress_html, state_line
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.run_folder import NAME_MAX_CHARS, NotesError, write_notes
 from tunedeck.backend.run_resume import resume_run
-from tunedeck.backend.run_status import DAMAGED, RunStatus
+from tunedeck.backend.run_status import DAMAGED
 from tunedeck.backend.run_summary import measured_peaks, report, summarize
 from tunedeck.backend.runs import RunError, RunManager
-from tunedeck.backend.smoke import smoke_verdict, start_smoke_run
+from tunedeck.backend.smoke import start_smoke_run
 
 NO_STEP_YET = "No training step logged yet: the loss appears here after the first logging step."
-
-
-def progress_html(fraction: float, text: str, state: str) -> str:
-    color = {"failed": "#dc2626", "finished": "#16a34a"}.get(state, "#4f46e5")
-    return (
-        f"<div class='td-progress'><div class='td-progress-track'><div class='td-progress-fill' "
-        f"style='width:{100 * fraction:.1f}%;background:{color}'></div></div>"
-        f"<div class='td-progress-text'>{escape(text)}</div></div>"
-    )
-
-
-def state_hint(status: RunStatus, facts: RunFacts, step: int) -> str:
-    """What the run's state means for the reader now: drawn from the state, so it never outlives it."""
-    if status.state == "queued":
-        return "waiting for its processes to start"
-    if status.state == "stopping":
-        return "stopping: each rank finishes its step and saves a checkpoint"
-    if status.state in ("stopped", "failed") and facts.checkpoint is not None:
-        where = f"stopped at step {step}" if status.state == "stopped" else "failed"
-        return f"{where} · **↻ Resume** continues from its checkpoint at step {facts.checkpoint}"
-    if status.state in ("stopped", "failed"):
-        return "no checkpoint was saved: there is nothing to resume from"
-    return ""
-
-
-def smoke_line(run_dir, state: str) -> str:
-    """A smoke run's verdict once it has ended, what it is doing until then."""
-    if state in ACTIVE:
-        return "**Smoke test**: the job's exact path on a tiny model of its architecture, for a few steps."
-    verdict = smoke_verdict(run_dir)
-    return f"**{'✓' if verdict.passed else '✗'} {escape(verdict.line)}**"
 
 
 @dataclass
@@ -245,23 +215,10 @@ class RunView(Section):
             shown.notes_run = run_id
             out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
 
-        name = f" · **{escape(facts.notes.name)}**" if facts.notes.name else ""
-        state_line = (
-            f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}`{name} · {escape(status.title)}"
-        )
-        if status.state == "failed" and status.exit_code not in (None, 0):
-            state_line += f" · exit code {status.exit_code}"
-        if status.where:
-            state_line += f" · {escape(status.where)}"
-        hint = state_hint(status, facts, summary.step)
-        if hint:
-            state_line += f"\n\n{hint}"
-        if facts.smoke:
-            state_line += "\n\n" + smoke_line(self.manager.run_dir(run_id), status.state)
         results = report(watch, status.started_at, status.ended_at).line() if watch.records else ""
         log_name, log_text = watch.log_text()
         out.update({
-            self.status: state_line,
+            self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
             self.progress: bar,
             self.facts: summary.facts,
             self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" if results else "",

@@ -5,8 +5,10 @@ YAML and the CLI all produce one, and every generated file is a pure function of
 round-trips: spec -> YAML -> spec is the identity. The code lives by concern:
 
   vocabulary.py     the strategy kinds and the dataset formats (one table each)
-  spec_sections.py  what is trained: model, LoRA, quantization, dataset, training
+  spec_sections.py  what is trained: model, LoRA, quantization, dataset
+  spec_training.py  the training section: epochs, learning rate, batches, checkpoints
   spec_job.py       how it runs: strategy and launch; the JobSpec as a whole
+  spec_slurm.py     launch.slurm: the #SBATCH lines, in Slurm's formats
   spec_parse.py     YAML and dicts in and out, `--set`, the field registry, SpecError
   presets.py        presets and the package's data folder, the demo's folder
 """
@@ -49,8 +51,8 @@ from tunedeck.backend.spec_sections import (
     LoraSpec,
     ModelSpec,
     QuantizationSpec,
-    TrainingSpec,
 )
+from tunedeck.backend.spec_training import TrainingSpec
 
 __all__ = [
     "FIELD_PATHS", "MAX_ELEMENTS", "MAX_PROBLEMS", "MAX_STEPS", "MAX_TEXT", "PACKAGE_DIR", "PRESETS_DIR",

@@ -57,11 +57,21 @@ LAYERS = [
 STANDALONE = {"tunedeck.backend.train", "tunedeck.backend.supervisor", "tunedeck.backend.slurm_jobs"}
 
 
+# Issue 10: a reader takes a module in at one sitting. The one exception ships alone in every
+# bundle (train_sft.py), so it cannot be split; its docstring says so at its top.
+MAX_LINES = 400
+LONG_ON_PURPOSE = {"backend/train.py": "one long file on purpose"}
+
+
+def package_files(root: Path = REPO) -> list[Path]:
+    """Every module the wheel installs (the root, app/, backend/)."""
+    return [*root.glob("*.py"), *root.glob("app/**/*.py"), *root.glob("backend/**/*.py")]
+
+
 def package_sources(root: Path = REPO) -> dict[str, str]:
-    """Module name -> source of every module the wheel installs (the root, app/, backend/)."""
-    files = [*root.glob("*.py"), *root.glob("app/**/*.py"), *root.glob("backend/**/*.py")]
+    """Module name -> source of every module the wheel installs."""
     sources = {}
-    for file in files:
+    for file in package_files(root):
         parts = file.relative_to(root).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -127,6 +137,33 @@ def test_the_package_keeps_its_layers():
     sources = package_sources()
     assert {"tunedeck.backend.spec", "tunedeck.app.page", "tunedeck.__main__"} <= set(sources)
     assert layering_violations(sources) == []
+
+
+def too_long(root: Path = REPO) -> list[str]:
+    """Each module over MAX_LINES lines, as 'path: N lines', except those long on purpose."""
+    found = []
+    for file in sorted(package_files(root)):
+        path = file.relative_to(root).as_posix()
+        lines = len(file.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_LINES and path not in LONG_ON_PURPOSE:
+            found.append(f"{path}: {lines} lines (at most {MAX_LINES}: split it into modules with one job each)")
+    return found
+
+
+def test_no_module_is_over_400_lines():
+    assert too_long() == []
+    for path, reason in LONG_ON_PURPOSE.items():
+        top = (REPO / path).read_text(encoding="utf-8").splitlines()[:20]
+        assert reason in " ".join(top), f"{path} is long on purpose: its first lines must say why ({reason!r})"
+
+
+def test_a_long_module_is_named(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "page.py").write_text("x = 1\n" * MAX_LINES)
+    (tmp_path / "app" / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "backend").mkdir()
+    (tmp_path / "backend" / "train.py").write_text("x = 1\n" * 2000)
+    assert too_long(tmp_path) == ["app/big.py: 401 lines (at most 400: split it into modules with one job each)"]
 
 
 @pytest.mark.parametrize(

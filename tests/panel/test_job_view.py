@@ -7,7 +7,8 @@ import pytest
 
 from tunedeck.app.downloads import BundleWriter, bundle_digest
 from tunedeck.app.form import build_form
-from tunedeck.app.job_view import JobEvent, JobShown, JobView, NotShownYet
+from tunedeck.app.job_events import JobEvent, JobShown, NotShownYet
+from tunedeck.app.job_view import JobView
 from tunedeck.app.registry import Registry
 from tunedeck.backend.fields import FORM_FIELDS, values_from_spec
 from tunedeck.backend.render import render_bundle

@@ -1,0 +1,58 @@
+"""The Run tab's state line and progress bar: what the run is doing and what its state means now."""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+from tunedeck.app.run_index import STATE_MARKS, RunFacts
+from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.run_status import RunStatus
+from tunedeck.backend.smoke import smoke_verdict
+
+
+def progress_html(fraction: float, text: str, state: str) -> str:
+    color = {"failed": "#dc2626", "finished": "#16a34a"}.get(state, "#4f46e5")
+    return (
+        f"<div class='td-progress'><div class='td-progress-track'><div class='td-progress-fill' "
+        f"style='width:{100 * fraction:.1f}%;background:{color}'></div></div>"
+        f"<div class='td-progress-text'>{escape(text)}</div></div>"
+    )
+
+
+def state_hint(status: RunStatus, facts: RunFacts, step: int) -> str:
+    """What the run's state means for the reader now: drawn from the state, so it never outlives it."""
+    if status.state == "queued":
+        return "waiting for its processes to start"
+    if status.state == "stopping":
+        return "stopping: each rank finishes its step and saves a checkpoint"
+    if status.state in ("stopped", "failed") and facts.checkpoint is not None:
+        where = f"stopped at step {step}" if status.state == "stopped" else "failed"
+        return f"{where} · **↻ Resume** continues from its checkpoint at step {facts.checkpoint}"
+    if status.state in ("stopped", "failed"):
+        return "no checkpoint was saved: there is nothing to resume from"
+    return ""
+
+
+def smoke_line(run_dir, state: str) -> str:
+    """A smoke run's verdict once it has ended, what it is doing until then."""
+    if state in ACTIVE:
+        return "**Smoke test**: the job's exact path on a tiny model of its architecture, for a few steps."
+    verdict = smoke_verdict(run_dir)
+    return f"**{'✓' if verdict.passed else '✗'} {escape(verdict.line)}**"
+
+
+def state_line(status: RunStatus, facts: RunFacts, step: int, run_id: str, run_dir: Path) -> str:
+    """The line under the run picker: state, run id, name, title, where, then what the state means."""
+    name = f" · **{escape(facts.notes.name)}**" if facts.notes.name else ""
+    line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}`{name} · {escape(status.title)}"
+    if status.state == "failed" and status.exit_code not in (None, 0):
+        line += f" · exit code {status.exit_code}"
+    if status.where:
+        line += f" · {escape(status.where)}"
+    hint = state_hint(status, facts, step)
+    if hint:
+        line += f"\n\n{hint}"
+    if facts.smoke:
+        line += "\n\n" + smoke_line(run_dir, status.state)
+    return line
