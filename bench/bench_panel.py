@@ -32,7 +32,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the browser tests' panel server and page helpers
 
-from panel.browser import CHROMIUM, CHROMIUM_FLAGS, PanelServer, open_tab, set_field, settle, wait_text  # noqa: E402
+from panel.browser import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    EVENTS_TAP_JS,
+    PanelServer,
+    open_tab,
+    set_field,
+    settle,
+    wait_text,
+)
+
+from tunedeck.backend.runs import RUN_ID_PATTERN  # noqa: E402
 
 BUNDLE_FILES = ("job.yaml", "accelerate_config.yaml", "training_args.yaml", "train_sft.py", "launch.sh")
 PROGRESS_JS = "([s, t]) => { const e = document.querySelector(s); return !!e && e.innerText.includes(t); }"
@@ -62,10 +73,6 @@ class RssSampler(threading.Thread):
             self.peak = max(self.peak, self.process.memory_info().rss)
 
 
-def newest_run(runs_dir: Path) -> Path:
-    return max((p for p in runs_dir.iterdir() if p.is_dir()), key=lambda p: p.name)
-
-
 def train_through_panel(page, server: PanelServer, rss: RssSampler, timeout_s: float) -> Path:
     before = {p.name for p in server.runs_dir.iterdir()}
     page.click("#start-run")
@@ -73,7 +80,7 @@ def train_through_panel(page, server: PanelServer, rss: RssSampler, timeout_s: f
     wait_text(page, "#run-state", "running", timeout=120_000)
     rss.peak = max(rss.peak, rss.process.memory_info().rss)
     wait_text(page, "#run-state", "finished", timeout=timeout_s * 1000)
-    (run_dir,) = [p for p in server.runs_dir.iterdir() if p.name not in before]
+    (run_dir,) = [p for p in server.runs_dir.iterdir() if p.name not in before and RUN_ID_PATTERN.match(p.name)]
     return run_dir
 
 
@@ -137,10 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.set_default_timeout(30_000)
+            context = browser.new_context(viewport={"width": 1440, "height": 1000})
+            context.add_init_script(EVENTS_TAP_JS)  # for settle(): every response the page asked for arrived
+            page = context.new_page()
+            page.set_default_timeout(60_000)
             page.goto(server.url)
-            page.wait_for_selector("#file-view .cm-content")
+            page.wait_for_selector("#file-view .cm-content", timeout=180_000)  # a busy machine: the first load is slow
             wait_text(page, "#job-issues", "No problems", timeout=60_000)
             if args.steps != 60:
                 open_tab(page, "form-sections", "Training")
