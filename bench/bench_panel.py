@@ -122,6 +122,23 @@ def streaming_latency(page, runs_dir: Path, template: Path, samples: int) -> lis
     return latencies
 
 
+def start_panel(runs_dir: Path, attempts: int = 3) -> PanelServer:
+    """The panel on the demo preset. Gradio gives up when its own first request to localhost is slow
+    ('localhost is not accessible'), which happens on a machine busy with other work: try again."""
+    for attempt in range(attempts):
+        server = PanelServer(runs_dir, "--preset", "demo", wait=False)
+        try:
+            server.wait_ready()
+            time.sleep(2)  # Gradio's own localhost check comes after the server answers
+            if server.proc.poll() is None:
+                return server
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
+        server.stop()
+    raise SystemExit(f"the panel did not start:\n{server.log()[-3000:]}")
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
@@ -140,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-panel-"))
     runs_dir = work / "runs"
     runs_dir.mkdir()
-    server = PanelServer(runs_dir, "--preset", "demo")
+    server = start_panel(runs_dir)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
@@ -165,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
             rss.stopped.set()
             latencies = streaming_latency(page, runs_dir, template, args.samples)
             browser.close()
+    except BaseException:
+        print(f"the panel's log:\n{server.log()[-3000:]}", file=sys.stderr)
+        raise
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
