@@ -75,6 +75,7 @@ class RssSampler(threading.Thread):
 
 def train_through_panel(page, server: PanelServer, rss: RssSampler, timeout_s: float) -> Path:
     before = {p.name for p in server.runs_dir.iterdir()}
+    page.click("#tab-job-button")  # Start is on the Job tab; the page shows the Run tab once a run starts
     page.click("#start-run")
     wait_text(page, "#notice", "Started run", timeout=60_000)
     wait_text(page, "#run-state", "running", timeout=120_000)
