@@ -152,6 +152,20 @@ def run(folder: Path, timeout: float) -> dict:
     }
 
 
+def padded_share(lengths: list[int], micro_batch: int, accumulation: int, grouped: bool) -> float:
+    """Share of padding in micro-batches padded to their longest row, in the order the trainer's sampler gives."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    generator = torch.Generator().manual_seed(0)
+    if grouped:  # as Trainer builds it for train_sampling_strategy=group_by_length
+        order = list(LengthGroupedSampler(micro_batch * accumulation, lengths=lengths, generator=generator))
+    else:
+        order = torch.randperm(len(lengths), generator=generator).tolist()
+    batches = [[lengths[i] for i in order[start : start + micro_batch]] for start in range(0, len(order), micro_batch)]
+    return 1 - sum(map(sum, batches)) / sum(max(b) * len(b) for b in batches)
+
+
 def fused_adamw_speedup(parameters: int = 8_000_000, steps: int = 20) -> float:
     """Step time of torch's AdamW (foreach, what adamw_torch runs) over the fused kernel, single process."""
     import torch
@@ -269,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.unpacked:
             grouped, unsorted = results["unpacked_grouped"], results["unpacked_random"]
             report["group_by_length_ratio"] = grouped["tokens_per_s"] / unsorted["tokens_per_s"]
+        micro, accumulation = (int(o.split("=")[1]) for o in UNPACKED_BATCH)
+        report["padding_share_unpacked"] = {
+            "grouped": padded_share(lengths, micro, accumulation, grouped=True),
+            "random": padded_share(lengths, micro, accumulation, grouped=False),
+        }
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
