@@ -108,7 +108,9 @@ def streaming_latency(page, runs_dir: Path, template: Path, samples: int) -> lis
     metrics = run_dir / "metrics.jsonl"
     metrics.write_text(start + "\n")
     total = samples + 1
-    page.wait_for_function(PROGRESS_JS, arg=["#run-state", run_dir.name], timeout=60_000)  # the page follows it
+    page.reload()  # a new page follows the newest run: this one
+    page.click("#tab-run-button")
+    page.wait_for_function(PROGRESS_JS, arg=["#run-state", run_dir.name], timeout=120_000)
     rng, latencies = random.Random(14), []
     for step in range(1, total):
         time.sleep(rng.uniform(0.1, 1.2))  # at random moments against the page's 1-second tick
