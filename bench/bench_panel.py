@@ -32,7 +32,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the browser tests' panel server and page helpers
 
-from panel.browser import CHROMIUM, CHROMIUM_FLAGS, PanelServer, open_tab, set_field, settle, wait_text  # noqa: E402
+from panel.browser import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    EVENTS_TAP_JS,
+    PanelServer,
+    open_tab,
+    set_field,
+    settle,
+    wait_text,
+)
+
+from tunedeck.backend.runs import RUN_ID_PATTERN  # noqa: E402
 
 BUNDLE_FILES = ("job.yaml", "accelerate_config.yaml", "training_args.yaml", "train_sft.py", "launch.sh")
 PROGRESS_JS = "([s, t]) => { const e = document.querySelector(s); return !!e && e.innerText.includes(t); }"
@@ -62,18 +73,15 @@ class RssSampler(threading.Thread):
             self.peak = max(self.peak, self.process.memory_info().rss)
 
 
-def newest_run(runs_dir: Path) -> Path:
-    return max((p for p in runs_dir.iterdir() if p.is_dir()), key=lambda p: p.name)
-
-
 def train_through_panel(page, server: PanelServer, rss: RssSampler, timeout_s: float) -> Path:
     before = {p.name for p in server.runs_dir.iterdir()}
+    page.click("#tab-job-button")  # Start is on the Job tab; the page shows the Run tab once a run starts
     page.click("#start-run")
     wait_text(page, "#notice", "Started run", timeout=60_000)
     wait_text(page, "#run-state", "running", timeout=120_000)
     rss.peak = max(rss.peak, rss.process.memory_info().rss)
     wait_text(page, "#run-state", "finished", timeout=timeout_s * 1000)
-    (run_dir,) = [p for p in server.runs_dir.iterdir() if p.name not in before]
+    (run_dir,) = [p for p in server.runs_dir.iterdir() if p.name not in before and RUN_ID_PATTERN.match(p.name)]
     return run_dir
 
 
@@ -100,7 +108,9 @@ def streaming_latency(page, runs_dir: Path, template: Path, samples: int) -> lis
     metrics = run_dir / "metrics.jsonl"
     metrics.write_text(start + "\n")
     total = samples + 1
-    page.wait_for_function(PROGRESS_JS, arg=["#run-state", run_dir.name], timeout=60_000)  # the page follows it
+    page.reload()  # a new page follows the newest run: this one
+    page.click("#tab-run-button")
+    page.wait_for_function(PROGRESS_JS, arg=["#run-state", run_dir.name], timeout=120_000)
     rng, latencies = random.Random(14), []
     for step in range(1, total):
         time.sleep(rng.uniform(0.1, 1.2))  # at random moments against the page's 1-second tick
@@ -113,6 +123,23 @@ def streaming_latency(page, runs_dir: Path, template: Path, samples: int) -> lis
         )
         latencies.append(time.monotonic() - written)
     return latencies
+
+
+def start_panel(runs_dir: Path, attempts: int = 3) -> PanelServer:
+    """The panel on the demo preset. Gradio gives up when its own first request to localhost is slow
+    ('localhost is not accessible'), which happens on a machine busy with other work: try again."""
+    for attempt in range(attempts):
+        server = PanelServer(runs_dir, "--preset", "demo", wait=False)
+        try:
+            server.wait_ready()
+            time.sleep(2)  # Gradio's own localhost check comes after the server answers
+            if server.proc.poll() is None:
+                return server
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
+        server.stop()
+    raise SystemExit(f"the panel did not start:\n{server.log()[-3000:]}")
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -133,14 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-panel-"))
     runs_dir = work / "runs"
     runs_dir.mkdir()
-    server = PanelServer(runs_dir, "--preset", "demo")
+    server = start_panel(runs_dir)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.set_default_timeout(30_000)
+            context = browser.new_context(viewport={"width": 1440, "height": 1000})
+            context.add_init_script(EVENTS_TAP_JS)  # for settle(): every response the page asked for arrived
+            page = context.new_page()
+            page.set_default_timeout(60_000)
             page.goto(server.url)
-            page.wait_for_selector("#file-view .cm-content")
+            page.wait_for_selector("#file-view .cm-content", timeout=180_000)  # a busy machine: the first load is slow
             wait_text(page, "#job-issues", "No problems", timeout=60_000)
             if args.steps != 60:
                 open_tab(page, "form-sections", "Training")
@@ -156,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
             rss.stopped.set()
             latencies = streaming_latency(page, runs_dir, template, args.samples)
             browser.close()
+    except BaseException:
+        print(f"the panel's log:\n{server.log()[-3000:]}", file=sys.stderr)
+        raise
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -41,6 +41,7 @@ from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import resolve_spec
 
 LETTERS = "abcdefgh"
+UNPACKED_BATCH = ["training.per_device_train_batch_size=4", "training.gradient_accumulation_steps=2"]
 SEED_TRAINING_ARGS = {  # seed 002: micro-batch 1, 8 accumulation steps, every row padded to max_length
     "packing": False,
     "per_device_train_batch_size": 1,
@@ -69,7 +70,7 @@ def build_model(folder: Path, demo: Path, max_len: int) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(demo / "model")
+    tokenizer = AutoTokenizer.from_pretrained(demo / "model", model_max_length=max_len)
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -97,7 +98,7 @@ def token_lengths(model_dir: Path, rows: list[dict], max_len: int) -> list[int]:
     return [min(len(tokenizer(r["prompt"] + r["completion"])["input_ids"]) + 1, max_len) for r in rows]
 
 
-def bundle(folder: Path, model_dir: Path, data: Path, max_len: int, accumulation: int, lr: float) -> Path:
+def bundle(folder: Path, model_dir: Path, data: Path, max_len: int, lr: float, overrides: list[str]) -> Path:
     """tunedeck's own bundle for the job: the demo's LoRA on 2 CPU ranks, on this model and data."""
     spec = resolve_spec(
         "demo",
@@ -107,10 +108,9 @@ def bundle(folder: Path, model_dir: Path, data: Path, max_len: int, accumulation
             f"dataset.max_seq_length={max_len}",
             "training.max_steps=-1",
             "training.num_train_epochs=1",
-            "training.per_device_train_batch_size=1",
-            f"training.gradient_accumulation_steps={accumulation}",
             f"training.learning_rate={lr}",
             "training.save_steps=100000",
+            *overrides,
         ],
     )
     folder.mkdir(parents=True)
@@ -152,6 +152,39 @@ def run(folder: Path, timeout: float) -> dict:
     }
 
 
+def padded_share(lengths: list[int], micro_batch: int, accumulation: int, grouped: bool) -> float:
+    """Share of padding in micro-batches padded to their longest row, in the order the trainer's sampler gives."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    generator = torch.Generator().manual_seed(0)
+    if grouped:  # as Trainer builds it for train_sampling_strategy=group_by_length
+        order = list(LengthGroupedSampler(micro_batch * accumulation, lengths=lengths, generator=generator))
+    else:
+        order = torch.randperm(len(lengths), generator=generator).tolist()
+    batches = [[lengths[i] for i in order[start : start + micro_batch]] for start in range(0, len(order), micro_batch)]
+    return 1 - sum(map(sum, batches)) / sum(max(b) * len(b) for b in batches)
+
+
+def fused_adamw_speedup(parameters: int = 8_000_000, steps: int = 20) -> float:
+    """Step time of torch's AdamW (foreach, what adamw_torch runs) over the fused kernel, single process."""
+    import torch
+
+    def step_time(fused: bool) -> float:
+        torch.manual_seed(0)
+        weights = [torch.nn.Parameter(torch.randn(1000, parameters // 8000)) for _ in range(8)]
+        for w in weights:
+            w.grad = torch.randn_like(w)
+        optimizer = torch.optim.AdamW(weights, lr=1e-4, fused=fused, foreach=None if fused else True)
+        optimizer.step()  # state allocated outside the timing
+        started = time.perf_counter()
+        for _ in range(steps):
+            optimizer.step()
+        return time.perf_counter() - started
+
+    return step_time(False) / step_time(True)
+
+
 def eval_loss(model_dir: Path, adapter: Path, rows: list[dict], max_len: int) -> float:
     """Mean cross-entropy of the completion tokens of held-out rows, one unpadded row at a time."""
     import torch
@@ -181,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len", type=int, default=384, help="max_seq_length of both recipes (default 384)")
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per training run")
+    parser.add_argument(
+        "--unpacked", action="store_true", help="also train unpacked, grouped by length and not (group_by_length_ratio)"
+    )
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--keep", type=Path, help="keep the bundles and runs in this folder")
     args = parser.parse_args(argv)
@@ -202,9 +238,17 @@ def main(argv: list[str] | None = None) -> int:
             1, round(SEED_TRAINING_ARGS["gradient_accumulation_steps"] * sum(lengths) / len(lengths) / args.max_len)
         )
 
+        packed = ["training.per_device_train_batch_size=1", f"training.gradient_accumulation_steps={accumulation}"]
+        recipes = {"seed_002": packed, "tunedeck": packed}
+        if args.unpacked:
+            # Without packing, micro-batches of 4 rows (2 accumulation steps: the seed's 8 rows per step),
+            # padded to their longest row: sorted by length (tunedeck's default then) or not.
+            unpacked = ["dataset.packing=false", *UNPACKED_BATCH]
+            recipes["unpacked_grouped"] = unpacked
+            recipes["unpacked_random"] = [*unpacked, "training.group_by_length=false"]
         results = {}
-        for name in ("seed_002", "tunedeck"):
-            folder = bundle(work / name, model_dir, data, args.max_len, accumulation, args.lr)
+        for name, overrides in recipes.items():
+            folder = bundle(work / name, model_dir, data, args.max_len, args.lr, overrides)
             if name == "seed_002":
                 as_seed_recipe(folder, args.max_len)
             results[name] = run(folder, args.timeout)
@@ -219,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                     "gradient_accumulation_steps",
                     "optim",
                     "pad_to_multiple_of",
+                    "train_sampling_strategy",
                 )
             }
         report = {
@@ -233,6 +278,15 @@ def main(argv: list[str] | None = None) -> int:
             **results,
             "tokens_per_s_ratio": results["tunedeck"]["tokens_per_s"] / results["seed_002"]["tokens_per_s"],
             "eval_loss_difference": results["tunedeck"]["eval_loss"] - results["seed_002"]["eval_loss"],
+            "adamw_fused_step_speedup": fused_adamw_speedup(),
+        }
+        if args.unpacked:
+            grouped, unsorted = results["unpacked_grouped"], results["unpacked_random"]
+            report["group_by_length_ratio"] = grouped["tokens_per_s"] / unsorted["tokens_per_s"]
+        micro, accumulation = (int(o.split("=")[1]) for o in UNPACKED_BATCH)
+        report["padding_share_unpacked"] = {
+            "grouped": padded_share(lengths, micro, accumulation, grouped=True),
+            "random": padded_share(lengths, micro, accumulation, grouped=False),
         }
     finally:
         if not args.keep:

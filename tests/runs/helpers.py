@@ -143,3 +143,14 @@ def tunedeck(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         text=True,
         timeout=timeout,
     )
+
+
+def run_bench(script: str, *args: str, folder: Path) -> tuple[dict, str]:
+    """Run bench/SCRIPT with its --json report in `folder`: (the report, its stderr); fails on a non-zero exit."""
+    report = Path(folder) / "report.json"
+    bench = Path(__file__).resolve().parents[2] / "bench" / script
+    result = subprocess.run(
+        [sys.executable, str(bench), *args, "--json", str(report)], capture_output=True, text=True, timeout=540
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(report.read_text()), result.stderr

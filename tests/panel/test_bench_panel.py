@@ -1,0 +1,17 @@
+"""bench/bench_panel.py at a tiny size: a run through the panel and a bare one, latency samples, the panel's RSS."""
+
+from __future__ import annotations
+
+import pytest
+from runs.helpers import run_bench
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_panel_bench_reports_overhead_latency_and_memory(tmp_path, demo_home):
+    args = ["--repeats", "1", "--samples", "5", "--steps", "6"]
+    report, _ = run_bench("bench_panel.py", *args, folder=tmp_path)
+    assert len(report["panel_steps_per_s"]) == len(report["bare_steps_per_s"]) == 1
+    assert report["steps_per_s_ratio"] > 0
+    assert report["latency_samples"] == 5 and 0 < report["latency_p50_s"] <= report["latency_p95_s"] < 30
+    assert 50 < report["panel_rss_mib"] < 4096  # a Python process with gradio loaded, not torch
