@@ -29,12 +29,14 @@ def test_the_estimate_uses_the_longest_row_unless_packing():
 
 
 def test_the_page_uses_measured_lengths_only_for_the_job_they_were_measured_for():
-    spec = resolve_spec("7b-lora-ddp")
+    spec = resolve_spec("7b-lora-ddp", ["dataset.packing=false"])  # packed blocks are max_seq_length long anyway
     state = {"key": preview_key(spec), "stats": length_stats([300, 500], 2048, 2)}
     plain = evaluate(values_from_spec(spec), "80", "")
     used = evaluate(values_from_spec(spec), "80", "", state)
     assert used.advice.current.per_gpu_gb < plain.advice.current.per_gpu_gb
-    other = resolve_spec("7b-lora-ddp", ["training.per_device_train_batch_size=4"])  # another batch: stale
+    other = resolve_spec(
+        "7b-lora-ddp", ["dataset.packing=false", "training.per_device_train_batch_size=4"]
+    )  # another batch: stale
     stale = evaluate(values_from_spec(other), "80", "", state)
     assert stale.advice.current.per_gpu_gb == evaluate(values_from_spec(other), "80", "").advice.current.per_gpu_gb
 

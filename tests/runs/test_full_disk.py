@@ -8,6 +8,7 @@ it kept for that), and every reader must go on working.
 from __future__ import annotations
 
 import json
+import re
 
 import gradio as gr
 import pytest
@@ -28,7 +29,10 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_last_complete_one_for_resume(
 
     disk = small_disk("2m")  # the run folder and one checkpoint (1.1 MB) fit; a second does not
     manager = RunManager(disk)
-    run_id = manager.start(demo_spec({"training.max_steps": 8, "training.save_steps": 2, "launch.num_processes": 1}))
+    # Keeping one checkpoint passes the preflight's room check (one checkpoint and the final model), but
+    # the Trainer writes the next checkpoint before it deletes the old one.
+    job = {"training.max_steps": 8, "training.save_steps": 2, "training.save_total_limit": 1}
+    run_id = manager.start(demo_spec({**job, "launch.num_processes": 1}))
     status = manager.wait(run_id, timeout=240)
     run_dir = manager.run_dir(run_id)
     assert status.state == "failed", f"{status}\n{logs_tail(run_dir)}"
@@ -45,7 +49,7 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_last_complete_one_for_resume(
 
 
 def test_a_disk_that_fills_mid_run_ends_recorded_and_every_reader_works(small_disk, demo_spec, monkeypatch):
-    disk = small_disk("1m")
+    disk = small_disk("4m")  # room for what the job keeps at the start (the preflight checks it); filled below
     manager = RunManager(disk)
     run_id = manager.start(demo_spec({"training.max_steps": 2000, "training.save_steps": 1000}))
     run_dir = manager.run_dir(run_id)
@@ -60,7 +64,7 @@ def test_a_disk_that_fills_mid_run_ends_recorded_and_every_reader_works(small_di
     assert not is_alive(status_json(run_dir)["supervisor"])
 
     listing = tunedeck("runs", "--runs-dir", disk)
-    assert listing.returncode == 0 and f"{run_id}  failed" in listing.stdout, listing.stderr
+    assert listing.returncode == 0 and re.search(rf"^{run_id}\s+-\s+failed\s", listing.stdout, re.M), listing.stdout
     show = tunedeck("runs", "show", run_id, "--runs-dir", disk)
     assert show.returncode == 0 and "state    failed" in show.stdout and "is full" in show.stdout, show.stderr
     monkeypatch.setattr("tunedeck.app.run_watch.MIN_REFRESH_S", 0)
