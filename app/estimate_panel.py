@@ -64,7 +64,7 @@ class EstimatePanel(DerivedView):
                 gr.Textbox(
                     value="" if self.machine.ram_gb is None else f"{self.machine.ram_gb:.0f}",
                     label="Host RAM per machine",
-                    info=f"GB, for loading and CPU/NVMe offload; empty: not checked. {self.machine.ram_source}.",
+                    info=f"GB, for loading and CPU/NVMe offload. {self.machine.ram_source[0].upper()}{self.machine.ram_source[1:]}.",
                     elem_id="host-ram",
                     max_lines=1,
                     scale=2,
