@@ -195,3 +195,37 @@ def shared_runs_dir(tmp_path_factory) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the browser tests' Chromium
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One Chromium for the whole session: a second sync Playwright in the same thread cannot start."""
+    from panel.browser import CHROMIUM, CHROMIUM_FLAGS
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (bash dev.sh test does)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, request):
+    from panel.browser import ARTIFACTS, EVENTS_TAP_JS
+
+    context = browser.new_context(viewport={"width": 1600, "height": 1200}, accept_downloads=True)
+    context.add_init_script(EVENTS_TAP_JS)  # so a test can settle(page): wait for every response it asked for
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    yield page
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+    try:
+        page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    finally:
+        context.close()

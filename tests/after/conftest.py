@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from panel.conftest import browser, page  # noqa: F401 - the panel's Chromium fixtures, for test_browser_after
 
 from .helpers import train_demo
 
