@@ -61,6 +61,20 @@ def descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
+def _test_tag(pid: int) -> str | None:
+    """The test tag in the environment of pid or of its nearest ancestor that has one (Chromium starts
+    its helper processes later, with an emptied environment, from the browser a test started)."""
+    while pid > 1:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            tag = re.search(rb"(?:^|\0)" + TEST_TAG.encode() + rb"=([^\0]*)", f.read())
+        if tag:
+            return tag.group(1).decode()
+        pid = _parent(pid)
+        if pid == os.getpid() or PYTEST.search(_command(pid)):
+            return None  # a tag there is the session's, not a test's
+    return None
+
+
 class ProcessWatcher(threading.Thread):
     """Every 0.3 s, the processes whose command line needs a marker, by the tag of the test that started them."""
 
@@ -81,10 +95,9 @@ class ProcessWatcher(threading.Thread):
                 command = _command(pid)
                 for marker, pattern in NEEDS_MARKER:
                     if pattern.search(command):
-                        with open(f"/proc/{pid}/environ", "rb") as f:
-                            tag = re.search(rb"(?:^|\0)" + TEST_TAG.encode() + rb"=([^\0]*)", f.read())
+                        tag = _test_tag(int(pid))
                         if tag:
-                            owner = tag.group(1).decode()
+                            owner = tag
                         elif descends_from(int(pid), os.getpid()):
                             owner = self.owners.setdefault((pid, command), self.current)
                         else:
