@@ -151,7 +151,8 @@ def test_model_worker_streams_cancels_and_is_released(demo_run):
             and summary["stop_reason"] in ("end", "max_new_tokens")
         )
 
-        long_answer = worker.generate("Q:", GenerationSettings(max_new_tokens=4096, temperature=1.0))
+        # A prompt the demo answers (a bare "Q:" may be answered by the end token at once), sampled for long.
+        long_answer = worker.generate(prompt, GenerationSettings(max_new_tokens=4096, temperature=1.0))
         next(long_answer)
         started = time.monotonic()
         long_answer.close()  # the caller walks away: the worker stops generating and takes the next prompt
