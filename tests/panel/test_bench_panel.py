@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from runs.helpers import run_bench
 
-pytestmark = [pytest.mark.bench, pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.bench,
+    pytest.mark.browser,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+]
 
 
 def test_panel_bench_reports_overhead_latency_and_memory(tmp_path, demo_home):

@@ -8,7 +8,12 @@ import pytest
 
 from .helpers import run_bench
 
-pytestmark = [pytest.mark.bench, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]  # two 2-rank trainings
+pytestmark = [
+    pytest.mark.bench,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+]  # two 2-rank trainings
 
 
 def test_recipe_bench_reports_both_recipes(tmp_path, demo_home):
