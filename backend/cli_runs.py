@@ -98,8 +98,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     spec = load_spec_or_exit(args)
     manager = _manager(args, create=True)
     problems = validate(spec)
-    # The model folder, data file and room for checkpoints, as the run will see them; a smoke run is its own
-    # job (a tiny model, a few steps), which the manager's start checks instead.
+    # The model, data and checkpoint room as the run sees them; a smoke run's own job is checked at its start.
     if not args.smoke and not any(p.level == "error" for p in problems):
         problems += preflight(spec, manager.runs_dir)
     print_problems((p.level, p.field, p.message) for p in problems)
