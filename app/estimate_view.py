@@ -41,7 +41,7 @@ ORDER_NOTE = (
     "the recommendation is the fastest that fits."
 )
 # The predicted speed of each strategy (backend/speed.py), after the memory columns.
-SPEED_HEADERS = ["Step (s)", "Tokens/s per GPU", "Hours", "Cost"]
+SPEED_HEADERS = ["Step s", "Tok/s/GPU", "Hours", "Cost"]  # short: the table must read at 1280 px
 
 # One color per memory term, the same in every bar.
 TERM_COLORS = {
