@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import gradio as gr
 
 from tunedeck.app.estimate_view import (
+    COLUMN_WIDTHS,
     HEADERS,
     ORDER_NOTE,
+    SPEED_HEADERS,
     Unavailable,
     compute_advice,
     estimate_figure,
@@ -86,11 +88,11 @@ class EstimatePanel(DerivedView):
             self.table = add(
                 "estimate.table",
                 gr.Dataframe(
-                    headers=HEADERS,
+                    headers=HEADERS + SPEED_HEADERS,
                     interactive=False,
                     elem_id="estimate-table",
                     wrap=True,  # full width, so headers wrap at most at their words
-                    column_widths=["25%", "10%", "8%", "8%", "8%", "5%", "10%", "8%", "12%", "6%"],
+                    column_widths=COLUMN_WIDTHS,
                 ),
             )
             add("estimate.order_note", gr.Markdown(ORDER_NOTE, elem_id="estimate-order"))

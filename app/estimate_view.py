@@ -42,6 +42,8 @@ ORDER_NOTE = (
 )
 # The predicted speed of each strategy (backend/speed.py), after the memory columns.
 SPEED_HEADERS = ["Step s", "Tok/s/GPU", "Hours", "Cost"]  # short: the table must read at 1280 px
+# One width per column (HEADERS, then SPEED_HEADERS), summing to 100%: headers wrap at most at their words.
+COLUMN_WIDTHS = ["16%", "7%", "6%", "6%", "7%", "5%", "7%", "6%", "11%", "5%", "6%", "8%", "5%", "5%"]
 
 # One color per memory term, the same in every bar.
 TERM_COLORS = {

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from tunedeck.app.estimate_view import (
+    COLUMN_WIDTHS,
     HEADERS,
     LOAD_MARKER,
     SPEED_HEADERS,
@@ -40,6 +41,7 @@ def markdown(spec, gpu, cpu_mem_gb=None) -> str:
 def test_table_has_one_row_per_strategy_with_marks_and_both_phases(lora13b):
     headers, rows = estimate_table(compute_advice(lora13b, 24))
     assert headers[: len(HEADERS)] == HEADERS and headers[len(HEADERS) :] == SPEED_HEADERS
+    assert len(COLUMN_WIDTHS) == len(headers) and sum(int(w.rstrip("%")) for w in COLUMN_WIDTHS) == 100
     options = advise(lora13b, 24).options
     assert sorted(r[0].split(" (")[0] for r in rows) == sorted(o.strategy for o in options)
     assert [r[1] for r in rows] == sorted(r[1] for r in rows)  # by memory per GPU
