@@ -9,6 +9,8 @@ figures themselves come from app/estimate_view.py (pure builders).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from html import escape
+from pathlib import Path
 
 import gradio as gr
 
@@ -30,6 +32,8 @@ from tunedeck.app.job_events import DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates
 from tunedeck.backend.hardware import machine_facts
+from tunedeck.backend.run_speed import Calibration, calibration
+from tunedeck.backend.speed import hardware_for
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,10 @@ class EstimateShown:
 
 
 class EstimatePanel(DerivedView):
-    def __init__(self, ui: Registry, monitor):
+    def __init__(self, ui: Registry, monitor, runs_dir: Path | None = None):
         self.ui = ui
         self.machine = machine_facts(monitor=monitor)  # the facts `tunedeck validate` uses too
+        self.runs_dir = runs_dir  # where finished runs are, to compare speed predictions with (backend/run_speed.py)
 
     def build_advice(self) -> None:
         """GPU size, the recommendation and its Apply button (right column)."""
@@ -72,13 +77,22 @@ class EstimatePanel(DerivedView):
                     scale=2,
                 ),
             )
+        self.calibrate = add(
+            "estimate.calibrate",
+            gr.Checkbox(
+                value=False,
+                label="Correct the speed by my runs",
+                info="multiplies predicted tokens/s by measured ÷ predicted of your last finished runs on this GPU",
+                elem_id="calibrate-speed",
+            ),
+        )
         self.apply = add(
             "estimate.apply",
             gr.Button("Apply recommendation", elem_id="apply-recommendation", interactive=False),
         )
         self.recommendation = add("estimate.recommendation", gr.Markdown(elem_id="recommendation"))
         self.shown = add("estimate.shown", gr.State(EstimateShown()))
-        self.inputs = [self.gpu, self.ram]
+        self.inputs = [self.gpu, self.ram, self.calibrate]
 
     def build_details(self) -> None:
         """The table (full width: its headers never wrap letter by letter), a picker to apply any row,
@@ -118,7 +132,30 @@ class EstimatePanel(DerivedView):
         return [self.recommendation, self.apply, self.table, self.figure, self.pick, self.shown]
 
     def context(self, got: Got) -> dict:
-        return {"gpu_text": got[self.gpu], "ram_text": got[self.ram]}
+        return {"gpu_text": got[self.gpu], "ram_text": got[self.ram], "correction": self._correction(got)}
+
+    def _calibration(self, gpu_text) -> Calibration | None:
+        """How your last finished runs on the box's GPU compared with their predictions (None: no such run)."""
+        if self.runs_dir is None:
+            return None
+        return calibration(self.runs_dir, hardware_for(gpu_text).gpu)
+
+    def _correction(self, got: Got) -> float:
+        found = self._calibration(got[self.gpu]) if got[self.calibrate] else None
+        return found.factor if found else 1.0
+
+    def calibration_markdown(self, got: Got) -> str:
+        """Under the speed line: your runs against the prediction, and whether the correction is on."""
+        found = self._calibration(got[self.gpu])
+        if found is None:
+            if not got[self.calibrate]:
+                return ""
+            return "**Your runs:** no finished GPU run on this GPU to correct from yet; the prediction is uncorrected."
+        text = escape(found.sentence(), quote=False)
+        text = text[0].upper() + text[1:]
+        if got[self.calibrate]:
+            return f"**Your runs:** {text}; the speed above is corrected by {found.factor:.2f}x."
+        return f"**Your runs:** {text}. Tick *Correct the speed by my runs* to apply it."
 
     def update(self, result: JobResult, got: Got) -> Updates:
         old: EstimateShown = got[self.shown]
@@ -131,9 +168,8 @@ class EstimatePanel(DerivedView):
             # Apply only when the advice changes fields (an unknown model or GPU: the markdown says which).
             applicable = not isinstance(advice, Unavailable) and bool(advice.recommendation.changes)
             # Same totals per strategy on the same GPU: the chart (the slow part) is unchanged.
-            shown = EstimateShown(
-                recommendation_markdown(advice), applicable, repr((rows, got[self.gpu], got[self.ram]))
-            )
+            text = "\n\n".join(t for t in (recommendation_markdown(advice), self.calibration_markdown(got)) if t)
+            shown = EstimateShown(text, applicable, repr((rows, got[self.gpu], got[self.ram])))
         out: Updates = {}
         if shown.recommendation != old.recommendation:
             out[self.recommendation] = shown.recommendation
@@ -152,7 +188,7 @@ class EstimatePanel(DerivedView):
         strategy = got[self.pick]
         if not strategy:
             raise ValueError("pick a strategy in the list first")
-        advice = compute_advice(spec, got[self.gpu], got[self.ram])
+        advice = compute_advice(spec, got[self.gpu], got[self.ram], correction=self._correction(got))
         if isinstance(advice, Unavailable):
             raise ValueError(advice.text)
         return strategy, option_changes(advice, strategy, values)
@@ -170,7 +206,7 @@ class EstimatePanel(DerivedView):
 
     def apply_recommendation(self, spec, got: Got):
         """(strategy label, {dotted path: value}) of the recommendation for `spec` on the boxes' GPU and RAM."""
-        advice = compute_advice(spec, got[self.gpu], got[self.ram])
+        advice = compute_advice(spec, got[self.gpu], got[self.ram], correction=self._correction(got))
         if isinstance(advice, Unavailable):
             raise ValueError(advice.text)
         return advice.recommendation.strategy, advice.recommendation.changes

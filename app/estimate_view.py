@@ -75,9 +75,11 @@ def compute_advice(
     cpu_mem_gb: float | str | None = None,
     hardware: Hardware | None = None,
     seq_len: int | None = None,
+    correction: float = 1.0,
 ) -> Advice | Unavailable:
     """The advice for this job on this GPU (and host RAM: GB, a box's text, or None for not checked), or why
-    there is none; with the speed predicted on the GPU the box names (or on the assumed one, which the advice says)."""
+    there is none; with the speed predicted on the GPU the box names (or on the assumed one, which the advice says),
+    times `correction` (your runs' measured over predicted throughput, when the page applies it)."""
     try:
         gpu = gpu_memory_gb(gpu_mem_gb)
     except ValueError as exc:
@@ -86,7 +88,9 @@ def compute_advice(
         ram = parse_ram(cpu_mem_gb) if isinstance(cpu_mem_gb, str) else cpu_mem_gb
         hardware = hardware or hardware_for(gpu_mem_gb)
         schedule = schedule_of(spec, *dataset_rows(spec))
-        return advise(spec, gpu, cpu_mem_gb=ram, hardware=hardware, schedule=schedule, seq_len=seq_len)
+        return advise(
+            spec, gpu, cpu_mem_gb=ram, hardware=hardware, schedule=schedule, seq_len=seq_len, correction=correction
+        )
     except EstimateError as exc:
         return Unavailable(f"**Memory estimate unavailable** ({exc.field}): {escape(str(exc))}.", str(exc))
     except ValueError as exc:

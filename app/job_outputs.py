@@ -45,11 +45,16 @@ class JobResult:
 
 
 def evaluate(
-    values: Values, gpu_text: str | None = None, ram_text: str | None = None, measured: dict | None = None
+    values: Values,
+    gpu_text: str | None = None,
+    ram_text: str | None = None,
+    measured: dict | None = None,
+    correction: float = 1.0,
 ) -> JobResult:
     """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`
     and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/fit.py).
-    `measured`: the dataset preview's lengths (app/dataset_preview.py), used while they are this job's."""
+    `measured`: the dataset preview's lengths (app/dataset_preview.py), used while they are this job's;
+    `correction`: the speed correction from your runs (app/estimate_panel.py), 1 when not applied."""
     from tunedeck.backend.render import render_bundle
 
     try:
@@ -65,7 +70,9 @@ def evaluate(
     seq_len = None
     if measured and measured.get("key") == preview_key(spec):
         seq_len = measured_seq_len(measured.get("stats"), spec.dataset.packing)
-    advice = None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, seq_len=seq_len)
+    advice = (
+        None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, seq_len=seq_len, correction=correction)
+    )
     if isinstance(advice, Advice) and not has_errors(issues):  # the same rule as `tunedeck validate`
         issues = sorted(issues + fit_problems(spec, advice), key=lambda p: p.level != "error")
     return JobResult(values, spec, issues, files, advice)

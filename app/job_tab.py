@@ -39,10 +39,13 @@ def ordered_presets() -> list[Preset]:
 class JobTab(Section):
     id, title = "job", "Job"
 
-    def __init__(self, presets: list[Preset], initial: JobSpec, monitor, work_dir: Path | None):
+    def __init__(
+        self, presets: list[Preset], initial: JobSpec, monitor, work_dir: Path | None, runs_dir: Path | None = None
+    ):
         self.presets = presets
         self.initial = initial
         self.monitor = monitor
+        self.runs_dir = runs_dir
         self.writer = BundleWriter(work_dir and work_dir / "bundles")
 
     def build_top(self, page: Page) -> None:
@@ -67,7 +70,7 @@ class JobTab(Section):
                 self.preview.build()
             with gr.Column(scale=5):
                 self.view = JobView(page.ui, form, list(render_bundle(self.initial)), self.writer)
-                self.estimate = EstimatePanel(page.ui, self.monitor)
+                self.estimate = EstimatePanel(page.ui, self.monitor, self.runs_dir)
                 self.view.build_status()
                 self.estimate.build_advice()
                 self.view.build_files()

@@ -86,7 +86,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
     by_id = {p.id: p for p in presets}
     if preset_id is not None and preset_id not in by_id:
         raise ValueError(f"unknown preset {preset_id!r}; choose one of: {', '.join(by_id)}")
-    job = JobTab(presets, by_id[preset_id].build() if preset_id else JobSpec(), shared_monitor(), work_dir)
+    job = JobTab(presets, by_id[preset_id].build() if preset_id else JobSpec(), shared_monitor(), work_dir, runs_dir)
     runs = RunView(RunManager(runs_dir))
     runs.memory_hook = measured_vs_predicted
 

@@ -9,6 +9,7 @@ from a bundle without tunedeck is compared too.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,19 @@ class RunComparison:
 
 def compare_run(run_dir: Path) -> RunComparison | None:
     """Measured vs predicted for a finished GPU run; None when it has nothing to compare (CPU, failed, unknown GPU)."""
+    stamps = []
+    for name in ("metrics.jsonl", "job.yaml"):
+        try:
+            stat = (Path(run_dir) / name).stat()
+        except OSError:
+            return None
+        stamps.append((stat.st_mtime_ns, stat.st_size))
+    return _compare_files(Path(run_dir), tuple(stamps))
+
+
+@functools.lru_cache(maxsize=1024)
+def _compare_files(run_dir: Path, stamps: tuple) -> RunComparison | None:
+    """compare_run for files with these (mtime, size) stamps: the page asks on every edit, a run's files rarely change."""
     run = read_records(run_dir)
     if not run.start or not run.end or run.end.get("status") != "finished":
         return None

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from estimate.gpu_runs import fake_gpu_run
 from tunedeck.backend import speed
 from tunedeck.backend.advisor import advise
 from tunedeck.backend.memory_job import Job, input_values
 from tunedeck.backend.presets import resolve_spec as load_preset
 from tunedeck.backend.run_speed import calibration, compare_run
-from tunedeck.backend.spec import set_paths, spec_to_yaml
+from tunedeck.backend.spec import set_paths
 
 TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
 A100 = speed.Hardware.named("A100-80GB")
@@ -138,20 +139,6 @@ def test_dataset_rows_of_a_local_file(demo_home):
 
 
 # ---------------------------------------------------------------- calibration from finished runs
-
-
-def fake_gpu_run(runs_dir: Path, run_id: str, spec, tokens_per_s: float, peak_gb: float, world: int = 4) -> Path:
-    """A finished run folder as train.py writes it on a GPU: job.yaml and metrics.jsonl."""
-    run_dir = runs_dir / run_id
-    run_dir.mkdir(parents=True)
-    (run_dir / "job.yaml").write_text(spec_to_yaml(spec))
-    records = [{"event": "start", "world_size": world, "gpu_name": "NVIDIA A100-SXM4-80GB", "compute_dtype": "bf16"}]
-    for step in range(1, 5):
-        records.append({"event": "log", "step": step, "loss": 1.0, "tokens_per_second": tokens_per_s * world,
-                        "gpu_peak_allocated_gb": [peak_gb] * world})  # fmt: skip
-    records.append({"event": "end", "status": "finished", "runtime_s": 60.0})
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return run_dir
 
 
 def test_finished_runs_compare_with_their_prediction_and_calibrate_the_next(tmp_path):

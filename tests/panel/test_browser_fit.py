@@ -5,9 +5,16 @@ One panel for the module; screenshots under test-artifacts/panel/ (conftest.py).
 
 from __future__ import annotations
 
+import re
+import shutil
+
 import pytest
+from estimate.gpu_runs import fake_gpu_run
 
 from panel.browser import ARTIFACTS, PanelServer, fill, settle, text_of, wait_text
+from tunedeck.backend import speed
+from tunedeck.backend.memory_job import Job, input_values
+from tunedeck.backend.presets import resolve_spec as load_preset
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -86,6 +93,39 @@ def test_the_estimate_table_reads_at_1280_px(page, server):
     table = page.inner_text("#estimate-table")
     assert all(name in table for name in ("FSDP FULL_SHARD (current, ★ recommended)", "ZeRO-3 + NVMe offload", "DDP"))
     page.locator("#estimate-section").screenshot(path=str(ARTIFACTS / "estimate-table-1280.png"))
+
+
+def test_your_runs_on_this_gpu_correct_the_speed_when_ticked(page, server):
+    """A finished A100 run that went 25% faster than predicted: the estimate says so and, ticked, predicts 1.25x."""
+    spec = load_preset("7b-lora-ddp")
+    predicted = speed.predict(
+        Job.from_values(input_values(spec)), speed.Hardware.named("A100-80GB"), speed.schedule_of(spec, None)
+    ).tokens_per_s_per_gpu
+    run_dir = fake_gpu_run(server.runs_dir, "20260101-000000-abcdef", spec, predicted * 1.25, 20.0)
+    try:
+        load(page, server)
+        page.click("#preset-7b-lora-ddp")
+        wait_text(page, "#notice", "Loaded preset")
+        fill(gpu_box(page), "A100-80GB")
+        wait_text(page, "#recommendation", "Speed on A100-80GB:")  # named, no longer the assumed GPU
+        wait_text(page, "#recommendation", "Your last 1 run on A100-80GB was +25% vs prediction")
+        assert "Tick Correct the speed by my runs" in text_of(page, "#recommendation")
+        before = speed_line(page)
+        page.locator("#calibrate-speed input").check()
+        wait_text(page, "#recommendation", "corrected by 1.25x")
+        after = speed_line(page)
+        assert after / before == pytest.approx(1.25, rel=0.01)  # LoRA DDP is all compute: the whole factor
+        page.locator("#recommendation").screenshot(path=str(ARTIFACTS / "calibrated-speed.png"))
+    finally:
+        shutil.rmtree(run_dir)
+
+
+def speed_line(page) -> float:
+    """Tokens/s per GPU of the job as set, from the recommendation's speed line."""
+    text = text_of(page, "#recommendation")
+    found = re.search(r"Speed on [^:]+: ([\d,]+) tokens/s per GPU", text)
+    assert found, repr(text)
+    return float(found.group(1).replace(",", ""))
 
 
 @pytest.mark.integration  # the preview runs `tunedeck preview --json` in a subprocess
