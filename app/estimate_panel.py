@@ -31,9 +31,10 @@ from tunedeck.app.estimate_view import (
 from tunedeck.app.job_events import DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates
+from tunedeck.backend.flops import gpu_row
 from tunedeck.backend.hardware import machine_facts
 from tunedeck.backend.run_speed import Calibration, calibration
-from tunedeck.backend.speed import hardware_for
+from tunedeck.backend.speed import Hardware, hardware_for
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class EstimatePanel(DerivedView):
             self.gpu = add(
                 "estimate.gpu",
                 gr.Textbox(
-                    value=f"{self.machine.gpu_mem_gb:.0f}",
+                    value=self.own_gpu_text,
                     label="GPU memory per GPU",
                     info=f"GB (24, 80) or a GPU model (A100-40GB, H100, RTX 4090); {self.machine.gpu_source}.",
                     elem_id="gpu-memory",
@@ -132,13 +133,30 @@ class EstimatePanel(DerivedView):
         return [self.recommendation, self.apply, self.table, self.figure, self.pick, self.shown]
 
     def context(self, got: Got) -> dict:
-        return {"gpu_text": got[self.gpu], "ram_text": got[self.ram], "correction": self._correction(got)}
+        return {
+            "gpu_text": got[self.gpu],
+            "ram_text": got[self.ram],
+            "hardware": self.hardware(got[self.gpu]),
+            "correction": self._correction(got),
+        }
+
+    def hardware(self, gpu_text) -> Hardware:
+        """The GPU speed is predicted on: the box's GPU model, or this machine's GPU (NVML) while the box
+        holds this machine's size; else the assumed GPU, which the speed line says."""
+        name = self.machine.gpu_name
+        if name and gpu_row(name) and str(gpu_text).strip() == self.own_gpu_text:
+            return Hardware.named(name)
+        return hardware_for(gpu_text)
+
+    @property
+    def own_gpu_text(self) -> str:
+        return f"{self.machine.gpu_mem_gb:.0f}"  # what the GPU box starts with
 
     def _calibration(self, gpu_text) -> Calibration | None:
         """How your last finished runs on the box's GPU compared with their predictions (None: no such run)."""
         if self.runs_dir is None:
             return None
-        return calibration(self.runs_dir, hardware_for(gpu_text).gpu)
+        return calibration(self.runs_dir, self.hardware(gpu_text).gpu)
 
     def _correction(self, got: Got) -> float:
         found = self._calibration(got[self.gpu]) if got[self.calibrate] else None
@@ -188,10 +206,17 @@ class EstimatePanel(DerivedView):
         strategy = got[self.pick]
         if not strategy:
             raise ValueError("pick a strategy in the list first")
-        advice = compute_advice(spec, got[self.gpu], got[self.ram], correction=self._correction(got))
+        advice = self._advice(spec, got)
+        return strategy, option_changes(advice, strategy, values)
+
+    def _advice(self, spec, got: Got):
+        """The advice for `spec` on the boxes' GPU and RAM, or ValueError saying why there is none."""
+        advice = compute_advice(
+            spec, got[self.gpu], got[self.ram], self.hardware(got[self.gpu]), correction=self._correction(got)
+        )
         if isinstance(advice, Unavailable):
             raise ValueError(advice.text)
-        return strategy, option_changes(advice, strategy, values)
+        return advice
 
     def follow_preset(self, preset, got: Got) -> str:
         """Where no GPU is measured here, a preset sets the GPU and RAM boxes to the machine it is meant
@@ -206,9 +231,7 @@ class EstimatePanel(DerivedView):
 
     def apply_recommendation(self, spec, got: Got):
         """(strategy label, {dotted path: value}) of the recommendation for `spec` on the boxes' GPU and RAM."""
-        advice = compute_advice(spec, got[self.gpu], got[self.ram], correction=self._correction(got))
-        if isinstance(advice, Unavailable):
-            raise ValueError(advice.text)
+        advice = self._advice(spec, got)
         return advice.recommendation.strategy, advice.recommendation.changes
 
 

@@ -20,6 +20,7 @@ from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
 from tunedeck.backend.fit import fit_problems
 from tunedeck.backend.preview import measured_seq_len, preview_key
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
+from tunedeck.backend.speed import Hardware
 from tunedeck.backend.untrusted import shown
 from tunedeck.backend.validate import Problem, has_errors, validate
 
@@ -50,11 +51,13 @@ def evaluate(
     ram_text: str | None = None,
     measured: dict | None = None,
     correction: float = 1.0,
+    hardware: Hardware | None = None,
 ) -> JobResult:
     """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`
     and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/fit.py).
     `measured`: the dataset preview's lengths (app/dataset_preview.py), used while they are this job's;
-    `correction`: the speed correction from your runs (app/estimate_panel.py), 1 when not applied."""
+    `correction`: the speed correction from your runs, 1 when not applied; `hardware`: the GPU speed is
+    predicted on (app/estimate_panel.py; None: the one the GPU box names, else the assumed one)."""
     from tunedeck.backend.render import render_bundle
 
     try:
@@ -70,9 +73,7 @@ def evaluate(
     seq_len = None
     if measured and measured.get("key") == preview_key(spec):
         seq_len = measured_seq_len(measured.get("stats"), spec.dataset.packing)
-    advice = (
-        None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, seq_len=seq_len, correction=correction)
-    )
+    advice = None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, hardware, seq_len, correction)
     if isinstance(advice, Advice) and not has_errors(issues):  # the same rule as `tunedeck validate`
         issues = sorted(issues + fit_problems(spec, advice), key=lambda p: p.level != "error")
     return JobResult(values, spec, issues, files, advice)

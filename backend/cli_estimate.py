@@ -59,29 +59,15 @@ def _fail(flag: str, message: str):
     raise SystemExit(2)
 
 
-def _nvml_gpu_name() -> str | None:
-    """The NVML name of GPU 0, or None on a machine without an NVIDIA GPU."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - NVMLError (no driver/GPU) or a missing library: no GPU to read
-        return None
-    return name.decode() if isinstance(name, bytes) else name
-
-
 def _hardware(args: argparse.Namespace):
     """The GPU and links the speed prediction assumes (--gpu, NVML, a --gpu-mem name, else the assumed GPU), with --price-per-gpu-hour."""
+    from tunedeck.backend.hardware import machine_facts
     from tunedeck.backend.speed import Hardware, hardware_for
 
     price = args.price_per_gpu_hour
     if price is not None and not 0 <= price < 1e6:
         _fail("--price-per-gpu-hour", f"{price:g}: give the price of one GPU-hour, e.g. 2.5")
-    name = args.gpu or _nvml_gpu_name()
+    name = args.gpu or machine_facts().gpu_name  # this machine's GPU (NVML), if it has one
     try:
         hardware = Hardware.named(name, args.interconnect, price_per_gpu_hour=price)
     except ValueError as exc:

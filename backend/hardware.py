@@ -31,6 +31,7 @@ class Machine:
     ram_gb: float | None  # host RAM per machine, None when not checked
     ram_source: str
     has_gpu: bool  # NVML found a GPU here
+    gpu_name: str | None = None  # the smallest GPU's NVML name ("NVIDIA H100 80GB HBM3"), None without one
 
 
 def machine_facts(gpu: str | float | None = None, ram: float | None = None, *, monitor=None) -> Machine:
@@ -71,4 +72,5 @@ def machine_facts(gpu: str | float | None = None, ram: float | None = None, *, m
         ram_gb, ram_source = sample.ram_total_gb, "this machine's RAM (psutil)"
     else:
         ram_gb, ram_source = None, "not checked: no GPU here, so the job runs on another machine; give its RAM"
-    return Machine(gpu_gb, gpu_source, ram_gb, ram_source, has_gpu)
+    smallest = min(sample.gpus, key=lambda g: g.memory_total_mb, default=None)
+    return Machine(gpu_gb, gpu_source, ram_gb, ram_source, has_gpu, smallest.name if smallest else None)

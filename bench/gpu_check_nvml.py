@@ -32,6 +32,21 @@ def main() -> int:
     print(f"  after a 4 GiB allocation: +{grew_mb:.0f} MiB; processes listed by NVML: {pids}; samples: {len(history)}")
     ok = grew_mb >= 4000 and len(history) >= 3 and monitor.total_gpu_memory_gb() > 10
     print(("PASS" if ok else "FAIL") + f" nvml: {len(before.gpus)} GPU(s), allocation seen: {grew_mb >= 4000}")
+    return (0 if ok else 1) | speed_on_this_gpu()
+
+
+def speed_on_this_gpu() -> int:
+    """The estimate's GPU comes from NVML: the CLI's and the page's (backend/hardware.py's gpu_name)."""
+    from tunedeck.app.estimate_panel import EstimatePanel
+    from tunedeck.app.registry import Registry
+    from tunedeck.backend.hardware import machine_facts
+
+    machine = machine_facts()
+    panel = EstimatePanel(Registry(), monitor=None)
+    hardware = panel.hardware(panel.own_gpu_text)
+    print(f"  NVML name {machine.gpu_name!r}: the page predicts speed on {hardware.gpu} ({hardware.source or 'NVML'})")
+    ok = machine.gpu_name is not None and hardware.gpu is not None and hardware.source != "assumed"
+    print(("PASS" if ok else "FAIL") + f" speed on this GPU: {hardware.gpu}")
     return 0 if ok else 1
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from panel.fake_nvml import FakeNvml
 
+from tunedeck.app.estimate_panel import EstimatePanel
 from tunedeck.app.job_outputs import evaluate
+from tunedeck.app.registry import Registry
 from tunedeck.backend.advisor import advise
 from tunedeck.backend.cli import main
 from tunedeck.backend.fields import values_from_spec
@@ -82,8 +84,10 @@ def test_machine_facts_from_nvml_and_psutil_or_given():
     with_gpu = machine_facts(monitor=Monitor(nvml=t4))
     assert with_gpu.has_gpu and with_gpu.gpu_mem_gb == 15 and "NVML" in with_gpu.gpu_source
     assert with_gpu.ram_gb is not None and with_gpu.ram_gb > 0.5  # psutil: the job runs here
+    assert with_gpu.gpu_name == "Tesla T4"
     here = machine_facts()  # the real pynvml: this machine has no NVIDIA GPU
     assert not here.has_gpu and here.gpu_mem_gb == DEFAULT_GPU_GB and here.ram_gb is None
+    assert here.gpu_name is None
     given = machine_facts("RTX 4090", 64)
     assert (given.gpu_mem_gb, given.ram_gb, given.gpu_source, given.ram_source) == (24, 64, "given", "given")
     with pytest.raises(MachineValueError) as bad:
@@ -92,3 +96,17 @@ def test_machine_facts_from_nvml_and_psutil_or_given():
     with pytest.raises(MachineValueError) as bad:
         machine_facts(None, float("nan"))
     assert bad.value.which == "ram"
+
+
+def test_the_page_predicts_speed_on_this_machines_gpu_until_another_is_typed():
+    """On an H100 server the GPU box starts at its size and the speed is the H100's (bench/gpu_check_nvml.py
+    runs the same on a real GPU); another size or model in the box is predicted as typed."""
+    h100 = FakeNvml([{"name": "NVIDIA H100 80GB HBM3", "total_mb": 81559, "used_mb": 0, "util": 0, "temp": 40,
+                      "power_w": 0}])  # fmt: skip
+    panel = EstimatePanel(Registry(), Monitor(nvml=h100))
+    assert panel.own_gpu_text == "80" and panel.hardware("80").gpu == "H100"
+    assert panel.hardware(" 80 ").source != "assumed"
+    assert panel.hardware("RTX 4090").gpu == "RTX 4090"
+    assert panel.hardware("24").source == "assumed"  # a size alone names no GPU: the speed line says assumed
+    cpu_only = EstimatePanel(Registry(), Monitor())  # the real pynvml: no GPU here
+    assert cpu_only.hardware(cpu_only.own_gpu_text).source == "assumed"
