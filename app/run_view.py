@@ -1,7 +1,7 @@
 """The Run tab: Stop and Resume, state, progress, summary, name and notes, charts, rank-0 log, past runs.
 
 Everything is read from run folders (the disk is the message bus): closing the page
-never touches training, and a new page follows the live run. The page's 1-second tick
+never touches training, and a new page follows the live run. The page's tick
 calls `render`; it reads only appended bytes (RunWatch) and returns only the outputs whose
 inputs changed (a RunShown per browser remembers what it shows), so an idle page costs a
 stat or two per second.
@@ -9,6 +9,7 @@ stat or two per second.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from html import escape
 
@@ -28,6 +29,7 @@ from tunedeck.backend.run_summary import measured_peaks, report, summarize
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.smoke import start_smoke_run
 
+CHARTS_EVERY_S = 2.0  # charts and log of a live run; the state line and progress follow every tick
 NO_STEP_YET = "No training step logged yet: the loss appears here after the first logging step."
 
 
@@ -41,6 +43,8 @@ class RunShown:
     shown_run: str | None = None  # the run whose details are drawn
     notes_run: str | None = None  # the run whose name and notes are in their boxes
     sig: tuple | None = None  # what those details were drawn from
+    charts_sig: tuple | None = None  # what the charts, log and memory were drawn from
+    charts_at: float = 0.0  # when (time.monotonic() of the panel)
 
 
 class RunView(Section):
@@ -206,30 +210,38 @@ class RunView(Section):
         )
         summary = summarize(watch, status.started_at, status.ended_at)
         bar = progress_html(summary.fraction, summary.progress, status.state)
-        if not force and shown.sig == sig:
-            if status.state in ACTIVE:  # nothing new on disk: only the elapsed clock moves, while the run is live
-                out[self.progress] = bar
-            return
-        shown.sig, shown.shown_run = sig, run_id
-        if shown.notes_run != run_id:  # the boxes are the user's while they type: filled once per run shown
-            shown.notes_run = run_id
-            out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
-
-        results = report(watch, status.started_at, status.ended_at).line() if watch.records else ""
-        log_name, log_text = watch.log_text()
-        out.update({
-            self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
-            self.progress: bar,
-            self.facts: summary.facts,
-            self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" if results else "",
-            self.error: gr.update(value=status.error or "", visible=bool(status.error)),
-            self.loss_plot: self._loss_chart(watch, other and (overlay, other), smoothing, log_scale),
-            self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
-            self.memory: self._memory_markdown(run_id, watch),
-            self.log: gr.update(value=log_text, label=f"{log_name} (last lines)"),
-            self.stop: gr.update(interactive=status.state in ("queued", "running")),
-            self.resume: gr.update(interactive=facts.checkpoint is not None),
-        })  # fmt: skip
+        new_run = force or shown.shown_run != run_id
+        details_due = new_run or shown.sig != sig
+        # The charts and the log cost the browser the most to draw: while a run is live, at most every CHARTS_EVERY_S.
+        late = status.state not in ACTIVE or time.monotonic() - shown.charts_at >= CHARTS_EVERY_S
+        charts_due = new_run or (shown.charts_sig != sig and late)
+        if status.state in ACTIVE:  # the elapsed clock moves while the run is live
+            out[self.progress] = bar
+        if details_due:
+            shown.sig = sig
+            if shown.notes_run != run_id:  # the boxes are the user's while they type: filled once per run shown
+                shown.notes_run = run_id
+                out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
+            results = report(watch, status.started_at, status.ended_at).line() if watch.records else ""
+            out.update({
+                self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
+                self.progress: bar,
+                self.facts: summary.facts,
+                self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" if results else "",
+                self.error: gr.update(value=status.error or "", visible=bool(status.error)),
+                self.stop: gr.update(interactive=status.state in ("queued", "running")),
+                self.resume: gr.update(interactive=facts.checkpoint is not None),
+            })  # fmt: skip
+        if charts_due:
+            shown.charts_sig, shown.charts_at = sig, time.monotonic()
+            log_name, log_text = watch.log_text()
+            out.update({
+                self.loss_plot: self._loss_chart(watch, other and (overlay, other), smoothing, log_scale),
+                self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
+                self.memory: self._memory_markdown(run_id, watch),
+                self.log: gr.update(value=log_text, label=f"{log_name} (last lines)"),
+            })  # fmt: skip
+        shown.shown_run = run_id
 
     @staticmethod
     def _loss_chart(watch, other, smoothing: float, log_scale: bool):
@@ -352,7 +364,12 @@ class RunView(Section):
         listen(
             [self.stop.click], on_stop, inputs=self.inputs, outputs=[page.notice, *self.outputs], show_progress="hidden"
         )
-        page.on_tick(lambda got, in_view: self.redraw(got), inputs=self.inputs, outputs=self.outputs)
+        # Drawn while its tab is in view; selecting the tab draws it at once (section.Page.wire).
+        page.on_tick(
+            lambda got, in_view: self.redraw(got) if in_view == self.id else {},
+            inputs=self.inputs,
+            outputs=self.outputs,
+        )
         page.on_load(lambda got: self.redraw(got, force=True), inputs=self.inputs, outputs=self.outputs)
         # Gradio 6's Textbox autoscroll follows only the first update: keep the newest lines in view ourselves.
         self.log.change(None, js=FOLLOW_LOG_JS, show_progress="hidden")

@@ -172,3 +172,22 @@ def test_before_the_first_step_the_loss_chart_says_so_instead_of_empty_axes(run,
     (note,) = out["loss_chart"].layout.annotations
     assert "No training step logged yet" in note.text and not out["loss_chart"].data
     assert out["metrics_chart"]["visible"] is False and out["summary"] == ""
+
+
+def test_a_live_runs_progress_follows_every_tick_its_charts_every_few_seconds(run, tmp_path, monkeypatch):
+    """Drawing charts and the log is what costs the browser (and a CPU run) the most: throttled while live."""
+    run_dir = tmp_path / RUN_ID
+    status = json.loads((run_dir / "status.json").read_text())
+    write_status(run_dir, {**status, "state": "running", "ended_at": None, "exit_code": None,
+                           "supervisor": process_identity(os.getpid())})  # fmt: skip
+    first = run.render(RunShown())
+    assert "running" in first["status"] and "loss_chart" in first  # a run newly shown: everything
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"event": "log", "step": 4, "max_steps": 6, "loss": 0.5}) + "\n")
+    soon = run.render(first["shown"])
+    assert "step 4/6" in soon["progress"] and "loss_chart" not in soon and "log" not in soon
+    monkeypatch.setattr("tunedeck.app.run_view.CHARTS_EVERY_S", 0)
+    later = run.render(soon["shown"])
+    assert len(later["loss_chart"].data[0].x) == 4 and "training..." in later["log"]["value"]
+    assert "status" not in later  # the state line had already said step 4
+    assert set(run.render(later["shown"])) == {"progress", "shown"}  # nothing new: the elapsed clock only
