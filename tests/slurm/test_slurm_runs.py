@@ -34,6 +34,11 @@ def squeue(job_id: str, what: str = "%T") -> str:
     return subprocess.run(["squeue", "-h", "-j", job_id, "-o", what], capture_output=True, text=True).stdout.strip()
 
 
+def nodes_idle() -> bool:
+    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True).stdout.split()
+    return bool(states) and all(state == "idle" for state in states)
+
+
 def processes_of(run_dir: Path) -> list[str]:
     """Command lines of live processes working in the run folder (launchers and ranks on both nodes)."""
     found = []
@@ -116,7 +121,9 @@ def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_clu
     assert saved_step > 0, logs_tail(run_dir)
     # Slurm holds a requeued job for 2 minutes before it may start again (BeginTime): release it now, with
     # a longer limit, so that this start is stopped by the Stop below and not by its time limit again.
-    wait_for(lambda: "BeginTime" in squeue(job_id, "%r"), 120, 1, "the job back in the queue")
+    # Released only once its last start has left both nodes: a job allocated while its old batch step still
+    # completes is killed by slurmctld ("Job credential revoked") instead of started.
+    wait_for(lambda: "BeginTime" in squeue(job_id, "%r") and nodes_idle(), 120, 1, "the job back in the queue")
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now", "TimeLimit=20"], check=True)
     # The same job starts again and resumes from that checkpoint.
     wait_for(lambda: len(starts()) == 2, 300, 1, "the requeued job's start record\n" + logs_tail(run_dir))
