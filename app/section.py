@@ -2,8 +2,8 @@
 
 A section builds its components inside its tab, registered under its own ids, wires its
 own events, and may join the page-wide events that every browser sends once: the page
-load and the one-second tick. The page merges the sections' updates into one response
-for each, so ten tabs cost one request per second, not ten. Adding a tab is a new
+load and the tick (every TICK_S). The page merges the sections' updates into one response
+for each, so ten tabs cost one request per tick, not ten. Adding a tab is a new
 Section subclass and one line in page.py's SECTIONS.
 """
 
@@ -15,7 +15,7 @@ import gradio as gr
 
 from tunedeck.app.registry import Got, Registry, Updates, handler, unique
 
-TICK_S = 1.0
+TICK_S = 0.5  # a new metrics record reaches the page within a second (bench/bench_panel.py)
 
 TickFn = Callable[[Got, str], Updates]  # (inputs, id of the section in view) -> updates
 

@@ -14,9 +14,11 @@ pytestmark = [
 ]
 
 
-def test_panel_bench_reports_overhead_latency_and_memory(tmp_path, demo_home):
-    args = ["--repeats", "1", "--samples", "5", "--steps", "6"]
+@pytest.mark.parametrize("tab", ["run", "job"])
+def test_panel_bench_reports_overhead_latency_and_memory(tmp_path, demo_home, tab):
+    args = ["--repeats", "1", "--samples", "5", "--steps", "6", "--tab", tab]
     report, _ = run_bench("bench_panel.py", *args, folder=tmp_path)
+    assert report["tab"] == tab
     assert len(report["panel_steps_per_s"]) == len(report["bare_steps_per_s"]) == 1
     assert report["steps_per_s_ratio"] > 0
     assert report["latency_samples"] == 5 and 0 < report["latency_p50_s"] <= report["latency_p95_s"] < 30
