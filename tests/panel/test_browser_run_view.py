@@ -11,7 +11,7 @@ import re
 import pytest
 from runs.helpers import wait_for
 
-from panel.browser import ARTIFACTS, PanelServer, plot_points, stop_live_runs, text_of
+from panel.browser import ARTIFACTS, PanelServer, plot_points, settle, stop_live_runs, text_of
 from panel.browser import wait_text as _wait_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -86,6 +86,9 @@ def open_run(page, server, run_id: str) -> None:
     wait_text(page, "#runs-table", run_id)
     pick_run(page, run_id)
     wait_text(page, "#run-state", run_id)
+    # The page may already follow this run: wait for the pick's own answer too, which fills the name and
+    # notes boxes (answered after typing began, it would empty what the test types).
+    settle(page)
 
 
 def test_a_stopped_run_shows_its_summary_and_its_loss_in_past_runs(page, server, stopped_run):
