@@ -43,6 +43,7 @@ from panel.browser import (  # noqa: E402
     wait_text,
 )
 
+from tunedeck.backend.run_folder import read_records  # noqa: E402
 from tunedeck.backend.runs import RUN_ID_PATTERN  # noqa: E402
 
 BUNDLE_FILES = ("job.yaml", "accelerate_config.yaml", "training_args.yaml", "train_sft.py", "launch.sh")
@@ -96,7 +97,7 @@ def wait_for_end(runs_dir: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         newest = max(runs_dir.glob("*/metrics.jsonl"), key=lambda p: p.parent.name, default=None)
-        if newest is not None and '"event": "end"' in newest.read_text():
+        if newest is not None and read_records(newest.parent).end is not None:
             return
         time.sleep(1)
     raise SystemExit("the run through the panel did not end in time")

@@ -39,13 +39,12 @@ def speed_on_this_gpu() -> int:
     """The estimate's GPU comes from NVML: the CLI's and the page's (backend/hardware.py's gpu_name)."""
     from tunedeck.app.estimate_panel import EstimatePanel
     from tunedeck.app.registry import Registry
-    from tunedeck.backend.hardware import machine_facts
 
-    machine = machine_facts()
-    panel = EstimatePanel(Registry(), monitor=None)
+    panel = EstimatePanel(Registry(), monitor=None)  # its machine facts are backend/hardware.py's, from NVML
+    name = panel.machine.gpu_name
     hardware = panel.hardware(panel.own_gpu_text)
-    print(f"  NVML name {machine.gpu_name!r}: the page predicts speed on {hardware.gpu} ({hardware.source or 'NVML'})")
-    ok = machine.gpu_name is not None and hardware.gpu is not None and hardware.source != "assumed"
+    print(f"  NVML name {name!r}: the page predicts speed on {hardware.gpu} ({hardware.source or 'NVML'})")
+    ok = name is not None and hardware.gpu is not None and hardware.source != "assumed"
     print(("PASS" if ok else "FAIL") + f" speed on this GPU: {hardware.gpu}")
     return 0 if ok else 1
 
