@@ -8,6 +8,7 @@ figures themselves come from app/estimate_view.py (pure builders).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -36,6 +37,8 @@ from tunedeck.backend.hardware import machine_facts
 from tunedeck.backend.run_speed import Calibration, calibration
 from tunedeck.backend.speed import Hardware, hardware_for
 
+SCAN_REUSE_S = 1.0  # one edit reads the calibration twice (context, then update): one runs-folder scan serves both
+
 
 @dataclass(frozen=True)
 class EstimateShown:
@@ -51,6 +54,7 @@ class EstimatePanel(DerivedView):
         self.ui = ui
         self.machine = machine_facts(monitor=monitor)  # the facts `tunedeck validate` uses too
         self.runs_dir = runs_dir  # where finished runs are, to compare speed predictions with (backend/run_speed.py)
+        self._last_scan: tuple | None = None  # (GPU, when, Calibration) of the last scan of runs_dir
 
     def build_advice(self) -> None:
         """GPU size, the recommendation and its Apply button (right column)."""
@@ -156,7 +160,12 @@ class EstimatePanel(DerivedView):
         """How your last finished runs on the box's GPU compared with their predictions (None: no such run)."""
         if self.runs_dir is None:
             return None
-        return calibration(self.runs_dir, self.hardware(gpu_text).gpu)
+        gpu, now, last = self.hardware(gpu_text).gpu, time.monotonic(), self._last_scan
+        if last is not None and last[0] == gpu and now - last[1] < SCAN_REUSE_S:
+            return last[2]
+        found = calibration(self.runs_dir, gpu)
+        self._last_scan = (gpu, now, found)
+        return found
 
     def _correction(self, got: Got) -> float:
         found = self._calibration(got[self.gpu]) if got[self.calibrate] else None

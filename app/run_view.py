@@ -1,10 +1,9 @@
 """The Run tab: Stop and Resume, state, progress, summary, name and notes, charts, rank-0 log, past runs.
 
-Everything is read from run folders (the disk is the message bus): closing the page
-never touches training, and a new page follows the live run. The page's tick
-calls `render`; it reads only appended bytes (RunWatch) and returns only the outputs whose
-inputs changed (a RunShown per browser remembers what it shows), so an idle page costs a
-stat or two per second.
+Everything is read from run folders (the disk is the message bus): closing the page never touches training,
+and a new page follows the live run. The page's tick calls `render`; it reads only appended bytes (RunWatch)
+and returns only the outputs whose inputs changed (a RunShown per browser remembers what it shows), so an
+idle page costs a stat or two per second.
 """
 
 from __future__ import annotations
@@ -46,6 +45,12 @@ class RunShown:
     charts_sig: tuple | None = None  # what the charts, log and memory were drawn from
     charts_at: float = 0.0  # when (time.monotonic() of the panel)
 
+    def picked(self, run_id: str | None) -> RunShown:
+        """What to show once the user picks `run_id` (none: follow the live run). Boxes that already hold its
+        name and notes are kept: they may hold what the user began typing before this answer arrived."""
+        run_id = run_id or None
+        return RunShown(run=run_id, follow=not run_id, notes_run=self.notes_run if self.notes_run == run_id else None)
+
 
 class RunView(Section):
     id, title = "run", "Run"
@@ -55,8 +60,6 @@ class RunView(Section):
         self.index = RunsIndex(manager)
         self.watches = RunWatches()
         self.memory_hook = None  # optional: (spec dict, measured peaks) -> markdown, set by the estimate view
-
-    # ------------------------------------------------------------ layout
 
     def build(self, page: Page) -> None:
         add = page.ui.add
@@ -141,8 +144,6 @@ class RunView(Section):
     def inputs(self) -> list:
         """What a redraw reads: what the browser shows, and the chart options."""
         return [self.shown, self.smoothing, self.log_scale, self.overlay]
-
-    # ------------------------------------------------------------ rendering
 
     def redraw(self, got: Got, force: bool = False, shown: RunShown | None = None) -> Updates:
         """render() with a listener's inputs; `shown` stands in for the browser's RunShown."""
@@ -264,8 +265,6 @@ class RunView(Section):
             f"rank {i}: {gb:.2f} GB" for i, gb in enumerate(peaks.get("allocated", []))
         )
 
-    # ------------------------------------------------------------ actions
-
     def start(self, spec) -> tuple[str, RunShown]:
         """Launch `spec` (RunError says why not); the view then follows the new run."""
         run_id = self.manager.start(spec)
@@ -296,14 +295,11 @@ class RunView(Section):
             run=new_id, follow=False
         )
 
-    # ------------------------------------------------------------ events
-
     def wire(self, page: Page) -> None:
         """Run picker, chart options, Stop, Resume, name and notes; the page's tick and load redraw what changed."""
 
         def on_select(got: Got) -> Updates:
-            run_id = got[self.select]
-            return self.redraw(got, force=True, shown=RunShown(run=run_id or None, follow=not run_id))
+            return self.redraw(got, force=True, shown=got[self.shown].picked(got[self.select]))
 
         def on_option(got: Got) -> Updates:
             return self.redraw(got, force=True)

@@ -167,6 +167,24 @@ def test_finished_runs_compare_with_their_prediction_and_calibrate_the_next(tmp_
     assert "your last 3 runs on A100-80GB were +20% vs prediction" in text and "--calibrate applies it" in text
 
 
+def test_one_page_edit_scans_the_runs_folder_once_and_a_new_run_is_seen_after(tmp_path, monkeypatch):
+    """The estimate reads the calibration twice per edit (the corrected speed, then the sentence under it):
+    one scan of the runs folder serves both; the next edit, a moment later, sees a run that finished since."""
+    from tunedeck.app import estimate_panel
+    from tunedeck.app.registry import Registry
+    from tunedeck.backend.monitor import Monitor
+
+    scans = []
+    monkeypatch.setattr(estimate_panel, "calibration", lambda *a: scans.append(a) or calibration(*a))
+    spec, _ = _job("7b-lora-ddp")
+    panel = estimate_panel.EstimatePanel(Registry(), Monitor(), runs_dir=tmp_path)
+    assert panel._calibration("A100-80GB") is None and panel._calibration("A100-80GB") is None
+    assert len(scans) == 1
+    fake_gpu_run(tmp_path, "20260101-000000-aaaaaa", spec, 1000.0, 20.0)
+    monkeypatch.setattr(estimate_panel, "SCAN_REUSE_S", 0.0)  # the next edit
+    assert panel._calibration("A100-80GB").gpu == "A100-80GB" and len(scans) == 2
+
+
 def test_cpu_and_unfinished_runs_do_not_calibrate(tmp_path):
     spec, _ = _job("7b-lora-ddp")
     run_dir = fake_gpu_run(tmp_path, "20260101-000000-aaaaaa", spec, 1000.0, 20.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import gradio as gr
@@ -164,6 +165,21 @@ def test_hints_follow_the_state_and_resume_needs_a_checkpoint(run, tmp_path):
     assert "Resume** continues from its checkpoint at step 3" in failed["status"]
     assert failed["resume"]["interactive"] is True and "stopping" not in failed["status"]
     assert "name" not in failed  # the boxes are the user's once filled: never overwritten by a redraw
+
+
+def test_picking_the_run_already_shown_keeps_what_the_user_typed_in_its_boxes(run, tmp_path):
+    (tmp_path / RUN_ID / "notes.json").write_text('{"name": "baseline", "notes": ""}')
+    followed = run.render(RunShown())["shown"]  # the page follows the run: its boxes are filled
+    # The user picks that same run and starts typing a name before the pick's answer arrives:
+    # the answer must not put the saved name back over what they typed.
+    again = run.render(followed.picked(RUN_ID))
+    assert "status" in again and "name" not in again and "notes" not in again
+    # Another run picked: its boxes are filled with that run's name and notes.
+    shutil.copytree(tmp_path / RUN_ID, tmp_path / "20250102-120000-00000a")
+    (tmp_path / "20250102-120000-00000a" / "notes.json").write_text('{"name": "second", "notes": "more"}')
+    other = run.render(followed.picked("20250102-120000-00000a"))
+    assert (other["name"], other["notes"]) == ("second", "more")
+    assert RunShown().picked("").follow and RunShown().picked(None).run is None  # "(follow the live run)"
 
 
 def test_before_the_first_step_the_loss_chart_says_so_instead_of_empty_axes(run, tmp_path):
