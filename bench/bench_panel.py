@@ -9,6 +9,7 @@
    a time at random moments; for each, the time from its write to the page showing its step
    (the progress line "step N/..."), p50 and p95 over `--samples`.
 3. The panel's resident memory while a run trains (the highest sample, one a second).
+4. Where the cost goes: the cores the panel process and Chromium kept busy while a run trained.
 
     .venv/bin/python bench/bench_panel.py [--repeats 2] [--samples 50] [--steps 300] [--tab run|job] [--json F]
 """
@@ -72,6 +73,24 @@ class RssSampler(threading.Thread):
     def run(self):
         while not self.stopped.wait(1.0):
             self.peak = max(self.peak, self.process.memory_info().rss)
+
+
+def cpu_seconds(panel_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by the panel process itself (not its runs) and by all of Chromium's processes."""
+    import psutil
+
+    times = psutil.Process(panel_pid).cpu_times()
+    browser = 0.0
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        if "chrom" in (proc.info["name"] or "") and proc.info["cpu_times"] is not None:
+            browser += proc.info["cpu_times"].user + proc.info["cpu_times"].system
+    return {"panel": times.user + times.system, "browser": browser, "wall": time.monotonic()}
+
+
+def cores_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Cores the panel and the browser kept busy on average between two cpu_seconds() readings."""
+    wall = after["wall"] - before["wall"]
+    return {who: (after[who] - before[who]) / wall for who in ("panel", "browser")}
 
 
 def train_through_panel(page, server: PanelServer, rss: RssSampler, timeout_s: float, tab: str) -> Path:
@@ -199,9 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                 settle(page)
             rss = RssSampler(server.proc.pid)
             rss.start()
-            panel, bare, template = [], [], None
+            panel, bare, cores, template = [], [], [], None
             for repeat in range(args.repeats):
+                before = cpu_seconds(server.proc.pid)
                 template = train_through_panel(page, server, rss, args.timeout, args.tab)
+                cores.append(cores_used(before, cpu_seconds(server.proc.pid)))
                 panel.append(steps_per_s(template))
                 bare.append(steps_per_s(train_bare(template, work / f"bare-{repeat}", args.timeout)))
             rss.stopped.set()
@@ -224,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         "latency_p50_s": percentile(latencies, 0.5),
         "latency_p95_s": percentile(latencies, 0.95),
         "panel_rss_mib": rss.peak / 2**20,
+        # While a run trained through the panel: the cores the panel process and Chromium kept busy on average.
+        "panel_cpu_cores": statistics.mean(c["panel"] for c in cores),
+        "browser_cpu_cores": statistics.mean(c["browser"] for c in cores),
     }
     text = json.dumps(report, indent=2)
     print(text)
