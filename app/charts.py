@@ -6,6 +6,8 @@ to at most MAX_POINTS per series, so a week-long run draws as fast as a demo.
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from collections.abc import Sequence
 
@@ -64,49 +66,73 @@ def loss_figure(
     runs: Sequence[tuple[str, Sequence[LogRecord]]], smoothing: float = 0.6, log_scale: bool = False
 ) -> go.Figure:
     """Loss per step for one run, or two overlaid: raw (faint), EMA-smoothed (bold), eval loss (markers)."""
-    fig = go.Figure()
+    data = []
     for (label, records), color in zip(runs, COLORS):
         steps, loss = series(records, "loss")
         if steps:
             x, y = downsample(steps, loss)
-            fig.add_scatter(x=x, y=y, mode="lines", name=f"{label} loss", line=dict(color=color, width=1), opacity=0.3)
+            data.append(_line(x, y, f"{label} loss", dict(color=color, width=1), opacity=0.3))
             if smoothing > 0:
                 x, y = downsample(steps, ema(loss, smoothing))
-                fig.add_scatter(x=x, y=y, mode="lines", name=f"{label} smoothed", line=dict(color=color, width=2.5))
+                data.append(_line(x, y, f"{label} smoothed", dict(color=color, width=2.5)))
         steps, eval_loss = series(records, "eval_loss")
         if steps:
             x, y = downsample(steps, eval_loss)
-            fig.add_scatter(
-                x=x,
-                y=y,
-                mode="lines+markers",
-                name=f"{label} eval loss",
-                line=dict(color=color, dash="dot"),
-                marker=dict(size=7),
-            )
-    fig.update_layout(title="Loss", xaxis_title="step", height=340, **_LAYOUT)
-    fig.update_yaxes(type="log" if log_scale else "linear")
-    return fig
+            data.append(_line(x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers",
+                              marker=dict(size=7)))  # fmt: skip
+    return _figure(data, _loss_layout(log_scale))
 
 
 def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
     """Learning rate, gradient norm, throughput and MFU (model FLOPs utilisation) side by side."""
-    cols = len(METRIC_PANELS)
-    fig = make_subplots(rows=1, cols=cols, subplot_titles=[t for _, t in METRIC_PANELS], horizontal_spacing=0.07)
+    layout, data = _metrics_layout(), []
     for col, (key, title) in enumerate(METRIC_PANELS, start=1):
         x, y = downsample(*series(records, key))
+        axis = "" if col == 1 else str(col)
         if key == "mfu" and records and not y:  # train.py logs none without a known peak: say so, draw nothing
-            fig.add_annotation(text=NO_MFU, showarrow=False, x=0.5, y=0.5, row=1, col=col,
-                               xref="x domain", yref="y domain", font=dict(color="#64748b"))  # fmt: skip
-        fig.add_scatter(
-            x=x, y=y, mode="lines", name=title, line=dict(color=COLORS[0]), row=1, col=col, showlegend=False
-        )
-        fig.update_xaxes(title_text="step", row=1, col=col)
+            layout["annotations"].append(dict(text=NO_MFU, showarrow=False, x=0.5, y=0.5, xref=f"x{axis} domain",
+                                              yref=f"y{axis} domain", font=dict(color="#64748b")))  # fmt: skip
+        data.append(_line(x, y, title, dict(color=COLORS[0]), showlegend=False, xaxis=f"x{axis}", yaxis=f"y{axis}"))
+    return _figure(data, layout)
+
+
+# A live run's charts are redrawn every few seconds: Plotly's validation of every trace and layout
+# property took ~110 ms of the panel's CPU per redraw. The layouts are built and validated once;
+# a redraw copies one and adds plain trace dicts of known-good keys (tests/panel check they validate).
+def _line(x: list, y: list, name: str, line: dict, mode: str = "lines", **more) -> dict:
+    return dict(type="scatter", x=x, y=y, mode=mode, name=name, line=line, **more)
+
+
+def _figure(data: list[dict], layout: dict) -> go.Figure:
+    return go.Figure(dict(data=data, layout=layout), _validate=False)
+
+
+def _loss_layout(log_scale: bool) -> dict:
+    return copy.deepcopy(_validated_loss_layout(log_scale))
+
+
+@functools.cache
+def _validated_loss_layout(log_scale: bool) -> dict:
+    fig = go.Figure()
+    fig.update_layout(title="Loss", xaxis_title="step", height=340, **_LAYOUT)
+    fig.update_yaxes(type="log" if log_scale else "linear")
+    return fig.to_plotly_json()["layout"]
+
+
+def _metrics_layout() -> dict:
+    return copy.deepcopy(_validated_metrics_layout())
+
+
+@functools.cache
+def _validated_metrics_layout() -> dict:
+    cols = len(METRIC_PANELS)
+    fig = make_subplots(rows=1, cols=cols, subplot_titles=[t for _, t in METRIC_PANELS], horizontal_spacing=0.07)
+    fig.update_xaxes(title_text="step")
     fig.update_yaxes(rangemode="tozero")  # a constant lr of 5e-3 must not read as 0
     fig.update_yaxes(exponentformat="e", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", row=1, col=cols)  # MFU is a share of the GPU's peak
     fig.update_layout(height=260, **{**_LAYOUT, "margin": dict(l=50, r=20, t=30, b=40)})
-    return fig
+    return fig.to_plotly_json()["layout"]
 
 
 def waiting_figure(text: str, height: int = 340) -> go.Figure:

@@ -117,3 +117,25 @@ def test_mfu_is_charted_beside_tokens_per_second_and_a_cpu_run_says_why_not():
     cpu = metrics_figure([{"step": 1, "loss": 1.0, "tokens_per_second": 500.0}])
     assert any("no MFU" in a.text for a in cpu.layout.annotations)
     assert not any("no MFU" in a.text for a in fig.layout.annotations)
+
+
+def test_the_charts_built_without_plotly_validation_pass_it_and_do_not_share_layouts():
+    """charts.py skips Plotly's per-redraw validation for speed: every figure it builds must still validate
+    (go.Figure(dict) raises on an unknown or bad property), and one figure's annotation must not leak into
+    the cached layout the next figure copies."""
+    import plotly.graph_objects as go
+
+    records = [{"step": i, "loss": 1 / i, "eval_loss": 1.1 / i, "learning_rate": 1e-4, "grad_norm": 0.5,
+                "tokens_per_second": 5e3} for i in range(1, 30)]  # fmt: skip
+    with_mfu = [dict(r, mfu=0.4) for r in records]
+    figures = [
+        loss_figure([("this run", records), ("other", with_mfu)], smoothing=0.6, log_scale=True),
+        loss_figure([("this run", records)], smoothing=0.0),
+        metrics_figure(records),
+        metrics_figure(with_mfu),
+    ]
+    for fig in figures:
+        go.Figure(fig.to_plotly_json())  # raises ValueError on anything Plotly would reject
+    assert json.loads(figures[0].to_json())["layout"]["template"]["layout"]["plot_bgcolor"] == "white"
+    assert sum("no MFU" in a.text for a in metrics_figure(records).layout.annotations) == 1
+    assert not any("no MFU" in a.text for a in metrics_figure(with_mfu).layout.annotations)
