@@ -42,8 +42,9 @@ class RunShown:
     shown_run: str | None = None  # the run whose details are drawn
     notes_run: str | None = None  # the run whose name and notes are in their boxes
     sig: tuple | None = None  # what those details were drawn from
-    charts_sig: tuple | None = None  # what the charts, log and memory were drawn from
-    charts_at: float = 0.0  # when (time.monotonic() of the panel)
+    charts_sig: tuple | None = None  # what the charts and memory were drawn from
+    log_sig: tuple | None = None  # what the log box was drawn from
+    charts_at: float = 0.0  # when either was last drawn (time.monotonic() of the panel)
 
     def picked(self, run_id: str | None) -> RunShown:
         """What to show once the user picks `run_id` (none: follow the live run). Boxes that already hold its
@@ -187,7 +188,7 @@ class RunView(Section):
             out[self.status] = f"✗ {escape(str(exc))}"
             return
         watch = self.watches.get(self.manager.run_dir(run_id))
-        version = watch.refresh()
+        watch.refresh()
         other = None
         if overlay and overlay != run_id:
             try:
@@ -196,26 +197,18 @@ class RunView(Section):
             except RunError:
                 other = None
         facts = self.index.facts(status)
-        sig = (
-            run_id,
-            version,
-            status.state,
-            status.error,
-            facts.notes.name,
-            facts.checkpoint,
-            status.where,  # a Slurm run: its queue state and reason, then its nodes
-            overlay,
-            other.version if other else None,
-            smoothing,
-            log_scale,
-        )
+        # What the state line, progress and summary say (the Slurm `where`: queue state and reason, then nodes).
+        sig = (run_id, watch.records_version, status.state, status.error, facts.notes, facts.checkpoint, status.where)
         summary = summarize(watch, status.started_at, status.ended_at)
         bar = progress_html(summary.fraction, summary.progress, status.state)
         new_run = force or shown.shown_run != run_id
         details_due = new_run or shown.sig != sig
-        # The charts and the log cost the browser the most to draw: while a run is live, at most every CHARTS_EVERY_S.
+        # The charts and the log cost the browser the most to draw: while a run is live, at most every CHARTS_EVERY_S,
+        # and each only when its own data grew (a progress bar rewrites the log far more often than a step logs).
         late = status.state not in ACTIVE or time.monotonic() - shown.charts_at >= CHARTS_EVERY_S
-        charts_due = new_run or (shown.charts_sig != sig and late)
+        plots = (run_id, watch.records_version, overlay, other and other.records_version, smoothing, log_scale)
+        charts_due = new_run or (shown.charts_sig != plots and late)
+        log_due = new_run or (shown.log_sig != (run_id, watch.log_version) and late)
         if status.state in ACTIVE:  # the elapsed clock moves while the run is live
             out[self.progress] = bar
         if details_due:
@@ -233,15 +226,19 @@ class RunView(Section):
                 self.stop: gr.update(interactive=status.state in ("queued", "running")),
                 self.resume: gr.update(interactive=facts.checkpoint is not None),
             })  # fmt: skip
+        if charts_due or log_due:
+            shown.charts_at = time.monotonic()
         if charts_due:
-            shown.charts_sig, shown.charts_at = sig, time.monotonic()
-            log_name, log_text = watch.log_text()
+            shown.charts_sig = plots
             out.update({
                 self.loss_plot: self._loss_chart(watch, other and (overlay, other), smoothing, log_scale),
                 self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
                 self.memory: self._memory_markdown(run_id, watch),
-                self.log: gr.update(value=log_text, label=f"{log_name} (last lines)"),
             })  # fmt: skip
+        if log_due:
+            shown.log_sig = (run_id, watch.log_version)
+            log_name, log_text = watch.log_text()
+            out[self.log] = gr.update(value=log_text, label=f"{log_name} (last lines)")
         shown.shown_run = run_id
 
     @staticmethod

@@ -2,8 +2,8 @@
 
 One RunWatch per run folder, shared by every browser session: a tick reads only what
 metrics.jsonl and the rank-0 log gained (backend.run_folder's reader), so ten open tabs on a
-week-long run cost what one costs. `version` changes exactly when something new arrived,
-which lets a session skip redrawing when nothing did. What the view says about the run comes
+week-long run cost what one costs. `version` changes exactly when something new arrived
+(`records_version` and `log_version` say which), which lets a session skip redrawing when nothing did. What the view says about the run comes
 from backend.run_summary, as the CLI's does. Pure Python: tested without a browser.
 """
 
@@ -30,6 +30,8 @@ class RunWatch(RunRecords):
         self._logs = {Path(path).name: TextTail(self.run_dir / path) for path in (rank_log(0), LAUNCHER_LOG)}
         self.lines: dict[str, deque[str]] = {name: deque(maxlen=LOG_LINES) for name in self._logs}
         self.version = 0
+        self.records_version = 0  # changes when metrics records arrived: the charts need redrawing
+        self.log_version = 0  # changes when the log grew: the log box needs redrawing
         self._read_at = 0.0
         self._lock = threading.Lock()
 
@@ -39,15 +41,20 @@ class RunWatch(RunRecords):
             if time.monotonic() - self._read_at < MIN_REFRESH_S:
                 return self.version
             self._read_at = time.monotonic()
-            changed = self.add(self._metrics.read_new())
+            records = self.add(self._metrics.read_new())
+            if records:
+                self.records_version += 1
+            log_grew = False
             for name, tail in self._logs.items():
                 text = tail.read_new()
                 if text:
-                    changed = True
+                    log_grew = True
                     # A progress bar rewrites its line with \r: keep what the terminal would show.
                     lines = text.removesuffix("\n").split("\n")  # not splitlines(): it splits at \r too
                     self.lines[name].extend(line.rsplit("\r", 1)[-1] for line in lines)
-            if changed:
+            if log_grew:
+                self.log_version += 1
+            if records or log_grew:
                 self.version += 1
             return self.version
 

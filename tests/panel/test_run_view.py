@@ -204,6 +204,11 @@ def test_a_live_runs_progress_follows_every_tick_its_charts_every_few_seconds(ru
     assert "step 4/6" in soon["progress"] and "loss_chart" not in soon and "log" not in soon
     monkeypatch.setattr("tunedeck.app.run_view.CHARTS_EVERY_S", 0)
     later = run.render(soon["shown"])
-    assert len(later["loss_chart"].data[0].x) == 4 and "training..." in later["log"]["value"]
+    assert len(later["loss_chart"].data[0].x) == 4 and "log" not in later  # the log did not grow: not resent
     assert "status" not in later  # the state line had already said step 4
     assert set(run.render(later["shown"])) == {"progress", "shown"}  # nothing new: the elapsed clock only
+    # A progress bar rewriting the log between logged steps redraws the log alone, never the charts.
+    with open(run_dir / "logs" / "rank0.log", "a") as f:
+        f.write("  5%|▌ | 4/6\r 67%|██████ | 4/6\n")
+    bar = run.render(later["shown"])
+    assert set(bar) == {"progress", "log", "shown"} and bar["log"]["value"].endswith(" 67%|██████ | 4/6")
