@@ -156,7 +156,7 @@ class MonitorView(Section):
         self.shown = add("monitor.shown", gr.State(MonitorShown()))
 
     def wire(self, page: Page) -> None:
-        page.on_tick(self.tick, inputs=[self.shown], outputs=[self.gauges, self.history, self.shown])
+        page.on_tick(self.id, self.tick, inputs=[self.shown], outputs=[self.gauges, self.history, self.shown])
 
     def tick(self, got: Got, in_view: str) -> Updates:
         """The newest sample while the tab is in view; nothing when no new sample arrived since the last draw."""

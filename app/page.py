@@ -134,7 +134,7 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
             [button.click],
             launcher(start, what),
             inputs=[*form, digest],
-            outputs=[page.notice, runs.shown, page.tabs, page.in_view],
+            outputs=[page.notice, runs.shown, *page.view_outputs],
             concurrency_id="launch",  # one launch at a time, whoever clicks which
             concurrency_limit=1,
             show_progress="minimal",

@@ -359,6 +359,7 @@ class RunView(Section):
         )
         # Drawn while its tab is in view; selecting the tab draws it at once (section.Page.wire).
         page.on_tick(
+            self.id,
             lambda got, in_view: self.redraw(got) if in_view == self.id else {},
             inputs=self.inputs,
             outputs=self.outputs,

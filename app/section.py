@@ -1,10 +1,12 @@
 """A tab of the page (a Section) and what all tabs share (the Page).
 
 A section builds its components inside its tab, registered under its own ids, wires its
-own events, and may join the page-wide events that every browser sends once: the page
-load and the tick (every TICK_S). The page merges the sections' updates into one response
-for each, so ten tabs cost one request per tick, not ten. Adding a tab is a new
-Section subclass and one line in page.py's SECTIONS.
+own events, and may join the page load (the page merges the sections' updates into one
+response) and have a timer of its own: it ticks every TICK_S while its tab is in view and is
+still otherwise. Every tick costs the browser far more than its answer (Gradio's page walks
+its component tree for each input and output: about 0.17 s of CPU per tick on this page), so
+a tab that does not tick costs nothing. Adding a tab is a new Section subclass and one line
+in page.py's SECTIONS.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ class Page:
         self.ui = ui
         self._load: list[tuple[Callable[[Got], Updates], list, list]] = []
         self._load_options: dict = {}
-        self._tick: list[tuple[TickFn, list, list]] = []
+        self._tick: dict[str, tuple[TickFn, list, list]] = {}  # by section id
+        self.timers: dict[str, gr.Timer] = {}  # by section id: the sections that tick
 
     def build(self, sections: list[Section]) -> None:
-        """The page's layout: the sections' tops, the notice, one tab per section, the timer."""
+        """The page's layout: the sections' tops, the notice, one tab per section."""
         for section in sections:
             section.build_top(self)
         self.notice = self.ui.add("page.notice", gr.Markdown(elem_id="notice"))
@@ -58,7 +61,7 @@ class Page:
                 ):
                     section.build(self)
         self.in_view = self.ui.add("page.in_view", gr.State(sections[0].id))  # the tab this browser shows
-        self.timer = self.ui.add("page.timer", gr.Timer(TICK_S))
+        self._first = sections[0].id
 
     # ------------------------------------------------------------ page-wide events
 
@@ -69,13 +72,25 @@ class Page:
                 raise ValueError(f"page load: sections ask for different {key}")
         self._load.append((fn, list(inputs), list(outputs)))
 
-    def on_tick(self, fn: TickFn, inputs: Iterable, outputs: Iterable) -> None:
-        """Join the timer (and tab changes): `fn(got, id of the tab in view)` returns what changed."""
-        self._tick.append((fn, list(inputs), list(outputs)))
+    def on_tick(self, section_id: str, fn: TickFn, inputs: Iterable, outputs: Iterable) -> None:
+        """Give a section a timer, ticking while its tab is in view (and drawn when the tab is brought
+        into view): `fn(got, id of the tab in view)` returns what changed."""
+        timer = gr.Timer(TICK_S, active=section_id == self._first)
+        self.timers[section_id] = self.ui.add("page.timer." + section_id, timer)
+        self._tick[section_id] = (fn, list(inputs), list(outputs))
+
+    @property
+    def view_outputs(self) -> list:
+        """What select() updates: a handler that brings a tab into view lists these among its outputs."""
+        return [self.tabs, self.in_view, *self.timers.values()]
 
     def select(self, section_id: str) -> Updates:
-        """Updates that bring a section's tab into view (for a handler with page.tabs among its outputs)."""
-        return {self.tabs: gr.Tabs(selected=section_id), self.in_view: section_id}
+        """Updates that bring a section's tab into view: the tab, and only its own timer ticking."""
+        return {self.tabs: gr.Tabs(selected=section_id), **self._in_view(section_id)}
+
+    def _in_view(self, section_id: str) -> Updates:
+        timers = {timer: gr.Timer(active=owner == section_id) for owner, timer in self.timers.items()}
+        return {self.in_view: section_id, **timers}
 
     def wire(self, blocks: gr.Blocks, sections: list[Section]) -> None:
         """Wire every section, then the page-wide events they joined."""
@@ -94,28 +109,31 @@ class Page:
                 show_progress="hidden",
                 **self._load_options,
             )
-        tick_inputs = {self.in_view, *(c for _, ins, _ in self._tick for c in ins)}
-        tick_outputs = unique(c for _, _, outs in self._tick for c in outs)
+        for section_id, (fn, inputs, outputs) in self._tick.items():
 
-        def ticks(got: Got, in_view: str) -> Updates:
-            return {k: v for fn, _, _ in self._tick for k, v in fn(got, in_view).items()}
+            def tick(got: Got, fn: TickFn = fn) -> Updates:
+                return fn(got, got[self.in_view])
 
-        def tick(got: Got) -> Updates:
-            return ticks(got, got[self.in_view])
-
-        self.timer.tick(
-            handler(tick),
-            inputs=tick_inputs,
-            outputs=tick_outputs,
-            show_progress="hidden",
-            trigger_mode="always_last",
-        )
-        for section in sections:  # a tab brought into view is drawn now, not at the next tick
-
-            def shown(got: Got, section_id: str = section.id) -> Updates:
-                return {self.in_view: section_id, **ticks(got, section_id)}
-
-            tab = self.ui["page.tab." + section.id]
-            tab.select(
-                handler(shown), inputs=tick_inputs, outputs=[*tick_outputs, self.in_view], show_progress="hidden"
+            self.timers[section_id].tick(
+                handler(tick),
+                inputs={self.in_view, *inputs},
+                outputs=outputs,
+                show_progress="hidden",
+                trigger_mode="always_last",
             )
+        for section in sections:  # a tab brought into view is drawn now, not at the next tick
+            fn, inputs, outputs = self._tick.get(section.id, (_draws_nothing, [], []))
+
+            def shown(got: Got, section_id: str = section.id, fn: TickFn = fn) -> Updates:
+                return {**self._in_view(section_id), **fn(got, section_id)}
+
+            self.ui["page.tab." + section.id].select(
+                handler(shown),
+                inputs={self.in_view, *inputs},
+                outputs=unique([*outputs, self.in_view, *self.timers.values()]),
+                show_progress="hidden",
+            )
+
+
+def _draws_nothing(got: Got, in_view: str) -> Updates:
+    return {}  # a section without a timer: selecting its tab only says it is in view

@@ -131,7 +131,10 @@ def test_a_new_tab_is_one_section(tmp_path):
 
         def wire(self, page):
             page.on_tick(
-                lambda got, in_view: {self.text: "tick"} if in_view == self.id else {}, inputs=[], outputs=[self.text]
+                self.id,
+                lambda got, in_view: {self.text: "tick"} if in_view == self.id else {},
+                inputs=[],
+                outputs=[self.text],
             )
 
     class Home(Clock):
@@ -149,5 +152,11 @@ def test_a_new_tab_is_one_section(tmp_path):
         page.build(sections)
         page.wire(blocks, sections)
     blocks.tunedeck_ui = page.ui
-    assert fire(blocks, "page.timer", "tick") == {}  # the first tab is in view: the clock is not drawn
-    assert fire(blocks, "page.tab.clock", "select") == {"page.in_view": "clock", "clock.text": "tick"}
+    assert "page.timer.home" not in page.ui  # a tab that draws nothing over time has no timer
+    clock = page.ui["page.timer.clock"]
+    assert clock.active is False  # the first tab is in view: the clock's timer is still
+    assert fire(blocks, "page.timer.clock", "tick") == {}  # a late tick after leaving its tab draws nothing
+    shown = fire(blocks, "page.tab.clock", "select")
+    assert (shown["page.in_view"], shown["clock.text"], shown["page.timer.clock"].active) == ("clock", "tick", True)
+    away = fire(blocks, "page.tab.home", "select")
+    assert away["page.in_view"] == "home" and away["page.timer.clock"].active is False and "clock.text" not in away
