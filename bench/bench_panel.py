@@ -93,22 +93,29 @@ def cores_used(before: dict[str, float], after: dict[str, float]) -> dict[str, f
     return {who: (after[who] - before[who]) / wall for who in ("panel", "browser")}
 
 
-def train_through_panel(page, server: PanelServer, rss: RssSampler, timeout_s: float, tab: str) -> Path:
+def train_through_panel(page, server: PanelServer, rss: RssSampler, timeout_s: float, tab: str) -> tuple[Path, dict]:
+    """The run's folder, and the cores the panel and Chromium used while `tab` was in view and the run trained."""
     before = {p.name for p in server.runs_dir.iterdir()}
     page.click("#tab-job-button")  # Start is on the Job tab; the page shows the Run tab once a run starts
     page.click("#start-run")
     wait_text(page, "#notice", "Started run", timeout=60_000)
     wait_text(page, "#run-state", "running", timeout=120_000)
     rss.peak = max(rss.peak, rss.process.memory_info().rss)
-    if tab == "job":  # the page stays open and ticking, the Run tab is not drawn; back to it at the end
+    if tab == "job":  # the page stays open on the Job tab, the Run tab is not drawn; back to it at the end
         page.click("#tab-job-button")
+        start = cpu_seconds(server.proc.pid)
         wait_for_end(server.runs_dir, timeout_s)
+        cores = cores_used(start, cpu_seconds(server.proc.pid))
         page.click("#tab-run-button")
+    else:
+        start = cpu_seconds(server.proc.pid)
     # Checked once a second, as a person glances at it: a check on every animation frame (Playwright's default)
     # would itself take CPU from the ranks and be counted against the panel.
     page.wait_for_function(PROGRESS_JS, arg=["#run-state", "finished"], polling=1000, timeout=timeout_s * 1000)
+    if tab == "run":
+        cores = cores_used(start, cpu_seconds(server.proc.pid))
     (run_dir,) = [p for p in server.runs_dir.iterdir() if p.name not in before and RUN_ID_PATTERN.match(p.name)]
-    return run_dir
+    return run_dir, cores
 
 
 def wait_for_end(runs_dir: Path, timeout_s: float) -> None:
@@ -220,9 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             rss.start()
             panel, bare, cores, template = [], [], [], None
             for repeat in range(args.repeats):
-                before = cpu_seconds(server.proc.pid)
-                template = train_through_panel(page, server, rss, args.timeout, args.tab)
-                cores.append(cores_used(before, cpu_seconds(server.proc.pid)))
+                template, used = train_through_panel(page, server, rss, args.timeout, args.tab)
+                cores.append(used)
                 panel.append(steps_per_s(template))
                 bare.append(steps_per_s(train_bare(template, work / f"bare-{repeat}", args.timeout)))
             rss.stopped.set()
@@ -245,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "latency_p50_s": percentile(latencies, 0.5),
         "latency_p95_s": percentile(latencies, 0.95),
         "panel_rss_mib": rss.peak / 2**20,
-        # While a run trained through the panel: the cores the panel process and Chromium kept busy on average.
+        # While a run trained through the panel with --tab in view: the cores the panel and Chromium kept busy.
         "panel_cpu_cores": statistics.mean(c["panel"] for c in cores),
         "browser_cpu_cores": statistics.mean(c["browser"] for c in cores),
     }

@@ -1,4 +1,4 @@
-"""bench/bench_panel.py at a tiny size: a run through the panel and a bare one, latency samples, the panel's RSS."""
+"""bench/bench_panel.py at a tiny size: a run through the panel and a bare one, latency samples, RSS, cores."""
 
 from __future__ import annotations
 
@@ -23,3 +23,4 @@ def test_panel_bench_reports_overhead_latency_and_memory(tmp_path, demo_home, ta
     assert report["steps_per_s_ratio"] > 0
     assert report["latency_samples"] == 5 and 0 < report["latency_p50_s"] <= report["latency_p95_s"] < 30
     assert 50 < report["panel_rss_mib"] < 4096  # a Python process with gradio loaded, not torch
+    assert 0 < report["panel_cpu_cores"] < 2 and 0 < report["browser_cpu_cores"] < 2  # where the cost goes
