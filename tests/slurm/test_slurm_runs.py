@@ -71,16 +71,18 @@ def test_cli_trains_the_demo_on_both_nodes(cli_run):
     # /var/tmp is a node's own folder on a real cluster: a warning (one host here), before the submission.
     assert "warning: --runs-dir:" in done.stderr and "looks like a node's own folder" in done.stderr
     lines = done.stdout.splitlines()
-    queued = next(i for i, line in enumerate(lines) if re.match(r"queued: Slurm job \d+ · PENDING", line))
-    running = next(i for i, line in enumerate(lines) if line.startswith("running: Slurm job"))
-    assert queued < running, done.stdout  # the queue state first
+    running = next((i for i, line in enumerate(lines) if line.startswith("running: Slurm job")), None)
+    assert running is not None, done.stdout
+    # The queue state first, when the CLI saw one: on an idle cluster the job may already run at its first look.
+    queued = [i for i, line in enumerate(lines) if re.match(r"queued: Slurm job \d+ · PENDING", line)]
+    assert all(i < running for i in queued), done.stdout
     assert "on n0, n1" in lines[running]
     start = next(r for r in read_metrics(run_dir) if r["event"] == "start")
     assert start["world_size"] == 2 and start["nodes"] == ["n0", "n1"], start
     losses = [r["loss"] for r in log_records(run_dir)]
     assert losses[-1] < losses[0] / 2, losses
     assert end_record(run_dir)["status"] == "finished"
-    job_id = re.search(r"Slurm job (\d+)", lines[queued]).group(1)
+    job_id = re.search(r"Slurm job (\d+)", lines[running]).group(1)
     listed = subprocess.run([TUNEDECK, "runs", "--runs-dir", str(runs)], capture_output=True, text=True)
     assert re.search(rf"{run_dir.name}\s+\S+\s+finished\s+slurm:{job_id}\s", listed.stdout), listed.stdout
     shown = subprocess.run(
