@@ -80,12 +80,12 @@ def loss_figure(
             x, y = downsample(steps, eval_loss)
             data.append(_line(x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers",
                               marker=dict(size=7)))  # fmt: skip
-    return _figure(data, _loss_layout(log_scale))
+    return _figure(data, copy.deepcopy(_validated_loss_layout(log_scale)))
 
 
 def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
     """Learning rate, gradient norm, throughput and MFU (model FLOPs utilisation) side by side."""
-    layout, data = _metrics_layout(), []
+    layout, data = copy.deepcopy(_validated_metrics_layout()), []
     for col, (key, title) in enumerate(METRIC_PANELS, start=1):
         x, y = downsample(*series(records, key))
         axis = "" if col == 1 else str(col)
@@ -107,20 +107,12 @@ def _figure(data: list[dict], layout: dict) -> go.Figure:
     return go.Figure(dict(data=data, layout=layout), _validate=False)
 
 
-def _loss_layout(log_scale: bool) -> dict:
-    return copy.deepcopy(_validated_loss_layout(log_scale))
-
-
 @functools.cache
 def _validated_loss_layout(log_scale: bool) -> dict:
     fig = go.Figure()
     fig.update_layout(title="Loss", xaxis_title="step", height=340, **_LAYOUT)
     fig.update_yaxes(type="log" if log_scale else "linear")
     return fig.to_plotly_json()["layout"]
-
-
-def _metrics_layout() -> dict:
-    return copy.deepcopy(_validated_metrics_layout())
 
 
 @functools.cache

@@ -3,8 +3,9 @@
 One RunWatch per run folder, shared by every browser session: a tick reads only what
 metrics.jsonl and the rank-0 log gained (backend.run_folder's reader), so ten open tabs on a
 week-long run cost what one costs. `version` changes exactly when something new arrived
-(`records_version` and `log_version` say which), which lets a session skip redrawing when nothing did. What the view says about the run comes
-from backend.run_summary, as the CLI's does. Pure Python: tested without a browser.
+(`records_version` and `log_version` say which), which lets a session skip redrawing when
+nothing did. What the view says about the run comes from backend.run_summary, as the CLI's
+does. Pure Python: tested without a browser.
 """
 
 from __future__ import annotations
