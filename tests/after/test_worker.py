@@ -79,8 +79,11 @@ PARENT = textwrap.dedent(
     from tunedeck.backend.prompting import GenerationSettings
     if len(sys.argv) > 1:  # a loaded model, busy answering a long prompt
         worker = ModelWorker.open(sys.argv[1], sys.argv[2])
-        answer = worker.generate("Q:", GenerationSettings(max_new_tokens=4096, temperature=1.0))
-        next(answer)
+        # Near-uniform sampling rarely ends at once; when a draw does end on its first token, draw again.
+        settings = GenerationSettings(max_new_tokens=4096, temperature=5.0)
+        answer = worker.generate("Q:", settings)
+        while next(answer, None) is None:  # kept in a variable: a dropped answer is cancelled
+            answer = worker.generate("Q:", settings)
     else:
         worker = Worker(Placement("cpu", None, None, None))
     heavy = [m for m in {HEAVY!r} if m in sys.modules]
