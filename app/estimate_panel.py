@@ -8,7 +8,6 @@ figures themselves come from app/estimate_view.py (pure builders).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -37,8 +36,6 @@ from tunedeck.backend.hardware import machine_facts
 from tunedeck.backend.run_speed import Calibration, calibration
 from tunedeck.backend.speed import Hardware, hardware_for
 
-SCAN_REUSE_S = 1.0  # one edit reads the calibration twice (context, then update): one runs-folder scan serves both
-
 
 @dataclass(frozen=True)
 class EstimateShown:
@@ -54,7 +51,6 @@ class EstimatePanel(DerivedView):
         self.ui = ui
         self.machine = machine_facts(monitor=monitor)  # the facts `tunedeck validate` uses too
         self.runs_dir = runs_dir  # where finished runs are, to compare speed predictions with (backend/run_speed.py)
-        self._last_scan: tuple | None = None  # (GPU, when, Calibration) of the last scan of runs_dir
 
     def build_advice(self) -> None:
         """GPU size, the recommendation and its Apply button (right column)."""
@@ -137,11 +133,15 @@ class EstimatePanel(DerivedView):
         return [self.recommendation, self.apply, self.table, self.figure, self.pick, self.shown]
 
     def context(self, got: Got) -> dict:
+        """One scan of the runs folder per edit: the calibration corrects the speed (when ticked) and travels on
+        the JobResult to the sentence under it."""
+        found = self._calibration(got[self.gpu])
         return {
             "gpu_text": got[self.gpu],
             "ram_text": got[self.ram],
             "hardware": self.hardware(got[self.gpu]),
-            "correction": self._correction(got),
+            "calibration": found,
+            "correction": found.factor if found and got[self.calibrate] else 1.0,
         }
 
     def hardware(self, gpu_text) -> Hardware:
@@ -158,22 +158,14 @@ class EstimatePanel(DerivedView):
 
     def _calibration(self, gpu_text) -> Calibration | None:
         """How your last finished runs on the box's GPU compared with their predictions (None: no such run)."""
-        if self.runs_dir is None:
-            return None
-        gpu, now, last = self.hardware(gpu_text).gpu, time.monotonic(), self._last_scan
-        if last is not None and last[0] == gpu and now - last[1] < SCAN_REUSE_S:
-            return last[2]
-        found = calibration(self.runs_dir, gpu)
-        self._last_scan = (gpu, now, found)
-        return found
+        return None if self.runs_dir is None else calibration(self.runs_dir, self.hardware(gpu_text).gpu)
 
     def _correction(self, got: Got) -> float:
         found = self._calibration(got[self.gpu]) if got[self.calibrate] else None
         return found.factor if found else 1.0
 
-    def calibration_markdown(self, got: Got) -> str:
+    def calibration_markdown(self, found: Calibration | None, got: Got) -> str:
         """Under the speed line: your runs against the prediction, and whether the correction is on."""
-        found = self._calibration(got[self.gpu])
         if found is None:
             if not got[self.calibrate]:
                 return ""
@@ -195,7 +187,9 @@ class EstimatePanel(DerivedView):
             # Apply only when the advice changes fields (an unknown model or GPU: the markdown says which).
             applicable = not isinstance(advice, Unavailable) and bool(advice.recommendation.changes)
             # Same totals per strategy on the same GPU: the chart (the slow part) is unchanged.
-            text = "\n\n".join(t for t in (recommendation_markdown(advice), self.calibration_markdown(got)) if t)
+            text = "\n\n".join(
+                t for t in (recommendation_markdown(advice), self.calibration_markdown(result.calibration, got)) if t
+            )
             shown = EstimateShown(text, applicable, repr((rows, got[self.gpu], got[self.ram])))
         out: Updates = {}
         if shown.recommendation != old.recommendation:

@@ -19,6 +19,7 @@ from tunedeck.backend.advisor import Advice
 from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
 from tunedeck.backend.fit import fit_problems
 from tunedeck.backend.preview import measured_seq_len, preview_key
+from tunedeck.backend.run_speed import Calibration
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.speed import Hardware
 from tunedeck.backend.untrusted import shown
@@ -35,6 +36,7 @@ class JobResult:
     issues: list[Problem] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
     advice: Advice | Unavailable | None = None  # None: no GPU size given, or the spec does not parse
+    calibration: Calibration | None = None  # your finished runs on the estimate's GPU vs their predictions
 
     @property
     def has_errors(self) -> bool:
@@ -52,12 +54,14 @@ def evaluate(
     measured: dict | None = None,
     correction: float = 1.0,
     hardware: Hardware | None = None,
+    calibration: Calibration | None = None,
 ) -> JobResult:
     """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`
     and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/fit.py).
     `measured`: the dataset preview's lengths (app/dataset_preview.py), used while they are this job's;
     `correction`: the speed correction from your runs, 1 when not applied; `hardware`: the GPU speed is
-    predicted on (app/estimate_panel.py; None: the one the GPU box names, else the assumed one)."""
+    predicted on (app/estimate_panel.py; None: the one the GPU box names, else the assumed one); `calibration`:
+    your runs against their predictions, carried to the estimate's text (the scan `correction` came from)."""
     from tunedeck.backend.render import render_bundle
 
     try:
@@ -76,7 +80,7 @@ def evaluate(
     advice = None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, hardware, seq_len, correction)
     if isinstance(advice, Advice) and not has_errors(issues):  # the same rule as `tunedeck validate`
         issues = sorted(issues + fit_problems(spec, advice), key=lambda p: p.level != "error")
-    return JobResult(values, spec, issues, files, advice)
+    return JobResult(values, spec, issues, files, advice, calibration)
 
 
 def issues_markdown(result: JobResult) -> str:

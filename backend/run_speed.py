@@ -125,10 +125,8 @@ class Calibration:
 
     def sentence(self) -> str:
         count = len(self.runs)
-        text = (
-            f"your last {count} run{'s' * (count != 1)} on {self.gpu} {'were' if count != 1 else 'was'} "
-            f"{self.factor - 1:+.0%} vs prediction in tokens/s per GPU"
-        )
+        runs = "your last run" if count == 1 else f"your last {count} runs"
+        text = f"{runs} on {self.gpu} {'was' if count == 1 else 'were'} {self.factor - 1:+.0%} vs prediction in tokens/s per GPU"
         if self.memory_error is not None:
             text += f", {self.memory_error:+.0%} in peak memory"
         return text

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gradio as gr
 import pytest
 
 from estimate.gpu_runs import fake_gpu_run
@@ -168,21 +169,33 @@ def test_finished_runs_compare_with_their_prediction_and_calibrate_the_next(tmp_
 
 
 def test_one_page_edit_scans_the_runs_folder_once_and_a_new_run_is_seen_after(tmp_path, monkeypatch):
-    """The estimate reads the calibration twice per edit (the corrected speed, then the sentence under it):
-    one scan of the runs folder serves both; the next edit, a moment later, sees a run that finished since."""
+    """The estimate uses the calibration twice per edit (the corrected speed, then the sentence under it):
+    one scan of the runs folder serves both, carried on the JobResult; the next edit sees a run that finished since."""
     from tunedeck.app import estimate_panel
+    from tunedeck.app.job_outputs import evaluate
     from tunedeck.app.registry import Registry
+    from tunedeck.backend.fields import values_from_spec
     from tunedeck.backend.monitor import Monitor
 
     scans = []
     monkeypatch.setattr(estimate_panel, "calibration", lambda *a: scans.append(a) or calibration(*a))
     spec, _ = _job("7b-lora-ddp")
     panel = estimate_panel.EstimatePanel(Registry(), Monitor(), runs_dir=tmp_path)
-    assert panel._calibration("A100-80GB") is None and panel._calibration("A100-80GB") is None
-    assert len(scans) == 1
+    with gr.Blocks():
+        panel.build_advice()
+        panel.build_details()
+    got = {panel.gpu: "A100-80GB", panel.ram: "512", panel.calibrate: True, panel.shown: estimate_panel.EstimateShown()}
+
+    def edit() -> str:
+        result = evaluate(values_from_spec(spec), **panel.context(got))
+        return panel.update(result, got)[panel.recommendation]
+
+    assert "no finished GPU run on this GPU" in edit() and len(scans) == 1
     fake_gpu_run(tmp_path, "20260101-000000-aaaaaa", spec, 1000.0, 20.0)
-    monkeypatch.setattr(estimate_panel, "SCAN_REUSE_S", 0.0)  # the next edit
-    assert panel._calibration("A100-80GB").gpu == "A100-80GB" and len(scans) == 2
+    text = edit()
+    assert (
+        len(scans) == 2 and "Your last run on A100-80GB was -72% vs prediction" in text and "corrected by 0.28x" in text
+    )
 
 
 def test_cpu_and_unfinished_runs_do_not_calibrate(tmp_path):

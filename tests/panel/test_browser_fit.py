@@ -108,7 +108,7 @@ def test_your_runs_on_this_gpu_correct_the_speed_when_ticked(page, server):
         wait_text(page, "#notice", "Loaded preset")
         fill(gpu_box(page), "A100-80GB")
         wait_text(page, "#recommendation", "Speed on A100-80GB:")  # named, no longer the assumed GPU
-        wait_text(page, "#recommendation", "Your last 1 run on A100-80GB was +25% vs prediction")
+        wait_text(page, "#recommendation", "Your last run on A100-80GB was +25% vs prediction")
         assert "Tick Correct the speed by my runs" in text_of(page, "#recommendation")
         before = speed_line(page)
         page.locator("#calibrate-speed input").check()
