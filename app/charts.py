@@ -89,9 +89,11 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
     for col, (key, title) in enumerate(METRIC_PANELS, start=1):
         x, y = downsample(*series(records, key))
         axis = "" if col == 1 else str(col)
-        if key == "mfu" and records and not y:  # train.py logs none without a known peak: say so, draw nothing
+        if key == "mfu" and records and not y:  # train.py logs none without a known peak: say so, draw no axes
             layout["annotations"].append(dict(text=NO_MFU, showarrow=False, x=0.5, y=0.5, xref=f"x{axis} domain",
                                               yref=f"y{axis} domain", font=dict(color="#64748b")))  # fmt: skip
+            for name in (f"xaxis{axis}", f"yaxis{axis}"):
+                layout[name] = {**layout[name], "visible": False}
         data.append(_line(x, y, title, dict(color=COLORS[0]), showlegend=False, xaxis=f"x{axis}", yaxis=f"y{axis}"))
     return _figure(data, layout)
 
