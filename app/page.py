@@ -19,6 +19,7 @@ from tunedeck.app.estimate_panel import measured_vs_predicted
 from tunedeck.app.form_marks import JUMP_JS
 from tunedeck.app.job_tab import JobTab, ordered_presets
 from tunedeck.app.job_view import NotShownYet
+from tunedeck.app.live_progress import POLL_JS, progress_route
 from tunedeck.app.monitor_view import MonitorView
 from tunedeck.app.registry import Got, Registry, Updates, listen
 from tunedeck.app.run_view import RunView
@@ -80,7 +81,8 @@ def page_theme() -> gr.themes.Base:
 def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | None = None) -> gr.Blocks:
     """The page; downloads are written under `work_dir` (default: a temp folder of their own).
 
-    The Blocks carries `tunedeck_ui` (the Registry: every component by id) and `tunedeck_css`.
+    The Blocks carries `tunedeck_ui` (the Registry: every component by id), and the theme, CSS, JS and
+    routes of its own that launch() adds (app/serving.py).
     """
     presets = ordered_presets()
     by_id = {p.id: p for p in presets}
@@ -108,7 +110,8 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
         wire_start(page, job, runs)
     blocks.tunedeck_ui = page.ui
     blocks.tunedeck_css = CSS  # launch() takes css and js in Gradio 6
-    blocks.tunedeck_js = JUMP_JS
+    blocks.tunedeck_js = f"() => {{ ({JUMP_JS})(); ({POLL_JS})(); }}"
+    blocks.tunedeck_routes = [progress_route(runs.manager, runs.watches)]  # launch() adds them to Gradio's app
     blocks.tunedeck_theme = page_theme()
     return blocks
 

@@ -8,7 +8,6 @@ idle page costs a stat or two per second.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from html import escape
 
@@ -28,7 +27,9 @@ from tunedeck.backend.run_summary import measured_peaks, report, summarize
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.smoke import start_smoke_run
 
-CHARTS_EVERY_S = 2.0  # charts and log of a live run; the state line and progress follow every tick
+# The state line, charts and log follow a live run every TICK_S (each Gradio event costs the browser far more
+# than its answer); the progress bar follows it between ticks (app/live_progress.py).
+TICK_S = 2.0
 NO_STEP_YET = "No training step logged yet: the loss appears here after the first logging step."
 
 
@@ -44,7 +45,6 @@ class RunShown:
     sig: tuple | None = None  # what those details were drawn from
     charts_sig: tuple | None = None  # what the charts and memory were drawn from
     log_sig: tuple | None = None  # what the log box was drawn from
-    charts_at: float = 0.0  # when either was last drawn (time.monotonic() of the panel)
 
     def picked(self, run_id: str | None) -> RunShown:
         """What to show once the user picks `run_id` (none: follow the live run). Boxes that already hold its
@@ -200,17 +200,14 @@ class RunView(Section):
         # What the state line, progress and summary say (the Slurm `where`: queue state and reason, then nodes).
         sig = (run_id, watch.records_version, status.state, status.error, facts.notes, facts.checkpoint, status.where)
         summary = summarize(watch, status.started_at, status.ended_at)
-        bar = progress_html(summary.fraction, summary.progress, status.state)
+        bar = progress_html(summary.fraction, summary.progress, status.state, run_id)
         new_run = force or shown.shown_run != run_id
         details_due = new_run or shown.sig != sig
-        # The charts and the log cost the browser the most to draw: while a run is live, at most every CHARTS_EVERY_S,
-        # and each only when its own data grew (a progress bar rewrites the log far more often than a step logs).
-        late = status.state not in ACTIVE or time.monotonic() - shown.charts_at >= CHARTS_EVERY_S
+        # The charts and the log cost the browser the most to draw: each only when its own data grew (a progress bar
+        # rewrites the log far more often than a step logs).
         plots = (run_id, watch.records_version, overlay, other and other.records_version, smoothing, log_scale)
-        charts_due = new_run or (shown.charts_sig != plots and late)
-        log_due = new_run or (shown.log_sig != (run_id, watch.log_version) and late)
-        if status.state in ACTIVE:  # the elapsed clock moves while the run is live
-            out[self.progress] = bar
+        charts_due = new_run or shown.charts_sig != plots
+        log_due = new_run or shown.log_sig != (run_id, watch.log_version)
         if details_due:
             shown.sig = sig
             if shown.notes_run != run_id:  # the boxes are the user's while they type: filled once per run shown
@@ -226,8 +223,6 @@ class RunView(Section):
                 self.stop: gr.update(interactive=status.state in ("queued", "running")),
                 self.resume: gr.update(interactive=facts.checkpoint is not None),
             })  # fmt: skip
-        if charts_due or log_due:
-            shown.charts_at = time.monotonic()
         if charts_due:
             shown.charts_sig = plots
             out.update({
@@ -363,6 +358,7 @@ class RunView(Section):
             lambda got, in_view: self.redraw(got) if in_view == self.id else {},
             inputs=self.inputs,
             outputs=self.outputs,
+            every_s=TICK_S,
         )
         page.on_load(lambda got: self.redraw(got, force=True), inputs=self.inputs, outputs=self.outputs)
         # Gradio 6's Textbox autoscroll follows only the first update: keep the newest lines in view ourselves.

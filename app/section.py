@@ -17,7 +17,7 @@ import gradio as gr
 
 from tunedeck.app.registry import Got, Registry, Updates, handler, unique
 
-TICK_S = 0.5  # a new metrics record reaches the page within a second (bench/bench_panel.py)
+TICK_S = 0.5  # the default; the Run tab ticks every 2 s, its progress bar polled in between (app/live_progress.py)
 
 TickFn = Callable[[Got, str], Updates]  # (inputs, id of the section in view) -> updates
 
@@ -72,10 +72,12 @@ class Page:
                 raise ValueError(f"page load: sections ask for different {key}")
         self._load.append((fn, list(inputs), list(outputs)))
 
-    def on_tick(self, section_id: str, fn: TickFn, inputs: Iterable, outputs: Iterable) -> None:
-        """Give a section a timer, ticking while its tab is in view (and drawn when the tab is brought
-        into view): `fn(got, id of the tab in view)` returns what changed."""
-        timer = gr.Timer(TICK_S, active=section_id == self._first)
+    def on_tick(
+        self, section_id: str, fn: TickFn, inputs: Iterable, outputs: Iterable, every_s: float = TICK_S
+    ) -> None:
+        """Give a section a timer, ticking every `every_s` while its tab is in view (and drawn when the tab is
+        brought into view): `fn(got, id of the tab in view)` returns what changed."""
+        timer = gr.Timer(every_s, active=section_id == self._first)
         self.timers[section_id] = self.ui.add("page.timer." + section_id, timer)
         self._tick[section_id] = (fn, list(inputs), list(outputs))
 

@@ -76,6 +76,9 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
     from tunedeck.app.auth_gate import SignInGate, password_checker
 
     check_exposure(host, credentials)
+    app_kwargs: dict = {"routes": list(getattr(page, "tunedeck_routes", []))}  # the page's own (live_progress.py)
+    if credentials:
+        app_kwargs["middleware"] = [Middleware(SignInGate, message=AUTH_MESSAGE)]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
     app = page.launch(
@@ -83,7 +86,7 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
         server_port=port,
         auth=password_checker(credentials) if credentials else None,
         auth_message=AUTH_MESSAGE,
-        app_kwargs={"middleware": [Middleware(SignInGate, message=AUTH_MESSAGE)]} if credentials else None,
+        app_kwargs=app_kwargs,
         show_error=False,
         ssr_mode=False,
         max_file_size="1mb",

@@ -1,7 +1,7 @@
 """What watching a run in the panel costs the run, and how fast a new metrics record reaches the page.
 
 1. Training through the panel vs bare: the demo started with the page's Start button (panel
-   process, detached supervisor, the page open in headless Chromium and ticking every TICK_S,
+   process, detached supervisor, the page open in headless Chromium, ticking and polling,
    the panel tailing metrics.jsonl and the rank-0 log), then the very same bundle (the run
    folder's generated files, copied) run bare with `bash launch.sh`; alternating, `--repeats`
    times each. Training steps per second from each run's metrics.jsonl (first logged step to last).
@@ -46,6 +46,7 @@ from panel.browser import (  # noqa: E402
 
 from tunedeck.backend.run_folder import read_records  # noqa: E402
 from tunedeck.backend.runs import RUN_ID_PATTERN  # noqa: E402
+from tunedeck.backend.supervisor import process_identity, write_status  # noqa: E402
 
 BUNDLE_FILES = ("job.yaml", "accelerate_config.yaml", "training_args.yaml", "train_sft.py", "launch.sh")
 PROGRESS_JS = "([s, t]) => { const e = document.querySelector(s); return !!e && e.innerText.includes(t); }"
@@ -146,7 +147,9 @@ def streaming_latency(page, runs_dir: Path, template: Path, samples: int) -> lis
     """Seconds from a metrics record's write to the page showing it, for `samples` records."""
     run_dir = runs_dir / f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(time.time() + 60))}-fa57fa"  # the newest
     run_dir.mkdir()
-    shutil.copy2(template / "status.json", run_dir / "status.json")
+    status = json.loads((template / "status.json").read_text())  # live, as far as the panel can tell: this process
+    write_status(run_dir, {**status, "state": "running", "ended_at": None, "exit_code": None,
+                           "supervisor": process_identity(os.getpid())})  # fmt: skip
     shutil.copy2(template / "job.yaml", run_dir / "job.yaml")
     start = (template / "metrics.jsonl").read_text().splitlines()[0]  # the start record: what the run got
     metrics = run_dir / "metrics.jsonl"
@@ -157,7 +160,7 @@ def streaming_latency(page, runs_dir: Path, template: Path, samples: int) -> lis
     page.wait_for_function(PROGRESS_JS, arg=["#run-state", run_dir.name], timeout=120_000)
     rng, latencies = random.Random(14), []
     for step in range(1, total):
-        time.sleep(rng.uniform(0.1, 1.2))  # at random moments against the page's 1-second tick
+        time.sleep(rng.uniform(0.1, 1.2))  # at random moments against the page's polling
         record = {"event": "log", "time": time.time(), "step": step, "max_steps": total, "loss": 2.0 - step / total}
         written = time.monotonic()
         with open(metrics, "a", encoding="utf-8") as f:

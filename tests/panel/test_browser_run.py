@@ -77,6 +77,19 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
     facts = text_of(page, "#run-facts")
     assert "2 ranks · DDP" in facts and "of parameters trainable" in facts
     assert "ETA" in text_of(page, "#run-progress") and f"/{LONG_RUN}" in text_of(page, "#run-progress")
+    # The bar moves between the tab's Gradio ticks (every 2 s): its own small poll follows the run.
+    urls, seen = [], set()
+
+    def sent(request):
+        urls.append(request.url)
+
+    page.on("request", sent)
+    for _ in range(40):  # 4 s
+        seen.add(text_of(page, "#run-progress"))
+        page.wait_for_timeout(100)
+    page.remove_listener("request", sent)
+    polls, ticks = sum("tunedeck/run-progress" in u for u in urls), sum("queue/join" in u for u in urls)
+    assert len(seen) >= 5 and polls >= 5 and ticks <= 4, (seen, polls, ticks)
     assert set(plot_points(page, "metrics-chart")) >= {"learning rate", "grad norm", "tokens / s"}
 
     run_dir = server.runs_dir / run_id

@@ -62,7 +62,8 @@ def sign_in(server, user: str, password: str):
 
 
 def gradio_routes(runs_dir: Path) -> list[tuple[str, str]]:
-    """(method, path) of every route Gradio serves for this page, read from the app Gradio builds for it."""
+    """(method, path) of every route the panel serves, read from the app Gradio builds for the page with the
+    page's own routes added as app/serving.py adds them."""
     from gradio.routes import App
 
     from tunedeck.app.page import build_page
@@ -76,7 +77,8 @@ def gradio_routes(runs_dir: Path) -> list[tuple[str, str]]:
                 for method in getattr(route, "methods", None) or ["GET"]:
                     yield method, prefix + route.path
 
-    return sorted(set(walk(App.create_app(build_page(runs_dir, "demo")).routes)))
+    page = build_page(runs_dir, "demo")
+    return sorted(set(walk(App.create_app(page, app_kwargs={"routes": list(page.tunedeck_routes)}).routes)))
 
 
 def test_nothing_of_the_app_reaches_a_client_before_sign_in(panels, tmp_path):
@@ -96,6 +98,7 @@ def test_nothing_of_the_app_reaches_a_client_before_sign_in(panels, tmp_path):
 
     routes = gradio_routes(tmp_path / "runs")
     assert len(routes) > 80 and ("GET", "/gradio_api/heartbeat/{session_hash}") in routes
+    assert ("GET", "/tunedeck/run-progress") in routes  # the page's own (app/live_progress.py)
     probed = []
     for method, path in routes:
         if path in ("/login", "/login/"):
@@ -119,6 +122,10 @@ def test_nothing_of_the_app_reaches_a_client_before_sign_in(panels, tmp_path):
     status, body = fetch(server.url, opener=opener)
     assert status == 200 and b"gradio_api_info" in body
     assert fetch(f"{server.url}gradio_api/file={own_file}", opener=opener) == (200, b"PK tunedeck bundle")
+    # The progress route takes a run id and nothing else: no path reaches the disk through it.
+    for run in ("../../etc/passwd", "20250101-120000-a1b2c3/../x", "20250101-120000-a1b2c3"):
+        status, body = fetch(f"{server.url}tunedeck/run-progress?run={urllib.parse.quote(run)}", opener=opener)
+        assert status == 404 and b"error" in body and b"root:" not in body, (run, body)
 
 
 def test_a_panel_serves_no_file_that_another_panel_or_the_machine_wide_cache_holds(panels):
