@@ -8,6 +8,7 @@ idle page costs a stat or two per second.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from html import escape
 
@@ -30,6 +31,9 @@ from tunedeck.backend.smoke import start_smoke_run
 # The state line, charts and log follow a live run every TICK_S (each Gradio event costs the browser far more
 # than its answer); the progress bar follows it between ticks (app/live_progress.py).
 TICK_S = 2.0
+# Redrawing the two Plotly charts is the browser's largest cost after that: new records redraw them at most
+# this often while the run is live (every third tick); a new run, ended run or changed chart option at once.
+CHARTS_EVERY_S = 5.0
 NO_STEP_YET = "No training step logged yet: the loss appears here after the first logging step."
 
 
@@ -43,7 +47,8 @@ class RunShown:
     shown_run: str | None = None  # the run whose details are drawn
     notes_run: str | None = None  # the run whose name and notes are in their boxes
     sig: tuple | None = None  # what those details were drawn from
-    charts_sig: tuple | None = None  # what the charts and memory were drawn from
+    charts_sig: tuple | None = None  # (chart options, data versions) the charts and memory were drawn from
+    charts_at: float = 0.0  # when the charts were last drawn (time.monotonic() of the panel)
     log_sig: tuple | None = None  # what the log box was drawn from
 
     def picked(self, run_id: str | None) -> RunShown:
@@ -203,10 +208,12 @@ class RunView(Section):
         bar = progress_html(summary.fraction, summary.progress, status.state, run_id)
         new_run = force or shown.shown_run != run_id
         details_due = new_run or shown.sig != sig
-        # The charts and the log cost the browser the most to draw: each only when its own data grew (a progress bar
-        # rewrites the log far more often than a step logs).
-        plots = (run_id, watch.records_version, overlay, other and other.records_version, smoothing, log_scale)
-        charts_due = new_run or shown.charts_sig != plots
+        # Charts and log only when their own data grew (a progress bar rewrites the log far more often than a step
+        # logs); the charts of a live run at most every CHARTS_EVERY_S.
+        plots = ((run_id, overlay, smoothing, log_scale), (watch.records_version, other and other.records_version))
+        late = status.state not in ACTIVE or time.monotonic() - shown.charts_at >= CHARTS_EVERY_S
+        drawn = shown.charts_sig or (None, None)
+        charts_due = new_run or drawn[0] != plots[0] or (drawn[1] != plots[1] and late)
         log_due = new_run or shown.log_sig != (run_id, watch.log_version)
         if details_due:
             shown.sig = sig
@@ -224,7 +231,7 @@ class RunView(Section):
                 self.resume: gr.update(interactive=facts.checkpoint is not None),
             })  # fmt: skip
         if charts_due:
-            shown.charts_sig = plots
+            shown.charts_sig, shown.charts_at = plots, time.monotonic()
             out.update({
                 self.loss_plot: self._loss_chart(watch, other and (overlay, other), smoothing, log_scale),
                 self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),

@@ -191,9 +191,10 @@ def test_before_the_first_step_the_loss_chart_says_so_instead_of_empty_axes(run,
     assert out["metrics_chart"]["visible"] is False and out["summary"] == ""
 
 
-def test_a_live_runs_tick_redraws_only_what_grew_and_its_bar_is_polled_between_ticks(run, tmp_path):
+def test_a_live_runs_tick_redraws_only_what_grew_and_its_bar_is_polled_between_ticks(run, tmp_path, monkeypatch):
     """Drawing charts and the log is what costs the browser (and a CPU run) the most: each is redrawn only when
-    its own data grew. The bar of a live run names the run, and its progress route answers between ticks."""
+    its own data grew, the charts of a live run every few seconds (a chart option at once). The bar of a live run
+    names the run, and its progress route answers between ticks."""
     run_dir = tmp_path / RUN_ID
     status = json.loads((run_dir / "status.json").read_text())
     write_status(run_dir, {**status, "state": "running", "ended_at": None, "exit_code": None,
@@ -206,9 +207,13 @@ def test_a_live_runs_tick_redraws_only_what_grew_and_its_bar_is_polled_between_t
     polled = run_progress(run.view.manager, run.view.watches, RUN_ID)  # the page's poller, before the next tick
     assert polled["run"] == RUN_ID and polled["live"] and polled["width"] == "66.7%"
     assert polled["text"].startswith("step 4/6")
-    later = run.render(first["shown"])
-    assert "step 4/6" in later["progress"] and "0.5000" in later["summary"]
-    assert len(later["loss_chart"].data[0].x) == 4 and "log" not in later  # the log did not grow: not resent
+    soon = run.render(first["shown"])
+    assert "step 4/6" in soon["progress"] and "0.5000" in soon["summary"]
+    assert "loss_chart" not in soon and "log" not in soon  # the charts wait; the log did not grow
+    assert "loss_chart" in run.render(soon["shown"], log_scale=True)  # a chart option: at once
+    monkeypatch.setattr("tunedeck.app.run_view.CHARTS_EVERY_S", 0)
+    later = run.render(soon["shown"])
+    assert len(later["loss_chart"].data[0].x) == 4 and "log" not in later
     assert set(run.render(later["shown"])) == {"shown"}  # nothing new: nothing sent (the poller moves the clock)
     # A progress bar rewriting the log between logged steps redraws the log alone, never the charts.
     with open(run_dir / "logs" / "rank0.log", "a") as f:
