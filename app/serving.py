@@ -74,11 +74,15 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
     from starlette.middleware import Middleware
 
     from tunedeck.app.auth_gate import SignInGate, password_checker
+    from tunedeck.app.idle_costs import HeadScript, calm_queue
 
     check_exposure(host, credentials)
-    app_kwargs: dict = {"routes": list(getattr(page, "tunedeck_routes", []))}  # the page's own (live_progress.py)
+    app_kwargs: dict = {
+        "routes": list(getattr(page, "tunedeck_routes", [])),  # the page's own (live_progress.py)
+        "middleware": [Middleware(HeadScript)],  # idle_costs.py
+    }
     if credentials:
-        app_kwargs["middleware"] = [Middleware(SignInGate, message=AUTH_MESSAGE)]
+        app_kwargs["middleware"].insert(0, Middleware(SignInGate, message=AUTH_MESSAGE))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
     app = page.launch(
@@ -97,6 +101,7 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
         js=getattr(page, "tunedeck_js", None),
         quiet=True,
     )
+    calm_queue(page)
     where = f"[{host}]" if ":" in host else host
     print(f"tunedeck: the panel is at http://{where}:{port}/  (Ctrl-C stops the panel; runs keep going)", flush=True)
     if is_loopback(host):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,38 @@ def test_auth_protects_the_panel_and_its_api(tmp_path):
         assert opener.open(server.url + "config", timeout=10).status == 200
     finally:
         server.stop()
+
+
+def test_the_served_page_takes_back_gradios_idle_costs():
+    """app/idle_costs.py: the queue's idle poll slowed, and the trackers' frame script first in <head>."""
+    import inspect
+    import urllib.request
+
+    import gradio as gr
+    from gradio import queueing
+
+    from panel.browser import free_port
+    from tunedeck.app.idle_costs import QUEUE_IDLE_POLL_S, TRACKER_FRAMES_JS
+    from tunedeck.app.serving import launch
+
+    assets = Path(gr.__file__).parent / "templates" / "frontend" / "assets"
+    assert list(assets.glob("statustracker-*.js")), "the script's stack test looks for Gradio's statustracker asset"
+    assert "self.sleep_when_free" in inspect.getsource(queueing.Queue.start_processing)
+
+    with gr.Blocks() as blocks:
+        gr.Markdown("hello")
+    port = free_port()
+    launch(blocks, "127.0.0.1", port, None, block=False)
+    try:
+        assert blocks._queue.sleep_when_free == QUEUE_IDLE_POLL_S
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as reply:
+            page = reply.read().decode()
+            length = int(reply.headers["Content-Length"])
+        head = page[page.index("<head>") :]
+        assert head.startswith("<head><script>" + TRACKER_FRAMES_JS + "</script>")
+        assert head.index(TRACKER_FRAMES_JS) < head.index('<script type="module"')  # before Gradio's modules
+        assert length == len(page.encode())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/config", timeout=30) as reply:
+            assert TRACKER_FRAMES_JS not in reply.read().decode()  # only the page itself
+    finally:
+        blocks.close()
