@@ -1,12 +1,15 @@
 """The GPU monitor tab: gauges per GPU (NVML) and for the host (psutil), with sparklines.
 
 Reads the shared Monitor's ring buffer; never touches NVML itself. Without an NVIDIA
-GPU it says so plainly and still shows CPU and RAM. Drawn on the page's tick only while
-its tab is in view, and only when a new sample arrived.
+GPU it says so plainly and still shows CPU and RAM. Drawn on the tab's own tick only while
+its tab is in view, and only when a new sample arrived. Each Gradio event and each Plotly
+redraw costs the browser far more than its answer (app/section.py), so the tab ticks once a
+second, as the monitor samples, and redraws its sparklines at most every SPARK_EVERY_S.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
@@ -21,6 +24,8 @@ from tunedeck.app.section import Page, Section
 from tunedeck.backend.monitor import GpuSample, Monitor, Sample
 
 SPARK_SAMPLES = 120  # two minutes at one sample a second
+TICK_S = 1.0  # backend/monitor.py samples once a second
+SPARK_EVERY_S = 5.0  # the sparklines span two minutes: five seconds late is a 4% shift
 
 
 def _bar(label: str, fraction: float | None, text: str) -> str:
@@ -138,6 +143,7 @@ class MonitorShown:
     """What one browser's GPU tab shows (its gr.State)."""
 
     sample_time: float | None = None  # the sample drawn; None: redraw when the tab comes into view
+    sparks_at: float = 0.0  # time.monotonic() of the last sparkline redraw; 0: redraw them at the next draw
 
 
 class MonitorView(Section):
@@ -156,21 +162,24 @@ class MonitorView(Section):
         self.shown = add("monitor.shown", gr.State(MonitorShown()))
 
     def wire(self, page: Page) -> None:
-        page.on_tick(self.id, self.tick, inputs=[self.shown], outputs=[self.gauges, self.history, self.shown])
+        page.on_tick(
+            self.id, self.tick, inputs=[self.shown], outputs=[self.gauges, self.history, self.shown], every_s=TICK_S
+        )
 
     def tick(self, got: Got, in_view: str) -> Updates:
-        """The newest sample while the tab is in view; nothing when no new sample arrived since the last draw."""
+        """The newest sample while the tab is in view (its sparklines at most every SPARK_EVERY_S); nothing
+        when no new sample arrived since the last draw."""
         shown = got[self.shown]
         if in_view != self.id:
-            return {self.shown: MonitorShown()} if shown.sample_time is not None else {}
+            return {self.shown: MonitorShown()} if shown != MonitorShown() else {}
         sample = self.monitor.latest()
         if sample is not None and sample.time == shown.sample_time:
             return {}
-        return {
-            self.gauges: monitor_html(self.monitor, sample) + self._cluster_html(),
-            self.history: sparklines(self.monitor.history()),
-            self.shown: MonitorShown(sample.time if sample else None),
-        }
+        drawn = {self.gauges: monitor_html(self.monitor, sample) + self._cluster_html()}
+        sparks_at = shown.sparks_at
+        if not sparks_at or time.monotonic() - sparks_at >= SPARK_EVERY_S:
+            drawn[self.history], sparks_at = sparklines(self.monitor.history()), time.monotonic()
+        return {**drawn, self.shown: MonitorShown(sample.time if sample else None, sparks_at)}
 
     def _cluster_html(self) -> str:
         """One line per live Slurm run: the nodes it holds (their GPUs are there, not on this machine)."""

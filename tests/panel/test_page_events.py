@@ -81,7 +81,9 @@ def test_a_tab_brought_into_view_is_drawn_and_remembered(blocks):
 
 
 def test_the_gpu_tab_redraws_only_for_a_new_sample_and_only_in_view():
-    from tunedeck.app.monitor_view import MonitorShown, MonitorView
+    from dataclasses import replace
+
+    from tunedeck.app.monitor_view import SPARK_EVERY_S, MonitorShown, MonitorView
     from tunedeck.app.section import Page
     from tunedeck.backend.monitor import Monitor
 
@@ -95,7 +97,13 @@ def test_the_gpu_tab_redraws_only_for_a_new_sample_and_only_in_view():
     assert view.tick({view.shown: drawn[view.shown]}, "gpus") == {}  # no new sample: nothing sent
     assert view.tick({view.shown: MonitorShown()}, "job") == {}  # out of view: nothing drawn
     monitor.sample_once()
-    assert view.gauges in view.tick({view.shown: drawn[view.shown]}, "gpus")
+    again = view.tick({view.shown: drawn[view.shown]}, "gpus")
+    assert view.gauges in again and view.history not in again  # sparklines wait SPARK_EVERY_S
+    monitor.sample_once()
+    late = replace(again[view.shown], sparks_at=again[view.shown].sparks_at - SPARK_EVERY_S)
+    assert view.history in view.tick({view.shown: late}, "gpus")
+    away = view.tick({view.shown: late}, "job")
+    assert away == {view.shown: MonitorShown()}  # back in view, gauges and sparklines are drawn at once
 
 
 def test_components_have_stable_ids(blocks):
