@@ -227,3 +227,26 @@ def test_gpu_tab_shows_the_no_gpu_state_and_host_gauges(page, server):
     gauges = text_of(page, "#gpu-monitor")
     assert "CPU" in gauges and "RAM" in gauges and "GB" in gauges
     wait_for(lambda: len(plot_points(page, "monitor-sparklines")) >= 2, 20, what="CPU and RAM sparklines")
+
+
+# Counts the frames the page asks the browser for (installed before the page's own scripts).
+FRAME_COUNTER_JS = """(() => {
+  const frame = window.requestAnimationFrame.bind(window);
+  window.__frames = 0;
+  window.requestAnimationFrame = (callback) => { window.__frames++; return frame(callback); };
+})()"""
+
+
+def frames_asked(page, seconds: float) -> int:
+    page.evaluate("() => { window.__frames = 0 }")
+    time.sleep(seconds)
+    return page.evaluate("() => window.__frames")
+
+
+def test_a_page_left_open_asks_for_no_frames_while_nothing_changes(page, server):
+    """Gradio's loading tracker left a requestAnimationFrame loop running for good: 60 frames a second on
+    every tab, a tenth of a core (app/idle_costs.py)."""
+    page.add_init_script(FRAME_COUNTER_JS)
+    load(page, server)
+    # Once the page's own transitions end (a few seconds), nothing asks for frames; before, 60 a second for good.
+    wait_for(lambda: frames_asked(page, 1.0) <= 2, 30, what="the idle page to stop asking for frames")
