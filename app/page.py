@@ -116,6 +116,18 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
     return blocks
 
 
+STARTED = "Started"  # how a launch's notice begins when it launched
+
+# After a launch, the Run tab is brought into view by a click on its tab, as a person would. Not by the
+# main Tabs as an output of the launch: Gradio's page keeps every component an event ever updated in its
+# loading-status list and, at every later event of the session, walks the whole subtree of each one in it
+# and copies its components' values (charts, tables, the file view), which made each tick of a live run
+# cost the browser several times more than before the first Start.
+SHOW_RUN_JS = f"""(notice) => {{
+  if ((notice || '').startsWith('{STARTED}')) document.querySelector('#tab-run-button')?.click();
+}}"""
+
+
 def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
     """Start and Smoke test: the job the form holds, if the files beside it are that job's, runs (or its
     smoke run: the same path on a tiny model); the Run tab follows it."""
@@ -127,7 +139,7 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
                 run_id, shown = start(job.view.spec_as_shown([got[c] for c in form], got[digest]))
             except (SpecError, RunError, SmokeError, NotShownYet) as exc:
                 return {page.notice: f"✗ **Not started:** {escape(user_message(exc))}"}
-            return {page.notice: f"Started {what} `{run_id}`.", runs.shown: shown, **page.select(runs.id)}
+            return {page.notice: f"{STARTED} {what} `{run_id}`.", runs.shown: shown}
 
         return on_click
 
@@ -137,9 +149,9 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
             [button.click],
             launcher(start, what),
             inputs=[*form, digest],
-            outputs=[page.notice, runs.shown, *page.view_outputs],
+            outputs=[page.notice, runs.shown],
             concurrency_id="launch",  # one launch at a time, whoever clicks which
             concurrency_limit=1,
             show_progress="minimal",
             show_progress_on=[button],
-        )
+        ).then(None, inputs=[page.notice], js=SHOW_RUN_JS)

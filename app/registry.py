@@ -74,9 +74,10 @@ def handler(fn: Callable[..., Updates]) -> Callable[..., Any]:
     return shown_as_message(run)
 
 
-def listen(triggers: Iterable, fn: Callable[..., Updates], inputs: Iterable, outputs: Iterable, **options) -> None:
-    """Wire `fn(got) -> updates` to `triggers` (event listeners such as `button.click`), inputs by name."""
-    gr.on(list(triggers), handler(fn), inputs=set(inputs), outputs=unique(outputs), **options)
+def listen(triggers: Iterable, fn: Callable[..., Updates], inputs: Iterable, outputs: Iterable, **options):
+    """Wire `fn(got) -> updates` to `triggers` (event listeners such as `button.click`), inputs by name;
+    returns Gradio's dependency (for `.then`)."""
+    return gr.on(list(triggers), handler(fn), inputs=set(inputs), outputs=unique(outputs), **options)
 
 
 def unique(components: Iterable) -> list:

@@ -3,9 +3,10 @@
 A section builds its components inside its tab, registered under its own ids, wires its
 own events, and may join the page load (the page merges the sections' updates into one
 response) and have a timer of its own: it ticks every TICK_S while its tab is in view and is
-still otherwise. Every tick costs the browser far more than its answer (Gradio's page walks
-its component tree for each input and output: about 0.17 s of CPU per tick on this page), so
-a tab that does not tick costs nothing. Adding a tab is a new Section subclass and one line
+still otherwise. Every tick costs the browser far more than its answer (at every event Gradio's
+page looks up each component any event of the session has updated, and walks the subtree of each
+container among them: 0.1-0.2 s of CPU per tick on this page), so a tab that does not tick costs
+nothing, and no event updates a large container (page.py's SHOW_RUN_JS). Adding a tab is a new Section subclass and one line
 in page.py's SECTIONS.
 """
 
@@ -80,15 +81,6 @@ class Page:
         timer = gr.Timer(every_s, active=section_id == self._first)
         self.timers[section_id] = self.ui.add("page.timer." + section_id, timer)
         self._tick[section_id] = (fn, list(inputs), list(outputs))
-
-    @property
-    def view_outputs(self) -> list:
-        """What select() updates: a handler that brings a tab into view lists these among its outputs."""
-        return [self.tabs, self.in_view, *self.timers.values()]
-
-    def select(self, section_id: str) -> Updates:
-        """Updates that bring a section's tab into view: the tab, and only its own timer ticking."""
-        return {self.tabs: gr.Tabs(selected=section_id), **self._in_view(section_id)}
 
     def _in_view(self, section_id: str) -> Updates:
         timers = {timer: gr.Timer(active=owner == section_id) for owner, timer in self.timers.items()}

@@ -11,7 +11,7 @@
 3. The panel's resident memory while a run trains (the highest sample, one a second).
 4. Where the cost goes: the cores the panel process and Chromium kept busy while a run trained.
 
-    .venv/bin/python bench/bench_panel.py [--repeats 2] [--samples 50] [--steps 300] [--tab run|job] [--json F]
+    .venv/bin/python bench/bench_panel.py [--repeats 2] [--samples 50] [--steps 300] [--tab run|job|gpus] [--json F]
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def train_through_panel(page, server: PanelServer, rss: RssSampler, timeout_s: f
     wait_text(page, "#notice", "Started run", timeout=60_000)
     wait_text(page, "#run-state", "running", timeout=120_000)
     rss.peak = max(rss.peak, rss.process.memory_info().rss)
-    if tab == "job":  # the page stays open on the Job tab, the Run tab is not drawn; back to it at the end
-        page.click("#tab-job-button")
+    if tab != "run":  # the page stays open on that tab, the Run tab is not drawn; back to it at the end
+        page.click(f"#tab-{tab}-button")
         start = cpu_seconds(server.proc.pid)
         wait_for_end(server.runs_dir, timeout_s)
         cores = cores_used(start, cpu_seconds(server.proc.pid))
@@ -201,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300, help="training steps of each demo run (default 300)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per training run")
     parser.add_argument(
-        "--tab", choices=("run", "job"), default="run",
-        help="the tab the page shows while a run trains: run (its charts drawn, default) or job (nothing drawn)",
+        "--tab", choices=("run", "job", "gpus"), default="run",
+        help="the tab the page shows while a run trains: run (its charts drawn, default), job (nothing drawn) "
+        "or gpus (the host's gauges)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
