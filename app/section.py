@@ -6,8 +6,8 @@ response) and have a timer of its own: it ticks every TICK_S while its tab is in
 still otherwise. Every tick costs the browser far more than its answer (at every event Gradio's
 page looks up each component any event of the session has updated, and walks the subtree of each
 container among them: 0.1-0.2 s of CPU per tick on this page), so a tab that does not tick costs
-nothing, and no event updates a large container (page.py's SHOW_RUN_JS). Adding a tab is a new Section subclass and one line
-in page.py's SECTIONS.
+nothing, and no event updates a large container (page.py's SHOW_RUN_JS). Adding a tab is a new
+Section subclass and one line in page.py's SECTIONS.
 """
 
 from __future__ import annotations
