@@ -138,6 +138,7 @@ class LogRecord(TypedDict, total=False):
     mean_token_accuracy: float
     num_tokens: float
     tokens_per_second: float
+    seconds_per_step: float  # from the writing process's first log record on (monotonic clock): the ETA's pace
     eval_loss: float
     eval_mean_token_accuracy: float
     mfu: float  # model FLOPs utilisation of the window (0-1), only with a known peak
@@ -250,6 +251,8 @@ def read_records(run_dir: Path | str) -> RunRecords:
 class ProcessIdentity(BaseModel):
     pid: int
     create_time: float  # a pid alone may have been reused by an unrelated process
+    since_boot: float | None = None  # its start in seconds after boot: unlike create_time, not moved by clock steps
+    boot_id: str | None = None  # Linux's id of the boot it was recorded in
     pgid: int | None = None  # the launcher's process group
 
 

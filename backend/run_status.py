@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from tunedeck.backend.run_folder import STATUS_FILE
+from tunedeck.backend.run_folder import ACTIVE_STATES, STATUS_FILE
+from tunedeck.backend.supervisor import boot_id, since_boot
 
 DAMAGED = "damaged"
 SUPERVISOR_SCRIPT = "supervisor.py"
@@ -54,13 +55,45 @@ class RunStatus:
         return line
 
 
+# ---------------------------------------------------------------- its processes
+
+
+def is_alive(identity: dict | None) -> bool:
+    """Whether the process recorded (supervisor.process_identity) is still the one running."""
+    if not identity or not identity.get("pid"):
+        return False
+    try:
+        proc = psutil.Process(identity["pid"])
+        if identity.get("boot_id") and identity.get("since_boot") is not None:
+            same = identity["boot_id"] == boot_id() and abs(since_boot(proc) - identity["since_boot"]) < 0.5
+        else:  # recorded where there is no boot id (or by an older tunedeck): its wall-clock start time
+            same = abs(proc.create_time() - identity["create_time"]) < 0.5
+        return same and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def start_on_the_clock(identity: dict | None) -> float | None:
+    """When a process recorded in this boot started, on the wall clock as it is set now (None: not known).
+
+    A start time written down before a step of the clock is off by the step, and so would be the
+    elapsed time of a live run computed from it (0:00 for ten minutes after a step back of ten).
+    """
+    if not identity or identity.get("since_boot") is None or not identity.get("boot_id"):
+        return None
+    return psutil.boot_time() + identity["since_boot"] if identity["boot_id"] == boot_id() else None
+
+
 def from_status_file(run_id: str, data: dict) -> RunStatus:
     launcher = data.get("launcher") or {}
+    started_at = data.get("started_at")
+    if started_at is not None and data["state"] in ACTIVE_STATES:  # its elapsed time counts on
+        started_at = start_on_the_clock(launcher) or started_at
     return RunStatus(
         run_id=run_id,
         state=data["state"],
         pid=launcher.get("pid"),
-        started_at=data.get("started_at"),
+        started_at=started_at,
         ended_at=data.get("ended_at"),
         exit_code=data.get("exit_code"),
         error=data.get("error"),

@@ -125,17 +125,13 @@ class RunSummary:
 def summarize(
     run: RunRecords, started_at: float | None, ended_at: float | None, now: float | None = None
 ) -> RunSummary:
-    """The run's summary at `now` (default: now). The ETA is the pace from the first log record to the last."""
+    """The run's summary at `now` (default: now). The ETA is the pace the last log record states."""
     now = now or time.time()
     last = run.last or {}
     step = last.get("step", 0)
     total = last.get("max_steps") or (run.start or {}).get("max_steps")
-    eta = None
-    if ended_at is None and total and step and len(run.records) >= 2:
-        first = run.records[0]
-        span_steps, span_s = step - first.get("step", 0), last.get("time", 0) - first.get("time", 0)
-        if span_steps > 0 and span_s > 0:
-            eta = (total - step) * span_s / span_steps
+    pace = last.get("seconds_per_step")
+    eta = (total - step) * pace if ended_at is None and total and pace else None
     return RunSummary(
         facts=facts_line(run.start),
         strategy=strategy_label(run.start) if run.start else "",

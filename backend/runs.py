@@ -33,11 +33,11 @@ from pathlib import Path
 from tunedeck.backend import run_folder, run_status, slurm_runs, supervisor
 from tunedeck.backend.run_folder import ACTIVE_STATES, STATUS_FILE, STOP_FILE, DamagedStatus, read_status_file
 from tunedeck.backend.run_launch import accelerate_command, inherited_env, launch_args, rank_env
-from tunedeck.backend.run_status import RunStatus
+from tunedeck.backend.run_status import RunStatus, is_alive
 from tunedeck.backend.run_summary import run_title
 from tunedeck.backend.slurm_jobs import SlurmUnavailable
 from tunedeck.backend.spec import spec_to_dict
-from tunedeck.backend.supervisor import is_alive, write_status
+from tunedeck.backend.supervisor import write_status
 
 RUN_ID_PATTERN = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 DEFAULT_GRACE_S = 60.0

@@ -3,10 +3,10 @@
     python backend/supervisor.py RUN_DIR     (it needs only psutil: no tunedeck import)
 
 Started by the run manager in its own session, it starts the launcher (argv and environment
-recorded in status.json), records pid and start time, carries out a stop request (a
+recorded in status.json), records pids and start times, carries out a stop request (a
 `stop.request` file, or SIGTERM to the supervisor when the folder was deleted) and writes the
-final state and exit code to status.json. It outlives the manager, so a panel restart
-re-attaches by reading status.json and checking pids and start times.
+final state and exit code to status.json. It outlives the manager: a panel restart re-attaches
+by reading status.json (run_status.is_alive checks the processes recorded).
 
 Stop: SIGTERM to the ranks, which finish their step, save a checkpoint and exit; not to the
 launcher, whose elastic agent kills its workers 30 s after a SIGTERM (a large checkpoint cut
@@ -14,11 +14,10 @@ in half), nor to its process group (each rank has a session of its own). After t
 period, SIGKILL to every process of the run. As a child subreaper it keeps ranks orphaned by
 a dead launcher, and kills whatever is left when the launcher exits.
 
-A full disk must not leave a run "running" forever: the manager writes a reserve file into the
-run folder, which the supervisor deletes to write the final status when nothing else fits.
-
-One file on purpose: it runs as a script with nothing but psutil, so it spells the run
-folder's names itself (backend/run_folder.py owns them; a contract test compares the two).
+A full disk must not leave a run "running" forever: the supervisor deletes the reserve file the
+manager wrote into the run folder to write the final status when nothing else fits. One file on
+purpose: a script with nothing but psutil, it spells the run folder's names itself
+(backend/run_folder.py owns them; a contract test compares the two).
 """
 
 from __future__ import annotations
@@ -111,19 +110,26 @@ def disk_full_message(run_dir: Path, error: str | None) -> str:
     return headline if not error or headline in error else f"{headline}\n{error}"
 
 
-def process_identity(pid: int) -> dict:
-    """pid plus start time: a pid alone may have been reused by an unrelated process."""
-    return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")  # Linux: a process recorded in another boot is gone
 
 
-def is_alive(identity: dict | None) -> bool:
-    if not identity or not identity.get("pid"):
-        return False
+def boot_id() -> str | None:
     try:
-        proc = psutil.Process(identity["pid"])
-        return abs(proc.create_time() - identity["create_time"]) < 0.5 and proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
+        return BOOT_ID_FILE.read_text().strip() or None
+    except OSError:  # not Linux
+        return None
+
+
+def since_boot(proc: psutil.Process) -> float:
+    """When it started, in seconds after boot: create_time less the boot time, which moves with the clock."""
+    return proc.create_time() - psutil.boot_time()
+
+
+def process_identity(pid: int) -> dict:
+    """pid plus start time: a pid alone may have been reused by an unrelated process. The start time
+    after boot (as in psutil's own identity on Linux) stays true when the wall clock is stepped."""
+    proc = psutil.Process(pid)
+    return {"pid": pid, "create_time": proc.create_time(), "since_boot": since_boot(proc), "boot_id": boot_id()}
 
 
 # ---------------------------------------------------------------- how a run ended
@@ -131,15 +137,11 @@ def is_alive(identity: dict | None) -> bool:
 
 def json_objects(lines) -> list[dict]:
     """The JSON objects among lines (str or bytes); damaged lines (cut short, not an object) are skipped."""
-    objects = []
+    values = []
     for line in lines:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            objects.append(value)
-    return objects
+        with contextlib.suppress(ValueError):
+            values.append(json.loads(line))
+    return [value for value in values if isinstance(value, dict)]
 
 
 def _tail_text(path: Path, size: int = 65536) -> str:
@@ -163,6 +165,7 @@ def end_record(run_dir: Path) -> dict | None:
 #   rank      : 1 (local_rank: 1)
 #   exitcode  : -9 (pid: 11024)  (SIGKILL)
 ELASTIC_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+SIGNAL_NAMES = {sig.value: sig.name for sig in signal.Signals}
 SIGNAL_CAUSES = {
     signal.SIGKILL: "out of memory (the kernel's OOM killer: see `dmesg`) or killed by hand",
     **dict.fromkeys((signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT), "a crash in native code: its log has the stack"),
@@ -199,13 +202,6 @@ def _rank_errors(run_dir: Path) -> list[dict]:
         return []
 
 
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def first_failure(run_dir: Path, ours: set[int] = frozenset()) -> str | None:
     """Why the run failed: a rank killed by a signal, else the rank that failed first (train.py's
     errors.jsonl), else the launcher log's tail."""
@@ -216,7 +212,7 @@ def first_failure(run_dir: Path, ours: set[int] = frozenset()) -> str | None:
     if killed:
         rank, signum = killed
         lines = [
-            f"rank {rank} was killed by {_signal_name(signum)} (signal {signum}): "
+            f"rank {rank} was killed by {SIGNAL_NAMES.get(signum, f'signal {signum}')} (signal {signum}): "
             f"{SIGNAL_CAUSES.get(signum, 'stopped from outside the run')}; see logs/rank{rank}.log"
         ]
         lines += [f"then rank {f.get('rank')} failed: {f.get('error')}" for f in failures[:1]]

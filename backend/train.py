@@ -1083,14 +1083,16 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self.trainer = None
             self.load_peaks: dict = {}  # train() fills it in right after the model loaded
             self.stopped_early = False
-            self._last_log = (time.time(), 0)
+            # Durations on the monotonic clock: a step of the wall clock (NTP, a VM resumed) must not bend them.
+            self._last_log = (time.monotonic(), 0)
             self._last_step = 0
+            self._first_log: tuple[float, int] | None = None  # (clock, step) of this process's first log record
             self.speed: dict = {}  # speed_facts, at the start of training
             self._step_end = 0.0
             self._fault = _parse_fault(os.environ.get(FAULT_ENV))
 
         def on_train_begin(self, args, state, control, **kwargs):
-            self._last_log, self._last_step = (time.time(), 0), state.global_step
+            self._last_log, self._last_step = (time.monotonic(), 0), state.global_step
             record = {**describe_run(self.trainer, job), **self.load_peaks}
             self.speed = speed_facts(self.trainer, record["trainable_params"], record["total_params"])
             record.update(self.speed)
@@ -1102,7 +1104,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 raise gate_error(problems)  # on every rank: the run stops before its first step
 
         def on_step_end(self, args, state, control, **kwargs):
-            self._step_end = time.time()  # evaluation, when due, runs after this
+            self._step_end = time.monotonic()  # evaluation, when due, runs after this
             if self._fault and self._fault == (global_rank(), state.global_step):
                 raise RuntimeError(f"fault injected by {FAULT_ENV} on rank {global_rank()} at step {state.global_step}")
             # Ranks get the signal at slightly different moments: agree, or one rank would wait forever.
@@ -1114,6 +1116,15 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 control.should_training_stop = True
             return control
 
+        def _pace(self, step: int) -> dict:
+            """Seconds a step from this process's first log record on, for the readers' ETA (their wall-clock
+            "time" fields may go backwards); a requeued job's new process starts its own count."""
+            now = time.monotonic()
+            if self._first_log is None:
+                self._first_log = (now, step)
+            since, first_step = self._first_log
+            return {"seconds_per_step": (now - since) / (step - first_step)} if step > first_step else {}
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = dict(logs or {})
             if "loss" not in logs and "eval_loss" not in logs:
@@ -1123,8 +1134,9 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 return
             record = {"event": "log", "time": time.time(), "step": state.global_step, "max_steps": state.max_steps}
             record["epoch"] = logs.get("epoch", state.epoch)
+            record.update(self._pace(state.global_step))
             if "loss" in logs:
-                now, tokens = time.time(), logs.get("num_tokens")
+                now, tokens = time.monotonic(), logs.get("num_tokens")
                 last_time, last_tokens = self._last_log
                 if tokens is not None and now > last_time:
                     record["tokens_per_second"] = (tokens - last_tokens) / (now - last_time)
@@ -1140,7 +1152,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             else:
                 # Evaluation trains no tokens: leave its time out of the next tokens/s window.
                 last_time, last_tokens = self._last_log
-                self._last_log = (last_time + time.time() - max(self._step_end, last_time), last_tokens)
+                self._last_log = (last_time + time.monotonic() - max(self._step_end, last_time), last_tokens)
             for key in ("eval_loss", "eval_mean_token_accuracy"):
                 if key in logs:
                     record[key] = logs[key]
@@ -1377,7 +1389,7 @@ def main(argv=None) -> int:
     stop.install()
     terminal = redirect_output(run_dir, rank)
     metrics = JsonlWriter(run_dir / "metrics.jsonl") if rank == 0 else None
-    started = time.time()
+    started = time.monotonic()
     status, error = "failed", None
     try:
         job = read_yaml(job_path, "job spec")
@@ -1395,7 +1407,13 @@ def main(argv=None) -> int:
         )
     if metrics:
         metrics.write(
-            {"event": "end", "time": time.time(), "status": status, "runtime_s": time.time() - started, "error": error}
+            {
+                "event": "end",
+                "time": time.time(),
+                "status": status,
+                "runtime_s": time.monotonic() - started,
+                "error": error,
+            }
         )
     if terminal:
         print(f"run {status}" + (f": {error}" if error else ""), file=terminal)

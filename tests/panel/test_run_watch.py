@@ -66,7 +66,9 @@ def test_facts_line_says_what_the_run_got():
 
 def test_progress_with_eta(tmp_path):
     watch = RunWatch(tmp_path)
-    watch.records = [{"step": 10, "time": 100.0, "max_steps": 100}, {"step": 20, "time": 110.0, "max_steps": 100}]
+    # The pace is the trainer's (monotonic clock), not the records' wall-clock times: here the clock was stepped back.
+    watch.records = [{"step": 10, "time": 100.0, "max_steps": 100},
+                     {"step": 20, "time": 40.0, "max_steps": 100, "seconds_per_step": 1.0}]  # fmt: skip
     summary = summarize(watch, started_at=90.0, ended_at=None, now=111.0)
     assert summary.fraction == 0.2
     assert summary.progress == "step 20/100 · elapsed 0:21 · ETA 1:20"  # 80 steps at 1 s per step

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from tunedeck.backend.supervisor import process_identity
+
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
@@ -114,7 +116,7 @@ def fake_run(runs_dir: Path, run_id: str, state: str, holder: subprocess.Popen |
     """A run folder as the supervisor leaves it, owned by `holder` (a real process standing in for the supervisor)."""
     folder = Path(runs_dir) / run_id
     folder.mkdir(parents=True)
-    identity = {"pid": holder.pid, "create_time": psutil.Process(holder.pid).create_time()} if holder else None
+    identity = process_identity(holder.pid) if holder else None
     (folder / "status.json").write_text(
         json.dumps(
             {

@@ -85,11 +85,22 @@ def test_a_run_whose_processes_vanished_is_settled_as_failed(runs_dir, sleeper):
     assert manager.active_run() is None
 
 
-def test_a_reused_pid_is_not_mistaken_for_the_run(runs_dir, sleeper):
+@pytest.mark.parametrize(
+    "recorded",
+    [
+        {"create_time": -3600, "since_boot": -3600},  # same pid, another process start time
+        {"boot_id": "another boot"},  # same pid and time after boot, in another boot: the machine restarted
+        {"create_time": -3600, "since_boot": None, "boot_id": None},  # an identity from an older tunedeck
+    ],
+    ids=["start-time", "boot", "wall-clock-only"],
+)
+def test_a_reused_pid_is_not_mistaken_for_the_run(runs_dir, sleeper, recorded):
     fake_run(runs_dir, "20250101-120000-cccccc", "running", sleeper)
     status_file = runs_dir / "20250101-120000-cccccc" / "status.json"
     data = json.loads(status_file.read_text())
-    data["supervisor"]["create_time"] -= 3600  # same pid, another process start time
+    identity = data["supervisor"]
+    for key, value in recorded.items():
+        identity[key] = identity[key] + value if isinstance(value, int) else value
     status_file.write_text(json.dumps(data))
     assert RunManager(runs_dir).status("20250101-120000-cccccc").state == "failed"
 

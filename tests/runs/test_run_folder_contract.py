@@ -17,7 +17,7 @@ from typing import get_args
 import pytest
 
 from tunedeck.app import charts
-from tunedeck.backend import run_folder, supervisor, train
+from tunedeck.backend import run_folder, run_status, supervisor, train
 from tunedeck.backend.run_folder import (
     EndRecord,
     ErrorRecord,
@@ -113,7 +113,8 @@ def train_records(source: str) -> dict[str, set[str]]:
         | _stored_keys(begin)
         | _stored_keys(_function(tree, "speed_facts"), "facts"),  # record.update(speed_facts(...))
         "gate": _dicts(gate)[0],
-        "log": _stored_keys(_function(tree, "on_log")) | set().union(*_dicts(_function(tree, "utilisation"))),
+        "log": _stored_keys(_function(tree, "on_log"))
+        | set().union(*_dicts(_function(tree, "utilisation")), *_dicts(_function(tree, "_pace"))),
         "end": next(keys for keys in _dicts(main) if "event" in keys),
         "error": next(keys for keys in _dicts(main) if "rank" in keys),
     }
@@ -208,11 +209,11 @@ def supervisor_keys(source: str) -> dict[str, set[str]]:
         if k.arg and k.arg not in ("tries", "retry_s")
     }
     status |= _read_keys(_function(tree, "supervise")) | set().union(*_dicts(_function(tree, "record_end")))
-    # process_identity's dict, the launcher's {**identity, "pgid": ...}, and what is_alive reads
+    # process_identity's dict, and the launcher's {**identity, "pgid": ...}
     identity = _returned_dict(_function(tree, "process_identity")) | set().union(*_dicts(_function(tree, "supervise")))
     return {
         "status": status,
-        "identity": identity | _read_keys(_function(tree, "is_alive")),
+        "identity": identity,
         "stop": _read_keys(_function(tree, "_grace_seconds")),
         "end": _read_keys(_function(tree, "end_record")) | _read_keys(_function(tree, "final_state")),
         "error": _read_keys(_function(tree, "first_failure")),
@@ -241,9 +242,15 @@ def test_supervisor_reads_and_writes_only_keys_of_the_contract():
     assert {"state", "started_at", "ended_at", "exit_code", "error", "supervisor", "launcher", "argv"} <= found[
         "status"
     ]
-    assert found["identity"] == {"pid", "create_time", "pgid"} and found["stop"] == {"grace_s"}
+    assert found["identity"] == {"pid", "create_time", "since_boot", "boot_id", "pgid"} and found["stop"] == {"grace_s"}
     assert {"event", "status"} <= found["end"] and {"rank", "time", "error", "traceback"} == found["error"]
     assert unknown_supervisor_keys(SUPERVISOR) == {}
+
+
+def test_the_readers_check_processes_by_the_identity_the_supervisor_writes():
+    tree = ast.parse(Path(inspect.getsourcefile(run_status)).read_text(encoding="utf-8"))
+    read = _read_keys(_function(tree, "is_alive")) | _read_keys(_function(tree, "start_on_the_clock"))
+    assert read == {"pid", "create_time", "since_boot", "boot_id"} <= supervisor_keys(SUPERVISOR)["identity"]
 
 
 def test_a_key_renamed_in_the_supervisor_alone_fails_the_contract():

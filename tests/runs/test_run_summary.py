@@ -56,8 +56,8 @@ def test_train_progress_line_is_the_summarys_progress_with_the_loss():
     bar = ProgressBar(out)
     records = [
         {"event": "log", "step": 1, "max_steps": 4, "loss": 2.0, "time": 110.0},
-        {"event": "log", "step": 2, "max_steps": 4, "loss": 1.5, "time": 120.0},
-        {"event": "log", "step": 2, "max_steps": 4, "eval_loss": 1.25, "time": 125.0},
+        {"event": "log", "step": 2, "max_steps": 4, "loss": 1.5, "time": 120.0, "seconds_per_step": 10.0},
+        {"event": "log", "step": 2, "max_steps": 4, "eval_loss": 1.25, "time": 125.0, "seconds_per_step": 15.0},
     ]
     for raw in records:
         record = parse_record(raw)

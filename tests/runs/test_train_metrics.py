@@ -12,7 +12,7 @@ def test_evaluation_time_is_left_out_of_tokens_per_second(tmp_path, monkeypatch)
     from transformers import TrainerControl
 
     clock = [1000.0]
-    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
     recorder = train.make_callback(train.JsonlWriter(tmp_path / "metrics.jsonl"), train.StopRequest(), {}, None)
     args, control = SimpleNamespace(device="cpu"), TrainerControl()
     state = SimpleNamespace(global_step=0, max_steps=10, epoch=0.0)
@@ -41,3 +41,5 @@ def test_evaluation_time_is_left_out_of_tokens_per_second(tmp_path, monkeypatch)
     throughput = [r["tokens_per_second"] for r in records if "loss" in r]
     assert throughput == [1000.0, 1000.0, 1000.0, 1000.0]  # 1000 tokens per training second throughout
     assert [r["step"] for r in records if "eval_loss" in r] == [2, 4]
+    # The ETA's pace counts the evaluations: they come back until the end. 25 s from step 1 to step 6.
+    assert records[-1]["seconds_per_step"] == 5.0 and "seconds_per_step" not in records[0]
