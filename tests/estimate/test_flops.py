@@ -89,7 +89,7 @@ def _recorder(tmp_path, monkeypatch, speed: dict):
     from transformers import TrainerControl
 
     clock = [1000.0]
-    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
     recorder = train.make_callback(train.JsonlWriter(tmp_path / "metrics.jsonl"), train.StopRequest(), {}, None)
     recorder.speed = speed
     args = SimpleNamespace(device="cpu", per_device_train_batch_size=2, gradient_accumulation_steps=2)
