@@ -119,7 +119,14 @@ class JobTab(Section):
             return {preview.text: text, preview.shown: state}
 
         listen([preview.button.click], measure, inputs=view.form.components, outputs=[preview.text, preview.shown])
-        listen([preview.shown.change], view.on_edit, inputs=view.inputs, outputs=view.outputs, **JOB_QUEUE)
+        listen(  # quiet, as every other edit: a full tracker would cover the whole form for a moment
+            [preview.shown.change],
+            view.on_edit,
+            inputs=view.inputs,
+            outputs=view.outputs,
+            show_progress="hidden",
+            **JOB_QUEUE,
+        )
 
     def apply(self, event: JobEvent):
         """Apply: the recommendation's changes for the job the form holds."""

@@ -17,6 +17,7 @@ from tunedeck.app import after_tab, monitor_view, run_view
 from tunedeck.app.errors import user_message
 from tunedeck.app.estimate_panel import measured_vs_predicted
 from tunedeck.app.form_marks import JUMP_JS
+from tunedeck.app.idle_costs import narrow_progress_targets
 from tunedeck.app.job_tab import JobTab, ordered_presets
 from tunedeck.app.job_view import NotShownYet
 from tunedeck.app.live_progress import POLL_JS, progress_route
@@ -108,6 +109,8 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
         page.build(sections)
         page.wire(blocks, sections)
         wire_start(page, job, runs)
+        # The one component that Gradio's loading statuses of quiet events go to (app/idle_costs.py).
+        narrow_progress_targets(blocks, gr.HTML(visible=False, elem_id="quiet-events"))
     blocks.tunedeck_ui = page.ui
     blocks.tunedeck_css = CSS  # launch() takes css and js in Gradio 6
     blocks.tunedeck_js = f"() => {{ ({JUMP_JS})(); ({POLL_JS})(); }}"

@@ -168,3 +168,20 @@ def test_a_new_tab_is_one_section(tmp_path):
     assert (shown["page.in_view"], shown["clock.text"], shown["page.timer.clock"].active) == ("clock", "tick", True)
     away = fire(blocks, "page.tab.home", "select")
     assert away["page.in_view"] == "home" and away["page.timer.clock"].active is False and "clock.text" not in away
+
+
+def test_quiet_events_report_their_loading_status_to_one_component_not_to_their_outputs(blocks):
+    """app/idle_costs.narrow_progress_targets: Gradio's page updates the loading status of every progress
+    target of every event that ran, at each later event; a quiet event's targets would be its outputs."""
+    from pathlib import Path
+
+    config = blocks.get_config_file()
+    quiet = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == "quiet-events")
+    events = [d for d in config["dependencies"] if d["backend_fn"]]
+    hidden = [d for d in events if d["show_progress"] == "hidden"]
+    assert len(hidden) >= 20 and all(d["show_progress_on"] == [quiet] for d in hidden)
+    # The rest show progress on purpose, each on the button pressed or on a few outputs of its own.
+    assert all(len(d["show_progress_on"] or d["outputs"]) <= 8 for d in events if d not in hidden)
+    # Gradio's page takes an event's progress targets from show_progress_on, else its outputs.
+    assets = Path(gr.__file__).parent / "templates" / "frontend" / "assets"
+    assert any("return this.show_progress_on||this.outputs" in f.read_text() for f in assets.glob("Blocks-*.js"))
