@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -90,14 +91,16 @@ def processes_working_in(run_dir: Path) -> list[int]:
     return found
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+def wait_for(predicate, timeout: float, interval: float = 0.2, what: str | Callable[[], str] = "condition"):
+    """Poll until predicate() is true; `what` names the wait in the failure (a callable: read when it fails,
+    so that logs and queue states in it are those at the timeout)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what() if callable(what) else what}")
 
 
 def fill(disk: Path, leave: int = 0) -> Path:

@@ -39,6 +39,15 @@ def nodes_idle() -> bool:
     return bool(states) and all(state == "idle" for state in states)
 
 
+def job_story(cluster, run_dir: Path, job_id: str) -> str:
+    """What a failed wait shows: the run's logs, the job as slurmctld sees it and the tail of its log."""
+    job = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
+    ctld_log = (cluster.folder / "slurmctld.log").read_text(errors="replace").splitlines()[-40:]
+    return "\n".join(
+        [logs_tail(run_dir), "--- scontrol show job", job.stdout + job.stderr, "--- slurmctld.log", *ctld_log]
+    )
+
+
 def processes_of(run_dir: Path) -> list[str]:
     """Command lines of live processes working in the run folder (launchers and ranks on both nodes)."""
     found = []
@@ -117,18 +126,30 @@ def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_clu
     def starts() -> list[dict]:
         return [r for r in read_metrics(run_dir) if r["event"] == "start"]
 
+    def story() -> str:  # read when a wait fails: the logs and the queue then
+        return job_story(slurm_cluster, run_dir, job_id)
+
     # The time limit nears: SIGTERM, a checkpoint, and (requeue on) the job goes back into the queue.
-    first = wait_for(lambda: list(checkpoints.glob("checkpoint-*")), 300, 1, "the time limit's checkpoint")
+    first = wait_for(
+        lambda: list(checkpoints.glob("checkpoint-*")), 300, 1, lambda: "the time limit's checkpoint\n" + story()
+    )
     saved_step = int(first[0].name.split("-")[1])
     assert saved_step > 0, logs_tail(run_dir)
     # Slurm holds a requeued job for 2 minutes before it may start again (BeginTime): release it now, with
     # a longer limit, so that this start is stopped by the Stop below and not by its time limit again.
-    # Released only once its last start has left both nodes: a job allocated while its old batch step still
-    # completes is killed by slurmctld ("Job credential revoked") instead of started.
-    wait_for(lambda: "BeginTime" in squeue(job_id, "%r") and nodes_idle(), 120, 1, "the job back in the queue")
+    # Released only once its last start has left both nodes, and in a later second of the clock: each slurmd
+    # revoked the job's credential when that start ended, and refuses a new one made in the same second
+    # (slurm_cred.c: ctime <= revoked, in whole seconds), so a job allocated then is not started but held.
+    wait_for(
+        lambda: "BeginTime" in squeue(job_id, "%r") and nodes_idle(),
+        120,
+        1,
+        lambda: "the job back in the queue\n" + story(),
+    )
+    time.sleep(1.1 - time.time() % 1)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now", "TimeLimit=20"], check=True)
     # The same job starts again and resumes from that checkpoint.
-    wait_for(lambda: len(starts()) == 2, 300, 1, "the requeued job's start record\n" + logs_tail(run_dir))
+    wait_for(lambda: len(starts()) == 2, 300, 1, lambda: "the requeued job's start record\n" + story())
     assert starts()[1]["resumed_from_step"] == saved_step
     assert not (run_dir / "stop.request").exists()  # the stop that ended the last start is done
     status = manager.status(run_id)
