@@ -120,7 +120,7 @@ class AfterTab(Section):
             add("after.eval_scope", gr.Radio([("final adapter and base", "final"), ("base and every checkpoint", "all")],
                                              value="final", label="Models", elem_id="after-eval-scope"))  # fmt: skip
             add("after.eval_data", gr.File(label="Evaluation data (default: the run's eval split)", type="filepath",
-                                           file_types=[".jsonl", ".json", ".csv", ".parquet"], height=90))  # fmt: skip
+                                           file_types=[".jsonl", ".json", ".csv", ".parquet"], height=130))  # fmt: skip
             add(
                 "after.eval_limit",
                 gr.Number(0, label="examples (0: all)", precision=0, minimum=0, elem_id="after-eval-limit"),
@@ -144,7 +144,10 @@ class AfterTab(Section):
                                                elem_id="after-merge-name"))  # fmt: skip
             add("after.merge", gr.Button("Merge", variant="primary", elem_id="after-merge"))
         add("after.merge_status", gr.Markdown(elem_id="after-merge-status"))
-        add("after.serve", gr.Code(label="serve.sh", language="shell", interactive=False, elem_id="after-serve"))
+        add(
+            "after.serve",
+            gr.Code(label="serve.sh", language="shell", interactive=False, visible=False, elem_id="after-serve"),
+        )  # shown once a merge wrote serve.sh
         with gr.Row():
             add("after.repo_id", gr.Textbox(label="Hub repo id (user/name)", elem_id="after-repo-id"))
             add("after.token", gr.Textbox(label="Hub token (write access)", type="password", elem_id="after-token"))
@@ -177,15 +180,16 @@ class AfterTab(Section):
             status = {} if runs else {ui["after.status"]: "No run has saved an adapter yet: train one (Job tab)."}
             return {run: gr.update(choices=runs, value=current), **self._choices(page, current), **status}
 
-        def on_run(got: Got) -> Updates:
-            return self._choices(page, got[run])
+        def on_run(got: Got) -> Updates:  # another run: the last merge's status and serve.sh were the other one's
+            merged = {ui["after.merge_status"]: "", ui["after.serve"]: gr.update(value="", visible=False)}
+            return {**self._choices(page, got[run]), **merged}
 
         picks = ["after.weights", "after.compare", "after.merge_weights", "after.eval_table", "after.eval_chart",
                  "after.eval_status"]  # fmt: skip
         listen(
             [ui["page.tab." + self.id].select], on_shown, [run], [run, ui["after.status"], *map(ui.__getitem__, picks)]
         )
-        listen([run.input], on_run, [run], [ui[i] for i in picks])
+        listen([run.input], on_run, [run], [ui[i] for i in (*picks, "after.merge_status", "after.serve")])
 
         answer_in = ["after.run", "after.weights", "after.compare", "after.prompt", *("after." + s for s in SETTINGS)]
 
@@ -232,6 +236,9 @@ class AfterTab(Section):
             if not args[1]:
                 raise AfterError("adapter: the run has saved no adapter yet")
             for updates in view.merge(args[0], args[1], (args[2] or "").strip(), args[3]):
+                if "after.serve" in updates:
+                    text = updates.pop("after.serve")
+                    updates["after.serve"] = gr.update(value=text, visible=bool(text))
                 yield {ui[k]: v for k, v in updates.items()}
 
         merge_in = {ui[i] for i in ("after.run", "after.merge_weights", "after.merge_name", "after.merge_dtype")}

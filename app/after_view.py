@@ -21,6 +21,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from tunedeck.app.charts import waiting_figure
 from tunedeck.backend.checkpoints import AfterError, list_weights
 from tunedeck.backend.eval_results import order_key, read_eval, table_rows
 from tunedeck.backend.prompting import GenerationSettings, SettingsError
@@ -278,8 +279,10 @@ def _progress_line(event: dict) -> str:
 
 
 def eval_figure(data: dict) -> go.Figure:
-    """Loss and exact match per evaluated model, base first and checkpoints by step."""
+    """Loss and exact match per evaluated model, base first and checkpoints by step (a note before any)."""
     names = sorted(data.get("results", {}), key=order_key)
+    if not names:
+        return waiting_figure("Evaluate: the loss and exact match of each model appear here.", height=220)
     results = [data["results"][n] for n in names]
     figure = go.Figure()
     figure.add_bar(x=names, y=[r.get("loss") for r in results], name="loss", marker_color="#4f46e5")

@@ -21,7 +21,7 @@ MAX_POINTS = 2000
 METRIC_PANELS = (
     ("learning_rate", "learning rate"), ("grad_norm", "grad norm"), ("tokens_per_second", "tokens / s"), ("mfu", "MFU"),
 )  # fmt: skip
-NO_MFU = "no MFU: no known<br>GPU peak (CPU run?)"
+NO_MFU = "MFU is not defined here:<br>no known peak throughput<br>(a CPU run, or a GPU not in<br>the table of peaks)"
 COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
 _LAYOUT = dict(
     margin=dict(l=50, r=20, t=40, b=40),

@@ -286,6 +286,11 @@ def measured_markdown(job: JobSpec | dict, peaks: dict[str, list[float]]) -> str
     except (SpecError, EstimateError) as exc:
         return f"(memory estimate unavailable: {escape(str(exc))})"
     predicted = {"allocated": est.allocated_gb, "reserved": est.reserved_gb}
+    if spec.launch.use_cpu:
+        return (
+            f"**A CPU run:** no GPU memory to measure. On GPUs this job would need about {format_gb(est.per_gpu_gb)} "
+            "per GPU (the Job tab's estimate)."
+        )
     lines = [
         f"**Predicted per GPU:** {format_gb(est.allocated_gb)} allocated, {format_gb(est.reserved_gb)} reserved, "
         f"{format_gb(est.per_gpu_gb)} with the CUDA context "
@@ -300,7 +305,7 @@ def measured_markdown(job: JobSpec | dict, peaks: dict[str, list[float]]) -> str
             )
             lines.append(f"**Measured peak {kind}:** {ranks}")
     if len(lines) == 1:
-        lines.append("No GPU peaks measured (a CPU run, or no step logged yet).")
+        lines.append("No GPU peaks measured yet: they come with the first logging step.")
     return "\n\n".join(lines)
 
 

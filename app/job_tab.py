@@ -19,7 +19,7 @@ from tunedeck.app.form import build_form
 from tunedeck.app.job_events import JobEvent
 from tunedeck.app.job_outputs import read_uploaded_spec
 from tunedeck.app.job_view import JOB_QUEUE, JobView
-from tunedeck.app.model_access import access_markdown
+from tunedeck.app.model_access import ModelAccessNote
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
@@ -65,7 +65,7 @@ class JobTab(Section):
         with gr.Row():
             with gr.Column(scale=6):
                 form = build_form({f.path: f.to_form(initial[f.path]) for f in FORM_FIELDS}, page.ui)
-                page.ui.add("job.model_access", gr.Markdown(access_markdown(), elem_id="model-access"))
+                self.access = ModelAccessNote(page.ui, self.initial.model.name_or_path)
                 self.preview = DatasetPreview(page.ui)
                 self.preview.build()
             with gr.Column(scale=5):
@@ -75,7 +75,7 @@ class JobTab(Section):
                 self.estimate.build_advice()
                 self.view.build_files()
         self.estimate.build_details()
-        self.view.derived += [self.estimate, self.preview]
+        self.view.derived += [self.estimate, self.preview, self.access]
 
     def wire(self, page: Page) -> None:
         view, notice = self.view, page.notice

@@ -71,6 +71,6 @@ def machine_facts(gpu: str | float | None = None, ram: float | None = None, *, m
     elif has_gpu:
         ram_gb, ram_source = sample.ram_total_gb, "this machine's RAM (psutil)"
     else:
-        ram_gb, ram_source = None, "not checked: no GPU here, so the job runs on another machine; give its RAM"
+        ram_gb, ram_source = None, "not checked: no GPU here, so a GPU job runs on another machine; give its RAM"
     smallest = min(sample.gpus, key=lambda g: g.memory_total_mb, default=None)
     return Machine(gpu_gb, gpu_source, ram_gb, ram_source, has_gpu, smallest.name if smallest else None)

@@ -65,7 +65,10 @@ def test_bad_inputs_are_messages_before_any_worker_starts(sharded_run):
 
 
 def test_evaluation_results_show_again_from_the_run_folder(sharded_run):
-    assert sharded_run.eval_view(RUN_ID)["after.eval_status"] == "not evaluated yet"
+    before = sharded_run.eval_view(RUN_ID)
+    assert before["after.eval_status"] == "not evaluated yet"
+    # No empty axes before an evaluation (plotly's default frame reads -1..6): a note in their place.
+    assert not before["after.eval_chart"].data and "Evaluate" in before["after.eval_chart"].layout.annotations[0].text
     save_results(
         sharded_run.manager.run_dir(RUN_ID),
         {"final": {"loss": 1.08123, "exact_match": 0.095}, "base": {"loss": 8.06, "exact_match": 0.0}},

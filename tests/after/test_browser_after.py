@@ -122,6 +122,7 @@ def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
 
 def test_merge_writes_the_folder_under_the_run_and_shows_its_path_and_serve_sh(page, server):
     open_after(page, server)
+    assert not page.locator("#after-serve").is_visible()  # no serve.sh before a merge wrote one
     pick(page, "after-merge-dtype", "float32")
     fill(page.locator("#after-merge-name textarea, #after-merge-name input").first, "from-page")
     page.click("#after-merge")

@@ -129,8 +129,14 @@ def test_measured_peaks_shown_beside_the_prediction(lora13b):
     text = measured_markdown(lora13b.model_dump(mode="json"), peaks)  # a run's job.yaml as a dict
     assert "rank 0" in text and "rank 1" in text and "+10%" in text and "-10%" in text
     assert "Measured peak reserved" in text and "+0%" in text and "peak while training" in text
-    assert "No GPU peaks measured" in measured_markdown(lora13b, {})
+    assert "No GPU peaks measured yet" in measured_markdown(lora13b, {})
     assert "unavailable" in measured_markdown({"method": "nonsense"}, peaks)
+
+
+def test_a_cpu_run_is_not_given_gpu_figures_as_its_own(demo_spec):
+    text = measured_markdown(demo_spec(), {})
+    assert text.startswith("**A CPU run:** no GPU memory to measure.") and "per GPU" in text
+    assert "CUDA context" not in text and "Measured peak" not in text
 
 
 def test_any_row_can_be_applied_by_its_strategy(lora13b):
