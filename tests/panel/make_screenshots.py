@@ -31,7 +31,13 @@ def main() -> int:
             page.goto(server.url)
             wait_text(page, "#recommendation", "GB per GPU")
             page.wait_for_selector("#estimate-chart .js-plotly-plot")
-            page.screenshot(path=str(docs / "screenshot.png"), full_page=True)  # the whole Job tab
+            # The whole Job tab in one tall viewport: a full-page shot of a short one catches the code view's
+            # line numbers before CodeMirror has drawn the lines it had kept out of view (they no longer match).
+            height = page.evaluate("() => document.documentElement.scrollHeight")
+            page.set_viewport_size({"width": 1440, "height": height})
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(docs / "screenshot.png"), full_page=True)
+            page.set_viewport_size({"width": 1440, "height": 1000})
             page.click("#start-run")
             wait_text(page, "#run-state", "finished", timeout=300_000)
             page.wait_for_timeout(1500)
