@@ -119,7 +119,10 @@ def test_mfu_is_charted_beside_tokens_per_second_and_a_cpu_run_says_why_not():
     cpu = metrics_figure([{"step": 1, "loss": 1.0, "tokens_per_second": 500.0}])
     assert any("MFU is not defined here" in a.text for a in cpu.layout.annotations)
     assert cpu.layout.xaxis4.visible is False and cpu.layout.yaxis4.visible is False  # no empty 0-100% axes
-    assert not any("MFU is not defined here" in a.text for a in fig.layout.annotations) and fig.layout.yaxis4.visible is not False
+    assert (
+        not any("MFU is not defined here" in a.text for a in fig.layout.annotations)
+        and fig.layout.yaxis4.visible is not False
+    )
 
 
 def test_the_charts_built_without_plotly_validation_pass_it_and_do_not_share_layouts():
@@ -142,4 +145,7 @@ def test_the_charts_built_without_plotly_validation_pass_it_and_do_not_share_lay
     assert json.loads(figures[0].to_json())["layout"]["template"]["layout"]["plot_bgcolor"] == "white"
     assert sum("MFU is not defined here" in a.text for a in metrics_figure(records).layout.annotations) == 1
     after = metrics_figure(with_mfu)
-    assert not any("MFU is not defined here" in a.text for a in after.layout.annotations) and after.layout.yaxis4.visible is not False
+    assert (
+        not any("MFU is not defined here" in a.text for a in after.layout.annotations)
+        and after.layout.yaxis4.visible is not False
+    )
