@@ -4,9 +4,10 @@ One function for the page and the CLI (`tunedeck validate`, `tunedeck estimate`)
 the same about whether a job fits. The facts come from NVML and psutil through the monitor
 (backend/monitor.py); a value given by hand (`--gpu-mem`, `--cpu-mem`, the page's boxes) wins.
 
-Host RAM is this machine's only when the job would run here: with NVIDIA GPUs here, or a CPU
-job. On a machine without GPUs the GPU job runs elsewhere, so its GPU size is assumed
-(DEFAULT_GPU_GB) and host RAM is not checked unless it is given.
+Host RAM is this machine's only when NVIDIA GPUs are here (the job would run here). On a machine
+without GPUs a GPU job runs elsewhere, so its GPU size is assumed (DEFAULT_GPU_GB) and host RAM
+is not checked unless it is given. A CPU job (the demo) is not told apart: the estimator models
+GPU memory, not a CPU job's RAM, so there is nothing of its own to check yet.
 """
 
 from __future__ import annotations
