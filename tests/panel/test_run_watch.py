@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tunedeck.app.charts import MAX_POINTS, downsample, ema, loss_figure, metrics_figure
+from tunedeck.app.charts import MAX_POINTS, NO_MFU, downsample, ema, loss_figure, metrics_figure
 from tunedeck.app.run_watch import RunWatch
 from tunedeck.backend.run_summary import facts_line, measured_peaks, summarize
 
@@ -117,12 +117,9 @@ def test_mfu_is_charted_beside_tokens_per_second_and_a_cpu_run_says_why_not():
     mfu_trace = fig.data[-1]
     assert list(mfu_trace.y) == [0.41] * 3 and fig.layout.yaxis4.tickformat == ".0%"
     cpu = metrics_figure([{"step": 1, "loss": 1.0, "tokens_per_second": 500.0}])
-    assert any("MFU is not defined here" in a.text for a in cpu.layout.annotations)
+    assert any(NO_MFU in a.text for a in cpu.layout.annotations)
     assert cpu.layout.xaxis4.visible is False and cpu.layout.yaxis4.visible is False  # no empty 0-100% axes
-    assert (
-        not any("MFU is not defined here" in a.text for a in fig.layout.annotations)
-        and fig.layout.yaxis4.visible is not False
-    )
+    assert not any(NO_MFU in a.text for a in fig.layout.annotations) and fig.layout.yaxis4.visible is not False
 
 
 def test_the_charts_built_without_plotly_validation_pass_it_and_do_not_share_layouts():
@@ -143,9 +140,6 @@ def test_the_charts_built_without_plotly_validation_pass_it_and_do_not_share_lay
     for fig in figures:
         go.Figure(fig.to_plotly_json())  # raises ValueError on anything Plotly would reject
     assert json.loads(figures[0].to_json())["layout"]["template"]["layout"]["plot_bgcolor"] == "white"
-    assert sum("MFU is not defined here" in a.text for a in metrics_figure(records).layout.annotations) == 1
+    assert sum(NO_MFU in a.text for a in metrics_figure(records).layout.annotations) == 1
     after = metrics_figure(with_mfu)
-    assert (
-        not any("MFU is not defined here" in a.text for a in after.layout.annotations)
-        and after.layout.yaxis4.visible is not False
-    )
+    assert not any(NO_MFU in a.text for a in after.layout.annotations) and after.layout.yaxis4.visible is not False
