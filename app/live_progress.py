@@ -1,12 +1,14 @@
 """A live run's progress line, polled by a few lines of page JS instead of Gradio events.
 
-Every Gradio event costs the browser far more than its answer (its page walks the component
-tree for each loading status of every component it has ever updated: app/section.py), and
-on a machine that also trains, that CPU is taken from the run. So the Run tab's Gradio
-timer ticks every 2 s (run_view.TICK_S) for the state line, charts and log, and the progress bar (step,
-elapsed time, ETA) follows the run every POLL_S through one small JSON route: a fetch and
-two DOM writes. The route sits behind the same sign-in gate as every other route
-(app/auth_gate.py) and takes only a run id, which the run manager checks.
+Every Gradio event costs the browser far more than its answer (an empty tick of the Run tab: about
+60 ms of Chromium's CPU, bench/bench_panel.py), and on a machine that also trains, that CPU is taken
+from the run. So the Run tab's Gradio timer ticks every 5 s (run_view.TICK_S) for the state line,
+charts and log, and the progress bar (step, elapsed time, ETA) follows the run every POLL_S through
+one small JSON route: a fetch and two DOM writes. The route also says the run's state: when it
+changes (queued -> running, the run ended), the poller presses the Run tab's hidden refresh button
+(run_view.REFRESH_ID), so the page shows the change at once, not at the next tick. The route sits
+behind the same sign-in gate as every other route (app/auth_gate.py) and takes only a run id, which
+the run manager checks.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from tunedeck.app.run_state_line import progress_bar
+from tunedeck.app.run_view import REFRESH_ID
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.backend.run_summary import summarize
 from tunedeck.backend.runs import RunError, RunManager
@@ -25,7 +28,7 @@ POLL_S = 0.5  # a new metrics record reaches the page within a second (bench/ben
 
 
 def run_progress(manager: RunManager, watches: RunWatches, run_id: str) -> dict:
-    """The bar of `run_id` now: {run, width, color, text, live}; RunError for an id that is not a run."""
+    """The bar of `run_id` now: {run, width, color, text, live, state}; RunError for an id that is not a run."""
     status = manager.status(run_id)
     watch = watches.get(manager.run_dir(run_id))
     watch.refresh()
@@ -44,8 +47,9 @@ def progress_route(manager: RunManager, watches: RunWatches) -> Route:
 
 
 # Runs once when the page loads. While a live run's bar is in view (the Run tab shown, the browser
-# tab visible), fetch its progress every POLL_S and write the bar's width and text; the next Gradio
-# tick's bar replaces the element, and the poller picks up the new one.
+# tab visible), fetch its progress every POLL_S and write the bar's width and text; a new state
+# presses the refresh button once. The next Gradio tick's bar replaces the element, and the
+# poller picks up the new one.
 POLL_JS = f"""
 () => {{
   let busy = false;
@@ -62,6 +66,10 @@ POLL_JS = f"""
         fill.style.background = bar.color;
         box.querySelector('.td-progress-text').textContent = bar.text;
         box.dataset.live = bar.live ? '1' : '0';
+        if (bar.state !== box.dataset.state) {{
+          box.dataset.state = bar.state;
+          document.getElementById('{REFRESH_ID}')?.click();
+        }}
       }}
     }} catch (e) {{ /* the panel restarting: the next poll tries again */ }}
     finally {{ busy = false; }}

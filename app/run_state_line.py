@@ -14,14 +14,14 @@ from tunedeck.backend.smoke import smoke_verdict
 def progress_bar(fraction: float, text: str, state: str) -> dict:
     """The bar's parts: what app/live_progress.py sends the page between ticks, and progress_html draws."""
     color = {"failed": "#dc2626", "finished": "#16a34a"}.get(state, "#4f46e5")
-    return {"width": f"{100 * fraction:.1f}%", "color": color, "text": text, "live": state in ACTIVE}
+    return {"width": f"{100 * fraction:.1f}%", "color": color, "text": text, "live": state in ACTIVE, "state": state}
 
 
 def progress_html(fraction: float, text: str, state: str, run_id: str = "") -> str:
-    """The bar; a live run's carries its id, for the page's progress poller (app/live_progress.py)."""
+    """The bar; a live run's carries its id and state, for the page's progress poller (app/live_progress.py)."""
     bar = progress_bar(fraction, text, state)
     return (
-        f"<div class='td-progress' data-run='{escape(run_id)}' data-live='{int(bar['live'])}'>"
+        f"<div class='td-progress' data-run='{escape(run_id)}' data-live='{int(bar['live'])}' data-state='{escape(state)}'>"
         f"<div class='td-progress-track'><div class='td-progress-fill' "
         f"style='width:{bar['width']};background:{bar['color']}'></div></div>"
         f"<div class='td-progress-text'>{escape(text)}</div></div>"

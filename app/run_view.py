@@ -29,11 +29,14 @@ from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.smoke import start_smoke_run
 
 # The state line, charts and log follow a live run every TICK_S (each Gradio event costs the browser far more
-# than its answer); the progress bar follows it between ticks (app/live_progress.py).
-TICK_S = 2.0
+# than its answer: an empty tick about 60 ms of Chromium's CPU); the progress bar follows it between ticks, and
+# a change of state is shown at once: the bar's poller presses the hidden refresh button (app/live_progress.py).
+TICK_S = 5.0
+REFRESH_ID = "run-refresh"
 # Redrawing the two Plotly charts is the browser's largest cost after that: new records redraw them at most
-# this often while the run is live (every third tick); a new run, ended run or changed chart option at once.
-CHARTS_EVERY_S = 5.0
+# this often while the run is live (at each tick; not again at a refresh or a name saved in between); a new run,
+# ended run or changed chart option at once. Under TICK_S: a timer's tick may come a little early.
+CHARTS_EVERY_S = TICK_S - 1
 NO_STEP_YET = "No training step logged yet: the loss appears here after the first logging step."
 
 
@@ -137,6 +140,8 @@ class RunView(Section):
             "run.table", gr.Dataframe(headers=TABLE_HEADERS, interactive=False, elem_id="runs-table", wrap=True)
         )
         self.shown = add("run.shown", gr.State(RunShown()))
+        # Pressed by the progress poller, not by people, when a live run's state changes (app/live_progress.py).
+        self.refresh = add("run.refresh", gr.Button("Refresh", visible="hidden", elem_id=REFRESH_ID))
 
     @property
     def outputs(self) -> list:
@@ -347,6 +352,14 @@ class RunView(Section):
             outputs=self.outputs,
             show_progress="hidden",
         )
+        listen(
+            [self.refresh.click],
+            lambda got: self.redraw(got),
+            inputs=self.inputs,
+            outputs=self.outputs,
+            show_progress="hidden",
+            trigger_mode="always_last",
+        )
         options = [self.smoothing.input, self.log_scale.input, self.overlay.input]
         listen(
             options,
@@ -392,6 +405,8 @@ FOLLOW_LOG_JS = """
 
 CSS = """
 .td-progress-track { height: 14px; border-radius: 7px; background: var(--background-fill-secondary); overflow: hidden; }
-.td-progress-fill { height: 100%; transition: width 0.5s; }
+/* No transition: a bar that moves every half second would animate (and lay out the page) all the time. */
+.td-progress-track { contain: strict; }
+.td-progress-fill { height: 100%; }
 .td-progress-text { font-size: 0.9em; margin-top: 4px; }
 """

@@ -201,11 +201,11 @@ def test_a_live_runs_tick_redraws_only_what_grew_and_its_bar_is_polled_between_t
                            "supervisor": process_identity(os.getpid())})  # fmt: skip
     first = run.render(RunShown())
     assert "running" in first["status"] and "loss_chart" in first  # a run newly shown: everything
-    assert f"data-run='{RUN_ID}' data-live='1'" in first["progress"]
+    assert f"data-run='{RUN_ID}' data-live='1' data-state='running'" in first["progress"]
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"event": "log", "step": 4, "max_steps": 6, "loss": 0.5}) + "\n")
     polled = run_progress(run.view.manager, run.view.watches, RUN_ID)  # the page's poller, before the next tick
-    assert polled["run"] == RUN_ID and polled["live"] and polled["width"] == "66.7%"
+    assert polled["run"] == RUN_ID and polled["live"] and polled["width"] == "66.7%" and polled["state"] == "running"
     assert polled["text"].startswith("step 4/6")
     soon = run.render(first["shown"])
     assert "step 4/6" in soon["progress"] and "0.5000" in soon["summary"]
