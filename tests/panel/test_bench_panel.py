@@ -24,3 +24,10 @@ def test_panel_bench_reports_overhead_latency_and_memory(tmp_path, demo_home, ta
     assert report["latency_samples"] == 5 and 0 < report["latency_p50_s"] <= report["latency_p95_s"] < 30
     assert 50 < report["panel_rss_mib"] < 4096  # a Python process with gradio loaded, not torch
     assert 0 < report["panel_cpu_cores"] < 2 and 0 < report["browser_cpu_cores"] < 2  # where the cost goes
+
+
+def test_run_tab_bench_reports_the_cores_a_live_run_tab_costs(tmp_path, demo_home):
+    """bench/bench_run_tab.py: a synthetic live run on the Run tab, and the CPU of Chromium and the panel."""
+    report, stderr = run_bench("bench_run_tab.py", "--secs", "3", "--windows", "2", folder=tmp_path)
+    assert len(report["browser_cores"]) == len(report["panel_cores"]) == 2, stderr
+    assert all(0 < cores < 2 for cores in report["browser_cores"] + report["panel_cores"])  # a live page works
