@@ -206,11 +206,19 @@ class LocalCluster:
         while time.monotonic() < deadline:
             dead = [p.args[0] for p in self._daemons if p.poll() is not None]
             if dead:
-                raise ClusterUnavailable(f"{', '.join(dead)} exited at start: see the logs in {self.folder}")
+                raise ClusterUnavailable(f"{', '.join(dead)} exited at start:\n{self._log_tails()}")
             if ready():
                 return
             time.sleep(0.5)
-        raise ClusterUnavailable(f"timed out after {timeout:.0f} s waiting for {what}: see the logs in {self.folder}")
+        raise ClusterUnavailable(f"timed out after {timeout:.0f} s waiting for {what}:\n{self._log_tails()}")
+
+    def _log_tails(self, lines: int = 15) -> str:
+        """The end of each daemon's log: the folder is removed when a start fails, and CI keeps only the message."""
+        assert self.folder is not None
+        return "\n".join(
+            f"--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+            for log in sorted(self.folder.glob("*.out"))
+        )
 
     def cancel_all(self) -> None:
         """Cancel every job of this cluster (between tests: a job left behind would hold the nodes)."""
