@@ -1,14 +1,15 @@
 """A live run's progress line, polled by a few lines of page JS instead of Gradio events.
 
 Every Gradio event costs the browser far more than its answer (an empty tick of the Run tab: about
-60 ms of Chromium's CPU, bench/bench_panel.py), and on a machine that also trains, that CPU is taken
+60 ms of Chromium's CPU, bench/bench_run_tab.py), and on a machine that also trains, that CPU is taken
 from the run. So the Run tab's Gradio timer ticks every 5 s (run_view.TICK_S) for the state line,
 charts and log, and the progress bar (step, elapsed time, ETA) follows the run every POLL_S through
 one small JSON route: a fetch and two DOM writes. The route also says the run's state: when it
 changes (queued -> running, the run ended), the poller presses the Run tab's hidden refresh button
-(run_view.REFRESH_ID), so the page shows the change at once, not at the next tick. The route sits
+(REFRESH_ID), so the page shows the change at once, not at the next tick. The route sits
 behind the same sign-in gate as every other route (app/auth_gate.py) and takes only a run id, which
-the run manager checks.
+the run manager checks. FOLLOW_LOG_JS, the other page-side script of a live run, keeps the log's
+newest lines in view.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from tunedeck.app.run_state_line import progress_bar
-from tunedeck.app.run_view import REFRESH_ID
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.backend.run_summary import summarize
 from tunedeck.backend.runs import RunError, RunManager
 
 PATH = "/tunedeck/run-progress"
+REFRESH_ID = "run-refresh"  # the Run tab's hidden button that the poller presses (run_view.py)
 POLL_S = 0.5  # a new metrics record reaches the page within a second (bench/bench_panel.py)
 
 
@@ -75,4 +76,21 @@ POLL_JS = f"""
     finally {{ busy = false; }}
   }}, {int(POLL_S * 1000)});
 }}
+"""
+
+
+# Scrolls the log to its end after each update, unless the reader scrolled up (then it stays put
+# until they scroll back down). Browser-side only: no server round trip.
+FOLLOW_LOG_JS = """
+() => setTimeout(() => {
+  const box = document.querySelector('#run-log textarea');
+  if (!box) return;
+  if (box.dataset.follow === undefined) {
+    box.dataset.follow = '1';
+    box.addEventListener('scroll', () => {
+      box.dataset.follow = box.scrollTop + box.clientHeight >= box.scrollHeight - 24 ? '1' : '0';
+    });
+  }
+  if (box.dataset.follow === '1') box.scrollTop = box.scrollHeight;
+}, 50)
 """

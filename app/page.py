@@ -13,7 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from tunedeck.app import after_tab, monitor_view, run_view
+from tunedeck.app import after_tab, monitor_view, run_state_line
 from tunedeck.app.errors import user_message
 from tunedeck.app.estimate_panel import measured_vs_predicted
 from tunedeck.app.form_marks import JUMP_JS
@@ -58,7 +58,7 @@ CSS = (
 #file-tabs { gap: 4px; }
 """
     + monitor_view.CSS
-    + run_view.CSS
+    + run_state_line.CSS
     + after_tab.CSS
 )
 

@@ -64,3 +64,14 @@ def state_line(status: RunStatus, facts: RunFacts, step: int, run_id: str, run_d
     if facts.smoke:
         line += "\n\n" + smoke_line(run_dir, status.state)
     return line
+
+
+# The bar's styles. No transition: a bar that moves every half second would animate (and lay out the page) all the
+# time; the track's size never depends on its fill.
+CSS = """
+.td-progress-track {
+  height: 14px; border-radius: 7px; background: var(--background-fill-secondary); overflow: hidden; contain: strict;
+}
+.td-progress-fill { height: 100%; }
+.td-progress-text { font-size: 0.9em; margin-top: 4px; }
+"""

@@ -15,6 +15,7 @@ from html import escape
 import gradio as gr
 
 from tunedeck.app.charts import loss_figure, metrics_figure, series, waiting_figure
+from tunedeck.app.live_progress import FOLLOW_LOG_JS, REFRESH_ID
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, run_choices, table_row
 from tunedeck.app.run_state_line import progress_html, state_line
@@ -32,7 +33,6 @@ from tunedeck.backend.smoke import start_smoke_run
 # than its answer: an empty tick about 60 ms of Chromium's CPU); the progress bar follows it between ticks, and
 # a change of state is shown at once: the bar's poller presses the hidden refresh button (app/live_progress.py).
 TICK_S = 5.0
-REFRESH_ID = "run-refresh"
 # Redrawing the two Plotly charts is the browser's largest cost after that: new records redraw them at most
 # this often while the run is live (at each tick; not again at a refresh or a name saved in between); a new run,
 # ended run or changed chart option at once. Under TICK_S: a timer's tick may come a little early.
@@ -384,29 +384,3 @@ class RunView(Section):
         # Gradio 6's Textbox autoscroll follows only the first update: keep the newest lines in view ourselves.
         self.log.change(None, js=FOLLOW_LOG_JS, show_progress="hidden")
         page.ui["page.tab.run"].select(None, js=FOLLOW_LOG_JS)  # a log filled while the tab was hidden opens at its end
-
-
-# Scrolls the log to its end after each update, unless the reader scrolled up (then it stays put
-# until they scroll back down). Browser-side only: no server round trip.
-FOLLOW_LOG_JS = """
-() => setTimeout(() => {
-  const box = document.querySelector('#run-log textarea');
-  if (!box) return;
-  if (box.dataset.follow === undefined) {
-    box.dataset.follow = '1';
-    box.addEventListener('scroll', () => {
-      box.dataset.follow = box.scrollTop + box.clientHeight >= box.scrollHeight - 24 ? '1' : '0';
-    });
-  }
-  if (box.dataset.follow === '1') box.scrollTop = box.scrollHeight;
-}, 50)
-"""
-
-
-CSS = """
-.td-progress-track { height: 14px; border-radius: 7px; background: var(--background-fill-secondary); overflow: hidden; }
-/* No transition: a bar that moves every half second would animate (and lay out the page) all the time. */
-.td-progress-track { contain: strict; }
-.td-progress-fill { height: 100%; }
-.td-progress-text { font-size: 0.9em; margin-top: 4px; }
-"""
