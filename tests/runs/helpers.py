@@ -41,11 +41,14 @@ def end_record(run_dir: Path) -> dict:
 
 def logs_tail(run_dir: Path, lines: int = 30) -> str:
     """The end of every log of a run, for assertion messages."""
-    out = []
-    for log in sorted((Path(run_dir) / "logs").glob("*.log")):
-        text = log.read_text(errors="replace").splitlines()[-lines:]
-        out.append(f"--- {log.name}\n" + "\n".join(text))
-    return "\n".join(out)
+    return files_tail(sorted((Path(run_dir) / "logs").glob("*.log")), lines)
+
+
+def files_tail(paths: list[Path], lines: int = 30) -> str:
+    """The last `lines` lines of each file, under its name."""
+    return "\n".join(
+        f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) for path in paths
+    )
 
 
 def status_json(run_dir: Path) -> dict:

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from runs.helpers import files_tail
+
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 COMMANDS = ["slurmctld", "slurmd", "sbatch", "munged"]
 NODES = ("n0", "n1")
@@ -212,13 +214,10 @@ class LocalCluster:
             time.sleep(0.5)
         raise ClusterUnavailable(f"timed out after {timeout:.0f} s waiting for {what}:\n{self._log_tails()}")
 
-    def _log_tails(self, lines: int = 15) -> str:
+    def _log_tails(self) -> str:
         """The end of each daemon's log: the folder is removed when a start fails, and CI keeps only the message."""
         assert self.folder is not None
-        return "\n".join(
-            f"--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-            for log in sorted(self.folder.glob("*.out"))
-        )
+        return files_tail(sorted(self.folder.glob("*.out")), lines=15)
 
     def cancel_all(self) -> None:
         """Cancel every job of this cluster (between tests: a job left behind would hold the nodes)."""
