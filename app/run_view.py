@@ -9,7 +9,7 @@ idle page costs a stat or two per second.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from html import escape
 
 import gradio as gr
@@ -33,10 +33,21 @@ from tunedeck.backend.smoke import start_smoke_run
 # than its answer: an empty tick about 60 ms of Chromium's CPU); the progress bar follows it between ticks, and
 # a change of state is shown at once: the bar's poller presses the hidden refresh button (app/live_progress.py).
 TICK_S = 5.0
-# Redrawing the two Plotly charts is the browser's largest cost after that: new records redraw them at most
-# this often while the run is live (at each tick; not again at a refresh or a name saved in between); a new run,
-# ended run or changed chart option at once. Under TICK_S: a timer's tick may come a little early.
-CHARTS_EVERY_S = TICK_S - 1
+# Redrawing the two Plotly charts is the browser's largest cost after that (about half of the tab's, with a
+# record every second: bench/bench_run_tab.py). A live run's new records redraw them at most every
+# charts_every_s(age): at each tick in a run's first minutes, then less often as the run grows (a redraw adds a
+# smaller share of the chart), every 30 s from its tenth minute, as TensorBoard reloads. A new run, an eval loss,
+# an ended run or a changed chart option redraw them at once.
+CHARTS_EVERY_S = TICK_S - 1  # under TICK_S: a timer's tick may come a little early
+CHARTS_EVERY_MAX_S = 30.0
+CHARTS_EVERY_SHARE = 0.05  # of the run's age
+
+
+def charts_every_s(age_s: float) -> float:
+    """How long a live run's charts stay as drawn, `age_s` seconds after it started."""
+    return min(CHARTS_EVERY_MAX_S, max(CHARTS_EVERY_S, CHARTS_EVERY_SHARE * age_s))
+
+
 NO_STEP_YET = "No training step logged yet: the loss appears here after the first logging step."
 
 
@@ -53,12 +64,25 @@ class RunShown:
     charts_sig: tuple | None = None  # (chart options, data versions) the charts and memory were drawn from
     charts_at: float = 0.0  # when the charts were last drawn (time.monotonic() of the panel)
     log_sig: tuple | None = None  # what the log box was drawn from
+    texts: dict = field(default_factory=dict)  # output id -> hash of what it shows (the detail outputs)
+    bar_sig: tuple | None = None  # what the progress bar was drawn from: a live run's stream moves it in between
 
     def picked(self, run_id: str | None) -> RunShown:
         """What to show once the user picks `run_id` (none: follow the live run). Boxes that already hold its
         name and notes are kept: they may hold what the user began typing before this answer arrived."""
         run_id = run_id or None
         return RunShown(run=run_id, follow=not run_id, notes_run=self.notes_run if self.notes_run == run_id else None)
+
+    def unchanged(self, out: Updates, outputs: list) -> None:
+        """Drop from `out` the values among `outputs` that the browser already shows: each output sent costs the
+        page its own update (Gradio's loading state and a redraw), even when its value is the same."""
+        for component in outputs:
+            if component in out:
+                key, value = component._id, hash(repr(out[component]))
+                if self.texts.get(key) == value:
+                    del out[component]
+                else:
+                    self.texts[key] = value
 
 
 class RunView(Section):
@@ -152,6 +176,12 @@ class RunView(Section):
         ]  # fmt: skip
 
     @property
+    def details(self) -> list:
+        """The outputs a tick of a live run sends again when anything about the run changed: only the changed ones
+        go (RunShown.unchanged)."""
+        return [self.status, self.facts, self.summary, self.error, self.stop, self.resume, self.memory]
+
+    @property
     def inputs(self) -> list:
         """What a redraw reads: what the browser shows, and the chart options."""
         return [self.shown, self.smoothing, self.log_scale, self.overlay]
@@ -165,8 +195,9 @@ class RunView(Section):
         self, old: RunShown, smoothing: float, log_scale: bool, overlay: str | None, force: bool = False
     ) -> Updates:
         """The outputs that differ from what `old` drew (all of them with `force`)."""
-        shown, out = replace(old), {}
+        shown, out = replace(old, texts={} if force else dict(old.texts)), {}
         self._draw(shown, out, smoothing, log_scale, overlay, force)
+        shown.unchanged(out, self.details)
         if shown != old:
             out[self.shown] = shown
         return out
@@ -214,9 +245,13 @@ class RunView(Section):
         new_run = force or shown.shown_run != run_id
         details_due = new_run or shown.sig != sig
         # Charts and log only when their own data grew (a progress bar rewrites the log far more often than a step
-        # logs); the charts of a live run at most every CHARTS_EVERY_S.
-        plots = ((run_id, overlay, smoothing, log_scale), (watch.records_version, other and other.records_version))
-        late = status.state not in ACTIVE or time.monotonic() - shown.charts_at >= CHARTS_EVERY_S
+        # logs); the charts of a live run at most every charts_every_s.
+        plots = (
+            (run_id, overlay, smoothing, log_scale, watch.evals),
+            (watch.records_version, other and other.records_version),
+        )
+        age = time.time() - (status.started_at or time.time())
+        late = status.state not in ACTIVE or time.monotonic() - shown.charts_at >= charts_every_s(age)
         drawn = shown.charts_sig or (None, None)
         charts_due = new_run or drawn[0] != plots[0] or (drawn[1] != plots[1] and late)
         log_due = new_run or shown.log_sig != (run_id, watch.log_version)
@@ -228,13 +263,15 @@ class RunView(Section):
             results = report(watch, status.started_at, status.ended_at).line() if watch.records else ""
             out.update({
                 self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
-                self.progress: bar,
                 self.facts: summary.facts,
                 self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" if results else "",
                 self.error: gr.update(value=status.error or "", visible=bool(status.error)),
                 self.stop: gr.update(interactive=status.state in ("queued", "running")),
                 self.resume: gr.update(interactive=facts.checkpoint is not None),
             })  # fmt: skip
+        bar_sig = (run_id, status.state, None if status.state in ACTIVE else watch.records_version)
+        if new_run or shown.bar_sig != bar_sig:  # a live run's bar moves with its stream (app/live_progress.py)
+            shown.bar_sig, out[self.progress] = bar_sig, bar
         if charts_due:
             shown.charts_sig, shown.charts_at = plots, time.monotonic()
             out.update({

@@ -221,6 +221,7 @@ class RunRecords:
     start: StartRecord | None = None
     records: list[LogRecord] = field(default_factory=list)  # the log records, in order
     end: EndRecord | None = None
+    evals: int = 0  # the log records that carry an eval loss
 
     def add(self, new: list[Record]) -> bool:
         """Take new records in; True when there were any."""
@@ -231,6 +232,7 @@ class RunRecords:
                 self.end = record
             else:
                 self.records.append(record)
+                self.evals += "eval_loss" in record
         return bool(new)
 
     @property

@@ -4,10 +4,12 @@ A synthetic live run (a run folder owned by this process, as a supervisor would 
 metrics records 15 times a second and rank-0 log lines as the demo writes them; the panel shows
 it on the Run tab in headless Chromium. Reported: the cores Chromium (all its processes) and the
 panel process used over each window. `--panel-env PYTHONPATH=DIR` runs the panel from another
-checkout (DIR/tunedeck a link to it) for a side-by-side comparison; `--profile F` writes Chrome's
+checkout (DIR/tunedeck a link to it) for a side-by-side comparison; `--age-min M` shows a run
+that started M minutes ago (its records since then written first); `--profile F` writes Chrome's
 CPU profile of the last window (open it in Chrome's DevTools).
 
-    .venv/bin/python bench/bench_run_tab.py [--secs 30] [--windows 2] [--panel-env K=V] [--profile F] [--json F]
+    .venv/bin/python bench/bench_run_tab.py [--secs 30] [--windows 2] [--age-min 0] [--panel-env K=V] [--profile F]
+        [--json F]
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ STEPS = 1_000_000  # the run never ends while measured
 RECORD_EVERY_S = 1 / 15  # the demo's pace on this machine
 
 
-def live_run(runs_dir: Path, stop: threading.Event) -> str:
-    """A run folder the panel takes for live (its supervisor: this process), written to until `stop`."""
+def live_run(runs_dir: Path, stop: threading.Event, age_s: float = 0) -> str:
+    """A run folder the panel takes for live (its supervisor: this process), written to until `stop`; started
+    `age_s` ago, with the records of those seconds already written."""
     export = runs_dir.parent / "export"
     tunedeck = Path(sys.executable).parent / "tunedeck"
     subprocess.run([str(tunedeck), "export", "demo", "-o", str(export)], check=True, capture_output=True)
@@ -47,37 +50,45 @@ def live_run(runs_dir: Path, stop: threading.Event) -> str:
     run_dir.mkdir()
     (run_dir / "job.yaml").write_text((export / "job.yaml").read_text())
     now = time.time()
+    start = now - age_s
     write_status(run_dir, {"run_id": run_id, "state": "running", "title": "demo · lora · ddp · 2xCPU",
-                           "created_at": now, "started_at": now, "ended_at": None, "exit_code": None,
+                           "created_at": start, "started_at": start, "ended_at": None, "exit_code": None,
                            "error": None, "gpu_ids": None, "supervisor": process_identity(os.getpid()),
                            "launcher": None})  # fmt: skip
     metrics, log = run_dir / "metrics.jsonl", run_dir / rank_log(0)
-    metrics.write_text(json.dumps({"event": "start", "time": now, "world_size": 2, "max_steps": STEPS}) + "\n")
+    past = int(age_s / RECORD_EVERY_S)
+    lines = [{"event": "start", "time": start, "world_size": 2, "max_steps": STEPS}]
+    lines += [record(step, start + step * RECORD_EVERY_S) for step in range(1, past + 1)]
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
     log.parent.mkdir(parents=True, exist_ok=True)
 
     def write() -> None:
-        step = 0
+        step = past
         with open(metrics, "a") as m, open(log, "a") as lg:
             while not stop.wait(RECORD_EVERY_S):
                 step += 1
-                loss = 3 / (1 + step / 300)
-                record = {"event": "log", "time": time.time(), "step": step, "max_steps": STEPS, "loss": loss,
-                          "learning_rate": 1e-4, "grad_norm": 1.0, "tokens_per_second": 5000.0}  # fmt: skip
-                m.write(json.dumps(record) + "\n")
+                m.write(json.dumps(record(step, time.time())) + "\n")
                 m.flush()
                 lg.write(f"\r{step}/{STEPS} [00:10<01:00, 15.00it/s]")  # a progress bar rewriting its line
                 if step % 50 == 0:
-                    lg.write(f"\n{{'loss': {loss:.4f}, 'step': {step}}}\n")
+                    lg.write(f"\n{{'loss': {record(step, 0)['loss']:.4f}, 'step': {step}}}\n")
                 lg.flush()
 
     threading.Thread(target=write, daemon=True).start()
     return run_id
 
 
+def record(step: int, at: float) -> dict:
+    loss = 3 / (1 + step / 300)
+    return {"event": "log", "time": at, "step": step, "max_steps": STEPS, "loss": loss, "learning_rate": 1e-4,
+            "grad_norm": 1.0, "tokens_per_second": 5000.0}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--secs", type=float, default=30, help="seconds per window (default 30)")
     parser.add_argument("--windows", type=int, default=2, help="windows measured one after another (default 2)")
+    parser.add_argument("--age-min", type=float, default=0, help="the run started this long ago (default 0)")
     parser.add_argument("--panel-env", action="append", default=[], metavar="K=V", help="the panel's environment")
     parser.add_argument("--profile", type=Path, help="write Chrome's CPU profile of the last window here")
     parser.add_argument("--json", type=Path, help="also write the report here")
@@ -91,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         runs_dir.mkdir()
         server = PanelServer(runs_dir, "--preset", "demo", env=dict(kv.split("=", 1) for kv in args.panel_env))
         try:
-            run_id = live_run(runs_dir, stop)
+            run_id = live_run(runs_dir, stop, 60 * args.age_min)
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -118,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     report = {
         "secs": args.secs,
+        "age_min": args.age_min,
         "panel_env": args.panel_env,
         "browser_cores": [w["browser"] for w in windows],
         "panel_cores": [w["panel"] for w in windows],

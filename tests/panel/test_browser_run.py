@@ -78,7 +78,7 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
     facts = text_of(page, "#run-facts")
     assert "2 ranks · DDP" in facts and "of parameters trainable" in facts
     assert "ETA" in text_of(page, "#run-progress") and f"/{LONG_RUN}" in text_of(page, "#run-progress")
-    # The bar moves between the tab's Gradio ticks (every 5 s): its own small poll follows the run.
+    # The bar moves between the tab's Gradio ticks (every 5 s): the stream opened for it follows the run.
     urls, seen = [], set()
 
     def sent(request):
@@ -90,20 +90,20 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
         seen.add(text_of(page, "#run-progress"))
         page.wait_for_timeout(100)
     page.remove_listener("request", sent)
-    polls, ticks = sum("tunedeck/run-progress" in u for u in urls), sum("queue/join" in u for u in urls)
-    assert len(seen) >= 4 and polls >= 5 and ticks <= 2, (seen, polls, ticks)  # ticks alone: 1 at most
+    streams, ticks = sum("tunedeck/run-progress" in u for u in urls), sum("queue/join" in u for u in urls)
+    assert len(seen) >= 4 and streams == 0 and ticks <= 2, (seen, streams, ticks)  # ticks alone: 1 at most
     assert set(plot_points(page, "metrics-chart")) >= {"learning rate", "grad norm", "tokens / s"}
 
     run_dir = server.runs_dir / run_id
     processes = run_processes(run_dir)  # the launcher and both ranks, while they run
     assert len(processes) >= 3
-    # The end is shown when the poll sees it, not at the next tick: the poller presses the hidden refresh button.
+    # The end is shown when the stream says it, not at the next tick: the page presses the hidden refresh button.
     refresh, events = event_index(server.url, "click", "run-refresh"), []
     page.on("request", lambda r: "queue/join" in r.url and events.append(json.loads(r.post_data or "{}")))
     page.click("#stop-run")
     wait_text(page, "#run-state", "stopped", timeout=120_000)
     assert json.loads((run_dir / "status.json").read_text())["state"] == "stopped"
-    assert refresh in [e.get("fn_index") for e in events], "the stop was shown by a tick, not by the poller's refresh"
+    assert refresh in [e.get("fn_index") for e in events], "the stop was shown by a tick, not by the stream's refresh"
     wait_for(
         lambda: not still_alive(processes) and not processes_working_in(run_dir), 20, what="the run's processes to exit"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from tunedeck.app.run_index import TABLE_HEADERS
 from tunedeck.app.run_view import RunShown, RunView
 from tunedeck.app.section import Page
 from tunedeck.backend.runs import RunManager
-from tunedeck.backend.supervisor import process_identity, write_status
+from tunedeck.backend.supervisor import process_identity, update_status, write_status
 
 RUN_ID = "20250101-120000-a1b2c3"
 
@@ -148,8 +149,6 @@ def test_damaged_run_folders_are_one_row_each_and_break_nothing(run, tmp_path):
 
 
 def test_hints_follow_the_state_and_resume_needs_a_checkpoint(run, tmp_path):
-    from tunedeck.backend.supervisor import update_status
-
     run_dir = tmp_path / RUN_ID
     (run_dir / "notes.json").write_text('{"name": "baseline", "notes": "first try"}')
     first = run.render(RunShown())
@@ -159,7 +158,7 @@ def test_hints_follow_the_state_and_resume_needs_a_checkpoint(run, tmp_path):
 
     update_status(run_dir, state="stopped")
     stopped = run.render(first["shown"])
-    assert "no checkpoint was saved" in stopped["status"] and stopped["resume"]["interactive"] is False
+    assert "no checkpoint was saved" in stopped["status"] and "resume" not in stopped  # still not interactive
     (run_dir / "output" / "checkpoint-3").mkdir(parents=True)
     update_status(run_dir, state="failed")  # a new state: the folder is looked at again
     failed = run.render(stopped["shown"])
@@ -191,10 +190,11 @@ def test_before_the_first_step_the_loss_chart_says_so_instead_of_empty_axes(run,
     assert out["metrics_chart"]["visible"] is False and out["summary"] == ""
 
 
-def test_a_live_runs_tick_redraws_only_what_grew_and_its_bar_is_polled_between_ticks(run, tmp_path, monkeypatch):
+def test_a_live_runs_tick_redraws_only_what_grew_and_its_bar_moves_with_its_stream(run, tmp_path, monkeypatch):
     """Drawing charts and the log is what costs the browser (and a CPU run) the most: each is redrawn only when
-    its own data grew, the charts of a live run every few seconds (a chart option at once). The bar of a live run
-    names the run, and its progress route answers between ticks."""
+    its own data grew, the charts of a live run every few seconds (a chart option or an eval loss at once), and
+    an output whose value did not change is not sent again. The bar of a live run names the run and moves with
+    its stream between ticks (app/live_progress.py): the ticks draw it again only at a change of state."""
     run_dir = tmp_path / RUN_ID
     status = json.loads((run_dir / "status.json").read_text())
     write_status(run_dir, {**status, "state": "running", "ended_at": None, "exit_code": None,
@@ -204,19 +204,73 @@ def test_a_live_runs_tick_redraws_only_what_grew_and_its_bar_is_polled_between_t
     assert f"data-run='{RUN_ID}' data-live='1' data-state='running'" in first["progress"]
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"event": "log", "step": 4, "max_steps": 6, "loss": 0.5}) + "\n")
-    polled = run_progress(run.view.manager, run.view.watches, RUN_ID)  # the page's poller, before the next tick
+    polled = run_progress(run.view.manager, run.view.watches, RUN_ID)  # what the stream sends, between ticks
     assert polled["run"] == RUN_ID and polled["live"] and polled["width"] == "66.7%" and polled["state"] == "running"
     assert polled["text"].startswith("step 4/6")
     soon = run.render(first["shown"])
-    assert "step 4/6" in soon["progress"] and "0.5000" in soon["summary"]
+    assert "0.5000" in soon["summary"] and "progress" not in soon  # the stream moved the bar
+    assert not {"status", "facts", "stop", "resume", "error"} & set(soon)  # the same values: not sent again
     assert "loss_chart" not in soon and "log" not in soon  # the charts wait; the log did not grow
     assert "loss_chart" in run.render(soon["shown"], log_scale=True)  # a chart option: at once
-    monkeypatch.setattr("tunedeck.app.run_view.CHARTS_EVERY_S", 0)
+    monkeypatch.setattr("tunedeck.app.run_view.charts_every_s", lambda age_s: 0)
     later = run.render(soon["shown"])
     assert len(later["loss_chart"].data[0].x) == 4 and "log" not in later
-    assert set(run.render(later["shown"])) == {"shown"}  # nothing new: nothing sent (the poller moves the clock)
+    assert set(run.render(later["shown"])) == {"shown"}  # nothing new: nothing sent (the stream moves the clock)
     # A progress bar rewriting the log between logged steps redraws the log alone, never the charts.
     with open(run_dir / "logs" / "rank0.log", "a") as f:
         f.write("  5%|▌ | 4/6\r 67%|██████ | 4/6\n")
     bar = run.render(later["shown"])
     assert set(bar) == {"log", "shown"} and bar["log"]["value"].endswith(" 67%|██████ | 4/6")
+    monkeypatch.undo()
+    monkeypatch.setattr("tunedeck.app.run_watch.MIN_REFRESH_S", 0)
+    with open(run_dir / "metrics.jsonl", "a") as f:  # an eval loss is what a reader waits for: drawn at once
+        f.write(json.dumps({"event": "log", "step": 4, "max_steps": 6, "eval_loss": 0.7}) + "\n")
+    evaluated = run.render(bar["shown"])
+    assert "this run eval loss" in [t.name for t in evaluated["loss_chart"].data] and "progress" not in evaluated
+    update_status(run_dir, state="finished", ended_at=time.time())
+    ended = run.render(evaluated["shown"])
+    assert "data-live='0' data-state='finished'" in ended["progress"] and "finished" in ended["status"]
+    assert "stop" in ended and "facts" not in ended
+
+
+def test_a_live_runs_charts_are_redrawn_less_often_as_the_run_grows_longer():
+    from tunedeck.app.run_view import TICK_S, charts_every_s
+
+    assert charts_every_s(0) < TICK_S and charts_every_s(60) < TICK_S  # each tick in the first minutes
+    assert TICK_S < charts_every_s(300) < charts_every_s(480) < 30  # then less often
+    assert charts_every_s(600) == charts_every_s(86_400) == 30  # every 30 s from the tenth minute, as TensorBoard
+
+
+@pytest.mark.timeout(30)  # a stream that did not end would hang here
+def test_the_progress_stream_sends_each_change_of_the_bar_and_ends_with_the_run(run, tmp_path, monkeypatch):
+    """The page's stream of a live run's bar, through the panel's HTTP route: the bar at once, a new one when a
+    record arrives, the final one when the run ends, and then the stream closes (the page opens no other)."""
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from tunedeck.app import live_progress
+
+    monkeypatch.setattr(live_progress, "POLL_S", 0.05)
+    run_dir = tmp_path / RUN_ID
+    status = json.loads((run_dir / "status.json").read_text())
+    write_status(run_dir, {**status, "state": "running", "ended_at": None, "exit_code": None,
+                           "supervisor": process_identity(os.getpid())})  # fmt: skip
+    app = Starlette(routes=[live_progress.progress_route(run.view.manager, run.view.watches)])
+    bars = []
+    with TestClient(app) as client, client.stream("GET", f"{live_progress.PATH}?run={RUN_ID}") as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        for line in reply.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            bars.append(json.loads(line.removeprefix("data: ")))
+            if len(bars) == 1:
+                with open(run_dir / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps({"event": "log", "step": 5, "max_steps": 6, "loss": 0.4}) + "\n")
+            elif bars[-1]["text"].startswith("step 5/6"):
+                update_status(run_dir, state="finished", ended_at=time.time())
+    texts = [bar["text"].split(" ·")[0] for bar in bars]
+    assert texts[0] == "step 3/3" and "step 5/6" in texts, texts
+    assert bars[-1]["state"] == "finished" and not bars[-1]["live"] and bars[-1]["color"] == "#16a34a"
+    assert all(bar["live"] for bar in bars[:-1]) and all(a != b for a, b in itertools.pairwise(bars))  # changes only
+    with TestClient(app) as client:
+        assert client.get(f"{live_progress.PATH}?run=../../etc/passwd").status_code == 404
