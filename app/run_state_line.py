@@ -18,7 +18,7 @@ def progress_bar(fraction: float, text: str, state: str) -> dict:
 
 
 def progress_html(fraction: float, text: str, state: str, run_id: str = "") -> str:
-    """The bar; a live run's carries its id and state, for the page's progress poller (app/live_progress.py)."""
+    """The bar; a live run's carries its id and state, for the page's progress stream (app/live_progress.py)."""
     bar = progress_bar(fraction, text, state)
     return (
         f"<div class='td-progress' data-run='{escape(run_id)}' data-live='{int(bar['live'])}' data-state='{escape(state)}'>"

@@ -18,7 +18,7 @@ import gradio as gr
 
 from tunedeck.app.registry import Got, Registry, Updates, handler, unique
 
-TICK_S = 0.5  # the default; the Run tab ticks every 5 s, its progress bar polled in between (app/live_progress.py)
+TICK_S = 0.5  # the default; the Run tab ticks every 5 s, its progress bar streamed in between (app/live_progress.py)
 
 TickFn = Callable[[Got, str], Updates]  # (inputs, id of the section in view) -> updates
 

@@ -7,6 +7,7 @@ the same thing about the same run:
     facts      "2 ranks · DDP · 18.1% of parameters trainable (1,234 of 6,818) · lora · DistributedDataParallel"
     progress   "step 12/30 · elapsed 0:14 · ETA 0:21"
     report     "final loss 1.083 · best 1.021 at step 52 · 61,440 tokens · 0:41 wall · 2,310 tokens/s"
+               ("latest loss" while the run goes on)
     verdict    "smoke test passed: 2 ranks on 1 machine · DDP · 1,234 trainable parameters; loss ..."
 """
 
@@ -172,13 +173,14 @@ class RunReport:
     tokens_per_s: float | None  # the mean of the logged windows' throughput
     peak_gb: float | None  # the highest GPU memory allocated on any rank (GPU runs only)
     resumed_from_step: int | None
+    ended: bool = True  # False while the run goes on: its last loss is the latest one, not the final one
 
     def line(self) -> str:
-        """'final loss 1.083 · best 1.021 at step 52 · ...', the parts that are known."""
+        """'final loss 1.083 · best 1.021 at step 52 · ...' ('latest loss' while live), the parts that are known."""
         wall = format_clock(self.wall_s) if self.wall_s is not None else None
         shown = (
             ("resumed from step {}", self.resumed_from_step or None),
-            ("final loss {:.4f}", self.final_loss),
+            ("final loss {:.4f}" if self.ended else "latest loss {:.4f}", self.final_loss),
             ("best {:.4f} at step {}", self.best_loss, self.best_step),
             ("eval loss {:.4f}", self.eval_loss),
             ("{:,} tokens", self.tokens),
@@ -208,6 +210,7 @@ def report(run: RunRecords, started_at: float | None, ended_at: float | None, no
         tokens_per_s=sum(speeds) / len(speeds) if speeds else None,
         peak_gb=max(peaks) if peaks else None,
         resumed_from_step=(run.start or {}).get("resumed_from_step"),
+        ended=ended_at is not None,
     )
 
 

@@ -208,7 +208,7 @@ def test_a_live_runs_tick_redraws_only_what_grew_and_its_bar_moves_with_its_stre
     assert polled["run"] == RUN_ID and polled["live"] and polled["width"] == "66.7%" and polled["state"] == "running"
     assert polled["text"].startswith("step 4/6")
     soon = run.render(first["shown"])
-    assert "0.5000" in soon["summary"] and "progress" not in soon  # the stream moved the bar
+    assert "So far:** latest loss 0.5000" in soon["summary"] and "progress" not in soon  # the stream moved the bar
     assert not {"status", "facts", "stop", "resume", "error"} & set(soon)  # the same values: not sent again
     assert "loss_chart" not in soon and "log" not in soon  # the charts wait; the log did not grow
     assert "loss_chart" in run.render(soon["shown"], log_scale=True)  # a chart option: at once

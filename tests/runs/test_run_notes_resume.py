@@ -74,6 +74,8 @@ def test_the_report_gives_final_best_tokens_and_speed_and_skips_what_is_not_fini
         " · 1:05 wall · 200 tokens/s mean · peak 4.25 GB per GPU"
     )
     assert report(RunRecords(), None, None).line() == ""
+    live = report(run, started_at=100.0, ended_at=None, now=130.0).line()  # a run still going: no final loss yet
+    assert live.startswith("resumed from step 30 · latest loss 1.8000 · best") and "0:30 wall" in live
 
 
 def _stopped_run(manager: RunManager, state: str = "stopped", checkpoints=(3, 12)):

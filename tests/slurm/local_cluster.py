@@ -62,10 +62,14 @@ def install_packages() -> None:
         raise ClusterUnavailable(f"still missing after apt-get: {', '.join(_missing_commands())}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct ports free now on every address, as the daemons bind them (held together while chosen:
+    one port released could be handed out again)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("0.0.0.0", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def _resolves(name: str) -> bool:
@@ -140,16 +144,24 @@ class LocalCluster:
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
-    def start(self, timeout: float = 60.0) -> LocalCluster:
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> LocalCluster:
         install_packages()
         ensure_hosts()
+        for _ in range(attempts - 1):
+            try:
+                return self._start(timeout)
+            except ClusterUnavailable as exc:
+                # A port chosen free can be taken before a daemon binds it (seen here: slurmd's, now and then).
+                if "Address already in use" not in str(exc):
+                    raise
+        return self._start(timeout)
+
+    def _start(self, timeout: float) -> LocalCluster:
         self.folder = Path(tempfile.mkdtemp(prefix="tunedeck-slurm-"))
         for sub in ("state", "spool"):
             (self.folder / sub).mkdir()
-        host = socket.gethostname()
-        self.conf.write_text(
-            slurm_conf(self.folder, host, _free_port(), [_free_port() for _ in NODES], self.kill_wait_s)
-        )
+        ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        self.conf.write_text(slurm_conf(self.folder, socket.gethostname(), ctld_port, node_ports, self.kill_wait_s))
         try:
             self._start_munge()
             self._spawn(["slurmctld", "-D", "-i"], "slurmctld.out")
