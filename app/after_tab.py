@@ -186,10 +186,11 @@ class AfterTab(Section):
 
         picks = ["after.weights", "after.compare", "after.merge_weights", "after.eval_table", "after.eval_chart",
                  "after.eval_status"]  # fmt: skip
-        listen(
-            [ui["page.tab." + self.id].select], on_shown, [run], [run, ui["after.status"], *map(ui.__getitem__, picks)]
-        )
-        listen([run.input], on_run, [run], [ui[i] for i in (*picks, "after.merge_status", "after.serve")])
+        # Quick reads of the run's folder: no loading overlay over the eight boxes they fill.
+        shown_out = [run, ui["after.status"], *map(ui.__getitem__, picks)]
+        listen([ui["page.tab." + self.id].select], on_shown, [run], shown_out, show_progress="hidden")
+        run_out = [ui[i] for i in (*picks, "after.merge_status", "after.serve")]
+        listen([run.input], on_run, [run], run_out, show_progress="hidden")
 
         answer_in = ["after.run", "after.weights", "after.compare", "after.prompt", *("after." + s for s in SETTINGS)]
 
