@@ -270,6 +270,9 @@ class StatusFile(BaseModel):
     state: State
     title: str = ""
     created_at: Timestamp | None = None
+    # time.monotonic() when queued, and its boot: one clock for that boot's processes, not moved by wall-clock steps
+    created_monotonic: float | None = None
+    created_in_boot: str | None = None
     started_at: Timestamp | None = None
     stop_requested_at: Timestamp | None = None
     ended_at: Timestamp | None = None

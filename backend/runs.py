@@ -41,6 +41,15 @@ from tunedeck.backend.supervisor import write_status
 
 RUN_ID_PATTERN = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 DEFAULT_GRACE_S = 60.0
+QUEUED_GRACE_S = 30.0  # a queued run's folder is written before its supervisor starts and records itself
+
+
+def queued_for_s(status: dict) -> float:
+    """How long ago the run was queued: on the monotonic clock in the boot it was queued in (a step of the wall
+    clock must neither age a fresh run nor keep an abandoned one fresh), else on the wall clock."""
+    if status.get("created_monotonic") is not None and status.get("created_in_boot") == supervisor.boot_id():
+        return time.monotonic() - status["created_monotonic"]
+    return time.time() - (status.get("created_at") or 0)
 
 
 class RunError(Exception):
@@ -156,7 +165,8 @@ class RunManager:
             # The environment tunedeck set on top of its own (PATH only gains the venv's bin).
             env = {k: v for k, v in env_changes.items() if k != "PATH"}
             status = run_folder.queued_status(run_id, run_title(spec_to_dict(spec)), argv, gpus, env)
-            write_status(staging, {**status, "backend": backend})
+            queued_clock = {"created_monotonic": time.monotonic(), "created_in_boot": supervisor.boot_id()}
+            write_status(staging, {**status, **queued_clock, "backend": backend})
             run_folder.write_reserve(staging)  # room for the final status if training fills the disk
             staging.rename(self.runs_dir / run_id)
         except BaseException:
@@ -332,11 +342,7 @@ class RunManager:
                 data = {**data, "state": "stopping"}
             return data
         # Between write and spawn the supervisor is not recorded yet: a fresh queued run is still fine.
-        if (
-            data["state"] == "queued"
-            and not data.get("supervisor")
-            and time.time() - (data.get("created_at") or 0) < 30
-        ):
+        if data["state"] == "queued" and not data.get("supervisor") and queued_for_s(data) < QUEUED_GRACE_S:
             return data
         data = read_status_file(run_dir)  # it may have finished between our two reads
         if data["state"] not in ACTIVE_STATES or is_alive(data.get("launcher")):

@@ -68,3 +68,19 @@ def test_a_clock_step_leaves_a_live_run_live_stoppable_and_its_times_right(runs_
     records = log_records(run_dir)
     assert all(r["seconds_per_step"] > 0 for r in records[1:])  # the trainer's own clock never went back
     assert all(r["tokens_per_second"] > 0 for r in records if "tokens_per_second" in r)
+
+
+def test_a_run_just_queued_stays_queued_through_a_clock_step_and_an_abandoned_one_does_not(runs_dir, demo_spec):
+    """Between its folder written and its supervisor recorded, a run is queued with no supervisor; readers give it
+    30 s on the monotonic clock (it was the wall clock: a step forward failed a fresh run, a step back kept a run
+    whose supervisor never came queued for as long)."""
+    from tunedeck.backend.supervisor import update_status
+
+    manager = RunManager(runs_dir)
+    run_id = manager._write_run_folder(demo_spec(), ["true"], None, {})  # queued; no supervisor started
+    with clock_stepped(+600):
+        assert RunManager(runs_dir).status(run_id).state == "queued"
+    update_status(manager.run_dir(run_id), created_monotonic=time.monotonic() - 31)  # its supervisor never came
+    with clock_stepped(-600):
+        status = RunManager(runs_dir).status(run_id)
+    assert status.state == "failed", (status.state, status.error)
