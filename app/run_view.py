@@ -131,7 +131,7 @@ class RunView(Section):
             "run.table", gr.Dataframe(headers=TABLE_HEADERS, interactive=False, elem_id="runs-table", wrap=True)
         )
         self.shown = add("run.shown", gr.State(RunShown()))
-        # Pressed by the progress stream's page script, not by people, when a live run's state changes (app/live_progress.py).
+        # Pressed by the page, not by people, when a live run's stream says its state changed (app/live_progress.py).
         self.refresh = add("run.refresh", gr.Button("Refresh", visible="hidden", elem_id=REFRESH_ID))
 
     @property
@@ -217,8 +217,8 @@ class RunView(Section):
             (run_id, overlay, smoothing, log_scale, watch.evals),
             (watch.records_version, other and other.records_version),
         )
-        age = time.time() - (status.started_at or time.time())
-        late = status.state not in ACTIVE or time.monotonic() - shown.charts_at >= charts_every_s(age)
+        every_s = charts_every_s(summary.elapsed_s or 0.0)
+        late = status.state not in ACTIVE or time.monotonic() - shown.charts_at >= every_s
         drawn = shown.charts_sig or (None, None)
         charts_due = new_run or drawn[0] != plots[0] or (drawn[1] != plots[1] and late)
         log_due = new_run or shown.log_sig != (run_id, watch.log_version)
