@@ -73,12 +73,19 @@ async def _events(request: Request, bar: dict, look):
         if not bar["live"]:
             return
         await anyio.sleep(POLL_S)
-        if await request.is_disconnected():
+        if _closing(request) or await request.is_disconnected():
             return
         try:
             bar = await anyio.to_thread.run_sync(look)
         except RunError:  # the run's folder went away
             return
+
+
+def _closing(request: Request) -> bool:
+    """The panel is shutting down: Gradio sets its app's stop event first (its own streams end on it), and the
+    server waits for every open response before it exits (5 s more with a stream left open)."""
+    stop = getattr(request.app, "stop_event", None)
+    return stop is not None and stop.is_set()
 
 
 # Runs once when the page loads. Every second it checks which live run's bar is in view (the Run tab

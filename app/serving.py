@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 from pathlib import Path
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
@@ -110,5 +111,16 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
             flush=True,
         )
     if block:
-        page.block_thread()
+        serve_until_interrupted(page)
     return app
+
+
+def serve_until_interrupted(page) -> None:
+    """Gradio's block_thread(), but Ctrl-C (and SIGTERM, app/cli_ui.py) closes the page as Blocks.close() does:
+    its stop event first, which ends the open streams (Gradio's heartbeat, the Run tab's bar), then the server.
+    block_thread() closes the server alone, which then waits 5 s for those streams before it gives up."""
+    try:
+        while page.is_running:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        page.close(verbose=False)

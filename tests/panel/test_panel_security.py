@@ -234,3 +234,30 @@ def test_a_stopped_panel_removes_its_temporary_files(how, tmp_path):
         server.stop(how)
     assert server.proc.returncode == 0, server.log()
     assert list(temp.iterdir()) == []  # no panel folder, no bundles, no machine-wide gradio cache
+
+
+@pytest.mark.slow  # a panel started and stopped twice
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_panel_with_a_live_runs_bar_streaming_stops_at_once(how, tmp_path):
+    """A page on a live run keeps its bar's stream open (app/live_progress.py): stopping the panel ends it first
+    (Gradio's stop event), where the server alone would wait 5 s for it before giving up."""
+    import subprocess
+    import sys
+
+    from runs.helpers import fake_run
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the run's supervisor
+    server = PanelServer(tmp_path / "runs")
+    try:
+        fake_run(tmp_path / "runs", "20250101-120000-a1b2c3", "running", holder)
+        stream = urllib.request.urlopen(f"{server.url}tunedeck/run-progress?run=20250101-120000-a1b2c3", timeout=20)
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        assert b'"live": true' in stream.readline()
+        began = time.monotonic()
+        server.stop(how)
+        took = time.monotonic() - began
+    finally:
+        server.stop()
+        holder.kill()
+        holder.wait()
+    assert server.proc.returncode == 0 and took < 4, (took, server.log())
