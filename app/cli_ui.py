@@ -76,6 +76,10 @@ def _serve(args: argparse.Namespace, credentials, work: Path) -> int:
     page = build_page(Path(args.runs_dir).resolve(), preset_id=args.preset, work_dir=work)
     try:
         launch(page, args.host, args.port, credentials)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, also while Gradio is still starting (its server answers first)
+        # As Blocks.close(): its stop event first, which ends the open streams (Gradio's heartbeat, the Run tab's
+        # bar), then the server. Gradio's block_thread() closes the server alone, which waits 5 s for them.
+        page.close(verbose=False)
     except OSError as exc:  # the port is taken, or the address is not this machine's
         reason = str(exc).split(". You can")[0].rstrip(".")
         print(

@@ -110,17 +110,6 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
             f"tunedeck: from another machine: ssh -L {port}:127.0.0.1:{port} <this-server>, then open that address",
             flush=True,
         )
-    if block:
-        serve_until_interrupted(page)
+    while block and page.is_running:  # Gradio's block_thread(), less its Ctrl-C handling (app/cli_ui.py's)
+        time.sleep(0.1)
     return app
-
-
-def serve_until_interrupted(page) -> None:
-    """Gradio's block_thread(), but Ctrl-C (and SIGTERM, app/cli_ui.py) closes the page as Blocks.close() does:
-    its stop event first, which ends the open streams (Gradio's heartbeat, the Run tab's bar), then the server.
-    block_thread() closes the server alone, which then waits 5 s for those streams before it gives up."""
-    try:
-        while page.is_running:
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        page.close(verbose=False)
