@@ -208,7 +208,6 @@ class RunView(Section):
         # What the state line, progress and summary say (the Slurm `where`: queue state and reason, then nodes).
         sig = (run_id, watch.records_version, status.state, status.error, facts.notes, facts.checkpoint, status.where)
         summary = summarize(watch, status.started_at, status.ended_at)
-        bar = progress_html(summary.fraction, summary.progress, status.state, run_id)
         new_run = force or shown.shown_run != run_id
         details_due = new_run or shown.sig != sig
         # Charts and log only when their own data grew (a progress bar rewrites the log far more often than a step
@@ -238,7 +237,8 @@ class RunView(Section):
             })  # fmt: skip
         bar_sig = (run_id, status.state, None if status.state in ACTIVE else watch.records_version)
         if new_run or shown.bar_sig != bar_sig:  # a live run's bar moves with its stream (app/live_progress.py)
-            shown.bar_sig, out[self.progress] = bar_sig, bar
+            shown.bar_sig = bar_sig
+            out[self.progress] = progress_html(summary.fraction, summary.progress, status.state, run_id)
         if charts_due:
             shown.charts_sig, shown.charts_at = plots, time.monotonic()
             out.update({

@@ -67,11 +67,12 @@ def live_run(runs_dir: Path, stop: threading.Event, age_s: float = 0) -> str:
         with open(metrics, "a") as m, open(log, "a") as lg:
             while not stop.wait(RECORD_EVERY_S):
                 step += 1
-                m.write(json.dumps(record(step, time.time())) + "\n")
+                logged = record(step, time.time())
+                m.write(json.dumps(logged) + "\n")
                 m.flush()
                 lg.write(f"\r{step}/{STEPS} [00:10<01:00, 15.00it/s]")  # a progress bar rewriting its line
                 if step % 50 == 0:
-                    lg.write(f"\n{{'loss': {record(step, 0)['loss']:.4f}, 'step': {step}}}\n")
+                    lg.write(f"\n{{'loss': {logged['loss']:.4f}, 'step': {step}}}\n")
                 lg.flush()
 
     threading.Thread(target=write, daemon=True).start()
