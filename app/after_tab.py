@@ -28,10 +28,11 @@ from tunedeck.backend.worker_client import DEFAULT_IDLE_TIMEOUT_S, WorkerPool
 
 IDLE_ENV = "TUNEDECK_WORKER_IDLE_S"  # seconds a loaded model may sit unused before its worker ends
 DTYPES = ["bfloat16", "float16", "float32"]
+EXAMPLE_OUT = ("after.example_prompt", "after.expected", "after.example_note")
 SETTINGS = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "stop")
 log = logging.getLogger("tunedeck.panel")
 CSS = """
-#after-answer textarea, #after-compare-answer textarea { font-family: var(--font-mono); }
+#after-answer textarea, #after-compare-answer textarea, #after-expected textarea { font-family: var(--font-mono); }
 """
 
 
@@ -100,7 +101,10 @@ class AfterTab(Section):
             )
             with gr.Column(scale=1, min_width=160):
                 add("after.ask", gr.Button("Answer", variant="primary", elem_id="after-ask"))
+                add("after.example", gr.Button("Example from the data", elem_id="after-example"))
                 add("after.release", gr.Button("Release models", elem_id="after-release"))
+        add("after.example_note", gr.Markdown(elem_id="after-example-note"))
+        add("after.example_prompt", gr.State(None))  # the example's prompt: its answer is judged while it is unchanged
         with gr.Accordion("Generation settings", open=False, elem_id="after-settings"):
             with gr.Row():
                 add("after.max_new_tokens", gr.Number(64, label="max new tokens", precision=0, minimum=1,
@@ -113,6 +117,8 @@ class AfterTab(Section):
             add("after.answer", gr.Textbox(label="Answer", lines=6, interactive=False, elem_id="after-answer"))
             add("after.compare_answer", gr.Textbox(label="Beside it", lines=6, interactive=False,
                                                    elem_id="after-compare-answer"))  # fmt: skip
+            add("after.expected", gr.Textbox(label="The data's answer", lines=6, interactive=False, visible=False,
+                                             elem_id="after-expected"))  # fmt: skip
         add("after.status", gr.Markdown(elem_id="after-status"))
 
         gr.Markdown("### Evaluate", elem_id="after-eval-title")
@@ -169,6 +175,15 @@ class AfterTab(Section):
             **{ui[k]: v for k, v in self.view.eval_view(run_id).items()},
         }
 
+    @staticmethod
+    def _no_example(page: Page) -> Updates:
+        ui = page.ui
+        return {
+            ui["after.example_prompt"]: None,
+            ui["after.expected"]: gr.update(value="", visible=False),
+            ui["after.example_note"]: "",
+        }
+
     def wire(self, page: Page) -> None:
         ui, view = page.ui, self.view
         run = ui["after.run"]
@@ -180,39 +195,59 @@ class AfterTab(Section):
             status = {} if runs else {ui["after.status"]: "No run has saved an adapter yet: train one (Job tab)."}
             return {run: gr.update(choices=runs, value=current), **self._choices(page, current), **status}
 
-        def on_run(got: Got) -> Updates:  # another run: the last merge's status and serve.sh were the other one's
+        def on_run(
+            got: Got,
+        ) -> Updates:  # another run: the last merge's status, serve.sh and example were the other one's
             merged = {ui["after.merge_status"]: "", ui["after.serve"]: gr.update(value="", visible=False)}
-            return {**self._choices(page, got[run]), **merged}
+            return {**self._choices(page, got[run]), **merged, **self._no_example(page)}
 
         picks = ["after.weights", "after.compare", "after.merge_weights", "after.eval_table", "after.eval_chart",
                  "after.eval_status"]  # fmt: skip
         # Quick reads of the run's folder: no loading overlay over the eight boxes they fill.
         shown_out = [run, ui["after.status"], *map(ui.__getitem__, picks)]
         listen([ui["page.tab." + self.id].select], on_shown, [run], shown_out, show_progress="hidden")
-        run_out = [ui[i] for i in (*picks, "after.merge_status", "after.serve")]
+        run_out = [ui[i] for i in (*picks, "after.merge_status", "after.serve", *EXAMPLE_OUT)]
         listen([run.input], on_run, [run], run_out, show_progress="hidden")
 
-        answer_in = ["after.run", "after.weights", "after.compare", "after.prompt", *("after." + s for s in SETTINGS)]
+        answer_in = ["after.run", "after.weights", "after.compare", "after.prompt", *("after." + s for s in SETTINGS),
+                     "after.example_prompt", "after.expected"]  # fmt: skip
 
         @streamed
         def on_answer(got: Got, request: gr.Request) -> Iterator[Updates]:
             value = {i: got[ui[i]] for i in answer_in}
             settings = {s: value["after." + s] for s in SETTINGS}
             settings["stop"] = [line for line in (settings["stop"] or "").splitlines() if line]
-            yield {ui["after.answer"]: "", ui["after.compare_answer"]: ""}
-            args = (
-                value["after.run"],
-                value["after.weights"],
-                value["after.compare"] or "",
-                value["after.prompt"] or "",
-            )
-            for updates in view.answer(*args, settings, session=request.session_hash):
+            prompt = value["after.prompt"] or ""
+            example = value["after.example_prompt"]
+            from_example = prompt == example  # an edited example has no known answer
+            expected = value["after.expected"] if from_example else None
+            left = {} if from_example or example is None else self._no_example(page)
+            yield {ui["after.answer"]: "", ui["after.compare_answer"]: "", ui["after.status"]: "", **left}
+            args = (value["after.run"], value["after.weights"], value["after.compare"] or "", prompt)
+            for updates in view.answer(*args, settings, session=request.session_hash, expected=expected):
                 yield {ui[k]: v for k, v in updates.items()}
 
         gr.on([ui["after.ask"].click, ui["after.prompt"].submit], on_answer, inputs={ui[i] for i in answer_in},
-              outputs=[ui["after.answer"], ui["after.compare_answer"], ui["after.status"]], concurrency_limit=4,
+              outputs=[ui[i] for i in ("after.answer", "after.compare_answer", "after.status", *EXAMPLE_OUT)],
+              concurrency_limit=4,
               trigger_mode="once",  # a second click while answering is ignored: the models answer one prompt at a time
               show_progress="minimal", show_progress_on=[ui["after.ask"]])  # fmt: skip
+
+        def on_example(got: Got) -> Updates:
+            try:
+                found = view.example(got[run])
+            except USER_ERRORS as exc:  # no run, or data without a prompt and answer: said where the example goes
+                return {**self._no_example(page), ui["after.example_note"]: f"✗ {exc}"}
+            return {
+                ui["after.prompt"]: found["after.prompt"],
+                ui["after.example_prompt"]: found["after.prompt"],
+                ui["after.expected"]: gr.update(value=found["after.expected"], visible=True),
+                ui["after.example_note"]: found["after.example_note"],
+            }
+
+        listen([ui["after.example"].click], on_example, [run],
+               [ui[i] for i in ("after.prompt", *EXAMPLE_OUT)], show_progress="minimal",
+               show_progress_on=[ui["after.example"]])  # fmt: skip
 
         def on_release(got: Got, request: gr.Request) -> Updates:
             return {ui[k]: v for k, v in view.release_session(request.session_hash).items()}

@@ -24,7 +24,8 @@ import plotly.graph_objects as go
 from tunedeck.app.charts import waiting_figure
 from tunedeck.backend.checkpoints import AfterError, list_weights
 from tunedeck.backend.eval_results import order_key, read_eval, table_rows
-from tunedeck.backend.prompting import GenerationSettings, SettingsError
+from tunedeck.backend.examples import data_examples, pick, verdict
+from tunedeck.backend.prompting import GenerationSettings, SettingsError, answer_line
 from tunedeck.backend.render.serve import SERVE_FILE
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.worker_client import WorkerError, WorkerPool, run_task, side_by_side
@@ -37,7 +38,7 @@ COMPONENTS = (
     "after.top_p", "after.repetition_penalty", "after.stop", "after.answer", "after.compare_answer", "after.status",
     "after.eval_scope", "after.eval_data", "after.eval_table", "after.eval_chart", "after.eval_status",
     "after.merge_weights", "after.merge_name", "after.merge_dtype", "after.merge_status", "after.repo_id", "after.token",
-    "after.eval_limit", "after.serve",
+    "after.eval_limit", "after.serve", "after.expected", "after.example_note",
 )  # fmt: skip
 Model = tuple  # (run id, checkpoint step or None, base?): one loaded model, one worker
 EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", "examples", "data"]
@@ -51,6 +52,7 @@ class AfterView:
         self.components: dict = {}
         self._held: dict[str, set[Model]] = {}  # browser session -> the models it loaded
         self._held_lock = threading.Lock()
+        self._examples: dict[str, tuple] = {}  # run id -> its data's (prompt, answer) pairs, source, held out?
 
     # ------------------------------------------------------------ choices
 
@@ -111,9 +113,17 @@ class AfterView:
     # ------------------------------------------------------------ try
 
     def answer(
-        self, run_id: str, weights: str, compare: str, prompt: str, settings: dict, session: str = ""
+        self,
+        run_id: str,
+        weights: str,
+        compare: str,
+        prompt: str,
+        settings: dict,
+        session: str = "",
+        expected: str | None = None,
     ) -> Iterator[dict]:
-        """Stream the answer (and the comparison's, side by side): {component id: value} per update."""
+        """Stream the answer (and the comparison's, side by side): {component id: value} per update; at the end,
+        how each answer went (tokens, time, why it ended, and against `expected`, the data's answer, if given)."""
         settings_ok = GenerationSettings.from_dict(settings)
         if not prompt.strip():
             raise AfterError("prompt: type a prompt first")
@@ -135,26 +145,58 @@ class AfterView:
         streams = {
             key: self._load_then_answer(key, model, prompt, settings_ok, events) for key, model in models.items()
         }
-        workers, status = {}, ""
+        workers, answered, status = {}, {}, ""
         for texts in side_by_side(streams, every_s=0.25):
-            while not events.empty():
-                event = events.get()
-                if event.get("event") == "loaded":
-                    workers[event["key"]] = event["worker"]
-                elif not workers and _progress_line(event):
-                    status = "loading: " + _progress_line(event)
-            if workers:
-                infos = [workers[key].info for key in models if key in workers]
-                warnings = [i["warning"] for i in infos if i.get("warning")]
-                status = ", ".join(f"{i['description']} on {i['device']}" for i in infos)
-                status += f" · ⚠ {warnings[0]}" if warnings else ""
+            status = self._answer_status(events, workers, answered, models) or status
             yield {**texts, "after.status": status}
+        self._answer_status(events, workers, answered, models)
+        if answered:
+            infos = {key: workers[key].info for key in models if key in answered}
+            lines = [
+                f"**{info['description']}** on {info['device']}: {answer_line(answered[key])}"
+                + (f" · {verdict(answered[key]['text'], expected)}" if expected is not None else "")
+                for key, info in infos.items()
+            ]
+            lines += [f"⚠ {w}" for w in dict.fromkeys(i["warning"] for i in infos.values() if i.get("warning"))]
+            yield {"after.status": "\n\n".join(lines)}
+
+    def example(self, run_id: str, number: int | None = None) -> dict:
+        """A prompt from the run's data (held out first) for the prompt box, and the data's answer beside it."""
+        if run_id not in self._examples:
+            self._examples[run_id] = data_examples(*self._run(run_id))
+        example = pick(*self._examples[run_id], number)
+        return {
+            "after.prompt": example.prompt,
+            "after.expected": example.expected,
+            "after.example_note": f"{example.describe()}: **Answer** sends it as the run trained on it.",
+        }
+
+    @staticmethod
+    def _answer_status(events: queue.Queue, workers: dict, answered: dict, models: dict) -> str:
+        """Take the workers' events: loading progress, then where each model runs; keep each answer's summary."""
+        status = ""
+        while not events.empty():
+            event = events.get()
+            if event.get("event") == "loaded":
+                workers[event["key"]] = event["worker"]
+            elif event.get("event") == "answered":
+                answered[event["key"]] = event["summary"]
+            elif not workers and _progress_line(event):
+                status = "loading: " + _progress_line(event)
+        if workers:
+            infos = [workers[key].info for key in models if key in workers]
+            warnings = [i["warning"] for i in infos if i.get("warning")]
+            status = ", ".join(f"{i['description']} on {i['device']}" for i in infos)
+            status += f" · ⚠ {warnings[0]}" if warnings else ""
+        return status
 
     def _load_then_answer(self, key: str, model: Model, prompt: str, settings, events: queue.Queue) -> Iterator[str]:
         worker = self.pool.get(self.manager.runs_dir, *model, on_event=events.put)
         events.put({"event": "loaded", "key": key, "worker": worker})
         yield ""  # the page learns where the model runs before its first token
-        return (yield from worker.generate(prompt, settings))
+        summary = yield from worker.generate(prompt, settings)
+        events.put({"event": "answered", "key": key, "summary": summary})
+        return summary
 
     def release(self, run_id: str) -> dict:
         """Let every model of this run go: their worker processes end."""

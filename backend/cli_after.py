@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prompt", help="the prompt; without it, read prompts from the terminal until /exit or end of input"
     )
+    p.add_argument("--example", nargs="?", type=int, const=0, metavar="N",
+                   help="ask with example N of the run's data (held-out rows first; without N, one at random) and "
+                        "judge the answer against the data's")  # fmt: skip
     p.add_argument("--base", action="store_true", help="answer with the base model alone (no adapter)")
     p.add_argument("--template", choices=("auto", "chat", "alpaca", "plain"), default="auto",
                    help="how the prompt is wrapped: auto follows the run's dataset.format (messages: the chat template; "
@@ -165,13 +168,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _chat(args) -> int:
+    from tunedeck.backend.examples import verdict
     from tunedeck.backend.prompting import GenerationSettings
     from tunedeck.backend.worker_client import ModelWorker
 
     settings = GenerationSettings(
         args.max_new_tokens, args.temperature, args.top_p, args.repetition_penalty, tuple(args.stop)
     )
-    runs_dir, _, weights = _resolve(args, args.base)
+    runs_dir, job, weights = _resolve(args, args.base)
+    example = _example(runs_dir, job, args)
     progress = Progress()
     print(f"loading {weights.describe()} of run {args.run_id}", file=sys.stderr, flush=True)
     # The session lasts as long as this command: no idle timeout to cut a slow typist off.
@@ -180,6 +185,11 @@ def _chat(args) -> int:
     )
     progress.close()
     try:
+        if example is not None:
+            print(f"{example.describe()}:\n{example.prompt}", file=sys.stderr, flush=True)
+            answer = _answer(worker, example.prompt, settings, args.template, [])
+            print(f"the data's answer: {example.expected}\n{verdict(answer, example.expected)}", file=sys.stderr)
+            return 0
         if args.prompt is not None:
             _answer(worker, args.prompt, settings, args.template, [])
             return 0
@@ -189,17 +199,33 @@ def _chat(args) -> int:
 
 
 def _answer(worker, prompt: str, settings, template: str, history: list) -> str:
+    from tunedeck.backend.prompting import answer_line
+
     pieces = worker.generate(prompt, settings, template, history)
     try:
         while True:
             print(next(pieces), end="", flush=True)
     except StopIteration as done:
         print(flush=True)
+        print(f"({answer_line(done.value)})", file=sys.stderr, flush=True)
         return done.value["text"]
     except KeyboardInterrupt:
         pieces.close()  # the worker stops generating; the session goes on
         print("\n(cancelled)", file=sys.stderr, flush=True)
         return ""
+
+
+def _example(runs_dir, job: dict, args):
+    """The example --example names (None without it); --prompt and --example exclude each other."""
+    if args.example is None:
+        return None
+    if args.prompt is not None:
+        from tunedeck.backend.checkpoints import AfterError
+
+        raise AfterError("--example: give --prompt or --example, not both")
+    from tunedeck.backend.examples import data_examples, pick
+
+    return pick(*data_examples(Path(runs_dir) / args.run_id, job), args.example or None)
 
 
 def _interactive(worker, settings, template: str) -> int:

@@ -54,6 +54,10 @@ def held_out_file(train_file: Path) -> Path | None:
     return None
 
 
+class NoEvalData(AfterError):
+    """The run's job names no evaluation data and none lies beside its training file."""
+
+
 def eval_rows(
     run_dir: Path, job: dict, data_file: str | None = None, limit: int | None = None
 ) -> tuple[list[dict], str]:
@@ -75,21 +79,35 @@ def eval_rows(
         train_file = _local(run_dir, str(dataset_cfg.get("path", "")))
         found = held_out_file(train_file) if train_file.is_file() else None
         if found is None:
-            raise AfterError(
+            raise NoEvalData(
                 "the run has no evaluation data: its job has no dataset.eval_split and there is no eval, test or "
                 f"validation file beside {train_file}; pass --data FILE (in the run's dataset format)"
             )
         dataset_cfg["path"], source = str(found), str(found)
+    return _read_rows(dataset_cfg, split, source, limit), source
+
+
+def training_rows(run_dir: Path, job: dict, limit: int | None = None) -> tuple[list[dict], str]:
+    """(the first rows of the run's training split in TRL's columns; where they came from)."""
+    dataset_cfg = dict(job.get("dataset") or {})
+    dataset_cfg["path"] = str(_local(run_dir, str(dataset_cfg.get("path", ""))))
+    split = dataset_cfg.get("split") or "train"
+    return _read_rows(dataset_cfg, split, dataset_cfg["path"], limit, "training data"), dataset_cfg["path"]
+
+
+def _read_rows(
+    dataset_cfg: dict, split: str, source: str, limit: int | None, what: str = "evaluation data"
+) -> list[dict]:
     try:
         dataset = train.to_trl_format(train.load_split(dataset_cfg, split), dataset_cfg, "text")
     except train.JobError as exc:
         raise AfterError(str(exc)) from None
     except (OSError, ValueError) as exc:
-        raise AfterError(f"cannot read the evaluation data {source}: {exc}") from None
+        raise AfterError(f"cannot read the {what} {source}: {exc}") from None
     count = len(dataset) if limit is None else min(limit, len(dataset))
     if count == 0:
-        raise AfterError(f"the evaluation data {source} has no rows")
-    return [dataset[i] for i in range(count)], source
+        raise AfterError(f"the {what} {source} has no rows")
+    return [dataset[i] for i in range(count)]
 
 
 # ---------------------------------------------------------------- tokenizing as TRL does

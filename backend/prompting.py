@@ -120,3 +120,21 @@ class StopTrimmer:
         out, self.pending = ("" if self.stopped else self.pending), ""
         self.text += out
         return out
+
+
+ENDINGS = {
+    "end": "ended at its end-of-sequence token",
+    "stop string": "ended at a stop string",
+    "max_new_tokens": "cut at max new tokens",
+    "cancelled": "cancelled",
+}
+
+
+def answer_line(summary: dict) -> str:
+    """How an answer went, from generate.stream's summary: "3 tokens in 0.21 s · ended at its end-of-sequence token"."""
+    tokens, seconds = int(summary.get("new_tokens", 0)), float(summary.get("seconds", 0.0))
+    ending = ENDINGS.get(summary.get("stop_reason", ""), str(summary.get("stop_reason", "")))
+    if not str(summary.get("text", "")).strip() and summary.get("stop_reason") in ("end", "stop string"):
+        return f"an empty answer: it {ending} at once ({tokens} token{'s' * (tokens != 1)})"
+    rate = f", {tokens / seconds:.0f} tokens/s" if seconds > 0 and tokens > 1 else ""
+    return f"{tokens} token{'s' * (tokens != 1)} in {seconds:.2f} s{rate} · {ending}"

@@ -3,7 +3,7 @@
     .venv/bin/python tests/after/make_screenshot_after.py     # writes docs/screenshot-after.png
 
 Trains the demo (about a minute on CPU), starts `tunedeck ui` on its runs folder, answers a
-prompt with the adapter beside the base model, evaluates 16 examples and merges in bfloat16.
+held-out example with the adapter beside the base model and the data's answer, evaluates 16 examples and merges in bfloat16.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from panel.browser import CHROMIUM, CHROMIUM_FLAGS, EVENTS_TAP_JS, PanelServer, fill, wait_text  # noqa: E402
 
 from after.helpers import train_demo  # noqa: E402
-from after.tab_driver import ask, open_after  # noqa: E402
+from after.tab_driver import open_after  # noqa: E402
 
 WIDTH = 1440
 
@@ -37,8 +37,10 @@ def main() -> int:
             page = browser.new_page(viewport={"width": WIDTH, "height": 1000}, device_scale_factor=1)
             page.add_init_script(EVENTS_TAP_JS)
             open_after(page, server)
-            ask(page, max_new_tokens=24)
-            wait_text(page, "#after-status", "the final adapter on cpu", timeout=300_000)
+            page.click("#after-example")  # a held-out row, the data's answer beside the adapter's and the base's
+            wait_text(page, "#after-example-note", "held-out row")
+            page.click("#after-ask")
+            wait_text(page, "#after-status", "the data's answer", timeout=300_000)
             fill(page.locator("#after-eval-limit input"), "16")
             page.click("#after-evaluate")
             wait_text(page, "#after-eval-table", "final", timeout=300_000)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import yaml
 from runs.helpers import fake_run
@@ -9,6 +12,7 @@ from runs.helpers import fake_run
 from tunedeck.app.after_view import AfterView
 from tunedeck.backend.checkpoints import AfterError
 from tunedeck.backend.eval_results import save_results
+from tunedeck.backend.examples import verdict
 from tunedeck.backend.prompting import SettingsError
 from tunedeck.backend.runs import RunManager
 from tunedeck.backend.spec import resolve_spec, spec_to_dict
@@ -80,15 +84,35 @@ def test_evaluation_results_show_again_from_the_run_folder(sharded_run):
 
 
 @pytest.mark.integration
-def test_answers_stream_side_by_side_and_merge_lands_in_the_run(demo_run):
+def test_answers_stream_side_by_side_and_merge_lands_in_the_run(demo_run, demo_home):
     runs_dir, run_id = demo_run
     view = AfterView(RunManager(runs_dir))
     try:
         updates = list(view.answer(run_id, "final", "base", "Q: Add the numbers. 3 + 4\nA:", {"max_new_tokens": 6}))
         assert updates[0]["after.status"].startswith("loading the models")
-        assert "the final adapter on cpu, the base model alone on cpu" in updates[-1]["after.status"]
-        last = updates[-1]
+        assert "the final adapter on cpu, the base model alone on cpu" in updates[-2]["after.status"]
+        last = {k: v for update in updates for k, v in update.items()}  # what the page shows at the end
         assert last["after.answer"].strip()[:1].isdigit() and last["after.answer"] != last["after.compare_answer"]
+        # Then how each answer went, one line per model, and the warning the models share.
+        tuned, base, warning = last["after.status"].split("\n\n")
+        assert re.fullmatch(
+            r"\*\*the final adapter\*\* on cpu: \d+ tokens? in [\d.]+ s.* · ended at its end-of-sequence token", tuned
+        )
+        assert base.startswith("**the base model alone** on cpu: 6 tokens in ") and base.endswith(
+            "cut at max new tokens"
+        )
+        assert warning.startswith("⚠ no NVIDIA GPU found")
+
+        # An example from the held-out data, judged against the data's answer as evaluation judges it.
+        example = view.example(run_id, 3)
+        row = json.loads((demo_home / "data" / "eval.jsonl").read_text().splitlines()[2])
+        assert (example["after.prompt"], example["after.expected"]) == (row["prompt"], row["completion"])
+        assert example["after.example_note"].startswith("example 3 of 200, a held-out row of eval.jsonl")
+        updates = list(view.answer(run_id, "final", "", row["prompt"], {}, expected=row["completion"]))
+        answer = [u["after.answer"] for u in updates if "after.answer" in u][-1]
+        judged = verdict(answer, row["completion"])  # unit-tested in test_examples.py
+        assert updates[-1]["after.status"].startswith("**the final adapter** on cpu: ")
+        assert judged in updates[-1]["after.status"]
         pids = [w.pid for w in view.pool.live().values()]
         assert len(pids) == 2
         assert view.release(run_id)["after.status"] == f"released 2 models of run {run_id}"

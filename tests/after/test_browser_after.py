@@ -102,6 +102,32 @@ def test_try_streams_the_adapter_and_the_base_side_by_side_and_release_ends_thei
     assert not torch_loaded(server.proc.pid)
 
 
+def test_an_example_from_the_data_fills_the_prompt_and_its_answer_is_judged(page, server, demo_home):
+    open_after(page, server)
+    pick(page, "after-compare", "no comparison")
+    page.click("#after-example")
+    wait_text(page, "#after-example-note", "a held-out row of eval.jsonl")
+    expected = page.locator("#after-expected textarea")
+    expected.wait_for(state="visible")
+    prompt = page.locator("#after-prompt textarea").input_value()
+    rows = [json.loads(line) for line in (demo_home / "data" / "eval.jsonl").read_text().splitlines()]
+    assert {"prompt": prompt, "completion": expected.input_value()} in rows  # the row's prompt, its answer beside
+    page.click("#after-ask")
+    wait_text(page, "#after-status", "the data's answer", timeout=240_000)  # "✓ the data's answer" or "✗ not ..."
+    status = page.locator("#after-status").inner_text()
+    assert status.startswith("the final adapter on cpu: ") and " tokens" in status, status
+
+    # An edited prompt has no known answer: the data's answer goes, and the next answer is not judged.
+    fill(page.locator("#after-prompt textarea"), "Q: Add the numbers. 3 + 4\nA:")
+    page.click("#after-ask")
+    expected.wait_for(state="hidden")
+    wait_text(page, "#after-status", "ended at", timeout=120_000)
+    assert "the data's answer" not in page.locator("#after-status").inner_text()
+    assert not page.locator("#after-example-note").inner_text().strip()
+    page.click("#after-release")
+    wait_text(page, "#after-status", "released")
+
+
 def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
     open_after(page, server)
     assert "not evaluated yet" in page.locator("#after-eval-status").inner_text()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
 from tunedeck.backend.eval_results import read_eval
+from tunedeck.backend.examples import verdict
 
 from .helpers import tunedeck
 
@@ -57,6 +59,7 @@ def test_chat_answers_with_the_adapter_and_with_the_base(demo_run):
     assert "loading the final adapter" in tuned.stderr
     answer = tuned.stdout.strip()
     assert answer and answer[0].isdigit()  # the fine-tuned model answers in the trained format: " 7"
+    assert re.search(r"^\(\d+ tokens? in [\d.]+ s.* · ended at its end-of-sequence token\)$", tuned.stderr, re.M)
     # Interactive, with the base alone: prompts from stdin until end of input.
     base = tunedeck(
         "chat",
@@ -71,6 +74,19 @@ def test_chat_answers_with_the_adapter_and_with_the_base(demo_run):
     assert base.returncode == 0, base.stderr
     assert "the base model alone" in base.stderr
     assert base.stdout.strip() != answer
+
+
+def test_chat_asks_an_example_of_the_held_out_data_and_judges_the_answer(demo_run, demo_home):
+    runs_dir, run_id = demo_run
+    row = json.loads((demo_home / "data" / "eval.jsonl").read_text().splitlines()[4])
+    result = tunedeck("chat", run_id, "--example", "5", "--runs-dir", runs_dir)
+    assert result.returncode == 0, result.stderr
+    assert f"example 5 of 200, a held-out row of eval.jsonl:\n{row['prompt']}\n" in result.stderr
+    answer = result.stdout.rstrip("\n")
+    judged = verdict(answer, row["completion"])  # unit-tested in test_examples.py
+    assert result.stderr.rstrip().endswith(f"the data's answer: {row['completion']}\n{judged}".rstrip())
+    both = tunedeck("chat", run_id, "--example", "--prompt", "hi", "--runs-dir", runs_dir, timeout=60)
+    assert (both.returncode, both.stderr.strip()) == (2, "error: --example: give --prompt or --example, not both")
 
 
 def test_a_checkpoint_that_does_not_exist_is_named_before_anything_loads(demo_run):

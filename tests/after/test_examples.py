@@ -1,0 +1,97 @@
+"""Examples from a run's data for the Try box: typed so the run's template gives back the trained prompt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tunedeck.backend import train
+from tunedeck.backend.checkpoints import AfterError
+from tunedeck.backend.examples import NoExamples, data_examples, pick, verdict
+from tunedeck.backend.prompting import answer_line, resolve_template, wrap_plain
+
+
+def _write(path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _job(path, fmt: str, **fields) -> dict:
+    return {"dataset": {"path": str(path), "format": fmt, "max_seq_length": 64, **fields}}
+
+
+def test_an_alpaca_example_wrapped_by_the_try_box_is_the_prompt_the_run_trained_on(tmp_path):
+    rows = [
+        {"instruction": "Name a colour.", "input": "", "output": "Red"},
+        {"instruction": "Translate to French.", "input": "good morning", "output": "bonjour"},
+    ]
+    _write(tmp_path / "data" / "train.jsonl", rows)
+    job = _job(tmp_path / "data" / "train.jsonl", "alpaca")
+    trained = train.to_trl_format(train.load_split(job["dataset"], "train"), job["dataset"], "text")
+    pairs, _, _ = data_examples(tmp_path, job)
+    template = resolve_template("auto", "alpaca", has_chat_template=False)
+    for number, row in enumerate(trained, start=1):
+        example = pick(pairs, "train.jsonl", False, number)
+        assert wrap_plain(template, example.prompt) == row["prompt"]  # exactly, the input's section included
+        assert example.expected == row["completion"]
+    assert pick(pairs, "train.jsonl", False, 1).prompt == "Name a colour."
+
+
+def test_held_out_rows_come_first_and_training_rows_say_the_model_saw_them(tmp_path):
+    qa = [{"prompt": f"Q: {i} + 1\nA:", "completion": f" {i + 1}"} for i in range(5)]
+    _write(tmp_path / "data" / "train.jsonl", qa)
+    job = _job(tmp_path / "data" / "train.jsonl", "prompt-completion")
+    pairs, source, held_out = data_examples(tmp_path, job)
+    assert not held_out and len(pairs) == 5
+    seen = pick(pairs, source, held_out, 2)
+    assert (seen.prompt, seen.expected) == ("Q: 1 + 1\nA:", " 2")
+    assert seen.describe() == "example 2 of 5, a training row (the model has seen it) of train.jsonl"
+
+    _write(tmp_path / "data" / "eval.jsonl", qa[:3])  # beside it, as datasets names a split
+    pairs, source, held_out = data_examples(tmp_path, job)
+    assert held_out and len(pairs) == 3 and source.endswith("eval.jsonl")
+    assert pick(pairs, source, held_out, 3).describe() == "example 3 of 3, a held-out row of eval.jsonl"
+    assert pick(pairs, source, held_out).number in (1, 2, 3)  # at random without a number
+    with pytest.raises(NoExamples, match="example: 4 is not between 1 and 3"):
+        pick(pairs, source, held_out, 4)
+
+
+def test_a_conversation_is_tried_with_its_last_user_message(tmp_path):
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+    ]
+    _write(tmp_path / "data" / "train.jsonl", [{"messages": chat}])
+    pairs, source, held_out = data_examples(tmp_path, _job(tmp_path / "data" / "train.jsonl", "messages"))
+    example = pick(pairs, source, held_out, 1)
+    assert (example.prompt, example.expected, example.left_out) == ("Capital of France?", "Paris.", 3)
+    assert example.describe().endswith("of train.jsonl · its 3 earlier messages not sent")
+
+
+def test_plain_text_data_has_no_example_and_says_what_to_do(tmp_path):
+    _write(tmp_path / "data" / "train.jsonl", [{"text": "Once upon a time"}])
+    with pytest.raises(NoExamples, match=r"is plain text, with no prompt and answer to take: type a prompt"):
+        data_examples(tmp_path, _job(tmp_path / "data" / "train.jsonl", "text"))
+    assert issubclass(NoExamples, AfterError)  # shown as a message by the page and the CLI
+
+
+def test_an_answer_is_judged_as_evaluation_scores_it():
+    assert verdict(" 7", " 7\n") == "✓ the data's answer"
+    assert verdict("It is 7.", " 7") == "✓ contains the data's answer"
+    assert verdict(" 12", " 7") == "✗ not the data's answer"
+    assert verdict("", "") == "✓ the data's answer"
+
+
+def test_an_answer_line_says_how_long_and_why_it_ended():
+    done = {"text": " 7", "new_tokens": 3, "seconds": 0.25, "stop_reason": "end"}
+    assert answer_line(done) == "3 tokens in 0.25 s, 12 tokens/s · ended at its end-of-sequence token"
+    cut = {"text": "blah", "new_tokens": 64, "seconds": 2.0, "stop_reason": "max_new_tokens"}
+    assert answer_line(cut) == "64 tokens in 2.00 s, 32 tokens/s · cut at max new tokens"
+    empty = {"text": "", "new_tokens": 1, "seconds": 0.01, "stop_reason": "end"}
+    assert answer_line(empty) == "an empty answer: it ended at its end-of-sequence token at once (1 token)"
+    stopped = {"text": "  ", "new_tokens": 2, "seconds": 0.01, "stop_reason": "stop string"}
+    assert answer_line(stopped).startswith("an empty answer: it ended at a stop string at once")
