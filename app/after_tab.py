@@ -103,8 +103,14 @@ class AfterTab(Section):
                 add("after.ask", gr.Button("Answer", variant="primary", elem_id="after-ask"))
                 add("after.example", gr.Button("Example from the data", elem_id="after-example"))
                 add("after.release", gr.Button("Release models", elem_id="after-release"))
+        with gr.Row():
+            add("after.converse", gr.Checkbox(True, label="Keep the conversation", visible=False, scale=4,
+                                              info="a chat run: each answer sees the earlier turns, shown above it",
+                                              elem_id="after-converse"))  # fmt: skip
+            add("after.new_chat", gr.Button("New conversation", visible=False, scale=1, elem_id="after-new-chat"))
         add("after.example_note", gr.Markdown(elem_id="after-example-note"))
         add("after.example_prompt", gr.State(None))  # the example's prompt: its answer is judged while it is unchanged
+        add("after.history", gr.State(None))  # {"with": (run, weights, beside), "turns": {answer box id: turns}}
         with gr.Accordion("Generation settings", open=False, elem_id="after-settings"):
             with gr.Row():
                 add("after.max_new_tokens", gr.Number(64, label="max new tokens", precision=0, minimum=1,
@@ -165,10 +171,15 @@ class AfterTab(Section):
         """The run's weights, comparisons and adapters, and its saved evaluation."""
         ui = page.ui
         if not run_id:
-            return {ui[i]: gr.update(choices=[], value=None) for i in ("after.weights", "after.merge_weights")}
+            hidden = {ui[i]: gr.update(visible=False) for i in ("after.converse", "after.new_chat")}
+            return {**{ui[i]: gr.update(choices=[], value=None) for i in ("after.weights", "after.merge_weights")},
+                    **hidden}  # fmt: skip
         weights = self.view.weights_choices(run_id)
         adapters = [c for c in weights if c[1] != "base"]
+        chat = self.view.converses(run_id)
         return {
+            ui["after.converse"]: gr.update(visible=chat),
+            ui["after.new_chat"]: gr.update(visible=chat),
             ui["after.weights"]: gr.update(choices=weights, value=weights[0][1]),
             ui["after.compare"]: gr.update(choices=self.view.compare_choices(run_id), value="base"),
             ui["after.merge_weights"]: gr.update(choices=adapters, value=adapters[0][1] if adapters else None),
@@ -202,15 +213,15 @@ class AfterTab(Section):
             return {**self._choices(page, got[run]), **merged, **self._no_example(page)}
 
         picks = ["after.weights", "after.compare", "after.merge_weights", "after.eval_table", "after.eval_chart",
-                 "after.eval_status"]  # fmt: skip
-        # Quick reads of the run's folder: no loading overlay over the eight boxes they fill.
+                 "after.eval_status", "after.converse", "after.new_chat"]  # fmt: skip
+        # Quick reads of the run's folder: no loading overlay over the boxes they fill.
         shown_out = [run, ui["after.status"], *map(ui.__getitem__, picks)]
         listen([ui["page.tab." + self.id].select], on_shown, [run], shown_out, show_progress="hidden")
         run_out = [ui[i] for i in (*picks, "after.merge_status", "after.serve", *EXAMPLE_OUT)]
         listen([run.input], on_run, [run], run_out, show_progress="hidden")
 
         answer_in = ["after.run", "after.weights", "after.compare", "after.prompt", *("after." + s for s in SETTINGS),
-                     "after.example_prompt", "after.expected"]  # fmt: skip
+                     "after.example_prompt", "after.expected", "after.converse", "after.history"]  # fmt: skip
 
         @streamed
         def on_answer(got: Got, request: gr.Request) -> Iterator[Updates]:
@@ -222,13 +233,22 @@ class AfterTab(Section):
             from_example = prompt == example  # an edited example has no known answer
             expected = value["after.expected"] if from_example else None
             left = {} if from_example or example is None else self._no_example(page)
-            yield {ui["after.answer"]: "", ui["after.compare_answer"]: "", ui["after.status"]: "", **left}
             args = (value["after.run"], value["after.weights"], value["after.compare"] or "", prompt)
-            for updates in view.answer(*args, settings, session=request.session_hash, expected=expected):
+            # A conversation goes on while the same models answer; other models start a new one.
+            history = value["after.history"] or {}
+            conversing = bool(value["after.converse"]) and view.converses(args[0])
+            turns = history.get("turns", {}) if tuple(history.get("with", ())) == args[:3] else {}
+            yield {ui["after.answer"]: "", ui["after.compare_answer"]: "", ui["after.status"]: "", **left}
+            for updates in view.answer(*args, settings, session=request.session_hash, expected=expected,
+                                       history=turns if conversing else None):  # fmt: skip
+                if "after.history" in updates:  # answered: the prompt now shows in the conversation, the box is free
+                    updates.update({"after.history": {"with": args[:3], "turns": updates["after.history"]},
+                                    "after.prompt": ""})  # fmt: skip
                 yield {ui[k]: v for k, v in updates.items()}
 
         gr.on([ui["after.ask"].click, ui["after.prompt"].submit], on_answer, inputs={ui[i] for i in answer_in},
-              outputs=[ui[i] for i in ("after.answer", "after.compare_answer", "after.status", *EXAMPLE_OUT)],
+              outputs=[ui[i] for i in ("after.answer", "after.compare_answer", "after.status", "after.prompt",
+                                       "after.history", *EXAMPLE_OUT)],
               concurrency_limit=4,
               trigger_mode="once",  # a second click while answering is ignored: the models answer one prompt at a time
               show_progress="minimal", show_progress_on=[ui["after.ask"]])  # fmt: skip
@@ -248,6 +268,13 @@ class AfterTab(Section):
         listen([ui["after.example"].click], on_example, [run],
                [ui[i] for i in ("after.prompt", *EXAMPLE_OUT)], show_progress="minimal",
                show_progress_on=[ui["after.example"]])  # fmt: skip
+
+        def on_new_chat(got: Got) -> Updates:
+            cleared = {ui[i]: "" for i in ("after.answer", "after.compare_answer", "after.status")}
+            return {ui["after.history"]: None, **cleared}
+
+        new_chat_out = [ui[i] for i in ("after.history", "after.answer", "after.compare_answer", "after.status")]
+        listen([ui["after.new_chat"].click], on_new_chat, [], new_chat_out, show_progress="hidden")
 
         def on_release(got: Got, request: gr.Request) -> Updates:
             return {ui[k]: v for k, v in view.release_session(request.session_hash).items()}

@@ -25,7 +25,7 @@ from tunedeck.app.charts import waiting_figure
 from tunedeck.backend.checkpoints import AfterError, list_weights
 from tunedeck.backend.eval_results import order_key, read_eval, table_rows
 from tunedeck.backend.examples import data_examples, pick, verdict
-from tunedeck.backend.prompting import GenerationSettings, SettingsError, answer_line
+from tunedeck.backend.prompting import GenerationSettings, SettingsError, answer_line, transcript
 from tunedeck.backend.render.serve import SERVE_FILE
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.worker_client import WorkerError, WorkerPool, run_task, side_by_side
@@ -38,7 +38,7 @@ COMPONENTS = (
     "after.top_p", "after.repetition_penalty", "after.stop", "after.answer", "after.compare_answer", "after.status",
     "after.eval_scope", "after.eval_data", "after.eval_table", "after.eval_chart", "after.eval_status",
     "after.merge_weights", "after.merge_name", "after.merge_dtype", "after.merge_status", "after.repo_id", "after.token",
-    "after.eval_limit", "after.serve", "after.expected", "after.example_note",
+    "after.eval_limit", "after.serve", "after.expected", "after.example_note", "after.history",
 )  # fmt: skip
 Model = tuple  # (run id, checkpoint step or None, base?): one loaded model, one worker
 EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", "examples", "data"]
@@ -121,9 +121,14 @@ class AfterView:
         settings: dict,
         session: str = "",
         expected: str | None = None,
+        history: dict[str, list] | None = None,
     ) -> Iterator[dict]:
         """Stream the answer (and the comparison's, side by side): {component id: value} per update; at the end,
-        how each answer went (tokens, time, why it ended, and against `expected`, the data's answer, if given)."""
+        how each answer went (tokens, time, why it ended, and against `expected`, the data's answer, if given).
+
+        With `history` ({answer box id: [(user, assistant), ...]}, {} to start), a conversation: each model
+        with a chat template sees its earlier turns, its box shows them, and the last update carries the
+        history with this turn ("after.history"); a model without a chat template answers the prompt alone."""
         settings_ok = GenerationSettings.from_dict(settings)
         if not prompt.strip():
             raise AfterError("prompt: type a prompt first")
@@ -143,7 +148,10 @@ class AfterView:
         # idle (its worker's idle timeout runs) while the other one still loads.
         events: queue.Queue = queue.Queue()
         streams = {
-            key: self._load_then_answer(key, model, prompt, settings_ok, events) for key, model in models.items()
+            key: self._load_then_answer(
+                key, model, prompt, settings_ok, events, None if history is None else list(history.get(key, []))
+            )
+            for key, model in models.items()
         }
         workers, answered, status = {}, {}, ""
         for texts in side_by_side(streams, every_s=0.25):
@@ -159,6 +167,15 @@ class AfterView:
             ]
             lines += [f"⚠ {w}" for w in dict.fromkeys(i["warning"] for i in infos.values() if i.get("warning"))]
             yield {"after.status": "\n\n".join(lines)}
+        if history is not None:
+            yield {"after.history": {
+                key: [*history.get(key, []), (prompt, answered[key]["text"])]
+                for key in answered if workers[key].info.get("template") == "chat"
+            }}  # fmt: skip
+
+    def converses(self, run_id: str) -> bool:
+        """Whether the run trained on conversations (messages data, through the chat template)."""
+        return bool(run_id) and (self._run(run_id)[1].get("dataset") or {}).get("format") == "messages"
 
     def example(self, run_id: str, number: int | None = None) -> dict:
         """A prompt from the run's data (held out first) for the prompt box, and the data's answer beside it."""
@@ -190,11 +207,15 @@ class AfterView:
             status += f" · ⚠ {warnings[0]}" if warnings else ""
         return status
 
-    def _load_then_answer(self, key: str, model: Model, prompt: str, settings, events: queue.Queue) -> Iterator[str]:
+    def _load_then_answer(
+        self, key: str, model: Model, prompt: str, settings, events: queue.Queue, turns: list | None
+    ) -> Iterator[str]:
         worker = self.pool.get(self.manager.runs_dir, *model, on_event=events.put)
         events.put({"event": "loaded", "key": key, "worker": worker})
-        yield ""  # the page learns where the model runs before its first token
-        summary = yield from worker.generate(prompt, settings)
+        conversing = turns is not None and worker.info.get("template") == "chat"
+        # The page learns where the model runs before its first token; in a conversation, the turns so far.
+        yield transcript(turns, prompt) if conversing else ""
+        summary = yield from worker.generate(prompt, settings, history=turns if conversing else None)
         events.put({"event": "answered", "key": key, "summary": summary})
         return summary
 

@@ -103,6 +103,7 @@ def stream(model, tokenizer, inputs: dict, settings: GenerationSettings, cancel:
     return {
         "text": trimmer.text,
         "new_tokens": new_tokens,
+        "prompt_tokens": int(inputs["input_ids"].shape[1]),  # grows with a conversation's earlier turns
         "seconds": round(time.monotonic() - started, 3),
         "stop_reason": reason,
     }

@@ -137,4 +137,10 @@ def answer_line(summary: dict) -> str:
     if not str(summary.get("text", "")).strip() and summary.get("stop_reason") in ("end", "stop string"):
         return f"an empty answer: it {ending} at once ({tokens} token{'s' * (tokens != 1)})"
     rate = f", {tokens / seconds:.0f} tokens/s" if seconds > 0 and tokens > 1 else ""
-    return f"{tokens} token{'s' * (tokens != 1)} in {seconds:.2f} s{rate} · {ending}"
+    prompt = f" · the prompt {summary['prompt_tokens']} tokens" if summary.get("prompt_tokens") else ""
+    return f"{tokens} token{'s' * (tokens != 1)} in {seconds:.2f} s{rate} · {ending}{prompt}"
+
+
+def transcript(turns: list, prompt: str) -> str:
+    """A conversation as the Try box shows it: each user turn after "> ", its answer under it, then the new prompt."""
+    return "".join(f"> {user}\n{answer}\n\n" for user, answer in turns) + f"> {prompt}\n"

@@ -35,3 +35,10 @@ def qlora_run(demo_home, after_runs):
     """The demo as QLoRA: the base loaded in 4 bits (bitsandbytes), 2 processes."""
     overrides = {"method": "qlora", "quantization.bits": 4, "quantization.bnb_4bit_compute_dtype": "float32"}
     return train_demo(after_runs, {**overrides, "training.max_steps": 4, "training.save_steps": 2})
+
+
+@pytest.fixture(scope="session")
+def chat_run(demo_home, after_runs):
+    """The demo trained on conversations (messages data, the chat template): 8 steps, no held-out file beside."""
+    messages = {"dataset.format": "messages", "dataset.path": str(demo_home / "formats" / "messages.jsonl")}
+    return train_demo(after_runs, {**messages, "training.max_steps": 8, "training.save_steps": 8})

@@ -96,11 +96,12 @@ def test_answers_stream_side_by_side_and_merge_lands_in_the_run(demo_run, demo_h
         # Then how each answer went, one line per model, and the warning the models share.
         tuned, base, warning = last["after.status"].split("\n\n")
         assert re.fullmatch(
-            r"\*\*the final adapter\*\* on cpu: \d+ tokens? in [\d.]+ s.* · ended at its end-of-sequence token", tuned
+            r"\*\*the final adapter\*\* on cpu: \d+ tokens? in [\d.]+ s.* · ended at its end-of-sequence token"
+            r" · the prompt 15 tokens",
+            tuned,
         )
-        assert base.startswith("**the base model alone** on cpu: 6 tokens in ") and base.endswith(
-            "cut at max new tokens"
-        )
+        assert base.startswith("**the base model alone** on cpu: 6 tokens in ")
+        assert base.endswith("cut at max new tokens · the prompt 15 tokens")
         assert warning.startswith("⚠ no NVIDIA GPU found")
 
         # An example from the held-out data, judged against the data's answer as evaluation judges it.
@@ -155,3 +156,47 @@ def test_a_merge_never_overwrites_and_push_without_network_says_so(sharded_run, 
         sharded_run.push(RUN_ID, "done", "someone/model", "hf_not_a_real_token")
     with pytest.raises(AfterError, match="^Hub repo id: "):
         sharded_run.push(RUN_ID, "done", "no owner", "")
+
+
+def _prompt_tokens(status: str, model: str) -> int:
+    line = next(line for line in status.split("\n\n") if line.startswith(f"**{model}**"))
+    return int(re.search(r"the prompt (\d+) tokens", line).group(1))
+
+
+@pytest.mark.integration
+def test_a_chat_run_converses_each_model_seeing_its_own_earlier_turns(chat_run, demo_run):
+    runs_dir, run_id = chat_run
+    view = AfterView(RunManager(runs_dir))
+    assert view.converses(run_id) and not view.converses(demo_run[1])
+    try:
+        # No held-out file beside messages.jsonl: the example is a training row, and says so.
+        example = view.example(run_id, 2)
+        assert example["after.prompt"] == "Add the numbers. 9 + 0" and example["after.expected"] == "9"
+        assert example["after.example_note"].startswith(
+            "example 2 of 400, a training row (the model has seen it) of messages.jsonl"
+        )
+        settings = {"max_new_tokens": 4}
+        first = list(view.answer(run_id, "final", "base", example["after.prompt"], settings, history={}))
+        turns = first[-1]["after.history"]
+        tuned = turns["after.answer"][0][1]
+        assert turns["after.answer"] == [("Add the numbers. 9 + 0", tuned)]
+        assert turns["after.compare_answer"][0][0] == "Add the numbers. 9 + 0"  # the base's own answer beside
+
+        second = list(view.answer(run_id, "final", "base", "And 2 + 2?", settings, history=turns))
+        shown = [u["after.answer"] for u in second if "after.answer" in u][-1]
+        assert shown.startswith(f"> Add the numbers. 9 + 0\n{tuned}\n\n> And 2 + 2?\n")
+        assert [u for u, _ in second[-1]["after.history"]["after.answer"]] == ["Add the numbers. 9 + 0", "And 2 + 2?"]
+        # The earlier turn went through the chat template with the new prompt: a longer prompt for each model.
+        for model in ("the final adapter", "the base model alone"):
+            assert _prompt_tokens(second[-2]["after.status"], model) > _prompt_tokens(first[-2]["after.status"], model)
+    finally:
+        view.pool.release_all()
+
+    # A run without conversations answers each prompt alone, whatever history the page holds.
+    view = AfterView(RunManager(demo_run[0]))
+    try:
+        updates = list(view.answer(demo_run[1], "final", "", "Q: Add the numbers. 3 + 4\nA:", settings, history={}))
+        assert updates[-1] == {"after.history": {}}
+        assert not [u["after.answer"] for u in updates if "after.answer" in u][-1].startswith(">")
+    finally:
+        view.pool.release_all()

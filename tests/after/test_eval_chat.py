@@ -59,7 +59,11 @@ def test_chat_answers_with_the_adapter_and_with_the_base(demo_run):
     assert "loading the final adapter" in tuned.stderr
     answer = tuned.stdout.strip()
     assert answer and answer[0].isdigit()  # the fine-tuned model answers in the trained format: " 7"
-    assert re.search(r"^\(\d+ tokens? in [\d.]+ s.* · ended at its end-of-sequence token\)$", tuned.stderr, re.M)
+    assert re.search(
+        r"^\(\d+ tokens? in [\d.]+ s.* · ended at its end-of-sequence token · the prompt \d+ tokens\)$",
+        tuned.stderr,
+        re.M,
+    )
     # Interactive, with the base alone: prompts from stdin until end of input.
     base = tunedeck(
         "chat",

@@ -9,7 +9,7 @@ import pytest
 from tunedeck.backend import train
 from tunedeck.backend.checkpoints import AfterError
 from tunedeck.backend.examples import NoExamples, data_examples, pick, verdict
-from tunedeck.backend.prompting import answer_line, resolve_template, wrap_plain
+from tunedeck.backend.prompting import answer_line, resolve_template, transcript, wrap_plain
 
 
 def _write(path, rows) -> None:
@@ -95,3 +95,12 @@ def test_an_answer_line_says_how_long_and_why_it_ended():
     assert answer_line(empty) == "an empty answer: it ended at its end-of-sequence token at once (1 token)"
     stopped = {"text": "  ", "new_tokens": 2, "seconds": 0.01, "stop_reason": "stop string"}
     assert answer_line(stopped).startswith("an empty answer: it ended at a stop string at once")
+
+
+def test_a_conversation_shows_its_turns_then_the_new_prompt():
+    assert transcript([], "Hi") == "> Hi\n"
+    assert (
+        transcript([("Hi", "Hello."), ("2 + 2?", "4")], "And 3 + 3?") == "> Hi\nHello.\n\n> 2 + 2?\n4\n\n> And 3 + 3?\n"
+    )
+    done = {"text": " 7", "new_tokens": 3, "seconds": 0.25, "stop_reason": "end", "prompt_tokens": 57}
+    assert answer_line(done).endswith("· ended at its end-of-sequence token · the prompt 57 tokens")
