@@ -158,6 +158,14 @@ def question_and_answer(row: dict) -> tuple[object, str] | None:
 # ---------------------------------------------------------------- scoring
 
 
+def exact_match(answer: str, expected: str) -> bool:
+    return answer.strip() == expected.strip()
+
+
+def contains_match(answer: str, expected: str) -> bool:
+    return expected.strip() in answer
+
+
 def _check(cancel) -> None:
     if cancel is not None and cancel.is_set():
         raise Cancelled()
@@ -231,8 +239,8 @@ def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, ca
     result.update(exact_match=None, contains_match=None, generated=0, samples=[])
     if pairs:
         got = answers(model, tokenizer, pairs, say("generating answers"), cancel)
-        exact = sum(a.strip() == e.strip() for a, (_, e) in zip(got, pairs))
-        contains = sum(e.strip() in a for a, (_, e) in zip(got, pairs))
+        exact = sum(exact_match(a, e) for a, (_, e) in zip(got, pairs))
+        contains = sum(contains_match(a, e) for a, (_, e) in zip(got, pairs))
         result.update(exact_match=exact / len(pairs), contains_match=contains / len(pairs), generated=len(pairs))
         result["samples"] = [
             {"prompt": p if isinstance(p, str) else p[-1]["content"], "expected": e, "answer": a}

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunedeck.backend.checkpoints import AfterError
-from tunedeck.backend.evaluate import NoEvalData, eval_rows, question_and_answer, training_rows
+from tunedeck.backend.evaluate import (
+    NoEvalData,
+    contains_match,
+    eval_rows,
+    exact_match,
+    question_and_answer,
+    training_rows,
+)
 from tunedeck.backend.train import ALPACA_PROMPT
 
 ROWS_READ = 500  # the examples are drawn from the first rows of the data
@@ -84,8 +91,8 @@ def pick(pairs: list[tuple[object, str]], source: str, held_out: bool, number: i
 
 def verdict(answer: str, expected: str) -> str:
     """The answer against the data's, as evaluation scores it (exact match, contains match)."""
-    if answer.strip() == expected.strip():
+    if exact_match(answer, expected):
         return "✓ the data's answer"
-    if expected.strip() and expected.strip() in answer:
+    if expected.strip() and contains_match(answer, expected):
         return "✓ contains the data's answer"
     return "✗ not the data's answer"
