@@ -23,12 +23,13 @@ from tunedeck.app.errors import user_message
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.checkpoints import AfterError
-from tunedeck.backend.prompting import MAX_NEW_TOKENS
+from tunedeck.backend.prompting import MAX_NEW_TOKENS, transcript
 from tunedeck.backend.worker_client import DEFAULT_IDLE_TIMEOUT_S, WorkerPool
 
 IDLE_ENV = "TUNEDECK_WORKER_IDLE_S"  # seconds a loaded model may sit unused before its worker ends
 DTYPES = ["bfloat16", "float16", "float32"]
 EXAMPLE_OUT = ("after.example_prompt", "after.expected", "after.example_note")
+CHAT_ONLY = ("after.system", "after.converse", "after.new_chat")  # shown for runs trained on conversations
 SETTINGS = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "stop")
 log = logging.getLogger("tunedeck.panel")
 CSS = """
@@ -94,6 +95,9 @@ class AfterTab(Section):
             add("after.weights", gr.Dropdown(label="Weights", choices=[], elem_id="after-weights", scale=2))
             add("after.compare", gr.Dropdown(label="Beside it", choices=[], elem_id="after-compare", scale=2))
         gr.Markdown("### Try", elem_id="after-try-title")
+        add("after.system", gr.Textbox(label="System message (sent first, through the chat template)", lines=1,
+                                       visible=False, placeholder="none: the model's own default, if its template has one",
+                                       elem_id="after-system"))  # fmt: skip
         with gr.Row():
             add(
                 "after.prompt",
@@ -171,15 +175,14 @@ class AfterTab(Section):
         """The run's weights, comparisons and adapters, and its saved evaluation."""
         ui = page.ui
         if not run_id:
-            hidden = {ui[i]: gr.update(visible=False) for i in ("after.converse", "after.new_chat")}
+            hidden = {ui[i]: gr.update(visible=False) for i in CHAT_ONLY}
             return {**{ui[i]: gr.update(choices=[], value=None) for i in ("after.weights", "after.merge_weights")},
                     **hidden}  # fmt: skip
         weights = self.view.weights_choices(run_id)
         adapters = [c for c in weights if c[1] != "base"]
         chat = self.view.converses(run_id)
         return {
-            ui["after.converse"]: gr.update(visible=chat),
-            ui["after.new_chat"]: gr.update(visible=chat),
+            **{ui[i]: gr.update(visible=chat) for i in CHAT_ONLY},
             ui["after.weights"]: gr.update(choices=weights, value=weights[0][1]),
             ui["after.compare"]: gr.update(choices=self.view.compare_choices(run_id), value="base"),
             ui["after.merge_weights"]: gr.update(choices=adapters, value=adapters[0][1] if adapters else None),
@@ -213,7 +216,7 @@ class AfterTab(Section):
             return {**self._choices(page, got[run]), **merged, **self._no_example(page)}
 
         picks = ["after.weights", "after.compare", "after.merge_weights", "after.eval_table", "after.eval_chart",
-                 "after.eval_status", "after.converse", "after.new_chat"]  # fmt: skip
+                 "after.eval_status", *CHAT_ONLY]  # fmt: skip
         # Quick reads of the run's folder: no loading overlay over the boxes they fill.
         shown_out = [run, ui["after.status"], *map(ui.__getitem__, picks)]
         listen([ui["page.tab." + self.id].select], on_shown, [run], shown_out, show_progress="hidden")
@@ -221,7 +224,7 @@ class AfterTab(Section):
         listen([run.input], on_run, [run], run_out, show_progress="hidden")
 
         answer_in = ["after.run", "after.weights", "after.compare", "after.prompt", *("after." + s for s in SETTINGS),
-                     "after.example_prompt", "after.expected", "after.converse", "after.history"]  # fmt: skip
+                     "after.example_prompt", "after.expected", "after.converse", "after.history", "after.system"]  # fmt: skip
 
         @streamed
         def on_answer(got: Got, request: gr.Request) -> Iterator[Updates]:
@@ -236,11 +239,13 @@ class AfterTab(Section):
             args = (value["after.run"], value["after.weights"], value["after.compare"] or "", prompt)
             # A conversation goes on while the same models answer; other models start a new one.
             history = value["after.history"] or {}
-            conversing = bool(value["after.converse"]) and view.converses(args[0])
+            chat = view.converses(args[0])
+            conversing = bool(value["after.converse"]) and chat
             turns = history.get("turns", {}) if tuple(history.get("with", ())) == args[:3] else {}
             yield {ui["after.answer"]: "", ui["after.compare_answer"]: "", ui["after.status"]: "", **left}
             for updates in view.answer(*args, settings, session=request.session_hash, expected=expected,
-                                       history=turns if conversing else None):  # fmt: skip
+                                       history=turns if conversing else None,
+                                       system=(value["after.system"] or "") if chat else ""):  # fmt: skip
                 if "after.history" in updates:  # answered: the prompt now shows in the conversation, the box is free
                     updates.update({"after.history": {"with": args[:3], "turns": updates["after.history"]},
                                     "after.prompt": ""})  # fmt: skip
@@ -253,21 +258,33 @@ class AfterTab(Section):
               trigger_mode="once",  # a second click while answering is ignored: the models answer one prompt at a time
               show_progress="minimal", show_progress_on=[ui["after.ask"]])  # fmt: skip
 
+        example_in = [run, *(ui[i] for i in ("after.weights", "after.compare", "after.converse"))]
+
         def on_example(got: Got) -> Updates:
             try:
-                found = view.example(got[run])
+                found = view.example(got[run], conversing=bool(got[ui["after.converse"]]))
             except USER_ERRORS as exc:  # no run, or data without a prompt and answer: said where the example goes
                 return {**self._no_example(page), ui["after.example_note"]: f"✗ {exc}"}
+            # The example is a conversation of its own: its earlier turns (if any) are each model's history.
+            args = (got[run], got[ui["after.weights"]], got[ui["after.compare"]] or "")
+            boxes = ("after.answer", "after.compare_answer") if args[2] else ("after.answer",)
+            shown = transcript(found["turns"])
             return {
                 ui["after.prompt"]: found["after.prompt"],
                 ui["after.example_prompt"]: found["after.prompt"],
                 ui["after.expected"]: gr.update(value=found["after.expected"], visible=True),
                 ui["after.example_note"]: found["after.example_note"],
+                ui["after.system"]: found["after.system"],
+                ui["after.history"]: {"with": args, "turns": dict.fromkeys(boxes, found["turns"])},
+                ui["after.answer"]: shown,
+                ui["after.compare_answer"]: shown if args[2] else "",
+                ui["after.status"]: "",
             }
 
-        listen([ui["after.example"].click], on_example, [run],
-               [ui[i] for i in ("after.prompt", *EXAMPLE_OUT)], show_progress="minimal",
-               show_progress_on=[ui["after.example"]])  # fmt: skip
+        example_out = ("after.prompt", *EXAMPLE_OUT, "after.system", "after.history", "after.answer",
+                       "after.compare_answer", "after.status")  # fmt: skip
+        listen([ui["after.example"].click], on_example, example_in, [ui[i] for i in example_out],
+               show_progress="minimal", show_progress_on=[ui["after.example"]])  # fmt: skip
 
         def on_new_chat(got: Got) -> Updates:
             cleared = {ui[i]: "" for i in ("after.answer", "after.compare_answer", "after.status")}

@@ -38,7 +38,7 @@ COMPONENTS = (
     "after.top_p", "after.repetition_penalty", "after.stop", "after.answer", "after.compare_answer", "after.status",
     "after.eval_scope", "after.eval_data", "after.eval_table", "after.eval_chart", "after.eval_status",
     "after.merge_weights", "after.merge_name", "after.merge_dtype", "after.merge_status", "after.repo_id", "after.token",
-    "after.eval_limit", "after.serve", "after.expected", "after.example_note", "after.history",
+    "after.eval_limit", "after.serve", "after.expected", "after.example_note", "after.history", "after.system",
 )  # fmt: skip
 Model = tuple  # (run id, checkpoint step or None, base?): one loaded model, one worker
 EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", "examples", "data"]
@@ -122,13 +122,15 @@ class AfterView:
         session: str = "",
         expected: str | None = None,
         history: dict[str, list] | None = None,
+        system: str = "",
     ) -> Iterator[dict]:
         """Stream the answer (and the comparison's, side by side): {component id: value} per update; at the end,
         how each answer went (tokens, time, why it ended, and against `expected`, the data's answer, if given).
 
         With `history` ({answer box id: [(user, assistant), ...]}, {} to start), a conversation: each model
         with a chat template sees its earlier turns, its box shows them, and the last update carries the
-        history with this turn ("after.history"); a model without a chat template answers the prompt alone."""
+        history with this turn ("after.history"); a model without a chat template answers the prompt alone.
+        `system`, a system message, goes first to each model with a chat template."""
         settings_ok = GenerationSettings.from_dict(settings)
         if not prompt.strip():
             raise AfterError("prompt: type a prompt first")
@@ -149,7 +151,7 @@ class AfterView:
         events: queue.Queue = queue.Queue()
         streams = {
             key: self._load_then_answer(
-                key, model, prompt, settings_ok, events, None if history is None else list(history.get(key, []))
+                key, model, prompt, settings_ok, events, None if history is None else list(history.get(key, [])), system
             )
             for key, model in models.items()
         }
@@ -168,24 +170,28 @@ class AfterView:
             lines += [f"⚠ {w}" for w in dict.fromkeys(i["warning"] for i in infos.values() if i.get("warning"))]
             yield {"after.status": "\n\n".join(lines)}
         if history is not None:
-            yield {"after.history": {
-                key: [*history.get(key, []), (prompt, answered[key]["text"])]
-                for key in answered if workers[key].info.get("template") == "chat"
-            }}  # fmt: skip
+            chat = {key for key in answered if workers[key].info.get("template") == "chat"}
+            yield {"after.history": next_turns(history, prompt, {k: answered[k]["text"] for k in chat}, models)}
 
     def converses(self, run_id: str) -> bool:
         """Whether the run trained on conversations (messages data, through the chat template)."""
         return bool(run_id) and (self._run(run_id)[1].get("dataset") or {}).get("format") == "messages"
 
-    def example(self, run_id: str, number: int | None = None) -> dict:
-        """A prompt from the run's data (held out first) for the prompt box, and the data's answer beside it."""
+    def example(self, run_id: str, number: int | None = None, conversing: bool = True) -> dict:
+        """A prompt from the run's data (held out first) for the prompt box, and the data's answer beside it;
+        of a conversation, its system message and (when `conversing`) its earlier turns: a new conversation."""
         if run_id not in self._examples:
             self._examples[run_id] = data_examples(*self._run(run_id))
         example = pick(*self._examples[run_id], number)
+        sent = "**Answer** sends it as the run trained on it."
+        if example.turns and not conversing:
+            sent = "Keep the conversation is off: **Answer** sends its last message without the earlier turns."
         return {
             "after.prompt": example.prompt,
             "after.expected": example.expected,
-            "after.example_note": f"{example.describe()}: **Answer** sends it as the run trained on it.",
+            "after.example_note": f"{example.describe()}: {sent}",
+            "after.system": example.system,
+            "turns": list(example.turns) if conversing else [],  # the conversation before the prompt
         }
 
     @staticmethod
@@ -208,14 +214,14 @@ class AfterView:
         return status
 
     def _load_then_answer(
-        self, key: str, model: Model, prompt: str, settings, events: queue.Queue, turns: list | None
+        self, key: str, model: Model, prompt: str, settings, events: queue.Queue, turns: list | None, system: str
     ) -> Iterator[str]:
         worker = self.pool.get(self.manager.runs_dir, *model, on_event=events.put)
         events.put({"event": "loaded", "key": key, "worker": worker})
         conversing = turns is not None and worker.info.get("template") == "chat"
         # The page learns where the model runs before its first token; in a conversation, the turns so far.
         yield transcript(turns, prompt) if conversing else ""
-        summary = yield from worker.generate(prompt, settings, history=turns if conversing else None)
+        summary = yield from worker.generate(prompt, settings, history=turns if conversing else None, system=system)
         events.put({"event": "answered", "key": key, "summary": summary})
         return summary
 
@@ -304,6 +310,13 @@ class AfterView:
         except AfterError as exc:  # its messages name the CLI's flag; the page's box is "Hub repo id"
             raise AfterError(str(exc).replace("--repo-id:", "Hub repo id:", 1)) from None
         return {"after.merge_status": f"pushed to {url}"}
+
+
+def next_turns(history: dict[str, list], prompt: str, answers: dict[str, str], models) -> dict[str, list]:
+    """Each model's conversation after this prompt: the turn added where a chat model answered; where a model
+    failed, its conversation as it was (the next prompt goes on from there); none for a model without a template."""
+    turns = {key: [*history.get(key, []), (prompt, text)] for key, text in answers.items()}
+    return {**{key: list(history[key]) for key in models if key in history and key not in answers}, **turns}
 
 
 def _fmt(value):

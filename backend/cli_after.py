@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ask with example N of the run's data (held-out rows first; without N, one at random) and "
                         "judge the answer against the data's")  # fmt: skip
     p.add_argument("--base", action="store_true", help="answer with the base model alone (no adapter)")
+    p.add_argument("--system", metavar="TEXT", help="a system message sent before every prompt (the chat template "
+                   "only; with --example, instead of the example's own)")  # fmt: skip
     p.add_argument("--template", choices=("auto", "chat", "alpaca", "plain"), default="auto",
                    help="how the prompt is wrapped: auto follows the run's dataset.format (messages: the chat template; "
                         "alpaca: its prompt; otherwise the text as typed)")  # fmt: skip
@@ -169,7 +171,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def _chat(args) -> int:
     from tunedeck.backend.examples import verdict
-    from tunedeck.backend.prompting import GenerationSettings
+    from tunedeck.backend.prompting import GenerationSettings, transcript
     from tunedeck.backend.worker_client import ModelWorker
 
     settings = GenerationSettings(
@@ -177,6 +179,7 @@ def _chat(args) -> int:
     )
     runs_dir, job, weights = _resolve(args, args.base)
     example = _example(runs_dir, job, args)
+    _check_system(args, job)
     progress = Progress()
     print(f"loading {weights.describe()} of run {args.run_id}", file=sys.stderr, flush=True)
     # The session lasts as long as this command: no idle timeout to cut a slow typist off.
@@ -186,22 +189,27 @@ def _chat(args) -> int:
     progress.close()
     try:
         if example is not None:
-            print(f"{example.describe()}:\n{example.prompt}", file=sys.stderr, flush=True)
-            answer = _answer(worker, example.prompt, settings, args.template, [])
+            system = example.system if args.system is None else args.system
+            context = system or example.turns  # a conversation shows as the Try box shows it
+            shown = [f"system: {system}"] * bool(system) + [
+                transcript(example.turns, example.prompt).rstrip("\n") if context else example.prompt
+            ]
+            print(f"{example.describe()}:", *shown, sep="\n", file=sys.stderr, flush=True)
+            answer = _answer(worker, example.prompt, settings, args.template, list(example.turns), system)
             print(f"the data's answer: {example.expected}\n{verdict(answer, example.expected)}", file=sys.stderr)
             return 0
         if args.prompt is not None:
-            _answer(worker, args.prompt, settings, args.template, [])
+            _answer(worker, args.prompt, settings, args.template, [], args.system or "")
             return 0
-        return _interactive(worker, settings, args.template)
+        return _interactive(worker, settings, args.template, args.system or "")
     finally:
         worker.release()
 
 
-def _answer(worker, prompt: str, settings, template: str, history: list) -> str:
+def _answer(worker, prompt: str, settings, template: str, history: list, system: str = "") -> str:
     from tunedeck.backend.prompting import answer_line
 
-    pieces = worker.generate(prompt, settings, template, history)
+    pieces = worker.generate(prompt, settings, template, history, system)
     try:
         while True:
             print(next(pieces), end="", flush=True)
@@ -228,7 +236,20 @@ def _example(runs_dir, job: dict, args):
     return pick(*data_examples(Path(runs_dir) / args.run_id, job), args.example or None)
 
 
-def _interactive(worker, settings, template: str) -> int:
+def _check_system(args, job: dict) -> None:
+    """--system needs the chat template: said before the model loads."""
+    from tunedeck.backend.checkpoints import AfterError
+    from tunedeck.backend.prompting import resolve_template
+
+    fmt = (job.get("dataset") or {}).get("format", "")
+    if args.system is not None and resolve_template(args.template, fmt, has_chat_template=True) != "chat":
+        raise AfterError(
+            f"--system: the {fmt or 'run'} data's prompts are not wrapped in a chat template, which is where a "
+            "system message goes; add --template chat (the model's tokenizer must have one) or leave --system out"
+        )
+
+
+def _interactive(worker, settings, template: str, system: str = "") -> int:
     chat = worker.info["template"] == "chat" if template == "auto" else template == "chat"
     note = "the conversation is kept (chat template)" if chat else "each prompt stands alone (no chat template)"
     print(
@@ -248,7 +269,7 @@ def _interactive(worker, settings, template: str) -> int:
             continue
         if not prompt.strip():
             continue
-        answer = _answer(worker, prompt.replace("\\n", "\n"), settings, template, history)
+        answer = _answer(worker, prompt.replace("\\n", "\n"), settings, template, history, system)
         if chat:
             history.append((prompt, answer))
 

@@ -3,8 +3,9 @@
 The prompt is what the Try box sends through the run's template (prompting.resolve_template):
 prompt-completion rows as they are, an alpaca row as its instruction (and input) so that
 wrapping it again gives back the prompt the model trained on, a conversation as its last user
-message. Held-out rows (the run's evaluation data) come first; without any, the training rows,
-which the model has seen. A plain-text dataset has no prompt and answer to split.
+message, with its system message and earlier turns to send before it. Held-out rows (the run's
+evaluation data) come first; without any, the training rows, which the model has seen. A
+plain-text dataset has no prompt and answer to split.
 """
 
 from __future__ import annotations
@@ -40,26 +41,38 @@ class Example:
     count: int
     source: str
     held_out: bool
-    left_out: int = 0  # messages before the last user one (system, earlier turns) the Try box does not send
+    system: str = ""  # a conversation's system message
+    turns: tuple[tuple[str, str], ...] = ()  # a conversation's earlier (user, assistant) turns
+    left_out: int = 0  # earlier messages that are not user and assistant turns: the Try box cannot send them
 
     def describe(self) -> str:
         kind = "held-out row" if self.held_out else "training row (the model has seen it)"
         where = Path(self.source).name or self.source
+        context = ["its system message"] * bool(self.system)
+        context += [f"{len(self.turns)} earlier turn{'s' * (len(self.turns) > 1)}"] * bool(self.turns)
+        with_context = f" · with {' and '.join(context)}" if context else ""
         dropped = f" · its {self.left_out} earlier message{'s' * (self.left_out > 1)} not sent" if self.left_out else ""
-        return f"example {self.number} of {self.count}, a {kind} of {where}{dropped}"
+        return f"example {self.number} of {self.count}, a {kind} of {where}{with_context}{dropped}"
 
 
-def typed(prompt: object) -> tuple[str, int]:
-    """(the text to type for a row's prompt, how many messages before it are left out)."""
-    if isinstance(prompt, list):  # a conversation: its last user message, with the chat template
+def typed(prompt: object) -> dict:
+    """What the Try box sends for a row's prompt: the text to type and, of a conversation, its context."""
+    if isinstance(prompt, list):  # a conversation: its last user message, after its system message and turns
         users = [i for i, m in enumerate(prompt) if m.get("role") == "user"]
         if not users:
             raise NoExamples("the conversation has no user message to send")
-        return str(prompt[users[-1]]["content"]), users[-1]
+        before, system = prompt[: users[-1]], ""
+        if before and before[0].get("role") == "system":
+            system, before = str(before[0]["content"]), before[1:]
+        context = {"prompt": str(prompt[users[-1]]["content"]), "system": system}
+        if [m.get("role") for m in before] != ["user", "assistant"] * (len(before) // 2):
+            return {**context, "left_out": len(before)}  # tool calls, two users in a row ...: not turns
+        pairs = zip(before[::2], before[1::2], strict=True)
+        return {**context, "turns": tuple((str(u["content"]), str(a["content"])) for u, a in pairs)}
     text = str(prompt)
     if text.startswith(_ALPACA_HEAD) and text.endswith(_ALPACA_TAIL):  # alpaca: the template wraps it again
-        return text[len(_ALPACA_HEAD) : len(text) - len(_ALPACA_TAIL)], 0
-    return text, 0
+        return {"prompt": text[len(_ALPACA_HEAD) : len(text) - len(_ALPACA_TAIL)]}
+    return {"prompt": text}
 
 
 def data_examples(run_dir: Path, job: dict) -> tuple[list[tuple[object, str]], str, bool]:
@@ -85,8 +98,9 @@ def pick(pairs: list[tuple[object, str]], source: str, held_out: bool, number: i
     if not 1 <= number <= len(pairs):
         raise NoExamples(f"example: {number} is not between 1 and {len(pairs)} (the rows with an answer)")
     prompt, expected = pairs[number - 1]
-    text, left_out = typed(prompt)
-    return Example(text, expected, number, len(pairs), source, held_out, left_out)
+    return Example(
+        expected=expected, number=number, count=len(pairs), source=source, held_out=held_out, **typed(prompt)
+    )
 
 
 def verdict(answer: str, expected: str) -> str:

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from tunedeck.backend.prompting import GenerationSettings, StopTrimmer, chat_messages, wrap_plain
 
 
-def encode_prompt(tokenizer, template: str, text: str, history=None) -> dict:
-    """input_ids and attention_mask (batch of one) of the prompt in its template."""
+def encode_prompt(tokenizer, template: str, text: str, history=None, system: str = "") -> dict:
+    """input_ids and attention_mask (batch of one) of the prompt in its template (history and system: chat only)."""
     if template == "chat":
         ids = tokenizer.apply_chat_template(
-            chat_messages(text, history),
+            chat_messages(text, history, system),
             add_generation_prompt=True,
             tokenize=True,
             return_dict=True,

@@ -85,8 +85,9 @@ def wrap_plain(template: str, text: str) -> str:
     return text
 
 
-def chat_messages(text: str, history: list[tuple[str, str]] | None = None) -> list[dict]:
-    messages = []
+def chat_messages(text: str, history: list[tuple[str, str]] | None = None, system: str = "") -> list[dict]:
+    """The conversation the chat template renders: the system message, the earlier turns, the new prompt."""
+    messages = [{"role": "system", "content": system}] if system.strip() else []
     for user, assistant in history or []:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
     return messages + [{"role": "user", "content": text}]
@@ -141,6 +142,6 @@ def answer_line(summary: dict) -> str:
     return f"{tokens} token{'s' * (tokens != 1)} in {seconds:.2f} s{rate} · {ending}{prompt}"
 
 
-def transcript(turns: list, prompt: str) -> str:
+def transcript(turns: list, prompt: str | None = None) -> str:
     """A conversation as the Try box shows it: each user turn after "> ", its answer under it, then the new prompt."""
-    return "".join(f"> {user}\n{answer}\n\n" for user, answer in turns) + f"> {prompt}\n"
+    return "".join(f"> {user}\n{answer}\n\n" for user, answer in turns) + ("" if prompt is None else f"> {prompt}\n")

@@ -138,8 +138,10 @@ class Worker:
         template = resolve_template(
             args.get("template") or "auto", self.loaded["dataset_format"], self.loaded["chat_template"]
         )
-        history = [tuple(turn) for turn in args.get("history") or []] if template == "chat" else None
-        inputs = encode_prompt(self.tokenizer, template, str(args.get("prompt", "")), history)
+        chat = template == "chat"  # the other templates have no place for earlier turns or a system message
+        history = [tuple(turn) for turn in args.get("history") or []] if chat else None
+        system = str(args.get("system") or "") if chat else ""
+        inputs = encode_prompt(self.tokenizer, template, str(args.get("prompt", "")), history, system)
         pieces = stream(self.model, self.tokenizer, inputs, settings, cancel)
         while True:
             try:

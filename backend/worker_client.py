@@ -252,10 +252,18 @@ class ModelWorker(Worker):
         return worker
 
     def generate(
-        self, prompt: str, settings: GenerationSettings, template: str = "auto", history=None
+        self, prompt: str, settings: GenerationSettings, template: str = "auto", history=None, system: str = ""
     ) -> Iterator[str]:
-        """Yield the answer's text as it is generated; the summary (text, new_tokens, seconds, stop_reason) is the return value."""
-        args = {"prompt": prompt, "settings": settings.to_dict(), "template": template, "history": history or []}
+        """Yield the answer's text as it is generated; the summary (text, new_tokens, seconds, stop_reason) is the return value.
+
+        history (earlier (user, assistant) turns) and system (a system message) reach a chat template only."""
+        args = {
+            "prompt": prompt,
+            "settings": settings.to_dict(),
+            "template": template,
+            "history": history or [],
+            "system": system,
+        }
         stream = self.events("generate", args)
         try:
             while True:

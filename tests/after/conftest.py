@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from .helpers import train_demo
+from .helpers import CHAT_SYSTEM, train_demo
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +41,12 @@ def qlora_run(demo_home, after_runs):
 
 @pytest.fixture(scope="session")
 def chat_run(demo_home, after_runs):
-    """The demo trained on conversations (messages data, the chat template): 8 steps, no held-out file beside."""
-    messages = {"dataset.format": "messages", "dataset.path": str(demo_home / "formats" / "messages.jsonl")}
-    return train_demo(after_runs, {**messages, "training.max_steps": 8, "training.save_steps": 8})
+    """The demo trained on conversations (the chat template): each row a system message, the previous row's
+    question and answer, then its own; 8 steps, no held-out file beside."""
+    rows = [json.loads(line)["messages"] for line in (demo_home / "formats" / "messages.jsonl").open()]
+    system = [{"role": "system", "content": CHAT_SYSTEM}]
+    path = after_runs / "chat-data" / "conversations.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps({"messages": system + rows[i - 1] + rows[i]}) + "\n" for i in range(len(rows))))
+    data = {"dataset.format": "messages", "dataset.path": str(path), "dataset.max_seq_length": 128}
+    return train_demo(after_runs, {**data, "training.max_steps": 8, "training.save_steps": 8})

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 
 PROMPTS_COMPARED = 16
+CHAT_SYSTEM = "Answer with the number."  # the chat run's data's system message
 
 
 def train_demo(runs_dir: Path, overrides: dict) -> tuple[Path, str]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 from runs.helpers import fake_run
 
-from tunedeck.app.after_view import AfterView
+from tunedeck.app.after_view import AfterView, next_turns
 from tunedeck.backend.checkpoints import AfterError
 from tunedeck.backend.eval_results import save_results
 from tunedeck.backend.examples import verdict
@@ -17,7 +18,7 @@ from tunedeck.backend.prompting import SettingsError
 from tunedeck.backend.runs import RunManager
 from tunedeck.backend.spec import resolve_spec, spec_to_dict
 
-from .helpers import gone
+from .helpers import CHAT_SYSTEM, gone
 
 RUN_ID = "20250101-120000-abcdef"
 
@@ -164,17 +165,21 @@ def _prompt_tokens(status: str, model: str) -> int:
 
 
 @pytest.mark.integration
-def test_a_chat_run_converses_each_model_seeing_its_own_earlier_turns(chat_run, demo_run):
+def test_a_chat_run_converses_each_model_seeing_its_own_earlier_turns(chat_run, demo_run, demo_home):
     runs_dir, run_id = chat_run
     view = AfterView(RunManager(runs_dir))
     assert view.converses(run_id) and not view.converses(demo_run[1])
     try:
-        # No held-out file beside messages.jsonl: the example is a training row, and says so.
+        # No held-out file beside the data: the example is a training row, and says so; its system message
+        # and its earlier turn come with it.
         example = view.example(run_id, 2)
         assert example["after.prompt"] == "Add the numbers. 9 + 0" and example["after.expected"] == "9"
-        assert example["after.example_note"].startswith(
-            "example 2 of 400, a training row (the model has seen it) of messages.jsonl"
+        assert example["after.example_note"] == (
+            "example 2 of 400, a training row (the model has seen it) of conversations.jsonl · with its system "
+            "message and 1 earlier turn: **Answer** sends it as the run trained on it."
         )
+        assert (example["after.system"], example["turns"]) == (CHAT_SYSTEM, [("Subtract the numbers. 1 - 0", "1")])
+        assert view.example(run_id, 2, conversing=False)["turns"] == []
         settings = {"max_new_tokens": 4}
         first = list(view.answer(run_id, "final", "base", example["after.prompt"], settings, history={}))
         turns = first[-1]["after.history"]
@@ -189,6 +194,21 @@ def test_a_chat_run_converses_each_model_seeing_its_own_earlier_turns(chat_run, 
         # The earlier turn went through the chat template with the new prompt: a longer prompt for each model.
         for model in ("the final adapter", "the base model alone"):
             assert _prompt_tokens(second[-2]["after.status"], model) > _prompt_tokens(first[-2]["after.status"], model)
+
+        # The example as the run trained on it: the system message and the earlier turn, then its prompt:
+        # token for token the conversation the chat template renders from the data's row.
+        earlier = dict.fromkeys(("after.answer", "after.compare_answer"), example["turns"])
+        framed = list(view.answer(run_id, "final", "base", example["after.prompt"], settings, history=earlier,
+                                  system=example["after.system"]))  # fmt: skip
+        shown = [u["after.answer"] for u in framed if "after.answer" in u][-1]
+        assert shown.startswith("> Subtract the numbers. 1 - 0\n1\n\n> Add the numbers. 9 + 0\n"), shown
+        row = json.loads(Path(view.manager.job(run_id)["dataset"]["path"]).read_text().splitlines()[1])["messages"]
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(demo_home / "model")
+        trained = tokenizer.apply_chat_template(row[:-1], add_generation_prompt=True, tokenize=True, return_dict=True)
+        for model in ("the final adapter", "the base model alone"):
+            assert _prompt_tokens(framed[-2]["after.status"], model) == len(trained["input_ids"])
     finally:
         view.pool.release_all()
 
@@ -200,3 +220,12 @@ def test_a_chat_run_converses_each_model_seeing_its_own_earlier_turns(chat_run, 
         assert not [u["after.answer"] for u in updates if "after.answer" in u][-1].startswith(">")
     finally:
         view.pool.release_all()
+
+
+def test_a_model_that_fails_to_answer_keeps_its_conversation_for_the_next_prompt():
+    history = {"after.answer": [("hi", "1")], "after.compare_answer": [("hi", "2")]}
+    boxes = ("after.answer", "after.compare_answer")
+    after = next_turns(history, "again", {"after.answer": "3"}, boxes)  # the model beside failed this time
+    assert after == {"after.answer": [("hi", "1"), ("again", "3")], "after.compare_answer": [("hi", "2")]}
+    assert history["after.answer"] == [("hi", "1")]  # the page's state is not changed in place
+    assert next_turns({}, "hi", {}, ("after.answer",)) == {}  # no chat template: no conversation to keep

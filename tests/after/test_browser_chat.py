@@ -8,6 +8,7 @@ import shutil
 import pytest
 from panel.browser import PanelServer, fill, settle, wait_text
 
+from .helpers import CHAT_SYSTEM
 from .tab_driver import answer_of, open_after, pick
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -27,6 +28,11 @@ def server(tmp_path_factory, chat_run):
 def say(page, text: str) -> str:
     """Send `text` and wait for the answer; the status line of how it went."""
     fill(page.locator("#after-prompt textarea"), text)
+    return say_as_is(page)
+
+
+def say_as_is(page) -> str:
+    """Send what the prompt box holds and wait for the answer; the status line of how it went."""
     page.click("#after-ask")
     settle(page, timeout=240_000)  # the answer's event has completed (the last status is not the previous one's)
     status = page.locator("#after-status").inner_text()
@@ -64,5 +70,24 @@ def test_a_chat_run_keeps_the_conversation_until_a_new_one_is_started(page, serv
     say(page, "And 2 + 2?")
     assert not answer_of(page, "after-answer").startswith(">")
     assert page.locator("#after-prompt textarea").input_value() == "And 2 + 2?"  # kept when not conversing
+    page.click("#after-release")
+    wait_text(page, "#after-status", "released")
+
+
+def test_an_example_conversation_comes_with_its_system_message_and_earlier_turns(page, server):
+    open_after(page, server)
+    pick(page, "after-compare", "no comparison")
+    page.click("#after-example")
+    wait_text(page, "#after-example-note", "with its system message and 1 earlier turn")
+    assert page.locator("#after-system textarea").input_value() == CHAT_SYSTEM
+    earlier = answer_of(page, "after-answer")  # the previous row's question and the data's answer to it
+    assert re.fullmatch(r"> [^\n]+\n[^\n]+\n\n", earlier), earlier
+    prompt = page.locator("#after-prompt textarea").input_value()
+
+    status = say_as_is(page)
+    assert answer_of(page, "after-answer").startswith(f"{earlier}> {prompt}\n")
+    assert re.search(r"[✓✗] (contains )?(not )?the data's answer", status), (
+        status
+    )  # judged: the prompt was the example's
     page.click("#after-release")
     wait_text(page, "#after-status", "released")

@@ -11,7 +11,7 @@ import pytest
 from tunedeck.backend.eval_results import read_eval
 from tunedeck.backend.examples import verdict
 
-from .helpers import tunedeck
+from .helpers import CHAT_SYSTEM, tunedeck
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +91,27 @@ def test_chat_asks_an_example_of_the_held_out_data_and_judges_the_answer(demo_ru
     assert result.stderr.rstrip().endswith(f"the data's answer: {row['completion']}\n{judged}".rstrip())
     both = tunedeck("chat", run_id, "--example", "--prompt", "hi", "--runs-dir", runs_dir, timeout=60)
     assert (both.returncode, both.stderr.strip()) == (2, "error: --example: give --prompt or --example, not both")
+    system = tunedeck("chat", run_id, "--prompt", "hi", "--system", "Be brief.", "--runs-dir", runs_dir, timeout=60)
+    assert system.returncode == 2 and "loading" not in system.stderr  # said before the model loads
+    assert system.stderr.startswith("error: --system: the prompt-completion data's prompts are not wrapped in a chat")
+
+
+def test_chat_sends_a_conversations_system_message_and_earlier_turns(chat_run):
+    runs_dir, run_id = chat_run
+
+    def prompt_tokens(*args) -> tuple[int, str]:
+        result = tunedeck("chat", run_id, *args, "--max-new-tokens", "2", "--runs-dir", runs_dir)
+        assert result.returncode == 0, result.stderr
+        return int(re.search(r"the prompt (\d+) tokens", result.stderr).group(1)), result.stderr
+
+    framed, shown = prompt_tokens("--example", "2")
+    assert (
+        "example 2 of 400, a training row (the model has seen it) of conversations.jsonl · with its system message "
+        f"and 1 earlier turn:\nsystem: {CHAT_SYSTEM}\n> Subtract the numbers. 1 - 0\n1\n\n> Add the numbers. 9 + 0\n"
+    ) in shown
+    alone, _ = prompt_tokens("--prompt", "Add the numbers. 9 + 0")
+    with_system, _ = prompt_tokens("--prompt", "Add the numbers. 9 + 0", "--system", CHAT_SYSTEM)
+    assert alone < with_system < framed  # the system message, then the earlier turn too, reached the model
 
 
 def test_a_checkpoint_that_does_not_exist_is_named_before_anything_loads(demo_run):

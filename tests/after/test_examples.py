@@ -9,7 +9,7 @@ import pytest
 from tunedeck.backend import train
 from tunedeck.backend.checkpoints import AfterError
 from tunedeck.backend.examples import NoExamples, data_examples, pick, verdict
-from tunedeck.backend.prompting import answer_line, resolve_template, transcript, wrap_plain
+from tunedeck.backend.prompting import answer_line, chat_messages, resolve_template, transcript, wrap_plain
 
 
 def _write(path, rows) -> None:
@@ -65,11 +65,27 @@ def test_a_conversation_is_tried_with_its_last_user_message(tmp_path):
         {"role": "user", "content": "Capital of France?"},
         {"role": "assistant", "content": "Paris."},
     ]
-    _write(tmp_path / "data" / "train.jsonl", [{"messages": chat}])
+    tool_call = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": []},
+        {"role": "tool", "content": "sunny"},
+        {"role": "user", "content": "So?"},
+        {"role": "assistant", "content": "Sunny."},
+    ]
+    _write(tmp_path / "data" / "train.jsonl", [{"messages": m} for m in (chat, tool_call, chat[1:])])
     pairs, source, held_out = data_examples(tmp_path, _job(tmp_path / "data" / "train.jsonl", "messages"))
     example = pick(pairs, source, held_out, 1)
-    assert (example.prompt, example.expected, example.left_out) == ("Capital of France?", "Paris.", 3)
-    assert example.describe().endswith("of train.jsonl · its 3 earlier messages not sent")
+    assert (example.prompt, example.expected, example.system) == ("Capital of France?", "Paris.", "Be brief.")
+    assert (example.turns, example.left_out) == ((("Hi", "Hello."),), 0)
+    assert example.describe().endswith("of train.jsonl · with its system message and 1 earlier turn")
+    assert chat_messages(example.prompt, example.turns, example.system) == chat[:-1]  # the row's prompt, exactly
+
+    tool = pick(pairs, source, held_out, 2)  # a tool's turn is not a user and assistant turn: not sent, said so
+    assert (tool.prompt, tool.system, tool.turns, tool.left_out) == ("So?", "", (), 3)
+    assert tool.describe().endswith("of train.jsonl · its 3 earlier messages not sent")
+    bare = pick(pairs, source, held_out, 3)
+    assert (bare.system, bare.turns) == ("", (("Hi", "Hello."),))
+    assert chat_messages(bare.prompt, bare.turns, bare.system) == chat[1:-1]
 
 
 def test_plain_text_data_has_no_example_and_says_what_to_do(tmp_path):
@@ -99,6 +115,7 @@ def test_an_answer_line_says_how_long_and_why_it_ended():
 
 def test_a_conversation_shows_its_turns_then_the_new_prompt():
     assert transcript([], "Hi") == "> Hi\n"
+    assert transcript([("Hi", "Hello.")]) == "> Hi\nHello.\n\n"  # the earlier turns alone, before a prompt
     assert (
         transcript([("Hi", "Hello."), ("2 + 2?", "4")], "And 3 + 3?") == "> Hi\nHello.\n\n> 2 + 2?\n4\n\n> And 3 + 3?\n"
     )
