@@ -18,11 +18,13 @@ from pathlib import Path
 
 import gradio as gr
 
-from tunedeck.app.after_view import EVAL_HEADERS, USER_ERRORS, AfterView
+from tunedeck.app.after_view import USER_ERRORS, AfterView
 from tunedeck.app.errors import user_message
+from tunedeck.app.eval_display import EVAL_HEADERS
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.checkpoints import AfterError
+from tunedeck.backend.eval_answers import SHOW
 from tunedeck.backend.prompting import MAX_NEW_TOKENS, transcript
 from tunedeck.backend.worker_client import DEFAULT_IDLE_TIMEOUT_S, WorkerPool
 
@@ -30,6 +32,7 @@ IDLE_ENV = "TUNEDECK_WORKER_IDLE_S"  # seconds a loaded model may sit unused bef
 DTYPES = ["bfloat16", "float16", "float32"]
 EXAMPLE_OUT = ("after.example_prompt", "after.expected", "after.example_note")
 CHAT_ONLY = ("after.system", "after.converse", "after.new_chat")  # shown for runs trained on conversations
+ANSWERS_OUT = ("after.answers", "after.answers_note", "after.answers_file")
 SETTINGS = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "stop")
 log = logging.getLogger("tunedeck.panel")
 CSS = """
@@ -65,6 +68,14 @@ def streamed(fn):
             raise gr.Error(user_message(exc), print_exception=False) from None
 
     return run
+
+
+def shown(ui, updates: dict) -> Updates:
+    """A view's {id: value} for the components; the answers file becomes the download button's file."""
+    if "after.answers_file" in updates:
+        path = updates.pop("after.answers_file")
+        updates["after.answers_file"] = gr.update(value=path, interactive=bool(path))
+    return {ui[k]: v for k, v in updates.items()}
 
 
 def uploaded(path: str | None) -> str | None:
@@ -146,6 +157,15 @@ class AfterTab(Section):
         with gr.Row():
             add("after.eval_table", gr.Dataframe(headers=EVAL_HEADERS, interactive=False, elem_id="after-eval-table"))
             add("after.eval_chart", gr.Plot(label="loss and exact match", show_label=False, elem_id="after-eval-chart"))
+        with gr.Row(equal_height=True):
+            add("after.answers_show", gr.Radio([(label, key) for key, label in SHOW.items()], value="all",
+                                               label="Each answer of the last evaluation", scale=4,
+                                               elem_id="after-answers-show"))  # fmt: skip
+            add("after.answers_file", gr.DownloadButton("⬇ Answers (.jsonl)", interactive=False, scale=1,
+                                                        elem_id="after-answers-file"))  # fmt: skip
+        add("after.answers_note", gr.Markdown(elem_id="after-answers-note"))
+        add("after.answers", gr.Dataframe(headers=["#", "prompt", "the data's answer"], interactive=False, wrap=True,
+                                          max_height=420, elem_id="after-answers"))  # fmt: skip
 
         gr.Markdown(
             "### Export\nMerges the adapter into the base and saves a standalone model under the run folder "
@@ -171,8 +191,8 @@ class AfterTab(Section):
 
     # ------------------------------------------------------------ handlers (got: {component: value})
 
-    def _choices(self, page: Page, run_id: str | None) -> Updates:
-        """The run's weights, comparisons and adapters, and its saved evaluation."""
+    def _choices(self, page: Page, run_id: str | None, show: str = "all") -> Updates:
+        """The run's weights, comparisons and adapters, and its saved evaluation (its answers filtered by `show`)."""
         ui = page.ui
         if not run_id:
             hidden = {ui[i]: gr.update(visible=False) for i in CHAT_ONLY}
@@ -186,7 +206,7 @@ class AfterTab(Section):
             ui["after.weights"]: gr.update(choices=weights, value=weights[0][1]),
             ui["after.compare"]: gr.update(choices=self.view.compare_choices(run_id), value="base"),
             ui["after.merge_weights"]: gr.update(choices=adapters, value=adapters[0][1] if adapters else None),
-            **{ui[k]: v for k, v in self.view.eval_view(run_id).items()},
+            **shown(ui, self.view.eval_view(run_id, show)),
         }
 
     @staticmethod
@@ -207,21 +227,24 @@ class AfterTab(Section):
             ids = [r for _, r in runs]
             current = got[run] if got[run] in ids else (ids[0] if ids else None)
             status = {} if runs else {ui["after.status"]: "No run has saved an adapter yet: train one (Job tab)."}
-            return {run: gr.update(choices=runs, value=current), **self._choices(page, current), **status}
+            choices = self._choices(page, current, got[ui["after.answers_show"]] or "all")
+            return {run: gr.update(choices=runs, value=current), **choices, **status}
 
         def on_run(
             got: Got,
         ) -> Updates:  # another run: the last merge's status, serve.sh and example were the other one's
             merged = {ui["after.merge_status"]: "", ui["after.serve"]: gr.update(value="", visible=False)}
-            return {**self._choices(page, got[run]), **merged, **self._no_example(page)}
+            choices = self._choices(page, got[run], got[ui["after.answers_show"]] or "all")
+            return {**choices, **merged, **self._no_example(page)}
 
         picks = ["after.weights", "after.compare", "after.merge_weights", "after.eval_table", "after.eval_chart",
-                 "after.eval_status", *CHAT_ONLY]  # fmt: skip
+                 "after.eval_status", *CHAT_ONLY, *ANSWERS_OUT]  # fmt: skip
         # Quick reads of the run's folder: no loading overlay over the boxes they fill.
         shown_out = [run, ui["after.status"], *map(ui.__getitem__, picks)]
-        listen([ui["page.tab." + self.id].select], on_shown, [run], shown_out, show_progress="hidden")
+        listen([ui["page.tab." + self.id].select], on_shown, [run, ui["after.answers_show"]], shown_out,
+               show_progress="hidden")  # fmt: skip
         run_out = [ui[i] for i in (*picks, "after.merge_status", "after.serve", *EXAMPLE_OUT)]
-        listen([run.input], on_run, [run], run_out, show_progress="hidden")
+        listen([run.input], on_run, [run, ui["after.answers_show"]], run_out, show_progress="hidden")
 
         answer_in = ["after.run", "after.weights", "after.compare", "after.prompt", *("after." + s for s in SETTINGS),
                      "after.example_prompt", "after.expected", "after.converse", "after.history", "after.system"]  # fmt: skip
@@ -302,13 +325,24 @@ class AfterTab(Section):
         def on_evaluate(got: Got) -> Iterator[Updates]:
             limit = got[ui["after.eval_limit"]]
             args = (got[run], got[ui["after.eval_scope"]], uploaded(got[ui["after.eval_data"]]))
-            for updates in view.evaluate(*args, limit=int(limit) if limit else None):
-                yield {ui[k]: v for k, v in updates.items()}
+            for updates in view.evaluate(
+                *args, limit=int(limit) if limit else None, show=got[ui["after.answers_show"]]
+            ):
+                yield shown(ui, updates)
 
-        eval_out = [ui[i] for i in ("after.eval_status", "after.eval_table", "after.eval_chart")]
-        gr.on([ui["after.evaluate"].click], on_evaluate, outputs=eval_out, show_progress="minimal",
-              inputs={run, ui["after.eval_scope"], ui["after.eval_data"], ui["after.eval_limit"]},
+        eval_out = [ui[i] for i in ("after.eval_status", "after.eval_table", "after.eval_chart", *ANSWERS_OUT)]
+        eval_in = {
+            run,
+            *(ui[i] for i in ("after.eval_scope", "after.eval_data", "after.eval_limit", "after.answers_show")),
+        }
+        gr.on([ui["after.evaluate"].click], on_evaluate, inputs=eval_in, outputs=eval_out, show_progress="minimal",
               show_progress_on=[ui["after.evaluate"]])  # fmt: skip
+
+        def on_answers_show(got: Got) -> Updates:  # another filter of the same answers
+            return shown(ui, view.answers_view(got[run], got[ui["after.answers_show"]])) if got[run] else {}
+
+        listen([ui["after.answers_show"].input], on_answers_show, [run, ui["after.answers_show"]],
+               [ui["after.answers"], ui["after.answers_note"], ui["after.answers_file"]], show_progress="hidden")  # fmt: skip
 
         @streamed
         def on_merge(got: Got) -> Iterator[Updates]:

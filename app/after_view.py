@@ -19,11 +19,11 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import plotly.graph_objects as go
-
-from tunedeck.app.charts import waiting_figure
+from tunedeck.app.downloads import BundleWriter
+from tunedeck.app.eval_display import answers_shown, evaluation
 from tunedeck.backend.checkpoints import AfterError, list_weights
-from tunedeck.backend.eval_results import order_key, read_eval, table_rows
+from tunedeck.backend.eval_answers import answers_jsonl, newest_answers
+from tunedeck.backend.eval_results import read_eval
 from tunedeck.backend.examples import data_examples, pick, verdict
 from tunedeck.backend.prompting import GenerationSettings, SettingsError, answer_line, transcript
 from tunedeck.backend.render.serve import SERVE_FILE
@@ -39,9 +39,9 @@ COMPONENTS = (
     "after.eval_scope", "after.eval_data", "after.eval_table", "after.eval_chart", "after.eval_status",
     "after.merge_weights", "after.merge_name", "after.merge_dtype", "after.merge_status", "after.repo_id", "after.token",
     "after.eval_limit", "after.serve", "after.expected", "after.example_note", "after.history", "after.system",
+    "after.answers", "after.answers_show", "after.answers_note", "after.answers_file",
 )  # fmt: skip
 Model = tuple  # (run id, checkpoint step or None, base?): one loaded model, one worker
-EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", "examples", "data"]
 USER_ERRORS = (AfterError, WorkerError, SettingsError)  # their message is the whole story: show it as it is
 
 
@@ -53,6 +53,7 @@ class AfterView:
         self._held: dict[str, set[Model]] = {}  # browser session -> the models it loaded
         self._held_lock = threading.Lock()
         self._examples: dict[str, tuple] = {}  # run id -> its data's (prompt, answer) pairs, source, held out?
+        self._downloads = BundleWriter()  # the answers file offered for download
 
     # ------------------------------------------------------------ choices
 
@@ -245,15 +246,25 @@ class AfterView:
 
     # ------------------------------------------------------------ evaluate
 
-    def eval_view(self, run_id: str) -> dict:
-        """The table and chart of what eval.json holds (shown again when the run is reopened)."""
-        data = read_eval(self.manager.run_dir(run_id))
-        rows = [[_fmt(v) for v in row] for row in table_rows(data)]
-        note = data.get("error") or ("" if rows else "not evaluated yet")
-        return {"after.eval_table": rows, "after.eval_chart": eval_figure(data), "after.eval_status": note}
+    def eval_view(self, run_id: str, show: str = "all") -> dict:
+        """The table and chart of what eval.json holds (shown again when the run is reopened), and the newest
+        evaluation's answers side by side (`show`: eval_answers.SHOW)."""
+        run_dir = self.manager.run_dir(run_id)
+        data = read_eval(run_dir)
+        note = data.get("error") or ("" if data["results"] else "not evaluated yet")
+        return {**evaluation(data), "after.eval_status": note, **self.answers_view(run_id, show, data)}
+
+    def answers_view(self, run_id: str, show: str, data: dict | None = None) -> dict:
+        """The newest evaluation's answers side by side, filtered; the file of them all to download."""
+        run_dir = self.manager.run_dir(run_id)
+        answers = newest_answers(run_dir, read_eval(run_dir) if data is None else data)
+        download = (
+            self._downloads.write({"answers.jsonl": answers_jsonl(answers)}, "answers.zip")[1][0] if answers else None
+        )
+        return {**answers_shown(answers, show), "after.answers_file": download}
 
     def evaluate(
-        self, run_id: str, scope: str, data_file: str | None = None, limit: int | None = None
+        self, run_id: str, scope: str, data_file: str | None = None, limit: int | None = None, show: str = "all"
     ) -> Iterator[dict]:
         """Evaluate in a worker; yield progress, then the table and chart."""
         run_dir, job = self._run(run_id)
@@ -264,7 +275,7 @@ class AfterView:
         args = {"run_id": run_id, "names": names, "data": data_file, "limit": limit}
         for event in _in_background(lambda on_event: run_task("evaluate", args, job, self.manager.runs_dir, on_event)):
             yield {"after.eval_status": event}
-        yield self.eval_view(run_id)
+        yield self.eval_view(run_id, show)
 
     # ------------------------------------------------------------ export
 
@@ -319,10 +330,6 @@ def next_turns(history: dict[str, list], prompt: str, answers: dict[str, str], m
     return {**{key: list(history[key]) for key in models if key in history and key not in answers}, **turns}
 
 
-def _fmt(value):
-    return round(value, 4) if isinstance(value, float) else value
-
-
 def _in_background(task) -> Iterator[str]:
     """Run task(on_event) in a thread; yield a progress line per event; raise what it raised."""
     events: queue.Queue = queue.Queue()
@@ -352,27 +359,3 @@ def _progress_line(event: dict) -> str:
     if event.get("event") == "warning":
         return f"⚠ {event['message']}"
     return ""
-
-
-def eval_figure(data: dict) -> go.Figure:
-    """Loss and exact match per evaluated model, base first and checkpoints by step (a note before any)."""
-    names = sorted(data.get("results", {}), key=order_key)
-    if not names:
-        return waiting_figure("Evaluate: the loss and exact match of each model appear here.", height=220)
-    results = [data["results"][n] for n in names]
-    figure = go.Figure()
-    figure.add_bar(x=names, y=[r.get("loss") for r in results], name="loss", marker_color="#4f46e5")
-    if any(r.get("exact_match") is not None for r in results):
-        figure.add_scatter(
-            x=names,
-            y=[r.get("exact_match") for r in results],
-            name="exact match",
-            yaxis="y2",
-            mode="lines+markers",
-            marker_color="#ea580c",
-        )
-    figure.update_layout(
-        template="plotly_white", margin=dict(l=50, r=50, t=30, b=40), legend=dict(orientation="h", y=1.08),
-        yaxis=dict(title="loss"), yaxis2=dict(title="exact match", overlaying="y", side="right", range=[0, 1], tickformat=".0%"),
-    )  # fmt: skip
-    return figure

@@ -283,6 +283,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _eval(args) -> int:
     from tunedeck.backend.checkpoints import list_weights
+    from tunedeck.backend.eval_answers import ANSWERS_DIR
     from tunedeck.backend.runs import RunManager
     from tunedeck.backend.worker_client import run_task
 
@@ -310,7 +311,10 @@ def _eval(args) -> int:
         print(json.dumps(report, indent=2))
         return 0
     _print_table(results, outcome["data"])
-    print(f"saved in {RunManager(runs_dir).run_dir(args.run_id) / 'eval.json'}")
+    run_dir = RunManager(runs_dir).run_dir(args.run_id)
+    print(f"saved in {run_dir / 'eval.json'}")
+    if any(r.get("answers_file") for r in results.values()):
+        print(f"every answer, one file per model: {run_dir / ANSWERS_DIR}/<model>.jsonl")
     return 0
 
 

@@ -5,7 +5,7 @@
 
 Each result: loss, perplexity, tokens and examples scored, exact_match and contains_match
 (fractions, null when the data has no completions), generated (how many answers were
-generated), samples (a few prompt/expected/answer triples), data (what it was measured on),
+generated), answers_file (every answer, eval_answers.py), data (what it was measured on),
 device, seconds, evaluated_at, step. A new evaluation replaces the entries it measured and keeps
 the others.
 """
@@ -16,6 +16,8 @@ import json
 import os
 import time
 from pathlib import Path
+
+from tunedeck.backend.eval_answers import save_answers
 
 EVAL_FILE = "eval.json"
 VERSION = 1
@@ -45,7 +47,12 @@ def read_eval(run_dir: Path) -> dict:
 
 
 def save_results(run_dir: Path, results: dict[str, dict]) -> dict:
-    """Merge these results into eval.json (written whole: a temporary file renamed over it); returns the file's content."""
+    """Merge these results into eval.json (written whole: a temporary file renamed over it), each one's answers
+    into its own file; returns eval.json's content."""
+    results = {name: dict(result) for name, result in results.items()}
+    for name, result in results.items():
+        if "answers" in result:
+            result["answers_file"] = save_answers(run_dir, name, result.pop("answers"))
     data = read_eval(run_dir)
     data.pop("error", None)
     data["results"] = {**data["results"], **results}

@@ -22,7 +22,6 @@ from tunedeck.backend.checkpoints import AfterError, Weights, list_weights
 from tunedeck.backend.eval_results import order_key
 
 BATCH_SIZE = 8
-SAMPLES_KEPT = 3
 EXTRA_NEW_TOKENS = 8  # answers may run this far past the longest expected one before they are cut
 MAX_NEW_TOKENS = 256
 
@@ -236,16 +235,22 @@ def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, ca
     loss, tokens = mean_loss(model, tokenizer, rows, max_length, say("loss"), cancel)
     result = {"loss": loss, "perplexity": math.exp(min(loss, 700)), "tokens": tokens, "examples": len(rows)}
     pairs = [qa for qa in map(question_and_answer, rows) if qa is not None]
-    result.update(exact_match=None, contains_match=None, generated=0, samples=[])
+    result.update(exact_match=None, contains_match=None, generated=0, answers=[])
     if pairs:
         got = answers(model, tokenizer, pairs, say("generating answers"), cancel)
-        exact = sum(exact_match(a, e) for a, (_, e) in zip(got, pairs))
-        contains = sum(contains_match(a, e) for a, (_, e) in zip(got, pairs))
+        result["answers"] = [
+            {
+                "prompt": p,
+                "expected": e,
+                "answer": a,
+                "exact_match": exact_match(a, e),
+                "contains_match": contains_match(a, e),
+            }
+            for (p, e), a in zip(pairs, got)
+        ]  # saved beside eval.json (eval_answers.py), not in it
+        exact = sum(row["exact_match"] for row in result["answers"])
+        contains = sum(row["contains_match"] for row in result["answers"])
         result.update(exact_match=exact / len(pairs), contains_match=contains / len(pairs), generated=len(pairs))
-        result["samples"] = [
-            {"prompt": p if isinstance(p, str) else p[-1]["content"], "expected": e, "answer": a}
-            for (p, e), a in list(zip(pairs, got))[:SAMPLES_KEPT]
-        ]
     result["seconds"] = round(time.monotonic() - started, 2)
     return result
 

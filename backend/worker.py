@@ -157,8 +157,8 @@ class Worker:
         outcome = evaluate_run(
             run_dir, job, args["names"], args["device"], args.get("data"), args.get("limit"), progress, cancel
         )
-        save_results(run_dir, outcome["results"])
-        return outcome
+        saved = save_results(run_dir, outcome["results"])  # each model's answers go to their own file
+        return {**outcome, "results": {name: saved["results"][name] for name in outcome["results"]}}
 
     def op_merge(self, args, progress, cancel):
         from tunedeck.backend.merge import merge_run

@@ -130,6 +130,17 @@ def test_answers_stream_side_by_side_and_merge_lands_in_the_run(demo_run, demo_h
         assert any(s.get("after.eval_status", "").startswith("base: loss") for s in scored)
         assert [row[0] for row in scored[-1]["after.eval_table"]][:1] == ["base"]
         assert "final" in [row[0] for row in scored[-1]["after.eval_table"]]
+        # Each answer beside the base's and the data's, for the 8 examples just evaluated; the file has them all.
+        table = scored[-1]["after.answers"]
+        assert table["headers"] == ["#", "prompt", "the data's answer", "base", "final"]
+        rows = [json.loads(line) for line in (demo_home / "data" / "eval.jsonl").read_text().splitlines()[:8]]
+        assert [r[1:3] for r in table["data"]] == [[r["prompt"], r["completion"].strip()] for r in rows]
+        assert scored[-1]["after.answers_note"].startswith("8 examples · the data's answer exactly (✓): base ")
+        download = [json.loads(line) for line in open(scored[-1]["after.answers_file"])]
+        assert [d["prompt"] for d in download] == [r["prompt"] for r in rows]
+        assert set(download[0]["answers"]) == {"base", "final"}
+        differ = view.answers_view(run_id, "differ")["after.answers"]["data"]
+        assert all(len({cell[2:] for cell in r[3:]}) == 2 for r in differ)  # the base's and the adapter's differ
     finally:
         view.pool.release_all()
 

@@ -141,6 +141,17 @@ def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
     saved = json.loads((server.runs_dir / server.run_id / "eval.json").read_text())
     assert set(saved["results"]) == {"base", "final"}
 
+    # Each answer, the base's beside the adapter's and the data's; filtered; downloaded whole.
+    wait_text(page, "#after-answers-note", "8 examples · the data's answer exactly")
+    rows = page.locator("#after-answers [role=row]").all_inner_texts()
+    assert len(rows) == 9 and "✗" in " ".join(rows)  # a header and 8 rows; the base gets them wrong
+    page.locator("#after-answers-show").get_by_text("where the models' answers differ").click()
+    wait_text(page, "#after-answers-note", "of 8 examples where the models' answers differ")
+    with page.expect_download() as download:
+        page.click("#after-answers-file")
+    lines = [json.loads(line) for line in open(download.value.path())]
+    assert len(lines) == 8 and set(lines[0]["answers"]) == {"base", "final"}
+
     open_after(page, server)  # reopened: the table is read back from eval.json
     wait_text(page, "#after-eval-table", "final")
     assert eval_losses(page) == loss

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +34,13 @@ def test_eval_adapter_beats_the_base_and_is_saved(demo_run, demo_home):
     saved = read_eval(runs_dir / run_id)["results"]
     assert set(saved) == {"base", "checkpoint-30", "checkpoint-60", "final"}
     assert saved["final"]["loss"] == adapter["loss"] and saved["checkpoint-30"]["step"] == 30
-    assert saved["final"]["samples"][0]["expected"].strip()
+    # Every answer of each model, row by row of the data, beside eval.json (not in it).
+    assert "answers" not in saved["final"]
+    assert saved["final"]["answers_file"] == str(runs_dir / run_id / "eval-answers" / "final.jsonl")
+    answers = [json.loads(line) for line in Path(saved["final"]["answers_file"]).read_text().splitlines()]
+    rows = [json.loads(line) for line in (demo_home / "data" / "eval.jsonl").read_text().splitlines()]
+    assert [(a["prompt"], a["expected"]) for a in answers] == [(r["prompt"], r["completion"]) for r in rows]
+    assert sum(a["exact_match"] for a in answers) / len(rows) == pytest.approx(adapter["exact_match"])
 
 
 def test_eval_table_for_one_checkpoint_keeps_earlier_results(demo_run):
@@ -44,7 +51,8 @@ def test_eval_table_for_one_checkpoint_keeps_earlier_results(demo_run):
     lines = result.stdout.splitlines()
     assert lines[1].split() == ["MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "EXAMPLES"]
     assert [line.split()[0] for line in lines[2:4]] == ["base", "checkpoint-30"]
-    assert lines[-1] == f"saved in {runs_dir / run_id / 'eval.json'}"
+    assert lines[-2] == f"saved in {runs_dir / run_id / 'eval.json'}"
+    assert lines[-1] == f"every answer, one file per model: {runs_dir / run_id / 'eval-answers'}/<model>.jsonl"
     saved = read_eval(runs_dir / run_id)["results"]
     assert saved["checkpoint-30"]["examples"] == 16  # replaced by this evaluation
     assert set(saved) == set(before) | {"base", "checkpoint-30"}
