@@ -19,6 +19,7 @@ from pathlib import Path
 import gradio as gr
 
 from tunedeck.app.after_view import USER_ERRORS, AfterView
+from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.errors import user_message
 from tunedeck.app.eval_display import EVAL_HEADERS
 from tunedeck.app.registry import Got, Updates, listen
@@ -96,8 +97,10 @@ class AfterTab(Section):
         self.view = view
 
     @classmethod
-    def for_runs(cls, manager) -> AfterTab:
-        return cls(AfterView(manager, WorkerPool(idle_timeout_s())))
+    def for_runs(cls, manager, work_dir: Path | None = None) -> AfterTab:
+        """Its downloads go under the panel's `work_dir`, removed when the panel exits (app/cli_ui.py)."""
+        answers = BundleWriter(work_dir and work_dir / "answers")
+        return cls(AfterView(manager, WorkerPool(idle_timeout_s()), answers))
 
     def build(self, page: Page) -> None:
         add = page.ui.add

@@ -46,14 +46,14 @@ USER_ERRORS = (AfterError, WorkerError, SettingsError)  # their message is the w
 
 
 class AfterView:
-    def __init__(self, manager: RunManager, pool: WorkerPool | None = None):
+    def __init__(self, manager: RunManager, pool: WorkerPool | None = None, downloads: BundleWriter | None = None):
         self.manager = manager
         self.pool = pool or WorkerPool()
         self.components: dict = {}
         self._held: dict[str, set[Model]] = {}  # browser session -> the models it loaded
         self._held_lock = threading.Lock()
         self._examples: dict[str, tuple] = {}  # run id -> its data's (prompt, answer) pairs, source, held out?
-        self._downloads = BundleWriter()  # the answers file offered for download
+        self._downloads = downloads or BundleWriter()  # the answers file offered for download
 
     # ------------------------------------------------------------ choices
 

@@ -100,7 +100,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
         job,
         runs,
         MonitorView(shared_monitor(), cluster_runs=live_slurm_runs),
-        after_tab.AfterTab.for_runs(runs.manager),
+        after_tab.AfterTab.for_runs(runs.manager, work_dir),
     ]
 
     page = Page(Registry())

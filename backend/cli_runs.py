@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -160,39 +161,48 @@ def _follow(manager, run_id: str):
     """Print the start facts and a progress line per log record until the run ends; Ctrl-C stops it.
 
     Returns the final status, or None when a second Ctrl-C left the run stopping in the background.
+    Ctrl-C is counted, not raised, so that no press can cut a stop request in half.
     """
+    presses: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: presses.append(1))
+    try:
+        return _follow_counting(manager, run_id, presses)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _follow_counting(manager, run_id: str, presses: list[int]):
     reader, run = MetricsReader(manager.run_dir(run_id)), RunRecords()
     bar = ProgressBar(sys.stdout)
     stopping = False
     where = ""
     while True:
-        try:
-            status = manager.status(run_id)
-            if status.where and _where_changed(where, status):  # a Slurm run: its queue state, then its nodes
-                where = status.where
-                bar.close()
-                print(f"{status.state}: {where}", flush=True)
-            for record in reader.read_new():
-                run.add([record])
-                if record["event"] == "start":
-                    print(facts_line(record), flush=True)
-                elif record["event"] == "log":
-                    bar.update(record, summarize(run, status.started_at, None, now=record.get("time")))
-            if status.state not in ACTIVE_STATES:
-                bar.close()
-                return status
-            time.sleep(0.5)
-        except KeyboardInterrupt:
-            if stopping:
-                bar.close()
-                print(f"left run {run_id} stopping in the background", file=sys.stderr)
-                return None
+        if presses and not stopping:
             stopping = True
             bar.close()
             print(
                 "stopping: the ranks finish their step and save a checkpoint (Ctrl-C again to leave)", file=sys.stderr
             )
             manager.stop(run_id)
+        if len(presses) > 1:
+            bar.close()
+            print(f"left run {run_id} stopping in the background", file=sys.stderr)
+            return None
+        status = manager.status(run_id)
+        if status.where and _where_changed(where, status):  # a Slurm run: its queue state, then its nodes
+            where = status.where
+            bar.close()
+            print(f"{status.state}: {where}", flush=True)
+        for record in reader.read_new():
+            run.add([record])
+            if record["event"] == "start":
+                print(facts_line(record), flush=True)
+            elif record["event"] == "log":
+                bar.update(record, summarize(run, status.started_at, None, now=record.get("time")))
+        if status.state not in ACTIVE_STATES:
+            bar.close()
+            return status
+        time.sleep(0.5)
 
 
 def _where_changed(shown: str, status) -> bool:

@@ -80,7 +80,9 @@ def test_a_rank_killed_by_a_signal_is_reported_as_the_cause(runs_dir, demo_spec)
     assert still_alive(list(ranks.values())) == []
 
 
-def test_a_second_ctrl_c_leaves_the_run_stopping_and_exits_130(runs_dir, demo_home):
+@pytest.mark.parametrize("pause", [True, False], ids=["after-the-request", "at-once"])
+def test_a_second_ctrl_c_leaves_the_run_stopping_and_exits_130(runs_dir, demo_home, pause):
+    """Pressed again while the stop is being requested, the request is still made whole before the command leaves."""
     train = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "tunedeck"),
@@ -99,9 +101,14 @@ def test_a_second_ctrl_c_leaves_the_run_stopping_and_exits_130(runs_dir, demo_ho
             if "step 1/" in line:  # training, per the progress bar
                 break
         train.send_signal(signal.SIGINT)
-        wait_for(lambda: RunManager(runs_dir).list_runs()[0].state == "stopping", 60, what="the stop request")
+        if pause:
+            wait_for(lambda: RunManager(runs_dir).list_runs()[0].state == "stopping", 60, what="the stop request")
+            first = ""
+        else:  # as soon as the first press is answered: while the request is being made
+            first = train.stderr.readline()
         train.send_signal(signal.SIGINT)
         _, stderr = train.communicate(timeout=60)
+        stderr = first + stderr
     finally:
         train.kill()
     assert train.returncode == 130, stderr
