@@ -33,6 +33,7 @@ IDLE_ENV = "TUNEDECK_WORKER_IDLE_S"  # seconds a loaded model may sit unused bef
 DTYPES = ["bfloat16", "float16", "float32"]
 EXAMPLE_OUT = ("after.example_prompt", "after.expected", "after.example_note")
 CHAT_ONLY = ("after.system", "after.converse", "after.new_chat")  # shown for runs trained on conversations
+TO_TRY_BOX_JS = "() => document.getElementById('after-prompt')?.scrollIntoView({block: 'center'})"
 ANSWERS_OUT = ("after.answers", "after.answers_note", "after.answers_file")
 SETTINGS = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "stop")
 log = logging.getLogger("tunedeck.panel")
@@ -286,9 +287,13 @@ class AfterTab(Section):
 
         example_in = [run, *(ui[i] for i in ("after.weights", "after.compare", "after.converse"))]
 
-        def on_example(got: Got) -> Updates:
+        def on_example(got: Got, number: int | None = None) -> Updates:
             try:
-                found = view.example(got[run], conversing=bool(got[ui["after.converse"]]))
+                conversing = bool(got[ui["after.converse"]])
+                if number is None:
+                    found = view.example(got[run], conversing=conversing)
+                else:
+                    found = view.evaluated_example(got[run], number, conversing)
             except USER_ERRORS as exc:  # no run, or data without a prompt and answer: said where the example goes
                 return {**self._no_example(page), ui["after.example_note"]: f"✗ {exc}"}
             # The example is a conversation of its own: its earlier turns (if any) are each model's history.
@@ -311,6 +316,12 @@ class AfterTab(Section):
                        "after.compare_answer", "after.status")  # fmt: skip
         listen([ui["after.example"].click], on_example, example_in, [ui[i] for i in example_out],
                show_progress="minimal", show_progress_on=[ui["after.example"]])  # fmt: skip
+
+        def on_answers_row(got: Got, picked: gr.SelectData) -> Updates:  # a row of the answers: into the Try box
+            return on_example(got, int(picked.row_value[0])) if picked.row_value else {}
+
+        listen([ui["after.answers"].select], on_answers_row, example_in, [ui[i] for i in example_out],
+               show_progress="hidden").then(None, js=TO_TRY_BOX_JS)  # fmt: skip
 
         def on_new_chat(got: Got) -> Updates:
             cleared = {ui[i]: "" for i in ("after.answer", "after.compare_answer", "after.status")}

@@ -24,7 +24,7 @@ from tunedeck.app.eval_display import answers_shown, evaluation
 from tunedeck.backend.checkpoints import AfterError, list_weights
 from tunedeck.backend.eval_answers import answers_jsonl, newest_answers
 from tunedeck.backend.eval_results import read_eval
-from tunedeck.backend.examples import data_examples, pick, verdict
+from tunedeck.backend.examples import Example, data_examples, pick, verdict
 from tunedeck.backend.prompting import GenerationSettings, SettingsError, answer_line, transcript
 from tunedeck.backend.render.serve import SERVE_FILE
 from tunedeck.backend.runs import RunError, RunManager
@@ -183,17 +183,22 @@ class AfterView:
         of a conversation, its system message and (when `conversing`) its earlier turns: a new conversation."""
         if run_id not in self._examples:
             self._examples[run_id] = data_examples(*self._run(run_id))
-        example = pick(*self._examples[run_id], number)
-        sent = "**Answer** sends it as the run trained on it."
-        if example.turns and not conversing:
-            sent = "Keep the conversation is off: **Answer** sends its last message without the earlier turns."
-        return {
-            "after.prompt": example.prompt,
-            "after.expected": example.expected,
-            "after.example_note": f"{example.describe()}: {sent}",
-            "after.system": example.system,
-            "turns": list(example.turns) if conversing else [],  # the conversation before the prompt
-        }
+        return _for_the_try_box(pick(*self._examples[run_id], number), conversing)
+
+    def evaluated_example(self, run_id: str, number: int, conversing: bool = True) -> dict:
+        """Example `number` (the answers table's #) of the newest evaluation, for the Try box as example() gives
+        one: a row a model got wrong, tried again with other settings or another checkpoint."""
+        run_dir, job = self._run(run_id)
+        data = read_eval(run_dir)
+        answers = newest_answers(run_dir, data)
+        if not answers:
+            raise AfterError("example: the run has no evaluation answers; press Evaluate first")
+        rows = next(iter(answers.values()))
+        source = data["results"][next(iter(answers))].get("data") or ""
+        # Held out unless it is the training file itself ("train.jsonl [test]" is another split of it).
+        held_out = Path(source).name != Path(str((job.get("dataset") or {}).get("path") or "")).name
+        pairs = [(row["prompt"], row["expected"]) for row in rows]
+        return _for_the_try_box(pick(pairs, source, held_out, number), conversing)
 
     @staticmethod
     def _answer_status(events: queue.Queue, workers: dict, answered: dict, models: dict) -> str:
@@ -359,3 +364,16 @@ def _progress_line(event: dict) -> str:
     if event.get("event") == "warning":
         return f"⚠ {event['message']}"
     return ""
+
+
+def _for_the_try_box(example: Example, conversing: bool) -> dict:
+    sent = "**Answer** sends it as the run trained on it."
+    if example.turns and not conversing:
+        sent = "Keep the conversation is off: **Answer** sends its last message without the earlier turns."
+    return {
+        "after.prompt": example.prompt,
+        "after.expected": example.expected,
+        "after.example_note": f"{example.describe()}: {sent}",
+        "after.system": example.system,
+        "turns": list(example.turns) if conversing else [],  # the conversation before the prompt
+    }

@@ -9,7 +9,7 @@ from tunedeck.app.charts import waiting_figure
 from tunedeck.backend.eval_answers import answers_table
 from tunedeck.backend.eval_results import order_key, table_rows
 
-EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", "examples", "data"]
+EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", "ROUGE-L", "examples", "data"]
 
 
 def evaluation(data: dict) -> dict:
@@ -21,6 +21,7 @@ def evaluation(data: dict) -> dict:
 def answers_shown(answers: dict[str, list[dict]], show: str) -> dict:
     """The answers table ({"headers", "data"}, as gr.Dataframe takes it) and the line above it."""
     headers, rows, line = answers_table(answers, show)
+    line += " · **click a row to try it** in the Try box" if rows else ""
     return {"after.answers": {"headers": headers, "data": rows}, "after.answers_note": line}
 
 
@@ -29,24 +30,25 @@ def _fmt(value):
 
 
 def eval_figure(data: dict) -> go.Figure:
-    """Loss and exact match per evaluated model, base first and checkpoints by step (a note before any)."""
+    """Loss, exact match and ROUGE-L per evaluated model, base first and checkpoints by step (a note before any)."""
     names = sorted(data.get("results", {}), key=order_key)
     if not names:
-        return waiting_figure("Evaluate: the loss and exact match of each model appear here.", height=220)
+        return waiting_figure("Evaluate: the loss, exact match and ROUGE-L of each model appear here.", height=220)
     results = [data["results"][n] for n in names]
     figure = go.Figure()
     figure.add_bar(x=names, y=[r.get("loss") for r in results], name="loss", marker_color="#4f46e5")
-    if any(r.get("exact_match") is not None for r in results):
-        figure.add_scatter(
-            x=names,
-            y=[r.get("exact_match") for r in results],
-            name="exact match",
-            yaxis="y2",
-            mode="lines+markers",
-            marker_color="#ea580c",
-        )
+    for key, label, color in (("exact_match", "exact match", "#ea580c"), ("rouge_l", "ROUGE-L", "#0d9488")):
+        if any(r.get(key) is not None for r in results):
+            figure.add_scatter(
+                x=names,
+                y=[r.get(key) for r in results],
+                name=label,
+                yaxis="y2",
+                mode="lines+markers",
+                marker_color=color,
+            )
     figure.update_layout(
         template="plotly_white", margin=dict(l=50, r=50, t=30, b=40), legend=dict(orientation="h", y=1.08),
-        yaxis=dict(title="loss"), yaxis2=dict(title="exact match", overlaying="y", side="right", range=[0, 1], tickformat=".0%"),
+        yaxis=dict(title="loss"), yaxis2=dict(title="exact match · ROUGE-L", overlaying="y", side="right", range=[0, 1]),
     )  # fmt: skip
     return figure

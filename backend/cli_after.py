@@ -324,7 +324,7 @@ def _print_table(results: dict, data: str) -> None:
     def pct(value):
         return "-" if value is None else f"{100 * value:.1f}%"
 
-    rows = [("MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "EXAMPLES")]
+    rows = [("MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "ROUGE-L", "EXAMPLES")]
     for name in sorted(results, key=order_key):
         r = results[name]
         rows.append(
@@ -334,6 +334,7 @@ def _print_table(results: dict, data: str) -> None:
                 f"{r['perplexity']:.2f}",
                 pct(r["exact_match"]),
                 pct(r["contains_match"]),
+                "-" if r.get("rouge_l") is None else f"{r['rouge_l']:.3f}",
                 str(r["examples"]),
             )
         )

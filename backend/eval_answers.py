@@ -1,7 +1,7 @@
 """Every answer an evaluation generated, kept per model so the page can show where each one goes wrong (no torch).
 
     <run>/eval-answers/<model>.jsonl    one line per example: {"prompt", "expected", "answer",
-                                        "exact_match", "contains_match"}; the prompt as the data has it
+                                        "exact_match", "contains_match", "rouge_l"}; the prompt as the data has it
 
 A model's file is replaced whenever that model is evaluated again (removed when its data had no
 answers to generate). The table joins the models of the newest evaluation row by row: they
@@ -69,6 +69,12 @@ def mark(row: dict) -> str:
     return MARKS[kind]
 
 
+def cell(row: dict) -> str:
+    """A model's answer in the table: its mark, its ROUGE-L (answers kept before it was measured have none), itself."""
+    score = f" {row['rouge_l']:.2f} ·" if isinstance(row.get("rouge_l"), (int, float)) else ""
+    return f"{mark(row)}{score} {row['answer'].strip()}"
+
+
 def shown_prompt(prompt: object) -> str:
     """A prompt as the Try box takes it: a conversation's last user message, an alpaca row's instruction."""
     from tunedeck.backend.examples import typed
@@ -96,12 +102,12 @@ def answers_table(answers: dict[str, list[dict]], show: str = "all") -> tuple[li
         if show == "differ" and len({g["answer"].strip() for g in got}) < 2:
             continue
         first = got[0]
-        cells = [f"{mark(g)} {g['answer'].strip()}" for g in got]
+        cells = [cell(g) for g in got]
         rows.append([i + 1, shown_prompt(first["prompt"]), first["expected"].strip(), *cells])
     right = ", ".join(f"{name} {sum(bool(r.get('exact_match')) for r in answers[name][:count])}" for name in names)
     cut = f", the first {ROWS_SHOWN} here (the download has all)" if len(rows) > ROWS_SHOWN else ""
     which = f"{count} examples" if show == "all" else f"{len(rows)} of {count} examples {SHOW[show]}"
-    line = f"{which}{cut} · the data's answer exactly (✓): {right} · ≈ contains it · ✗ neither"
+    line = f"{which}{cut} · the data's answer exactly (✓): {right} · ≈ contains it · ✗ neither · then ROUGE-L"
     return headers, rows[:ROWS_SHOWN], line
 
 
@@ -118,6 +124,7 @@ def answers_jsonl(answers: dict[str, list[dict]]) -> str:
             "answers": {name: answers[name][i]["answer"] for name in names},
             "exact_match": {name: bool(answers[name][i].get("exact_match")) for name in names},
             "contains_match": {name: bool(answers[name][i].get("contains_match")) for name in names},
+            "rouge_l": {name: answers[name][i].get("rouge_l") for name in names},
         }
         lines.append(json.dumps(row, ensure_ascii=False) + "\n")
     return "".join(lines)

@@ -4,7 +4,7 @@
      "results": {"base": {...}, "checkpoint-30": {...}, "final": {...}}}
 
 Each result: loss, perplexity, tokens and examples scored, exact_match and contains_match
-(fractions, null when the data has no completions), generated (how many answers were
+(fractions), rouge_l (mean ROUGE-L F1; all three null when the data has no completions), generated (how many answers were
 generated), answers_file (every answer, eval_answers.py), data (what it was measured on),
 device, seconds, evaluated_at, step. A new evaluation replaces the entries it measured and keeps
 the others.
@@ -21,7 +21,7 @@ from tunedeck.backend.eval_answers import save_answers
 
 EVAL_FILE = "eval.json"
 VERSION = 1
-TABLE_COLUMNS = ("model", "loss", "perplexity", "exact_match", "contains_match", "examples", "data")
+TABLE_COLUMNS = ("model", "loss", "perplexity", "exact_match", "contains_match", "rouge_l", "examples", "data")
 
 
 def read_eval(run_dir: Path) -> dict:
@@ -85,6 +85,7 @@ def table_rows(data: dict) -> list[list]:
                 r.get("perplexity"),
                 r.get("exact_match"),
                 r.get("contains_match"),
+                r.get("rouge_l"),
                 r.get("examples"),
                 r.get("data"),
             ]

@@ -1,4 +1,4 @@
-"""Evaluate a run: loss and perplexity on held-out data, and exact/contains match of generated answers.
+"""Evaluate a run: loss and perplexity on held-out data, and exact/contains match and ROUGE-L of generated answers.
 
 Sequences are tokenized the way TRL's SFTTrainer tokenized them for training (its tokenize_fn
 in trl/trainer/sft_trainer.py): an EOS appended to plain text and completions, the loss on the
@@ -13,7 +13,9 @@ on it in turn. Imports torch inside its functions: runs in the worker process.
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 import time
 from pathlib import Path
 
@@ -165,6 +167,27 @@ def contains_match(answer: str, expected: str) -> bool:
     return expected.strip() in answer
 
 
+# CJK characters are words of their own (rouge_score's default tokenizer keeps only [a-z0-9] runs, so it would
+# score every Chinese, Japanese or Korean answer 0); other text splits as it splits it.
+_WORDS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|[^\W_]+")
+
+
+@functools.cache
+def _rouge_scorer():
+    from rouge_score import rouge_scorer, tokenizers
+
+    class Words(tokenizers.Tokenizer):
+        def tokenize(self, text):
+            return _WORDS.findall(text.lower())
+
+    return rouge_scorer.RougeScorer(["rougeL"], tokenizer=Words())
+
+
+def rouge_l(answer: str, expected: str) -> float:
+    """ROUGE-L F1 (rouge_score's longest common subsequence of words): partial credit where exact match gives none."""
+    return float(_rouge_scorer().score(expected, answer)["rougeL"].fmeasure)
+
+
 def _check(cancel) -> None:
     if cancel is not None and cancel.is_set():
         raise Cancelled()
@@ -235,7 +258,7 @@ def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, ca
     loss, tokens = mean_loss(model, tokenizer, rows, max_length, say("loss"), cancel)
     result = {"loss": loss, "perplexity": math.exp(min(loss, 700)), "tokens": tokens, "examples": len(rows)}
     pairs = [qa for qa in map(question_and_answer, rows) if qa is not None]
-    result.update(exact_match=None, contains_match=None, generated=0, answers=[])
+    result.update(exact_match=None, contains_match=None, rouge_l=None, generated=0, answers=[])
     if pairs:
         got = answers(model, tokenizer, pairs, say("generating answers"), cancel)
         result["answers"] = [
@@ -245,12 +268,19 @@ def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, ca
                 "answer": a,
                 "exact_match": exact_match(a, e),
                 "contains_match": contains_match(a, e),
+                "rouge_l": round(rouge_l(a, e), 4),
             }
             for (p, e), a in zip(pairs, got)
         ]  # saved beside eval.json (eval_answers.py), not in it
         exact = sum(row["exact_match"] for row in result["answers"])
         contains = sum(row["contains_match"] for row in result["answers"])
-        result.update(exact_match=exact / len(pairs), contains_match=contains / len(pairs), generated=len(pairs))
+        mean_rouge = sum(row["rouge_l"] for row in result["answers"]) / len(pairs)
+        result.update(
+            exact_match=exact / len(pairs),
+            contains_match=contains / len(pairs),
+            rouge_l=mean_rouge,
+            generated=len(pairs),
+        )
     result["seconds"] = round(time.monotonic() - started, 2)
     return result
 

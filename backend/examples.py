@@ -21,6 +21,7 @@ from tunedeck.backend.evaluate import (
     eval_rows,
     exact_match,
     question_and_answer,
+    rouge_l,
     training_rows,
 )
 from tunedeck.backend.train import ALPACA_PROMPT
@@ -104,9 +105,10 @@ def pick(pairs: list[tuple[object, str]], source: str, held_out: bool, number: i
 
 
 def verdict(answer: str, expected: str) -> str:
-    """The answer against the data's, as evaluation scores it (exact match, contains match)."""
+    """The answer against the data's, as evaluation scores it (exact match, contains match, ROUGE-L)."""
     if exact_match(answer, expected):
         return "✓ the data's answer"
+    close = f" (ROUGE-L {rouge_l(answer, expected):.2f})"
     if expected.strip() and contains_match(answer, expected):
-        return "✓ contains the data's answer"
-    return "✗ not the data's answer"
+        return "✓ contains the data's answer" + close
+    return "✗ not the data's answer" + close

@@ -11,6 +11,7 @@ import yaml
 from runs.helpers import fake_run
 
 from tunedeck.app.after_view import AfterView, next_turns
+from tunedeck.app.eval_display import EVAL_HEADERS
 from tunedeck.backend.checkpoints import AfterError
 from tunedeck.backend.eval_results import save_results
 from tunedeck.backend.examples import verdict
@@ -76,12 +77,17 @@ def test_evaluation_results_show_again_from_the_run_folder(sharded_run):
     assert not before["after.eval_chart"].data and "Evaluate" in before["after.eval_chart"].layout.annotations[0].text
     save_results(
         sharded_run.manager.run_dir(RUN_ID),
-        {"final": {"loss": 1.08123, "exact_match": 0.095}, "base": {"loss": 8.06, "exact_match": 0.0}},
+        {
+            "final": {"loss": 1.08123, "exact_match": 0.095, "rouge_l": 0.61234},
+            "base": {"loss": 8.06, "exact_match": 0.0},  # measured before ROUGE-L was: none shown
+        },
     )
     view = sharded_run.eval_view(RUN_ID)
     assert [row[:2] for row in view["after.eval_table"]] == [["base", 8.06], ["final", 1.0812]]
+    assert [row[EVAL_HEADERS.index("ROUGE-L")] for row in view["after.eval_table"]] == [None, 0.6123]
     chart = view["after.eval_chart"]
     assert list(chart.data[0].x) == ["base", "final"] and list(chart.data[1].y) == [0.0, 0.095]
+    assert chart.data[2].name == "ROUGE-L" and list(chart.data[2].y) == [None, 0.61234]
 
 
 @pytest.mark.integration
@@ -141,6 +147,12 @@ def test_answers_stream_side_by_side_and_merge_lands_in_the_run(demo_run, demo_h
         assert set(download[0]["answers"]) == {"base", "final"}
         differ = view.answers_view(run_id, "differ")["after.answers"]["data"]
         assert all(len({cell[2:] for cell in r[3:]}) == 2 for r in differ)  # the base's and the adapter's differ
+        # A row of the table goes into the Try box as an example of the data would.
+        again = view.evaluated_example(run_id, 5)
+        assert (again["after.prompt"], again["after.expected"]) == (rows[4]["prompt"], rows[4]["completion"])
+        assert again["after.example_note"].startswith("example 5 of 8, a held-out row of eval.jsonl")
+        with pytest.raises(AfterError, match=r"^example: 9 is not between 1 and 8"):
+            view.evaluated_example(run_id, 9)
     finally:
         view.pool.release_all()
 

@@ -137,7 +137,7 @@ def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
     settle(page)
     loss = eval_losses(page)
     assert list(loss) == ["base", "final"] and loss["final"] < loss["base"]
-    assert plot_points(page, "after-eval-chart").get("loss") == 2
+    assert {k: plot_points(page, "after-eval-chart").get(k) for k in ("loss", "ROUGE-L")} == {"loss": 2, "ROUGE-L": 2}
     saved = json.loads((server.runs_dir / server.run_id / "eval.json").read_text())
     assert set(saved["results"]) == {"base", "final"}
 
@@ -151,6 +151,14 @@ def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
         page.click("#after-answers-file")
     lines = [json.loads(line) for line in open(download.value.path())]
     assert len(lines) == 8 and set(lines[0]["answers"]) == {"base", "final"}
+
+    # A row of the answers, clicked, is in the Try box with the data's answer beside it.
+    row = page.locator("#after-answers [role=row]").nth(1)
+    number = int(row.locator("td").first.inner_text().strip())
+    row.locator("td").nth(3).click()  # the base's answer: any cell of the row takes it
+    wait_text(page, "#after-example-note", f"example {number} of 8, a held-out row of eval.jsonl")
+    assert page.locator("#after-prompt textarea").input_value() == lines[number - 1]["prompt"]
+    assert page.locator("#after-expected textarea").input_value() == lines[number - 1]["expected"]
 
     open_after(page, server)  # reopened: the table is read back from eval.json
     wait_text(page, "#after-eval-table", "final")

@@ -8,7 +8,7 @@ import pytest
 
 from tunedeck.backend.eval_answers import answers_jsonl, answers_path, answers_table, newest_answers
 from tunedeck.backend.eval_results import read_eval, save_results
-from tunedeck.backend.evaluate import contains_match, exact_match
+from tunedeck.backend.evaluate import contains_match, exact_match, rouge_l
 
 
 def _answers(expected_and_answers, prompt=lambda i: f"Q: {i} + 1\nA:") -> list[dict]:
@@ -19,6 +19,7 @@ def _answers(expected_and_answers, prompt=lambda i: f"Q: {i} + 1\nA:") -> list[d
             "answer": answer,
             "exact_match": exact_match(answer, expected),
             "contains_match": contains_match(answer, expected),
+            "rouge_l": rouge_l(answer, expected),
         }
         for i, (expected, answer) in enumerate(expected_and_answers)
     ]
@@ -57,9 +58,11 @@ def test_the_table_shows_the_newest_evaluation_side_by_side_and_filters_it(tmp_p
 
     headers, rows, line = answers_table(answers)
     assert headers == ["#", "prompt", "the data's answer", "base", "final"]
-    assert rows[0] == [1, "Q: 0 + 1\nA:", "1", "✗ 5", "✓ 1"]
-    assert rows[1][3:] == ["≈ 12", "≈ 12"]  # contains the data's answer
-    assert line == "3 examples · the data's answer exactly (✓): base 0, final 1 · ≈ contains it · ✗ neither"
+    assert rows[0] == [1, "Q: 0 + 1\nA:", "1", "✗ 0.00 · 5", "✓ 1.00 · 1"]
+    assert rows[1][3:] == ["≈ 0.00 · 12", "≈ 0.00 · 12"]  # contains the data's answer ("12" is not the word "2")
+    assert line == (
+        "3 examples · the data's answer exactly (✓): base 0, final 1 · ≈ contains it · ✗ neither · then ROUGE-L"
+    )
 
     _, wrong, line = answers_table(answers, "wrong")
     assert [r[0] for r in wrong] == [2, 3] and line.startswith("2 of 3 examples where the last model is not exactly")
@@ -91,5 +94,6 @@ def test_prompts_show_as_the_try_box_takes_them_and_the_download_keeps_them_whol
         "answers": {"final": "4"},
         "exact_match": {"final": True},
         "contains_match": {"final": True},
+        "rouge_l": {"final": 1.0},
     }
     assert lines[1]["prompt"] == alpaca

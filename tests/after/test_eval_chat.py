@@ -49,7 +49,7 @@ def test_eval_table_for_one_checkpoint_keeps_earlier_results(demo_run):
     result = tunedeck("eval", run_id, "--checkpoint", "30", "--limit", "16", "--runs-dir", runs_dir)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[1].split() == ["MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "EXAMPLES"]
+    assert lines[1].split() == ["MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "ROUGE-L", "EXAMPLES"]
     assert [line.split()[0] for line in lines[2:4]] == ["base", "checkpoint-30"]
     assert lines[-2] == f"saved in {runs_dir / run_id / 'eval.json'}"
     assert lines[-1] == f"every answer, one file per model: {runs_dir / run_id / 'eval-answers'}/<model>.jsonl"

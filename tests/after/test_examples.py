@@ -8,6 +8,7 @@ import pytest
 
 from tunedeck.backend import train
 from tunedeck.backend.checkpoints import AfterError
+from tunedeck.backend.evaluate import rouge_l
 from tunedeck.backend.examples import NoExamples, data_examples, pick, verdict
 from tunedeck.backend.prompting import answer_line, chat_messages, resolve_template, transcript, wrap_plain
 
@@ -97,8 +98,9 @@ def test_plain_text_data_has_no_example_and_says_what_to_do(tmp_path):
 
 def test_an_answer_is_judged_as_evaluation_scores_it():
     assert verdict(" 7", " 7\n") == "✓ the data's answer"
-    assert verdict("It is 7.", " 7") == "✓ contains the data's answer"
-    assert verdict(" 12", " 7") == "✗ not the data's answer"
+    assert verdict("It is 7.", " 7") == "✓ contains the data's answer (ROUGE-L 0.50)"  # 1 of 3 words, all of 1
+    assert verdict(" 12", " 7") == "✗ not the data's answer (ROUGE-L 0.00)"
+    assert verdict("Paris is the capital", "The capital is Paris") == "✗ not the data's answer (ROUGE-L 0.50)"
     assert verdict("", "") == "✓ the data's answer"
 
 
@@ -121,3 +123,18 @@ def test_a_conversation_shows_its_turns_then_the_new_prompt():
     )
     done = {"text": " 7", "new_tokens": 3, "seconds": 0.25, "stop_reason": "end", "prompt_tokens": 57}
     assert answer_line(done).endswith("· ended at its end-of-sequence token · the prompt 57 tokens")
+
+
+def test_rouge_l_is_rouge_scores_own_on_english_and_counts_cjk_characters_as_words():
+    from rouge_score import rouge_scorer
+
+    theirs = rouge_scorer.RougeScorer(["rougeL"])  # the reference implementation, its own tokenizer
+    for answer, expected in [
+        ("The cat sat on the mat.", "the cat is on the mat"),
+        ("It's 7, I think", "7"),
+        ("completely different", "nothing shared here"),
+    ]:
+        assert rouge_l(answer, expected) == pytest.approx(theirs.score(expected, answer)["rougeL"].fmeasure)
+    assert theirs.score("猫坐在垫子上", "猫在垫子上")["rougeL"].fmeasure == 0  # why we split CJK ourselves
+    assert rouge_l("猫在垫子上", "猫坐在垫子上") == pytest.approx(2 * 5 / (5 + 6))  # 5 of 5 and 5 of 6 characters
+    assert rouge_l("", "7") == 0.0 and rouge_l("7", "7") == 1.0
