@@ -1,7 +1,7 @@
-"""The Job tab: preset buttons and the upload above the tabs, the form, and beside it what
+"""The Job tab: preset buttons and the uploads (a job.yaml, data) above the tabs, the form, and beside it what
 the job produces (job_view) and what it costs in memory (estimate_panel).
 
-Presets, the upload and Apply are fills: each replaces the whole form with a spec and
+Presets, the uploads and Apply are fills: each replaces the whole form with a spec and
 tells the notice line what it did. Their order with edits and the page load is job_view's
 (its docstring has the three rules).
 """
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from tunedeck.app.data_upload import fill_from_upload
 from tunedeck.app.dataset_preview import DatasetPreview
 from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.estimate_panel import EstimatePanel
@@ -22,6 +23,7 @@ from tunedeck.app.job_view import JOB_QUEUE, JobView
 from tunedeck.app.model_access import ModelAccessNote
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section
+from tunedeck.backend.data_uploads import SUFFIXES as DATA_SUFFIXES
 from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
@@ -59,6 +61,13 @@ class JobTab(Section):
                     "⬆ Upload job.yaml", file_types=[".yaml", ".yml"], size="sm", elem_id="upload-job", min_width=100
                 ),
             )
+            self.upload_data = add(
+                "job.upload_data",
+                gr.UploadButton(
+                    "⬆ Upload data", file_types=list(DATA_SUFFIXES), file_count="multiple", size="sm",
+                    elem_id="upload-data", min_width=100,
+                ),
+            )  # fmt: skip
 
     def build(self, page: Page) -> None:
         initial = values_from_spec(self.initial)
@@ -100,6 +109,11 @@ class JobTab(Section):
             return spec, message
 
         view.wire_fill(self.upload.upload, upload, notice, reads=(self.upload,))
+
+        def upload_data(event: JobEvent):
+            return fill_from_upload(values_from_form(event.raw), event.got[self.upload_data], self.runs_dir)
+
+        view.wire_fill(self.upload_data.upload, upload_data, notice, reads=(self.upload_data,))
         view.wire_fill(self.estimate.apply.click, self.apply, notice)
         view.wire_fill(self.estimate.apply_pick.click, self.apply_picked, notice, reads=(self.estimate.pick,))
         self.wire_preview(view)

@@ -62,6 +62,8 @@ def check_exposure(host: str, credentials: list[tuple[str, str]] | None) -> None
     )
 
 
+# Training data comes through the page (⬆ Upload data, kept under the runs folder); the job.yaml upload has its own cap.
+MAX_UPLOAD = "4gb"
 AUTH_MESSAGE = "Sign in with the user and password given to `tunedeck ui --auth`."
 
 
@@ -94,7 +96,7 @@ def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None
         app_kwargs=app_kwargs,
         show_error=False,
         ssr_mode=False,
-        max_file_size="1mb",
+        max_file_size=MAX_UPLOAD,
         footer_links=[],
         prevent_thread_lock=True,
         theme=getattr(page, "tunedeck_theme", None) or gr.themes.Soft(),

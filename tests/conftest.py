@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -165,11 +166,28 @@ def demo_spec(demo_home):
 
 
 @pytest.fixture
-def runs_dir(tmp_path) -> Path:
-    """An empty runs folder for this test."""
+def runs_dir(tmp_path) -> Iterator[Path]:
+    """An empty runs folder for this test; a run a failing test left training there is killed after it."""
     path = tmp_path / "runs"
     path.mkdir()
-    return path
+    yield path
+    _kill_runs_under(path)  # left alive, its ranks would slow every later test down
+
+
+def _kill_runs_under(folder: Path) -> None:
+    import psutil
+
+    left = []
+    for process in psutil.process_iter(["cmdline", "cwd"]):
+        where = " ".join(process.info["cmdline"] or []) + " " + (process.info["cwd"] or "")
+        if str(folder) in where and process.pid != os.getpid():
+            left.append(process)
+    for process in left:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=10)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -199,10 +200,32 @@ def test_upload_fills_the_form_and_a_bad_upload_says_why(page, server, tmp_path)
     assert field(page, "training.seed").input_value() == "1234"  # form unchanged
 
 
-def _upload(page, path) -> None:
+def _upload(page, *paths, button: str = "#upload-job") -> None:
     with page.expect_file_chooser() as chooser:
-        page.click("#upload-job")
-    chooser.value.set_files(str(path))
+        page.click(button)
+    chooser.value.set_files([str(p) for p in paths])
+
+
+def test_uploaded_data_is_kept_under_the_runs_folder_and_the_job_points_at_it(page, server, demo_home, tmp_path):
+    load(page, server)
+    data = demo_home / "data"
+    _upload(page, data / "train.jsonl", data / "eval.jsonl", button="#upload-data")
+    wait_text(page, "#notice", "Uploaded train.jsonl, eval.jsonl to")
+    assert "Row format prompt-completion (its columns: prompt, completion)" in page.inner_text("#notice")
+    open_tab(page, "form-sections", "Dataset")
+    kept = Path(field(page, "dataset.path").input_value())
+    assert kept.parent == server.runs_dir.resolve() / "datasets"
+    assert (kept / "validation.jsonl").read_bytes() == (data / "eval.jsonl").read_bytes()
+    assert (field(page, "dataset.format").input_value(), field(page, "dataset.eval_split").input_value()) == (
+        "prompt-completion",
+        "validation",
+    )
+
+    third = tmp_path / "test.jsonl"
+    third.write_bytes((data / "eval.jsonl").read_bytes())
+    _upload(page, data / "train.jsonl", data / "eval.jsonl", third, button="#upload-data")
+    wait_text(page, "#notice", "the form is unchanged")
+    assert field(page, "dataset.path").input_value() == str(kept)
 
 
 def test_file_route_serves_nothing_outside_the_panel_files(server):

@@ -1,0 +1,57 @@
+"""The page's ⬆ Upload data: the files go where runs read them (backend/data_uploads.py) and the job points at them."""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+from tunedeck.backend.data_uploads import UploadError, dataset_changes, keep_upload
+from tunedeck.backend.fields import Values, spec_from_values
+from tunedeck.backend.spec import JobSpec, SpecError
+from tunedeck.backend.untrusted import shown
+
+
+def fill_from_upload(
+    values: Values, uploaded: list[str] | str | None, runs_dir: Path | None
+) -> tuple[JobSpec | None, str]:
+    """(the job with its dataset on the uploaded files, what was done) or (None, why nothing changed)."""
+    files = [Path(p) for p in ([uploaded] if isinstance(uploaded, str) else uploaded or [])]
+    if runs_dir is None:
+        return (
+            None,
+            "✗ This panel has no runs folder to keep uploaded data in; start it with `tunedeck ui --runs-dir DIR`.",
+        )
+    try:
+        kept, held_out = keep_upload(files, runs_dir)
+    except UploadError as exc:
+        return None, f"✗ {escape(str(exc))}; the form is unchanged."
+    except OSError as exc:
+        return (
+            None,
+            f"✗ data upload: could not keep the files ({escape(exc.strerror or str(exc))}); the form is unchanged.",
+        )
+    changes, found, columns = dataset_changes(kept, held_out)
+    try:
+        spec = spec_from_values({**values, **changes})
+    except SpecError:
+        return None, (
+            f"Kept the data in `{escape(str(kept))}`, but the form has errors, so the job was not changed: fix them "
+            "and upload again (the same files are not copied twice)."
+        )
+    names = ", ".join(f"**{escape(shown(f.name))}**" for f in files)
+    said = [f"Uploaded {names} to `{escape(str(kept))}`: dataset.path points there."]
+    if held_out:
+        said.append(
+            "The second file is the evaluation split (`validation`): eval loss during training, and Evaluate's data."
+        )
+    else:
+        said.append("No held-out file: no evaluation during training (upload it together with the training file).")
+    listed = ", ".join(escape(shown(c)) for c in columns or [])
+    if found:
+        said.append(f"Row format **{found}** (its columns: {listed}).")
+    else:
+        said.append(
+            f"Its columns ({listed or 'not read here: Parquet'}) are no format's own: set dataset.format and its column "
+            "fields, then Preview the dataset."
+        )
+    return spec, " ".join(said)

@@ -1,0 +1,117 @@
+"""⬆ Upload data: the files go under the runs folder, the job points at them, and a run trains on them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tunedeck.app.data_upload import fill_from_upload
+from tunedeck.backend.data_uploads import DATASETS_DIR
+from tunedeck.backend.fields import values_from_spec
+from tunedeck.backend.spec import resolve_spec
+
+
+def _jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+CHAT = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}]
+QA = [{"prompt": f"Q: {i} + 1\nA:", "completion": f" {i + 1}"} for i in range(40)]
+
+
+def _fill(files, runs_dir, preset="7b-lora-ddp"):
+    return fill_from_upload(values_from_spec(resolve_spec(preset)), files, runs_dir)
+
+
+def test_one_file_is_kept_under_the_runs_folder_and_its_format_is_read_from_its_columns(tmp_path):
+    upload = tmp_path / "upload" / "my chat data.jsonl"
+    upload.parent.mkdir()
+    spec, message = _fill([_jsonl(upload, CHAT)], tmp_path / "runs")
+    kept = spec.dataset.path
+    assert kept.startswith(str(tmp_path / "runs" / DATASETS_DIR)) and kept.endswith("/my_chat_data.jsonl")
+    assert open(kept, encoding="utf-8").read() == upload.read_text(encoding="utf-8")
+    # The preset's hub dataset had a test split; one file has none: no evaluation during training.
+    assert (spec.dataset.format, spec.dataset.messages_field, spec.dataset.eval_split) == ("messages", "messages", None)
+    assert "Row format **messages** (its columns: messages)." in message
+    assert "No held-out file" in message
+
+    again, _ = _fill([str(upload)], tmp_path / "runs")  # the same file again: the same folder, not a copy
+    assert again.dataset.path == kept and len(list((tmp_path / "runs" / DATASETS_DIR).iterdir())) == 1
+
+
+def test_a_training_file_and_its_held_out_file_become_the_splits_of_one_folder(tmp_path):
+    train, held_out = tmp_path / "qa.jsonl", tmp_path / "qa-eval.jsonl"
+    spec, message = _fill([_jsonl(held_out, QA[:8]), _jsonl(train, QA)], tmp_path / "runs")
+    folder = tmp_path / "runs" / DATASETS_DIR
+    [kept] = folder.iterdir()
+    assert spec.dataset.path == str(kept) and sorted(p.name for p in kept.iterdir()) == [
+        "train.jsonl",
+        "validation.jsonl",
+    ]
+    assert (kept / "train.jsonl").read_text() == train.read_text()
+    assert (spec.dataset.split, spec.dataset.eval_split, spec.dataset.format) == (
+        "train",
+        "validation",
+        "prompt-completion",
+    )
+    assert "The second file is the evaluation split" in message
+
+
+@pytest.mark.slow  # imports the datasets library
+def test_the_datasets_library_reads_the_kept_folder_as_train_and_validation(tmp_path):
+    from tunedeck.backend.train import load_split
+
+    spec, _ = _fill([_jsonl(tmp_path / "train.jsonl", QA), _jsonl(tmp_path / "test.jsonl", QA[:8])], tmp_path / "runs")
+    config = spec.dataset.model_dump()
+    assert len(load_split(config, "train")) == 40 and len(load_split(config, "validation")) == 8
+
+
+@pytest.mark.parametrize(
+    ("names", "says"),
+    [
+        (["notes.txt"], "notes.txt is not a data file; upload JSONL, JSON, CSV or Parquet"),
+        (["a.jsonl", "b.jsonl"], "of a.jsonl and b.jsonl, which is the training data? Name the held-out file"),
+        (["train.jsonl", "eval.csv"], "a training file with its held-out file of the same type"),
+        (["train.jsonl", "eval.jsonl", "test.jsonl"], "upload one data file, or a training file with its held-out"),
+        ([], "no file received"),
+    ],
+)
+def test_an_upload_that_cannot_be_used_changes_nothing_and_says_why(tmp_path, names, says):
+    files = [_jsonl(tmp_path / name, QA) for name in names]
+    spec, message = _fill(files, tmp_path / "runs")
+    assert spec is None and message.startswith("✗ data upload: ") and says in message
+    assert message.endswith("the form is unchanged.")
+    assert not (tmp_path / "runs" / DATASETS_DIR).exists() or not any((tmp_path / "runs" / DATASETS_DIR).iterdir())
+
+
+def test_a_file_name_cannot_lead_out_of_the_folder_and_unknown_columns_keep_the_format(tmp_path):
+    odd = tmp_path / "..%2F..%2Fescape.jsonl"
+    spec, message = _fill([_jsonl(odd, [{"question": "q", "answer": "a"}])], tmp_path / "runs", preset="demo")
+    kept = tmp_path / "runs" / DATASETS_DIR
+    assert spec.dataset.path.startswith(str(kept)) and "/" not in spec.dataset.path[len(str(kept)) + 18 :]
+    assert spec.dataset.format == "prompt-completion"  # the preset's, unchanged
+    assert "Its columns (question, answer) are no format's own: set dataset.format" in message
+
+
+@pytest.mark.integration
+def test_a_run_trains_on_the_uploaded_files_and_evaluates_on_the_held_out_one(demo_home, runs_dir, tmp_path):
+    from runs.helpers import log_records, logs_tail
+
+    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.spec import set_paths
+
+    files = [str(demo_home / "data" / name) for name in ("train.jsonl", "eval.jsonl")]
+    demo = set_paths(
+        resolve_spec("demo"), {"training.max_steps": 4, "training.eval_steps": 2, "training.save_steps": 4}
+    )
+    spec, _ = fill_from_upload(values_from_spec(demo), files, runs_dir)
+    manager = RunManager(runs_dir)
+    run_id = manager.start(spec)
+    status = manager.wait(run_id, timeout=240)
+    run_dir = manager.run_dir(run_id)
+    assert status.state == "finished", logs_tail(run_dir)
+    evals = [r for r in log_records(run_dir) if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4], logs_tail(run_dir)
+    assert [run.run_id for run in manager.list_runs()] == [run_id]  # the datasets folder is not a run
