@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
 
 from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
-from tunedeck.backend.run_folder import (
-    ACTIVE_STATES,
-    LOGS_DIR,
-    LogRecord,
-    MetricsReader,
-    RunRecords,
-    read_notes,
-    read_records,
-)
-from tunedeck.backend.run_summary import RunSummary, facts_line, format_clock, report, summarize
+from tunedeck.backend.cli_follow import follow
+from tunedeck.backend.run_folder import ACTIVE_STATES, LOGS_DIR, read_notes, read_records
+from tunedeck.backend.run_summary import RunSummary, format_clock, report, summarize
 from tunedeck.backend.untrusted import shown
 
 # Exit codes of `tunedeck train`: the training's own status.
@@ -115,7 +107,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"run {run_id}: {manager.status(run_id).title}")
     print(f"folder {manager.run_dir(run_id)}", flush=True)
     try:
-        status = _follow(manager, run_id)
+        status = follow(manager, run_id)
     except RunError as exc:  # its folder was deleted while it ran, and now its processes are gone too
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CODES["failed"]
@@ -155,92 +147,6 @@ def _say_if_building_demo(spec) -> None:
     home = demo_home()
     if str(home) in (spec.model.name_or_path + spec.dataset.path) and not is_built(home):
         print(f"building the demo model and data in {home} (once, a few seconds)", flush=True)
-
-
-def _follow(manager, run_id: str):
-    """Print the start facts and a progress line per log record until the run ends; Ctrl-C stops it.
-
-    Returns the final status, or None when a second Ctrl-C left the run stopping in the background.
-    Ctrl-C is counted, not raised, so that no press can cut a stop request in half.
-    """
-    presses: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda *_: presses.append(1))
-    try:
-        return _follow_counting(manager, run_id, presses)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _follow_counting(manager, run_id: str, presses: list[int]):
-    reader, run = MetricsReader(manager.run_dir(run_id)), RunRecords()
-    bar = ProgressBar(sys.stdout)
-    stopping = False
-    where = ""
-    while True:
-        if presses and not stopping:
-            stopping = True
-            bar.close()
-            print(
-                "stopping: the ranks finish their step and save a checkpoint (Ctrl-C again to leave)", file=sys.stderr
-            )
-            manager.stop(run_id)
-        if len(presses) > 1:
-            bar.close()
-            print(f"left run {run_id} stopping in the background", file=sys.stderr)
-            return None
-        status = manager.status(run_id)
-        if status.where and _where_changed(where, status):  # a Slurm run: its queue state, then its nodes
-            where = status.where
-            bar.close()
-            print(f"{status.state}: {where}", flush=True)
-        for record in reader.read_new():
-            run.add([record])
-            if record["event"] == "start":
-                print(facts_line(record), flush=True)
-            elif record["event"] == "log":
-                bar.update(record, summarize(run, status.started_at, None, now=record.get("time")))
-        if status.state not in ACTIVE_STATES:
-            bar.close()
-            return status
-        time.sleep(0.5)
-
-
-def _where_changed(shown: str, status) -> bool:
-    """Print Slurm's view when its state, reason or nodes change (not the expected start alone)."""
-    return status.where.split(" · expected start")[0] != shown.split(" · expected start")[0]
-
-
-class ProgressBar:
-    """One updating line on a terminal (the run summary's progress and the loss); one line per update otherwise."""
-
-    WIDTH = 24
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.drawn = False
-
-    def update(self, record: LogRecord, summary: RunSummary) -> None:
-        if "loss" not in record:  # an evaluation record
-            self._emit(f"{summary.step_text}  eval_loss {record.get('eval_loss', float('nan')):.4f}", newline=True)
-            return
-        filled = int(self.WIDTH * summary.fraction)
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        self._emit(f"[{bar}] {summary.progress} · loss {record['loss']:.4f}", newline=not self.tty)
-
-    def _emit(self, text: str, newline: bool) -> None:
-        if self.tty:
-            self.stream.write("\r\033[K" + text + ("\n" if newline else ""))
-            self.drawn = not newline
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty and self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.drawn = False
 
 
 # ---------------------------------------------------------------- runs
@@ -384,7 +290,7 @@ def cmd_runs_resume(args: argparse.Namespace) -> int:
         return 2
     print(f"run {run_id}: continues run {args.run_id} from its checkpoint at step {step}")
     print(f"folder {manager.run_dir(run_id)}", flush=True)
-    status = _follow(manager, run_id)
+    status = follow(manager, run_id)
     if status is None:
         return EXIT_CODES["stopped"]
     print(f"{status.state}" + (f": {status.error}" if status.state == "failed" and status.error else ""))

@@ -7,7 +7,7 @@ import json
 import time
 
 from tunedeck.app.run_watch import RunWatch
-from tunedeck.backend.cli_runs import ProgressBar
+from tunedeck.backend.cli_follow import ProgressBar
 from tunedeck.backend.run_folder import RunRecords, parse_record, read_records
 from tunedeck.backend.run_summary import summarize, verdict
 

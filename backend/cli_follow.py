@@ -1,0 +1,96 @@
+"""Following a run in the terminal: its start facts, a progress line per log record, Ctrl-C to stop it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+from tunedeck.backend.run_folder import ACTIVE_STATES, LogRecord, MetricsReader, RunRecords
+from tunedeck.backend.run_summary import RunSummary, facts_line, summarize
+
+
+def follow(manager, run_id: str):
+    """Print the start facts and a progress line per log record until the run ends; Ctrl-C stops it.
+
+    Returns the final status, or None when a second Ctrl-C left the run stopping in the background.
+    Ctrl-C is counted, not raised, so that no press can cut a stop request in half.
+    """
+    presses: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: presses.append(1))
+    try:
+        return _follow_counting(manager, run_id, presses)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _follow_counting(manager, run_id: str, presses: list[int]):
+    reader, run = MetricsReader(manager.run_dir(run_id)), RunRecords()
+    bar = ProgressBar(sys.stdout)
+    stopping = False
+    where = ""
+    while True:
+        if presses and not stopping:
+            stopping = True
+            bar.close()
+            print(
+                "stopping: the ranks finish their step and save a checkpoint (Ctrl-C again to leave)", file=sys.stderr
+            )
+            manager.stop(run_id)
+        if len(presses) > 1:
+            bar.close()
+            print(f"left run {run_id} stopping in the background", file=sys.stderr)
+            return None
+        status = manager.status(run_id)
+        if status.where and _where_changed(where, status):  # a Slurm run: its queue state, then its nodes
+            where = status.where
+            bar.close()
+            print(f"{status.state}: {where}", flush=True)
+        for record in reader.read_new():
+            run.add([record])
+            if record["event"] == "start":
+                print(facts_line(record), flush=True)
+            elif record["event"] == "log":
+                bar.update(record, summarize(run, status.started_at, None, now=record.get("time")))
+        if status.state not in ACTIVE_STATES:
+            bar.close()
+            return status
+        time.sleep(0.5)
+
+
+def _where_changed(shown: str, status) -> bool:
+    """Print Slurm's view when its state, reason or nodes change (not the expected start alone)."""
+    return status.where.split(" · expected start")[0] != shown.split(" · expected start")[0]
+
+
+class ProgressBar:
+    """One updating line on a terminal (the run summary's progress and the loss); one line per update otherwise."""
+
+    WIDTH = 24
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.drawn = False
+
+    def update(self, record: LogRecord, summary: RunSummary) -> None:
+        if "loss" not in record:  # an evaluation record
+            self._emit(f"{summary.step_text}  eval_loss {record.get('eval_loss', float('nan')):.4f}", newline=True)
+            return
+        filled = int(self.WIDTH * summary.fraction)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        self._emit(f"[{bar}] {summary.progress} · loss {record['loss']:.4f}", newline=not self.tty)
+
+    def _emit(self, text: str, newline: bool) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K" + text + ("\n" if newline else ""))
+            self.drawn = not newline
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
