@@ -62,10 +62,16 @@ def series(records: Sequence[LogRecord], key: str) -> tuple[list, list]:
     return xs, ys
 
 
+NO_STEP_YET = "No training step logged yet: the loss appears here after the first logging step."
+
+
 def loss_figure(
     runs: Sequence[tuple[str, Sequence[LogRecord]]], smoothing: float = 0.6, log_scale: bool = False
 ) -> go.Figure:
-    """Loss per step for one run, or two overlaid: raw (faint), EMA-smoothed (bold), eval loss (markers)."""
+    """Loss per step for one run, or two overlaid: raw (faint), EMA-smoothed (bold), eval loss (markers); a note
+    in place of empty axes (plotly's default frame reads -1..6) while no loss has been logged."""
+    if not any(series(records, key)[0] for _, records in runs for key in ("loss", "eval_loss")):
+        return waiting_figure(NO_STEP_YET)
     data = []
     for (label, records), color in zip(runs, COLORS):
         steps, loss = series(records, "loss")

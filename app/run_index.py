@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from html import escape
 
 from tunedeck.backend.checkpoints import output_dir
+from tunedeck.backend.run_compare import differences_line, job_differences
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.run_folder import NOTES_FILE, RunNotes, read_job, read_notes, read_records
 from tunedeck.backend.run_resume import RESUMABLE_STATES, newest_checkpoint
@@ -111,3 +113,11 @@ def table_row(run: RunStatus, facts: RunFacts) -> list:
     loss = f"{facts.loss:.4f}" if facts.loss is not None else ""
     title = SMOKE_MARK * facts.smoke + run.title
     return [run.run_id, facts.notes.name, run.state, title, loss, _when(run.started_at), _duration(run)]
+
+
+def compared_line(manager: RunManager, run_id: str, other: str | None) -> str:
+    """What the overlaid run set differently from the run in view (nothing without an overlay)."""
+    if not other:
+        return ""
+    differences = differences_line(job_differences(manager.job(run_id), manager.job(other)))
+    return f"**Overlaid run `{escape(other)}`** (this run's value → its own): {escape(differences)}"

@@ -14,10 +14,10 @@ from html import escape
 
 import gradio as gr
 
-from tunedeck.app.charts import loss_figure, metrics_figure, series, waiting_figure
+from tunedeck.app.charts import loss_figure, metrics_figure
 from tunedeck.app.live_progress import FOLLOW_LOG_JS, REFRESH_ID
 from tunedeck.app.registry import Got, Updates, listen
-from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, run_choices, table_row
+from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, compared_line, run_choices, table_row
 from tunedeck.app.run_shown import RunShown
 from tunedeck.app.run_state_line import progress_html, state_line
 from tunedeck.app.run_watch import RunWatches
@@ -47,9 +47,6 @@ CHARTS_EVERY_SHARE = 0.05  # of the run's age
 def charts_every_s(age_s: float) -> float:
     """How long a live run's charts stay as drawn, `age_s` seconds after it started."""
     return min(CHARTS_EVERY_MAX_S, max(CHARTS_EVERY_S, CHARTS_EVERY_SHARE * age_s))
-
-
-NO_STEP_YET = "No training step logged yet: the loss appears here after the first logging step."
 
 
 class RunView(Section):
@@ -117,6 +114,7 @@ class RunView(Section):
                     label="Overlay the loss of", choices=[], value=None, elem_id="overlay-select", filterable=False
                 ),
             )
+        self.compared = add("run.compared", gr.Markdown(elem_id="run-compared"))
         self.loss_plot = add("run.loss_chart", gr.Plot(show_label=False, elem_id="loss-chart"))
         self.metrics_plot = add("run.metrics_chart", gr.Plot(show_label=False, elem_id="metrics-chart"))
         self.memory = add("run.memory", gr.Markdown(elem_id="run-memory"))
@@ -138,7 +136,7 @@ class RunView(Section):
     def outputs(self) -> list:
         return [
             self.shown, self.select, self.overlay, self.table, self.status, self.progress, self.facts,
-            self.summary, self.name, self.notes, self.error, self.loss_plot, self.metrics_plot, self.memory,
+            self.summary, self.name, self.notes, self.error, self.compared, self.loss_plot, self.metrics_plot, self.memory,
             self.log, self.stop, self.resume,
         ]  # fmt: skip
 
@@ -240,9 +238,12 @@ class RunView(Section):
             shown.bar_sig = bar_sig
             out[self.progress] = progress_html(summary.fraction, summary.progress, status.state, run_id)
         if charts_due:
+            if new_run or drawn[0] != plots[0]:  # another run or overlay: what the overlaid run did differently
+                out[self.compared] = compared_line(self.manager, run_id, other and overlay)
+            drawn_runs = [("this run", watch.records)] + ([(overlay, other.records)] if other else [])
             shown.charts_sig, shown.charts_at = plots, time.monotonic()
             out.update({
-                self.loss_plot: self._loss_chart(watch, other and (overlay, other), smoothing, log_scale),
+                self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale),
                 self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
                 self.memory: self._memory_markdown(run_id, watch),
             })  # fmt: skip
@@ -251,14 +252,6 @@ class RunView(Section):
             log_name, log_text = watch.log_text()
             out[self.log] = gr.update(value=log_text, label=f"{log_name} (last lines)")
         shown.shown_run = run_id
-
-    @staticmethod
-    def _loss_chart(watch, other, smoothing: float, log_scale: bool):
-        """The loss chart, or its placeholder text while no loss has been logged (an empty chart reads -1..6)."""
-        runs_to_draw = [("this run", watch.records)] + ([(other[0], other[1].records)] if other else [])
-        if not any(series(records, key)[0] for _, records in runs_to_draw for key in ("loss", "eval_loss")):
-            return waiting_figure(NO_STEP_YET)
-        return loss_figure(runs_to_draw, smoothing, log_scale)
 
     def _memory_markdown(self, run_id: str, watch) -> str:
         peaks = measured_peaks(watch)

@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_chat)
 
     p = sub.add_parser(
-        "eval", help="loss, perplexity and exact match of the base model and a run's adapter; saved in eval.json"
+        "eval",
+        help="loss, perplexity, exact match and ROUGE-L of the base model and a run's adapter; saved in eval.json",
     )
     _run_arguments(p)
     p.add_argument("--all", action="store_true", help="also evaluate every checkpoint")

@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=cmd_train)
 
-    p = sub.add_parser("runs", help="list runs; `runs show ID`, `runs stop ID`, `runs resume ID`, `runs note ID`")
+    p = sub.add_parser(
+        "runs", help="list runs; `runs show ID`, `runs stop ID`, `runs resume ID`, `runs note ID`, `runs diff ID ID`"
+    )
     _add_runs_dir(p)
     p.set_defaults(handler=cmd_runs_list)
     actions = p.add_subparsers(dest="action", metavar="ACTION")
@@ -55,6 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     note.add_argument("--notes", help="free text")
     _add_runs_dir(note)
     note.set_defaults(handler=cmd_runs_note)
+    diff = actions.add_parser("diff", help="what two runs' jobs set differently (the fields that apply to either)")
+    diff.add_argument("run_id", metavar="ID")
+    diff.add_argument("other", metavar="OTHER")
+    _add_runs_dir(diff)
+    diff.set_defaults(handler=cmd_runs_diff)
 
 
 def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
@@ -313,4 +320,25 @@ def cmd_runs_note(args: argparse.Namespace) -> int:
     print(
         f"run {args.run_id}: name {notes.name!r}" + (f", notes of {len(notes.notes)} characters" if notes.notes else "")
     )
+    return 0
+
+
+def cmd_runs_diff(args: argparse.Namespace) -> int:
+    from tunedeck.backend.run_compare import job_differences, shown_value
+    from tunedeck.backend.runs import RunError
+
+    manager = _manager(args)
+    try:
+        jobs = [manager.job(manager.status(run_id).run_id) for run_id in (args.run_id, args.other)]
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    differences = job_differences(*jobs)
+    if not differences:
+        print(f"runs {args.run_id} and {args.other} ran the same job")
+        return 0
+    rows = [("FIELD", args.run_id, args.other), *((p, shown_value(a), shown_value(b)) for p, a, b in differences)]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for row in rows:
+        print(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}".rstrip())
     return 0

@@ -59,8 +59,8 @@ class Drawn:
         with gr.Blocks():
             self.view.build(Page(self.ui))
 
-    def render(self, shown: RunShown, log_scale: bool = False) -> dict:
-        out = self.view.render(shown, 0.6, log_scale, None)
+    def render(self, shown: RunShown, log_scale: bool = False, overlay: str | None = None) -> dict:
+        out = self.view.render(shown, 0.6, log_scale, overlay)
         return {
             **{k.removeprefix("run."): v for k, v in self.ui.by_id(out).items()},
             "shown": out.get(self.view.shown, shown),
@@ -92,6 +92,27 @@ def test_first_tick_draws_everything_then_idle_ticks_skip(run):
 def test_changing_a_chart_option_redraws(run):
     first = run.render(RunShown())
     assert run.render(first["shown"], log_scale=True)["loss_chart"].layout.yaxis.type == "log"
+
+
+def test_an_overlaid_run_says_what_it_did_differently(run, tmp_path):
+    from tunedeck.backend.spec import resolve_spec, set_paths, spec_to_yaml
+
+    other = "20250101-130000-d4e5f6"
+    shutil.copytree(tmp_path / RUN_ID, tmp_path / other)
+    demo = resolve_spec("demo")
+    (tmp_path / RUN_ID / "job.yaml").write_text(spec_to_yaml(demo))
+    changed = set_paths(demo, {"training.learning_rate": 0.001, "lora.r": 8, "quantization.bnb_4bit_quant_type": "fp4"})
+    (tmp_path / other / "job.yaml").write_text(spec_to_yaml(changed))
+    shown = RunShown(run=RUN_ID, follow=False)
+    first = run.render(shown, overlay=other)
+    # The 4-bit type applies to neither run (no quantization): not a difference that matters.
+    assert (
+        first["compared"]
+        == f"**Overlaid run `{other}`** (this run's value → its own): lora.r 16 → 8 · training.learning_rate 0.005 → 0.001"
+    )
+    assert [t.name for t in first["loss_chart"].data if t.name.endswith(" loss")] == ["this run loss", f"{other} loss"]
+    assert "compared" not in run.render(first["shown"], overlay=other)  # nothing changed: not sent again
+    assert run.render(first["shown"])["compared"] == ""
 
 
 def test_a_bad_run_id_is_a_message(run):
