@@ -88,7 +88,10 @@ class DatasetPreview(DerivedView):
 
     def build(self) -> None:
         add = self.ui.add
-        with gr.Accordion("Dataset preview", open=False, elem_id="dataset-preview-section"):
+        self.section = add(
+            "preview.section", gr.Accordion("Dataset preview", open=False, elem_id="dataset-preview-section")
+        )
+        with self.section:
             self.button = add("preview.run", gr.Button("Preview the dataset", elem_id="preview-dataset", size="sm"))
             self.text = add(
                 "preview.text",

@@ -21,7 +21,7 @@ from tunedeck.app.job_events import JobEvent
 from tunedeck.app.job_outputs import read_uploaded_spec
 from tunedeck.app.job_view import JOB_QUEUE, JobView
 from tunedeck.app.model_access import ModelAccessNote
-from tunedeck.app.registry import Got, Updates, listen
+from tunedeck.app.registry import Got, Updates, handler, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.data_uploads import SUFFIXES as DATA_SUFFIXES
 from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
@@ -113,15 +113,16 @@ class JobTab(Section):
         def upload_data(event: JobEvent):
             return fill_from_upload(values_from_form(event.raw), event.got[self.upload_data], self.runs_dir)
 
-        view.wire_fill(self.upload_data.upload, upload_data, notice, reads=(self.upload_data,))
+        uploaded = view.wire_fill(self.upload_data.upload, upload_data, notice, reads=(self.upload_data,))
         view.wire_fill(self.estimate.apply.click, self.apply, notice)
         view.wire_fill(self.estimate.apply_pick.click, self.apply_picked, notice, reads=(self.estimate.pick,))
-        self.wire_preview(view)
+        self.wire_preview(view, uploaded, notice)
         page.on_load(view.on_load, inputs=view.inputs, outputs=view.outputs, **JOB_QUEUE)
 
-    def wire_preview(self, view: JobView) -> None:
+    def wire_preview(self, view: JobView, uploaded, notice) -> None:
         """Preview: measured in a subprocess outside the job queue (edits go on meanwhile); once its
-        state changes, the job is evaluated again, so the estimate uses the measured lengths."""
+        state changes, the job is evaluated again, so the estimate uses the measured lengths. Data just
+        uploaded is previewed at once (`uploaded`: that fill's dependency), the preview opened."""
         preview = self.preview
 
         def measure(got: Got) -> Updates:
@@ -133,6 +134,18 @@ class JobTab(Section):
             return {preview.text: text, preview.shown: state}
 
         listen([preview.button.click], measure, inputs=view.form.components, outputs=[preview.text, preview.shown])
+
+        def measure_upload(got: Got) -> Updates:
+            if str(got[notice] or "").startswith("✗"):  # nothing was uploaded: the form is unchanged
+                return {}
+            return {**measure(got), preview.section: gr.update(open=True)}
+
+        uploaded.then(
+            handler(measure_upload),
+            inputs={*view.form.components, notice},
+            outputs=[preview.text, preview.shown, preview.section],
+            show_progress="hidden",
+        )
         listen(  # quiet, as every other edit: a full tracker would cover the whole form for a moment
             [preview.shown.change],
             view.on_edit,

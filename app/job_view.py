@@ -348,10 +348,9 @@ class JobView:
             **JOB_QUEUE,  # it writes JobShown too
         )
 
-    def wire_fill(
-        self, trigger, fill: Callable[[JobEvent], tuple[JobSpec | None, str]], notice, reads: tuple = ()
-    ) -> None:
-        """`trigger` replaces the job with `fill(event)`'s spec and says its message in `notice`.
+    def wire_fill(self, trigger, fill: Callable[[JobEvent], tuple[JobSpec | None, str]], notice, reads: tuple = ()):
+        """`trigger` replaces the job with `fill(event)`'s spec and says its message in `notice`; returns Gradio's
+        dependency (for `.then`).
 
         `fill` returns (spec, message), or (None, message) to change nothing; `reads` are the
         components it needs beyond the job's inputs (the upload).
@@ -364,4 +363,6 @@ class JobView:
 
         on_fill.__name__ = getattr(fill, "__name__", "on_fill")  # the console names it when it fails
         outputs = [*self.outputs, notice]
-        listen([trigger], on_fill, inputs=[*self.inputs, *reads], outputs=outputs, show_progress="hidden", **JOB_QUEUE)
+        return listen(
+            [trigger], on_fill, inputs=[*self.inputs, *reads], outputs=outputs, show_progress="hidden", **JOB_QUEUE
+        )

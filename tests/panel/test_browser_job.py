@@ -212,6 +212,9 @@ def test_uploaded_data_is_kept_under_the_runs_folder_and_the_job_points_at_it(pa
     _upload(page, data / "train.jsonl", data / "eval.jsonl", button="#upload-data")
     wait_text(page, "#notice", "Uploaded train.jsonl, eval.jsonl to")
     assert "Row format prompt-completion (its columns: prompt, completion)" in page.inner_text("#notice")
+    # Its rows as the model sees them, at once: the preview opens by itself.
+    wait_text(page, "#dataset-preview", "rows measured", timeout=120_000)
+    assert "Q: " in page.inner_text("#dataset-preview")
     open_tab(page, "form-sections", "Dataset")
     kept = Path(field(page, "dataset.path").input_value())
     assert kept.parent == server.runs_dir.resolve() / "datasets"

@@ -97,7 +97,7 @@ def test_a_file_name_cannot_lead_out_of_the_folder_and_unknown_columns_keep_the_
 
 @pytest.mark.integration
 def test_a_run_trains_on_the_uploaded_files_and_evaluates_on_the_held_out_one(demo_home, runs_dir, tmp_path):
-    from runs.helpers import log_records, logs_tail
+    from runs.helpers import logs_tail, read_metrics
 
     from tunedeck.backend.runs import RunManager
     from tunedeck.backend.spec import set_paths
@@ -112,6 +112,6 @@ def test_a_run_trains_on_the_uploaded_files_and_evaluates_on_the_held_out_one(de
     status = manager.wait(run_id, timeout=240)
     run_dir = manager.run_dir(run_id)
     assert status.state == "finished", logs_tail(run_dir)
-    evals = [r for r in log_records(run_dir) if "eval_loss" in r]
+    evals = [r for r in read_metrics(run_dir) if "eval_loss" in r]  # measured on validation.jsonl
     assert [r["step"] for r in evals] == [2, 4], logs_tail(run_dir)
     assert [run.run_id for run in manager.list_runs()] == [run_id]  # the datasets folder is not a run
