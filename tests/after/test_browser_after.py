@@ -154,8 +154,8 @@ def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
 
     # A row of the answers, clicked, is in the Try box with the data's answer beside it.
     row = page.locator("#after-answers [role=row]").nth(1)
-    number = int(row.locator("td").first.inner_text().strip())
-    row.locator("td").nth(3).click()  # the base's answer: any cell of the row takes it
+    number = int(row.locator("[role=gridcell]").first.inner_text().strip())
+    row.locator("[role=gridcell]").nth(3).click()  # the base's answer: any cell of the row takes it
     wait_text(page, "#after-example-note", f"example {number} of 8, a held-out row of eval.jsonl")
     assert page.locator("#after-prompt textarea").input_value() == lines[number - 1]["prompt"]
     assert page.locator("#after-expected textarea").input_value() == lines[number - 1]["expected"]
