@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tunedeck.app.downloads import BundleWriter
-from tunedeck.app.eval_display import answers_shown, evaluation
+from tunedeck.app.eval_display import answers_shown, evaluated_on, evaluation
 from tunedeck.backend.checkpoints import AfterError, list_weights
 from tunedeck.backend.eval_answers import answers_jsonl, newest_answers
 from tunedeck.backend.eval_results import read_eval
@@ -256,8 +256,7 @@ class AfterView:
         evaluation's answers side by side (`show`: eval_answers.SHOW)."""
         run_dir = self.manager.run_dir(run_id)
         data = read_eval(run_dir)
-        note = data.get("error") or ("" if data["results"] else "not evaluated yet")
-        return {**evaluation(data), "after.eval_status": note, **self.answers_view(run_id, show, data)}
+        return {**evaluation(data), "after.eval_status": evaluated_on(data), **self.answers_view(run_id, show, data)}
 
     def answers_view(self, run_id: str, show: str, data: dict | None = None) -> dict:
         """The newest evaluation's answers side by side, filtered; the file of them all to download."""

@@ -3,6 +3,8 @@ side by side (plain values: app/after_tab.py puts them in the components)."""
 
 from __future__ import annotations
 
+from html import escape
+
 import plotly.graph_objects as go
 
 from tunedeck.app.charts import waiting_figure
@@ -13,8 +15,9 @@ EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", 
 
 
 def evaluation(data: dict) -> dict:
-    """The metrics table and the chart of eval.json's content."""
-    rows = [[_fmt(v) for v in row] for row in table_rows(data)]
+    """The metrics table and the chart of eval.json's content; the data by its file name (and split), which keeps
+    the table within its half of the row (the status line and eval.json have the whole path)."""
+    rows = [[*map(_fmt, row[:-1]), _file_name(row[-1])] for row in table_rows(data)]
     return {"after.eval_table": rows, "after.eval_chart": eval_figure(data)}
 
 
@@ -23,6 +26,21 @@ def answers_shown(answers: dict[str, list[dict]], show: str) -> dict:
     headers, rows, line = answers_table(answers, show)
     line += " · **click a row to try it** in the Try box" if rows else ""
     return {"after.answers": {"headers": headers, "data": rows}, "after.answers_note": line}
+
+
+def evaluated_on(data: dict) -> str:
+    """The line above the table: what the newest evaluation read, in full (or why there is none)."""
+    if data.get("error") or not data["results"]:
+        return data.get("error") or "not evaluated yet"
+    newest = max(data["results"].values(), key=lambda r: r.get("evaluated_at") or 0)
+    if not newest.get("data"):
+        return ""
+    device = f" on {escape(str(newest['device']))}" if newest.get("device") else ""
+    return f"last evaluated on `{escape(str(newest['data']))}`{device}"
+
+
+def _file_name(source: str | None) -> str | None:
+    return source and (source.rstrip("/").rsplit("/", 1)[-1] or source)
 
 
 def _fmt(value):
