@@ -113,6 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     print(f"run {run_id}: {manager.status(run_id).title}")
     print(f"folder {manager.run_dir(run_id)}", flush=True)
+    _say_where_it_notifies()
     try:
         status = follow(manager, run_id)
     except RunError as exc:  # its folder was deleted while it ran, and now its processes are gone too
@@ -145,6 +146,17 @@ def _start_smoke(manager, spec) -> str:
         return start_smoke_run(manager, spec)
     except SmokeError as exc:
         raise RunError(str(exc)) from None
+
+
+def _say_where_it_notifies() -> None:
+    import os
+    import urllib.parse
+
+    from tunedeck.backend.train import NOTIFY_ENV
+
+    if os.environ.get(NOTIFY_ENV, "").strip():  # its host only: the rest of a webhook URL is its secret
+        host = urllib.parse.urlsplit(os.environ[NOTIFY_ENV].strip()).hostname or "?"
+        print(f"when it ends, rank 0 posts how it ended to {host} ({NOTIFY_ENV})", flush=True)
 
 
 def _say_if_building_demo(spec) -> None:

@@ -30,6 +30,12 @@ both YAML files are taken from there):
 
 SIGTERM or SIGINT: every rank finishes its current step, a checkpoint is saved, the run
 ends as "stopped".
+
+With TUNEDECK_NOTIFY_URL set (a Slack, Discord or Teams incoming webhook, an ntfy topic, any
+endpoint of yours), rank 0 POSTs how the run ended there as JSON ({"text", "content", "run",
+"state", "step", "max_steps", "loss", "error", "runtime_s"}); an environment variable, not a job
+field, because such URLs are secrets and job files travel. A rank 0 killed outright (the OOM
+killer) sends nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ import yaml
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 DATA_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+NOTIFY_ENV = "TUNEDECK_NOTIFY_URL"
+NOTIFY_TIMEOUT_S = 10
 # Fault injection for testing the failure path: TUNEDECK_FAULT="rank=1,step=2" makes rank 1
 # raise at the end of step 2. Unset in normal use.
 FAULT_ENV = "TUNEDECK_FAULT"
@@ -1417,8 +1425,66 @@ def main(argv=None) -> int:
         )
     if terminal:
         print(f"run {status}" + (f": {error}" if error else ""), file=terminal)
+    if rank == 0:
+        notify(run_dir, status, error, time.monotonic() - started)
     _close_process_group(clean=status != "failed")
     return 0 if status != "failed" else 1
+
+
+def notify(run_dir: Path, status: str, error: str | None, runtime_s: float) -> None:
+    """POST how the run ended to $TUNEDECK_NOTIFY_URL, once; never fails the run (a warning in the log instead)."""
+    import urllib.parse
+    import urllib.request
+
+    url = os.environ.get(NOTIFY_ENV, "").strip()
+    if not url:
+        return
+    where = urllib.parse.urlsplit(url)
+    if where.scheme not in ("http", "https") or not where.hostname:
+        print(f"warning: {NOTIFY_ENV} is not an http(s) URL: no notification sent", file=sys.stderr)
+        return
+    last = _last_loss_record(run_dir / "metrics.jsonl")
+    minutes, seconds = divmod(int(runtime_s), 60)
+    text = f"tunedeck run {run_dir.name} {status} after {minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+    if last:
+        text += f" · step {last['step']}/{last.get('max_steps', '?')} · loss {last['loss']:.4f}"
+    text += f" · {error[:500]}" if error else ""
+    body = {
+        "text": text,  # Slack, Teams and most webhooks show "text"; Discord shows "content"
+        "content": text[:2000],
+        "run": run_dir.name,
+        "state": status,
+        "step": last and last["step"],
+        "max_steps": last and last.get("max_steps"),
+        "loss": last and last["loss"],
+        "error": error,
+        "runtime_s": round(runtime_s, 1),
+    }
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json", "User-Agent": "tunedeck"}, method="POST"
+    )
+    try:
+        urllib.request.urlopen(request, timeout=NOTIFY_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:  # the URL's path may hold its secret: only its host is named
+        print(f"warning: the notification to {where.hostname} failed: {exc}", file=sys.stderr)
+
+
+def _last_loss_record(path: Path) -> dict | None:
+    """The newest log record with a training loss, from the end of metrics.jsonl."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == "log" and "loss" in record:
+            return record
+    return None
 
 
 def _close_process_group(clean: bool) -> None:
