@@ -4,6 +4,7 @@ side by side (plain values: app/after_tab.py puts them in the components)."""
 from __future__ import annotations
 
 from html import escape
+from pathlib import Path
 
 import plotly.graph_objects as go
 
@@ -40,7 +41,7 @@ def evaluated_on(data: dict) -> str:
 
 
 def _file_name(source: str | None) -> str | None:
-    return source and (source.rstrip("/").rsplit("/", 1)[-1] or source)
+    return source and Path(source).name
 
 
 def _fmt(value):

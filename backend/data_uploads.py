@@ -1,11 +1,11 @@
 """Data files uploaded from the page, kept where runs read them (no datasets import: the panel stays light).
 
-    <runs>/datasets/<digest>/<file name>    the files of one upload, side by side as uploaded
+    <runs>/datasets/<digest>/<file name>                       one file, under its own name
+    <runs>/datasets/<digest>/train.<ext>, validation.<ext>     a training file with its held-out file
 
-A browser behind an SSH tunnel has no other way to put its data on the server. Files uploaded
-together stay together, so an eval/test/validation file beside the training file is the held-out
-data that Evaluate finds (backend/evaluate.py: held_out_file); the same files uploaded again land in
-the same folder. A Slurm node reads them where it reads the runs folder. The row format is taken
+A browser behind an SSH tunnel has no other way to put its data on the server. A held-out file
+uploaded with the training file becomes the folder's `validation` split: the job's eval split, for
+eval loss during training and for Evaluate. The same files uploaded again land in the same folder. A Slurm node reads them where it reads the runs folder. The row format is taken
 from the training file's columns when they are one format's own (dataset.format's default columns).
 """
 
@@ -18,10 +18,11 @@ import re
 import shutil
 from pathlib import Path
 
+from tunedeck.backend.train import DATA_FILE_BUILDERS
 from tunedeck.backend.vocabulary import DATASET_FORMATS
 
 DATASETS_DIR = "datasets"
-SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+SUFFIXES = tuple(DATA_FILE_BUILDERS)  # what train_sft.py reads as dataset.path
 HELD_OUT_NAMES = ("eval", "test", "validation", "valid", "dev")  # as the datasets library names splits by file name
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -139,7 +140,7 @@ def format_of(columns: list[str] | None) -> str | None:
 
 def dataset_changes(kept: Path, held_out: bool) -> tuple[dict, str | None, list[str] | None]:
     """(the dataset fields that point the job at a kept upload, the format found or None, the columns read)."""
-    train = kept / f"train{next(kept.glob('train.*')).suffix}" if held_out else kept
+    train = next(kept.glob("train.*")) if held_out else kept
     columns = first_row_columns(train)
     found = format_of(columns)
     changes: dict = {
