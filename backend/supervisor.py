@@ -18,6 +18,10 @@ A full disk must not leave a run "running" forever: the supervisor deletes the r
 manager wrote into the run folder to write the final status when nothing else fits. One file on
 purpose: a script with nothing but psutil, it spells the run folder's names itself
 (backend/run_folder.py owns them; a contract test compares the two).
+
+Rank 0 posts how the run ended to $TUNEDECK_NOTIFY_URL; when it was killed before it could (the
+OOM killer, a segfault), the supervisor posts for it, with its sibling train.py's notify (one
+message format), loaded only then.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ POLL_S = 0.2
 FAILURE_GRACE_S = 5.0
 SUMMARY_GRACE_S = 10.0
 ERROR_LINES = 20
+NOTIFY_ENV = "TUNEDECK_NOTIFY_URL"  # train.py's NOTIFY_ENV
 
 
 # ---------------------------------------------------------------- status.json
@@ -319,11 +324,12 @@ def supervise(run_dir: Path) -> int:
     except OSError as exc:
         record_end(run_dir, state="failed", ended_at=time.time(), error=f"could not start {status['argv'][0]}: {exc}")
         return 1
+    started_at = time.time()
     try:
         update_status(
             run_dir,
             state="running",
-            started_at=time.time(),
+            started_at=started_at,
             launcher={**process_identity(launcher.pid), "pgid": launcher.pid},
         )
     except (OSError, ValueError) as exc:
@@ -370,11 +376,27 @@ def supervise(run_dir: Path) -> int:
     kill_tree(_children(os.getpid(), recursive=True))  # nothing of the run outlives it (the launcher is reaped already)
     state, error = final_state(run_dir, exit_code, stop_deadline is not None, killed)
     problem = record_end(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
+    if end_record(run_dir) is None:  # rank 0 never got to its end record, nor to its notification
+        notify_for_rank_0(run_dir, state, error, time.time() - started_at)
     if problem and run_dir.is_dir():
         # The manager settles the run from metrics.jsonl and errors.jsonl once it sees us gone.
         print(f"supervisor: the run ended {state}, but {problem}", file=sys.stderr, flush=True)
         return 1
     return 0  # recorded, or its folder was deleted: nothing to record into
+
+
+def notify_for_rank_0(run_dir: Path, state: str, error: str | None, runtime_s: float) -> None:
+    if not os.environ.get(NOTIFY_ENV, "").strip():
+        return
+    import importlib.util
+
+    try:
+        spec = importlib.util.spec_from_file_location("tunedeck_train_script", Path(__file__).with_name("train.py"))
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        script.notify(run_dir, state, error, runtime_s)
+    except Exception as exc:  # noqa: BLE001 - the run's own record is written; a notification never fails it
+        print(f"supervisor: no notification sent: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def _grace_seconds(stop_file: Path) -> float:

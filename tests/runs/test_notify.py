@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import http.server
 import json
+import signal
 import threading
 
 import pytest
 
-from runs.helpers import tunedeck
+from runs.helpers import log_records, logs_tail, run_processes, tunedeck, wait_for
 from tunedeck.backend import train
 from tunedeck.backend.runs import RunManager
 
@@ -93,3 +94,20 @@ def test_a_finished_and_a_failed_run_each_post_once_how_they_ended(hook, runs_di
     body = hook.received[-1][2]
     assert len(hook.received) == 2 and (body["run"], body["state"]) == (failed, "failed")
     assert body["error"].startswith("RuntimeError: fault injected by TUNEDECK_FAULT on rank 0 at step 2")
+
+
+@pytest.mark.integration
+def test_a_run_whose_rank_0_was_killed_is_posted_by_its_supervisor(hook, runs_dir, demo_spec, monkeypatch):
+    monkeypatch.setenv(train.NOTIFY_ENV, hook.url)
+    manager = RunManager(runs_dir)
+    run_id = manager.start(demo_spec({"training.max_steps": 2000, "training.save_steps": 1000}))
+    run_dir = manager.run_dir(run_id)
+    wait_for(lambda: log_records(run_dir), 180, what=f"training\n{logs_tail(run_dir)}")
+    ranks = {p.environ().get("RANK"): p for p in run_processes(run_dir)[0].children()}
+    ranks["0"].send_signal(signal.SIGKILL)  # as the kernel's OOM killer would: no end record, no post of its own
+
+    assert manager.wait(run_id, timeout=180).state == "failed"
+    [(_, _, body)] = hook.received
+    assert (body["run"], body["state"], body["step"]) == (run_id, "failed", log_records(run_dir)[-1]["step"])
+    assert body["error"].startswith("rank 0 was killed by SIGKILL (signal 9): out of memory"), body["error"]
+    assert body["text"].startswith(f"tunedeck run {run_id} failed after 0:0")

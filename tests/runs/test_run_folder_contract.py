@@ -193,6 +193,7 @@ def test_supervisor_names_the_files_of_the_contract():
     for name in ("STATUS_FILE", "STOP_FILE", "METRICS_FILE", "ERRORS_FILE", "LAUNCHER_LOG", "RESERVE_FILE"):
         assert getattr(supervisor, name) == getattr(run_folder, name), name
     assert train.STOP_FILE == run_folder.STOP_FILE  # the ranks read the stop request too
+    assert supervisor.NOTIFY_ENV == train.NOTIFY_ENV  # it posts for a rank 0 killed before it could
     # "see logs/rank3.log" in a failure's headline
     assert any(run_folder.rank_log(7).replace("7", "{}") in f for f in _fstrings(ast.parse(SUPERVISOR)))
 
@@ -255,7 +256,7 @@ def test_the_readers_check_processes_by_the_identity_the_supervisor_writes():
 
 def test_a_key_renamed_in_the_supervisor_alone_fails_the_contract():
     assert unknown_supervisor_keys(SUPERVISOR.replace('["grace_s"]', '["grace"]')) == {"stop": {"grace"}}
-    assert unknown_supervisor_keys(SUPERVISOR.replace("started_at=time.time()", "began_at=time.time()")) == {
+    assert unknown_supervisor_keys(SUPERVISOR.replace("started_at=started_at", "began_at=started_at")) == {
         "status": {"began_at"}
     }
     assert unknown_supervisor_keys(SUPERVISOR.replace('get("traceback")', 'get("trace")')) == {"error": {"trace"}}
