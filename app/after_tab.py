@@ -21,7 +21,7 @@ import gradio as gr
 from tunedeck.app.after_view import USER_ERRORS, AfterView
 from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.errors import user_message
-from tunedeck.app.eval_display import EVAL_HEADERS
+from tunedeck.app.eval_display import ANSWER_CHARS, EVAL_HEADERS, answers_widths
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.checkpoints import AfterError
@@ -74,6 +74,9 @@ def streamed(fn):
 
 def shown(ui, updates: dict) -> Updates:
     """A view's {id: value} for the components; the answers file becomes the download button's file."""
+    if "after.answers" in updates:
+        table = updates["after.answers"]
+        updates["after.answers"] = gr.update(value=table, column_widths=answers_widths(len(table["headers"])))
     if "after.answers_file" in updates:
         path = updates.pop("after.answers_file")
         updates["after.answers_file"] = gr.update(value=path, interactive=bool(path))
@@ -150,8 +153,10 @@ class AfterTab(Section):
         with gr.Row():
             add("after.eval_scope", gr.Radio([("final adapter and base", "final"), ("base and every checkpoint", "all")],
                                              value="final", label="Models", elem_id="after-eval-scope"))  # fmt: skip
-            add("after.eval_data", gr.File(label="Evaluation data (default: the run's eval split)", type="filepath",
-                                           file_types=[".jsonl", ".json", ".csv", ".parquet"], height=130))  # fmt: skip
+            add("after.eval_data", gr.File(label="Evaluation data, or prompts alone to answer (default: the run's eval split)",
+                                           type="filepath",
+                                           file_types=[".jsonl", ".json", ".csv", ".parquet"], height=130,
+                                           elem_id="after-eval-data"))  # fmt: skip
             add(
                 "after.eval_limit",
                 gr.Number(0, label="examples (0: all)", precision=0, minimum=0, elem_id="after-eval-limit"),
@@ -168,8 +173,10 @@ class AfterTab(Section):
             add("after.answers_file", gr.DownloadButton("⬇ Answers (.jsonl)", interactive=False, scale=1,
                                                         elem_id="after-answers-file"))  # fmt: skip
         add("after.answers_note", gr.Markdown(elem_id="after-answers-note"))
+        # A long answer is cut in its cell (the download has it whole); shown() gives each column its width.
         add("after.answers", gr.Dataframe(headers=["#", "prompt", "the data's answer"], interactive=False, wrap=True,
-                                          max_height=420, elem_id="after-answers"))  # fmt: skip
+                                          max_height=420, max_chars=ANSWER_CHARS, column_widths=answers_widths(3),
+                                          elem_id="after-answers"))  # fmt: skip
 
         gr.Markdown(
             "### Export\nMerges the adapter into the base and saves a standalone model under the run folder "
@@ -261,7 +268,7 @@ class AfterTab(Section):
             prompt = value["after.prompt"] or ""
             example = value["after.example_prompt"]
             from_example = prompt == example  # an edited example has no known answer
-            expected = value["after.expected"] if from_example else None
+            expected = value["after.expected"] if from_example and value["after.expected"] else None
             left = {} if from_example or example is None else self._no_example(page)
             args = (value["after.run"], value["after.weights"], value["after.compare"] or "", prompt)
             # A conversation goes on while the same models answer; other models start a new one.
@@ -303,7 +310,9 @@ class AfterTab(Section):
             return {
                 ui["after.prompt"]: found["after.prompt"],
                 ui["after.example_prompt"]: found["after.prompt"],
-                ui["after.expected"]: gr.update(value=found["after.expected"], visible=True),
+                ui["after.expected"]: gr.update(
+                    value=found["after.expected"] or "", visible=found["after.expected"] is not None
+                ),
                 ui["after.example_note"]: found["after.example_note"],
                 ui["after.system"]: found["after.system"],
                 ui["after.history"]: {"with": args, "turns": dict.fromkeys(boxes, found["turns"])},

@@ -12,6 +12,7 @@ from tunedeck.app.charts import waiting_figure
 from tunedeck.backend.eval_answers import answers_table
 from tunedeck.backend.eval_results import order_key, table_rows
 
+ANSWER_CHARS = 240  # of an answer in its cell: up to 256 new tokens for a prompt without the data's answer
 EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", "ROUGE-L", "examples", "data"]
 
 
@@ -27,6 +28,13 @@ def answers_shown(answers: dict[str, list[dict]], show: str) -> dict:
     headers, rows, line = answers_table(answers, show)
     line += " · **click a row to try it** in the Try box" if rows else ""
     return {"after.answers": {"headers": headers, "data": rows}, "after.answers_note": line}
+
+
+def answers_widths(columns: int) -> list[str]:
+    """#, the prompt and the data's answer keep their width; the models' answers share the rest (without widths
+    of its own, a long answer would squeeze the data's answer to a letter and push the next model out of sight)."""
+    models = columns - 3
+    return ["4%", "26%", "14%", *[f"{56 // models}%"] * models] if models else ["6%", "64%", "30%"]
 
 
 def evaluated_on(data: dict) -> str:
@@ -45,7 +53,8 @@ def _file_name(source: str | None) -> str | None:
 
 
 def _fmt(value):
-    return round(value, 4) if isinstance(value, float) else value
+    """4 decimals; "—" for what the evaluation could not measure (no answers in its data)."""
+    return "—" if value is None else round(value, 4) if isinstance(value, float) else value
 
 
 def eval_figure(data: dict) -> go.Figure:
@@ -54,6 +63,8 @@ def eval_figure(data: dict) -> go.Figure:
     if not names:
         return waiting_figure("Evaluate: the loss, exact match and ROUGE-L of each model appear here.", height=220)
     results = [data["results"][n] for n in names]
+    if all(r.get(key) is None for r in results for key in ("loss", "exact_match", "rouge_l")):
+        return waiting_figure("No loss or score: the data had no answers to measure by. Each answer is below.", 220)
     figure = go.Figure()
     figure.add_bar(x=names, y=[r.get("loss") for r in results], name="loss", marker_color="#4f46e5")
     for key, label, color in (("exact_match", "exact match", "#ea580c"), ("rouge_l", "ROUGE-L", "#0d9488")):

@@ -51,7 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     _run_arguments(p)
     p.add_argument("--all", action="store_true", help="also evaluate every checkpoint")
     p.add_argument(
-        "--data", metavar="FILE", help="evaluate on this file (in the run's dataset format) instead of its eval data"
+        "--data",
+        metavar="FILE",
+        help="evaluate on this file (in the run's dataset format) instead of its eval data; "
+        "prompts without answers are answered, not scored",
     )
     p.add_argument("--limit", type=int, metavar="N", help="only the first N rows")
     p.add_argument("--json", action="store_true", help='print {"base": {...}, "adapter": {...}} as JSON')
@@ -325,17 +328,20 @@ def _print_table(results: dict, data: str) -> None:
     def pct(value):
         return "-" if value is None else f"{100 * value:.1f}%"
 
+    def number(value, digits):
+        return "-" if value is None else f"{value:.{digits}f}"
+
     rows = [("MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "ROUGE-L", "EXAMPLES")]
     for name in sorted(results, key=order_key):
         r = results[name]
         rows.append(
             (
                 name,
-                f"{r['loss']:.4f}",
-                f"{r['perplexity']:.2f}",
+                number(r["loss"], 4),
+                number(r["perplexity"], 2),
                 pct(r["exact_match"]),
                 pct(r["contains_match"]),
-                "-" if r.get("rouge_l") is None else f"{r['rouge_l']:.3f}",
+                number(r.get("rouge_l"), 3),
                 str(r["examples"]),
             )
         )

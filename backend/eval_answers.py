@@ -1,7 +1,8 @@
 """Every answer an evaluation generated, kept per model so the page can show where each one goes wrong (no torch).
 
     <run>/eval-answers/<model>.jsonl    one line per example: {"prompt", "expected", "answer",
-                                        "exact_match", "contains_match", "rouge_l"}; the prompt as the data has it
+                                        "exact_match", "contains_match", "rouge_l"}; the prompt as the data has it;
+                                        a prompt the data has no answer to: expected and the scores null
 
 A model's file is replaced whenever that model is evaluated again (removed when its data had no
 answers to generate). The table joins the models of the newest evaluation row by row: they
@@ -20,6 +21,7 @@ SHOW = {
     "wrong": "where the last model is not exactly right",
     "differ": "where the models' answers differ",
 }
+SCORES = ("exact_match", "contains_match", "rouge_l")  # of each answer; null where the data has none
 ROWS_SHOWN = 500  # a longer evaluation shows its first rows; the download holds them all
 MARKS = {"exact": "✓", "contains": "≈", "wrong": "✗"}  # the data's answer; contains it; neither
 
@@ -65,6 +67,9 @@ def newest_answers(run_dir: Path, data: dict) -> dict[str, list[dict]]:
 
 
 def mark(row: dict) -> str:
+    """✓ ≈ ✗ against the data's answer; nothing when the data has none."""
+    if row.get("expected") is None:
+        return ""
     kind = "exact" if row.get("exact_match") else "contains" if row.get("contains_match") else "wrong"
     return MARKS[kind]
 
@@ -72,7 +77,7 @@ def mark(row: dict) -> str:
 def cell(row: dict) -> str:
     """A model's answer in the table: its mark, its ROUGE-L (answers kept before it was measured have none), itself."""
     score = f" {row['rouge_l']:.2f} ·" if isinstance(row.get("rouge_l"), (int, float)) else ""
-    return f"{mark(row)}{score} {row['answer'].strip()}"
+    return f"{mark(row)}{score} {row['answer'].strip()}".strip()
 
 
 def shown_prompt(prompt: object) -> str:
@@ -97,17 +102,22 @@ def answers_table(answers: dict[str, list[dict]], show: str = "all") -> tuple[li
     rows = []
     for i in range(count):
         got = [answers[name][i] for name in names]
-        if show == "wrong" and got[-1].get("exact_match"):
+        if show == "wrong" and (got[-1].get("exact_match") or got[-1].get("expected") is None):
             continue
         if show == "differ" and len({g["answer"].strip() for g in got}) < 2:
             continue
         first = got[0]
         cells = [cell(g) for g in got]
-        rows.append([i + 1, shown_prompt(first["prompt"]), first["expected"].strip(), *cells])
-    right = ", ".join(f"{name} {sum(bool(r.get('exact_match')) for r in answers[name][:count])}" for name in names)
+        expected = "—" if first["expected"] is None else first["expected"].strip()
+        rows.append([i + 1, shown_prompt(first["prompt"]), expected, *cells])
     cut = f", the first {ROWS_SHOWN} here (the download has all)" if len(rows) > ROWS_SHOWN else ""
     which = f"{count} examples" if show == "all" else f"{len(rows)} of {count} examples {SHOW[show]}"
-    line = f"{which}{cut} · the data's answer exactly (✓): {right} · ≈ contains it · ✗ neither · then ROUGE-L"
+    judged = sum(row["expected"] is not None for row in answers[names[0]][:count])
+    if not judged:
+        return headers, rows[:ROWS_SHOWN], f"{which}{cut} · prompts without answers in the data: each model's answer"
+    right = ", ".join(f"{name} {sum(bool(r.get('exact_match')) for r in answers[name][:count])}" for name in names)
+    of = f" of the {judged} with one" if judged < count else ""
+    line = f"{which}{cut} · the data's answer exactly (✓){of}: {right} · ≈ contains it · ✗ neither · then ROUGE-L"
     return headers, rows[:ROWS_SHOWN], line
 
 
@@ -122,9 +132,7 @@ def answers_jsonl(answers: dict[str, list[dict]]) -> str:
             "prompt": first["prompt"],
             "expected": first["expected"],
             "answers": {name: answers[name][i]["answer"] for name in names},
-            "exact_match": {name: bool(answers[name][i].get("exact_match")) for name in names},
-            "contains_match": {name: bool(answers[name][i].get("contains_match")) for name in names},
-            "rouge_l": {name: answers[name][i].get("rouge_l") for name in names},
+            **{score: {name: answers[name][i].get(score) for name in names} for score in SCORES},
         }
         lines.append(json.dumps(row, ensure_ascii=False) + "\n")
     return "".join(lines)

@@ -3,9 +3,9 @@
     {"version": 1, "updated_at": 1733040000.0,
      "results": {"base": {...}, "checkpoint-30": {...}, "final": {...}}}
 
-Each result: loss, perplexity, tokens and examples scored, exact_match and contains_match
-(fractions), rouge_l (mean ROUGE-L F1; all three null when the data has no completions), generated (how many answers were
-generated), answers_file (every answer, eval_answers.py), data (what it was measured on),
+Each result: loss, perplexity (null when no row has an answer to score), tokens and examples scored,
+exact_match and contains_match (fractions), rouge_l (mean ROUGE-L F1; all three null when no prompt has
+the data's answer to judge by), generated (how many answers were generated), answers_file (every answer, eval_answers.py), data (what it was measured on),
 device, seconds, evaluated_at, step. A new evaluation replaces the entries it measured and keeps
 the others.
 """

@@ -9,6 +9,10 @@ The data: a chosen file (in the run's dataset format), else the job's dataset.ev
 the held-out file beside the training file, found as the datasets library splits a folder by
 file name (eval/test/validation beside train). The base is loaded once; each adapter is put
 on it in turn. Imports torch inside its functions: runs in the worker process.
+
+Prompts without answers (a file without the completion or output column, a row without its
+value, a conversation that ends with the user's turn) are answered and not scored: their
+answers are the predictions to download, with no loss, match or ROUGE-L of their own.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from pathlib import Path
 
 from tunedeck.backend import train
 from tunedeck.backend.checkpoints import AfterError, Weights, list_weights
+from tunedeck.backend.eval_answers import SCORES
 from tunedeck.backend.eval_results import order_key
 
 BATCH_SIZE = 8
 EXTRA_NEW_TOKENS = 8  # answers may run this far past the longest expected one before they are cut
-MAX_NEW_TOKENS = 256
+MAX_NEW_TOKENS = 256  # also how far a prompt without an answer in the data may be answered
+ANSWER_FIELDS = {"prompt-completion": "completion_field", "alpaca": "output_field"}  # where a row's answer is
 
 
 class Cancelled(Exception):
@@ -85,7 +91,7 @@ def eval_rows(
                 f"validation file beside {train_file}; pass --data FILE (in the run's dataset format)"
             )
         dataset_cfg["path"], source = str(found), str(found)
-    return _read_rows(dataset_cfg, split, source, limit), source
+    return _read_rows(dataset_cfg, split, source, limit, answers_optional=True), source
 
 
 def training_rows(run_dir: Path, job: dict, limit: int | None = None) -> tuple[list[dict], str]:
@@ -97,10 +103,20 @@ def training_rows(run_dir: Path, job: dict, limit: int | None = None) -> tuple[l
 
 
 def _read_rows(
-    dataset_cfg: dict, split: str, source: str, limit: int | None, what: str = "evaluation data"
+    dataset_cfg: dict,
+    split: str,
+    source: str,
+    limit: int | None,
+    what: str = "evaluation data",
+    answers_optional: bool = False,
 ) -> list[dict]:
+    """The rows in TRL's columns; with `answers_optional`, a file of prompts alone gives rows whose completion is None."""
     try:
-        dataset = train.to_trl_format(train.load_split(dataset_cfg, split), dataset_cfg, "text")
+        dataset = train.load_split(dataset_cfg, split)
+        answer_column = answers_optional and _missing_answer_column(dataset, dataset_cfg)
+        if answer_column:
+            dataset = dataset.add_column(answer_column, [""] * len(dataset))
+        dataset = train.to_trl_format(dataset, dataset_cfg, "text")
     except train.JobError as exc:
         raise AfterError(str(exc)) from None
     except (OSError, ValueError) as exc:
@@ -108,7 +124,19 @@ def _read_rows(
     count = len(dataset) if limit is None else min(limit, len(dataset))
     if count == 0:
         raise AfterError(f"the {what} {source} has no rows")
-    return [dataset[i] for i in range(count)]
+    rows = [dataset[i] for i in range(count)]
+    return [{**row, "completion": None} for row in rows] if answer_column else rows
+
+
+def _missing_answer_column(dataset, dataset_cfg: dict) -> str | None:
+    """The answer column a file of prompts lacks (its prompt column present), else None."""
+    fmt = dataset_cfg.get("format", "text")
+    if fmt not in ANSWER_FIELDS:
+        return None
+    prompt_field = "prompt_field" if fmt == "prompt-completion" else "instruction_field"
+    answer = train.column(dataset_cfg, ANSWER_FIELDS[fmt])
+    present = dataset.column_names
+    return answer if answer not in present and train.column(dataset_cfg, prompt_field) in present else None
 
 
 # ---------------------------------------------------------------- tokenizing as TRL does
@@ -144,15 +172,29 @@ def scored_sequence(tokenizer, row: dict, max_length: int) -> tuple[list[int], l
     return full[:max_length], mask[:max_length]
 
 
-def question_and_answer(row: dict) -> tuple[object, str] | None:
-    """(prompt, expected answer) when the row has one to generate against, else None (plain text)."""
+def has_answer(row: dict) -> bool:
+    """Whether the row can be scored: plain text, or a prompt with the data's answer to it."""
+    if "prompt" in row:
+        return row["completion"] is not None
+    if "messages" in row:
+        messages = row["messages"] or []
+        return len(messages) >= 2 and messages[-1].get("role") == "assistant"
+    return True
+
+
+def question_and_answer(row: dict) -> tuple[object, str | None] | None:
+    """(prompt, the data's answer, None when it has none) of a row with a prompt to answer, else None (plain text)."""
     if "prompt" in row:
         completion = row["completion"]
+        if completion is None:
+            return row["prompt"], None
         expected = completion if isinstance(completion, str) else " ".join(m["content"] for m in completion)
         return row["prompt"], expected
     messages = row.get("messages") or []
     if len(messages) >= 2 and messages[-1].get("role") == "assistant":
         return messages[:-1], messages[-1]["content"]
+    if messages and messages[-1].get("role") == "user":
+        return messages, None
     return None
 
 
@@ -222,8 +264,9 @@ def mean_loss(model, tokenizer, rows: list[dict], max_length: int, say, cancel) 
     return total / tokens, tokens
 
 
-def answers(model, tokenizer, pairs: list[tuple[object, str]], say, cancel) -> list[str]:
-    """Greedy answers to each prompt, batched with left padding."""
+def answers(model, tokenizer, pairs: list[tuple[object, str | None]], say, cancel) -> list[str]:
+    """Greedy answers to each prompt, batched with left padding; as long as the data's answer allows, else up to
+    MAX_NEW_TOKENS."""
     import torch
 
     device = next(model.parameters()).device
@@ -232,14 +275,19 @@ def answers(model, tokenizer, pairs: list[tuple[object, str]], say, cancel) -> l
         _check(cancel)
         batch = pairs[start : start + BATCH_SIZE]
         prompts = [_ids(tokenizer, p, generation_prompt=isinstance(p, list)) for p, _ in batch]
-        longest = max(len(tokenizer(e, add_special_tokens=False)["input_ids"]) for _, e in batch)
+        expected = [e for _, e in batch]
+        if None in expected:
+            new_tokens = MAX_NEW_TOKENS
+        else:
+            longest = max(len(tokenizer(e, add_special_tokens=False)["input_ids"]) for e in expected)
+            new_tokens = min(longest + EXTRA_NEW_TOKENS, MAX_NEW_TOKENS)
         width = max(map(len, prompts))
         ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         with torch.no_grad():
             generated = model.generate(
                 input_ids=ids, attention_mask=attention, do_sample=False, temperature=None, top_p=None, top_k=None,
-                max_new_tokens=min(longest + EXTRA_NEW_TOKENS, MAX_NEW_TOKENS),
+                max_new_tokens=new_tokens,
                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
             )  # fmt: skip
         out += tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
@@ -255,34 +303,43 @@ def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, ca
         if progress
         else (lambda stage: lambda *a: None)
     )
-    loss, tokens = mean_loss(model, tokenizer, rows, max_length, say("loss"), cancel)
-    result = {"loss": loss, "perplexity": math.exp(min(loss, 700)), "tokens": tokens, "examples": len(rows)}
+    scored = [row for row in rows if has_answer(row)]
+    loss, tokens = mean_loss(model, tokenizer, scored, max_length, say("loss"), cancel) if scored else (None, 0)
+    result = {
+        "loss": loss,
+        "perplexity": None if loss is None else math.exp(min(loss, 700)),
+        "tokens": tokens,
+        "examples": len(rows),
+    }
     pairs = [qa for qa in map(question_and_answer, rows) if qa is not None]
     result.update(exact_match=None, contains_match=None, rouge_l=None, generated=0, answers=[])
     if pairs:
         got = answers(model, tokenizer, pairs, say("generating answers"), cancel)
-        result["answers"] = [
-            {
-                "prompt": p,
-                "expected": e,
-                "answer": a,
-                "exact_match": exact_match(a, e),
-                "contains_match": contains_match(a, e),
-                "rouge_l": round(rouge_l(a, e), 4),
-            }
-            for (p, e), a in zip(pairs, got)
-        ]  # saved beside eval.json (eval_answers.py), not in it
-        exact = sum(row["exact_match"] for row in result["answers"])
-        contains = sum(row["contains_match"] for row in result["answers"])
-        mean_rouge = sum(row["rouge_l"] for row in result["answers"]) / len(pairs)
-        result.update(
-            exact_match=exact / len(pairs),
-            contains_match=contains / len(pairs),
-            rouge_l=mean_rouge,
-            generated=len(pairs),
-        )
+        result["answers"] = [judged(p, e, a) for (p, e), a in zip(pairs, got)]  # saved beside eval.json, not in it
+        result["generated"] = len(pairs)
+        with_answer = [row for row in result["answers"] if row["expected"] is not None]
+        if with_answer:
+            result.update(
+                exact_match=sum(row["exact_match"] for row in with_answer) / len(with_answer),
+                contains_match=sum(row["contains_match"] for row in with_answer) / len(with_answer),
+                rouge_l=sum(row["rouge_l"] for row in with_answer) / len(with_answer),
+            )
     result["seconds"] = round(time.monotonic() - started, 2)
     return result
+
+
+def judged(prompt: object, expected: str | None, answer: str) -> dict:
+    """One answer as eval-answers/<model>.jsonl keeps it; its scores None when the data has no answer to the prompt."""
+    if expected is None:
+        return {"prompt": prompt, "expected": None, "answer": answer, **dict.fromkeys(SCORES)}
+    return {
+        "prompt": prompt,
+        "expected": expected,
+        "answer": answer,
+        "exact_match": exact_match(answer, expected),
+        "contains_match": contains_match(answer, expected),
+        "rouge_l": round(rouge_l(answer, expected), 4),
+    }
 
 
 def evaluate_run(

@@ -37,7 +37,7 @@ class NoExamples(AfterError):
 @dataclass(frozen=True)
 class Example:
     prompt: str  # the text to type
-    expected: str  # the data's answer
+    expected: str | None  # the data's answer; None for a prompt it has none to (the answers table's rows)
     number: int  # 1-based, among the rows with an answer
     count: int
     source: str
@@ -53,7 +53,8 @@ class Example:
         context += [f"{len(self.turns)} earlier turn{'s' * (len(self.turns) > 1)}"] * bool(self.turns)
         with_context = f" · with {' and '.join(context)}" if context else ""
         dropped = f" · its {self.left_out} earlier message{'s' * (self.left_out > 1)} not sent" if self.left_out else ""
-        return f"example {self.number} of {self.count}, a {kind} of {where}{with_context}{dropped}"
+        unanswered = " · the data has no answer to it" if self.expected is None else ""
+        return f"example {self.number} of {self.count}, a {kind} of {where}{with_context}{dropped}{unanswered}"
 
 
 def typed(prompt: object) -> dict:
@@ -84,11 +85,14 @@ def data_examples(run_dir: Path, job: dict) -> tuple[list[tuple[object, str]], s
     except NoEvalData:
         rows, source = training_rows(run_dir, job, limit=ROWS_READ)
         held_out = False
-    pairs = [qa for qa in map(question_and_answer, rows) if qa is not None]
-    if not pairs:
+    prompts = [qa for qa in map(question_and_answer, rows) if qa is not None]
+    if not prompts:
         raise NoExamples(
             f"the run's data ({Path(source).name}) is plain text, with no prompt and answer to take: type a prompt"
         )
+    pairs = [(prompt, expected) for prompt, expected in prompts if expected is not None]
+    if not pairs:
+        raise NoExamples(f"the run's data ({Path(source).name}) has prompts without answers: type a prompt")
     return pairs, source, held_out
 
 

@@ -85,14 +85,14 @@ def test_evaluation_results_show_again_from_the_run_folder(sharded_run):
                 "data": "/d/eval.jsonl",
                 "device": "cpu",
             },
-            "base": {"loss": 8.06, "exact_match": 0.0},  # measured before ROUGE-L was: none shown
+            "base": {"loss": 8.06, "exact_match": 0.0},  # measured before ROUGE-L was: "—"
         },
     )
     view = sharded_run.eval_view(RUN_ID)
     assert [row[:2] for row in view["after.eval_table"]] == [["base", 8.06], ["final", 1.0812]]
     assert view["after.eval_status"] == "last evaluated on `/d/eval.jsonl` on cpu"  # the table says eval.jsonl
     assert [row[-1] for row in view["after.eval_table"]] == [None, "eval.jsonl"]
-    assert [row[EVAL_HEADERS.index("ROUGE-L")] for row in view["after.eval_table"]] == [None, 0.6123]
+    assert [row[EVAL_HEADERS.index("ROUGE-L")] for row in view["after.eval_table"]] == ["—", 0.6123]  # not measured
     chart = view["after.eval_chart"]
     assert list(chart.data[0].x) == ["base", "final"] and list(chart.data[1].y) == [0.0, 0.095]
     assert chart.data[2].name == "ROUGE-L" and list(chart.data[2].y) == [None, 0.61234]

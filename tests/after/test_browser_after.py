@@ -165,6 +165,26 @@ def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
     assert eval_losses(page) == loss
 
 
+def test_prompts_alone_are_answered_and_a_row_goes_to_try_without_a_datas_answer(page, server, demo_home, tmp_path):
+    rows = [json.loads(line) for line in (demo_home / "data" / "eval.jsonl").read_text().splitlines()[:4]]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in rows))
+    open_after(page, server)
+    page.locator("#after-eval-data input[type=file]").set_input_files(str(prompts))
+    page.click("#after-evaluate")
+    wait_text(page, "#after-answers-note", "4 examples · prompts without answers in the data", timeout=240_000)
+    settle(page)
+    table = [text.split("\t") for text in page.locator("#after-eval-table [role=row]").all_inner_texts()]
+    assert any("prompts.jsonl" in " ".join(cells) for cells in table), table
+    answers = page.locator("#after-answers [role=row]").all_inner_texts()
+    assert len(answers) == 5 and "✗" not in " ".join(answers) and "✓" not in " ".join(answers)
+
+    page.locator("#after-answers [role=row]").nth(2).locator("[role=gridcell]").nth(1).click()
+    wait_text(page, "#after-example-note", "example 2 of 4, a held-out row of prompts.jsonl · the data has no answer")
+    assert page.locator("#after-prompt textarea").input_value() == rows[1]["prompt"]
+    assert not page.locator("#after-expected").is_visible()  # no data's answer to show, nor to judge by
+
+
 def test_merge_writes_the_folder_under_the_run_and_shows_its_path_and_serve_sh(page, server):
     open_after(page, server)
     assert not page.locator("#after-serve").is_visible()  # no serve.sh before a merge wrote one

@@ -8,21 +8,11 @@ import pytest
 
 from tunedeck.backend.eval_answers import answers_jsonl, answers_path, answers_table, newest_answers
 from tunedeck.backend.eval_results import read_eval, save_results
-from tunedeck.backend.evaluate import contains_match, exact_match, rouge_l
+from tunedeck.backend.evaluate import judged
 
 
 def _answers(expected_and_answers, prompt=lambda i: f"Q: {i} + 1\nA:") -> list[dict]:
-    return [
-        {
-            "prompt": prompt(i),
-            "expected": expected,
-            "answer": answer,
-            "exact_match": exact_match(answer, expected),
-            "contains_match": contains_match(answer, expected),
-            "rouge_l": rouge_l(answer, expected),
-        }
-        for i, (expected, answer) in enumerate(expected_and_answers)
-    ]
+    return [judged(prompt(i), expected, answer) for i, (expected, answer) in enumerate(expected_and_answers)]
 
 
 def _evaluated(run_dir, at: float, **models) -> dict:
@@ -97,3 +87,27 @@ def test_prompts_show_as_the_try_box_takes_them_and_the_download_keeps_them_whol
         "rouge_l": {"final": 1.0},
     }
     assert lines[1]["prompt"] == alpaca
+
+
+def test_prompts_without_the_datas_answer_show_each_models_answer_unjudged(tmp_path):
+    _evaluated(tmp_path, 1.0, base=_answers([(None, " 7"), (None, " 5")]), final=_answers([(None, " 3"), (None, " 4")]))
+    answers = newest_answers(tmp_path, read_eval(tmp_path))
+    _, rows, line = answers_table(answers)
+    assert rows == [[1, "Q: 0 + 1\nA:", "—", "7", "3"], [2, "Q: 1 + 1\nA:", "—", "5", "4"]]  # no ✓ ≈ ✗, no ROUGE-L
+    assert line == "2 examples · prompts without answers in the data: each model's answer"
+    assert answers_table(answers, "wrong")[1] == []  # nothing to be wrong against
+    download = [json.loads(line) for line in answers_jsonl(answers).splitlines()]
+    assert download[0] == {
+        "prompt": "Q: 0 + 1\nA:",
+        "expected": None,
+        "answers": {"base": " 7", "final": " 3"},
+        "exact_match": {"base": None, "final": None},
+        "contains_match": {"base": None, "final": None},
+        "rouge_l": {"base": None, "final": None},
+    }
+
+    # Some rows with the data's answer, some without: the marks and counts are of those with one.
+    _evaluated(tmp_path, 2.0, final=_answers([(" 1", " 1"), (None, " 4"), (" 3", " 8")]))
+    _, rows, line = answers_table(newest_answers(tmp_path, read_eval(tmp_path)))
+    assert [r[2:] for r in rows] == [["1", "✓ 1.00 · 1"], ["—", "4"], ["3", "✗ 0.00 · 8"]]
+    assert line.startswith("3 examples · the data's answer exactly (✓) of the 2 with one: final 1 · ")

@@ -149,3 +149,59 @@ def test_a_qlora_run_is_evaluated_on_its_4bit_base(qlora_run):
     report = json.loads(result.stdout)
     assert report["adapter"]["loaded_as"] == "4-bit nf4 (21 Linear4bit layers)"  # as it trained: 3 layers x 7 linears
     assert report["adapter"]["loss"] < report["base"]["loss"]
+
+
+@pytest.fixture
+def eval_kept(demo_run):
+    """The demo run's eval.json and answers, put back after the test (other tests read them)."""
+    run_dir = demo_run[0] / demo_run[1]
+    kept = {p: p.read_bytes() for p in [run_dir / "eval.json", *run_dir.glob("eval-answers/*.jsonl")] if p.exists()}
+    yield run_dir
+    for path in run_dir.glob("eval-answers/*.jsonl"):
+        path.unlink()
+    for path, content in kept.items():
+        path.write_bytes(content)
+
+
+def test_prompts_without_answers_are_answered_and_not_scored(demo_run, demo_home, eval_kept, tmp_path):
+    runs_dir, run_id = demo_run
+    rows = [json.loads(line) for line in (demo_home / "data" / "eval.jsonl").read_text().splitlines()[:6]]
+    prompts = tmp_path / "prompts.jsonl"  # no completion column at all: what a user has to get predictions for
+    prompts.write_text("".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in rows))
+    result = tunedeck("eval", run_id, "--data", prompts, "--runs-dir", runs_dir)
+    assert result.returncode == 0, result.stderr
+    table = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[2:4]}
+    assert table == {"base": ["-", "-", "-", "-", "-", "6"], "final": ["-", "-", "-", "-", "-", "6"]}
+    answers = [json.loads(line) for line in (eval_kept / "eval-answers" / "final.jsonl").read_text().splitlines()]
+    assert [(a["prompt"], a["expected"], a["exact_match"]) for a in answers] == [
+        (r["prompt"], None, None) for r in rows
+    ]
+    # The trained adapter answers most of these arithmetic prompts with a number, as it learned to.
+    assert sum(a["answer"].strip().split("\n")[0].strip().isdigit() for a in answers) >= 4, answers
+
+    # Some rows with their answer, some without: the loss and the scores are of those with one.
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(r if i % 2 else {"prompt": r["prompt"]}) + "\n" for i, r in enumerate(rows)))
+    whole = tmp_path / "answered.jsonl"
+    whole.write_text("".join(json.dumps(r) + "\n" for i, r in enumerate(rows) if i % 2))
+    got = {}
+    for data in (mixed, whole):
+        done = tunedeck("eval", run_id, "--data", data, "--json", "--runs-dir", runs_dir)
+        assert done.returncode == 0, done.stderr
+        got[data.name] = json.loads(done.stdout)["adapter"]
+    assert got["mixed.jsonl"]["examples"] == 6 and got["mixed.jsonl"]["generated"] == 6
+    for key in ("loss", "tokens", "exact_match", "rouge_l"):
+        assert got["mixed.jsonl"][key] == pytest.approx(got["answered.jsonl"][key]), key
+
+
+def test_a_conversation_that_ends_with_the_users_turn_is_answered(chat_run, tmp_path):
+    runs_dir, run_id = chat_run
+    conversations = [json.loads(line)["messages"] for line in (runs_dir / "chat-data" / "conversations.jsonl").open()]
+    asked = tmp_path / "asked.jsonl"  # each conversation without its last (assistant) turn
+    asked.write_text("".join(json.dumps({"messages": c[:-1]}) + "\n" for c in conversations[:4]))
+    result = tunedeck("eval", run_id, "--data", asked, "--json", "--runs-dir", runs_dir)
+    assert result.returncode == 0, result.stderr
+    adapter = json.loads(result.stdout)["adapter"]
+    assert (adapter["loss"], adapter["exact_match"], adapter["generated"]) == (None, None, 4)
+    answers = [json.loads(line) for line in (runs_dir / run_id / "eval-answers" / "final.jsonl").open()]
+    assert [a["prompt"] for a in answers] == [c[:-1] for c in conversations[:4]] and all(a["answer"] for a in answers)
