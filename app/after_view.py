@@ -22,6 +22,7 @@ from pathlib import Path
 from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.eval_display import answers_shown, evaluated_on, evaluation
 from tunedeck.backend.checkpoints import AfterError, list_weights
+from tunedeck.backend.data_uploads import keep_upload
 from tunedeck.backend.eval_answers import answers_jsonl, newest_answers
 from tunedeck.backend.eval_results import read_eval
 from tunedeck.backend.examples import Example, data_examples, pick, verdict
@@ -276,6 +277,8 @@ class AfterView:
         names = weights if scope == "all" else ["base", weights[-1]]
         if len(names) < 2:
             raise AfterError(f"run {run_id} has saved no adapter yet: nothing to compare with the base")
+        if data_file:  # the page's upload folder goes with the panel: kept where eval.json can name it for good
+            data_file = str(keep_upload([Path(data_file)], self.manager.runs_dir)[0])
         args = {"run_id": run_id, "names": names, "data": data_file, "limit": limit}
         for event in _in_background(lambda on_event: run_task("evaluate", args, job, self.manager.runs_dir, on_event)):
             yield {"after.eval_status": event}

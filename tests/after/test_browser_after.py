@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -176,6 +177,10 @@ def test_prompts_alone_are_answered_and_a_row_goes_to_try_without_a_datas_answer
     settle(page)
     table = [text.split("\t") for text in page.locator("#after-eval-table [role=row]").all_inner_texts()]
     assert any("prompts.jsonl" in " ".join(cells) for cells in table), table
+    # Kept in the runs folder (the page's upload folder goes with the panel): eval.json names it for good.
+    data = json.loads((server.runs_dir / server.run_id / "eval.json").read_text())["results"]["final"]["data"]
+    assert Path(data).parent.parent == server.runs_dir / "datasets" and Path(data).read_bytes() == prompts.read_bytes()
+    wait_text(page, "#after-eval-status", f"last evaluated on {data}")
     answers = page.locator("#after-answers [role=row]").all_inner_texts()
     assert len(answers) == 5 and "✗" not in " ".join(answers) and "✓" not in " ".join(answers)
 
