@@ -149,14 +149,15 @@ def _start_smoke(manager, spec) -> str:
 
 
 def _say_where_it_notifies() -> None:
-    import os
-    import urllib.parse
+    from tunedeck.backend.train import NOTIFY_ENV, notify_target
 
-    from tunedeck.backend.train import NOTIFY_ENV
-
-    if os.environ.get(NOTIFY_ENV, "").strip():  # its host only: the rest of a webhook URL is its secret
-        host = urllib.parse.urlsplit(os.environ[NOTIFY_ENV].strip()).hostname or "?"
-        print(f"when it ends, rank 0 posts how it ended to {host} ({NOTIFY_ENV})", flush=True)
+    try:
+        target = notify_target()
+    except ValueError as exc:
+        print(f"warning: {exc}", file=sys.stderr, flush=True)
+        return
+    if target:
+        print(f"when it ends, rank 0 posts how it ended to {target[1]} ({NOTIFY_ENV})", flush=True)
 
 
 def _say_if_building_demo(spec) -> None:

@@ -1431,18 +1431,32 @@ def main(argv=None) -> int:
     return 0 if status != "failed" else 1
 
 
-def notify(run_dir: Path, status: str, error: str | None, runtime_s: float) -> None:
-    """POST how the run ended to $TUNEDECK_NOTIFY_URL, once; never fails the run (a warning in the log instead)."""
+def notify_target() -> tuple[str, str] | None:
+    """(URL, its host) from $TUNEDECK_NOTIFY_URL, None when unset; ValueError when it is not an http(s) URL.
+    Only the host is ever printed: the rest of a webhook URL is its secret."""
     import urllib.parse
-    import urllib.request
 
     url = os.environ.get(NOTIFY_ENV, "").strip()
     if not url:
-        return
+        return None
     where = urllib.parse.urlsplit(url)
     if where.scheme not in ("http", "https") or not where.hostname:
-        print(f"warning: {NOTIFY_ENV} is not an http(s) URL: no notification sent", file=sys.stderr)
+        raise ValueError(f"{NOTIFY_ENV} is not an http(s) URL: no notification will be sent")
+    return url, where.hostname
+
+
+def notify(run_dir: Path, status: str, error: str | None, runtime_s: float) -> None:
+    """POST how the run ended to $TUNEDECK_NOTIFY_URL, once; never fails the run (a warning in the log instead)."""
+    import urllib.request
+
+    try:
+        target = notify_target()
+    except ValueError as exc:
+        print(f"warning: {exc}", file=sys.stderr)
         return
+    if target is None:
+        return
+    url, host = target
     last = _last_loss_record(run_dir / "metrics.jsonl")
     minutes, seconds = divmod(int(runtime_s), 60)
     text = f"tunedeck run {run_dir.name} {status} after {minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
@@ -1466,7 +1480,7 @@ def notify(run_dir: Path, status: str, error: str | None, runtime_s: float) -> N
     try:
         urllib.request.urlopen(request, timeout=NOTIFY_TIMEOUT_S).close()
     except (OSError, ValueError) as exc:  # the URL's path may hold its secret: only its host is named
-        print(f"warning: the notification to {where.hostname} failed: {exc}", file=sys.stderr)
+        print(f"warning: the notification to {host} failed: {exc}", file=sys.stderr)
 
 
 def _last_loss_record(path: Path) -> dict | None:

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from runs.helpers import log_records, logs_tail, run_processes, tunedeck, wait_for
-from tunedeck.backend import train
+from tunedeck.backend import cli_runs, train
 from tunedeck.backend.runs import RunManager
 
 
@@ -54,7 +54,13 @@ def test_without_the_variable_nothing_is_sent_and_a_bad_url_or_a_refusing_endpoi
     assert hook.received == []
     monkeypatch.setenv(train.NOTIFY_ENV, "file:///etc/passwd")
     train.notify(tmp_path, "finished", None, 12.0)
-    assert "TUNEDECK_NOTIFY_URL is not an http(s) URL: no notification sent" in capsys.readouterr().err
+    assert "warning: TUNEDECK_NOTIFY_URL is not an http(s) URL: no notification will be sent" in capsys.readouterr().err
+    cli_runs._say_where_it_notifies()  # what `tunedeck train` says before it starts the run
+    assert "warning: TUNEDECK_NOTIFY_URL is not an http(s) URL: no notification will be sent" in capsys.readouterr().err
+    monkeypatch.setenv(train.NOTIFY_ENV, hook.url)
+    cli_runs._say_where_it_notifies()
+    out = capsys.readouterr().out
+    assert out == "when it ends, rank 0 posts how it ended to 127.0.0.1 (TUNEDECK_NOTIFY_URL)\n"
 
     refusing = Hook(status=403)
     try:
