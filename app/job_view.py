@@ -107,6 +107,9 @@ class JobView:
             self.start = add(
                 "job.start", gr.Button("▶ Start run", variant="primary", elem_id="start-run", interactive=False)
             )
+            self.queue = add(  # Start after the live runs holding its GPUs (a CPU run: the CPU runs) have ended
+                "job.queue", gr.Button("⏳ Queue", elem_id="queue-run", interactive=False, min_width=90)
+            )
             self.smoke = add(  # the job's exact path on a tiny model, in about a minute (page.wire_start)
                 "job.smoke", gr.Button("Smoke test", elem_id="smoke-run", interactive=False)
             )
@@ -161,6 +164,7 @@ class JobView:
             self.issues,
             self.batch,
             self.start,
+            self.queue,
             self.smoke,
             self.zip,
             self.files,
@@ -265,7 +269,7 @@ class JobView:
             if getattr(old, key) != getattr(shown, key):
                 out[component] = getattr(shown, key)
         if old.startable != shown.startable:
-            out[self.start] = out[self.smoke] = gr.update(interactive=shown.startable)
+            out[self.start] = out[self.queue] = out[self.smoke] = gr.update(interactive=shown.startable)
         self._download_updates(result, shown, out)
         if fill:
             out[self.fills] = shown.fills

@@ -146,7 +146,9 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
 
         return on_click
 
-    for button_id, start, what in (("job.start", runs.start, "run"), ("job.smoke", runs.start_smoke, "smoke run")):
+    launches = (("job.start", runs.start, "run"), ("job.queue", runs.queue, "queued run"),
+                ("job.smoke", runs.start_smoke, "smoke run"))  # fmt: skip
+    for button_id, start, what in launches:
         button = page.ui[button_id]
         listen(
             [button.click],

@@ -30,6 +30,11 @@ def progress_html(fraction: float, text: str, state: str, run_id: str = "") -> s
 
 def state_hint(status: RunStatus, facts: RunFacts, step: int) -> str:
     """What the run's state means for the reader now: drawn from the state, so it never outlives it."""
+    if status.state == "queued" and status.waits_for:
+        ahead = "that run has" if len(status.waits_for) == 1 else "those runs have"
+        return (
+            f"it starts by itself once {ahead} ended, with the panel open or not · **Stop** takes it out of the queue"
+        )
     if status.state == "queued":
         return "waiting for its processes to start"
     if status.state == "stopping":

@@ -272,6 +272,12 @@ class RunView(Section):
         self.index.runs(fresh=True)
         return run_id, RunShown(run=run_id, follow=False)
 
+    def queue(self, spec) -> tuple[str, RunShown]:
+        """Launch `spec` once the live runs holding its GPUs have ended (at once if none do); the view follows it."""
+        run_id = self.manager.start(spec, queue=True)
+        self.index.runs(fresh=True)
+        return run_id, RunShown(run=run_id, follow=False)
+
     def start_smoke(self, spec) -> tuple[str, RunShown]:
         """Launch the smoke run of `spec` (SmokeError or RunError say why not); the view then follows it."""
         run_id = start_smoke_run(self.manager, spec)

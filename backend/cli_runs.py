@@ -27,6 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="prove the job's exact path in about a minute: a tiny random-weight model of its architecture, a few "
         "rows and steps, 2 CPU processes (or this machine's GPUs); ends with a verdict line",
     )
+    p.add_argument(
+        "--queue",
+        action="store_true",
+        help="start it after the live runs that hold its GPUs (a CPU run: the other CPU runs) have ended, instead "
+        "of refusing; it waits queued, and Ctrl-C takes it out of the queue (a Slurm run queues in Slurm)",
+    )
     p.set_defaults(handler=cmd_train)
 
     p = sub.add_parser(
@@ -107,7 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     _say_if_building_demo(spec)
     try:
-        run_id = _start_smoke(manager, spec) if args.smoke else manager.start(spec)
+        run_id = _start_smoke(manager, spec) if args.smoke else manager.start(spec, queue=args.queue)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

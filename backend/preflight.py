@@ -56,11 +56,37 @@ def gpu_indices() -> list[int]:
         pynvml.nvmlShutdown()
 
 
-def claim_gpus(spec, runs: list[RunStatus]) -> list[int] | None:
-    """The GPUs the run will use; refuses GPUs that a live run holds. None for CPU runs."""
-    launch = spec.launch
-    if launch.use_cpu:
+def claim_gpus(spec, runs: list[RunStatus], ahead: list[RunStatus] = ()) -> list[int] | None:
+    """The GPUs the run will use; refuses GPUs that a live run holds, unless it is queued after that run
+    (`ahead`). None for CPU runs."""
+    if spec.launch.use_cpu:
         return None
+    wanted = wanted_gpus(spec)
+    waited = {run.run_id for run in ahead}
+    for other in runs:
+        clash = sorted(set(other.gpu_ids or []) & set(wanted)) if other.state in ACTIVE_STATES else []
+        if clash and other.run_id not in waited:
+            names = f"GPU {clash[0]} is" if len(clash) == 1 else f"GPUs {', '.join(map(str, clash))} are"
+            raise RunError(
+                f"{names} in use by run {other.run_id} ({other.title}): stop it, set launch.gpu_ids to free GPUs, "
+                "or queue this run after it (Queue in the panel, tunedeck train --queue)"
+            )
+    return wanted
+
+
+def runs_ahead(spec, runs: list[RunStatus]) -> list[RunStatus]:
+    """The live runs of this machine that a run queued now starts after: those holding a GPU it wants; for a CPU
+    run, the other CPU runs (they would share the cores)."""
+    here = [run for run in runs if run.state in ACTIVE_STATES and run.backend == "local"]
+    if spec.launch.use_cpu:
+        return [run for run in here if run.gpu_ids is None]
+    wanted = set(wanted_gpus(spec))
+    return [run for run in here if wanted & set(run.gpu_ids or [])]
+
+
+def wanted_gpus(spec) -> list[int]:
+    """The GPUs of this machine that a GPU run asks for (launch.gpu_ids, as many as its processes)."""
+    launch = spec.launch
     available = gpu_indices()
     if not available:
         raise RunError(
@@ -80,13 +106,6 @@ def claim_gpus(spec, runs: list[RunStatus]) -> list[int] | None:
             f"launch.num_processes: {launch.processes_per_machine} processes need as many GPUs, and only "
             f"{len(wanted)} are available: lower launch.num_processes"
         )
-    for other in runs:
-        clash = sorted(set(other.gpu_ids or []) & set(wanted)) if other.state in ACTIVE_STATES else []
-        if clash:
-            names = f"GPU {clash[0]} is" if len(clash) == 1 else f"GPUs {', '.join(map(str, clash))} are"
-            raise RunError(
-                f"{names} in use by run {other.run_id} ({other.title}): stop it, or set launch.gpu_ids to free GPUs"
-            )
     return wanted
 
 

@@ -283,6 +283,7 @@ class StatusFile(BaseModel):
     env: dict[str, str] | None = None  # what tunedeck set on top of its own environment
     supervisor: ProcessIdentity | None = None
     launcher: ProcessIdentity | None = None
+    waits_for: list[str] | None = None  # queued after these runs: its supervisor starts it when they have ended
 
 
 class DamagedStatus(Exception):
@@ -306,11 +307,11 @@ def read_status_file(run_dir: Path) -> dict:
         raise DamagedStatus(f"{STATUS_FILE} is not a run status ({wrong})") from None
 
 
-def queued_status(run_id: str, title: str, argv: list[str], gpu_ids: list[int] | None, env: dict[str, str]) -> dict:
+def queued_status(run_id: str, title: str, argv: list[str], gpu_ids: list[int] | None, env: dict, waits_for=()) -> dict:
     """The status.json of a run folder about to be handed to its supervisor."""
     status = StatusFile(
         run_id=run_id, state="queued", title=title, created_at=time.time(), started_at=None, ended_at=None,
-        exit_code=None, error=None, gpu_ids=gpu_ids, argv=argv, env=env,
+        exit_code=None, error=None, gpu_ids=gpu_ids, argv=argv, env=env, waits_for=list(waits_for),
     )  # fmt: skip
     return status.model_dump(exclude_unset=True)
 

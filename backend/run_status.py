@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from tunedeck.backend.run_folder import ACTIVE_STATES, STATUS_FILE
-from tunedeck.backend.supervisor import boot_id, since_boot
+from tunedeck.backend.supervisor import boot_id
 
 DAMAGED = "damaged"
 SUPERVISOR_SCRIPT = "supervisor.py"
@@ -37,10 +37,15 @@ class RunStatus:
     folder_deleted: bool = False  # live, but its folder or status.json was deleted
     backend: str = "local"  # where it runs: local | slurm
     slurm: dict | None = None  # a Slurm run: job_id, state, reason, nodes, expected_start (backend/slurm_runs.py)
+    waits_for: list[str] | None = None  # a queued run: the runs ahead of it, which it starts after
 
     @property
     def where(self) -> str:
-        """One line on where the run is, for a Slurm run: 'Slurm job 12 · PENDING (Resources)'."""
+        """One line on where the run is, for a Slurm run: 'Slurm job 12 · PENDING (Resources)'; for a run queued
+        after others: 'waits for run 20261203-101500-ab12cd to end'."""
+        if self.state == "queued" and self.waits_for:
+            runs = "run " + self.waits_for[0] if len(self.waits_for) == 1 else "runs " + ", ".join(self.waits_for)
+            return f"waits for {runs} to end"
         if not self.slurm:
             return ""
         line = f"Slurm job {self.slurm.get('job_id')}"
@@ -56,21 +61,6 @@ class RunStatus:
 
 
 # ---------------------------------------------------------------- its processes
-
-
-def is_alive(identity: dict | None) -> bool:
-    """Whether the process recorded (supervisor.process_identity) is still the one running."""
-    if not identity or not identity.get("pid"):
-        return False
-    try:
-        proc = psutil.Process(identity["pid"])
-        if identity.get("boot_id") and identity.get("since_boot") is not None:
-            same = identity["boot_id"] == boot_id() and abs(since_boot(proc) - identity["since_boot"]) < 0.5
-        else:  # recorded where there is no boot id (or by an older tunedeck): its wall-clock start time
-            same = abs(proc.create_time() - identity["create_time"]) < 0.5
-        return same and proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
 
 
 def start_on_the_clock(identity: dict | None) -> float | None:
@@ -101,6 +91,7 @@ def from_status_file(run_id: str, data: dict) -> RunStatus:
         gpu_ids=data.get("gpu_ids"),
         backend=data.get("backend") or "local",
         slurm=data.get("slurm") if isinstance(data.get("slurm"), dict) else None,
+        waits_for=data.get("waits_for"),
     )
 
 

@@ -33,11 +33,11 @@ from pathlib import Path
 from tunedeck.backend import run_folder, run_status, slurm_runs, supervisor
 from tunedeck.backend.run_folder import ACTIVE_STATES, STATUS_FILE, STOP_FILE, DamagedStatus, read_status_file
 from tunedeck.backend.run_launch import accelerate_command, inherited_env, launch_args, rank_env
-from tunedeck.backend.run_status import RunStatus, is_alive
+from tunedeck.backend.run_status import RunStatus
 from tunedeck.backend.run_summary import run_title
 from tunedeck.backend.slurm_jobs import SlurmUnavailable
 from tunedeck.backend.spec import spec_to_dict
-from tunedeck.backend.supervisor import write_status
+from tunedeck.backend.supervisor import is_alive, write_status
 
 RUN_ID_PATTERN = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 DEFAULT_GRACE_S = 60.0
@@ -64,8 +64,11 @@ class RunManager:
 
     # ------------------------------------------------------------ start
 
-    def start(self, spec) -> str:
-        """Validate, check the inputs, write the run folder and launch it; returns the run id. Raises RunError."""
+    def start(self, spec, queue: bool = False) -> str:
+        """Validate, check the inputs, write the run folder and launch it; returns the run id. Raises RunError.
+
+        `queue`: start it after the live runs that hold its GPUs (a CPU run: after the other CPU runs) have
+        ended; its supervisor waits for them (a Slurm run queues in Slurm, as always)."""
         from tunedeck.backend import preflight
         from tunedeck.backend.validate import validate
 
@@ -92,9 +95,12 @@ class RunManager:
             return self._submit(spec, accelerate)
         try:
             with self._start_lock():  # two starts at once must not both claim the same GPUs
-                gpus = preflight.claim_gpus(spec, self.list_runs())
+                runs = self.list_runs()
+                ahead = preflight.runs_ahead(spec, runs) if queue else []
+                gpus = preflight.claim_gpus(spec, runs, ahead)
                 env_changes = rank_env(spec, gpus)
-                run_id = self._write_run_folder(spec, [accelerate, *launch_args(spec)], gpus, env_changes)
+                argv = [accelerate, *launch_args(spec)]
+                run_id = self._write_run_folder(spec, argv, gpus, env_changes, waits_for=[r.run_id for r in ahead])
         except OSError as exc:  # a full disk, a read-only one
             raise self._cannot_write(exc) from None
         run_dir = self.run_dir(run_id)
@@ -152,7 +158,13 @@ class RunManager:
         return run_id
 
     def _write_run_folder(
-        self, spec, argv: list[str], gpus: list[int] | None, env_changes: dict[str, str], backend: str = "local"
+        self,
+        spec,
+        argv: list[str],
+        gpus: list[int] | None,
+        env_changes: dict[str, str],
+        backend: str = "local",
+        waits_for: list[str] = (),
     ) -> str:
         """Write the whole run folder under a hidden name, then rename it: a full disk leaves nothing behind."""
         from tunedeck.backend.render import render_bundle, write_bundle
@@ -164,7 +176,7 @@ class RunManager:
             (staging / run_folder.LOGS_DIR).mkdir()
             # The environment tunedeck set on top of its own (PATH only gains the venv's bin).
             env = {k: v for k, v in env_changes.items() if k != "PATH"}
-            status = run_folder.queued_status(run_id, run_title(spec_to_dict(spec)), argv, gpus, env)
+            status = run_folder.queued_status(run_id, run_title(spec_to_dict(spec)), argv, gpus, env, waits_for)
             queued_clock = {"created_monotonic": time.monotonic(), "created_in_boot": supervisor.boot_id()}
             write_status(staging, {**status, **queued_clock, "backend": backend})
             run_folder.write_reserve(staging)  # room for the final status if training fills the disk
@@ -212,8 +224,14 @@ class RunManager:
                 return run_id
 
     def _wait_until_launched(self, run_id: str, timeout: float = 15.0) -> None:
+        """Until the supervisor has launched the run, or has recorded itself waiting for the runs ahead of it."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.status(run_id).state == "queued":
+        while time.monotonic() < deadline:
+            status = self.status(run_id)
+            if status.state != "queued" or (
+                status.waits_for and self._read_quietly(self.run_dir(run_id)).get("supervisor")
+            ):
+                return
             time.sleep(0.05)
 
     # ------------------------------------------------------------ stop

@@ -6,7 +6,8 @@ Started by the run manager in its own session, it starts the launcher (argv and 
 recorded in status.json), records pids and start times, carries out a stop request (a
 `stop.request` file, or SIGTERM to the supervisor when the folder was deleted) and writes the
 final state and exit code to status.json. It outlives the manager: a panel restart re-attaches
-by reading status.json (run_status.is_alive checks the processes recorded).
+by reading status.json (is_alive checks the processes recorded). A run queued after others
+(`waits_for` in status.json) waits here until each of them has ended, then starts.
 
 Stop: SIGTERM to the ranks, which finish their step, save a checkpoint and exit; not to the
 launcher, whose elastic agent kills its workers 30 s after a SIGTERM (a large checkpoint cut
@@ -49,6 +50,7 @@ RESERVE_FILE = ".disk-reserve"  # room kept for the final status.json on a disk 
 DEFAULT_GRACE_S = 60.0
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 POLL_S = 0.2
+QUEUE_POLL_S = 1.0  # how often a queued run looks whether the runs ahead of it have ended
 # After a rank failed, the others get this long to end on their own (one blocked in a collective on
 # its dead peer ignores SIGTERM for minutes); then they are killed, and the launcher gets the summary
 # grace to print its failure summary (it names a rank that died by a signal) and exit.
@@ -128,6 +130,21 @@ def boot_id() -> str | None:
 def since_boot(proc: psutil.Process) -> float:
     """When it started, in seconds after boot: create_time less the boot time, which moves with the clock."""
     return proc.create_time() - psutil.boot_time()
+
+
+def is_alive(identity: dict | None) -> bool:
+    """Whether the process recorded (process_identity) is still the one running."""
+    if not identity or not identity.get("pid"):
+        return False
+    try:
+        proc = psutil.Process(identity["pid"])
+        if identity.get("boot_id") and identity.get("since_boot") is not None:
+            same = identity["boot_id"] == boot_id() and abs(since_boot(proc) - identity["since_boot"]) < 0.5
+        else:  # recorded where there is no boot id (or by an older tunedeck): its wall-clock start time
+            same = abs(proc.create_time() - identity["create_time"]) < 0.5
+        return same and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def process_identity(pid: int) -> dict:
@@ -308,8 +325,8 @@ def supervise(run_dir: Path) -> int:
             run_dir, state="failed", ended_at=time.time(), error=f"the supervisor could not record itself: {exc}"
         )
         return 1
-    # The manager may be asked to stop before we even start: then there is nothing to run.
-    if (run_dir / STOP_FILE).exists() or stop_signal.is_set():
+    # The manager may be asked to stop before we even start (or while queued): then there is nothing to run.
+    if not _wait_for_runs_ahead(run_dir, status.get("waits_for") or [], stop_signal):
         record_end(run_dir, state="stopped", ended_at=time.time(), exit_code=None)
         return 0
     _become_subreaper()
@@ -397,6 +414,25 @@ def notify_for_rank_0(run_dir: Path, state: str, error: str | None, runtime_s: f
         script.notify(run_dir, state, error, runtime_s)
     except Exception as exc:  # noqa: BLE001 - the run's own record is written; a notification never fails it
         print(f"supervisor: no notification sent: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+
+def _wait_for_runs_ahead(run_dir: Path, ahead: list[str], stop_signal: threading.Event) -> bool:
+    """Wait while a run this one is queued after still runs; False when asked to stop first."""
+    while True:
+        if (run_dir / STOP_FILE).exists() or stop_signal.is_set():
+            return False
+        if not any(_still_runs(run_dir.parent / run_id) for run_id in ahead):
+            return True
+        time.sleep(QUEUE_POLL_S)
+
+
+def _still_runs(other: Path) -> bool:
+    """Whether another run's supervisor or launcher runs (a deleted or damaged status.json: nothing to wait for)."""
+    try:
+        status = json.loads((other / STATUS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(status, dict) and (is_alive(status.get("supervisor")) or is_alive(status.get("launcher")))
 
 
 def _grace_seconds(stop_file: Path) -> float:

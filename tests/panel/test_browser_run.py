@@ -254,3 +254,25 @@ def test_a_page_left_open_asks_for_no_frames_while_nothing_changes(page, server)
     load(page, server)
     # Once the page's own transitions end (a few seconds), nothing asks for frames; before, 60 a second for good.
     wait_for(lambda: frames_asked(page, 1.0) <= 2, 30, what="the idle page to stop asking for frames")
+
+
+def test_queue_waits_for_the_run_ahead_and_stop_takes_it_out_of_the_queue(page, server):
+    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.spec import resolve_spec, set_paths
+
+    manager = RunManager(server.runs_dir)
+    ahead = manager.start(set_paths(resolve_spec("demo"), {"training.max_steps": LONG_RUN}))
+    try:
+        load(page, server)
+        page.click("#queue-run")
+        wait_text(page, "#run-state", f"waits for run {ahead} to end", timeout=30_000)
+        line = text_of(page, "#run-state")
+        assert "queued" in line and "it starts by itself once that run has ended" in line, line
+        queued = shown_run_id(page)
+        assert manager.status(queued).state == "queued"
+        page.click("#stop-run")
+        wait_text(page, "#run-state", "stopped", timeout=30_000)
+        assert manager.status(queued).pid is None  # taken out of the queue before it ever launched
+        assert manager.status(ahead).state == "running"
+    finally:
+        manager.stop(ahead, grace_s=20)

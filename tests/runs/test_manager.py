@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -70,6 +71,32 @@ def test_refuses_gpus_held_by_a_live_run(runs_dir, demo_spec, monkeypatch, sleep
         manager.start(demo_spec({**gpu_job, "launch.gpu_ids": "3,7"}))
     assert manager.active_run() == "20250101-120000-aaaaaa"
     assert run_folders(runs_dir) == ["20250101-120000-aaaaaa", "20250102-120000-dddddd"]  # nothing half-launched
+
+
+def test_a_queued_run_holds_its_gpus_waits_for_the_runs_on_them_and_leaves_the_queue_on_stop(
+    runs_dir, demo_spec, monkeypatch, sleeper
+):
+    monkeypatch.setattr(preflight, "gpu_indices", lambda: [0, 1, 2, 3])
+    fake_run(runs_dir, "20250101-120000-aaaaaa", "running", sleeper, gpu_ids=[1, 2])
+    manager = RunManager(runs_dir)
+    queued = manager.start(demo_spec({"launch.use_cpu": False, "launch.gpu_ids": "0,1"}), queue=True)
+    status = manager.status(queued)
+    assert (status.state, status.waits_for, status.gpu_ids) == ("queued", ["20250101-120000-aaaaaa"], [0, 1])
+    assert status.where == "waits for run 20250101-120000-aaaaaa to end"
+    # Its GPUs are taken while it waits: a plain start on them is refused, naming it.
+    with pytest.raises(RunError, match=rf"GPU 0 is in use by run {queued} .*or queue this run after it"):
+        manager.start(demo_spec({"launch.use_cpu": False, "launch.gpu_ids": "0,3"}))
+    # Queued on GPUs 2 and 3: after the run on GPU 2 only; the one queued on GPUs 0 and 1 is not in its way.
+    second = manager.start(demo_spec({"launch.use_cpu": False, "launch.gpu_ids": "2,3"}), queue=True)
+    assert manager.status(second).waits_for == ["20250101-120000-aaaaaa"]
+    time.sleep(3)  # the supervisors poll each second: nothing may start while the run ahead lives
+    assert [manager.status(r).state for r in (queued, second)] == ["queued", "queued"]
+
+    for run_id in (queued, second):
+        manager.stop(run_id)
+    ended = [manager.wait(run_id, timeout=30) for run_id in (queued, second)]
+    assert [(s.state, s.pid) for s in ended] == [("stopped", None), ("stopped", None)]  # never launched
+    assert not (runs_dir / queued / "metrics.jsonl").exists()
 
 
 def test_a_run_whose_processes_vanished_is_settled_as_failed(runs_dir, sleeper):

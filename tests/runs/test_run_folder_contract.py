@@ -250,7 +250,7 @@ def test_supervisor_reads_and_writes_only_keys_of_the_contract():
 
 def test_the_readers_check_processes_by_the_identity_the_supervisor_writes():
     tree = ast.parse(Path(inspect.getsourcefile(run_status)).read_text(encoding="utf-8"))
-    read = _read_keys(_function(tree, "is_alive")) | _read_keys(_function(tree, "start_on_the_clock"))
+    read = _read_keys(_function(ast.parse(SUPERVISOR), "is_alive")) | _read_keys(_function(tree, "start_on_the_clock"))
     assert read == {"pid", "create_time", "since_boot", "boot_id"} <= supervisor_keys(SUPERVISOR)["identity"]
 
 

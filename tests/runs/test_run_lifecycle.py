@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend.run_status import is_alive
 from tunedeck.backend.runs import RunManager
+from tunedeck.backend.supervisor import is_alive
 from tunedeck.backend.tail import JsonlTail
 
 from .helpers import (
