@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = [
     "tunedeck.backend.cli_spec",  # presets, schema, validate, export, check
     "tunedeck.backend.cli_runs",  # train, runs
+    "tunedeck.backend.cli_sweep",  # sweep
     "tunedeck.backend.cli_estimate",  # estimate
     "tunedeck.backend.cli_preview",  # preview
     "tunedeck.backend.cli_after",  # chat, eval, merge, push

@@ -10,8 +10,9 @@ from tunedeck.backend.run_folder import ACTIVE_STATES, LogRecord, MetricsReader,
 from tunedeck.backend.run_summary import RunSummary, facts_line, summarize
 
 
-def follow(manager, run_id: str):
-    """Print the start facts and a progress line per log record until the run ends; Ctrl-C stops it.
+def follow(manager, run_id: str, also_stop: tuple[str, ...] = ()):
+    """Print the start facts and a progress line per log record until the run ends; Ctrl-C stops it (and the
+    runs of `also_stop`: a sweep's queued runs).
 
     Returns the final status, or None when a second Ctrl-C left the run stopping in the background.
     Ctrl-C is counted, not raised, so that no press can cut a stop request in half.
@@ -19,12 +20,12 @@ def follow(manager, run_id: str):
     presses: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda *_: presses.append(1))
     try:
-        return _follow_counting(manager, run_id, presses)
+        return _follow_counting(manager, run_id, presses, also_stop)
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
-def _follow_counting(manager, run_id: str, presses: list[int]):
+def _follow_counting(manager, run_id: str, presses: list[int], also_stop: tuple[str, ...] = ()):
     reader, run = MetricsReader(manager.run_dir(run_id)), RunRecords()
     bar = ProgressBar(sys.stdout)
     stopping = False
@@ -36,7 +37,10 @@ def _follow_counting(manager, run_id: str, presses: list[int]):
             print(
                 "stopping: the ranks finish their step and save a checkpoint (Ctrl-C again to leave)", file=sys.stderr
             )
-            manager.stop(run_id)
+            if also_stop:
+                print(f"and the {len(also_stop)} runs queued after it leave the queue", file=sys.stderr)
+            for stopped in (run_id, *also_stop):
+                manager.stop(stopped)
         if len(presses) > 1:
             bar.close()
             print(f"left run {run_id} stopping in the background", file=sys.stderr)

@@ -12,7 +12,7 @@ import pytest
 
 from tunedeck.backend.runs import RunManager
 
-from .helpers import end_record, log_records, logs_tail, start_record, wait_for
+from .helpers import end_record, log_records, logs_tail, start_record, tunedeck, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -35,6 +35,8 @@ def test_a_queued_run_starts_by_itself_when_the_run_ahead_has_ended(runs_dir, de
         status = manager.status(queued)
         assert (status.state, status.waits_for, status.pid) == ("queued", [ahead], None)
         assert not (manager.run_dir(queued) / "metrics.jsonl").exists()
+        shown = tunedeck("runs", "show", queued, "--runs-dir", runs_dir)
+        assert f"queue    waits for run {ahead} to end" in shown.stdout.splitlines(), shown.stdout
 
         manager.stop(ahead, grace_s=30)
         out, err = train.communicate(timeout=300)
