@@ -6,14 +6,18 @@ import re
 
 import pytest
 
-from tunedeck.backend.cli_sweep import MAX_RUNS, SweepError, combinations, label
 from tunedeck.backend.run_folder import read_notes
 from tunedeck.backend.runs import RunManager
+from tunedeck.backend.sweep import MAX_RUNS, SweepError, combinations, label
 
 from .helpers import end_record, start_record, tunedeck
 
 
 def test_every_combination_in_order_named_by_its_values():
+    assert combinations(["lora.target_modules=[q_proj, v_proj],all-linear"]) == [
+        {"lora.target_modules": "[q_proj, v_proj]"},
+        {"lora.target_modules": "all-linear"},
+    ]  # a [list] is one value
     grid = combinations(["training.learning_rate=1e-4, 2e-4", "lora.r=8,16,8"])
     assert grid == [
         {"training.learning_rate": "1e-4", "lora.r": "8"},
@@ -27,8 +31,8 @@ def test_every_combination_in_order_named_by_its_values():
 @pytest.mark.parametrize(
     ("vary", "message"),
     [
-        (["training.learning_rate"], "--vary 'training.learning_rate': write PATH=V1,V2"),
-        (["lora.r=8", "lora.r=16"], "--vary lora.r: given twice; list all its values in one --vary"),
+        (["training.learning_rate"], "vary 'training.learning_rate': write PATH=V1,V2"),
+        (["lora.r=8", "lora.r=16"], "vary lora.r: given twice; list all its values at once"),
         (
             ["a=" + ",".join(map(str, range(9))), "b=" + ",".join(map(str, range(8)))],
             f"72 combinations, at most {MAX_RUNS}",
