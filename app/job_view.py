@@ -116,6 +116,11 @@ class JobView:
             self.zip = add(
                 "job.zip", gr.DownloadButton("⬇ Download bundle (.zip)", elem_id="download-zip", interactive=False)
             )
+        with gr.Accordion("Sweep: one run per value, queued one after another", open=False, elem_id="sweep"):
+            self.vary = add("job.vary", gr.Textbox(label="Vary: a field per line, then = and its values",
+                                                   placeholder="training.learning_rate=1e-4,2e-4\nlora.r=8,16", lines=2,
+                                                   elem_id="sweep-vary"))  # fmt: skip
+            self.sweep = add("job.sweep", gr.Button("⏳ Queue the sweep", elem_id="queue-sweep", interactive=False))
         # Rules 2 and 3 of the module docstring: what the browser has applied, sent back with every event.
         self.fills = add("job.fills", gr.Number(0, precision=0, visible=False, elem_id="job-fills"))
         self.digest = add("job.digest", gr.Textbox("", visible=False, elem_id="job-digest"))
@@ -165,6 +170,7 @@ class JobView:
             self.batch,
             self.start,
             self.queue,
+            self.sweep,
             self.smoke,
             self.zip,
             self.files,
@@ -269,7 +275,8 @@ class JobView:
             if getattr(old, key) != getattr(shown, key):
                 out[component] = getattr(shown, key)
         if old.startable != shown.startable:
-            out[self.start] = out[self.queue] = out[self.smoke] = gr.update(interactive=shown.startable)
+            for button in (self.start, self.queue, self.sweep, self.smoke):
+                out[button] = gr.update(interactive=shown.startable)
         self._download_updates(result, shown, out)
         if fill:
             out[self.fills] = shown.fills

@@ -29,6 +29,7 @@ from tunedeck.backend.monitor import shared_monitor
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.smoke import SmokeError
 from tunedeck.backend.spec import JobSpec, SpecError
+from tunedeck.backend.sweep import SweepError
 
 CSS = (
     """
@@ -160,3 +161,19 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
             show_progress="minimal",
             show_progress_on=[button],
         ).then(None, inputs=[page.notice], js=SHOW_RUN_JS)
+
+    def on_sweep(got: Got) -> Updates:
+        try:
+            queued, shown = runs.queue_sweep(job.view.spec_as_shown([got[c] for c in form], got[digest]), got[vary])
+        except (SpecError, RunError, SweepError, NotShownYet) as exc:
+            return {page.notice: f"✗ **Not started:** {escape(user_message(exc))}"}
+        listed = ", ".join(f"`{run_id}`" for run_id in queued)
+        return {
+            page.notice: f"{STARTED} a sweep of {len(queued)} runs, each after the one before: {listed}.",
+            runs.shown: shown,
+        }
+
+    vary, sweep = page.ui["job.vary"], page.ui["job.sweep"]
+    listen([sweep.click], on_sweep, inputs=[*form, digest, vary], outputs=[page.notice, runs.shown],
+           concurrency_id="launch", concurrency_limit=1, show_progress="minimal", show_progress_on=[sweep],
+           ).then(None, inputs=[page.notice], js=SHOW_RUN_JS)  # fmt: skip

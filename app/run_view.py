@@ -29,6 +29,7 @@ from tunedeck.backend.run_status import DAMAGED
 from tunedeck.backend.run_summary import measured_peaks, report, summarize
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.smoke import start_smoke_run
+from tunedeck.backend.sweep import combinations, label, queue_sweep, sweep_specs
 
 # The state line, charts and log follow a live run every TICK_S (each Gradio event costs the browser far more
 # than its answer: an empty tick about 60 ms of Chromium's CPU); the progress bar follows it between ticks, and
@@ -277,6 +278,13 @@ class RunView(Section):
         run_id = self.manager.start(spec, queue=True)
         self.index.runs(fresh=True)
         return run_id, RunShown(run=run_id, follow=False)
+
+    def queue_sweep(self, spec, vary: str) -> tuple[list[str], RunShown]:
+        """One run of `spec` per combination of the Vary box's values, queued one after another; follows the first."""
+        grid = combinations([line for line in vary.splitlines() if line.strip()])
+        queued = queue_sweep(self.manager, sweep_specs(spec, grid), [label(values) for values in grid])
+        self.index.runs(fresh=True)
+        return queued, RunShown(run=queued[0], follow=False)
 
     def start_smoke(self, spec) -> tuple[str, RunShown]:
         """Launch the smoke run of `spec` (SmokeError or RunError say why not); the view then follows it."""

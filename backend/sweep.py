@@ -21,6 +21,8 @@ class SweepError(ValueError):
 def combinations(vary: list[str]) -> list[dict[str, str]]:
     """Every combination of the values of each "PATH=V1,V2" (--vary, a line of the page's Vary box), the first
     changing slowest: [{path: value}, ...]."""
+    if not vary:
+        raise SweepError("vary: give a field and its values, e.g. training.learning_rate=1e-4,2e-4")
     axes: dict[str, list[str]] = {}
     for item in vary:
         path, sep, values = item.partition("=")

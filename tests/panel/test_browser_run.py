@@ -14,6 +14,7 @@ from panel.browser import (
     PanelServer,
     event_index,
     field,
+    fill,
     open_tab,
     plot_points,
     set_field,
@@ -276,3 +277,29 @@ def test_queue_waits_for_the_run_ahead_and_stop_takes_it_out_of_the_queue(page, 
         assert manager.status(ahead).state == "running"
     finally:
         manager.stop(ahead, grace_s=20)
+
+
+def test_a_sweep_from_the_page_queues_one_named_run_per_value(page, server):
+    from tunedeck.backend.run_folder import read_notes
+    from tunedeck.backend.runs import RunManager
+
+    load(page, server)
+    page.click("#sweep")  # its fold
+    fill(page.locator("#sweep-vary textarea"), "training.learning_rate=1e-3,abc")
+    page.click("#queue-sweep")
+    wait_text(page, "#notice", "Not started")  # one bad value queues nothing
+    assert "[learning_rate=abc]" in text_of(page, "#notice")
+    manager = RunManager(server.runs_dir)
+    before = {run.run_id for run in manager.list_runs()}
+
+    fill(page.locator("#sweep-vary textarea"), "training.learning_rate=1e-3,3e-3")
+    page.click("#queue-sweep")
+    wait_text(page, "#notice", "Started a sweep of 2 runs, each after the one before")
+    named = {read_notes(server.runs_dir / r).name: r for r in {run.run_id for run in manager.list_runs()} - before}
+    first, second = named.pop("learning_rate=1e-3"), named.pop("learning_rate=3e-3")
+    try:
+        wait_text(page, "#run-state", first, timeout=30_000)  # the Run tab follows the first
+        status = manager.status(second)
+        assert status.waits_for == [first] and status.state == "queued"
+    finally:
+        stop_live_runs(server.runs_dir)
