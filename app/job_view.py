@@ -120,6 +120,7 @@ class JobView:
             self.vary = add("job.vary", gr.Textbox(label="Vary: a field per line, then = and its values",
                                                    placeholder="training.learning_rate=1e-4,2e-4\nlora.r=8,16", lines=2,
                                                    elem_id="sweep-vary"))  # fmt: skip
+            self.sweep_preview = add("job.sweep_preview", gr.Markdown(elem_id="sweep-preview"))
             self.sweep = add("job.sweep", gr.Button("⏳ Queue the sweep", elem_id="queue-sweep", interactive=False))
         # Rules 2 and 3 of the module docstring: what the browser has applied, sent back with every event.
         self.fills = add("job.fills", gr.Number(0, precision=0, visible=False, elem_id="job-fills"))

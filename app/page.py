@@ -29,7 +29,7 @@ from tunedeck.backend.monitor import shared_monitor
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.smoke import SmokeError
 from tunedeck.backend.spec import JobSpec, SpecError
-from tunedeck.backend.sweep import SweepError
+from tunedeck.backend.sweep import SweepError, combinations, preview
 
 CSS = (
     """
@@ -173,7 +173,16 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
             runs.shown: shown,
         }
 
+    def on_vary(got: Got) -> Updates:  # the runs it would queue, as the values are typed
+        lines = [line for line in (got[vary] or "").splitlines() if line.strip()]
+        try:
+            return {page.ui["job.sweep_preview"]: escape(preview(combinations(lines))) if lines else ""}
+        except SweepError as exc:
+            return {page.ui["job.sweep_preview"]: f"✗ {escape(str(exc))}"}
+
     vary, sweep = page.ui["job.vary"], page.ui["job.sweep"]
+    listen([vary.input], on_vary, inputs=[vary], outputs=[page.ui["job.sweep_preview"]], show_progress="hidden",
+           trigger_mode="always_last")  # fmt: skip
     listen([sweep.click], on_sweep, inputs=[*form, digest, vary], outputs=[page.notice, runs.shown],
            concurrency_id="launch", concurrency_limit=1, show_progress="minimal", show_progress_on=[sweep],
            ).then(None, inputs=[page.notice], js=SHOW_RUN_JS)  # fmt: skip

@@ -46,6 +46,13 @@ def label(values: dict[str, str]) -> str:
     return " · ".join(f"{path.rsplit('.', 1)[-1]}={value}" for path, value in values.items())
 
 
+def preview(grid: list[dict[str, str]], shown: int = 6) -> str:
+    """'4 runs: learning_rate=1e-4 · r=8, learning_rate=1e-4 · r=16, ...' (the first `shown` of them)."""
+    names = ", ".join(label(values) for values in grid[:shown])
+    more = f", and {len(grid) - shown} more" if len(grid) > shown else ""
+    return f"{len(grid)} run{'s' * (len(grid) != 1)}, queued one after another: {names}{more}"
+
+
 def sweep_specs(spec, grid: list[dict[str, str]]) -> list:
     """The job of each combination: `spec` with its values set (SpecError names the field and the run)."""
     from tunedeck.backend.spec import SpecError, set_paths

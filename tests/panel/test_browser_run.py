@@ -293,6 +293,7 @@ def test_a_sweep_from_the_page_queues_one_named_run_per_value(page, server):
     before = {run.run_id for run in manager.list_runs()}
 
     fill(page.locator("#sweep-vary textarea"), "training.learning_rate=1e-3,3e-3")
+    wait_text(page, "#sweep-preview", "2 runs, queued one after another: learning_rate=1e-3, learning_rate=3e-3")
     page.click("#queue-sweep")
     wait_text(page, "#notice", "Started a sweep of 2 runs, each after the one before")
     named = {read_notes(server.runs_dir / r).name: r for r in {run.run_id for run in manager.list_runs()} - before}

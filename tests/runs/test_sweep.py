@@ -8,7 +8,7 @@ import pytest
 
 from tunedeck.backend.run_folder import read_notes
 from tunedeck.backend.runs import RunManager
-from tunedeck.backend.sweep import MAX_RUNS, SweepError, combinations, label
+from tunedeck.backend.sweep import MAX_RUNS, SweepError, combinations, label, preview
 
 from .helpers import end_record, start_record, tunedeck
 
@@ -26,6 +26,9 @@ def test_every_combination_in_order_named_by_its_values():
         {"training.learning_rate": "2e-4", "lora.r": "16"},
     ]  # the first --vary changes slowest; a value given twice is one run
     assert label(grid[1]) == "learning_rate=1e-4 · r=16"
+    assert preview(grid, shown=2) == (
+        "4 runs, queued one after another: learning_rate=1e-4 · r=8, learning_rate=1e-4 · r=16, and 2 more"
+    )
 
 
 @pytest.mark.parametrize(
