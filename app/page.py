@@ -8,6 +8,7 @@ other section's components by id (`page.ui["run.stop"]`) and join the page load 
 
 from __future__ import annotations
 
+import functools
 from html import escape
 from pathlib import Path
 
@@ -147,7 +148,7 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
 
         return on_click
 
-    launches = (("job.start", runs.start, "run"), ("job.queue", runs.queue, "queued run"),
+    launches = (("job.start", runs.start, "run"), ("job.queue", functools.partial(runs.start, queue=True), "queued run"),
                 ("job.smoke", runs.start_smoke, "smoke run"))  # fmt: skip
     for button_id, start, what in launches:
         button = page.ui[button_id]

@@ -267,15 +267,10 @@ class RunView(Section):
             f"rank {i}: {gb:.2f} GB" for i, gb in enumerate(peaks.get("allocated", []))
         )
 
-    def start(self, spec) -> tuple[str, RunShown]:
-        """Launch `spec` (RunError says why not); the view then follows the new run."""
-        run_id = self.manager.start(spec)
-        self.index.runs(fresh=True)
-        return run_id, RunShown(run=run_id, follow=False)
-
-    def queue(self, spec) -> tuple[str, RunShown]:
-        """Launch `spec` once the live runs holding its GPUs have ended (at once if none do); the view follows it."""
-        run_id = self.manager.start(spec, queue=True)
+    def start(self, spec, queue: bool = False) -> tuple[str, RunShown]:
+        """Launch `spec` (RunError says why not), with `queue` once the live runs holding its GPUs have ended;
+        the view then follows the new run."""
+        run_id = self.manager.start(spec, queue=queue)
         self.index.runs(fresh=True)
         return run_id, RunShown(run=run_id, follow=False)
 

@@ -174,12 +174,8 @@ def scored_sequence(tokenizer, row: dict, max_length: int) -> tuple[list[int], l
 
 def has_answer(row: dict) -> bool:
     """Whether the row can be scored: plain text, or a prompt with the data's answer to it."""
-    if "prompt" in row:
-        return row["completion"] is not None
-    if "messages" in row:
-        messages = row["messages"] or []
-        return len(messages) >= 2 and messages[-1].get("role") == "assistant"
-    return True
+    asked = question_and_answer(row)
+    return "text" in row if asked is None else asked[1] is not None
 
 
 def question_and_answer(row: dict) -> tuple[object, str | None] | None:
