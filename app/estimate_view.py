@@ -51,6 +51,7 @@ TERM_COLORS = {
     "gradients": "#0891b2",
     "optimizer": "#059669",
     "adapter": "#65a30d",
+    "reference": "#0d9488",
     "activations": "#ea580c",
     "logits": "#d97706",
     "gathered": "#db2777",

@@ -15,7 +15,8 @@ from html import escape
 from tunedeck.backend.checkpoints import output_dir
 from tunedeck.backend.run_compare import differences_line, job_differences
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
-from tunedeck.backend.run_folder import NOTES_FILE, RunNotes, read_job, read_notes, read_records
+from tunedeck.backend.run_folder import NOTES_FILE, read_job, read_records
+from tunedeck.backend.run_notes import RunNotes, read_notes
 from tunedeck.backend.run_resume import RESUMABLE_STATES, newest_checkpoint
 from tunedeck.backend.run_status import DAMAGED
 from tunedeck.backend.run_summary import format_clock, summarize

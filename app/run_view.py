@@ -23,7 +23,7 @@ from tunedeck.app.run_state_line import progress_html, state_line
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
-from tunedeck.backend.run_folder import NAME_MAX_CHARS, NotesError, write_notes
+from tunedeck.backend.run_notes import NAME_MAX_CHARS, NotesError, write_notes
 from tunedeck.backend.run_resume import resume_run
 from tunedeck.backend.run_status import DAMAGED
 from tunedeck.backend.run_summary import measured_peaks, report, summarize

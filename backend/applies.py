@@ -66,7 +66,13 @@ _SLURM_GPUS = When(
     "with launch.backend=slurm on GPUs (launch.use_cpu=false)",
 )
 _GPUS = When(("launch.use_cpu",), lambda v: not v.get("launch.use_cpu"), "on GPUs (launch.use_cpu=false)")
-_NOT_PACKING = When(("dataset.packing",), lambda v: not v.get("dataset.packing"), "with dataset.packing=false")
+_SFT = When(("objective",), lambda v: v.get("objective", "sft") == "sft", "with objective=sft")
+_DPO = When(("objective",), lambda v: v.get("objective") == "dpo", "with objective=dpo")
+_SFT_NOT_PACKING = When(
+    ("objective", "dataset.packing"),
+    lambda v: v.get("objective", "sft") == "sft" and not v.get("dataset.packing"),
+    "with objective=sft and dataset.packing=false",
+)
 _NVME = When(
     ("strategy.offload_optimizer", "strategy.offload_params"),
     lambda v: "nvme" in (v.get("strategy.offload_optimizer"), v.get("strategy.offload_params")),
@@ -80,7 +86,9 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("quantization.bnb_4bit_*", _FOUR_BIT),
     *[(f"dataset.{name}", _formats(formats)) for name, (_, formats) in column_fields().items()],
     ("dataset.assistant_only_loss", _formats(["messages"])),
-    ("training.group_by_length", _NOT_PACKING),
+    ("dataset.packing", _SFT),  # DPO pads each pair (TRL's padding-free DPO needs flash attention)
+    ("training.group_by_length", _SFT_NOT_PACKING),
+    ("preference.*", _DPO),
     ("training.dataloader_num_workers", _GPUS),
     ("training.per_device_eval_batch_size", _EVALUATION),
     ("training.eval_steps", _EVALUATION),

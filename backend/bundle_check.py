@@ -121,7 +121,7 @@ def _check_with_libraries(directory: Path, spec) -> BundleCheck:
         # A CPU bundle runs its ranks on machines like this one: be rank 0 of a world of one.
         env = {**env, **_rank_zero_environment()}
     with _process_environment(env, directory), _gpu_assumed(for_gpus), _fresh_distributed_state():
-        sft_config = _build_sft_config(training_args)
+        sft_config = _build_sft_config(training_args, {"objective": spec.objective})
         fsdp_plugin = _build_fsdp_plugin() if env.get("ACCELERATE_USE_FSDP") == "true" else None
         parallelism = _build_parallelism() if env.get("ACCELERATE_USE_PARALLELISM_CONFIG") == "true" else None
         deepspeed_config = None
@@ -194,13 +194,15 @@ def _dry_launch(directory: Path, spec) -> tuple[str, Any, dict[str, str]]:
             raise BundleCheckError(f"{ACCELERATE_CONFIG}: accelerate could not prepare the ranks: {exc}") from exc
 
 
-def _build_sft_config(training_args: dict):
-    from trl import SFTConfig
+def _build_sft_config(training_args: dict, job: dict):
+    """The objective's TRL config (SFTConfig, or DPOConfig for objective: dpo), as train_sft.py builds it."""
+    from tunedeck.backend.train import objective_classes  # light: trl is imported only when called
 
+    config_class, _ = objective_classes(job)
     try:
-        return SFTConfig(**training_args)
+        return config_class(**training_args)
     except Exception as exc:  # TypeError for unknown keys, ValueError for bad combinations
-        raise BundleCheckError(f"{TRAINING_ARGS_FILE}: trl.SFTConfig refused it: {exc}") from exc
+        raise BundleCheckError(f"{TRAINING_ARGS_FILE}: trl.{config_class.__name__} refused it: {exc}") from exc
 
 
 def _build_fsdp_plugin():

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
 from tunedeck.backend.cli_follow import follow
-from tunedeck.backend.run_folder import ACTIVE_STATES, LOGS_DIR, read_notes, read_records
+from tunedeck.backend.run_folder import ACTIVE_STATES, LOGS_DIR, read_records
+from tunedeck.backend.run_notes import read_notes
 from tunedeck.backend.run_summary import RunSummary, format_clock, report, summarize
 from tunedeck.backend.untrusted import shown
 
@@ -324,7 +325,7 @@ def cmd_runs_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_note(args: argparse.Namespace) -> int:
-    from tunedeck.backend.run_folder import NotesError, write_notes
+    from tunedeck.backend.run_notes import NotesError, write_notes
     from tunedeck.backend.runs import RunError
 
     manager = _manager(args)

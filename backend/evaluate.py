@@ -31,7 +31,12 @@ from tunedeck.backend.eval_results import order_key
 BATCH_SIZE = 8
 EXTRA_NEW_TOKENS = 8  # answers may run this far past the longest expected one before they are cut
 MAX_NEW_TOKENS = 256  # also how far a prompt without an answer in the data may be answered
-ANSWER_FIELDS = {"prompt-completion": "completion_field", "alpaca": "output_field"}  # where a row's answer is
+# Where a row's answers are. A preference pair's answer is its chosen one: a DPO run is scored on it.
+ANSWER_FIELDS = {
+    "prompt-completion": ("completion_field",),
+    "alpaca": ("output_field",),
+    "preference": ("chosen_field", "rejected_field"),
+}
 
 
 class Cancelled(Exception):
@@ -113,8 +118,8 @@ def _read_rows(
     """The rows in TRL's columns; with `answers_optional`, a file of prompts alone gives rows whose completion is None."""
     try:
         dataset = train.load_split(dataset_cfg, split)
-        answer_column = answers_optional and _missing_answer_column(dataset, dataset_cfg)
-        if answer_column:
+        answer_columns = _missing_answer_columns(dataset, dataset_cfg) if answers_optional else []
+        for answer_column in answer_columns:
             dataset = dataset.add_column(answer_column, [""] * len(dataset))
         dataset = train.to_trl_format(dataset, dataset_cfg, "text")
     except train.JobError as exc:
@@ -125,18 +130,22 @@ def _read_rows(
     if count == 0:
         raise AfterError(f"the {what} {source} has no rows")
     rows = [dataset[i] for i in range(count)]
-    return [{**row, "completion": None} for row in rows] if answer_column else rows
+    if "chosen" in dataset.column_names:  # preference pairs: the data's answer is the chosen one
+        rows = [{"prompt": row["prompt"], "completion": row["chosen"]} for row in rows]
+    return [{**row, "completion": None} for row in rows] if answer_columns else rows
 
 
-def _missing_answer_column(dataset, dataset_cfg: dict) -> str | None:
-    """The answer column a file of prompts lacks (its prompt column present), else None."""
+def _missing_answer_columns(dataset, dataset_cfg: dict) -> list[str]:
+    """The answer columns a file of prompts lacks (its prompt column present, every answer column missing)."""
     fmt = dataset_cfg.get("format", "text")
     if fmt not in ANSWER_FIELDS:
-        return None
-    prompt_field = "prompt_field" if fmt == "prompt-completion" else "instruction_field"
-    answer = train.column(dataset_cfg, ANSWER_FIELDS[fmt])
+        return []
+    prompt_field = "instruction_field" if fmt == "alpaca" else "prompt_field"
+    answers = [train.column(dataset_cfg, field) for field in ANSWER_FIELDS[fmt]]
     present = dataset.column_names
-    return answer if answer not in present and train.column(dataset_cfg, prompt_field) in present else None
+    if train.column(dataset_cfg, prompt_field) not in present or any(a in present for a in answers):
+        return []
+    return answers
 
 
 # ---------------------------------------------------------------- tokenizing as TRL does

@@ -30,7 +30,7 @@ SECTIONS: list[tuple[str, tuple[str, ...]]] = [
     ("Dataset", ("dataset.",)),
     ("LoRA/Quantization", ("method", "lora.", "quantization.")),
     ("Strategy", ("strategy.",)),
-    ("Training", ("training.", "output_dir")),
+    ("Training", ("objective", "training.", "preference.", "output_dir")),
     ("Hardware/Launch", ("launch.",)),
 ]
 OTHER_SECTION = "Other"

@@ -31,6 +31,7 @@ TERMS: dict[str, str] = {
     "gradients": "Gradients",
     "optimizer": "Optimizer states",
     "adapter": "LoRA adapter",
+    "reference": "Reference model (DPO)",
     "activations": "Activations",
     "logits": "Logits and loss",
     "gathered": "Gathered parameters",
@@ -39,7 +40,17 @@ TERMS: dict[str, str] = {
     "allocator": "Allocator overhead",
 }
 # Terms that are real tensors (what torch.cuda.max_memory_allocated sees).
-TENSOR_TERMS = ("weights", "gradients", "optimizer", "adapter", "activations", "logits", "gathered", "buckets")
+TENSOR_TERMS = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "adapter",
+    "reference",
+    "activations",
+    "logits",
+    "gathered",
+    "buckets",
+)
 LOAD_TENSOR_TERMS = ("weights", "adapter", "in_flight")
 PHASES = ("load", "train")
 

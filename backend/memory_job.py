@@ -30,7 +30,7 @@ LOSS_IMPLEMENTATIONS = ("fused", "materialized")
 
 # The fields of the spec the estimate reads. A variant is these values with `changes` applied.
 INPUT_PATHS = (
-    "model.name_or_path", "model.dtype", "model.attn_implementation", "method",
+    "model.name_or_path", "model.dtype", "model.attn_implementation", "method", "objective",
     "lora.r", "lora.lora_dropout", "lora.target_modules", "lora.use_dora",
     "quantization.bits", "quantization.bnb_4bit_quant_type", "quantization.bnb_4bit_use_double_quant",
     "quantization.bnb_4bit_compute_dtype",
@@ -74,6 +74,7 @@ def input_values(spec: JobSpec, loss: str = "fused") -> dict[str, Any]:
 class Job:
     arch: catalog.ModelArch
     method: str
+    objective: str  # sft, or dpo: two sequences (chosen, rejected) per row, and a reference model
     kind: str
     offload_optimizer: str
     offload_params: str
@@ -119,11 +120,13 @@ class Job:
         else:
             act_bytes = weight_bytes
         h = arch.hidden_size
+        sequences_per_row = 2 if v["objective"] == "dpo" else 1
         reduce_bucket = v["strategy.reduce_bucket_size"]
         prefetch = v["strategy.stage3_prefetch_bucket_size"]
         return cls(
             arch=arch,
             method=v["method"],
+            objective=v["objective"],
             kind=kind,
             # A strategy that cannot offload ignores the field (backend/applies.py hides it).
             offload_optimizer=v["strategy.offload_optimizer"] if facts.offload_optimizer else "none",
@@ -131,7 +134,8 @@ class Job:
             world=v["launch.num_processes"],
             machines=v["launch.num_machines"],
             use_cpu=v["launch.use_cpu"],
-            tokens=v["training.per_device_train_batch_size"] * v["dataset.max_seq_length"],
+            # DPOTrainer runs each pair's chosen and rejected answers as one batch of twice the rows.
+            tokens=v["training.per_device_train_batch_size"] * v["dataset.max_seq_length"] * sequences_per_row,
             seq_len=v["dataset.max_seq_length"],
             act_bytes=act_bytes,
             weight_bytes=weight_bytes,

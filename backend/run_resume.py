@@ -18,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunedeck.backend.checkpoints import CHECKPOINT_PATTERN, output_dir
-from tunedeck.backend.run_folder import ACTIVE_STATES, NAME_MAX_CHARS, read_job, read_notes, write_notes
+from tunedeck.backend.run_folder import ACTIVE_STATES, read_job
+from tunedeck.backend.run_notes import NAME_MAX_CHARS, read_notes, write_notes
 from tunedeck.backend.runs import RunError, RunManager
 
 RESUMABLE_STATES = ("stopped", "failed")

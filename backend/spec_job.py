@@ -24,7 +24,7 @@ from tunedeck.backend.spec_sections import (
     SpecSection,
 )
 from tunedeck.backend.spec_slurm import SlurmSpec
-from tunedeck.backend.spec_training import TrainingSpec
+from tunedeck.backend.spec_training import PreferenceSpec, TrainingSpec
 from tunedeck.backend.vocabulary import STRATEGIES, Strategy
 
 StrategyKind = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
@@ -229,12 +229,22 @@ class JobSpec(SpecSection):
         json_schema_extra=BASIC,
         description="full (all weights train), lora (adapters on a 16-bit base), qlora (adapters on a 4-bit base).",
     )
+    objective: Literal["sft", "dpo"] = Field(
+        "sft",
+        title="Objective",
+        json_schema_extra=BASIC,
+        description="sft (learn the answers in the data) or dpo (learn to prefer the chosen answer of each pair over "
+        "the rejected one: dataset.format=preference).",
+    )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapter (lora and qlora).")
     quantization: QuantizationSpec = Field(
         default_factory=QuantizationSpec, description="bitsandbytes quantization of the base."
     )
     dataset: DatasetSpec = Field(default_factory=DatasetSpec, description="Training data.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation.")
+    preference: PreferenceSpec = Field(
+        default_factory=PreferenceSpec, description="Preference training (objective=dpo)."
+    )
     strategy: StrategySpec = Field(default_factory=StrategySpec, description="How the work is split across GPUs.")
     launch: LaunchSpec = Field(default_factory=LaunchSpec, description="Processes and machines.")
     output_dir: str = SftField(

@@ -45,7 +45,7 @@ BASIC = {BASIC_KEY: True}  # json_schema_extra of a basic field: Field(..., json
 
 
 def SftField(default: Any, *, sft: str | None = None, basic: bool = False, **kwargs: Any) -> Any:
-    """A Field that is also TRL SFTConfig's argument `sft` (default: the field's own name).
+    """A Field that is also an argument `sft` of TRL's SFTConfig or DPOConfig (default: the field's own name).
 
     training_args.yaml copies it there by that name whenever the field applies (render/training_args.py).
     """

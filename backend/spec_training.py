@@ -157,3 +157,22 @@ class TrainingSpec(SpecSection):
         title="Resume from checkpoint",
         description="Continue from the newest checkpoint in the output folder, if there is one.",
     )
+
+
+class PreferenceSpec(SpecSection):
+    """DPO's own settings (objective=dpo): TRL DPOConfig's arguments of the same names."""
+
+    beta: float = SftField(
+        0.1,
+        gt=0,
+        le=100,
+        title="Beta",
+        description="How far the trained model may move from the reference (the base; with adapters, the base "
+        "with the adapters off): higher keeps it closer. 0.1 is DPO's usual value.",
+    )
+    loss_type: Literal["sigmoid", "ipo", "hinge", "robust", "apo_zero", "apo_down"] = SftField(
+        "sigmoid",
+        title="Preference loss",
+        description="sigmoid: DPO's loss; ipo: IPO (beta is its regulariser); hinge: SLiC's; robust: DPO robust "
+        "to noisy labels; apo_zero / apo_down: APO, when the chosen answers are better / worse than the model's.",
+    )

@@ -69,7 +69,7 @@ def sweep_specs(spec, grid: list[dict[str, str]]) -> list:
 def queue_sweep(manager, specs: list, labels: list[str]) -> list[str]:
     """Queue each job after the ones before it, named by its label; RunError (and nothing left queued) when one
     cannot start."""
-    from tunedeck.backend.run_folder import NotesError, write_notes
+    from tunedeck.backend.run_notes import NotesError, write_notes
     from tunedeck.backend.runs import RunError
 
     queued: list[str] = []

@@ -1,13 +1,14 @@
 #!/usr/bin/env python
-"""tunedeck's training entrypoint: TRL SFTTrainer under `accelerate launch`.
+"""tunedeck's training entrypoint: TRL's SFTTrainer (or DPOTrainer) under `accelerate launch`.
 
     accelerate launch --config_file accelerate_config.yaml train_sft.py \
         --job job.yaml --training-args training_args.yaml [--run-dir DIR]
 
 This file ships in every exported bundle as train_sft.py, so it depends only on the
 Hugging Face stack and PyYAML, never on tunedeck. job.yaml is read as a plain dict
-(model, method, lora, quantization, dataset); training_args.yaml holds the keyword
-arguments of trl.SFTConfig and is passed unchanged: what you read is what runs.
+(model, method, objective, lora, quantization, dataset); training_args.yaml holds the keyword
+arguments of trl.SFTConfig (trl.DPOConfig with objective: dpo) and is passed unchanged: what
+you read is what runs.
 It is one long file on purpose (like torchtune's recipes): a bundle must run with this
 file alone. Its sections: run folder plumbing, inputs (model, tokenizer, data), what the
 run actually got, the sanity gate, the callback that records it all, main.
@@ -294,7 +295,7 @@ def _require_columns(dataset, needed: dict[str, str]) -> None:
 
 
 def to_trl_format(dataset, dataset_cfg: dict, text_column: str):
-    """Map the spec's four formats onto what SFTTrainer reads: text, prompt/completion or messages."""
+    """Map the spec's formats onto what TRL reads: text, prompt/completion, messages or prompt/chosen/rejected."""
     fmt = dataset_cfg.get("format", "text")
     field = lambda name: column(dataset_cfg, name)  # noqa: E731
     if fmt == "text":
@@ -330,7 +331,13 @@ def to_trl_format(dataset, dataset_cfg: dict, text_column: str):
             }
 
         return dataset.map(convert, remove_columns=dataset.column_names)
-    raise JobError(f"dataset.format: {fmt!r} is not one of text, prompt-completion, messages, alpaca")
+    if fmt == "preference":
+        names = {"prompt_field": "prompt", "chosen_field": "chosen", "rejected_field": "rejected"}
+        columns = {name: field(name) for name in names}
+        _require_columns(dataset, columns)
+        dataset = dataset.select_columns(list(columns.values()))
+        return dataset.rename_columns({columns[name]: trl for name, trl in names.items() if columns[name] != trl})
+    raise JobError(f"dataset.format: {fmt!r} is not one of {', '.join(FORMAT_COLUMNS)}")
 
 
 def load_datasets(job: dict, args, tokenizer):
@@ -340,14 +347,11 @@ def load_datasets(job: dict, args, tokenizer):
             f"dataset.format: messages needs a chat template, and the tokenizer of {job['model']['name_or_path']} "
             "has none; use a chat model or the prompt-completion format"
         )
-    train = to_trl_format(
-        load_split(dataset_cfg, dataset_cfg.get("split") or "train"), dataset_cfg, args.dataset_text_field
-    )
+    text_column = getattr(args, "dataset_text_field", "text")  # DPOConfig has none: preference data has no text column
+    train = to_trl_format(load_split(dataset_cfg, dataset_cfg.get("split") or "train"), dataset_cfg, text_column)
     evaluation = None
     if dataset_cfg.get("eval_split"):
-        evaluation = to_trl_format(
-            load_split(dataset_cfg, dataset_cfg["eval_split"]), dataset_cfg, args.dataset_text_field
-        )
+        evaluation = to_trl_format(load_split(dataset_cfg, dataset_cfg["eval_split"]), dataset_cfg, text_column)
     return train, evaluation
 
 
@@ -371,6 +375,11 @@ FORMAT_COLUMNS = {
         "instruction_field": ("instruction", "text"),
         "input_field": ("input", "optional text"),
         "output_field": ("output", "text"),
+    },
+    "preference": {
+        "prompt_field": ("prompt", "text or chat"),
+        "chosen_field": ("chosen", "text or chat"),
+        "rejected_field": ("rejected", "text or chat"),
     },
 }
 CHAT_EXAMPLE = '[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]'
@@ -1164,6 +1173,13 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             for key in ("eval_loss", "eval_mean_token_accuracy"):
                 if key in logs:
                     record[key] = logs[key]
+            # DPO's, of the training pairs and of the held-out ones
+            for key in ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy"):
+                if PREFERENCE_LOGS[key] in logs:
+                    record[key] = logs[PREFERENCE_LOGS[key]]
+            for key in ("eval_reward_chosen", "eval_reward_rejected", "eval_reward_margin", "eval_reward_accuracy"):
+                if PREFERENCE_LOGS[key] in logs:
+                    record[key] = logs[PREFERENCE_LOGS[key]]
             if peaks:
                 record["gpu_peak_allocated_gb"], record["gpu_peak_reserved_gb"] = peaks
             metrics.write(record)
@@ -1264,11 +1280,40 @@ def _disk_full(folder: str, exc: BaseException) -> bool:
 # ---------------------------------------------------------------- main
 
 
-def trainer_class():
-    """SFTTrainer, which also runs FSDP2 on CPU ranks (over gloo) when the launcher asked for FSDP2."""
-    from trl import SFTTrainer
+# Log record key -> what DPOTrainer logs (eval_ before both for the held-out pairs): the implicit rewards
+# beta * log(policy / reference) of the chosen and rejected answers, their margin, how often chosen wins.
+PREFERENCE_LOGS = {
+    f"{prefix}{key}": f"{prefix}{logged}"
+    for prefix in ("", "eval_")
+    for key, logged in (
+        ("reward_chosen", "rewards/chosen"),
+        ("reward_rejected", "rewards/rejected"),
+        ("reward_margin", "rewards/margins"),
+        ("reward_accuracy", "rewards/accuracies"),
+    )
+}
+# What each job.objective trains with: TRL's config and trainer classes.
+OBJECTIVES = {"sft": ("SFTConfig", "SFTTrainer"), "dpo": ("DPOConfig", "DPOTrainer")}
 
-    class Trainer(SFTTrainer):
+
+def objective_classes(job: dict) -> tuple[type, type]:
+    """(config class, trainer class) of the job's objective: SFT on demonstrations, DPO on preference pairs."""
+    import trl
+
+    objective = job.get("objective") or "sft"
+    if objective not in OBJECTIVES:
+        raise JobError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    config, trainer = OBJECTIVES[objective]
+    return getattr(trl, config), getattr(trl, trainer)
+
+
+def trainer_class(base):
+    """The objective's TRL trainer, which also runs FSDP2 on CPU ranks (over gloo) when the launcher asked for FSDP2.
+
+    DPOTrainer with adapters needs no reference model: it scores the reference with the adapters off.
+    """
+
+    class Trainer(base):
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             if _switch_cpu_ranks_to_fsdp2(self.accelerator):
@@ -1342,18 +1387,24 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
     expected = expected_run(job)
     check_processes(expected)  # a lone process stops here, before anything heavy
     from accelerate import PartialState
-    from trl import SFTConfig
 
+    config_class, trainer_base = objective_classes(job)
     expected["trainable_params"] = expected_trainable(job)  # before SFTConfig: see expected_trainable
-    args = SFTConfig(**training_args)
+    args = config_class(**training_args)
     # The process group exists: wrong counts or a missing engine stop here, before the model loads.
     check_processes(expected, str(PartialState().distributed_type.value))
     tokenizer = load_tokenizer(job)
     model = load_model(job, args)
+    extra = {}
+    if job.get("objective") == "dpo" and peft_config(job) is None:
+        # Full DPO scores against a frozen copy of the base, loaded as the model is (dtype, quantization,
+        # revision; ZeRO-3 shards it as it loads); with adapters the base with the adapters off is the reference.
+        extra["ref_model"] = load_model(job, args)
     train_set, eval_set = load_datasets(job, args, tokenizer)
     recorder = make_callback(metrics, stop, job, terminal, expected)
     recorder.load_peaks = load_peaks()
-    trainer = with_atomic_checkpoints(trainer_class())(
+    trainer = with_atomic_checkpoints(trainer_class(trainer_base))(
+        **extra,
         model=model,
         args=args,
         train_dataset=train_set,
@@ -1380,7 +1431,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", type=Path, default=Path("job.yaml"), help="job spec YAML (default job.yaml)")
     parser.add_argument(
-        "--training-args", type=Path, default=Path("training_args.yaml"), help="trl.SFTConfig kwargs YAML"
+        "--training-args", type=Path, default=Path("training_args.yaml"), help="trl.SFTConfig (DPOConfig) kwargs YAML"
     )
     parser.add_argument("--run-dir", type=Path, default=None, help="run folder (default: the current folder)")
     return parser.parse_args(argv)

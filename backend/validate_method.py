@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from tunedeck.backend import catalog
 from tunedeck.backend.problem import Problem, error, warning
 from tunedeck.backend.spec import JobSpec
-from tunedeck.backend.vocabulary import DATASET_FORMATS
+from tunedeck.backend.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 
 # ---------------------------------------------------------------- method and quantization
 
@@ -165,6 +165,30 @@ def precision(spec: JobSpec) -> Iterator[Problem]:
         yield warning(
             "training.learning_rate",
             f"{spec.training.learning_rate:g} is high for full fine-tuning (1e-5 to 2e-5 is usual; 1e-4+ suits adapters).",
+        )
+
+
+# ---------------------------------------------------------------- objective
+
+
+def objective_and_format(spec: JobSpec) -> Iterator[Problem]:
+    """DPO learns from preference pairs only, and SFT cannot read them: the format names the objective's fix."""
+    fmt, objective = spec.dataset.format, spec.objective
+    if fmt in OBJECTIVE_FORMATS[objective]:
+        return
+    if objective == "dpo":
+        yield error(
+            "dataset.format",
+            f"objective=dpo learns from preference pairs (a prompt, a chosen and a rejected answer), not {fmt} rows: "
+            "set dataset.format=preference and name its columns, or set objective=sft.",
+            {"dataset.format": "preference"},
+        )
+    else:
+        yield error(
+            "objective",
+            "preference pairs (dataset.format=preference) train with DPO: set objective=dpo, "
+            "or pick the format of your data.",
+            {"objective": "dpo"},
         )
 
 

@@ -88,7 +88,7 @@ class DatasetFormat:
     name: str  # the value of dataset.format
     summary: str  # a few words for people
     columns: tuple[Column, ...]  # what train_sft.py reads from each row
-    trl_columns: tuple[str, ...]  # what SFTTrainer gets after train_sft.py converts the rows
+    trl_columns: tuple[str, ...]  # what TRL's trainer gets after train_sft.py converts the rows
 
 
 DATASET_FORMATS: dict[str, DatasetFormat] = {
@@ -119,8 +119,24 @@ DATASET_FORMATS: dict[str, DatasetFormat] = {
             ),
             ("prompt", "completion"),
         ),
+        # Preference pairs train with DPO (objective=dpo), never with SFT: validate_method.objective_and_format.
+        DatasetFormat(
+            "preference", "a prompt with a chosen and a rejected answer, for DPO (objective=dpo)",
+            (
+                Column("prompt_field", "prompt", "the prompt", "text or chat"),
+                Column("chosen_field", "chosen", "the preferred answer", "text or chat"),
+                Column("rejected_field", "rejected", "the answer to prefer less", "text or chat"),
+            ),
+            ("prompt", "chosen", "rejected"),
+        ),
     )
 }  # fmt: skip
+
+# What a job learns from: demonstrations (SFT) or preference pairs (DPO), and the dataset formats of each.
+OBJECTIVE_FORMATS: dict[str, tuple[str, ...]] = {
+    "sft": tuple(name for name in DATASET_FORMATS if name != "preference"),
+    "dpo": ("preference",),
+}
 
 
 def column_fields() -> dict[str, tuple[Column, list[str]]]:

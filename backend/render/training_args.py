@@ -1,7 +1,8 @@
-"""training_args.yaml: the keyword arguments of TRL's SFTConfig, complete.
+"""training_args.yaml: the keyword arguments of TRL's SFTConfig (DPOConfig for objective=dpo), complete.
 
 The training entrypoint passes them as `SFTConfig(**kwargs)` unchanged, so this file
-is exactly what runs. A spec field that is an SFTConfig argument says so itself (SftField
+is exactly what runs. The two configs share the Trainer's arguments; a field only one of
+them takes applies only with its objective (backend/applies.py). A spec field that is an SFTConfig argument says so itself (SftField
 in backend/spec_sections.py) and is copied here by name where it applies (backend/applies.py);
 only the keys derived from several fields, or from where the job runs, are written by hand.
 
@@ -55,7 +56,7 @@ def training_args_dict(spec: JobSpec) -> dict:
         args["dataset_num_proc"] = DATASET_NUM_PROC
         if launch.num_processes > 1:
             args["ddp_timeout"] = DDP_TIMEOUT_S
-    if t.group_by_length and not d.packing:
+    if t.group_by_length and applies("training.group_by_length", flat_values(spec)):
         # transformers 5 replaced the group_by_length flag with this sampler choice.
         args["train_sampling_strategy"] = "group_by_length"
     args["logging_first_step"] = True  # a first point on the loss chart right away

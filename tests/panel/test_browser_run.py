@@ -281,7 +281,7 @@ def test_queue_waits_for_the_run_ahead_and_stop_takes_it_out_of_the_queue(page, 
 
 
 def test_a_sweep_from_the_page_queues_one_named_run_per_value(page, server):
-    from tunedeck.backend.run_folder import read_notes
+    from tunedeck.backend.run_notes import read_notes
     from tunedeck.backend.runs import RunManager
 
     load(page, server)

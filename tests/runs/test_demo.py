@@ -51,10 +51,16 @@ def test_demo_contents(demo_home):
         "prompt-completion": {"prompt", "completion"},
         "messages": {"messages"},
         "alpaca": {"instruction", "input", "output"},
+        "preference": {"prompt", "chosen", "rejected"},
     }
     for fmt in FORMATS:
         first = json.loads((demo_home / "formats" / f"{fmt}.jsonl").read_text().splitlines()[0])
         assert set(first) == expected_columns[fmt]
+    # The DPO demo's pairs: the answer chosen over the question restated, train and validation splits.
+    for split in ("train", "validation"):
+        pairs = [json.loads(line) for line in (demo_home / "preference" / f"{split}.jsonl").read_text().splitlines()]
+        assert len(pairs) >= 150
+        assert all(p["chosen"] != p["rejected"] and p["rejected"].strip() in p["prompt"] for p in pairs)
 
 
 def test_tokenizer_and_chat_template(demo_home):

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from tunedeck.backend.run_folder import NotesError, RunRecords, read_notes, write_notes
+from tunedeck.backend.run_folder import RunRecords
+from tunedeck.backend.run_notes import NotesError, read_notes, write_notes
 from tunedeck.backend.run_resume import resume_spec
 from tunedeck.backend.run_summary import report
 from tunedeck.backend.runs import RunError, RunManager

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tunedeck.backend.run_folder import read_notes
+from tunedeck.backend.run_notes import read_notes
 from tunedeck.backend.runs import RunManager
 from tunedeck.backend.sweep import MAX_RUNS, SweepError, combinations, label, preview
 

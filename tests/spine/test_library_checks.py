@@ -11,11 +11,12 @@ import json
 
 import pytest
 
+from tunedeck.backend.applies import applies, when
 from tunedeck.backend.catalog import lookup
 from tunedeck.backend.render.training_args import SFT_ARGUMENTS
-from tunedeck.backend.spec import resolve_spec
+from tunedeck.backend.spec import JobSpec, flat_values, resolve_spec
 from tunedeck.backend.validate import has_errors, validate
-from tunedeck.backend.vocabulary import STRATEGIES
+from tunedeck.backend.vocabulary import OBJECTIVE_FORMATS, STRATEGIES
 
 from .conftest import PRESET_IDS, STRATEGY_KINDS
 
@@ -195,9 +196,16 @@ def test_the_checks_refuse_broken_files(file, edit, words, export, check):
     assert words in str(err.value)
 
 
-def test_every_declared_sft_argument_is_one_of_sftconfigs():
+def test_every_declared_argument_is_one_of_its_objectives_config():
     import dataclasses
 
-    from trl import SFTConfig
+    from trl import DPOConfig, SFTConfig
 
-    assert set(SFT_ARGUMENTS.values()) <= {f.name for f in dataclasses.fields(SFTConfig)}
+    defaults = flat_values(JobSpec())
+    for objective, config in {"sft": SFTConfig, "dpo": DPOConfig}.items():
+        names = {f.name for f in dataclasses.fields(config)}
+        for path, name in SFT_ARGUMENTS.items():
+            # Each objective's config takes every argument of a field that applies with it, in any of its formats.
+            formats = [{**defaults, "objective": objective, "dataset.format": f} for f in OBJECTIVE_FORMATS[objective]]
+            if not {"objective", "dataset.format"} & set(when(path).reads) or any(applies(path, v) for v in formats):
+                assert name in names, f"{path} is written as {name}, which trl.{config.__name__} does not take"
