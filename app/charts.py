@@ -1,4 +1,5 @@
-"""Plotly figures of a run's metrics: loss (with EMA smoothing, eval loss, overlay), lr, grad norm, tokens/s, MFU.
+"""Plotly figures of a run's metrics: loss (with EMA smoothing, eval loss, overlay), lr, grad norm, tokens/s, MFU,
+and for a DPO run its rewards.
 
 Figures are built from a run's log records (backend/run_folder.py's LogRecord), downsampled
 to at most MAX_POINTS per series, so a week-long run draws as fast as a demo.
@@ -21,6 +22,12 @@ MAX_POINTS = 2000
 METRIC_PANELS = (
     ("learning_rate", "learning rate"), ("grad_norm", "grad norm"), ("tokens_per_second", "tokens / s"), ("mfu", "MFU"),
 )  # fmt: skip
+# A DPO run's second row: (LogRecord fields, title); each with its eval_ twin as markers when the run evaluates.
+PREFERENCE_PANELS = (
+    (("reward_accuracy",), "pairs where chosen wins"),
+    (("reward_margin",), "reward margin (chosen - rejected)"),
+    (("reward_chosen", "reward_rejected"), "rewards: chosen (blue), rejected (orange)"),
+)
 NO_MFU = "MFU is not defined here:<br>no known peak throughput<br>(a CPU run, or a GPU not in<br>the table of peaks)"
 COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
 _LAYOUT = dict(
@@ -90,8 +97,10 @@ def loss_figure(
 
 
 def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
-    """Learning rate, gradient norm, throughput and MFU (model FLOPs utilisation) side by side."""
-    layout, data = copy.deepcopy(_validated_metrics_layout()), []
+    """Learning rate, gradient norm, throughput and MFU (model FLOPs utilisation) side by side; below them
+    a DPO run's rewards (PREFERENCE_PANELS)."""
+    preference = any("reward_accuracy" in r or "eval_reward_accuracy" in r for r in records)
+    layout, data = copy.deepcopy(_validated_metrics_layout(preference)), []
     for col, (key, title) in enumerate(METRIC_PANELS, start=1):
         x, y = downsample(*series(records, key))
         axis = "" if col == 1 else str(col)
@@ -101,6 +110,16 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
             for name in (f"xaxis{axis}", f"yaxis{axis}"):
                 layout[name] = {**layout[name], "visible": False}
         data.append(_line(x, y, title, dict(color=COLORS[0]), showlegend=False, xaxis=f"x{axis}", yaxis=f"y{axis}"))
+    if preference:
+        for panel, (keys, _) in enumerate(PREFERENCE_PANELS, start=len(METRIC_PANELS) + 1):
+            axes = dict(showlegend=False, xaxis=f"x{panel}", yaxis=f"y{panel}")
+            for key, color in zip(keys, COLORS):
+                name = key.replace("_", " ")
+                data.append(_line(*downsample(*series(records, key)), name, dict(color=color), **axes))
+                x, y = downsample(*series(records, f"eval_{key}"))
+                if x:
+                    data.append(_line(x, y, f"eval {name}", dict(color=color, dash="dot"), mode="lines+markers",
+                                      marker=dict(size=6), **axes))  # fmt: skip
     return _figure(data, layout)
 
 
@@ -124,14 +143,20 @@ def _validated_loss_layout(log_scale: bool) -> dict:
 
 
 @functools.cache
-def _validated_metrics_layout() -> dict:
-    cols = len(METRIC_PANELS)
-    fig = make_subplots(rows=1, cols=cols, subplot_titles=[t for _, t in METRIC_PANELS], horizontal_spacing=0.07)
+def _validated_metrics_layout(preference: bool = False) -> dict:
+    cols, rows = len(METRIC_PANELS), 2 if preference else 1
+    titles = [t for _, t in METRIC_PANELS] + ([t for _, t in PREFERENCE_PANELS] if preference else [])
+    specs = [[{}] * cols] + ([[{}] * len(PREFERENCE_PANELS) + [None] * (cols - len(PREFERENCE_PANELS))] * (rows - 1))
+    fig = make_subplots(
+        rows=rows, cols=cols, specs=specs, subplot_titles=titles, horizontal_spacing=0.07, vertical_spacing=0.25
+    )
     fig.update_xaxes(title_text="step")
-    fig.update_yaxes(rangemode="tozero")  # a constant lr of 5e-3 must not read as 0
+    fig.update_yaxes(rangemode="tozero", row=1)  # a constant lr of 5e-3 must not read as 0
     fig.update_yaxes(exponentformat="e", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", row=1, col=cols)  # MFU is a share of the GPU's peak
-    fig.update_layout(height=260, **{**_LAYOUT, "margin": dict(l=50, r=20, t=30, b=40)})
+    if preference:  # rewards and margins go below 0; the share of pairs won is 0-100%
+        fig.update_yaxes(tickformat=".0%", range=[0, 1.02], row=2, col=1)
+    fig.update_layout(height=260 * rows, **{**_LAYOUT, "margin": dict(l=50, r=20, t=30, b=40)})
     return fig.to_plotly_json()["layout"]
 
 

@@ -10,6 +10,12 @@ from tunedeck.backend.fields import Values, spec_from_values
 from tunedeck.backend.spec import JobSpec, SpecError
 from tunedeck.backend.untrusted import shown
 
+# Said when the upload's format changed the objective.
+OBJECTIVE_SAID = {
+    "dpo": "preference pairs train with DPO (the Training section's Beta and loss are DPO's).",
+    "sft": "these rows train with SFT, not DPO's preference pairs.",
+}
+
 
 def fill_from_upload(
     values: Values, uploaded: list[str] | str | None, runs_dir: Path | None
@@ -49,6 +55,8 @@ def fill_from_upload(
     listed = ", ".join(escape(shown(c)) for c in columns or [])
     if found:
         said.append(f"Row format **{found}** (its columns: {listed}).")
+        if spec.objective != values.get("objective", spec.objective):
+            said.append(f"Objective **{spec.objective}**: " + OBJECTIVE_SAID[spec.objective])
     else:
         said.append(
             f"Its columns ({listed or 'not read here: Parquet'}) are no format's own: set dataset.format and its column "

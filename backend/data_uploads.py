@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from tunedeck.backend.train import DATA_FILE_BUILDERS
-from tunedeck.backend.vocabulary import DATASET_FORMATS
+from tunedeck.backend.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 
 DATASETS_DIR = "datasets"
 SUFFIXES = tuple(DATA_FILE_BUILDERS)  # what train_sft.py reads as dataset.path
@@ -128,10 +128,11 @@ def first_row_columns(path: Path) -> list[str] | None:
 
 
 def format_of(columns: list[str] | None) -> str | None:
-    """The row format whose default columns the data has (messages before prompt-completion before alpaca before text)."""
+    """The row format whose default columns the data has (preference pairs, then messages, prompt-completion, alpaca,
+    text: the first whose columns are all there)."""
     if not columns:
         return None
-    for name in ("messages", "prompt-completion", "alpaca", "text"):
+    for name in ("preference", "messages", "prompt-completion", "alpaca", "text"):
         needed = [c.default for c in DATASET_FORMATS[name].columns if c.required]
         if all(column in columns for column in needed):
             return name
@@ -151,5 +152,6 @@ def dataset_changes(kept: Path, held_out: bool) -> tuple[dict, str | None, list[
     }
     if found:
         changes["dataset.format"] = found
+        changes["objective"] = next(o for o, formats in OBJECTIVE_FORMATS.items() if found in formats)  # pairs: DPO
         changes.update({f"dataset.{c.field}": c.default for c in DATASET_FORMATS[found].columns})
     return changes, found, columns

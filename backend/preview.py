@@ -92,11 +92,14 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
         text = str(exc)
         raise PreviewError(text.split(":", 1)[0], text) from None
     tokenizer, tokenizer_note = _tokenizer(job)
-    texts = [_as_seen(example, tokenizer) for example in data]
+    sequences = [_sequences(example, tokenizer) for example in data]
+    flat = [text for seqs in sequences for text in seqs]
     if tokenizer is not None:
-        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        counts = iter([len(ids) for ids in tokenizer(flat, add_special_tokens=False)["input_ids"]])
     else:
-        lengths = [max(1, round(len(t) / CHARS_PER_TOKEN)) for t in texts]
+        counts = iter([max(1, round(len(t) / CHARS_PER_TOKEN)) for t in flat])
+    lengths = [max(next(counts) for _ in seqs) for seqs in sequences]  # a pair's longer sequence is what is cut
+    texts = [seqs[0] if len(seqs) == 1 else f"✓ chosen:\n{seqs[0]}\n\n✗ rejected:\n{seqs[1]}" for seqs in sequences]
     stats = length_stats(lengths, spec.dataset.max_seq_length, spec.training.per_device_train_batch_size)
     return {
         "dataset": dataset_cfg["path"],
@@ -104,7 +107,7 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
         "rows": texts[:rows],
         "rows_in_split": total_rows,
         "stats": stats,
-        "packing": spec.dataset.packing,
+        "packing": spec.dataset.packing and spec.objective == "sft",  # DPO pads its pairs: packing does not apply
         "tokenizer": tokenizer_note,
         "counted": "tokens" if tokenizer is not None else "estimated",
     }
@@ -122,6 +125,15 @@ def _tokenizer(job: dict):
             f"estimated at {CHARS_PER_TOKEN} characters per token: the tokenizer of {name} is not on this machine "
             "(a local model folder or the Hugging Face cache)"
         )
+
+
+def _sequences(example: dict, tokenizer) -> list[str]:
+    """What the model reads of one row: its text, or a DPO pair's prompt with the chosen and with the rejected answer."""
+    if "chosen" in example:
+        return [
+            _as_seen({"prompt": example["prompt"], "completion": example[k]}, tokenizer) for k in ("chosen", "rejected")
+        ]
+    return [_as_seen(example, tokenizer)]
 
 
 def _as_seen(example: dict, tokenizer) -> str:

@@ -103,6 +103,8 @@ class StartRecord(TypedDict, total=False):
     device: str
     backend: str | None  # the process group's: gloo, nccl
     method: str
+    objective: str  # sft or dpo
+    reference: str | None  # DPO's reference model: "adapters off", or its wrapped class; None for SFT
     quantized_modules: dict[str, int]  # bitsandbytes layers in the model: {"Linear4bit": 21}
     trainable_params: int
     total_params: int

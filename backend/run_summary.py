@@ -31,15 +31,14 @@ def format_clock(seconds: float) -> str:
 
 
 def run_title(job: dict) -> str:
-    """A job in one line, the title of its run: model · method · strategy · processes."""
+    """A job in one line, the title of its run: model · method (and DPO) · strategy · processes."""
     model = str((job.get("model") or {}).get("name_or_path", "?"))
     if os.path.isabs(model) or model.startswith("."):
         model = "/".join(Path(model).parts[-2:])  # a local folder: its last two names say enough
     strategy, launch = job.get("strategy") or {}, job.get("launch") or {}
     where = "CPU" if launch.get("use_cpu") else "GPU"
-    return (
-        f"{model} · {job.get('method', '?')} · {strategy.get('kind', '?')} · {launch.get('num_processes', 1)}x{where}"
-    )
+    method = f"{job.get('method', '?')}{' dpo' if job.get('objective') == 'dpo' else ''}"
+    return f"{model} · {method} · {strategy.get('kind', '?')} · {launch.get('num_processes', 1)}x{where}"
 
 
 # ---------------------------------------------------------------- what the run got
@@ -86,6 +85,8 @@ def facts_line(start: StartRecord | None) -> str:
             f"{100 * share:.{1 if share >= 0.001 else 3}f}% of parameters trainable ({trainable:,} of {total:,})"
         )
     parts += [start[key] for key in ("method", "model_class") if start.get(key)]
+    if start.get("objective") == "dpo":
+        parts.append(f"DPO, reference: {start.get('reference') or '?'}")
     return " · ".join(parts)
 
 

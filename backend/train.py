@@ -610,6 +610,8 @@ def describe_run(trainer, job: dict) -> dict:
         "device": str(trainer.args.device),
         "backend": dist.get_backend() if dist.is_available() and dist.is_initialized() else None,
         "method": job.get("method", "lora"),
+        "objective": job.get("objective") or "sft",
+        "reference": reference_model(trainer),
         "quantized_modules": quantized,  # bitsandbytes layers actually in the model: {"Linear4bit": 21}
         "trainable_params": trainable,
         "total_params": total,
@@ -617,6 +619,14 @@ def describe_run(trainer, job: dict) -> dict:
         "max_steps": trainer.state.max_steps,
         "resumed_from_step": trainer.state.global_step or None,
     }
+
+
+def reference_model(trainer) -> str | None:
+    """What a DPO run scores its reference with: "adapters off" (the base, with PEFT), or the reference's wrapped
+    class (DeepSpeedEngine under ZeRO-3, as TRL prepares it); None without one (SFT)."""
+    if not hasattr(trainer, "ref_model"):
+        return None
+    return "adapters off" if trainer.ref_model is None else type(trainer.ref_model).__name__
 
 
 def frozen_dtypes(model) -> dict[str, int]:

@@ -45,15 +45,16 @@ PROOF = {
     "7b-full-zero2": {**deepspeed(2), "method": "full"},
     "7b-lora-ddp": {**DDP, "method": "lora"},
     "demo": {**DDP, "method": "lora"},
+    "demo-dpo": {**DDP, "method": "lora", "objective": "dpo", "reference": "adapters off"},
 }
 
 
-@pytest.mark.parametrize("preset", sorted(load_presets()))
-def test_smoke_run_of_every_preset_passes_and_proves_its_strategy(preset, tmp_path):
-    assert preset in PROOF, f"add what the {preset} preset's smoke run must prove to PROOF"
+def smoke(preset: str, tmp_path: Path, *assignments: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """`tunedeck train PRESET --smoke [--set A ...]`: the finished process and its run folder."""
     runs_dir = tmp_path / "runs"
+    sets = [arg for assignment in assignments for arg in ("--set", assignment)]
     result = subprocess.run(
-        [str(BIN / "tunedeck"), "train", preset, "--smoke", "--runs-dir", str(runs_dir)],
+        [str(BIN / "tunedeck"), "train", preset, "--smoke", "--runs-dir", str(runs_dir), *sets],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -62,6 +63,13 @@ def test_smoke_run_of_every_preset_passes_and_proves_its_strategy(preset, tmp_pa
     )
     (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
     assert result.returncode == 0, result.stdout + result.stderr + logs_tail(run_dir)
+    return result, run_dir
+
+
+@pytest.mark.parametrize("preset", sorted(load_presets()))
+def test_smoke_run_of_every_preset_passes_and_proves_its_strategy(preset, tmp_path):
+    assert preset in PROOF, f"add what the {preset} preset's smoke run must prove to PROOF"
+    result, run_dir = smoke(preset, tmp_path)
     verdict = result.stdout.strip().splitlines()[-1]
     assert verdict.startswith("smoke test passed: 2 ranks on 1 machine"), verdict
 
@@ -80,12 +88,37 @@ def test_smoke_run_of_every_preset_passes_and_proves_its_strategy(preset, tmp_pa
     assert (run_dir / "output" / "checkpoint-3").is_dir()  # the strategy's checkpoint path ran too
 
     listing = subprocess.run(
-        [str(BIN / "tunedeck"), "runs", "--runs-dir", str(runs_dir)], capture_output=True, text=True
+        [str(BIN / "tunedeck"), "runs", "--runs-dir", str(run_dir.parent)], capture_output=True, text=True
     )
     assert run_dir.name in listing.stdout and "finished" in listing.stdout and "smoke/" in listing.stdout
     show = subprocess.run(
-        [str(BIN / "tunedeck"), "runs", "show", run_dir.name, "--runs-dir", str(runs_dir)],
+        [str(BIN / "tunedeck"), "runs", "show", run_dir.name, "--runs-dir", str(run_dir.parent)],
         capture_output=True,
         text=True,
     )
     assert f"verdict  {verdict}" in show.stdout, show.stdout
+
+
+DPO = ("objective=dpo", "dataset.format=preference")
+
+
+@pytest.mark.parametrize(
+    "preset, changes, proof",
+    [
+        # Full DPO keeps a frozen reference copy, sharded and wrapped by DeepSpeed as the model is.
+        ("7b-full-zero2", ("strategy.kind=zero3",), {**deepspeed(3), "method": "full", "reference": "DeepSpeedEngine"}),
+        # With adapters the reference is the base with the adapters off: no copy, under FSDP2 and sharded QLoRA.
+        ("13b-lora-fsdp", (), {**FSDP2, "method": "lora", "reference": "adapters off"}),
+        ("70b-qlora-zero3", (), {**deepspeed(3), **ONE_DTYPE, "method": "qlora", "reference": "adapters off"}),
+    ],
+)
+def test_dpo_smoke_runs_on_each_engine_with_its_reference(preset, changes, proof, tmp_path):
+    result, run_dir = smoke(preset, tmp_path, *DPO, *changes)
+    assert result.stdout.strip().splitlines()[-1].startswith("smoke test passed: 2 ranks on 1 machine")
+    start = start_record(run_dir)
+    assert start["gate"]["passed"] and start["objective"] == "dpo"
+    for key, value in proof.items():
+        assert start[key] == value, f"{preset} DPO: {key} is {start[key]!r}, expected {value!r}"
+    logs = log_records(run_dir)
+    assert [r["step"] for r in logs] == [1, 2, 3]
+    assert all(0 <= r["reward_accuracy"] <= 1 and "reward_margin" in r for r in logs)
