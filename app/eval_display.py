@@ -13,7 +13,9 @@ from tunedeck.backend.eval_answers import answers_table
 from tunedeck.backend.eval_results import order_key, table_rows
 
 ANSWER_CHARS = 240  # of an answer in its cell: up to 256 new tokens for a prompt without the data's answer
-EVAL_HEADERS = ["model", "loss", "perplexity", "exact match", "contains match", "ROUGE-L", "examples", "data"]
+EVAL_HEADERS = [
+    "model", "loss", "perplexity", "exact match", "contains match", "ROUGE-L", "chosen preferred", "examples", "data",
+]  # fmt: skip
 
 
 def evaluation(data: dict) -> dict:
@@ -67,7 +69,9 @@ def eval_figure(data: dict) -> go.Figure:
         return waiting_figure("No loss or score: the data had no answers to measure by. Each answer is below.", 220)
     figure = go.Figure()
     figure.add_bar(x=names, y=[r.get("loss") for r in results], name="loss", marker_color="#4f46e5")
-    for key, label, color in (("exact_match", "exact match", "#ea580c"), ("rouge_l", "ROUGE-L", "#0d9488")):
+    scores = (("exact_match", "exact match", "#ea580c"), ("rouge_l", "ROUGE-L", "#0d9488"),
+              ("preferred", "chosen preferred", "#9333ea"))  # fmt: skip
+    for key, label, color in scores:
         if any(r.get(key) is not None for r in results):
             figure.add_scatter(
                 x=names,
@@ -79,6 +83,7 @@ def eval_figure(data: dict) -> go.Figure:
             )
     figure.update_layout(
         template="plotly_white", margin=dict(l=50, r=50, t=30, b=40), legend=dict(orientation="h", y=1.08),
-        yaxis=dict(title="loss"), yaxis2=dict(title="exact match · ROUGE-L", overlaying="y", side="right", range=[0, 1]),
+        yaxis=dict(title="loss"), yaxis2=dict(title="share of answers or pairs", overlaying="y", side="right",
+                                              range=[0, 1]),
     )  # fmt: skip
     return figure

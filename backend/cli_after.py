@@ -331,7 +331,8 @@ def _print_table(results: dict, data: str) -> None:
     def number(value, digits):
         return "-" if value is None else f"{value:.{digits}f}"
 
-    rows = [("MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "ROUGE-L", "EXAMPLES")]
+    pairs = any(r.get("preferred") is not None for r in results.values())  # preference data: chosen vs rejected
+    rows = [("MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "ROUGE-L", *("PREFERRED",) * pairs, "EXAMPLES")]
     for name in sorted(results, key=order_key):
         r = results[name]
         rows.append(
@@ -342,6 +343,7 @@ def _print_table(results: dict, data: str) -> None:
                 pct(r["exact_match"]),
                 pct(r["contains_match"]),
                 number(r.get("rouge_l"), 3),
+                *(pct(r.get("preferred")),) * pairs,
                 str(r["examples"]),
             )
         )

@@ -5,7 +5,9 @@
 
 Each result: loss, perplexity (null when no row has an answer to score), tokens and examples scored,
 exact_match and contains_match (fractions), rouge_l (mean ROUGE-L F1; all three null when no prompt has
-the data's answer to judge by), generated (how many answers were generated), answers_file (every answer, eval_answers.py), data (what it was measured on),
+the data's answer to judge by), preferred (of preference pairs: the share where the chosen answer is the more
+likely; null for other data), generated (how many answers were generated), answers_file (every answer,
+eval_answers.py), data (what it was measured on),
 device, seconds, evaluated_at, step. A new evaluation replaces the entries it measured and keeps
 the others.
 """
@@ -21,7 +23,9 @@ from tunedeck.backend.eval_answers import save_answers
 
 EVAL_FILE = "eval.json"
 VERSION = 1
-TABLE_COLUMNS = ("model", "loss", "perplexity", "exact_match", "contains_match", "rouge_l", "examples", "data")
+TABLE_COLUMNS = (
+    "model", "loss", "perplexity", "exact_match", "contains_match", "rouge_l", "preferred", "examples", "data",
+)  # fmt: skip
 
 
 def read_eval(run_dir: Path) -> dict:
@@ -86,6 +90,7 @@ def table_rows(data: dict) -> list[list]:
                 r.get("exact_match"),
                 r.get("contains_match"),
                 r.get("rouge_l"),
+                r.get("preferred"),
                 r.get("examples"),
                 r.get("data"),
             ]

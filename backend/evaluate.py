@@ -131,8 +131,8 @@ def _read_rows(
         raise AfterError(f"the {what} {source} has no rows")
     rows = [dataset[i] for i in range(count)]
     if "chosen" in dataset.column_names:  # preference pairs: the data's answer is the chosen one
-        rows = [{"prompt": row["prompt"], "completion": row["chosen"]} for row in rows]
-    return [{**row, "completion": None} for row in rows] if answer_columns else rows
+        rows = [{"prompt": row["prompt"], "completion": row["chosen"], "rejected": row["rejected"]} for row in rows]
+    return [{"prompt": row["prompt"], "completion": None} for row in rows] if answer_columns else rows
 
 
 def _missing_answer_columns(dataset, dataset_cfg: dict) -> list[str]:
@@ -240,11 +240,12 @@ def _check(cancel) -> None:
         raise Cancelled()
 
 
-def mean_loss(model, tokenizer, rows: list[dict], max_length: int, say, cancel) -> tuple[float, int]:
+def completion_losses(model, tokenizer, rows: list[dict], max_length: int, say, cancel) -> list[tuple[float, int]]:
+    """(summed loss, tokens) of each row's scored tokens: its completion (or the whole text)."""
     import torch
 
     device = next(model.parameters()).device
-    total, tokens = 0.0, 0
+    out: list[tuple[float, int]] = []
     sequences = [scored_sequence(tokenizer, row, max_length) for row in rows]
     for start in range(0, len(sequences), BATCH_SIZE):
         _check(cancel)
@@ -259,14 +260,27 @@ def mean_loss(model, tokenizer, rows: list[dict], max_length: int, say, cancel) 
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
         loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
-        )
-        total += float(loss)
-        tokens += int((labels[:, 1:] != -100).sum())
+            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="none"
+        ).view(len(batch), -1)
+        out += [(float(row.sum()), int(n)) for row, n in zip(loss, (labels[:, 1:] != -100).sum(dim=1))]
         say(start + len(batch), len(sequences))
+    return out
+
+
+def mean_loss(losses: list[tuple[float, int]]) -> tuple[float, int]:
+    """(loss per scored token, tokens) over the rows."""
+    tokens = sum(n for _, n in losses)
     if tokens == 0:
         raise AfterError("the evaluation data leaves no tokens to score (empty completions?)")
-    return total / tokens, tokens
+    return sum(loss for loss, _ in losses) / tokens, tokens
+
+
+def chosen_preferred(model, tokenizer, pairs: list[dict], chosen: list[tuple[float, int]], max_length, say, cancel):
+    """The share of preference pairs where the model gives the chosen answer the higher log-probability (summed over
+    its tokens, as DPO's rewards are): 0.5 is no preference."""
+    rejected = completion_losses(model, tokenizer, [{**p, "completion": p["rejected"]} for p in pairs], max_length,
+                                 say, cancel)  # fmt: skip
+    return sum(c < r for (c, _), (r, _) in zip(chosen, rejected)) / len(pairs)
 
 
 def answers(model, tokenizer, pairs: list[tuple[object, str | None]], say, cancel) -> list[str]:
@@ -309,13 +323,19 @@ def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, ca
         else (lambda stage: lambda *a: None)
     )
     scored = [row for row in rows if has_answer(row)]
-    loss, tokens = mean_loss(model, tokenizer, scored, max_length, say("loss"), cancel) if scored else (None, 0)
+    losses = completion_losses(model, tokenizer, scored, max_length, say("loss"), cancel)
+    loss, tokens = mean_loss(losses) if scored else (None, 0)
     result = {
         "loss": loss,
         "perplexity": None if loss is None else math.exp(min(loss, 700)),
         "tokens": tokens,
         "examples": len(rows),
+        "preferred": None,
     }
+    ranked = [(row, lost) for row, lost in zip(scored, losses) if row.get("rejected") is not None]
+    if ranked:
+        pairs, chosen = [row for row, _ in ranked], [lost for _, lost in ranked]
+        result["preferred"] = chosen_preferred(model, tokenizer, pairs, chosen, max_length, say("pairs"), cancel)
     pairs = [qa for qa in map(question_and_answer, rows) if qa is not None]
     result.update(exact_match=None, contains_match=None, rouge_l=None, generated=0, answers=[])
     if pairs:

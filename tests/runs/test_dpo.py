@@ -8,6 +8,11 @@ training pairs and on held-out ones.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from .helpers import log_records, read_metrics, start_record
@@ -50,3 +55,14 @@ def test_demo_dpo_learns_to_prefer_the_chosen_answers(runs_dir):
     (evaluated,) = [r for r in read_metrics(run_dir) if r["event"] == "log" and "eval_reward_accuracy" in r]
     assert evaluated["step"] == STEPS and evaluated["eval_reward_accuracy"] >= 0.7  # held-out pairs: chance is 0.5
     assert (run_dir / "output" / "adapter_model.safetensors").is_file()
+
+    # Evaluate scores the chosen answers and how often each model prefers them (summed log-probability).
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "tunedeck"), "eval", run_id, "--runs-dir", str(runs_dir), "--limit", "24"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PREFERRED" in done.stdout and "validation" in done.stdout
+    results = json.loads((run_dir / "eval.json").read_text())["results"]
+    assert results["final"]["examples"] == 24 and results["final"]["preferred"] >= 0.8
+    assert results["final"]["preferred"] >= results["base"]["preferred"]

@@ -92,7 +92,7 @@ def test_the_trainer_and_evaluation_read_pairs_under_any_column_names(tmp_path):
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps(rows[0]) + "\n")
     read = evaluate._read_rows({**cfg, "path": str(path)}, "train", str(path), None)
-    assert read == [{"prompt": "2+2=", "completion": " 4"}]
+    assert read == [{"prompt": "2+2=", "completion": " 4", "rejected": " 5"}]
     path.write_text(json.dumps({"q": "3+3="}) + "\n")
     read = evaluate._read_rows({**cfg, "path": str(path)}, "train", str(path), None, answers_optional=True)
     assert read == [{"prompt": "3+3=", "completion": None}]
@@ -119,3 +119,18 @@ def test_the_preview_shows_each_pair_as_the_model_reads_it_and_measures_its_long
     assert chosen.startswith("✓ chosen:\nQ: ") and chosen.endswith("</s>") and rejected.endswith("</s>")
     assert result["packing"] is False  # DPO pads its pairs, whatever dataset.packing says
     assert result["rows_in_split"] >= 1000
+
+
+def test_evaluation_scores_how_often_a_model_prefers_the_chosen_answer(demo_home):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(demo_home / "model")
+    tokenizer = AutoTokenizer.from_pretrained(demo_home / "model")
+    # A longer answer holds the shorter one's tokens and more: its summed log-probability is lower for any model.
+    short, long = " 9", " 9 + 0 + 9 + 0 + 9"
+    pairs = [{"prompt": f"Q: Add the numbers. 9 + {n}\nA:", "completion": short, "rejected": long} for n in range(3)]
+    assert evaluate.score(model, tokenizer, pairs, 64)["preferred"] == 1.0
+    swapped = [{**p, "completion": long, "rejected": short} for p in pairs]
+    result = evaluate.score(model, tokenizer, swapped, 64)
+    assert result["preferred"] == 0.0 and result["examples"] == 3
+    assert evaluate.score(model, tokenizer, [{"prompt": "Q:", "completion": " 1"}], 64)["preferred"] is None
