@@ -107,19 +107,23 @@ def peak_tflops(name, dtype):
 
 
 def flops_per_token(
-    matmul_params, trainable_params, layers, attention_width, seq_len, full, checkpointing, layer_matmul_params=None
-):
+    matmul_params, trainable_params, layers, attention_width, seq_len, full, checkpointing, layer_matmul_params=None,
+    reference=False,
+):  # fmt: skip
     """(model FLOPs, hardware FLOPs) per trained token of one training step (forward + backward).
 
     matmul_params: weights a token is multiplied by (decoder linears, routed experts, the head);
     trainable_params: the weights that get gradients (all of them when full); attention_width:
     heads x head_dim; seq_len: the tokens each sequence attends over; checkpointing: activation
     checkpointing recomputes every layer's forward (layer_matmul_params: the decoder layers'
-    share of matmul_params, default all of it).
+    share of matmul_params, default all of it); reference: DPO, whose reference model (or the base with the
+    adapters off) scores every token too, one more forward pass.
     """
     weight_grads = matmul_params if full else trainable_params
     attention = 4 * layers * attention_width * seq_len  # forward: QK^T and AV, 2 FLOPs per multiply-add
     model = 4 * matmul_params + 2 * weight_grads + 3 * attention
+    if reference:
+        model += 2 * matmul_params + attention
     hardware = model
     if checkpointing:
         recomputed = matmul_params if layer_matmul_params is None else layer_matmul_params
@@ -142,11 +146,13 @@ def arch_matmul_params(arch) -> tuple[int, int]:
     return layers + arch.vocab_size * arch.hidden_size, layers
 
 
-def arch_flops_per_token(arch, trainable: int, seq_len: int, full: bool, checkpointing: bool) -> tuple[float, float]:
+def arch_flops_per_token(
+    arch, trainable: int, seq_len: int, full: bool, checkpointing: bool, reference: bool = False
+) -> tuple[float, float]:
     """flops_per_token for a catalog.ModelArch."""
     matmul, layer_matmul = arch_matmul_params(arch)
     return flops_per_token(
-        matmul, trainable, arch.num_hidden_layers, arch.q_size, seq_len, full, checkpointing, layer_matmul
+        matmul, trainable, arch.num_hidden_layers, arch.q_size, seq_len, full, checkpointing, layer_matmul, reference
     )
 
 

@@ -85,6 +85,7 @@ class FlopsInputs(TypedDict, total=False):
     attention_width: int
     full: bool
     checkpointing: bool
+    reference: bool  # DPO: a reference forward pass per token
 
 
 class StartRecord(TypedDict, total=False):

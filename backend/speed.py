@@ -189,7 +189,9 @@ def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0)
         return None
     full = job.method == "full"
     trainable = job.trainable_params  # a property that counts the adapters: once per prediction
-    model_flops, hardware_flops = flops.arch_flops_per_token(job.arch, trainable, job.seq_len, full, job.checkpointing)
+    model_flops, hardware_flops = flops.arch_flops_per_token(
+        job.arch, trainable, job.seq_len, full, job.checkpointing, reference=job.objective == "dpo"
+    )
     efficiency = EFFICIENCY[job.method] * job.tokens / (job.tokens + HALF_SATURATION_TOKENS) * correction
     micro = job.tokens * hardware_flops / (peak * 1e12 * efficiency)  # one micro batch's compute
     ga = schedule.grad_accum
@@ -283,7 +285,9 @@ def _around_steps(job: Job, schedule: Schedule, flops_per_s: float, trainable: i
     arch = job.arch
     load = arch.num_parameters * job.weight_bytes / (READ_GBPS * 1e9)  # every machine reads the checkpoint
     eval_flops = flops.arch_flops_per_token(arch, 0, job.seq_len, True, False)[0] / 3  # forward only
-    eval_s = schedule.eval_passes * schedule.eval_rows * job.seq_len * eval_flops / (flops_per_s * job.world)
+    # A DPO evaluation reads each pair's two answers, with the model and its reference: four forward passes.
+    passes = 4 if job.objective == "dpo" else 1
+    eval_s = passes * schedule.eval_passes * schedule.eval_rows * job.seq_len * eval_flops / (flops_per_s * job.world)
     if job.method == "full":  # weights and Adam's fp32 weight and moments
         checkpoint = arch.num_parameters * (job.weight_bytes + 12)
     else:

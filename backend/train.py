@@ -787,19 +787,23 @@ def peak_tflops(name, dtype):
 
 
 def flops_per_token(
-    matmul_params, trainable_params, layers, attention_width, seq_len, full, checkpointing, layer_matmul_params=None
-):
+    matmul_params, trainable_params, layers, attention_width, seq_len, full, checkpointing, layer_matmul_params=None,
+    reference=False,
+):  # fmt: skip
     """(model FLOPs, hardware FLOPs) per trained token of one training step (forward + backward).
 
     matmul_params: weights a token is multiplied by (decoder linears, routed experts, the head);
     trainable_params: the weights that get gradients (all of them when full); attention_width:
     heads x head_dim; seq_len: the tokens each sequence attends over; checkpointing: activation
     checkpointing recomputes every layer's forward (layer_matmul_params: the decoder layers'
-    share of matmul_params, default all of it).
+    share of matmul_params, default all of it); reference: DPO, whose reference model (or the base with the
+    adapters off) scores every token too, one more forward pass.
     """
     weight_grads = matmul_params if full else trainable_params
     attention = 4 * layers * attention_width * seq_len  # forward: QK^T and AV, 2 FLOPs per multiply-add
     model = 4 * matmul_params + 2 * weight_grads + 3 * attention
+    if reference:
+        model += 2 * matmul_params + attention
     hardware = model
     if checkpointing:
         recomputed = matmul_params if layer_matmul_params is None else layer_matmul_params
@@ -847,6 +851,7 @@ def speed_facts(trainer, trainable: int, total: int) -> dict:
             "attention_width": heads * int(head_dim),
             "full": trainable >= total,  # every weight gets its gradient
             "checkpointing": checkpointing,
+            "reference": hasattr(trainer, "ref_model"),  # DPO: the reference scores every token too
         },
     }
     peak, source = None, f"this run computes on {args.device.type.upper()}, not a GPU with a published peak"
@@ -880,7 +885,7 @@ def utilisation(facts: dict, tokens_per_second: float, seq_len: float) -> dict:
     f = facts["flops_inputs"]
     model, hardware = flops_per_token(
         f["matmul_params"], f["trainable_params"], f["layers"], f["attention_width"], seq_len,
-        f["full"], f["checkpointing"], f["layer_matmul_params"],
+        f["full"], f["checkpointing"], f["layer_matmul_params"], f.get("reference", False),
     )  # fmt: skip
     per_gpu = tokens_per_second / max(1, _world_size())
     return {"mfu": per_gpu * model / (peak * 1e12), "hfu": per_gpu * hardware / (peak * 1e12)}

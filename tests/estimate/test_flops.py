@@ -28,6 +28,8 @@ def test_flops_per_token_full_lora_and_checkpointing_by_hand():
     assert model == 4 * n + 2 * 10 + 3 * attention  # frozen weights: no weight gradients
     model, hardware = flops.flops_per_token(n, 10, layers, width, seq, False, True, layer_matmul_params=900)
     assert hardware - model == 2 * 900 + attention  # one more forward of the layers, not of the head
+    dpo, _ = flops.flops_per_token(n, 10, layers, width, seq, full=False, checkpointing=False, reference=True)
+    assert dpo - (4 * n + 2 * 10 + 3 * attention) == 2 * n + attention  # DPO: the reference's forward, head included
 
 
 def test_llama2_7b_costs_about_six_times_its_parameters_per_token():
@@ -142,7 +144,7 @@ def test_speed_facts_count_the_live_model_and_never_make_up_a_peak(monkeypatch):
     facts = train.speed_facts(_tiny_trainer(False), trainable=100, total=5000)
     assert facts["flops_inputs"] == {
         "matmul_params": 2 * 32 * 32 + 32 * 100, "layer_matmul_params": 2 * 32 * 32, "trainable_params": 100,
-        "layers": 2, "attention_width": 32, "full": False, "checkpointing": True,
+        "layers": 2, "attention_width": 32, "full": False, "checkpointing": True, "reference": False,
     }  # fmt: skip
     assert facts["gpu_name"] is None and facts["peak_tflops"] is None
     assert facts["mfu_note"].startswith("MFU is not defined without a known peak: this run computes on CPU")

@@ -134,3 +134,22 @@ def test_evaluation_scores_how_often_a_model_prefers_the_chosen_answer(demo_home
     result = evaluate.score(model, tokenizer, swapped, 64)
     assert result["preferred"] == 0.0 and result["examples"] == 3
     assert evaluate.score(model, tokenizer, [{"prompt": "Q:", "completion": " 1"}], 64)["preferred"] is None
+
+
+def test_a_dpo_step_costs_two_sequences_and_a_reference_forward_pass():
+    from tunedeck.backend import speed
+    from tunedeck.backend.memory_job import Job, input_values
+
+    h100 = speed.Hardware.named("H100")
+
+    def predicted(spec):
+        return speed.predict(Job.from_values(input_values(spec)), h100, speed.schedule_of(spec, 10_000))
+
+    sft = resolve_spec("7b-lora-ddp")
+    dpo = set_paths(sft, DPO)
+    # Per token, LoRA's forward and backward are 2 forwards' FLOPs (no weight gradients but the adapters') and
+    # the reference adds one forward: 1.5 x; each row is two sequences: about 3 x the compute per step (a little
+    # less: the larger micro batch uses the GPU better).
+    ratio = predicted(dpo).parts["compute"] / predicted(sft).parts["compute"]
+    assert 2.3 < ratio < 3.0
+    assert predicted(dpo).tokens_per_s_per_gpu < predicted(sft).tokens_per_s_per_gpu
