@@ -5,6 +5,7 @@
 #   3. a real tunedeck run on the GPU: the demo in bf16 (LoRA), in 4-bit (QLoRA, bitsandbytes) and
 #      under FSDP2 (the final adapter must be saved; every log record must carry MFU and HFU against
 #      the GPU's peak from backend/flops.py's table, which names this GPU);
+#      and DPO with a full fine-tune under ZeRO-3 (its reference model beside the trained one);
 #   4. the smoke run (`tunedeck train PRESET --smoke`) of every preset that fits the GPUs found, with
 #      its load and training peaks beside the estimate (bench/gpu_smoke_check.py).
 # Needs torch with CUDA, transformers, accelerate, peft. Packages the machine lacks travel as
@@ -42,6 +43,11 @@ for variant in bf16 qlora fsdp; do
     --set training.precision=bf16 --set model.dtype=bfloat16 --set training.max_steps=20 "${extra[@]}"
   python3 bench/gpu_run_report.py "$out/runs-$variant" || failed=1
 done
+# Full DPO under ZeRO-3: the frozen reference copy loads and is wrapped by DeepSpeed beside the trained model.
+step "tunedeck train demo-dpo on the GPU (full, ZeRO-3)" timeout 300 python3 -m tunedeck.backend.cli train demo-dpo \
+  --runs-dir "$out/runs-dpo" --set launch.use_cpu=false --set launch.num_processes=1 --set training.precision=bf16 \
+  --set model.dtype=bfloat16 --set training.max_steps=20 --set method=full --set strategy.kind=zero3
+python3 bench/gpu_run_report.py "$out/runs-dpo" || failed=1
 step "smoke run of every preset, peaks vs estimate" python3 bench/gpu_smoke_check.py --out "$out/smoke.json" \
   --runs-dir "$out/runs-smoke"
 [ $failed = 0 ] && echo "ALL PASS" || echo "SOME CHECKS FAILED"

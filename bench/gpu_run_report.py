@@ -1,5 +1,5 @@
 """After a GPU run: print what the start record says it got and the measured peaks; PASS if it finished
-on CUDA, saved its adapter, and logged MFU against the GPU's peak from the table (backend/flops.py)."""
+on CUDA, saved its adapter (or its model), and logged MFU against the GPU's peak from the table (backend/flops.py)."""
 
 import json
 import sys
@@ -21,7 +21,9 @@ def main(runs_dir: str) -> int:
         print(
             f"  loss {logs[0]['loss']:.3f} -> {logs[-1]['loss']:.3f} over {len(logs)} logs; peak allocated per rank: {peaks[-1] if peaks else None} GiB"
         )
-    saved = any(runs[-1].parent.glob("output/adapter_model.safetensors"))
+    saved = any(runs[-1].parent.glob("output/adapter_model.safetensors")) or any(
+        runs[-1].parent.glob("output/model*.safetensors")  # a full fine-tune saves the whole model
+    )
     mfu_ok = mfu_logged(start, logs)
     ok = end.get("status") == "finished" and bool(peaks) and saved and mfu_ok
     print(
