@@ -67,6 +67,12 @@ def _where_changed(shown: str, status) -> bool:
     return status.where.split(" · expected start")[0] != shown.split(" · expected start")[0]
 
 
+def _chosen_wins(record: LogRecord, prefix: str = "") -> str:
+    """A DPO run's share of pairs where the chosen answer wins, as a suffix of the progress line."""
+    share = record.get(f"{prefix}reward_accuracy")
+    return "" if share is None else f" · chosen wins {share:.0%}"
+
+
 class ProgressBar:
     """One updating line on a terminal (the run summary's progress and the loss); one line per update otherwise."""
 
@@ -79,11 +85,13 @@ class ProgressBar:
 
     def update(self, record: LogRecord, summary: RunSummary) -> None:
         if "loss" not in record:  # an evaluation record
-            self._emit(f"{summary.step_text}  eval_loss {record.get('eval_loss', float('nan')):.4f}", newline=True)
+            text = f"{summary.step_text}  eval_loss {record.get('eval_loss', float('nan')):.4f}"
+            self._emit(text + _chosen_wins(record, "eval_"), newline=True)
             return
         filled = int(self.WIDTH * summary.fraction)
         bar = "#" * filled + "." * (self.WIDTH - filled)
-        self._emit(f"[{bar}] {summary.progress} · loss {record['loss']:.4f}", newline=not self.tty)
+        text = f"[{bar}] {summary.progress} · loss {record['loss']:.4f}{_chosen_wins(record)}"
+        self._emit(text, newline=not self.tty)
 
     def _emit(self, text: str, newline: bool) -> None:
         if self.tty:

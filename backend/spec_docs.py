@@ -51,7 +51,7 @@ def spec_markdown() -> str:
         "",
         "## Dataset formats (`dataset.format`)",
         "",
-        "| Format | What a row holds | Columns (field: default column, values) | What TRL's SFTTrainer gets |",
+        "| Format | What a row holds | Columns (field: default column, values) | What TRL's trainer gets |",
         "|---|---|---|---|",
         *[
             f"| `{f.name}` | {f.summary} | "

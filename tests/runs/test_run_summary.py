@@ -68,6 +68,17 @@ def test_train_progress_line_is_the_summarys_progress_with_the_loss():
         "[############............] step 2/4 · elapsed 0:20 · ETA 0:20 · loss 1.5000",  # 10 s a step, 2 to go
         "step 2/4  eval_loss 1.2500",
     ]
+    # A DPO run's line says how often the chosen answer wins (of the held-out pairs after eval_loss).
+    dpo = [
+        {"event": "log", "step": 3, "max_steps": 4, "loss": 0.3, "time": 130.0, "reward_accuracy": 0.875},
+        {"event": "log", "step": 3, "max_steps": 4, "eval_loss": 0.25, "time": 131.0, "eval_reward_accuracy": 0.8},
+    ]
+    for raw in dpo:
+        record = parse_record(raw)
+        run.add([record])
+        bar.update(record, summarize(run, started_at=100.0, ended_at=None, now=record["time"]))
+    assert out.getvalue().splitlines()[-2].endswith("· loss 0.3000 · chosen wins 88%")
+    assert out.getvalue().splitlines()[-1] == "step 3/4  eval_loss 0.2500 · chosen wins 80%"
 
 
 def test_a_smoke_verdict_names_the_strategy_the_run_got(tmp_path):
