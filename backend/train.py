@@ -1175,6 +1175,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                     if self.speed.get("peak_tflops"):
                         rows = (state.global_step - self._last_step) * args.per_device_train_batch_size
                         rows *= args.gradient_accumulation_steps * _world_size()
+                        rows *= 2 if self.speed["flops_inputs"].get("reference") else 1  # DPO: two sequences a row
                         seq_len = (tokens - last_tokens) / max(1, rows)  # attention's FLOPs grow with it
                         record.update(utilisation(self.speed, record["tokens_per_second"], seq_len))
                     self._last_log, self._last_step = (now, tokens), state.global_step

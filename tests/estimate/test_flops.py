@@ -117,6 +117,13 @@ def test_mfu_and_hfu_per_logging_step(tmp_path, monkeypatch):
         assert r["hfu"] == pytest.approx(400 * hardware / 1e9) and r["hfu"] > r["mfu"]
 
 
+def test_a_dpo_runs_mfu_counts_the_reference_pass_over_two_sequences_a_row(tmp_path, monkeypatch):
+    records = _recorder(tmp_path, monkeypatch, {"peak_tflops": 1e-3, "flops_inputs": {**FACTS, "reference": True}})
+    # The same 400 tokens a step are 4 rows' chosen and rejected answers: 8 sequences of 50 tokens.
+    model, _ = flops.flops_per_token(10**6, 10**4, 2, 64, 50, False, True, 9 * 10**5, reference=True)
+    assert all(r["mfu"] == pytest.approx(400 * model / 1e9) for r in records)
+
+
 def test_no_peak_no_mfu(tmp_path, monkeypatch):
     records = _recorder(tmp_path, monkeypatch, {"peak_tflops": None, "mfu_note": "...", "flops_inputs": FACTS})
     assert records and not any("mfu" in r or "hfu" in r for r in records)
