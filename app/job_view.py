@@ -108,7 +108,7 @@ class JobView:
                 "job.start", gr.Button("▶ Start run", variant="primary", elem_id="start-run", interactive=False)
             )
             self.queue = add(  # Start after the live runs holding its GPUs (a CPU run: the CPU runs) have ended
-                "job.queue", gr.Button("⏳ Queue", elem_id="queue-run", interactive=False, min_width=90)
+                "job.queue", gr.Button("⇥ Queue", elem_id="queue-run", interactive=False, min_width=90)
             )
             self.smoke = add(  # the job's exact path on a tiny model, in about a minute (page.wire_start)
                 "job.smoke", gr.Button("Smoke test", elem_id="smoke-run", interactive=False)
@@ -121,7 +121,7 @@ class JobView:
                                                    placeholder="training.learning_rate=1e-4,2e-4\nlora.r=8,16", lines=2,
                                                    elem_id="sweep-vary"))  # fmt: skip
             self.sweep_preview = add("job.sweep_preview", gr.Markdown(elem_id="sweep-preview"))
-            self.sweep = add("job.sweep", gr.Button("⏳ Queue the sweep", elem_id="queue-sweep", interactive=False))
+            self.sweep = add("job.sweep", gr.Button("⇥ Queue the sweep", elem_id="queue-sweep", interactive=False))
         # Rules 2 and 3 of the module docstring: what the browser has applied, sent back with every event.
         self.fills = add("job.fills", gr.Number(0, precision=0, visible=False, elem_id="job-fills"))
         self.digest = add("job.digest", gr.Textbox("", visible=False, elem_id="job-digest"))

@@ -27,7 +27,7 @@ RUNS_LIST_TTL_S = 2.0
 TABLE_HEADERS = ["run", "name", "state", "job", "loss", "started", "duration"]
 SMOKE_MARK = "smoke test · "
 STATE_MARKS = {
-    "queued": "⏳",
+    "queued": "⋯",  # in the fonts a bare Linux machine has (an hourglass emoji is not)
     "running": "▶",
     "stopping": "■",
     "finished": "✓",

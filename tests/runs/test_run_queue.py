@@ -1,4 +1,4 @@
-"""A run queued after another (tunedeck train --queue, ⏳ Queue in the panel) starts by itself when that one ends,
+"""A run queued after another (tunedeck train --queue, ⇥ Queue in the panel) starts by itself when that one ends,
 on real 2-rank CPU runs; its supervisor does the waiting, so nothing else needs to stay open."""
 
 from __future__ import annotations
