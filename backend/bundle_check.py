@@ -66,7 +66,7 @@ class BundleCheck:
     processes_per_machine: int  # the torchrun --nproc_per_node accelerate would pass
     use_cpu: bool  # what the ranks' SFTConfig says
     env: dict[str, str] = field(repr=False)  # ACCELERATE_* / FSDP_* variables the ranks would get
-    sft_config: Any = field(repr=False)  # the real trl.SFTConfig
+    sft_config: Any = field(repr=False)  # the real trl.SFTConfig (DPOConfig for objective: dpo)
     zero_stage: int | None = None
     deepspeed_config: Any = field(default=None, repr=False)  # the parsed DeepSpeedConfig
     fsdp_plugin: Any = field(default=None, repr=False)  # accelerate's FullyShardedDataParallelPlugin
@@ -270,9 +270,12 @@ def _rank_zero_environment() -> dict[str, str]:
 
 @contextlib.contextmanager
 def _fresh_distributed_state():
-    """accelerate's state is a process-wide singleton: start and leave it empty, like a new rank."""
+    """accelerate's state is a process-wide singleton: start and leave it empty, like a new rank. So is the
+    DeepSpeed config a ZeRO-3 SFTConfig registers with transformers (kept alive by BundleCheck.sft_config): left
+    set, every later from_pretrained in this process would load under zero.Init."""
     import torch.distributed
     from accelerate.state import AcceleratorState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     AcceleratorState._reset_state(reset_partial_state=True)
     try:
@@ -281,6 +284,7 @@ def _fresh_distributed_state():
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         AcceleratorState._reset_state(reset_partial_state=True)
+        unset_hf_deepspeed_config()
 
 
 @contextlib.contextmanager

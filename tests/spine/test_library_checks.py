@@ -209,3 +209,18 @@ def test_every_declared_argument_is_one_of_its_objectives_config():
             formats = [{**defaults, "objective": objective, "dataset.format": f} for f in OBJECTIVE_FORMATS[objective]]
             if not {"objective", "dataset.format"} & set(when(path).reads) or any(applies(path, v) for v in formats):
                 assert name in names, f"{path} is written as {name}, which trl.{config.__name__} does not take"
+
+
+def test_a_refused_zero3_config_leaves_no_deepspeed_config_behind_for_later_loads(export, check):
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    from tunedeck.backend.bundle_check import BundleCheckError
+
+    folder = export(resolve_spec("70b-qlora-zero3"))
+    path = folder / "ds_config.json"
+    path.write_text(path.read_text().replace('"train_batch_size": "auto"', '"train_batch_size": 999'))
+    with pytest.raises(BundleCheckError) as err:
+        check(folder)
+    # The refusal's traceback keeps the ZeRO-3 config transformers registered alive: left set, a later
+    # from_pretrained in this process loaded under zero.Init (a test that ran after it failed so).
+    assert "train_batch_size" in str(err.value) and not is_deepspeed_zero3_enabled()
