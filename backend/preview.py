@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 import os
 
-from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.applies import applies
+from tunedeck.backend.spec import JobSpec, flat_values
 
 ROWS_MEASURED = 5000  # enough for p95 to be stable; a preview should answer in seconds
 CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text with BPE tokenizers
@@ -107,7 +108,7 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
         "rows": texts[:rows],
         "rows_in_split": total_rows,
         "stats": stats,
-        "packing": spec.dataset.packing and spec.objective == "sft",  # DPO pads its pairs: packing does not apply
+        "packing": spec.dataset.packing and applies("dataset.packing", flat_values(spec)),  # not DPO's: it pads pairs
         "tokenizer": tokenizer_note,
         "counted": "tokens" if tokenizer is not None else "estimated",
     }

@@ -54,29 +54,32 @@ def test_the_cli_and_the_panel_say_the_same_about_a_run(runs_dir):
 def test_train_progress_line_is_the_summarys_progress_with_the_loss():
     out, run = io.StringIO(), RunRecords()
     bar = ProgressBar(out)
-    records = [
-        {"event": "log", "step": 1, "max_steps": 4, "loss": 2.0, "time": 110.0},
-        {"event": "log", "step": 2, "max_steps": 4, "loss": 1.5, "time": 120.0, "seconds_per_step": 10.0},
-        {"event": "log", "step": 2, "max_steps": 4, "eval_loss": 1.25, "time": 125.0, "seconds_per_step": 15.0},
-    ]
-    for raw in records:
-        record = parse_record(raw)
-        run.add([record])
-        bar.update(record, summarize(run, started_at=100.0, ended_at=None, now=record["time"]))
+
+    def feed(records: list[dict]) -> None:
+        for raw in records:
+            record = parse_record(raw)
+            run.add([record])
+            bar.update(record, summarize(run, started_at=100.0, ended_at=None, now=record["time"]))
+
+    feed(
+        [
+            {"event": "log", "step": 1, "max_steps": 4, "loss": 2.0, "time": 110.0},
+            {"event": "log", "step": 2, "max_steps": 4, "loss": 1.5, "time": 120.0, "seconds_per_step": 10.0},
+            {"event": "log", "step": 2, "max_steps": 4, "eval_loss": 1.25, "time": 125.0, "seconds_per_step": 15.0},
+        ]
+    )
     assert out.getvalue().splitlines() == [
         "[######..................] step 1/4 · elapsed 0:10 · loss 2.0000",
         "[############............] step 2/4 · elapsed 0:20 · ETA 0:20 · loss 1.5000",  # 10 s a step, 2 to go
         "step 2/4  eval_loss 1.2500",
     ]
     # A DPO run's line says how often the chosen answer wins (of the held-out pairs after eval_loss).
-    dpo = [
-        {"event": "log", "step": 3, "max_steps": 4, "loss": 0.3, "time": 130.0, "reward_accuracy": 0.875},
-        {"event": "log", "step": 3, "max_steps": 4, "eval_loss": 0.25, "time": 131.0, "eval_reward_accuracy": 0.8},
-    ]
-    for raw in dpo:
-        record = parse_record(raw)
-        run.add([record])
-        bar.update(record, summarize(run, started_at=100.0, ended_at=None, now=record["time"]))
+    feed(
+        [
+            {"event": "log", "step": 3, "max_steps": 4, "loss": 0.3, "time": 130.0, "reward_accuracy": 0.875},
+            {"event": "log", "step": 3, "max_steps": 4, "eval_loss": 0.25, "time": 131.0, "eval_reward_accuracy": 0.8},
+        ]
+    )
     assert out.getvalue().splitlines()[-2].endswith("· loss 0.3000 · chosen wins 88%")
     assert out.getvalue().splitlines()[-1] == "step 3/4  eval_loss 0.2500 · chosen wins 80%"
 
