@@ -1,5 +1,5 @@
 """Plotly figures of a run's metrics: loss (with EMA smoothing, eval loss, overlay), lr, grad norm, tokens/s, MFU,
-and for a DPO run its rewards.
+and for a DPO or KTO run its rewards.
 
 Figures are built from a run's log records (backend/run_folder.py's LogRecord), downsampled
 to at most MAX_POINTS per series, so a week-long run draws as fast as a demo.
@@ -22,12 +22,20 @@ MAX_POINTS = 2000
 METRIC_PANELS = (
     ("learning_rate", "learning rate"), ("grad_norm", "grad norm"), ("tokens_per_second", "tokens / s"), ("mfu", "MFU"),
 )  # fmt: skip
-# A DPO run's second row: (LogRecord fields, title); each with its eval_ twin as markers when the run evaluates.
-PREFERENCE_PANELS = (
-    (("reward_accuracy",), "pairs where chosen wins"),
-    (("reward_margin",), "reward margin (chosen - rejected)"),
-    (("reward_chosen", "reward_rejected"), "rewards: chosen (blue), rejected (orange)"),
-)
+# A DPO or KTO run's second row: (LogRecord fields, title); each with its eval_ twin as markers when the run
+# evaluates. Told apart by what only each logs: DPO how often chosen wins, KTO its KL estimate.
+PREFERENCE_PANELS = {
+    "reward_accuracy": (
+        (("reward_accuracy",), "pairs where chosen wins"),
+        (("reward_margin",), "reward margin (chosen - rejected)"),
+        (("reward_chosen", "reward_rejected"), "rewards: chosen (blue), rejected (orange)"),
+    ),
+    "kl": (
+        (("reward_margin",), "reward margin (good - bad)"),
+        (("reward_chosen", "reward_rejected"), "rewards: good (blue), bad (orange)"),
+        (("kl",), "KL estimate (model vs reference)"),
+    ),
+}
 NO_MFU = "MFU is not defined here:<br>no known peak throughput<br>(a CPU run, or a GPU not in<br>the table of peaks)"
 COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
 _LAYOUT = dict(
@@ -98,8 +106,9 @@ def loss_figure(
 
 def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
     """Learning rate, gradient norm, throughput and MFU (model FLOPs utilisation) side by side; below them
-    a DPO run's rewards (PREFERENCE_PANELS)."""
-    preference = any("reward_accuracy" in r or "eval_reward_accuracy" in r for r in records)
+    a DPO or KTO run's rewards (PREFERENCE_PANELS)."""
+    logged = {key for r in records for key in r}
+    preference = next((key for key in PREFERENCE_PANELS if {key, f"eval_{key}"} & logged), None)
     layout, data = copy.deepcopy(_validated_metrics_layout(preference)), []
     for col, (key, title) in enumerate(METRIC_PANELS, start=1):
         x, y = downsample(*series(records, key))
@@ -111,7 +120,7 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
                 layout[name] = {**layout[name], "visible": False}
         data.append(_line(x, y, title, dict(color=COLORS[0]), showlegend=False, xaxis=f"x{axis}", yaxis=f"y{axis}"))
     if preference:
-        for panel, (keys, _) in enumerate(PREFERENCE_PANELS, start=len(METRIC_PANELS) + 1):
+        for panel, (keys, _) in enumerate(PREFERENCE_PANELS[preference], start=len(METRIC_PANELS) + 1):
             axes = dict(showlegend=False, xaxis=f"x{panel}", yaxis=f"y{panel}")
             for key, color in zip(keys, COLORS):
                 name = key.replace("_", " ")
@@ -143,10 +152,11 @@ def _validated_loss_layout(log_scale: bool) -> dict:
 
 
 @functools.cache
-def _validated_metrics_layout(preference: bool = False) -> dict:
-    cols, rows = len(METRIC_PANELS), 2 if preference else 1
-    titles = [t for _, t in METRIC_PANELS] + ([t for _, t in PREFERENCE_PANELS] if preference else [])
-    specs = [[{}] * cols] + ([[{}] * len(PREFERENCE_PANELS) + [None] * (cols - len(PREFERENCE_PANELS))] * (rows - 1))
+def _validated_metrics_layout(preference: str | None = None) -> dict:
+    below = PREFERENCE_PANELS[preference] if preference else ()
+    cols, rows = len(METRIC_PANELS), 2 if below else 1
+    titles = [t for _, t in METRIC_PANELS] + [t for _, t in below]
+    specs = [[{}] * cols] + ([[{}] * len(below) + [None] * (cols - len(below))] * (rows - 1))
     fig = make_subplots(
         rows=rows, cols=cols, specs=specs, subplot_titles=titles, horizontal_spacing=0.07, vertical_spacing=0.25
     )
@@ -154,7 +164,7 @@ def _validated_metrics_layout(preference: bool = False) -> dict:
     fig.update_yaxes(rangemode="tozero", row=1)  # a constant lr of 5e-3 must not read as 0
     fig.update_yaxes(exponentformat="e", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", row=1, col=cols)  # MFU is a share of the GPU's peak
-    if preference:  # rewards and margins go below 0; the share of pairs won is 0-100%
+    if preference == "reward_accuracy":  # rewards and margins go below 0; the share of pairs won is 0-100%
         fig.update_yaxes(tickformat=".0%", range=[0, 1.02], row=2, col=1)
     fig.update_layout(height=260 * rows, **{**_LAYOUT, "margin": dict(l=50, r=20, t=30, b=40)})
     return fig.to_plotly_json()["layout"]

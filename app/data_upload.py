@@ -13,7 +13,8 @@ from tunedeck.backend.untrusted import shown
 # Said when the upload's format changed the objective.
 OBJECTIVE_SAID = {
     "dpo": "preference pairs train with DPO (the Training section's Beta and loss are DPO's).",
-    "sft": "these rows train with SFT, not DPO's preference pairs.",
+    "kto": "answers labelled good or bad train with KTO (the Training section's Beta and weights are KTO's).",
+    "sft": "these rows train with SFT, not preference training.",
 }
 
 
@@ -36,7 +37,7 @@ def fill_from_upload(
             None,
             f"✗ data upload: could not keep the files ({escape(exc.strerror or str(exc))}); the form is unchanged.",
         )
-    changes, found, columns = dataset_changes(kept, held_out)
+    changes, found, columns = dataset_changes(kept, held_out, values.get("objective") or "sft")
     try:
         spec = spec_from_values({**values, **changes})
     except SpecError:

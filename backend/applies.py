@@ -68,6 +68,8 @@ _SLURM_GPUS = When(
 _GPUS = When(("launch.use_cpu",), lambda v: not v.get("launch.use_cpu"), "on GPUs (launch.use_cpu=false)")
 _SFT = When(("objective",), lambda v: v.get("objective", "sft") == "sft", "with objective=sft")
 _DPO = When(("objective",), lambda v: v.get("objective") == "dpo", "with objective=dpo")
+_KTO = When(("objective",), lambda v: v.get("objective") == "kto", "with objective=kto")
+_PREFERENCE = When(("objective",), lambda v: v.get("objective") in ("dpo", "kto"), "with objective=dpo or kto")
 _SFT_NOT_PACKING = When(
     ("objective", "dataset.packing"),
     lambda v: v.get("objective", "sft") == "sft" and not v.get("dataset.packing"),
@@ -87,8 +89,11 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     *[(f"dataset.{name}", _formats(formats)) for name, (_, formats) in column_fields().items()],
     ("dataset.assistant_only_loss", _formats(["messages"])),
     ("dataset.packing", _SFT),  # DPO pads each pair (TRL's padding-free DPO needs flash attention)
+    # KTO's KL estimate pairs each row with its neighbour in a fixed order (KTOConfig: sequential sampling)
     ("training.group_by_length", _SFT_NOT_PACKING),
-    ("preference.*", _DPO),
+    ("preference.loss_type", _DPO),
+    ("preference.*_weight", _KTO),
+    ("preference.*", _PREFERENCE),
     ("training.dataloader_num_workers", _GPUS),
     ("training.per_device_eval_batch_size", _EVALUATION),
     ("training.eval_steps", _EVALUATION),

@@ -68,9 +68,12 @@ def _where_changed(shown: str, status) -> bool:
 
 
 def _chosen_wins(record: LogRecord, prefix: str = "") -> str:
-    """A DPO run's share of pairs where the chosen answer wins, as a suffix of the progress line."""
-    share = record.get(f"{prefix}reward_accuracy")
-    return "" if share is None else f" · chosen wins {share:.0%}"
+    """A DPO run's share of pairs where the chosen answer wins (KTO, which has no pairs: the reward margin between
+    good and bad answers), as a suffix of the progress line."""
+    share, margin = record.get(f"{prefix}reward_accuracy"), record.get(f"{prefix}reward_margin")
+    if share is not None:
+        return f" · chosen wins {share:.0%}"
+    return "" if margin is None else f" · reward margin {margin:+.2f}"
 
 
 class ProgressBar:

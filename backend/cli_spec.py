@@ -189,6 +189,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"ok: accelerate starts {result.num_processes} processes ({result.processes_per_machine} per machine) "
         f"with its {result.launcher} launcher as {result.distributed_type}{stage}; "
-        f"trl.SFTConfig builds{' (GPU probes assumed: this bundle is for GPUs)' if result.gpu_assumed else ''}"
+        f"trl.{type(result.sft_config).__name__} builds{' (GPU probes assumed: this bundle is for GPUs)' if result.gpu_assumed else ''}"
     )
     return 0

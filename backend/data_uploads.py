@@ -128,19 +128,20 @@ def first_row_columns(path: Path) -> list[str] | None:
 
 
 def format_of(columns: list[str] | None) -> str | None:
-    """The row format whose default columns the data has (preference pairs, then messages, prompt-completion, alpaca,
-    text: the first whose columns are all there)."""
+    """The row format whose default columns the data has (labelled answers, preference pairs, then messages,
+    prompt-completion, alpaca, text: the first whose columns are all there)."""
     if not columns:
         return None
-    for name in ("preference", "messages", "prompt-completion", "alpaca", "text"):
+    for name in ("unpaired-preference", "preference", "messages", "prompt-completion", "alpaca", "text"):
         needed = [c.default for c in DATASET_FORMATS[name].columns if c.required]
         if all(column in columns for column in needed):
             return name
     return None
 
 
-def dataset_changes(kept: Path, held_out: bool) -> tuple[dict, str | None, list[str] | None]:
-    """(the dataset fields that point the job at a kept upload, the format found or None, the columns read)."""
+def dataset_changes(kept: Path, held_out: bool, objective: str = "sft") -> tuple[dict, str | None, list[str] | None]:
+    """(the dataset fields that point the job at a kept upload, the format found or None, the columns read); the
+    job's objective stays when it reads the format found (KTO reads pairs too), else the first that does."""
     train = next(kept.glob("train.*")) if held_out else kept
     columns = first_row_columns(train)
     found = format_of(columns)
@@ -152,6 +153,7 @@ def dataset_changes(kept: Path, held_out: bool) -> tuple[dict, str | None, list[
     }
     if found:
         changes["dataset.format"] = found
-        changes["objective"] = next(o for o, formats in OBJECTIVE_FORMATS.items() if found in formats)  # pairs: DPO
+        if found not in OBJECTIVE_FORMATS.get(objective, ()):
+            changes["objective"] = next(o for o, formats in OBJECTIVE_FORMATS.items() if found in formats)
         changes.update({f"dataset.{c.field}": c.default for c in DATASET_FORMATS[found].columns})
     return changes, found, columns

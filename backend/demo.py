@@ -7,8 +7,9 @@ downloads, so anyone (and CI) can watch a real distributed run on a CPU machine.
     <demo_home>/data/train.jsonl  prompt-completion records (+ eval.jsonl)
     <demo_home>/preference/       the same rows as preference pairs, for DPO: train.jsonl,
                                   validation.jsonl (chosen: the answer; rejected: the question restated)
+    <demo_home>/unpaired/         the same rows as answers labelled good or bad, one a row, for KTO
     <demo_home>/formats/<f>.jsonl the same task in each dataset format: text,
-                                  prompt-completion, messages, alpaca, preference
+                                  prompt-completion, messages, alpaca, preference, unpaired-preference
     <demo_home>/BUILD             stamp: which recipe and builder made this folder
 
 `ensure_demo()` is cheap when the demo is built; otherwise it runs the build in a
@@ -32,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from tunedeck.backend.spec import PACKAGE_DIR, demo_home
-from tunedeck.backend.vocabulary import DATASET_FORMATS
+from tunedeck.backend.vocabulary import DATASET_FORMATS, PREFERENCE_FORMATS
 
 RECIPE_PATH = PACKAGE_DIR / "assets" / "demo" / "recipe.yaml"
 FORMATS = tuple(DATASET_FORMATS)
@@ -165,6 +166,8 @@ def as_format(example: dict, fmt: str) -> dict:
         return {"instruction": example["instruction"], "input": example["input"], "output": example["answer"]}
     if fmt == "preference":
         return {"prompt": f"Q: {question}\nA:", "chosen": f" {example['answer']}", "rejected": f" {restated(example)}"}
+    if fmt == "unpaired-preference":
+        return {"prompt": f"Q: {question}\nA:", "completion": f" {example['answer']}", "label": True}
     raise ValueError(f"unknown dataset format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
@@ -184,6 +187,23 @@ def paired(examples: list[dict]) -> list[dict]:
     return [e for e in examples if restated(e) != e["answer"]]
 
 
+def unpaired(examples: list[dict]) -> list[dict]:
+    """The KTO demo's rows, as real thumbs-up/down data comes: one answer per question, never both. Of the
+    examples that make a pair, every other one gives its answer (good), the others their question restated (bad)."""
+    rows = []
+    for i, example in enumerate(paired(examples)):
+        pair = as_format(example, "preference")
+        good = i % 2 == 0
+        rows.append({"prompt": pair["prompt"], "completion": pair["chosen" if good else "rejected"], "label": good})
+    return rows
+
+
+def _format_rows(examples: list[dict], fmt: str) -> list[dict]:
+    if fmt == "unpaired-preference":
+        return unpaired(examples)
+    return [as_format(e, fmt) for e in (paired(examples) if fmt == "preference" else examples)]
+
+
 def _write_jsonl(path: Path, records: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -198,12 +218,12 @@ def _write_datasets(root: Path, recipe: dict) -> list[dict]:
     evaluation = make_examples(rng, data["eval_examples"], data)
     _write_jsonl(root / "data" / "train.jsonl", [as_format(e, "prompt-completion") for e in train])
     _write_jsonl(root / "data" / "eval.jsonl", [as_format(e, "prompt-completion") for e in evaluation])
-    _write_jsonl(root / "preference" / "train.jsonl", [as_format(e, "preference") for e in paired(train)])
-    _write_jsonl(root / "preference" / "validation.jsonl", [as_format(e, "preference") for e in paired(evaluation)])
+    for folder, fmt in (("preference", "preference"), ("unpaired", "unpaired-preference")):
+        _write_jsonl(root / folder / "train.jsonl", _format_rows(train, fmt))
+        _write_jsonl(root / folder / "validation.jsonl", _format_rows(evaluation, fmt))
     sample = train[: data["format_examples"]]
     for fmt in FORMATS:
-        rows = paired(sample) if fmt == "preference" else sample
-        _write_jsonl(root / "formats" / f"{fmt}.jsonl", [as_format(e, fmt) for e in rows])
+        _write_jsonl(root / "formats" / f"{fmt}.jsonl", _format_rows(sample, fmt))
     return train + evaluation
 
 
@@ -229,9 +249,9 @@ def _train_tokenizer(model_dir: Path, recipe: dict, examples: list[dict]):
     )
     corpus = []
     for example in examples:
-        # Not the preference pairs: they hold the same texts, and the tokenizer (so the demo model) stays as
+        # Not the preference data: it holds the same texts, and the tokenizer (so the demo model) stays as
         # it was before DPO came, with the measurements made on it (recipe.yaml).
-        for fmt in (f for f in FORMATS if f != "preference"):
+        for fmt in (f for f in FORMATS if f not in PREFERENCE_FORMATS):
             record = as_format(example, fmt)
             corpus.append(json.dumps(record, ensure_ascii=False))
             corpus.extend(str(v) for v in record.values() if isinstance(v, str))

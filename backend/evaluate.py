@@ -10,9 +10,8 @@ the held-out file beside the training file, found as the datasets library splits
 file name (eval/test/validation beside train). The base is loaded once; each adapter is put
 on it in turn. Imports torch inside its functions: runs in the worker process.
 
-Prompts without answers (a file without the completion or output column, a row without its
-value, a conversation that ends with the user's turn) are answered and not scored: their
-answers are the predictions to download, with no loss, match or ROUGE-L of their own.
+Prompts without answers (a file without the completion or output column, a row without its value, a
+conversation that ends with the user's turn) are answered and not scored: their answers are the predictions.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from tunedeck.backend.eval_results import order_key
 BATCH_SIZE = 8
 EXTRA_NEW_TOKENS = 8  # answers may run this far past the longest expected one before they are cut
 MAX_NEW_TOKENS = 256  # also how far a prompt without an answer in the data may be answered
-# Where a row's answers are. A preference pair's answer is its chosen one: a DPO run is scored on it.
+# Where a row's answers are: a preference pair's is its chosen one (unpaired ones: the answers labelled good).
 ANSWER_FIELDS = {
     "prompt-completion": ("completion_field",),
     "alpaca": ("output_field",),
@@ -122,6 +121,8 @@ def _read_rows(
         for answer_column in answer_columns:
             dataset = dataset.add_column(answer_column, [""] * len(dataset))
         dataset = train.to_trl_format(dataset, dataset_cfg, "text")
+        if "label" in dataset.column_names:  # answers labelled good or bad
+            dataset = dataset.filter(lambda row: row["label"]).remove_columns("label")
     except train.JobError as exc:
         raise AfterError(str(exc)) from None
     except (OSError, ValueError) as exc:
@@ -278,14 +279,13 @@ def mean_loss(losses: list[tuple[float, int]]) -> tuple[float, int]:
 def chosen_preferred(model, tokenizer, pairs: list[dict], chosen: list[tuple[float, int]], max_length, say, cancel):
     """The share of preference pairs where the model gives the chosen answer the higher log-probability (summed over
     its tokens, as DPO's rewards are): 0.5 is no preference."""
-    rejected = completion_losses(model, tokenizer, [{**p, "completion": p["rejected"]} for p in pairs], max_length,
-                                 say, cancel)  # fmt: skip
+    rejected_rows = [{**p, "completion": p["rejected"]} for p in pairs]
+    rejected = completion_losses(model, tokenizer, rejected_rows, max_length, say, cancel)
     return sum(c < r for (c, _), (r, _) in zip(chosen, rejected)) / len(pairs)
 
 
 def answers(model, tokenizer, pairs: list[tuple[object, str | None]], say, cancel) -> list[str]:
-    """Greedy answers to each prompt, batched with left padding; as long as the data's answer allows, else up to
-    MAX_NEW_TOKENS."""
+    """Greedy answers, batched with left padding, as long as the data's answer allows (else up to MAX_NEW_TOKENS)."""
     import torch
 
     device = next(model.parameters()).device

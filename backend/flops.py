@@ -106,9 +106,16 @@ def peak_tflops(name, dtype):
     return float(tflops), row[5]
 
 
+# Per trained token, the forward passes without gradients that an objective adds, and the sequences of a row
+# its token count covers (TRL's trainers): DPO's reference scores the chosen and the rejected answer (two
+# sequences a row, both counted); KTO's reference scores the answer, and the model and its reference score a
+# mismatched answer for the KL estimate (three more forwards; the KL answers are not counted as tokens).
+OBJECTIVE_PASSES = {"sft": (0, 1), "dpo": (1, 2), "kto": (3, 1)}
+
+
 def flops_per_token(
     matmul_params, trainable_params, layers, attention_width, seq_len, full, checkpointing, layer_matmul_params=None,
-    reference=False,
+    extra_forwards=0,
 ):  # fmt: skip
     """(model FLOPs, hardware FLOPs) per trained token of one training step (forward + backward).
 
@@ -116,14 +123,13 @@ def flops_per_token(
     trainable_params: the weights that get gradients (all of them when full); attention_width:
     heads x head_dim; seq_len: the tokens each sequence attends over; checkpointing: activation
     checkpointing recomputes every layer's forward (layer_matmul_params: the decoder layers'
-    share of matmul_params, default all of it); reference: DPO, whose reference model (or the base with the
-    adapters off) scores every token too, one more forward pass.
+    share of matmul_params, default all of it); extra_forwards: the forward passes without gradients per
+    token that the objective adds (OBJECTIVE_PASSES: DPO's reference model, or the base with the adapters off).
     """
     weight_grads = matmul_params if full else trainable_params
     attention = 4 * layers * attention_width * seq_len  # forward: QK^T and AV, 2 FLOPs per multiply-add
     model = 4 * matmul_params + 2 * weight_grads + 3 * attention
-    if reference:
-        model += 2 * matmul_params + attention
+    model += extra_forwards * (2 * matmul_params + attention)
     hardware = model
     if checkpointing:
         recomputed = matmul_params if layer_matmul_params is None else layer_matmul_params
@@ -147,13 +153,14 @@ def arch_matmul_params(arch) -> tuple[int, int]:
 
 
 def arch_flops_per_token(
-    arch, trainable: int, seq_len: int, full: bool, checkpointing: bool, reference: bool = False
+    arch, trainable: int, seq_len: int, full: bool, checkpointing: bool, extra_forwards: int = 0
 ) -> tuple[float, float]:
     """flops_per_token for a catalog.ModelArch."""
     matmul, layer_matmul = arch_matmul_params(arch)
     return flops_per_token(
-        matmul, trainable, arch.num_hidden_layers, arch.q_size, seq_len, full, checkpointing, layer_matmul, reference
-    )
+        matmul, trainable, arch.num_hidden_layers, arch.q_size, seq_len, full, checkpointing, layer_matmul,
+        extra_forwards,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- keeping train.py's copy in step

@@ -31,7 +31,7 @@ TERMS: dict[str, str] = {
     "gradients": "Gradients",
     "optimizer": "Optimizer states",
     "adapter": "LoRA adapter",
-    "reference": "Reference model (DPO)",
+    "reference": "Reference model (DPO, KTO)",
     "activations": "Activations",
     "logits": "Logits and loss",
     "gathered": "Gathered parameters",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunedeck.backend import catalog
+from tunedeck.backend.flops import OBJECTIVE_PASSES
 from tunedeck.backend.spec import JobSpec, get_path
 from tunedeck.backend.vocabulary import STRATEGIES, Strategy
 
@@ -74,7 +75,7 @@ def input_values(spec: JobSpec, loss: str = "fused") -> dict[str, Any]:
 class Job:
     arch: catalog.ModelArch
     method: str
-    objective: str  # sft, or dpo: two sequences (chosen, rejected) per row, and a reference model
+    objective: str  # sft; dpo: two sequences (chosen, rejected) per row; dpo and kto: a reference model
     kind: str
     offload_optimizer: str
     offload_params: str
@@ -120,7 +121,8 @@ class Job:
         else:
             act_bytes = weight_bytes
         h = arch.hidden_size
-        sequences_per_row = 2 if v["objective"] == "dpo" else 1
+        # DPO's chosen and rejected answers both keep activations; KTO's KL answer is scored without gradients
+        sequences_per_row = OBJECTIVE_PASSES[v["objective"]][1]
         reduce_bucket = v["strategy.reduce_bucket_size"]
         prefetch = v["strategy.stage3_prefetch_bucket_size"]
         return cls(

@@ -50,9 +50,9 @@ def train_phase(job: Job) -> tuple[dict[str, float], float, float, list[str]]:
         terms["weights"] = base + stats
     if "nvme" in (job.offload_optimizer, job.offload_params):
         cpu += 2 * GIB  # pinned staging buffers of DeepSpeed's asynchronous I/O swapper
-    if job.objective == "dpo" and job.method == "full":
-        # DPO scores each pair with a frozen reference copy of the base, loaded and sharded as the model is
-        # (TRL's DPOTrainer; with adapters the reference is the base with the adapters off: no copy).
+    if job.objective in ("dpo", "kto") and job.method == "full":
+        # DPO and KTO score each answer with a frozen reference copy of the base, loaded and sharded as the model
+        # is (TRL's trainers; with adapters the reference is the base with the adapters off: no copy).
         terms["reference"] = frozen_base_bytes(job, notes)[0]
     terms["activations"] = activation_bytes(job)
     terms["logits"] = logit_bytes(job)

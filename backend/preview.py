@@ -100,7 +100,7 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
     else:
         counts = iter([max(1, round(len(t) / CHARS_PER_TOKEN)) for t in flat])
     lengths = [max(next(counts) for _ in seqs) for seqs in sequences]  # a pair's longer sequence is what is cut
-    texts = [seqs[0] if len(seqs) == 1 else f"✓ chosen:\n{seqs[0]}\n\n✗ rejected:\n{seqs[1]}" for seqs in sequences]
+    texts = [_shown(example, seqs) for example, seqs in zip(data, sequences)]
     stats = length_stats(lengths, spec.dataset.max_seq_length, spec.training.per_device_train_batch_size)
     return {
         "dataset": dataset_cfg["path"],
@@ -135,6 +135,15 @@ def _sequences(example: dict, tokenizer) -> list[str]:
             _as_seen({"prompt": example["prompt"], "completion": example[k]}, tokenizer) for k in ("chosen", "rejected")
         ]
     return [_as_seen(example, tokenizer)]
+
+
+def _shown(example: dict, sequences: list[str]) -> str:
+    """A row as the preview shows it: a pair's two sequences, a labelled answer with its label, else the text."""
+    if len(sequences) == 2:
+        return f"✓ chosen:\n{sequences[0]}\n\n✗ rejected:\n{sequences[1]}"
+    if "label" in example:
+        return f"{'✓ good' if example['label'] else '✗ bad'}:\n{sequences[0]}"
+    return sequences[0]
 
 
 def _as_seen(example: dict, tokenizer) -> str:

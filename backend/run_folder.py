@@ -104,7 +104,7 @@ class StartRecord(TypedDict, total=False):
     device: str
     backend: str | None  # the process group's: gloo, nccl
     method: str
-    objective: str  # sft or dpo
+    objective: str  # sft, dpo or kto
     reference: str | None  # DPO's reference model: "adapters off", or its wrapped class; None for SFT
     quantized_modules: dict[str, int]  # bitsandbytes layers in the model: {"Linear4bit": 21}
     trainable_params: int
@@ -142,9 +142,9 @@ class LogRecord(TypedDict, total=False):
     seconds_per_step: float  # from the writing process's first log record on (monotonic clock): the ETA's pace
     eval_loss: float
     eval_mean_token_accuracy: float
-    # DPO (objective=dpo), of the training pairs and (eval_) the held-out ones: the implicit rewards
-    # beta * log(policy / reference) of the chosen and the rejected answers, their mean margin, and the
-    # share of pairs where the chosen answer's reward is the higher
+    # DPO and KTO, of the training rows and (eval_) the held-out ones: the implicit rewards
+    # beta * log(policy / reference) of the chosen (KTO: good) and the rejected (bad) answers, their mean
+    # margin, the share of pairs where the chosen answer's reward is the higher (DPO), KTO's KL estimate
     reward_chosen: float
     reward_rejected: float
     reward_margin: float
@@ -153,6 +153,8 @@ class LogRecord(TypedDict, total=False):
     eval_reward_rejected: float
     eval_reward_margin: float
     eval_reward_accuracy: float
+    kl: float
+    eval_kl: float
     mfu: float  # model FLOPs utilisation of the window (0-1), only with a known peak
     hfu: float  # hardware FLOPs utilisation: mfu plus activation checkpointing's recomputation
     gpu_peak_allocated_gb: list[float]  # per rank, highest so far (GPU runs only)

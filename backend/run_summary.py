@@ -37,7 +37,8 @@ def run_title(job: dict) -> str:
         model = "/".join(Path(model).parts[-2:])  # a local folder: its last two names say enough
     strategy, launch = job.get("strategy") or {}, job.get("launch") or {}
     where = "CPU" if launch.get("use_cpu") else "GPU"
-    method = f"{job.get('method', '?')}{' dpo' if job.get('objective') == 'dpo' else ''}"
+    objective = job.get("objective") or "sft"
+    method = f"{job.get('method', '?')}{'' if objective == 'sft' else f' {objective}'}"
     return f"{model} · {method} · {strategy.get('kind', '?')} · {launch.get('num_processes', 1)}x{where}"
 
 
@@ -85,8 +86,8 @@ def facts_line(start: StartRecord | None) -> str:
             f"{100 * share:.{1 if share >= 0.001 else 3}f}% of parameters trainable ({trainable:,} of {total:,})"
         )
     parts += [start[key] for key in ("method", "model_class") if start.get(key)]
-    if start.get("objective") == "dpo":
-        parts.append(f"DPO, reference: {start.get('reference') or '?'}")
+    if start.get("objective") in ("dpo", "kto"):
+        parts.append(f"{start['objective'].upper()}, reference: {start.get('reference') or '?'}")
     return " · ".join(parts)
 
 

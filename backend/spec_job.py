@@ -229,12 +229,13 @@ class JobSpec(SpecSection):
         json_schema_extra=BASIC,
         description="full (all weights train), lora (adapters on a 16-bit base), qlora (adapters on a 4-bit base).",
     )
-    objective: Literal["sft", "dpo"] = Field(
+    objective: Literal["sft", "dpo", "kto"] = Field(
         "sft",
         title="Objective",
         json_schema_extra=BASIC,
-        description="sft (learn the answers in the data) or dpo (learn to prefer the chosen answer of each pair over "
-        "the rejected one: dataset.format=preference).",
+        description="sft (learn the answers in the data), dpo (learn to prefer the chosen answer of each pair over "
+        "the rejected one: dataset.format=preference) or kto (learn from answers rated good or bad one at a time: "
+        "dataset.format=unpaired-preference, or pairs).",
     )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapter (lora and qlora).")
     quantization: QuantizationSpec = Field(
@@ -243,7 +244,7 @@ class JobSpec(SpecSection):
     dataset: DatasetSpec = Field(default_factory=DatasetSpec, description="Training data.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation.")
     preference: PreferenceSpec = Field(
-        default_factory=PreferenceSpec, description="Preference training (objective=dpo)."
+        default_factory=PreferenceSpec, description="Preference training (objective=dpo or kto)."
     )
     strategy: StrategySpec = Field(default_factory=StrategySpec, description="How the work is split across GPUs.")
     launch: LaunchSpec = Field(default_factory=LaunchSpec, description="Processes and machines.")

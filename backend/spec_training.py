@@ -160,7 +160,8 @@ class TrainingSpec(SpecSection):
 
 
 class PreferenceSpec(SpecSection):
-    """DPO's own settings (objective=dpo): TRL DPOConfig's arguments of the same names."""
+    """Preference training's settings (objective=dpo or kto): TRL DPOConfig's and KTOConfig's arguments of the same
+    names (backend/applies.py says which objective reads each)."""
 
     beta: float = SftField(
         0.1,
@@ -168,11 +169,26 @@ class PreferenceSpec(SpecSection):
         le=100,
         title="Beta",
         description="How far the trained model may move from the reference (the base; with adapters, the base "
-        "with the adapters off): higher keeps it closer. 0.1 is DPO's usual value.",
+        "with the adapters off): higher keeps it closer. 0.1 is DPO's and KTO's usual value.",
     )
     loss_type: Literal["sigmoid", "ipo", "hinge", "robust", "apo_zero", "apo_down"] = SftField(
         "sigmoid",
         title="Preference loss",
         description="sigmoid: DPO's loss; ipo: IPO (beta is its regulariser); hinge: SLiC's; robust: DPO robust "
         "to noisy labels; apo_zero / apo_down: APO, when the chosen answers are better / worse than the model's.",
+    )
+    desirable_weight: float = SftField(
+        1.0,
+        gt=0,
+        le=100,
+        title="Good-answer weight",
+        description="KTO: the weight of the answers labelled good. With fewer good than bad answers, raise it "
+        "until weight x good count is about 1-1.33x bad weight x bad count (KTO paper).",
+    )
+    undesirable_weight: float = SftField(
+        1.0,
+        gt=0,
+        le=100,
+        title="Bad-answer weight",
+        description="KTO: the weight of the answers labelled bad (see the good-answer weight).",
     )

@@ -190,7 +190,7 @@ def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0)
     full = job.method == "full"
     trainable = job.trainable_params  # a property that counts the adapters: once per prediction
     model_flops, hardware_flops = flops.arch_flops_per_token(
-        job.arch, trainable, job.seq_len, full, job.checkpointing, reference=job.objective == "dpo"
+        job.arch, trainable, job.seq_len, full, job.checkpointing, flops.OBJECTIVE_PASSES[job.objective][0]
     )
     efficiency = EFFICIENCY[job.method] * job.tokens / (job.tokens + HALF_SATURATION_TOKENS) * correction
     micro = job.tokens * hardware_flops / (peak * 1e12 * efficiency)  # one micro batch's compute
@@ -285,8 +285,9 @@ def _around_steps(job: Job, schedule: Schedule, flops_per_s: float, trainable: i
     arch = job.arch
     load = arch.num_parameters * job.weight_bytes / (READ_GBPS * 1e9)  # every machine reads the checkpoint
     eval_flops = flops.arch_flops_per_token(arch, 0, job.seq_len, True, False)[0] / 3  # forward only
-    # A DPO evaluation reads each pair's two answers, with the model and its reference: four forward passes.
-    passes = 4 if job.objective == "dpo" else 1
+    # A DPO evaluation reads each pair's two answers with the model and its reference; KTO's reads each answer and
+    # a mismatched one for its KL estimate, with both: four forward passes either way.
+    passes = 1 if job.objective == "sft" else 4
     eval_s = passes * schedule.eval_passes * schedule.eval_rows * job.seq_len * eval_flops / (flops_per_s * job.world)
     if job.method == "full":  # weights and Adam's fp32 weight and moments
         checkpoint = arch.num_parameters * (job.weight_bytes + 12)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""tunedeck's training entrypoint: TRL's SFTTrainer (or DPOTrainer) under `accelerate launch`.
+"""tunedeck's training entrypoint: TRL's SFTTrainer (DPOTrainer, KTOTrainer) under `accelerate launch`.
 
     accelerate launch --config_file accelerate_config.yaml train_sft.py \
         --job job.yaml --training-args training_args.yaml [--run-dir DIR]
@@ -7,7 +7,7 @@
 This file ships in every exported bundle as train_sft.py, so it depends only on the
 Hugging Face stack and PyYAML, never on tunedeck. job.yaml is read as a plain dict
 (model, method, objective, lora, quantization, dataset); training_args.yaml holds the keyword
-arguments of trl.SFTConfig (trl.DPOConfig with objective: dpo) and is passed unchanged: what
+arguments of trl.SFTConfig (DPOConfig, KTOConfig with objective: dpo, kto) and is passed unchanged: what
 you read is what runs.
 It is one long file on purpose (like torchtune's recipes): a bundle must run with this
 file alone. Its sections: run folder plumbing, inputs (model, tokenizer, data), what the
@@ -331,12 +331,17 @@ def to_trl_format(dataset, dataset_cfg: dict, text_column: str):
             }
 
         return dataset.map(convert, remove_columns=dataset.column_names)
-    if fmt == "preference":
-        names = {"prompt_field": "prompt", "chosen_field": "chosen", "rejected_field": "rejected"}
+    if fmt in ("preference", "unpaired-preference"):
+        names = {f"{name}_field": name for name in ("prompt", "chosen", "rejected")}
+        if fmt == "unpaired-preference":
+            names = {"prompt_field": "prompt", "completion_field": "completion", "label_field": "label"}
         columns = {name: field(name) for name in names}
         _require_columns(dataset, columns)
         dataset = dataset.select_columns(list(columns.values()))
-        return dataset.rename_columns({columns[name]: trl for name, trl in names.items() if columns[name] != trl})
+        dataset = dataset.rename_columns({columns[name]: trl for name, trl in names.items() if columns[name] != trl})
+        if fmt == "unpaired-preference" and dataset.features["label"].dtype != "bool":  # CSV: "true", 1, ...
+            dataset = dataset.map(lambda row, i: {"label": _label_of_row(row["label"], i, columns)}, with_indices=True)
+        return dataset
     raise JobError(f"dataset.format: {fmt!r} is not one of {', '.join(FORMAT_COLUMNS)}")
 
 
@@ -381,6 +386,11 @@ FORMAT_COLUMNS = {
         "chosen_field": ("chosen", "text or chat"),
         "rejected_field": ("rejected", "text or chat"),
     },
+    "unpaired-preference": {
+        "prompt_field": ("prompt", "text or chat"),
+        "completion_field": ("completion", "text or chat"),
+        "label_field": ("label", "label"),
+    },
 }
 CHAT_EXAMPLE = '[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]'
 KIND_NEEDS = {
@@ -388,7 +398,18 @@ KIND_NEEDS = {
     "optional text": "a string or null",
     "text or chat": f"a string, or a list of messages such as {CHAT_EXAMPLE}",
     "chat": f"a list of messages, e.g. {CHAT_EXAMPLE}",
+    "label": "true (a good answer) or false (a bad one); in a CSV file also 1/0",
 }
+LABEL_WORDS = {"true": True, "1": True, "false": False, "0": False}
+
+
+def as_label(value) -> bool | None:
+    """A good/bad label as a bool (JSON true/false, or 1/0 and their words as CSV reads them), None if it is none."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    return LABEL_WORDS.get(value.strip().lower()) if isinstance(value, str) else None
 
 
 def column(dataset_cfg: dict, field: str) -> str:
@@ -429,10 +450,22 @@ def _kind_of(value) -> str:
     )
 
 
+def _label_of_row(value, index: int, columns: dict) -> bool:
+    label = as_label(value)
+    if label is None:
+        raise JobError(
+            f"dataset.label_field: row {index} of column {columns['label_field']!r} holds {value!r}, not "
+            f"{KIND_NEEDS['label']}; fix that row"
+        )
+    return label
+
+
 def _value_problem(value, kind: str) -> str | None:
     """Why a value is not of the kind a format needs ("text", "chat", ...), or None."""
     if kind == "optional text" and (value is None or isinstance(value, str)):
         return None
+    if kind == "label":
+        return None if as_label(value) is not None else (repr(value) if isinstance(value, str) else _kind_of(value))
     if "text" in kind and isinstance(value, str):
         return None
     if "chat" in kind and isinstance(value, list):
@@ -622,7 +655,7 @@ def describe_run(trainer, job: dict) -> dict:
 
 
 def reference_model(trainer) -> str | None:
-    """What a DPO run scores its reference with: "adapters off" (the base, with PEFT), or the reference's wrapped
+    """What a DPO or KTO run scores its reference with: "adapters off" (the base, with PEFT), or the reference's wrapped
     class (DeepSpeedEngine under ZeRO-3, as TRL prepares it); None without one (SFT)."""
     if not hasattr(trainer, "ref_model"):
         return None
@@ -786,9 +819,16 @@ def peak_tflops(name, dtype):
     return float(tflops), row[5]
 
 
+# Per trained token, the forward passes without gradients that an objective adds, and the sequences of a row
+# its token count covers (TRL's trainers): DPO's reference scores the chosen and the rejected answer (two
+# sequences a row, both counted); KTO's reference scores the answer, and the model and its reference score a
+# mismatched answer for the KL estimate (three more forwards; the KL answers are not counted as tokens).
+OBJECTIVE_PASSES = {"sft": (0, 1), "dpo": (1, 2), "kto": (3, 1)}
+
+
 def flops_per_token(
     matmul_params, trainable_params, layers, attention_width, seq_len, full, checkpointing, layer_matmul_params=None,
-    reference=False,
+    extra_forwards=0,
 ):  # fmt: skip
     """(model FLOPs, hardware FLOPs) per trained token of one training step (forward + backward).
 
@@ -796,14 +836,13 @@ def flops_per_token(
     trainable_params: the weights that get gradients (all of them when full); attention_width:
     heads x head_dim; seq_len: the tokens each sequence attends over; checkpointing: activation
     checkpointing recomputes every layer's forward (layer_matmul_params: the decoder layers'
-    share of matmul_params, default all of it); reference: DPO, whose reference model (or the base with the
-    adapters off) scores every token too, one more forward pass.
+    share of matmul_params, default all of it); extra_forwards: the forward passes without gradients per
+    token that the objective adds (OBJECTIVE_PASSES: DPO's reference model, or the base with the adapters off).
     """
     weight_grads = matmul_params if full else trainable_params
     attention = 4 * layers * attention_width * seq_len  # forward: QK^T and AV, 2 FLOPs per multiply-add
     model = 4 * matmul_params + 2 * weight_grads + 3 * attention
-    if reference:
-        model += 2 * matmul_params + attention
+    model += extra_forwards * (2 * matmul_params + attention)
     hardware = model
     if checkpointing:
         recomputed = matmul_params if layer_matmul_params is None else layer_matmul_params
@@ -814,7 +853,7 @@ def flops_per_token(
 # <<< SHARED
 
 
-def speed_facts(trainer, trainable: int, total: int) -> dict:
+def speed_facts(trainer, trainable: int, total: int, objective: str = "sft") -> dict:
     """What MFU needs, for the start record: the GPU, its peak for the compute dtype, the FLOP inputs."""
     import torch
 
@@ -851,7 +890,8 @@ def speed_facts(trainer, trainable: int, total: int) -> dict:
             "attention_width": heads * int(head_dim),
             "full": trainable >= total,  # every weight gets its gradient
             "checkpointing": checkpointing,
-            "reference": hasattr(trainer, "ref_model"),  # DPO: the reference scores every token too
+            # the objective's passes without gradients per token, and the sequences a row's token count covers
+            **dict(zip(("extra_forwards", "sequences_per_row"), OBJECTIVE_PASSES[objective])),
         },
     }
     peak, source = None, f"this run computes on {args.device.type.upper()}, not a GPU with a published peak"
@@ -885,7 +925,7 @@ def utilisation(facts: dict, tokens_per_second: float, seq_len: float) -> dict:
     f = facts["flops_inputs"]
     model, hardware = flops_per_token(
         f["matmul_params"], f["trainable_params"], f["layers"], f["attention_width"], seq_len,
-        f["full"], f["checkpointing"], f["layer_matmul_params"], f.get("reference", False),
+        f["full"], f["checkpointing"], f["layer_matmul_params"], f.get("extra_forwards", 0),
     )  # fmt: skip
     per_gpu = tokens_per_second / max(1, _world_size())
     return {"mfu": per_gpu * model / (peak * 1e12), "hfu": per_gpu * hardware / (peak * 1e12)}
@@ -1126,7 +1166,9 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
         def on_train_begin(self, args, state, control, **kwargs):
             self._last_log, self._last_step = (time.monotonic(), 0), state.global_step
             record = {**describe_run(self.trainer, job), **self.load_peaks}
-            self.speed = speed_facts(self.trainer, record["trainable_params"], record["total_params"])
+            self.speed = speed_facts(
+                self.trainer, record["trainable_params"], record["total_params"], record["objective"]
+            )
             record.update(self.speed)
             problems = shared_gate_problems(expected, record) if expected else []
             record["gate"] = {"passed": not problems, "problems": problems}
@@ -1175,7 +1217,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                     if self.speed.get("peak_tflops"):
                         rows = (state.global_step - self._last_step) * args.per_device_train_batch_size
                         rows *= args.gradient_accumulation_steps * _world_size()
-                        rows *= 2 if self.speed["flops_inputs"].get("reference") else 1  # DPO: two sequences a row
+                        rows *= self.speed["flops_inputs"].get("sequences_per_row", 1)  # DPO: two a row
                         seq_len = (tokens - last_tokens) / max(1, rows)  # attention's FLOPs grow with it
                         record.update(utilisation(self.speed, record["tokens_per_second"], seq_len))
                     self._last_log, self._last_step = (now, tokens), state.global_step
@@ -1189,11 +1231,17 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             for key in ("eval_loss", "eval_mean_token_accuracy"):
                 if key in logs:
                     record[key] = logs[key]
-            # DPO's, of the training pairs and of the held-out ones
-            for key in ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy"):
+            # DPO's and KTO's, of the training rows and of the held-out ones
+            for key in ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "kl"):
                 if PREFERENCE_LOGS[key] in logs:
                     record[key] = logs[PREFERENCE_LOGS[key]]
-            for key in ("eval_reward_chosen", "eval_reward_rejected", "eval_reward_margin", "eval_reward_accuracy"):
+            for key in (
+                "eval_reward_chosen",
+                "eval_reward_rejected",
+                "eval_reward_margin",
+                "eval_reward_accuracy",
+                "eval_kl",
+            ):
                 if PREFERENCE_LOGS[key] in logs:
                     record[key] = logs[PREFERENCE_LOGS[key]]
             if peaks:
@@ -1296,8 +1344,9 @@ def _disk_full(folder: str, exc: BaseException) -> bool:
 # ---------------------------------------------------------------- main
 
 
-# Log record key -> what DPOTrainer logs (eval_ before both for the held-out pairs): the implicit rewards
-# beta * log(policy / reference) of the chosen and rejected answers, their margin, how often chosen wins.
+# Log record key -> what DPOTrainer and KTOTrainer log (eval_ before both for the held-out rows): the implicit
+# rewards beta * log(policy / reference) of the chosen (KTO: good) and rejected (bad) answers, their margin, how
+# often chosen wins (DPO), and KTO's estimate of the KL divergence between the model and its reference.
 PREFERENCE_LOGS = {
     f"{prefix}{key}": f"{prefix}{logged}"
     for prefix in ("", "eval_")
@@ -1306,14 +1355,20 @@ PREFERENCE_LOGS = {
         ("reward_rejected", "rewards/rejected"),
         ("reward_margin", "rewards/margins"),
         ("reward_accuracy", "rewards/accuracies"),
+        ("kl", "kl"),
     )
 }
 # What each job.objective trains with: TRL's config and trainer classes.
-OBJECTIVES = {"sft": ("SFTConfig", "SFTTrainer"), "dpo": ("DPOConfig", "DPOTrainer")}
+OBJECTIVES = {
+    "sft": ("SFTConfig", "SFTTrainer"),
+    "dpo": ("DPOConfig", "DPOTrainer"),
+    "kto": ("KTOConfig", "KTOTrainer"),
+}
 
 
 def objective_classes(job: dict) -> tuple[type, type]:
-    """(config class, trainer class) of the job's objective: SFT on demonstrations, DPO on preference pairs."""
+    """(config class, trainer class) of the job's objective: SFT on demonstrations, DPO on preference pairs, KTO on
+    answers labelled good or bad."""
     import trl
 
     objective = job.get("objective") or "sft"
@@ -1326,7 +1381,7 @@ def objective_classes(job: dict) -> tuple[type, type]:
 def trainer_class(base):
     """The objective's TRL trainer, which also runs FSDP2 on CPU ranks (over gloo) when the launcher asked for FSDP2.
 
-    DPOTrainer with adapters needs no reference model: it scores the reference with the adapters off.
+    DPOTrainer and KTOTrainer with adapters need no reference model: they score the reference with the adapters off.
     """
 
     class Trainer(base):
@@ -1412,8 +1467,8 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
     tokenizer = load_tokenizer(job)
     model = load_model(job, args)
     extra = {}
-    if job.get("objective") == "dpo" and peft_config(job) is None:
-        # Full DPO scores against a frozen copy of the base, loaded as the model is (dtype, quantization,
+    if job.get("objective") in ("dpo", "kto") and peft_config(job) is None:
+        # Full DPO and KTO score against a frozen copy of the base, loaded as the model is (dtype, quantization,
         # revision; ZeRO-3 shards it as it loads); with adapters the base with the adapters off is the reference.
         extra["ref_model"] = load_model(job, args)
     train_set, eval_set = load_datasets(job, args, tokenizer)
@@ -1447,7 +1502,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", type=Path, default=Path("job.yaml"), help="job spec YAML (default job.yaml)")
     parser.add_argument(
-        "--training-args", type=Path, default=Path("training_args.yaml"), help="trl.SFTConfig (DPOConfig) kwargs YAML"
+        "--training-args",
+        type=Path,
+        default=Path("training_args.yaml"),
+        help="trl.SFTConfig (DPOConfig, KTOConfig) kwargs YAML",
     )
     parser.add_argument("--run-dir", type=Path, default=None, help="run folder (default: the current folder)")
     return parser.parse_args(argv)

@@ -30,6 +30,7 @@ Rule = Callable[[JobSpec], Iterator[Problem]]
 RULES: list[Rule] = [
     validate_method.method_and_quantization,
     validate_method.objective_and_format,
+    validate_method.kto_batch,
     validate_method.lora,
     validate_method.precision,
     validate_strategy.offload,

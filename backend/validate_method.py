@@ -172,23 +172,49 @@ def precision(spec: JobSpec) -> Iterator[Problem]:
 
 
 def objective_and_format(spec: JobSpec) -> Iterator[Problem]:
-    """DPO learns from preference pairs only, and SFT cannot read them: the format names the objective's fix."""
+    """Each objective reads its own formats (vocabulary.OBJECTIVE_FORMATS): the data's format names the fix."""
     fmt, objective = spec.dataset.format, spec.objective
     if fmt in OBJECTIVE_FORMATS[objective]:
         return
-    if objective == "dpo":
+    if fmt == "unpaired-preference":
+        yield error(
+            "objective",
+            "answers rated good or bad one at a time (dataset.format=unpaired-preference) train with KTO: "
+            "set objective=kto, or pick the format of your data.",
+            {"objective": "kto"},
+        )
+    elif objective == "dpo":
         yield error(
             "dataset.format",
             f"objective=dpo learns from preference pairs (a prompt, a chosen and a rejected answer), not {fmt} rows: "
             "set dataset.format=preference and name its columns, or set objective=sft.",
             {"dataset.format": "preference"},
         )
+    elif objective == "kto":
+        yield error(
+            "dataset.format",
+            f"objective=kto learns from answers labelled good or bad (a prompt, an answer and a true/false label) "
+            f"or from preference pairs, not {fmt} rows: set dataset.format=unpaired-preference and name its "
+            "columns, or set objective=sft.",
+            {"dataset.format": "unpaired-preference"},
+        )
     else:
         yield error(
             "objective",
-            "preference pairs (dataset.format=preference) train with DPO: set objective=dpo, "
+            "preference pairs (dataset.format=preference) train with DPO (or KTO): set objective=dpo, "
             "or pick the format of your data.",
             {"objective": "dpo"},
+        )
+
+
+def kto_batch(spec: JobSpec) -> Iterator[Problem]:
+    """KTO estimates its KL term from the other answers of each micro-batch: TRL refuses a batch of one."""
+    if spec.objective == "kto" and spec.training.per_device_train_batch_size < 2:
+        yield error(
+            "training.per_device_train_batch_size",
+            "KTO compares each answer with the others of its micro-batch (its KL estimate), so it needs 2 or more "
+            "rows per GPU: set 2 (lower training.gradient_accumulation_steps to keep the global batch).",
+            {"training.per_device_train_batch_size": 2},
         )
 
 

@@ -67,7 +67,7 @@ STRATEGIES: dict[str, Strategy] = {
 }  # fmt: skip
 
 # What a column's values must be; train.py's KIND_NEEDS says each in words.
-ColumnKind = Literal["text", "optional text", "text or chat", "chat"]
+ColumnKind = Literal["text", "optional text", "text or chat", "chat", "label"]
 
 
 @dataclass(frozen=True)
@@ -129,13 +129,26 @@ DATASET_FORMATS: dict[str, DatasetFormat] = {
             ),
             ("prompt", "chosen", "rejected"),
         ),
+        # Answers rated one at a time (thumbs up or down), for KTO (objective=kto): no pairs needed.
+        DatasetFormat(
+            "unpaired-preference", "a prompt, an answer and a label (true: good, false: bad), for KTO (objective=kto)",
+            (
+                Column("prompt_field", "prompt", "the prompt", "text or chat"),
+                Column("completion_field", "completion", "the answer", "text or chat"),
+                Column("label_field", "label", "whether the answer is good (true) or bad (false)", "label"),
+            ),
+            ("prompt", "completion", "label"),
+        ),
     )
 }  # fmt: skip
 
-# What a job learns from: demonstrations (SFT) or preference pairs (DPO), and the dataset formats of each.
+# What a job learns from, and the dataset formats of each: demonstrations (SFT), preference pairs (DPO),
+# answers rated good or bad (KTO, which also reads pairs: TRL splits each into a good and a bad answer).
+PREFERENCE_FORMATS = ("preference", "unpaired-preference")
 OBJECTIVE_FORMATS: dict[str, tuple[str, ...]] = {
-    "sft": tuple(name for name in DATASET_FORMATS if name != "preference"),
+    "sft": tuple(name for name in DATASET_FORMATS if name not in PREFERENCE_FORMATS),
     "dpo": ("preference",),
+    "kto": ("unpaired-preference", "preference"),
 }
 
 

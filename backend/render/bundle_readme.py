@@ -14,7 +14,7 @@ _FILE_ROLES = {
     "training_args.yaml": "TRL SFTConfig keyword arguments, passed unchanged",
     "launch.sh": "the exact `accelerate launch` command",
     "slurm.sbatch": "the same job on a Slurm cluster: `sbatch slurm.sbatch` runs launch.sh once per node",
-    "train_sft.py": "the training script (TRL SFTTrainer, or DPOTrainer for objective: dpo); needs only the Hugging Face stack",
+    "train_sft.py": "the training script (TRL SFTTrainer; DPOTrainer, KTOTrainer for objective: dpo, kto); needs only the Hugging Face stack",
     "requirements.txt": "the training stack at the versions tunedeck was tested with",
     "README.md": "this file",
 }

@@ -28,8 +28,11 @@ def test_flops_per_token_full_lora_and_checkpointing_by_hand():
     assert model == 4 * n + 2 * 10 + 3 * attention  # frozen weights: no weight gradients
     model, hardware = flops.flops_per_token(n, 10, layers, width, seq, False, True, layer_matmul_params=900)
     assert hardware - model == 2 * 900 + attention  # one more forward of the layers, not of the head
-    dpo, _ = flops.flops_per_token(n, 10, layers, width, seq, full=False, checkpointing=False, reference=True)
-    assert dpo - (4 * n + 2 * 10 + 3 * attention) == 2 * n + attention  # DPO: the reference's forward, head included
+    lora = 4 * n + 2 * 10 + 3 * attention
+    dpo, _ = flops.flops_per_token(n, 10, layers, width, seq, False, False, extra_forwards=1)
+    assert dpo - lora == 2 * n + attention  # DPO: the reference's forward, head included
+    kto, _ = flops.flops_per_token(n, 10, layers, width, seq, False, False, extra_forwards=3)
+    assert kto - lora == 3 * (2 * n + attention)  # KTO: the reference's, and the KL answer's with both models
 
 
 def test_llama2_7b_costs_about_six_times_its_parameters_per_token():
@@ -118,10 +121,19 @@ def test_mfu_and_hfu_per_logging_step(tmp_path, monkeypatch):
 
 
 def test_a_dpo_runs_mfu_counts_the_reference_pass_over_two_sequences_a_row(tmp_path, monkeypatch):
-    records = _recorder(tmp_path, monkeypatch, {"peak_tflops": 1e-3, "flops_inputs": {**FACTS, "reference": True}})
+    inputs = {**FACTS, "extra_forwards": 1, "sequences_per_row": 2}
+    records = _recorder(tmp_path, monkeypatch, {"peak_tflops": 1e-3, "flops_inputs": inputs})
     # The same 400 tokens a step are 4 rows' chosen and rejected answers: 8 sequences of 50 tokens.
-    model, _ = flops.flops_per_token(10**6, 10**4, 2, 64, 50, False, True, 9 * 10**5, reference=True)
+    model, _ = flops.flops_per_token(10**6, 10**4, 2, 64, 50, False, True, 9 * 10**5, extra_forwards=1)
     assert all(r["mfu"] == pytest.approx(400 * model / 1e9) for r in records)
+
+
+def test_a_kto_runs_mfu_counts_three_more_forwards_over_one_sequence_a_row(tmp_path, monkeypatch):
+    inputs = {**FACTS, "extra_forwards": 3, "sequences_per_row": 1}
+    records = _recorder(tmp_path, monkeypatch, {"peak_tflops": 1e-3, "flops_inputs": inputs})
+    model, _ = flops.flops_per_token(10**6, 10**4, 2, 64, 100, False, True, 9 * 10**5, extra_forwards=3)
+    assert all(r["mfu"] == pytest.approx(400 * model / 1e9) for r in records)
+    assert flops.OBJECTIVE_PASSES["kto"] == (3, 1) and flops.OBJECTIVE_PASSES["dpo"] == (1, 2)
 
 
 def test_no_peak_no_mfu(tmp_path, monkeypatch):
@@ -151,9 +163,12 @@ def test_speed_facts_count_the_live_model_and_never_make_up_a_peak(monkeypatch):
     facts = train.speed_facts(_tiny_trainer(False), trainable=100, total=5000)
     assert facts["flops_inputs"] == {
         "matmul_params": 2 * 32 * 32 + 32 * 100, "layer_matmul_params": 2 * 32 * 32, "trainable_params": 100,
-        "layers": 2, "attention_width": 32, "full": False, "checkpointing": True, "reference": False,
+        "layers": 2, "attention_width": 32, "full": False, "checkpointing": True, "extra_forwards": 0,
+        "sequences_per_row": 1,
     }  # fmt: skip
     assert facts["gpu_name"] is None and facts["peak_tflops"] is None
+    kto = train.speed_facts(_tiny_trainer(False), 100, 5000, "kto")["flops_inputs"]
+    assert (kto["extra_forwards"], kto["sequences_per_row"]) == (3, 1)
     assert facts["mfu_note"].startswith("MFU is not defined without a known peak: this run computes on CPU")
     monkeypatch.setenv(flops.PEAK_ENV, "12.5")
     assert train.speed_facts(_tiny_trainer(False), 100, 5000)["peak_tflops"] == 12.5

@@ -52,6 +52,7 @@ def test_demo_contents(demo_home):
         "messages": {"messages"},
         "alpaca": {"instruction", "input", "output"},
         "preference": {"prompt", "chosen", "rejected"},
+        "unpaired-preference": {"prompt", "completion", "label"},
     }
     for fmt in FORMATS:
         first = json.loads((demo_home / "formats" / f"{fmt}.jsonl").read_text().splitlines()[0])
@@ -61,6 +62,12 @@ def test_demo_contents(demo_home):
         pairs = [json.loads(line) for line in (demo_home / "preference" / f"{split}.jsonl").read_text().splitlines()]
         assert len(pairs) >= 150
         assert all(p["chosen"] != p["rejected"] and p["rejected"].strip() in p["prompt"] for p in pairs)
+        # The KTO demo's: each pair gives one answer, good or bad, never both (unpaired); half of them good.
+        rated = [json.loads(line) for line in (demo_home / "unpaired" / f"{split}.jsonl").read_text().splitlines()]
+        assert [r["prompt"] for r in rated] == [p["prompt"] for p in pairs]
+        assert {r["completion"] for r in rated if r["label"]} <= {p["chosen"] for p in pairs}
+        assert {r["completion"] for r in rated if not r["label"]} <= {p["rejected"] for p in pairs}
+        assert abs(sum(r["label"] for r in rated) - len(rated) / 2) <= 1
 
 
 def test_tokenizer_and_chat_template(demo_home):
