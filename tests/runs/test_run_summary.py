@@ -82,6 +82,9 @@ def test_train_progress_line_is_the_summarys_progress_with_the_loss():
     )
     assert out.getvalue().splitlines()[-2].endswith("· loss 0.3000 · chosen wins 88%")
     assert out.getvalue().splitlines()[-1] == "step 3/4  eval_loss 0.2500 · chosen wins 80%"
+    # A KTO run's, which has no pairs: the reward margin between its good and bad answers.
+    feed([{"event": "log", "step": 4, "max_steps": 4, "loss": 0.2, "time": 140.0, "reward_margin": 3.25, "kl": 0.1}])
+    assert out.getvalue().splitlines()[-1].endswith("· loss 0.2000 · reward margin +3.25")
 
 
 def test_a_smoke_verdict_names_the_strategy_the_run_got(tmp_path):

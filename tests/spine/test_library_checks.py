@@ -199,10 +199,11 @@ def test_the_checks_refuse_broken_files(file, edit, words, export, check):
 def test_every_declared_argument_is_one_of_its_objectives_config():
     import dataclasses
 
-    from trl import DPOConfig, SFTConfig
+    from tunedeck.backend.train import objective_classes
 
     defaults = flat_values(JobSpec())
-    for objective, config in {"sft": SFTConfig, "dpo": DPOConfig}.items():
+    for objective in OBJECTIVE_FORMATS:
+        config = objective_classes({"objective": objective})[0]
         names = {f.name for f in dataclasses.fields(config)}
         for path, name in SFT_ARGUMENTS.items():
             # Each objective's config takes every argument of a field that applies with it, in any of its formats.
