@@ -36,7 +36,8 @@ class TrainingSpec(SpecSection):
         lt=1,
         title="Learning rate",
         basic=True,
-        description="Peak learning rate. LoRA: 1e-4 to 3e-4; full fine-tuning: 1e-5 to 2e-5; DPO, KTO: a tenth of these.",
+        description="Peak learning rate. LoRA: 1e-4 to 3e-4; full fine-tuning: 1e-5 to 2e-5; DPO, KTO: a tenth "
+        "of these.",
     )
     lr_scheduler_type: Literal[
         "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
