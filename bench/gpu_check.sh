@@ -5,7 +5,7 @@
 #   3. a real tunedeck run on the GPU: the demo in bf16 (LoRA), in 4-bit (QLoRA, bitsandbytes) and
 #      under FSDP2 (the final adapter must be saved; every log record must carry MFU and HFU against
 #      the GPU's peak from backend/flops.py's table, which names this GPU);
-#      and DPO with a full fine-tune under ZeRO-3 (its reference model beside the trained one);
+#      DPO with a full fine-tune under ZeRO-3 (its reference model beside the trained one), KTO on QLoRA;
 #   4. the smoke run (`tunedeck train PRESET --smoke`) of every preset that fits the GPUs found, with
 #      its load and training peaks beside the estimate (bench/gpu_smoke_check.py).
 # Needs torch with CUDA, transformers, accelerate, peft. Packages the machine lacks travel as
@@ -48,6 +48,12 @@ step "tunedeck train demo-dpo on the GPU (full, ZeRO-3)" timeout 300 python3 -m 
   --runs-dir "$out/runs-dpo" --set launch.use_cpu=false --set launch.num_processes=1 --set training.precision=bf16 \
   --set model.dtype=bfloat16 --set training.max_steps=20 --set method=full --set strategy.kind=zero3
 python3 bench/gpu_run_report.py "$out/runs-dpo" || failed=1
+# KTO on a 4-bit base: the reference is the base with the adapters off, and a KL answer runs through both.
+step "tunedeck train demo-kto on the GPU (QLoRA)" timeout 300 python3 -m tunedeck.backend.cli train demo-kto \
+  --runs-dir "$out/runs-kto" --set launch.use_cpu=false --set launch.num_processes=1 --set training.precision=bf16 \
+  --set model.dtype=bfloat16 --set training.max_steps=20 --set method=qlora --set quantization.bits=4 \
+  --set quantization.bnb_4bit_compute_dtype=bfloat16
+python3 bench/gpu_run_report.py "$out/runs-kto" || failed=1
 step "smoke run of every preset, peaks vs estimate" python3 bench/gpu_smoke_check.py --out "$out/smoke.json" \
   --runs-dir "$out/runs-smoke"
 [ $failed = 0 ] && echo "ALL PASS" || echo "SOME CHECKS FAILED"
