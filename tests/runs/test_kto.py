@@ -11,28 +11,13 @@ from __future__ import annotations
 import pytest
 
 from .helpers import log_records, read_metrics, start_record
-from .test_training_runs import assert_finished, run_to_end
+from .test_dpo import STEPS, mean, train_preset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-STEPS = 30
-
-
-def mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
-
 
 def test_demo_kto_learns_good_answers_up_and_bad_answers_down(runs_dir):
-    from tunedeck.backend.spec import resolve_spec, set_paths
-
-    spec = set_paths(
-        resolve_spec("demo-kto"),
-        {"training.max_steps": STEPS, "dataset.eval_split": "validation", "training.eval_steps": STEPS},
-    )
-    manager, run_id, status = run_to_end(runs_dir, spec)
-    assert_finished(manager, run_id, status)
-    run_dir = manager.run_dir(run_id)
+    _, run_dir = train_preset(runs_dir, "demo-kto")
     start = start_record(run_dir)
     assert (start["world_size"], start["objective"], start["reference"]) == (2, "kto", "adapters off")
     assert start["flops_inputs"]["extra_forwards"] == 3  # the reference's forward and the KL answer's two
