@@ -332,9 +332,7 @@ def to_trl_format(dataset, dataset_cfg: dict, text_column: str):
 
         return dataset.map(convert, remove_columns=dataset.column_names)
     if fmt in ("preference", "unpaired-preference"):
-        names = {f"{name}_field": name for name in ("prompt", "chosen", "rejected")}
-        if fmt == "unpaired-preference":
-            names = {"prompt_field": "prompt", "completion_field": "completion", "label_field": "label"}
+        names = {field: field.removesuffix("_field") for field in FORMAT_COLUMNS[fmt]}  # TRL's: prompt, chosen, ...
         columns = {name: field(name) for name in names}
         _require_columns(dataset, columns)
         dataset = dataset.select_columns(list(columns.values()))
@@ -398,7 +396,7 @@ KIND_NEEDS = {
     "optional text": "a string or null",
     "text or chat": f"a string, or a list of messages such as {CHAT_EXAMPLE}",
     "chat": f"a list of messages, e.g. {CHAT_EXAMPLE}",
-    "label": "true (a good answer) or false (a bad one); in a CSV file also 1/0",
+    "label": "true (a good answer) or false (a bad one), or 1/0",
 }
 LABEL_WORDS = {"true": True, "1": True, "false": False, "0": False}
 
