@@ -58,6 +58,23 @@ lane() {
   return "$rc"
 }
 
+heavy_lanes() {
+  # The heavy tests in two lanes at once, each one test at a time: the training runs with the Slurm tests
+  # (one local cluster a session: its tests stay in one lane), and the rest (the page's and the after-training
+  # tests, with their session-wide trained runs). One lane alone left a core idle much of the time (measured
+  # with /usr/bin/time: 93% CPU of 200% for the first-load browser test, 155% for training runs), and took
+  # 41 of CI's 45 minutes. Each line of output names its lane.
+  local own=(tests/runs tests/slurm tests/panel/test_browser_slurm.py) ignore=() rc=0 runs page
+  for path in "${own[@]}"; do ignore+=("--ignore=$path"); done
+  lane -p no:cacheprovider "$@" "${own[@]}" 2>&1 | sed -u 's/^/[runs] /' &
+  runs=$!
+  lane -p no:cacheprovider "$@" "${ignore[@]}" 2>&1 | sed -u 's/^/[page] /' &
+  page=$!
+  wait "$runs" || rc=$?
+  wait "$page" || rc=$?
+  return "$rc"
+}
+
 case "${1:-}" in
   demo)
     shift
@@ -70,17 +87,20 @@ case "${1:-}" in
     setup_chromium
     setup_slurm
     lint
-    # Two lanes: the single-process tests on two workers at once (pytest-xdist: 110 s instead of 230 s on
-    # the 2-core CI machine), then the multi-process runs, the browser and the slow tests one at a time
-    # (each already keeps both cores busy, and several watch the machine's processes). CI (CI=true,
-    # 2 cores, 45 minutes) leaves out the two tests that run bench/ scripts at a tiny size (about 2
-    # minutes); `bash dev.sh test` anywhere else runs them too. CI lists its 40 slowest tests to show
-    # where its time goes.
+    # The single-process tests on two workers at once (pytest-xdist: 110 s instead of 230 s on the 2-core
+    # CI machine), then the multi-process runs, the browser and the slow tests in two lanes of their own
+    # (heavy_lanes; one lane when arguments choose the tests). CI (CI=true, 2 cores, 45 minutes) leaves out
+    # the two tests that run bench/ scripts at a tiny size (about 2 minutes); `bash dev.sh test` anywhere
+    # else runs them too. CI lists its 40 slowest tests of each lane to show where its time goes.
     heavy="integration or browser or slow" not_bench="" durations=()
     if [ "${CI:-}" = true ]; then not_bench=" and not bench" durations=(--durations=40); fi
     rc=0
     lane -n 2 -m "not ($heavy)$not_bench" "$@" || rc=$?
-    lane -m "($heavy)$not_bench" "${durations[@]}" "$@" || rc=$?
+    if [ $# = 0 ]; then
+      heavy_lanes -m "($heavy)$not_bench" "${durations[@]}" || rc=$?
+    else
+      lane -m "($heavy)$not_bench" "${durations[@]}" "$@" || rc=$?
+    fi
     exit "$rc"
     ;;
   test-fast)
