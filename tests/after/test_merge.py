@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 from .helpers import eval_prompts, max_difference, merged_logits, peft_logits, tunedeck
 
-pytestmark = pytest.mark.integration
+# Its ZeRO-3 fixture (a session-wide 2-rank run) took 192 s to set up in CI beside the other heavy lane.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 TOLERANCE = 1e-4
 
 
