@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
+from tunedeck.backend.flops import REFERENCE_OBJECTIVES
 from tunedeck.backend.vocabulary import STRATEGIES, Strategy, column_fields
 
 Values = dict[str, Any]
@@ -69,7 +70,7 @@ _GPUS = When(("launch.use_cpu",), lambda v: not v.get("launch.use_cpu"), "on GPU
 _SFT = When(("objective",), lambda v: v.get("objective", "sft") == "sft", "with objective=sft")
 _DPO = When(("objective",), lambda v: v.get("objective") == "dpo", "with objective=dpo")
 _KTO = When(("objective",), lambda v: v.get("objective") == "kto", "with objective=kto")
-_PREFERENCE = When(("objective",), lambda v: v.get("objective") in ("dpo", "kto"), "with objective=dpo or kto")
+_PREFERENCE = When(("objective",), lambda v: v.get("objective") in REFERENCE_OBJECTIVES, "with objective=dpo or kto")
 _SFT_NOT_PACKING = When(
     ("objective", "dataset.packing"),
     lambda v: v.get("objective", "sft") == "sft" and not v.get("dataset.packing"),

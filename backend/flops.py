@@ -111,6 +111,8 @@ def peak_tflops(name, dtype):
 # sequences a row, both counted); KTO's reference scores the answer, and the model and its reference score a
 # mismatched answer for the KL estimate (three more forwards; the KL answers are not counted as tokens).
 OBJECTIVE_PASSES = {"sft": (0, 1), "dpo": (1, 2), "kto": (3, 1)}
+# The objectives that score against a reference (the base with the adapters off, or a frozen copy of it).
+REFERENCE_OBJECTIVES = tuple(objective for objective, (extra, _) in OBJECTIVE_PASSES.items() if extra)
 
 
 def flops_per_token(

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunedeck.backend.flops import REFERENCE_OBJECTIVES
 from tunedeck.backend.run_folder import RunRecords, StartRecord
 
 
@@ -86,7 +87,7 @@ def facts_line(start: StartRecord | None) -> str:
             f"{100 * share:.{1 if share >= 0.001 else 3}f}% of parameters trainable ({trainable:,} of {total:,})"
         )
     parts += [start[key] for key in ("method", "model_class") if start.get(key)]
-    if start.get("objective") in ("dpo", "kto"):
+    if start.get("objective") in REFERENCE_OBJECTIVES:
         parts.append(f"{start['objective'].upper()}, reference: {start.get('reference') or '?'}")
     return " · ".join(parts)
 

@@ -822,6 +822,8 @@ def peak_tflops(name, dtype):
 # sequences a row, both counted); KTO's reference scores the answer, and the model and its reference score a
 # mismatched answer for the KL estimate (three more forwards; the KL answers are not counted as tokens).
 OBJECTIVE_PASSES = {"sft": (0, 1), "dpo": (1, 2), "kto": (3, 1)}
+# The objectives that score against a reference (the base with the adapters off, or a frozen copy of it).
+REFERENCE_OBJECTIVES = tuple(objective for objective, (extra, _) in OBJECTIVE_PASSES.items() if extra)
 
 
 def flops_per_token(
@@ -1465,7 +1467,7 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
     tokenizer = load_tokenizer(job)
     model = load_model(job, args)
     extra = {}
-    if job.get("objective") in ("dpo", "kto") and peft_config(job) is None:
+    if job.get("objective") in REFERENCE_OBJECTIVES and peft_config(job) is None:
         # Full DPO and KTO score against a frozen copy of the base, loaded as the model is (dtype, quantization,
         # revision; ZeRO-3 shards it as it loads); with adapters the base with the adapters off is the reference.
         extra["ref_model"] = load_model(job, args)
