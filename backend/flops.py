@@ -106,13 +106,24 @@ def peak_tflops(name, dtype):
     return float(tflops), row[5]
 
 
-# Per trained token, the forward passes without gradients that an objective adds, and the sequences of a row
-# its token count covers (TRL's trainers): DPO's reference scores the chosen and the rejected answer (two
-# sequences a row, both counted); KTO's reference scores the answer, and the model and its reference score a
-# mismatched answer for the KL estimate (three more forwards; the KL answers are not counted as tokens).
-OBJECTIVE_PASSES = {"sft": (0, 1), "dpo": (1, 2), "kto": (3, 1)}
+# Per trained token, the forward passes without gradients of an objective (TRL's trainers), by its reference and
+# by the model itself, and the sequences of a row its token count covers: DPO's reference scores the chosen and
+# the rejected answer (two sequences a row, both counted); KTO's reference scores the answer and a mismatched
+# answer for the KL estimate, which the model scores too (the KL answers are not counted as tokens).
+OBJECTIVE_PASSES = {"sft": (0, 0, 1), "dpo": (1, 0, 2), "kto": (2, 1, 1)}
 # The objectives that score against a reference (the base with the adapters off, or a frozen copy of it).
-REFERENCE_OBJECTIVES = tuple(objective for objective, (extra, _) in OBJECTIVE_PASSES.items() if extra)
+REFERENCE_OBJECTIVES = tuple(objective for objective, (reference, _, _) in OBJECTIVE_PASSES.items() if reference)
+
+
+def extra_forwards(objective: str, precomputed: bool = False) -> int:
+    """Forward passes without gradients per trained token: the model's own, and the reference's unless its scores
+    were computed once before training (preference.precompute_ref_log_probs)."""
+    reference, own, _ = OBJECTIVE_PASSES[objective]
+    return own + (0 if precomputed else reference)
+
+
+def sequences_per_row(objective: str) -> int:
+    return OBJECTIVE_PASSES[objective][2]
 
 
 def flops_per_token(
@@ -126,7 +137,7 @@ def flops_per_token(
     heads x head_dim; seq_len: the tokens each sequence attends over; checkpointing: activation
     checkpointing recomputes every layer's forward (layer_matmul_params: the decoder layers'
     share of matmul_params, default all of it); extra_forwards: the forward passes without gradients per
-    token that the objective adds (OBJECTIVE_PASSES: DPO's reference model, or the base with the adapters off).
+    token that the objective adds (extra_forwards: DPO's reference model, or the base with the adapters off).
     """
     weight_grads = matmul_params if full else trainable_params
     attention = 4 * layers * attention_width * seq_len  # forward: QK^T and AV, 2 FLOPs per multiply-add

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunedeck.backend import catalog
-from tunedeck.backend.flops import OBJECTIVE_PASSES
+from tunedeck.backend.flops import REFERENCE_OBJECTIVES, sequences_per_row
 from tunedeck.backend.spec import JobSpec, get_path
 from tunedeck.backend.vocabulary import STRATEGIES, Strategy
 
@@ -32,6 +32,7 @@ LOSS_IMPLEMENTATIONS = ("fused", "materialized")
 # The fields of the spec the estimate reads. A variant is these values with `changes` applied.
 INPUT_PATHS = (
     "model.name_or_path", "model.dtype", "model.attn_implementation", "method", "objective",
+    "preference.precompute_ref_log_probs",
     "lora.r", "lora.lora_dropout", "lora.target_modules", "lora.use_dora",
     "quantization.bits", "quantization.bnb_4bit_quant_type", "quantization.bnb_4bit_use_double_quant",
     "quantization.bnb_4bit_compute_dtype",
@@ -76,6 +77,7 @@ class Job:
     arch: catalog.ModelArch
     method: str
     objective: str  # sft; dpo: two sequences (chosen, rejected) per row; dpo and kto: a reference model
+    precomputed_reference: bool  # the reference's scores computed before training: no copy kept, no pass a step
     kind: str
     offload_optimizer: str
     offload_params: str
@@ -121,14 +123,13 @@ class Job:
         else:
             act_bytes = weight_bytes
         h = arch.hidden_size
-        # DPO's chosen and rejected answers both keep activations; KTO's KL answer is scored without gradients
-        sequences_per_row = OBJECTIVE_PASSES[v["objective"]][1]
         reduce_bucket = v["strategy.reduce_bucket_size"]
         prefetch = v["strategy.stage3_prefetch_bucket_size"]
         return cls(
             arch=arch,
             method=v["method"],
             objective=v["objective"],
+            precomputed_reference=v["preference.precompute_ref_log_probs"] and v["objective"] in REFERENCE_OBJECTIVES,
             kind=kind,
             # A strategy that cannot offload ignores the field (backend/applies.py hides it).
             offload_optimizer=v["strategy.offload_optimizer"] if facts.offload_optimizer else "none",
@@ -136,8 +137,11 @@ class Job:
             world=v["launch.num_processes"],
             machines=v["launch.num_machines"],
             use_cpu=v["launch.use_cpu"],
-            # DPOTrainer runs each pair's chosen and rejected answers as one batch of twice the rows.
-            tokens=v["training.per_device_train_batch_size"] * v["dataset.max_seq_length"] * sequences_per_row,
+            # DPOTrainer runs each pair's chosen and rejected answers as one batch of twice the rows (both keep
+            # activations); KTO's KL answer is scored without gradients.
+            tokens=v["training.per_device_train_batch_size"]
+            * v["dataset.max_seq_length"]
+            * sequences_per_row(v["objective"]),
             seq_len=v["dataset.max_seq_length"],
             act_bytes=act_bytes,
             weight_bytes=weight_bytes,

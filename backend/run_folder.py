@@ -85,7 +85,8 @@ class FlopsInputs(TypedDict, total=False):
     attention_width: int
     full: bool
     checkpointing: bool
-    reference: bool  # DPO: a reference forward pass per token
+    extra_forwards: int  # forward passes without gradients per trained token (flops.extra_forwards)
+    sequences_per_row: int  # sequences a row's token count covers (DPO: chosen and rejected)
 
 
 class StartRecord(TypedDict, total=False):
@@ -105,7 +106,8 @@ class StartRecord(TypedDict, total=False):
     backend: str | None  # the process group's: gloo, nccl
     method: str
     objective: str  # sft, dpo or kto
-    reference: str | None  # DPO's reference model: "adapters off", or its wrapped class; None for SFT
+    # DPO's and KTO's reference: "adapters off", its wrapped class, or "scored before training"; None for SFT
+    reference: str | None
     quantized_modules: dict[str, int]  # bitsandbytes layers in the model: {"Linear4bit": 21}
     trainable_params: int
     total_params: int

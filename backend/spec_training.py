@@ -193,3 +193,10 @@ class PreferenceSpec(SpecSection):
         title="Bad-answer weight",
         description="KTO: the weight of the answers labelled bad (see the good-answer weight).",
     )
+    precompute_ref_log_probs: bool = SftField(
+        False,
+        title="Score the reference once, before training",
+        description="Score every row with the reference before the first step and keep the scores: a full "
+        "fine-tune then holds no reference copy on the GPUs, and each step skips the reference's forward pass; "
+        "costs one pass over the data at the start.",
+    )

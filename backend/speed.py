@@ -142,6 +142,7 @@ class Schedule:
     eval_passes: int = 0
     eval_rows: int = 0
     saves: int = 0
+    train_rows: int = 0  # the dataset's rows when known, else the rows the steps read
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class SpeedEstimate:
     tokens_per_s_per_gpu: float
     mfu: float  # the predicted model FLOPs utilisation
     parts: dict[str, float]  # seconds per step: compute, exposed communication, offload
-    around_s: dict[str, float]  # seconds outside the steps: startup, load, eval, checkpoints
+    around_s: dict[str, float]  # seconds outside the steps: startup, load, eval, checkpoints, reference
     steps: int | None
     steps_source: str
     hours: float | None
@@ -190,8 +191,9 @@ def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0)
     full = job.method == "full"
     trainable = job.trainable_params  # a property that counts the adapters: once per prediction
     model_flops, hardware_flops = flops.arch_flops_per_token(
-        job.arch, trainable, job.seq_len, full, job.checkpointing, flops.OBJECTIVE_PASSES[job.objective][0]
-    )
+        job.arch, trainable, job.seq_len, full, job.checkpointing,
+        flops.extra_forwards(job.objective, job.precomputed_reference),
+    )  # fmt: skip
     efficiency = EFFICIENCY[job.method] * job.tokens / (job.tokens + HALF_SATURATION_TOKENS) * correction
     micro = job.tokens * hardware_flops / (peak * 1e12 * efficiency)  # one micro batch's compute
     ga = schedule.grad_accum
@@ -284,11 +286,15 @@ def _around_steps(job: Job, schedule: Schedule, flops_per_s: float, trainable: i
     """Seconds the run spends outside its training steps."""
     arch = job.arch
     load = arch.num_parameters * job.weight_bytes / (READ_GBPS * 1e9)  # every machine reads the checkpoint
-    eval_flops = flops.arch_flops_per_token(arch, 0, job.seq_len, True, False)[0] / 3  # forward only
+    forward = flops.arch_flops_per_token(arch, 0, job.seq_len, True, False)[0] / 3  # flops of one forward a token
+    row_s = job.seq_len * forward / (flops_per_s * job.world)  # one forward of one row, the ranks together
     # A DPO evaluation reads each pair's two answers with the model and its reference; KTO's reads each answer and
-    # a mismatched one for its KL estimate, with both: four forward passes either way.
+    # a mismatched one for its KL estimate, with both: four forward passes either way, two by the reference.
+    reference = flops.OBJECTIVE_PASSES[job.objective][0] * flops.sequences_per_row(job.objective)
     passes = 1 if job.objective == "sft" else 4
-    eval_s = passes * schedule.eval_passes * schedule.eval_rows * job.seq_len * eval_flops / (flops_per_s * job.world)
+    if job.precomputed_reference:  # scored once before training, the held-out rows too
+        passes -= reference
+    eval_s = passes * schedule.eval_passes * schedule.eval_rows * row_s
     if job.method == "full":  # weights and Adam's fp32 weight and moments
         checkpoint = arch.num_parameters * (job.weight_bytes + 12)
     else:
@@ -298,6 +304,10 @@ def _around_steps(job: Job, schedule: Schedule, flops_per_s: float, trainable: i
         "load": load,
         "eval": eval_s,
         "checkpoints": schedule.saves * checkpoint / (WRITE_GBPS * 1e9),
+        # preference.precompute_ref_log_probs: the reference scores every training and held-out row once
+        "reference": reference * (schedule.train_rows + schedule.eval_rows) * row_s
+        if job.precomputed_reference
+        else 0.0,
     }
 
 
@@ -318,7 +328,7 @@ def schedule_of(spec, rows: int | None, rows_source: str = "") -> Schedule:
     saves = (steps // t.save_steps + 1) if steps else 0  # and the final save
     return Schedule(
         grad_accum=t.gradient_accumulation_steps, steps=steps, steps_source=source,
-        eval_passes=evals, eval_rows=eval_rows, saves=saves,
+        eval_passes=evals, eval_rows=eval_rows, saves=saves, train_rows=rows or (steps or 0) * global_batch,
     )  # fmt: skip
 
 

@@ -653,10 +653,14 @@ def describe_run(trainer, job: dict) -> dict:
 
 
 def reference_model(trainer) -> str | None:
-    """What a DPO or KTO run scores its reference with: "adapters off" (the base, with PEFT), or the reference's wrapped
-    class (DeepSpeedEngine under ZeRO-3, as TRL prepares it); None without one (SFT)."""
+    """What a DPO or KTO run scores its reference with: "adapters off" (the base, with PEFT), the reference's wrapped
+    class (DeepSpeedEngine under ZeRO-3, as TRL prepares it), or "scored before training" (its scores are columns of
+    the training rows, preference.precompute_ref_log_probs); None without one (SFT)."""
     if not hasattr(trainer, "ref_model"):
         return None
+    columns = getattr(trainer.train_dataset, "column_names", None) or []
+    if trainer.ref_model is None and any(c.startswith("ref_") and c.endswith("logps") for c in columns):
+        return "scored before training"  # the reference's scores are in the rows: no reference during the steps
     return "adapters off" if trainer.ref_model is None else type(trainer.ref_model).__name__
 
 
@@ -817,13 +821,24 @@ def peak_tflops(name, dtype):
     return float(tflops), row[5]
 
 
-# Per trained token, the forward passes without gradients that an objective adds, and the sequences of a row
-# its token count covers (TRL's trainers): DPO's reference scores the chosen and the rejected answer (two
-# sequences a row, both counted); KTO's reference scores the answer, and the model and its reference score a
-# mismatched answer for the KL estimate (three more forwards; the KL answers are not counted as tokens).
-OBJECTIVE_PASSES = {"sft": (0, 1), "dpo": (1, 2), "kto": (3, 1)}
+# Per trained token, the forward passes without gradients of an objective (TRL's trainers), by its reference and
+# by the model itself, and the sequences of a row its token count covers: DPO's reference scores the chosen and
+# the rejected answer (two sequences a row, both counted); KTO's reference scores the answer and a mismatched
+# answer for the KL estimate, which the model scores too (the KL answers are not counted as tokens).
+OBJECTIVE_PASSES = {"sft": (0, 0, 1), "dpo": (1, 0, 2), "kto": (2, 1, 1)}
 # The objectives that score against a reference (the base with the adapters off, or a frozen copy of it).
-REFERENCE_OBJECTIVES = tuple(objective for objective, (extra, _) in OBJECTIVE_PASSES.items() if extra)
+REFERENCE_OBJECTIVES = tuple(objective for objective, (reference, _, _) in OBJECTIVE_PASSES.items() if reference)
+
+
+def extra_forwards(objective: str, precomputed: bool = False) -> int:
+    """Forward passes without gradients per trained token: the model's own, and the reference's unless its scores
+    were computed once before training (preference.precompute_ref_log_probs)."""
+    reference, own, _ = OBJECTIVE_PASSES[objective]
+    return own + (0 if precomputed else reference)
+
+
+def sequences_per_row(objective: str) -> int:
+    return OBJECTIVE_PASSES[objective][2]
 
 
 def flops_per_token(
@@ -837,7 +852,7 @@ def flops_per_token(
     heads x head_dim; seq_len: the tokens each sequence attends over; checkpointing: activation
     checkpointing recomputes every layer's forward (layer_matmul_params: the decoder layers'
     share of matmul_params, default all of it); extra_forwards: the forward passes without gradients per
-    token that the objective adds (OBJECTIVE_PASSES: DPO's reference model, or the base with the adapters off).
+    token that the objective adds (extra_forwards: DPO's reference model, or the base with the adapters off).
     """
     weight_grads = matmul_params if full else trainable_params
     attention = 4 * layers * attention_width * seq_len  # forward: QK^T and AV, 2 FLOPs per multiply-add
@@ -891,7 +906,8 @@ def speed_facts(trainer, trainable: int, total: int, objective: str = "sft") -> 
             "full": trainable >= total,  # every weight gets its gradient
             "checkpointing": checkpointing,
             # the objective's passes without gradients per token, and the sequences a row's token count covers
-            **dict(zip(("extra_forwards", "sequences_per_row"), OBJECTIVE_PASSES[objective])),
+            "extra_forwards": extra_forwards(objective, getattr(args, "precompute_ref_log_probs", False)),
+            "sequences_per_row": sequences_per_row(objective),
         },
     }
     peak, source = None, f"this run computes on {args.device.type.upper()}, not a GPU with a published peak"
@@ -1398,6 +1414,11 @@ def trainer_class(base):
     return Trainer
 
 
+def fsdp_launch() -> bool:
+    """Whether the launcher asked for FSDP (accelerate exports its config to the ranks' environment)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+
+
 def _switch_cpu_ranks_to_fsdp2(accelerator) -> bool:
     """Run accelerate's own FSDP2 path (fsdp2_prepare_model: fully_shard per layer) on CPU ranks.
 
@@ -1413,7 +1434,7 @@ def _switch_cpu_ranks_to_fsdp2(accelerator) -> bool:
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     state = accelerator.state
-    fsdp2 = os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and os.environ.get("FSDP_VERSION") == "2"
+    fsdp2 = fsdp_launch() and os.environ.get("FSDP_VERSION") == "2"
     if state.distributed_type != DistributedType.MULTI_CPU or not fsdp2:
         return False
     plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* environment, as accelerate builds it
@@ -1467,9 +1488,12 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
     tokenizer = load_tokenizer(job)
     model = load_model(job, args)
     extra = {}
-    if job.get("objective") in REFERENCE_OBJECTIVES and peft_config(job) is None:
+    precomputed = getattr(args, "precompute_ref_log_probs", False)
+    if job.get("objective") in REFERENCE_OBJECTIVES and peft_config(job) is None and (not precomputed or fsdp_launch()):
         # Full DPO and KTO score against a frozen copy of the base, loaded as the model is (dtype, quantization,
         # revision; ZeRO-3 shards it as it loads); with adapters the base with the adapters off is the reference.
+        # Scores computed before training need no copy (the model scores the rows before its first step), but
+        # under FSDP the model is sharded only when training starts: a sharded copy scores them, then goes.
         extra["ref_model"] = load_model(job, args)
     train_set, eval_set = load_datasets(job, args, tokenizer)
     recorder = make_callback(metrics, stop, job, terminal, expected)
@@ -1484,6 +1508,9 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
         peft_config=peft_config(job),
         callbacks=[recorder],
     )
+    if precomputed and extra:  # the scores are in the datasets now: free the copy (TRL keeps one it was given)
+        extra.clear()
+        trainer.ref_model = None
     recorder.trainer = trainer
     trainer.train(resume_from_checkpoint=resume_checkpoint(args, job))
     if recorder.stopped_early:

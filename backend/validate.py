@@ -31,6 +31,7 @@ RULES: list[Rule] = [
     validate_method.method_and_quantization,
     validate_method.objective_and_format,
     validate_method.kto_batch,
+    validate_method.precomputed_reference,
     validate_method.lora,
     validate_method.precision,
     validate_strategy.offload,

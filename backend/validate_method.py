@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tunedeck.backend import catalog
+from tunedeck.backend.flops import REFERENCE_OBJECTIVES
 from tunedeck.backend.problem import Problem, error, warning
 from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
@@ -215,6 +216,17 @@ def kto_batch(spec: JobSpec) -> Iterator[Problem]:
             "KTO compares each answer with the others of its micro-batch (its KL estimate), so it needs 2 or more "
             "rows per GPU: set 2 (lower training.gradient_accumulation_steps to keep the global batch).",
             {"training.per_device_train_batch_size": 2},
+        )
+
+
+def precomputed_reference(spec: JobSpec) -> Iterator[Problem]:
+    """TRL keeps the reference's precomputed scores in the datasets cache, written by rank 0 and read by every rank."""
+    reference = spec.objective in REFERENCE_OBJECTIVES
+    if reference and spec.preference.precompute_ref_log_probs and spec.launch.num_machines > 1:
+        yield warning(
+            "preference.precompute_ref_log_probs",
+            "the reference's scores are written once, by the first machine, into the datasets cache, and every "
+            "machine reads them there: set HF_DATASETS_CACHE to a folder all machines share (or turn this off).",
         )
 
 

@@ -133,7 +133,15 @@ def test_a_kto_runs_mfu_counts_three_more_forwards_over_one_sequence_a_row(tmp_p
     records = _recorder(tmp_path, monkeypatch, {"peak_tflops": 1e-3, "flops_inputs": inputs})
     model, _ = flops.flops_per_token(10**6, 10**4, 2, 64, 100, False, True, 9 * 10**5, extra_forwards=3)
     assert all(r["mfu"] == pytest.approx(400 * model / 1e9) for r in records)
-    assert flops.OBJECTIVE_PASSES["kto"] == (3, 1) and flops.OBJECTIVE_PASSES["dpo"] == (1, 2)
+    assert (flops.extra_forwards("kto"), flops.sequences_per_row("kto")) == (3, 1)
+    assert (flops.extra_forwards("dpo"), flops.sequences_per_row("dpo")) == (1, 2)
+
+
+def test_scores_precomputed_before_training_leave_the_steps_only_the_models_own_forwards():
+    # DPO's reference pass goes; KTO keeps the model's own forward of the KL answer.
+    assert flops.extra_forwards("dpo", precomputed=True) == 0
+    assert flops.extra_forwards("kto", precomputed=True) == 1
+    assert flops.extra_forwards("sft", precomputed=True) == flops.extra_forwards("sft") == 0
 
 
 def test_no_peak_no_mfu(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tunedeck.backend import flops
 from tunedeck.backend.spec import load_presets
 
 from .helpers import log_records, logs_tail, start_record
@@ -111,6 +112,7 @@ OBJECTIVE_DATA = {
 # reference is the base with the adapters off: no copy, here under FSDP2 and sharded QLoRA. TRL's two trainers
 # prepare their reference alike, so each way runs here once, on one of them; by hand all ten passed (and the full
 # fine-tune on ZeRO-2, QLoRA on DDP and on FSDP: the same two ways to a reference).
+PRECOMPUTE, SCORED = "preference.precompute_ref_log_probs=true", {"reference": "scored before training"}
 REFERENCE_PATHS = {
     "dpo-full-zero3": ("7b-full-zero2", ("strategy.kind=zero3",), {**deepspeed(3), "reference": "DeepSpeedEngine"}),
     "kto-full-fsdp": (
@@ -121,19 +123,29 @@ REFERENCE_PATHS = {
     "dpo-full-ddp": ("7b-full-zero2", ("strategy.kind=ddp",), {**DDP, "reference": "Qwen2ForCausalLM"}),
     "dpo-lora-fsdp": ("13b-lora-fsdp", (), {**FSDP2, "reference": "adapters off"}),
     "kto-qlora-zero3": ("70b-qlora-zero3", (), {**deepspeed(3), **ONE_DTYPE, "reference": "adapters off"}),
+    # preference.precompute_ref_log_probs: each row scored before the first step, then no reference at all. Each
+    # engine has its own way: ZeRO-3 scores with a DeepSpeed inference engine around the model, DDP with the model
+    # itself, FSDP2 (whose model is sharded only when training starts) with a sharded copy that train.py then drops;
+    # with adapters, the model with the adapters off.
+    "dpo-full-zero3-precomputed": ("7b-full-zero2", ("strategy.kind=zero3", PRECOMPUTE), {**deepspeed(3), **SCORED}),
+    "kto-full-fsdp-precomputed": ("7b-full-zero2", ("strategy.kind=fsdp", PRECOMPUTE), {"fsdp_version": 2, **SCORED}),
+    "dpo-full-ddp-precomputed": ("7b-full-zero2", ("strategy.kind=ddp", PRECOMPUTE), {**DDP, **SCORED}),
+    "kto-lora-fsdp-precomputed": ("13b-lora-fsdp", (PRECOMPUTE,), {**FSDP2, **SCORED}),
 }
 
 
 @pytest.mark.parametrize("path", REFERENCE_PATHS)
 def test_preference_smoke_runs_on_each_engine_with_its_reference(path, tmp_path):
     preset, changes, proof = REFERENCE_PATHS[path]
-    objective, method, _ = path.split("-")
+    objective, method = path.split("-")[:2]
     result, run_dir = smoke(preset, tmp_path, *OBJECTIVE_DATA[objective], *changes)
     assert result.stdout.strip().splitlines()[-1].startswith("smoke test passed: 2 ranks on 1 machine")
     start = start_record(run_dir)
     assert start["gate"]["passed"] and start["objective"] == objective and start["method"] == method
     for key, value in proof.items():
         assert start[key] == value, f"{preset} {objective}: {key} is {start[key]!r}, expected {value!r}"
+    precomputed = PRECOMPUTE in changes
+    assert start["flops_inputs"]["extra_forwards"] == flops.extra_forwards(objective, precomputed)
     logs = log_records(run_dir)
     assert [r["step"] for r in logs] == [1, 2, 3]
     assert all("reward_margin" in r for r in logs)
