@@ -156,11 +156,12 @@ def _print_report(spec, advice, gpu_source: str) -> None:
     if current.cpu_gb or current.nvme_gb:
         out(f", {current.cpu_gb:.1f} GB CPU RAM and {current.nvme_gb:.1f} GB NVMe while training")
     out("\n")
+    width = max(map(len, (*LOAD_TERMS.values(), *TERMS.values())))
     for title, labels, values in (("load", LOAD_TERMS, current.load_breakdown), ("training", TERMS, current.breakdown)):
         out(f"  {title}:\n")
         for key, label in labels.items():
             if values[key] > 0:
-                out(f"    {label:24s} {values[key]:9.3f} GB\n")
+                out(f"    {label:{width}s} {values[key]:9.3f} GB\n")
     for note in current.notes:
         out(f"  note: {note}\n")
     out(

@@ -56,6 +56,10 @@ def train_phase(job: Job) -> tuple[dict[str, float], float, float, list[str]]:
         # is (TRL's trainers; with adapters the reference is the base with the adapters off: no copy). Scores
         # computed before training need none: the model itself scores the rows before its first step.
         terms["reference"] = frozen_base_bytes(job, notes)[0]
+        notes.append(
+            "the reference copy goes with preference.precompute_ref_log_probs=true (each row scored once before "
+            "training)"
+        )
     terms["activations"] = activation_bytes(job)
     terms["logits"] = logit_bytes(job)
     terms["gathered"] = gathered_bytes(job)

@@ -5,7 +5,8 @@
 #   3. a real tunedeck run on the GPU: the demo in bf16 (LoRA), in 4-bit (QLoRA, bitsandbytes) and
 #      under FSDP2 (the final adapter must be saved; every log record must carry MFU and HFU against
 #      the GPU's peak from backend/flops.py's table, which names this GPU);
-#      DPO with a full fine-tune under ZeRO-3 (its reference model beside the trained one), KTO on QLoRA;
+#      DPO with a full fine-tune under ZeRO-3 (its reference model beside the trained one, then scored before
+#      training instead), KTO on QLoRA;
 #   4. the smoke run (`tunedeck train PRESET --smoke`) of every preset that fits the GPUs found, with
 #      its load and training peaks beside the estimate (bench/gpu_smoke_check.py).
 # Needs torch with CUDA, transformers, accelerate, peft. Packages the machine lacks travel as
@@ -48,6 +49,12 @@ step "tunedeck train demo-dpo on the GPU (full, ZeRO-3)" timeout 300 python3 -m 
   --runs-dir "$out/runs-dpo" --set launch.use_cpu=false --set launch.num_processes=1 --set training.precision=bf16 \
   --set model.dtype=bfloat16 --set training.max_steps=20 --set method=full --set strategy.kind=zero3
 python3 bench/gpu_run_report.py "$out/runs-dpo" || failed=1
+# The same with the reference's scores computed before training: no copy, peaks below the run above.
+step "tunedeck train demo-dpo on the GPU (full, ZeRO-3, reference scored before training)" timeout 300 \
+  python3 -m tunedeck.backend.cli train demo-dpo --runs-dir "$out/runs-dpo-precomputed" --set launch.use_cpu=false \
+  --set launch.num_processes=1 --set training.precision=bf16 --set model.dtype=bfloat16 --set training.max_steps=20 \
+  --set method=full --set strategy.kind=zero3 --set preference.precompute_ref_log_probs=true
+python3 bench/gpu_run_report.py "$out/runs-dpo-precomputed" || failed=1
 # KTO on a 4-bit base: the reference is the base with the adapters off, and a KL answer runs through both.
 step "tunedeck train demo-kto on the GPU (QLoRA)" timeout 300 python3 -m tunedeck.backend.cli train demo-kto \
   --runs-dir "$out/runs-kto" --set launch.use_cpu=false --set launch.num_processes=1 --set training.precision=bf16 \
