@@ -61,6 +61,9 @@ _MACHINES_BY_HAND = When(
     "with several machines started by hand (launch.num_machines > 1, launch.backend=local; Slurm picks them)",
 )
 _SLURM = When(("launch.backend",), lambda v: v.get("launch.backend") == "slurm", "with launch.backend=slurm")
+_STALL_WATCHED = When(
+    ("launch.stall_minutes",), lambda v: (v.get("launch.stall_minutes") or 0) > 0, "with launch.stall_minutes > 0"
+)
 _SLURM_GPUS = When(
     ("launch.backend", "launch.use_cpu"),
     lambda v: v.get("launch.backend") == "slurm" and not v.get("launch.use_cpu"),
@@ -113,6 +116,7 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("launch.main_process_port", _MACHINES),
     ("launch.rdzv_backend", _MACHINES),
     ("launch.same_network", _MACHINES),
+    ("launch.stop_when_stalled", _STALL_WATCHED),
     ("launch.slurm.gpus_per_node", _SLURM_GPUS),
     ("launch.slurm.*", _SLURM),
 ]

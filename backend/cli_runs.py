@@ -231,7 +231,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     print(f"state    {status.state}" + (f" (exit code {status.exit_code})" if status.exit_code is not None else ""))
     print(f"folder   {manager.run_dir(args.run_id)}")
     if status.where:
-        print(f"{'slurm' if status.slurm else 'queue':<8} {status.where}")
+        print(f"{'slurm' if status.slurm else 'stalled' if status.stalled else 'queue':<8} {status.where}")
     if status.started_at:
         end = status.ended_at or time.time()
         print(

@@ -56,6 +56,7 @@ RESERVE_FILE = ".disk-reserve"
 RESERVE_BYTES = 64 * 1024  # a status.json with a 20-line error is under 8 KiB
 INCOMPLETE_DIR = ".incomplete"  # under output_dir: a checkpoint being written
 NOTES_FILE = "notes.json"
+PROGRESS_FILE = "progress.json"  # rank 0's last finished step: the supervisor tells a stalled run by it
 
 
 def rank_log(rank: int) -> str:
@@ -278,6 +279,28 @@ class ProcessIdentity(BaseModel):
 Timestamp = Annotated[float, Field(ge=0, lt=1e11)]
 
 
+class Progress(TypedDict):
+    """progress.json: rank 0's last finished training step (train.py's write_progress)."""
+
+    step: int
+    time: Timestamp
+
+
+class StallSettings(TypedDict):
+    after_s: float  # no training step for this long (0: never), and for 3x the longest gap seen
+
+
+def stall_settings(launch) -> StallSettings:
+    """What the supervisor reads of a job's launch section (launch.stall_minutes)."""
+    return StallSettings(after_s=launch.stall_minutes * 60)
+
+
+class Stalled(TypedDict):
+    step: int  # the last step rank 0 finished
+    since: float  # when it finished it (epoch seconds)
+    limit_s: float  # the gap that counted as stalled
+
+
 class StatusFile(BaseModel):
     """status.json: written by the manager (queued) and the supervisor; the readers trust nothing else."""
 
@@ -300,6 +323,8 @@ class StatusFile(BaseModel):
     supervisor: ProcessIdentity | None = None
     launcher: ProcessIdentity | None = None
     waits_for: list[str] | None = None  # queued after these runs: its supervisor starts it when they have ended
+    stall: StallSettings | None = None  # when the supervisor calls the run stalled (launch.stall_minutes)
+    stalled: Stalled | None = None  # the supervisor's finding while no step comes; None again once one does
 
 
 class DamagedStatus(Exception):
@@ -323,11 +348,13 @@ def read_status_file(run_dir: Path) -> dict:
         raise DamagedStatus(f"{STATUS_FILE} is not a run status ({wrong})") from None
 
 
-def queued_status(run_id: str, title: str, argv: list[str], gpu_ids: list[int] | None, env: dict, waits_for=()) -> dict:
+def queued_status(
+    run_id: str, title: str, argv: list[str], gpu_ids: list[int] | None, env: dict, waits_for=(), stall=None
+) -> dict:
     """The status.json of a run folder about to be handed to its supervisor."""
     status = StatusFile(
         run_id=run_id, state="queued", title=title, created_at=time.time(), started_at=None, ended_at=None,
-        exit_code=None, error=None, gpu_ids=gpu_ids, argv=argv, env=env, waits_for=list(waits_for),
+        exit_code=None, error=None, gpu_ids=gpu_ids, argv=argv, env=env, waits_for=list(waits_for), stall=stall,
     )  # fmt: skip
     return status.model_dump(exclude_unset=True)
 

@@ -38,6 +38,7 @@ class RunStatus:
     backend: str = "local"  # where it runs: local | slurm
     slurm: dict | None = None  # a Slurm run: job_id, state, reason, nodes, expected_start (backend/slurm_runs.py)
     waits_for: list[str] | None = None  # a queued run: the runs ahead of it, which it starts after
+    stalled: dict | None = None  # a live run with no training step for too long (run_folder.Stalled)
 
     @property
     def where(self) -> str:
@@ -46,6 +47,13 @@ class RunStatus:
         if self.state == "queued" and self.waits_for:
             runs = "run " + self.waits_for[0] if len(self.waits_for) == 1 else "runs " + ", ".join(self.waits_for)
             return f"waits for {runs} to end"
+        if self.stalled and self.state in ("running", "stopping"):
+            limit = float(self.stalled.get("limit_s") or 0)
+            gap = f"{limit:.0f} s" if limit < 90 else f"{limit / 60:.0f} min"
+            return (
+                f"⚠ stalled: no training step for over {gap} after step {self.stalled.get('step')} · each rank "
+                "writes its Python stack to its log (logs/rank<N>.log)"
+            )
         if not self.slurm:
             return ""
         line = f"Slurm job {self.slurm.get('job_id')}"
@@ -92,6 +100,7 @@ def from_status_file(run_id: str, data: dict) -> RunStatus:
         backend=data.get("backend") or "local",
         slurm=data.get("slurm") if isinstance(data.get("slurm"), dict) else None,
         waits_for=data.get("waits_for"),
+        stalled=data.get("stalled") if isinstance(data.get("stalled"), dict) else None,
     )
 
 

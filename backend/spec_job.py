@@ -198,6 +198,21 @@ class LaunchSpec(SpecSection):
         json_schema_extra=BASIC,
         description="Train on CPU processes (gloo backend), for machines without a GPU: the demo and tests.",
     )
+    stall_minutes: float = Field(
+        10.0,
+        ge=0,
+        le=10080,
+        title="Stalled after (minutes)",
+        description="With no training step for this long (and for 3x the longest gap seen, such as an evaluation; "
+        "checkpoint saves do not count), each rank writes every thread's Python stack to its log and the run is "
+        "marked stalled; 0: never.",
+    )
+    stop_when_stalled: bool = Field(
+        False,
+        title="Stop a stalled run",
+        description="End a stalled run as failed (its processes end, its GPUs are freed) instead of waiting; "
+        "keep stall_minutes above your longest step.",
+    )
     slurm: SlurmSpec = Field(
         default_factory=SlurmSpec, title="Slurm", description="Slurm submission (launch.backend=slurm)."
     )

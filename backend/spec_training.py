@@ -195,7 +195,7 @@ class PreferenceSpec(SpecSection):
     )
     precompute_ref_log_probs: bool = SftField(
         False,
-        title="Score the reference once, before training",
+        title="Score the reference first",
         description="Score every row with the reference before the first step and keep the scores: a full "
         "fine-tune then holds no reference copy on the GPUs, and each step skips the reference's forward pass; "
         "costs one pass over the data at the start.",

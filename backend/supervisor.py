@@ -46,6 +46,7 @@ STOP_FILE = "stop.request"
 METRICS_FILE = "metrics.jsonl"
 LAUNCHER_LOG = "logs/launcher.log"
 ERRORS_FILE = "errors.jsonl"  # train.py: one line per failed rank
+PROGRESS_FILE = "progress.json"  # train.py: rank 0's last finished step
 RESERVE_FILE = ".disk-reserve"  # room kept for the final status.json on a disk that fills up
 DEFAULT_GRACE_S = 60.0
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -58,6 +59,8 @@ FAILURE_GRACE_S = 5.0
 SUMMARY_GRACE_S = 10.0
 ERROR_LINES = 20
 NOTIFY_ENV = "TUNEDECK_NOTIFY_URL"  # train.py's NOTIFY_ENV
+STALL_CHECK_S = 1.0
+STALL_GAP_FACTOR = 3  # a gap this many times the longest seen (an evaluation) is no stall: train.py's too
 
 
 # ---------------------------------------------------------------- status.json
@@ -268,6 +271,58 @@ def final_state(
     return "failed", error
 
 
+# ---------------------------------------------------------------- a run that stopped making progress
+
+
+class StallWatch:
+    """Tells when rank 0 finishes no training step for longer than the run's limit (status.json's "stall").
+
+    Progress is progress.json's step, timed on this process's monotonic clock as it is seen to change. The
+    watch starts with the first progress record (training began: loading, however long, is not watched). The
+    limit is after_s, and at least STALL_GAP_FACTOR times the longest gap seen so far, so a run whose
+    evaluations take long is not called stalled for them. Stalled, status.json says since when (the page and
+    `tunedeck runs show` say so); a step clears it. Each rank's own watchdog (train.py's StallWatchdog, on the
+    same rule) writes its stack to its log, and ends the run with launch.stop_when_stalled.
+    """
+
+    def __init__(self, run_dir: Path, settings: dict | None):
+        self.path = run_dir / PROGRESS_FILE
+        self.after_s = float((settings or {}).get("after_s") or 0)
+        self.step: int | None = None
+        self.seen_at = self.longest_gap = self.checked_at = 0.0
+        self.stalled = False
+
+    def _read(self) -> dict | None:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return data if isinstance(data.get("step"), int) else None
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def check(self, run_dir: Path, now: float) -> None:
+        if not self.after_s or now - self.checked_at < STALL_CHECK_S:
+            return
+        self.checked_at = now
+        progress = self._read()
+        if progress is None:
+            return
+        if progress["step"] != self.step:
+            if self.step is not None:
+                self.longest_gap = max(self.longest_gap, now - self.seen_at)
+            self.step, self.seen_at = progress["step"], now
+            if self.stalled:
+                self.stalled = False
+                _note(run_dir, stalled=None)
+                print(f"supervisor: step {self.step} came: the run is no longer stalled", file=sys.stderr, flush=True)
+            return
+        limit = max(self.after_s, STALL_GAP_FACTOR * self.longest_gap)
+        if not self.stalled and now - self.seen_at > limit:
+            self.stalled = True
+            _note(run_dir, stalled={"step": self.step, "since": progress.get("time"), "limit_s": limit})
+            print(f"supervisor: no step after step {self.step} for {now - self.seen_at:.0f} s: stalled",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+
 # ---------------------------------------------------------------- supervising
 
 
@@ -363,7 +418,10 @@ def supervise(run_dir: Path) -> int:
     stop_since = stop_deadline = failed_since = None
     signalled: set[int] = set()
     killed: set[int] = set()  # ranks we killed: never reported as the cause of a failure
+    watch = StallWatch(run_dir, status.get("stall"))
     while launcher.poll() is None:
+        if stop_deadline is None and failed_since is None:
+            watch.check(run_dir, time.monotonic())
         if failed_since is None and (run_dir / ERRORS_FILE).exists():
             failed_since = time.monotonic()
         if failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S + SUMMARY_GRACE_S:

@@ -25,7 +25,10 @@ both YAML files are taken from there):
                     defined), one {"event": "log"} per logging step (with mfu and hfu when the peak
                     is known), and
                     {"event": "end"} with the status (finished | stopped | failed)
-  logs/rank<N>.log  each rank's stdout and stderr
+  progress.json     rank 0 only: {"step", "time"} of the last training step it finished, rewritten
+                    as each step ends: tunedeck's supervisor calls a run stalled when it stops changing
+  logs/rank<N>.log  each rank's stdout and stderr; SIGUSR1 makes a rank write every thread's
+                    Python stack there (the supervisor sends it to a stalled run's ranks)
   errors.jsonl      one line per rank that failed (rank, time, error, traceback)
   <output_dir>/     checkpoints and the final adapter or model
 
@@ -42,13 +45,16 @@ killer) sends nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import faulthandler
 import importlib.util
 import json
 import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -95,9 +101,9 @@ def redirect_output(run_dir: Path, rank: int):
     os.close(fd)
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
-    import faulthandler
-
     faulthandler.enable()  # a crash in C code still leaves a Python stack in the log
+    # Where is a stuck rank? `kill -USR1 PID` (or tunedeck, when the run stalls) writes every thread's stack here.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if terminal:
         print(f"rank 0 logs to {logs / 'rank0.log'}, metrics to {run_dir / 'metrics.jsonl'}", file=terminal)
     return terminal
@@ -125,6 +131,14 @@ def _json_default(value):
 
 
 STOP_FILE = "stop.request"  # the run folder's stop request (backend/run_folder.py)
+PROGRESS_FILE = "progress.json"  # rank 0's last finished step (backend/run_folder.py)
+
+
+def write_progress(run_dir: Path, step: int) -> None:
+    """Rank 0's last finished step and when, replaced whole: the supervisor never reads half of it."""
+    tmp = run_dir / f".{PROGRESS_FILE}.tmp"
+    tmp.write_text(json.dumps({"step": step, "time": time.time()}), encoding="utf-8")
+    os.replace(tmp, run_dir / PROGRESS_FILE)
 
 
 class StopRequest:
@@ -1158,6 +1172,64 @@ def check_processes(expected: dict, distributed_type: str | None = None) -> None
         raise gate_error(problems)
 
 
+# ---------------------------------------------------------------- a run that stopped making progress
+
+STALL_GAP_FACTOR = 3  # a gap this many times the longest seen (an evaluation) is no stall; the supervisor's too
+
+
+class StallWatchdog:
+    """Every rank watches its own steps (job.launch.stall_minutes): with none for that long, and for 3x the longest
+    gap seen, it writes every thread's Python stack to its log once (a stuck rank shows where it waits); with
+    launch.stop_when_stalled it then ends the run, as a failure that says so. A thread of its own, which runs while
+    the main thread waits in a collective or in C++ (they release the GIL). Checkpoint saves are not watched."""
+
+    def __init__(self, job: dict, run_dir: Path):
+        launch = job.get("launch") or {}
+        self.after_s = float(launch.get("stall_minutes", 10) or 0) * 60
+        self.stop = bool(launch.get("stop_when_stalled"))
+        self.errors = run_dir / "errors.jsonl"
+        self.step, self.beat_at, self.longest_gap = 0, time.monotonic(), 0.0
+        self.dumped = False
+        self.done = threading.Event()
+
+    def start(self, step: int) -> None:
+        if self.after_s > 0:
+            self.step, self.beat_at = step, time.monotonic()
+            threading.Thread(target=self._watch, name="tunedeck-stall-watchdog", daemon=True).start()
+
+    def beat(self, step: int | None = None) -> None:
+        now = time.monotonic()
+        self.longest_gap = max(self.longest_gap, now - self.beat_at)
+        self.beat_at, self.dumped = now, False
+        if step is not None:
+            self.step = step
+
+    def saved(self) -> None:
+        """A checkpoint was saved: the wait starts again, and the save's time is no step's gap."""
+        self.beat_at, self.dumped = time.monotonic(), False
+
+    def limit(self) -> float:
+        return max(self.after_s, STALL_GAP_FACTOR * self.longest_gap)
+
+    def _watch(self) -> None:
+        while not self.done.wait(1.0):
+            waited = time.monotonic() - self.beat_at
+            if CHECKPOINT_SAVING.is_set() or self.dumped or waited <= self.limit():
+                continue
+            self.dumped = True
+            stalled = f"stalled: no training step for {waited / 60:.0f} min after step {self.step}"
+            print(f"\ntunedeck: {stalled} on rank {global_rank()}; every thread's stack:", file=sys.stderr, flush=True)
+            faulthandler.dump_traceback(all_threads=True)
+            if self.stop:
+                error = f"{stalled} (launch.stall_minutes, launch.stop_when_stalled); each rank's stack is in its log"
+                JsonlWriter(self.errors).write({"rank": global_rank(), "time": time.time(), "error": error})
+                os._exit(STALLED_EXIT)  # the main thread is stuck: nothing else would end this process
+
+
+STALLED_EXIT = 3
+CHECKPOINT_SAVING = threading.Event()  # set while a checkpoint is written (with_atomic_checkpoints)
+
+
 # ---------------------------------------------------------------- the callback
 
 
@@ -1178,6 +1250,12 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self.speed: dict = {}  # speed_facts, at the start of training
             self._step_end = 0.0
             self._fault = _parse_fault(os.environ.get(FAULT_ENV))
+            self.watchdog = StallWatchdog(job, Path.cwd())  # train() works in the run folder
+
+        def _progress(self, step: int) -> None:
+            if metrics:  # about 0.1 ms a step, so the step a stalled run stopped at is exact
+                with contextlib.suppress(OSError):  # a full disk must not stop training for this
+                    write_progress(metrics.path.parent, step)
 
         def on_train_begin(self, args, state, control, **kwargs):
             self._last_log, self._last_step = (time.monotonic(), 0), state.global_step
@@ -1192,9 +1270,22 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 metrics.write(record)
             if problems:
                 raise gate_error(problems)  # on every rank: the run stops before its first step
+            self._progress(state.global_step)
+            self.watchdog.start(state.global_step)
+
+        def on_prediction_step(self, args, state, control, **kwargs):
+            self.watchdog.beat()  # an evaluation batch is progress too
+
+        def on_save(self, args, state, control, **kwargs):
+            self.watchdog.saved()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.watchdog.done.set()
 
         def on_step_end(self, args, state, control, **kwargs):
             self._step_end = time.monotonic()  # evaluation, when due, runs after this
+            self._progress(state.global_step)
+            self.watchdog.beat(state.global_step)
             if self._fault and self._fault == (global_rank(), state.global_step):
                 raise RuntimeError(f"fault injected by {FAULT_ENV} on rank {global_rank()} at step {state.global_step}")
             # Ranks get the signal at slightly different moments: agree, or one rank would wait forever.
@@ -1311,6 +1402,13 @@ def with_atomic_checkpoints(trainer_class):
             return self._staging or super()._get_output_dir(trial)
 
         def _save_checkpoint(self, model, trial):
+            CHECKPOINT_SAVING.set()  # a large save is no stall (StallWatchdog)
+            try:
+                self._save_atomically(model, trial)
+            finally:
+                CHECKPOINT_SAVING.clear()
+
+        def _save_atomically(self, model, trial):
             root = super()._get_output_dir(trial)
             staging = os.path.join(root, INCOMPLETE_DIR)
             name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"

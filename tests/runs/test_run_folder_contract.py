@@ -24,6 +24,9 @@ from tunedeck.backend.run_folder import (
     GateVerdict,
     LogRecord,
     ProcessIdentity,
+    Progress,
+    Stalled,
+    StallSettings,
     StartRecord,
     StatusFile,
     StopRequest,
@@ -193,6 +196,8 @@ def test_supervisor_names_the_files_of_the_contract():
     for name in ("STATUS_FILE", "STOP_FILE", "METRICS_FILE", "ERRORS_FILE", "LAUNCHER_LOG", "RESERVE_FILE"):
         assert getattr(supervisor, name) == getattr(run_folder, name), name
     assert train.STOP_FILE == run_folder.STOP_FILE  # the ranks read the stop request too
+    assert train.PROGRESS_FILE == supervisor.PROGRESS_FILE == run_folder.PROGRESS_FILE  # rank 0 writes, it reads
+    assert supervisor.STALL_GAP_FACTOR == train.STALL_GAP_FACTOR  # it marks a stall when the ranks see one
     assert supervisor.NOTIFY_ENV == train.NOTIFY_ENV  # it posts for a rank 0 killed before it could
     # "see logs/rank3.log" in a failure's headline
     assert any(run_folder.rank_log(7).replace("7", "{}") in f for f in _fstrings(ast.parse(SUPERVISOR)))
@@ -212,12 +217,17 @@ def supervisor_keys(source: str) -> dict[str, set[str]]:
     status |= _read_keys(_function(tree, "supervise")) | set().union(*_dicts(_function(tree, "record_end")))
     # process_identity's dict, and the launcher's {**identity, "pgid": ...}
     identity = _returned_dict(_function(tree, "process_identity")) | set().union(*_dicts(_function(tree, "supervise")))
+    watch = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "StallWatch")
+    check = _function(watch, "check")
     return {
         "status": status,
         "identity": identity,
         "stop": _read_keys(_function(tree, "_grace_seconds")),
         "end": _read_keys(_function(tree, "end_record")) | _read_keys(_function(tree, "final_state")),
         "error": _read_keys(_function(tree, "first_failure")),
+        "stall": _read_keys(_function(watch, "__init__")),
+        "progress": _read_keys(_function(watch, "_read")) | _read_keys(check),
+        "stalled": set().union(*_dicts(check)),
     }
 
 
@@ -227,6 +237,9 @@ SUPERVISOR_TYPES = {
     "stop": StopRequest,
     "end": EndRecord,
     "error": ErrorRecord,
+    "stall": StallSettings,
+    "progress": Progress,
+    "stalled": Stalled,
 }
 
 
@@ -245,6 +258,8 @@ def test_supervisor_reads_and_writes_only_keys_of_the_contract():
     ]
     assert found["identity"] == {"pid", "create_time", "since_boot", "boot_id", "pgid"} and found["stop"] == {"grace_s"}
     assert {"event", "status"} <= found["end"] and {"rank", "time", "error", "traceback"} == found["error"]
+    assert found["stall"] == {"after_s"} and found["progress"] == {"step", "time"} and "stalled" in found["status"]
+    assert found["stalled"] == {"step", "since", "limit_s"}
     assert unknown_supervisor_keys(SUPERVISOR) == {}
 
 

@@ -1,0 +1,91 @@
+"""A run that stops making progress is called stalled, and each rank's Python stack goes to its log.
+
+Real 2-rank runs of the demo. A rank is frozen with SIGSTOP, as a rank stuck in a driver call, a
+dead NFS mount or a deadlocked data loader leaves its peers: they wait in their next collective,
+and no step comes. Each rank's watchdog (train.py's StallWatchdog, in every bundle) writes every
+thread's stack to its log and, with launch.stop_when_stalled, ends the run as a failure that says
+so; tunedeck's supervisor marks the run stalled in status.json from progress.json (rank 0's last
+step) for the page's state line and `tunedeck runs show`, until a step comes again.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+import psutil
+import pytest
+
+from tunedeck.backend.run_status import from_status_file
+from tunedeck.backend.runs import RunManager
+
+from .helpers import log_records, logs_tail, run_processes, still_alive, tunedeck, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+LONG = {"training.max_steps": 100000, "training.logging_steps": 100000, "training.save_steps": 100000}
+HEADER = "tunedeck: stalled: no training step"  # train.py's line before every thread's stack
+
+
+def frozen_rank(run_dir, rank: int) -> psutil.Process:
+    """The run's rank `rank`, stopped (SIGSTOP)."""
+    (process,) = [p for p in run_processes(run_dir)[1:] if p.environ().get("RANK") == str(rank)]
+    process.send_signal(signal.SIGSTOP)
+    return process
+
+
+def rank_log(run_dir, rank: int) -> str:
+    return (run_dir / "logs" / f"rank{rank}.log").read_text(errors="replace")
+
+
+def test_a_frozen_rank_stalls_the_run_each_rank_writes_its_stack_and_a_step_clears_it(runs_dir, demo_spec):
+    manager = RunManager(runs_dir)
+    run_id = manager.start(demo_spec({**LONG, "launch.stall_minutes": 0.1}))  # 6 s without a step
+    run_dir = manager.run_dir(run_id)
+    wait_for(lambda: log_records(run_dir), 180, what=lambda: f"training\n{logs_tail(run_dir)}")
+    frozen = frozen_rank(run_dir, 1)
+    try:
+        status = wait_for(lambda: manager.status(run_id).stalled and manager.status(run_id), 90, what="a stall")
+        assert status.state == "running"
+        assert re.match(r"⚠ stalled: no training step for over \d+ s after step \d+ · each rank writes", status.where)
+        assert status.stalled["step"] >= 1 and status.stalled["limit_s"] >= 6
+        # Rank 0's own watchdog: it waits for its frozen peer in a collective, or in the backward pass whose
+        # gradient all-reduce (DDP's hooks, in C++) never completes. Its stack says which.
+        log = wait_for(lambda: HEADER in rank_log(run_dir, 0) and rank_log(run_dir, 0), 30, what="rank 0's stack")
+        dump = log[log.index(HEADER) :]
+        assert re.match(HEADER + r" for 0 min after step \d+ on rank 0; every thread's stack:\n", dump), dump
+        assert "in _run_epoch" in dump, dump  # the main thread, inside the training loop
+        assert re.search(r"distributed_c10d\.py\", line \d+ in \w+|in _engine_run_backward", dump), dump
+        show = tunedeck("runs", "show", run_id, "--runs-dir", str(runs_dir))
+        assert re.search(r"^stalled\s+⚠ stalled: no training step", show.stdout, re.M), show.stdout
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    wait_for(lambda: manager.status(run_id).stalled is None, 60, what="steps again")
+    assert manager.status(run_id).state == "running" and manager.status(run_id).where == ""
+    manager.stop(run_id, grace_s=60)
+    ended = wait_for(
+        lambda: manager.status(run_id).state not in ("running", "stopping") and manager.status(run_id), 120
+    )
+    assert ended.state == "stopped", ended.error
+
+
+def test_a_run_that_stays_stalled_is_ended_as_failed_with_its_processes_killed(runs_dir, demo_spec):
+    manager = RunManager(runs_dir)
+    spec = demo_spec({**LONG, "launch.stall_minutes": 0.05, "launch.stop_when_stalled": True})  # 3 s
+    run_id = manager.start(spec)
+    run_dir = manager.run_dir(run_id)
+    wait_for(lambda: log_records(run_dir), 180, what=lambda: f"training\n{logs_tail(run_dir)}")
+    processes = run_processes(run_dir)
+    frozen_rank(run_dir, 1)
+    ended = wait_for(lambda: manager.status(run_id).state == "failed" and manager.status(run_id), 120, what="the end")
+    assert re.search(r"stalled: no training step for 0 min after step \d+ \(launch\.stall_minutes", ended.error)
+    assert "each rank's stack is in its log" in ended.error, ended.error
+    assert still_alive(processes) == []  # the frozen rank too: SIGKILL ends a stopped process
+    assert HEADER in rank_log(run_dir, 0) and "most recent call first" in rank_log(run_dir, 0)
+
+
+def test_the_status_of_a_stalled_run_says_so_and_an_ended_one_does_not():
+    stalled = {"step": 37, "since": 1.0e9, "limit_s": 900.0}
+    base = {"state": "running", "launcher": {}, "stalled": stalled}
+    assert from_status_file("r", base).where.startswith("⚠ stalled: no training step for over 15 min after step 37")
+    assert from_status_file("r", {**base, "state": "failed"}).where == ""  # the error says why it ended
