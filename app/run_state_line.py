@@ -37,6 +37,8 @@ def state_hint(status: RunStatus, facts: RunFacts, step: int) -> str:
         )
     if status.state == "queued":
         return "waiting for its processes to start"
+    if status.stalled and status.state == "running":
+        return f"**{escape(status.where)}**; the log below shows rank 0's · **Stop** ends it"
     if status.state == "stopping":
         return "stopping: each rank finishes its step and saves a checkpoint"
     if status.state in ("stopped", "failed") and facts.checkpoint is not None:
@@ -61,7 +63,7 @@ def state_line(status: RunStatus, facts: RunFacts, step: int, run_id: str, run_d
     line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}`{name} · {escape(status.title)}"
     if status.state == "failed" and status.exit_code not in (None, 0):
         line += f" · exit code {status.exit_code}"
-    if status.where:
+    if status.where and not status.stalled:  # a stall is said on a line of its own, below
         line += f" · {escape(status.where)}"
     hint = state_hint(status, facts, step)
     if hint:

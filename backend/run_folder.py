@@ -284,6 +284,7 @@ class Progress(TypedDict):
 
     step: int
     time: Timestamp
+    saving: bool  # writing a checkpoint: no stall, however long
 
 
 class StallSettings(TypedDict):

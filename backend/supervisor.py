@@ -280,7 +280,7 @@ class StallWatch:
     Progress is progress.json's step, timed on this process's monotonic clock as it is seen to change. The
     watch starts with the first progress record (training began: loading, however long, is not watched). The
     limit is after_s, and at least STALL_GAP_FACTOR times the longest gap seen so far, so a run whose
-    evaluations take long is not called stalled for them. Stalled, status.json says since when (the page and
+    evaluations take long is not called stalled for them; nor while rank 0 saves a checkpoint ("saving"). Stalled, status.json says since when (the page and
     `tunedeck runs show` say so); a step clears it. Each rank's own watchdog (train.py's StallWatchdog, on the
     same rule) writes its stack to its log, and ends the run with launch.stop_when_stalled.
     """
@@ -306,8 +306,11 @@ class StallWatch:
         progress = self._read()
         if progress is None:
             return
+        if progress.get("saving"):  # a checkpoint save, however long, is no stall, and its time no step's gap
+            self.seen_at = now
+            return
         if progress["step"] != self.step:
-            if self.step is not None:
+            if self.step is not None and not self.stalled:  # a stall's gap would raise the limit for good
                 self.longest_gap = max(self.longest_gap, now - self.seen_at)
             self.step, self.seen_at = progress["step"], now
             if self.stalled:

@@ -134,10 +134,11 @@ STOP_FILE = "stop.request"  # the run folder's stop request (backend/run_folder.
 PROGRESS_FILE = "progress.json"  # rank 0's last finished step (backend/run_folder.py)
 
 
-def write_progress(run_dir: Path, step: int) -> None:
-    """Rank 0's last finished step and when, replaced whole: the supervisor never reads half of it."""
+def write_progress(run_dir: Path, step: int, saving: bool = False) -> None:
+    """Rank 0's last finished step and when (and whether it is saving a checkpoint, which is no stall), replaced
+    whole: the supervisor never reads half of it."""
     tmp = run_dir / f".{PROGRESS_FILE}.tmp"
-    tmp.write_text(json.dumps({"step": step, "time": time.time()}), encoding="utf-8")
+    tmp.write_text(json.dumps({"step": step, "time": time.time(), "saving": saving}), encoding="utf-8")
     os.replace(tmp, run_dir / PROGRESS_FILE)
 
 
@@ -1199,7 +1200,8 @@ class StallWatchdog:
 
     def beat(self, step: int | None = None) -> None:
         now = time.monotonic()
-        self.longest_gap = max(self.longest_gap, now - self.beat_at)
+        if not self.dumped:  # a stall's gap would raise the limit for good
+            self.longest_gap = max(self.longest_gap, now - self.beat_at)
         self.beat_at, self.dumped = now, False
         if step is not None:
             self.step = step
@@ -1278,6 +1280,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
 
         def on_save(self, args, state, control, **kwargs):
             self.watchdog.saved()
+            self._progress(state.global_step)
 
         def on_train_end(self, args, state, control, **kwargs):
             self.watchdog.done.set()
@@ -1403,6 +1406,9 @@ def with_atomic_checkpoints(trainer_class):
 
         def _save_checkpoint(self, model, trial):
             CHECKPOINT_SAVING.set()  # a large save is no stall (StallWatchdog)
+            if self.is_world_process_zero():  # nor for the supervisor (on_save writes the step again after it)
+                with contextlib.suppress(OSError):
+                    write_progress(Path.cwd(), self.state.global_step, saving=True)
             try:
                 self._save_atomically(model, trial)
             finally:

@@ -258,7 +258,11 @@ def test_supervisor_reads_and_writes_only_keys_of_the_contract():
     ]
     assert found["identity"] == {"pid", "create_time", "since_boot", "boot_id", "pgid"} and found["stop"] == {"grace_s"}
     assert {"event", "status"} <= found["end"] and {"rank", "time", "error", "traceback"} == found["error"]
-    assert found["stall"] == {"after_s"} and found["progress"] == {"step", "time"} and "stalled" in found["status"]
+    assert (
+        found["stall"] == {"after_s"}
+        and found["progress"] == {"step", "time", "saving"}
+        and "stalled" in found["status"]
+    )
     assert found["stalled"] == {"step", "since", "limit_s"}
     assert unknown_supervisor_keys(SUPERVISOR) == {}
 

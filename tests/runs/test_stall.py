@@ -10,18 +10,21 @@ step) for the page's state line and `tunedeck runs show`, until a step comes aga
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 
 import psutil
 import pytest
 
+from tunedeck.backend import supervisor
 from tunedeck.backend.run_status import from_status_file
 from tunedeck.backend.runs import RunManager
+from tunedeck.backend.train import write_progress
 
 from .helpers import log_records, logs_tail, run_processes, still_alive, tunedeck, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+LIVE = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 LONG = {"training.max_steps": 100000, "training.logging_steps": 100000, "training.save_steps": 100000}
 HEADER = "tunedeck: stalled: no training step"  # train.py's line before every thread's stack
@@ -38,6 +41,8 @@ def rank_log(run_dir, rank: int) -> str:
     return (run_dir / "logs" / f"rank{rank}.log").read_text(errors="replace")
 
 
+@LIVE[0]
+@LIVE[1]
 def test_a_frozen_rank_stalls_the_run_each_rank_writes_its_stack_and_a_step_clears_it(runs_dir, demo_spec):
     manager = RunManager(runs_dir)
     run_id = manager.start(demo_spec({**LONG, "launch.stall_minutes": 0.1}))  # 6 s without a step
@@ -69,6 +74,8 @@ def test_a_frozen_rank_stalls_the_run_each_rank_writes_its_stack_and_a_step_clea
     assert ended.state == "stopped", ended.error
 
 
+@LIVE[0]
+@LIVE[1]
 def test_a_run_that_stays_stalled_is_ended_as_failed_with_its_processes_killed(runs_dir, demo_spec):
     manager = RunManager(runs_dir)
     spec = demo_spec({**LONG, "launch.stall_minutes": 0.05, "launch.stop_when_stalled": True})  # 3 s
@@ -89,3 +96,24 @@ def test_the_status_of_a_stalled_run_says_so_and_an_ended_one_does_not():
     base = {"state": "running", "launcher": {}, "stalled": stalled}
     assert from_status_file("r", base).where.startswith("⚠ stalled: no training step for over 15 min after step 37")
     assert from_status_file("r", {**base, "state": "failed"}).where == ""  # the error says why it ended
+
+
+def test_the_supervisor_calls_a_run_stalled_by_its_limit_and_three_times_its_longest_gap(tmp_path):
+    (tmp_path / "status.json").write_text(json.dumps({"state": "running"}))
+    watch = supervisor.StallWatch(tmp_path, {"after_s": 10})
+
+    def at(now: float, step: int | None = None, saving: bool = False) -> dict | None:
+        if step is not None:
+            write_progress(tmp_path, step, saving)
+        watch.check(tmp_path, now)
+        return json.loads((tmp_path / "status.json").read_text()).get("stalled")
+
+    assert at(0.0) is None  # no progress yet: loading is not watched
+    assert at(100.0, step=0) is None and at(102.0, step=1) is None  # steps 2 s apart: the limit is the 10 s
+    assert at(111.0) is None and at(113.0)["step"] == 1  # 11 s without one
+    assert at(114.0, step=2) is None  # a step clears it; a stall's own gap does not raise the limit
+    assert at(123.0, step=3) is None  # a 9 s gap (an evaluation) does: 3 x 9 s
+    assert at(149.0) is None and at(151.0)["limit_s"] == 27.0
+    assert at(152.0, step=4) is None
+    assert at(153.0, step=4, saving=True) is None and at(400.0) is None  # a checkpoint save is no stall
+    assert at(401.0, step=4) is None and at(427.0) is None and at(429.0)["step"] == 4  # timed from the save's end
