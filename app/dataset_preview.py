@@ -76,6 +76,11 @@ def preview_markdown(result: dict) -> str:
             else "With packing every block is max_seq_length long, as the estimate assumes."
         ),
     ]
+    labels = result.get("labels")
+    if labels:  # KTO's answers: how many of each, and whether its weights balance them
+        lines += ["", f"**Labels:** {labels['good']:,} good · {labels['bad']:,} bad."]
+        if labels["advice"]:
+            lines[-1] += f" ⚠ {escape(labels['advice'])}."
     for i, text in enumerate(result["rows"], start=1):
         fence = "~~~~" if "```" in text else "```"
         lines += ["", f"Row {i} as the model sees it:", fence, text.replace(fence, ""), fence]

@@ -46,6 +46,11 @@ def cmd_preview(args: argparse.Namespace) -> int:
     for i, text in enumerate(result["rows"], start=1):
         out(f"--- row {i} ---\n{text}\n")
     out(f"\n{stats_line(result)}\n")
+    labels = result.get("labels")
+    if labels:
+        out(f"labels: {labels['good']:,} good, {labels['bad']:,} bad\n")
+        if labels["advice"]:
+            out(f"warning: {labels['advice']}\n")
     return 0
 
 

@@ -86,6 +86,7 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
             "dataset NAME`)",
         ) from None
     total_rows = len(data)
+    labels = label_counts(data, dataset_cfg, spec) if dataset_cfg["format"] == "unpaired-preference" else None
     data = data.select(range(min(limit, total_rows)))
     try:
         data = train.to_trl_format(data, dataset_cfg, "text")
@@ -111,7 +112,35 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
         "packing": spec.dataset.packing and applies("dataset.packing", flat_values(spec)),  # not DPO's: it pads pairs
         "tokenizer": tokenizer_note,
         "counted": "tokens" if tokenizer is not None else "estimated",
+        "labels": labels,
     }
+
+
+def label_counts(data, dataset_cfg: dict, spec: JobSpec) -> dict:
+    """Good and bad answers of the whole split, and whether KTO's weights balance them (weight_advice)."""
+    from tunedeck.backend import train
+
+    column = train.column(dataset_cfg, "label_field")
+    values = [train.as_label(v) for v in data[column]] if column in data.column_names else []
+    good, bad = values.count(True), values.count(False)
+    p = spec.preference
+    return {"good": good, "bad": bad, "advice": weight_advice(good, bad, p.desirable_weight, p.undesirable_weight)}
+
+
+def weight_advice(good: int, bad: int, desirable: float, undesirable: float) -> str | None:
+    """What to set when the weights leave good and bad answers out of balance: the KTO paper's rule (its eq. 8),
+    desirable x good / (undesirable x bad) between 1 and 4/3, as TRL's KTOTrainer checks it (it only logs it)."""
+    if not good or not bad or good == bad:
+        return None
+    lo_good, hi_good = bad * undesirable / good, 1.33 * bad * undesirable / good
+    lo_bad, hi_bad = good * desirable / (1.33 * bad), good * desirable / bad
+    if lo_good <= desirable <= hi_good or lo_bad <= undesirable <= hi_bad:
+        return None
+    return (
+        f"{good:,} good and {bad:,} bad answers are out of balance at these weights: set "
+        f"preference.desirable_weight to {lo_good:.2f}-{hi_good:.2f}, or preference.undesirable_weight to "
+        f"{lo_bad:.2f}-{hi_bad:.2f} (not both; the KTO paper's rule)"
+    )
 
 
 def _tokenizer(job: dict):

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tunedeck.app.charts import PREFERENCE_PANELS, metrics_figure
+from tunedeck.app.dataset_preview import preview_markdown
 from tunedeck.backend import evaluate, speed, train
 from tunedeck.backend.applies import applies
 from tunedeck.backend.data_uploads import dataset_changes
@@ -125,6 +126,23 @@ def test_the_preview_marks_each_answer_good_or_bad(demo_home):
     shown = preview(resolve_spec("demo-kto"), rows=4)
     assert [row.split(":")[0] for row in shown["rows"]] == ["✓ good", "✗ bad", "✓ good", "✗ bad"]
     assert shown["format"] == "unpaired-preference" and not shown["packing"]
+
+
+def test_the_preview_counts_good_and_bad_answers_and_says_which_weight_balances_them(tmp_path, demo_home):
+    demo = preview(resolve_spec("demo-kto"), rows=0)["labels"]
+    assert demo["good"] > 0 and abs(demo["good"] - demo["bad"]) <= 1 and demo["advice"] is None  # half and half
+    rated = tmp_path / "rated.jsonl"
+    rows = [{"prompt": f"Q{i}", "completion": " a", "label": i % 4 != 0} for i in range(40)]  # 30 good, 10 bad
+    rated.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = set_paths(resolve_spec("demo-kto"), {"dataset.path": str(rated), "dataset.split": "train"})
+    labels = preview(spec, rows=0)["labels"]
+    assert (labels["good"], labels["bad"]) == (30, 10)
+    # KTO paper: desirable x 30 / (undesirable x 10) within 1-1.33
+    assert "preference.desirable_weight to 0.33-0.44, or preference.undesirable_weight to 2.26-3.00" in labels["advice"]
+    for balanced in ({"preference.desirable_weight": 0.4}, {"preference.undesirable_weight": 2.5}):
+        assert preview(set_paths(spec, balanced), rows=0)["labels"]["advice"] is None
+    shown = preview_markdown(preview(spec, rows=0))
+    assert "**Labels:** 30 good · 10 bad. ⚠ 30 good and 10 bad answers are out of balance" in shown
 
 
 def test_an_uploaded_file_of_labelled_answers_trains_with_kto_and_pairs_stay_with_kto(tmp_path):
