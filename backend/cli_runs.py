@@ -198,7 +198,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
             (
                 run.run_id,
                 shown(read_notes(manager.run_dir(run.run_id)).name, limit=30) or "-",
-                run.state,
+                f"{run.state} (stalled)" if run.stalled else run.state,
                 f"slurm:{run.slurm.get('job_id')}" if run.slurm else "local",
                 summary.steps if summary else "-",
                 f"{summary.last_loss:.4f}" if summary and summary.last_loss is not None else "-",

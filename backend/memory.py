@@ -51,7 +51,7 @@ TENSOR_TERMS = (
     "gathered",
     "buckets",
 )
-LOAD_TENSOR_TERMS = ("weights", "adapter", "in_flight")
+LOAD_TENSOR_TERMS = ("weights", "reference", "adapter", "in_flight")
 PHASES = ("load", "train")
 
 

@@ -32,10 +32,12 @@ memory-mapped file instead when the checkpoint is stored in model.dtype already 
 
 from __future__ import annotations
 
+from tunedeck.backend.flops import REFERENCE_OBJECTIVES
 from tunedeck.backend.memory_job import Job, frozen_base_params, largest_linear_params, quant_stats_bytes
 
 LOAD_TERMS: dict[str, str] = {
     "weights": "Weights as loaded",
+    "reference": "Reference model (DPO, KTO)",
     "adapter": "LoRA adapter",
     "in_flight": "Tensor in flight",
     "cuda_context": "CUDA context",
@@ -81,8 +83,22 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
         terms = {"weights": job.arch.num_parameters * job.weight_bytes, "adapter": adapter, "in_flight": 0.0}
         host = job.arch.num_parameters * job.weight_bytes * job.per_machine
         how = "every rank reads the whole checkpoint into host RAM, then moves the whole model to its GPU"
+    if loads_reference(job):
+        # train.py loads the frozen reference right after the model, the same way: zero.Init shards it as it loads
+        # (rank 0 reads its checkpoint once the model's is freed); otherwise every rank holds a whole copy in host
+        # RAM beside the model's, which DDP and ZeRO-1/2 then move to the GPU whole and FSDP as a shard.
+        whole = job.arch.num_parameters * job.weight_bytes
+        terms["reference"] = terms["weights"] if job.engine == "fsdp" or job.zero_stage == 3 else whole
+        host += 0.0 if job.zero_stage == 3 else whole * job.per_machine
     terms["cuda_context"] = job.device_overhead
     return terms, host, how
+
+
+def loads_reference(job: Job) -> bool:
+    """A full DPO or KTO loads a reference copy: unless its scores are computed before training, where FSDP alone
+    still needs one (train.py: the model is sharded only when training starts)."""
+    full_reference = job.objective in REFERENCE_OBJECTIVES and job.method == "full"
+    return full_reference and (not job.precomputed_reference or job.engine == "fsdp")
 
 
 def _fsdp_cpu_bytes(job: Job) -> int:

@@ -63,6 +63,8 @@ def test_a_frozen_rank_stalls_the_run_each_rank_writes_its_stack_and_a_step_clea
         assert re.search(r"distributed_c10d\.py\", line \d+ in \w+|in _engine_run_backward", dump), dump
         show = tunedeck("runs", "show", run_id, "--runs-dir", str(runs_dir))
         assert re.search(r"^stalled\s+⚠ stalled: no training step", show.stdout, re.M), show.stdout
+        listing = tunedeck("runs", "--runs-dir", str(runs_dir))
+        assert re.search(rf"^{run_id}\s+-\s+running \(stalled\)\s", listing.stdout, re.M), listing.stdout
     finally:
         frozen.send_signal(signal.SIGCONT)
     wait_for(lambda: manager.status(run_id).stalled is None, 60, what="steps again")

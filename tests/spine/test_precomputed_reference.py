@@ -82,3 +82,20 @@ def test_the_runs_facts_line_says_the_reference_was_scored_before_training():
     start = {"world_size": 2, "nodes": ["a", "a"], "distributed_type": "DEEPSPEED", "zero_stage": 3,
              "objective": "dpo", "method": "full", "reference": "scored before training"}  # fmt: skip
     assert "DPO, reference: scored before training" in facts_line(start)
+
+
+def test_loading_a_full_dpo_holds_the_reference_beside_the_model_unless_its_scores_come_first():
+    sft = set_paths(resolve_spec("7b-full-zero2"), {"strategy.kind": "ddp"})
+    dpo = set_paths(sft, DPO)
+    plain, kept, scored = estimate(sft), estimate(dpo), estimate(set_paths(dpo, PRECOMPUTED))
+    # Every rank reads the reference into host RAM beside the model, then moves it to its GPU whole.
+    assert kept.load_breakdown["reference"] == pytest.approx(plain.load_breakdown["weights"])
+    assert kept.load_cpu_gb == pytest.approx(2 * plain.load_cpu_gb, rel=0.01)
+    assert scored.load_breakdown["reference"] == 0 and scored.load_cpu_gb == pytest.approx(plain.load_cpu_gb)
+    # zero.Init shards it as it loads, and rank 0 reads its checkpoint once the model's is gone.
+    zero3 = estimate(set_paths(dpo, {"strategy.kind": "zero3"}))
+    assert zero3.load_breakdown["reference"] == pytest.approx(zero3.load_breakdown["weights"])
+    assert zero3.load_cpu_gb == pytest.approx(estimate(set_paths(sft, {"strategy.kind": "zero3"})).load_cpu_gb)
+    # FSDP shards the model only when training starts: a copy scores the rows first, so it still loads one.
+    fsdp = set_paths(dpo, {"strategy.kind": "fsdp", **PRECOMPUTED})
+    assert estimate(fsdp).load_breakdown["reference"] > 0 and estimate(fsdp).breakdown["reference"] == 0
