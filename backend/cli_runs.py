@@ -98,16 +98,14 @@ def _manager(args, create: bool = False):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from tunedeck.backend.preflight import preflight
+    from tunedeck.backend.preflight import job_problems
     from tunedeck.backend.runs import RunError
     from tunedeck.backend.validate import validate
 
     spec = load_spec_or_exit(args)
     manager = _manager(args, create=True)
-    problems = validate(spec)
     # The model, data and checkpoint room as the run sees them; a smoke run's own job is checked at its start.
-    if not args.smoke and not any(p.level == "error" for p in problems):
-        problems += preflight(spec, manager.runs_dir)
+    problems = validate(spec) if args.smoke else job_problems(spec, manager.runs_dir)
     print_problems((p.level, p.field, p.message) for p in problems)
     if any(p.level == "error" for p in problems):
         print("nothing started: fix the errors above", file=sys.stderr)

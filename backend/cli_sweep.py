@@ -60,9 +60,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _checked_specs(base, grid: list[dict[str, str]], runs_dir) -> list | None:
     """Each combination's job, validated and checked; None (problems printed) if any has an error."""
-    from tunedeck.backend.preflight import preflight
+    from tunedeck.backend.preflight import job_problems
     from tunedeck.backend.spec import SpecError
-    from tunedeck.backend.validate import validate
 
     specs, failed, warned = [], False, set()
     for values in grid:
@@ -72,10 +71,7 @@ def _checked_specs(base, grid: list[dict[str, str]], runs_dir) -> list | None:
             print_problems(("error", path, message) for path, message in exc.problems)
             failed = True
             continue
-        problems = validate(spec)
-        if not any(p.level == "error" for p in problems):
-            problems += preflight(spec, runs_dir)
-        for p in problems:
+        for p in job_problems(spec, runs_dir):
             if p.level == "error":
                 print_problems([(p.level, p.field, f"[{label(values)}] {p.message}")])
                 failed = True

@@ -42,6 +42,17 @@ def preflight(spec, runs_dir: Path) -> list[Problem]:
     ] + launch_problems(spec, Path(runs_dir), Path(runs_dir) / RUN_FOLDER)
 
 
+def job_problems(spec, runs_dir: Path) -> list[Problem]:
+    """A job's problems before it starts: its rules, then, when they hold, what this machine tells (preflight).
+    What `tunedeck train` and `tunedeck sweep` check before they start or queue anything."""
+    from tunedeck.backend.validate import validate
+
+    problems = validate(spec)
+    if not any(p.level == "error" for p in problems):
+        problems += preflight(spec, runs_dir)
+    return problems
+
+
 def gpu_indices() -> list[int]:
     """Indices of this machine's NVIDIA GPUs (NVML), or [] without a GPU or driver."""
     try:
