@@ -1,4 +1,4 @@
-"""The Run tab: Stop and Resume, state, progress, summary, name and notes, charts, rank-0 log, past runs.
+"""The Run tab: Stop, Resume and Stacks, state, progress, summary, name and notes, charts, rank-0 log, past runs.
 
 Everything is read from run folders (the disk is the message bus): closing the page never touches training,
 and a new page follows the live run. The page's tick calls `render`; it reads only appended bytes (RunWatch)
@@ -17,6 +17,7 @@ import gradio as gr
 from tunedeck.app.charts import loss_figure, metrics_figure
 from tunedeck.app.live_progress import FOLLOW_LOG_JS, REFRESH_ID
 from tunedeck.app.registry import Got, Updates, listen
+from tunedeck.app.run_actions import resume_shown, stacks_notice, stop_run
 from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, compared_line, run_choices, table_row
 from tunedeck.app.run_shown import RunShown
 from tunedeck.app.run_state_line import progress_html, state_line
@@ -24,7 +25,6 @@ from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.run_notes import NAME_MAX_CHARS, NotesError, write_notes
-from tunedeck.backend.run_resume import resume_run
 from tunedeck.backend.run_status import DAMAGED
 from tunedeck.backend.run_summary import measured_peaks, report, summarize
 from tunedeck.backend.runs import RunError, RunManager
@@ -71,6 +71,9 @@ class RunView(Section):
             )
             self.resume = add(  # a stopped or failed run, from the newest checkpoint in its own folder
                 "run.resume", gr.Button("↻ Resume", elem_id="resume-run", interactive=False, scale=1)
+            )
+            self.stacks = add(  # a live run's ranks on this machine: where each one is, what it waits for
+                "run.stacks", gr.Button("Stacks", elem_id="stacks-run", interactive=False, scale=1)
             )
         self.status = add(
             "run.status", gr.Markdown("No runs yet: pick a job and press **Start run**.", elem_id="run-state")
@@ -138,14 +141,14 @@ class RunView(Section):
         return [
             self.shown, self.select, self.overlay, self.table, self.status, self.progress, self.facts,
             self.summary, self.name, self.notes, self.error, self.compared, self.loss_plot, self.metrics_plot, self.memory,
-            self.log, self.stop, self.resume,
+            self.log, self.stop, self.resume, self.stacks,
         ]  # fmt: skip
 
     @property
     def details(self) -> list:
         """The outputs a tick of a live run sends again when anything about the run changed: only the changed ones
         go (RunShown.unchanged)."""
-        return [self.status, self.facts, self.summary, self.error, self.stop, self.resume, self.memory]
+        return [self.status, self.facts, self.summary, self.error, self.stop, self.resume, self.stacks, self.memory]
 
     @property
     def inputs(self) -> list:
@@ -233,6 +236,7 @@ class RunView(Section):
                 self.error: gr.update(value=status.error or "", visible=bool(status.error)),
                 self.stop: gr.update(interactive=status.state in ("queued", "running")),
                 self.resume: gr.update(interactive=facts.checkpoint is not None),
+                self.stacks: gr.update(interactive=status.state in ("running", "stopping") and status.backend == "local"),
             })  # fmt: skip
         bar_sig = (run_id, status.state, None if status.state in ACTIVE else watch.records_version)
         if new_run or shown.bar_sig != bar_sig:  # a live run's bar moves with its stream (app/live_progress.py)
@@ -287,24 +291,6 @@ class RunView(Section):
         self.index.runs(fresh=True)
         return run_id, RunShown(run=run_id, follow=False)
 
-    def stop_run(self, shown: RunShown) -> str:
-        """Ask the run in view to stop; the notice is only for what went wrong (the state line says the rest)."""
-        if not shown.run:
-            return "No run selected."
-        self.manager.stop(shown.run, grace_s=30)
-        self.index.runs(fresh=True)
-        return ""
-
-    def resume_shown(self, shown: RunShown) -> tuple[str, RunShown]:
-        """Continue the run in view from its newest checkpoint, as a new run; the view then follows it."""
-        if not shown.run:
-            raise RunError("no run selected")
-        new_id, step = resume_run(self.manager, shown.run)
-        self.index.runs(fresh=True)
-        return f"Resumed run `{shown.run}` as run `{new_id}`, from its checkpoint at step {step}.", RunShown(
-            run=new_id, follow=False
-        )
-
     def wire(self, page: Page) -> None:
         """Run picker, chart options, Stop, Resume, name and notes; the page's tick and load redraw what changed."""
 
@@ -315,11 +301,14 @@ class RunView(Section):
             return self.redraw(got, force=True)
 
         def on_stop(got: Got) -> Updates:
-            return {page.notice: self.stop_run(got[self.shown]), **self.redraw(got, force=True)}
+            return {page.notice: stop_run(self.manager, self.index, got[self.shown]), **self.redraw(got, force=True)}
+
+        def on_stacks(got: Got) -> Updates:
+            return {page.notice: stacks_notice(self.manager, got[self.shown]), **self.redraw(got, force=True)}
 
         def on_resume(got: Got) -> Updates:
             try:
-                notice, shown = self.resume_shown(got[self.shown])
+                notice, shown = resume_shown(self.manager, self.index, got[self.shown])
             except RunError as exc:
                 return {page.notice: f"✗ **Not resumed:** {escape(str(exc))}"}
             return {page.notice: notice, **self.redraw(got, force=True, shown=shown)}
@@ -375,9 +364,14 @@ class RunView(Section):
             show_progress="hidden",
             trigger_mode="always_last",
         )
-        listen(
-            [self.stop.click], on_stop, inputs=self.inputs, outputs=[page.notice, *self.outputs], show_progress="hidden"
-        )
+        for button, handler in ((self.stop, on_stop), (self.stacks, on_stacks)):
+            listen(
+                [button.click],
+                handler,
+                inputs=self.inputs,
+                outputs=[page.notice, *self.outputs],
+                show_progress="hidden",
+            )
         # Drawn while its tab is in view; selecting the tab draws it at once (section.Page.wire).
         page.on_tick(
             self.id,

@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_train)
 
     p = sub.add_parser(
-        "runs", help="list runs; `runs show ID`, `runs stop ID`, `runs resume ID`, `runs note ID`, `runs diff ID ID`"
+        "runs",
+        help="list runs; `runs show ID`, `runs stop ID`, `runs resume ID`, `runs note ID`, `runs diff ID ID`, "
+        "`runs stacks ID`",
     )
     _add_runs_dir(p)
     p.set_defaults(handler=cmd_runs_list)
@@ -64,6 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     note.add_argument("--notes", help="free text")
     _add_runs_dir(note)
     note.set_defaults(handler=cmd_runs_note)
+    stacks = actions.add_parser(
+        "stacks", help="every rank's Python stack now (a live run here): where it is, what it waits for"
+    )
+    stacks.add_argument("run_id", metavar="ID")
+    _add_runs_dir(stacks)
+    stacks.set_defaults(handler=cmd_runs_stacks)
     diff = actions.add_parser("diff", help="what two runs' jobs set differently (the fields that apply to either)")
     diff.add_argument("run_id", metavar="ID")
     diff.add_argument("other", metavar="OTHER")
@@ -272,6 +280,22 @@ def _print_smoke_verdict(manager, status) -> None:
 
     if status.state in ("finished", "failed") and is_smoke_job(manager.job(status.run_id)):
         print(f"verdict  {smoke_verdict(manager.run_dir(status.run_id)).line}")
+
+
+def cmd_runs_stacks(args: argparse.Namespace) -> int:
+    from tunedeck.backend.run_stacks import StacksError, dump_stacks
+    from tunedeck.backend.runs import RunError
+
+    manager = _manager(args)
+    try:
+        stacks = dump_stacks(manager.status(args.run_id), manager.run_dir(args.run_id))
+    except (RunError, StacksError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for rank, text in sorted(stacks.items()):
+        print(f"=== rank {rank} (also in logs/rank{rank}.log)")
+        print(text.strip() or "(no answer: the process is stopped, or stuck where no signal reaches it)")
+    return 0
 
 
 def cmd_runs_stop(args: argparse.Namespace) -> int:

@@ -17,6 +17,8 @@ import signal
 import psutil
 import pytest
 
+from tunedeck.app.run_actions import stacks_notice
+from tunedeck.app.run_shown import RunShown
 from tunedeck.backend import supervisor
 from tunedeck.backend.run_status import from_status_file
 from tunedeck.backend.runs import RunManager
@@ -63,6 +65,14 @@ def test_a_frozen_rank_stalls_the_run_each_rank_writes_its_stack_and_a_step_clea
         assert re.search(r"distributed_c10d\.py\", line \d+ in \w+|in _engine_run_backward", dump), dump
         show = tunedeck("runs", "show", run_id, "--runs-dir", str(runs_dir))
         assert re.search(r"^stalled\s+⚠ stalled: no training step", show.stdout, re.M), show.stdout
+        # Stacks on demand: rank 0 answers at once; the frozen rank cannot, and that is said too.
+        stacks = tunedeck("runs", "stacks", run_id, "--runs-dir", str(runs_dir), timeout=60)
+        assert stacks.returncode == 0, stacks.stderr
+        rank0, rank1 = stacks.stdout.split("=== rank 1")
+        assert rank0.startswith("=== rank 0 (also in logs/rank0.log)") and "most recent call first" in rank0
+        assert "in _run_epoch" in rank0 and "(no answer: the process is stopped" in rank1
+        notice = stacks_notice(manager, RunShown(run=run_id))  # the Run tab's Stacks button
+        assert notice.startswith("**Stacks written** by rank 0 to their logs") and "Rank 1: no answer" in notice
         listing = tunedeck("runs", "--runs-dir", str(runs_dir))
         assert re.search(rf"^{run_id}\s+-\s+running \(stalled\)\s", listing.stdout, re.M), listing.stdout
     finally:
@@ -74,6 +84,8 @@ def test_a_frozen_rank_stalls_the_run_each_rank_writes_its_stack_and_a_step_clea
         lambda: manager.status(run_id).state not in ("running", "stopping") and manager.status(run_id), 120
     )
     assert ended.state == "stopped", ended.error
+    late = tunedeck("runs", "stacks", run_id, "--runs-dir", str(runs_dir))
+    assert late.returncode == 2 and f"run {run_id} is stopped and runs nowhere now" in late.stderr
 
 
 @LIVE[0]
