@@ -41,9 +41,10 @@ def stacks_notice(manager: RunManager, shown: RunShown) -> str:
         return f"✗ **No stacks:** {escape(str(exc))}"
     answered = [rank for rank, text in sorted(stacks.items()) if text]
     silent = [rank for rank, text in sorted(stacks.items()) if not text]
+    logs = "its log" if len(answered) == 1 else "their logs"
     notice = (
-        f"**Stacks written** by rank {', '.join(map(str, answered))} to their logs (rank 0's is at the end of the "
-        "log below; the others in logs/rank&lt;N&gt;.log)."
+        f"**Stacks written** by rank {', '.join(map(str, answered))} to {logs} (rank 0's is at the end of the log "
+        "below; the others in logs/rank&lt;N&gt;.log)."
         if answered
         else "**No rank answered.**"
     )

@@ -72,7 +72,7 @@ def test_a_frozen_rank_stalls_the_run_each_rank_writes_its_stack_and_a_step_clea
         assert rank0.startswith("=== rank 0 (also in logs/rank0.log)") and "most recent call first" in rank0
         assert "in _run_epoch" in rank0 and "(no answer: the process is stopped" in rank1
         notice = stacks_notice(manager, RunShown(run=run_id))  # the Run tab's Stacks button
-        assert notice.startswith("**Stacks written** by rank 0 to their logs") and "Rank 1: no answer" in notice
+        assert notice.startswith("**Stacks written** by rank 0 to its log") and "Rank 1: no answer" in notice
         listing = tunedeck("runs", "--runs-dir", str(runs_dir))
         assert re.search(rf"^{run_id}\s+-\s+running \(stalled\)\s", listing.stdout, re.M), listing.stdout
     finally:
