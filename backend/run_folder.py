@@ -280,9 +280,10 @@ Timestamp = Annotated[float, Field(ge=0, lt=1e11)]
 
 
 class Progress(TypedDict):
-    """progress.json: rank 0's last finished training step (train.py's write_progress)."""
+    """progress.json: rank 0's last finished training step and micro-batch (train.py's write_progress)."""
 
     step: int
+    micro: int  # micro-batches done: a step of many gradient accumulation steps makes progress as they come
     time: Timestamp
     saving: bool  # writing a checkpoint: no stall, however long
 

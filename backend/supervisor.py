@@ -277,7 +277,8 @@ def final_state(
 class StallWatch:
     """Tells when rank 0 finishes no training step for longer than the run's limit (status.json's "stall").
 
-    Progress is progress.json's step, timed on this process's monotonic clock as it is seen to change. The
+    Progress is progress.json's step and micro-batch count, timed on this process's monotonic clock as they are
+    seen to change. The
     watch starts with the first progress record (training began: loading, however long, is not watched). The
     limit is after_s, and at least STALL_GAP_FACTOR times the longest gap seen so far, so a run whose
     evaluations take long is not called stalled for them; nor while rank 0 saves a checkpoint ("saving"). Stalled, status.json says since when (the page and
@@ -289,6 +290,7 @@ class StallWatch:
         self.path = run_dir / PROGRESS_FILE
         self.after_s = float((settings or {}).get("after_s") or 0)
         self.step: int | None = None
+        self.micro: int | None = None
         self.seen_at = self.longest_gap = self.checked_at = 0.0
         self.stalled = False
 
@@ -309,10 +311,10 @@ class StallWatch:
         if progress.get("saving"):  # a checkpoint save, however long, is no stall, and its time no step's gap
             self.seen_at = now
             return
-        if progress["step"] != self.step:
+        if (progress["step"], progress.get("micro")) != (self.step, self.micro):  # a micro-batch is progress too
             if self.step is not None and not self.stalled:  # a stall's gap would raise the limit for good
                 self.longest_gap = max(self.longest_gap, now - self.seen_at)
-            self.step, self.seen_at = progress["step"], now
+            self.step, self.micro, self.seen_at = progress["step"], progress.get("micro"), now
             if self.stalled:
                 self.stalled = False
                 _note(run_dir, stalled=None)

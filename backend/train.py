@@ -25,8 +25,9 @@ both YAML files are taken from there):
                     defined), one {"event": "log"} per logging step (with mfu and hfu when the peak
                     is known), and
                     {"event": "end"} with the status (finished | stopped | failed)
-  progress.json     rank 0 only: {"step", "time"} of the last training step it finished, rewritten
-                    as each step ends: tunedeck's supervisor calls a run stalled when it stops changing
+  progress.json     rank 0 only: {"step", "micro", "time", "saving"}: its last finished step and
+                    micro-batch, rewritten as each ends: tunedeck's supervisor calls a run stalled
+                    when it stops changing
   logs/rank<N>.log  each rank's stdout and stderr; SIGUSR1 makes a rank write every thread's
                     Python stack there (the supervisor sends it to a stalled run's ranks)
   errors.jsonl      one line per rank that failed (rank, time, error, traceback)
@@ -134,11 +135,12 @@ STOP_FILE = "stop.request"  # the run folder's stop request (backend/run_folder.
 PROGRESS_FILE = "progress.json"  # rank 0's last finished step (backend/run_folder.py)
 
 
-def write_progress(run_dir: Path, step: int, saving: bool = False) -> None:
-    """Rank 0's last finished step and when (and whether it is saving a checkpoint, which is no stall), replaced
-    whole: the supervisor never reads half of it."""
+def write_progress(run_dir: Path, step: int, saving: bool = False, micro: int = 0) -> None:
+    """Rank 0's last finished step and when, the micro-batches it has done (a step of many is progress as they
+    come), and whether it is saving a checkpoint (which is no stall); replaced whole: never read half-written."""
     tmp = run_dir / f".{PROGRESS_FILE}.tmp"
-    tmp.write_text(json.dumps({"step": step, "time": time.time(), "saving": saving}), encoding="utf-8")
+    record = {"step": step, "micro": micro, "time": time.time(), "saving": saving}
+    tmp.write_text(json.dumps(record), encoding="utf-8")
     os.replace(tmp, run_dir / PROGRESS_FILE)
 
 
@@ -1253,11 +1255,17 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self._step_end = 0.0
             self._fault = _parse_fault(os.environ.get(FAULT_ENV))
             self.watchdog = StallWatchdog(job, Path.cwd())  # train() works in the run folder
+            self._micro = 0  # micro-batches done by this process
 
         def _progress(self, step: int) -> None:
             if metrics:  # about 0.1 ms a step, so the step a stalled run stopped at is exact
                 with contextlib.suppress(OSError):  # a full disk must not stop training for this
-                    write_progress(metrics.path.parent, step)
+                    write_progress(metrics.path.parent, step, micro=self._micro)
+
+        def on_substep_end(self, args, state, control, **kwargs):
+            self._micro += 1  # a micro-batch of gradient accumulation: a long step is progress as they come
+            self._progress(state.global_step)
+            self.watchdog.beat()
 
         def on_train_begin(self, args, state, control, **kwargs):
             self._last_log, self._last_step = (time.monotonic(), 0), state.global_step
@@ -1287,6 +1295,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
 
         def on_step_end(self, args, state, control, **kwargs):
             self._step_end = time.monotonic()  # evaluation, when due, runs after this
+            self._micro += 1
             self._progress(state.global_step)
             self.watchdog.beat(state.global_step)
             if self._fault and self._fault == (global_rank(), state.global_step):

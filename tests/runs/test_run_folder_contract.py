@@ -260,7 +260,7 @@ def test_supervisor_reads_and_writes_only_keys_of_the_contract():
     assert {"event", "status"} <= found["end"] and {"rank", "time", "error", "traceback"} == found["error"]
     assert (
         found["stall"] == {"after_s"}
-        and found["progress"] == {"step", "time", "saving"}
+        and found["progress"] == {"step", "micro", "time", "saving"}
         and "stalled" in found["status"]
     )
     assert found["stalled"] == {"step", "since", "limit_s"}

@@ -24,7 +24,7 @@ from tunedeck.backend.run_status import from_status_file
 from tunedeck.backend.runs import RunManager
 from tunedeck.backend.train import write_progress
 
-from .helpers import log_records, logs_tail, run_processes, still_alive, tunedeck, wait_for
+from .helpers import log_records, logs_tail, run_processes, start_record, still_alive, tunedeck, wait_for
 
 LIVE = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -116,9 +116,9 @@ def test_the_supervisor_calls_a_run_stalled_by_its_limit_and_three_times_its_lon
     (tmp_path / "status.json").write_text(json.dumps({"state": "running"}))
     watch = supervisor.StallWatch(tmp_path, {"after_s": 10})
 
-    def at(now: float, step: int | None = None, saving: bool = False) -> dict | None:
+    def at(now: float, step: int | None = None, saving: bool = False, micro: int = 0) -> dict | None:
         if step is not None:
-            write_progress(tmp_path, step, saving)
+            write_progress(tmp_path, step, saving, micro)
         watch.check(tmp_path, now)
         return json.loads((tmp_path / "status.json").read_text()).get("stalled")
 
@@ -131,3 +131,26 @@ def test_the_supervisor_calls_a_run_stalled_by_its_limit_and_three_times_its_lon
     assert at(152.0, step=4) is None
     assert at(153.0, step=4, saving=True) is None and at(400.0) is None  # a checkpoint save is no stall
     assert at(401.0, step=4) is None and at(427.0) is None and at(429.0)["step"] == 4  # timed from the save's end
+    assert at(430.0, step=4, micro=1) is None  # a micro-batch of a long step is progress too
+    assert at(456.0, step=4, micro=1) is None and at(458.0)["step"] == 4
+
+
+@LIVE[0]
+@LIVE[1]
+def test_a_step_of_many_micro_batches_longer_than_the_limit_is_no_stall(runs_dir, demo_spec):
+    # 500 micro-batches of gradient accumulation a step: several seconds a step, the limit 3 s.
+    spec = demo_spec(
+        {"training.max_steps": 2, "training.gradient_accumulation_steps": 500, "launch.stall_minutes": 0.05}
+    )
+    manager = RunManager(runs_dir)
+    run_id = manager.start(spec)
+    run_dir = manager.run_dir(run_id)
+    ended = manager.wait(run_id, timeout=300)
+    assert ended.state == "finished", ended.error
+    started, first = start_record(run_dir)["time"], log_records(run_dir)[0]["time"]
+    assert first - started > 3  # the first step alone took longer than the limit
+    assert (
+        json.loads((run_dir / "progress.json").read_text())["micro"] > 100
+    )  # micro-batches, seen as they came (an epoch ends a step early)
+    assert HEADER not in rank_log(run_dir, 0) + rank_log(run_dir, 1)
+    assert "stalled" not in (run_dir / "logs" / "supervisor.log").read_text()
