@@ -1217,8 +1217,11 @@ class StallWatchdog:
 
     def _watch(self) -> None:
         while not self.done.wait(1.0):
+            if CHECKPOINT_SAVING.is_set():  # a save is no stall: the wait starts again when it ends
+                self.saved()
+                continue
             waited = time.monotonic() - self.beat_at
-            if CHECKPOINT_SAVING.is_set() or self.dumped or waited <= self.limit():
+            if self.dumped or waited <= self.limit():
                 continue
             self.dumped = True
             stalled = f"stalled: no training step for {waited / 60:.0f} min after step {self.step}"

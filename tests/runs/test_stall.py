@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
 
 import psutil
 import pytest
 
 from tunedeck.app.run_actions import stacks_notice
 from tunedeck.app.run_shown import RunShown
-from tunedeck.backend import supervisor
+from tunedeck.backend import supervisor, train
 from tunedeck.backend.run_status import from_status_file
 from tunedeck.backend.runs import RunManager
 from tunedeck.backend.train import write_progress
@@ -154,3 +155,24 @@ def test_a_step_of_many_micro_batches_longer_than_the_limit_is_no_stall(runs_dir
     )  # micro-batches, seen as they came (an epoch ends a step early)
     assert HEADER not in rank_log(run_dir, 0) + rank_log(run_dir, 1)
     assert "stalled" not in (run_dir / "logs" / "supervisor.log").read_text()
+
+
+def test_each_ranks_watchdog_writes_its_stacks_once_a_stall_outlasts_the_limit_and_never_during_a_save(tmp_path, capfd):
+    watchdog = train.StallWatchdog({"launch": {"stall_minutes": 0.03}}, tmp_path)  # 1.8 s
+    watchdog.start(step=7)
+    try:
+        train.CHECKPOINT_SAVING.set()  # a save longer than the limit
+        time.sleep(3.5)
+        train.CHECKPOINT_SAVING.clear()
+        time.sleep(1.0)  # the wait starts again when the save ends
+        assert HEADER not in capfd.readouterr().err
+        time.sleep(2.5)
+        dump = capfd.readouterr().err
+        assert HEADER + " for 0 min after step 7 on rank 0; every thread's stack:" in dump
+        assert "most recent call first" in dump and "in test_each_ranks_watchdog" in dump  # the main thread, waiting
+        time.sleep(2.0)
+        assert HEADER not in capfd.readouterr().err  # once a stall
+    finally:
+        watchdog.done.set()
+        train.CHECKPOINT_SAVING.clear()
+    assert not (tmp_path / "errors.jsonl").exists()  # without stop_when_stalled the run goes on
