@@ -285,7 +285,7 @@ class Progress(TypedDict):
     step: int
     micro: int  # micro-batches done: a step of many gradient accumulation steps makes progress as they come
     time: Timestamp
-    saving: bool  # writing a checkpoint: no stall, however long
+    saving: bool  # writing a checkpoint, or training ended and the final model is saved: no stall, however long
 
 
 class StallSettings(TypedDict):

@@ -1260,10 +1260,10 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self.watchdog = StallWatchdog(job, Path.cwd())  # train() works in the run folder
             self._micro = 0  # micro-batches done by this process
 
-        def _progress(self, step: int) -> None:
+        def _progress(self, step: int, saving: bool = False) -> None:
             if metrics:  # about 0.1 ms a step, so the step a stalled run stopped at is exact
                 with contextlib.suppress(OSError):  # a full disk must not stop training for this
-                    write_progress(metrics.path.parent, step, micro=self._micro)
+                    write_progress(metrics.path.parent, step, saving, self._micro)
 
         def on_substep_end(self, args, state, control, **kwargs):
             self._micro += 1  # a micro-batch of gradient accumulation: a long step is progress as they come
@@ -1295,6 +1295,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
 
         def on_train_end(self, args, state, control, **kwargs):
             self.watchdog.done.set()
+            self._progress(state.global_step, saving=True)  # the final model's save follows: no stall either
 
         def on_step_end(self, args, state, control, **kwargs):
             self._step_end = time.monotonic()  # evaluation, when due, runs after this
