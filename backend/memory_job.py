@@ -105,6 +105,12 @@ class Job:
     prefetch_bucket: int
     loss: str
 
+    @property
+    def full_reference(self) -> bool:
+        """A full DPO or KTO: TRL scores its answers against a frozen copy of the base (with adapters, the base with
+        the adapters off is the reference: no copy)."""
+        return self.objective in REFERENCE_OBJECTIVES and self.method == "full"
+
     @classmethod
     def from_values(cls, v: dict) -> Job:
         arch = catalog.lookup(v["model.name_or_path"])

@@ -32,7 +32,6 @@ memory-mapped file instead when the checkpoint is stored in model.dtype already 
 
 from __future__ import annotations
 
-from tunedeck.backend.flops import REFERENCE_OBJECTIVES
 from tunedeck.backend.memory_job import Job, frozen_base_params, largest_linear_params, quant_stats_bytes
 
 LOAD_TERMS: dict[str, str] = {
@@ -97,8 +96,7 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
 def loads_reference(job: Job) -> bool:
     """A full DPO or KTO loads a reference copy: unless its scores are computed before training, where FSDP alone
     still needs one (train.py: the model is sharded only when training starts)."""
-    full_reference = job.objective in REFERENCE_OBJECTIVES and job.method == "full"
-    return full_reference and (not job.precomputed_reference or job.engine == "fsdp")
+    return job.full_reference and (not job.precomputed_reference or job.engine == "fsdp")
 
 
 def _fsdp_cpu_bytes(job: Job) -> int:

@@ -18,7 +18,6 @@ tensors alive at once, on top of the model states. Bytes here; backend/memory.py
 
 from __future__ import annotations
 
-from tunedeck.backend.flops import REFERENCE_OBJECTIVES
 from tunedeck.backend.memory_job import (
     GIB,
     Job,
@@ -51,7 +50,7 @@ def train_phase(job: Job) -> tuple[dict[str, float], float, float, list[str]]:
         terms["weights"] = base + stats
     if "nvme" in (job.offload_optimizer, job.offload_params):
         cpu += 2 * GIB  # pinned staging buffers of DeepSpeed's asynchronous I/O swapper
-    if job.objective in REFERENCE_OBJECTIVES and job.method == "full" and not job.precomputed_reference:
+    if job.full_reference and not job.precomputed_reference:
         # DPO and KTO score each answer with a frozen reference copy of the base, loaded and sharded as the model
         # is (TRL's trainers; with adapters the reference is the base with the adapters off: no copy). Scores
         # computed before training need none: the model itself scores the rows before its first step.

@@ -278,16 +278,16 @@ class StallWatch:
     """Tells when rank 0 finishes no training step for longer than the run's limit (status.json's "stall").
 
     Progress is progress.json's step and micro-batch count, timed on this process's monotonic clock as they are
-    seen to change. The
-    watch starts with the first progress record (training began: loading, however long, is not watched). The
-    limit is after_s, and at least STALL_GAP_FACTOR times the longest gap seen so far, so a run whose
-    evaluations take long is not called stalled for them; nor while rank 0 saves a checkpoint ("saving"). Stalled, status.json says since when (the page and
-    `tunedeck runs show` say so); a step clears it. Each rank's own watchdog (train.py's StallWatchdog, on the
-    same rule) writes its stack to its log, and ends the run with launch.stop_when_stalled.
+    seen to change. The watch starts with the first progress record (training began: loading, however long, is
+    not watched). The limit is after_s, and at least STALL_GAP_FACTOR times the longest gap seen so far, so a run
+    whose evaluations take long is not called stalled for them; nor while rank 0 saves ("saving"). Stalled,
+    status.json says since when (the page and `tunedeck runs show` say so); a step clears it. Each rank's own
+    watchdog (train.py's StallWatchdog, on the same rule) writes its stack to its log, and ends the run with
+    launch.stop_when_stalled.
     """
 
     def __init__(self, run_dir: Path, settings: dict | None):
-        self.path = run_dir / PROGRESS_FILE
+        self.run_dir = run_dir
         self.after_s = float((settings or {}).get("after_s") or 0)
         self.step: int | None = None
         self.micro: int | None = None
@@ -296,12 +296,12 @@ class StallWatch:
 
     def _read(self) -> dict | None:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads((self.run_dir / PROGRESS_FILE).read_text(encoding="utf-8"))
             return data if isinstance(data.get("step"), int) else None
         except (OSError, ValueError, AttributeError):
             return None
 
-    def check(self, run_dir: Path, now: float) -> None:
+    def check(self, now: float) -> None:
         if not self.after_s or now - self.checked_at < STALL_CHECK_S:
             return
         self.checked_at = now
@@ -317,13 +317,13 @@ class StallWatch:
             self.step, self.micro, self.seen_at = progress["step"], progress.get("micro"), now
             if self.stalled:
                 self.stalled = False
-                _note(run_dir, stalled=None)
+                _note(self.run_dir, stalled=None)
                 print(f"supervisor: step {self.step} came: the run is no longer stalled", file=sys.stderr, flush=True)
             return
         limit = max(self.after_s, STALL_GAP_FACTOR * self.longest_gap)
         if not self.stalled and now - self.seen_at > limit:
             self.stalled = True
-            _note(run_dir, stalled={"step": self.step, "since": progress.get("time"), "limit_s": limit})
+            _note(self.run_dir, stalled={"step": self.step, "since": progress.get("time"), "limit_s": limit})
             print(f"supervisor: no step after step {self.step} for {now - self.seen_at:.0f} s: stalled",
                   file=sys.stderr, flush=True)  # fmt: skip
 
@@ -426,7 +426,7 @@ def supervise(run_dir: Path) -> int:
     watch = StallWatch(run_dir, status.get("stall"))
     while launcher.poll() is None:
         if stop_deadline is None and failed_since is None:
-            watch.check(run_dir, time.monotonic())
+            watch.check(time.monotonic())
         if failed_since is None and (run_dir / ERRORS_FILE).exists():
             failed_since = time.monotonic()
         if failed_since is not None and time.monotonic() > failed_since + FAILURE_GRACE_S + SUMMARY_GRACE_S:

@@ -29,7 +29,7 @@ both YAML files are taken from there):
                     micro-batch, rewritten as each ends: tunedeck's supervisor calls a run stalled
                     when it stops changing
   logs/rank<N>.log  each rank's stdout and stderr; SIGUSR1 makes a rank write every thread's
-                    Python stack there (the supervisor sends it to a stalled run's ranks)
+                    Python stack there (`tunedeck runs stacks` sends it), as its stall watchdog does
   errors.jsonl      one line per rank that failed (rank, time, error, traceback)
   <output_dir>/     checkpoints and the final adapter or model
 

@@ -120,7 +120,7 @@ def test_the_supervisor_calls_a_run_stalled_by_its_limit_and_three_times_its_lon
     def at(now: float, step: int | None = None, saving: bool = False, micro: int = 0) -> dict | None:
         if step is not None:
             write_progress(tmp_path, step, saving, micro)
-        watch.check(tmp_path, now)
+        watch.check(now)
         return json.loads((tmp_path / "status.json").read_text()).get("stalled")
 
     assert at(0.0) is None  # no progress yet: loading is not watched
