@@ -19,7 +19,7 @@ from typing import Any
 import gradio as gr
 
 from tunedeck.app.registry import Got, Registry
-from tunedeck.backend.fields import FORM_FIELDS, FormField, Values, section_titles, values_from_form
+from tunedeck.backend.fields import FORM_FIELDS, FormField, Values, section_shown, section_titles, values_from_form
 
 
 def element_id(path: str) -> str:
@@ -101,7 +101,8 @@ def build_form(initial: dict[str, Any], ui: Registry) -> Form:
     with gr.Tabs(elem_id="form-sections", overflow_behavior="wrap"):
         for title in section_titles():
             with ui.add(
-                "job.section." + section_id(title).removeprefix("section-"), gr.Tab(title, elem_id=section_id(title))
+                "job.section." + section_id(title).removeprefix("section-"),
+                gr.Tab(title, elem_id=section_id(title), visible=section_shown(title, initial)),
             ) as tab:
                 tabs[title] = tab
                 fields = [f for f in FORM_FIELDS if f.section == title]

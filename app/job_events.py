@@ -23,6 +23,7 @@ class JobShown:
     looks: dict[str, tuple[bool, FieldLook]] = field(default_factory=dict)  # field path -> (visible, its problem look)
     values: Values = field(default_factory=dict)  # the form's values the outputs were computed from
     tabs: dict[str, str] = field(default_factory=dict)  # section title -> tab label ("Training ✗2")
+    tabs_shown: dict[str, bool] = field(default_factory=dict)  # section title -> whether its tab shows
     fixes: list[tuple[str, dict]] = field(default_factory=list)  # (Fix button label, {path: value}) on display
     files: dict[str, str] = field(default_factory=dict)  # the bundle beside the form
     choice: str | None = None  # the file in the viewer

@@ -50,6 +50,7 @@ from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues
 from tunedeck.app.registry import Got, Registry, Updates, listen
 from tunedeck.backend.fields import (
     FORM_FIELDS,
+    section_shown,
     spec_from_values,
     values_from_form,
     values_from_spec,
@@ -291,9 +292,10 @@ class JobView:
     def _mark_updates(self, result: JobResult, shown: JobShown, out: Updates) -> None:
         """The section tabs' problem counts and the Fix buttons, where they changed."""
         old_tabs, shown.tabs = shown.tabs, tab_labels(result.issues)
+        old_shown, shown.tabs_shown = shown.tabs_shown, {t: section_shown(t, result.values) for t in shown.tabs}
         for title, tab in self.form.section_tabs.items():
-            if old_tabs.get(title) != shown.tabs[title]:
-                out[tab] = gr.update(label=shown.tabs[title])
+            if old_tabs.get(title) != shown.tabs[title] or old_shown.get(title) != shown.tabs_shown[title]:
+                out[tab] = gr.update(label=shown.tabs[title], visible=shown.tabs_shown[title])
         old_fixes, shown.fixes = shown.fixes, fix_choices(result.issues)
         if old_fixes != shown.fixes:
             out[self.fixes_row] = gr.update(visible=bool(shown.fixes))

@@ -73,6 +73,8 @@ _GPUS = When(("launch.use_cpu",), lambda v: not v.get("launch.use_cpu"), "on GPU
 _SFT = When(("objective",), lambda v: v.get("objective", "sft") == "sft", "with objective=sft")
 _DPO = When(("objective",), lambda v: v.get("objective") == "dpo", "with objective=dpo")
 _KTO = When(("objective",), lambda v: v.get("objective") == "kto", "with objective=kto")
+_GRPO = When(("objective",), lambda v: v.get("objective") == "grpo", "with objective=grpo")
+_NOT_GRPO = When(("objective",), lambda v: v.get("objective") != "grpo", "with objective=sft, dpo or kto")
 _PREFERENCE = When(("objective",), lambda v: v.get("objective") in REFERENCE_OBJECTIVES, "with objective=dpo or kto")
 _SFT_NOT_PACKING = When(
     ("objective", "dataset.packing"),
@@ -98,6 +100,9 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("preference.loss_type", _DPO),
     ("preference.*_weight", _KTO),
     ("preference.*", _PREFERENCE),
+    ("grpo.*", _GRPO),
+    # GRPOConfig has no max_length (the prompts' limit is grpo.max_prompt_length, the answers' max_completion_length)
+    ("dataset.max_seq_length", _NOT_GRPO),
     ("training.dataloader_num_workers", _GPUS),
     ("training.per_device_eval_batch_size", _EVALUATION),
     ("training.eval_steps", _EVALUATION),

@@ -8,8 +8,12 @@ downloads, so anyone (and CI) can watch a real distributed run on a CPU machine.
     <demo_home>/preference/       the same rows as preference pairs, for DPO: train.jsonl,
                                   validation.jsonl (chosen: the answer; rejected: the question restated)
     <demo_home>/unpaired/         the same rows as answers labelled good or bad, one a row, for KTO
+    <demo_home>/prompts/          the same questions alone with their reference answers, for GRPO
+    <demo_home>/model-sft/        the model after a short supervised warm-up (GRPO's start: a model that
+                                  never answers right earns no reward to learn from)
     <demo_home>/formats/<f>.jsonl the same task in each dataset format: text,
-                                  prompt-completion, messages, alpaca, preference, unpaired-preference
+                                  prompt-completion, messages, alpaca, preference, unpaired-preference,
+                                  prompt-only
     <demo_home>/BUILD             stamp: which recipe and builder made this folder
 
 `ensure_demo()` is cheap when the demo is built; otherwise it runs the build in a
@@ -33,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from tunedeck.backend.spec import PACKAGE_DIR, demo_home
-from tunedeck.backend.vocabulary import DATASET_FORMATS, PREFERENCE_FORMATS
+from tunedeck.backend.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 
 RECIPE_PATH = PACKAGE_DIR / "assets" / "demo" / "recipe.yaml"
 FORMATS = tuple(DATASET_FORMATS)
@@ -115,6 +119,7 @@ def build_demo(home: Path) -> Path:
         examples = _write_datasets(staging, recipe)
         tokenizer = _train_tokenizer(staging / "model", recipe, examples)
         n_params = _build_model(staging / "model", recipe, tokenizer)
+        _warm_up(staging, recipe, tokenizer)
         (staging / "BUILD").write_text(
             json.dumps({"stamp": build_stamp(), "parameters": n_params, "vocab_size": len(tokenizer)}, indent=2) + "\n"
         )
@@ -168,6 +173,8 @@ def as_format(example: dict, fmt: str) -> dict:
         return {"prompt": f"Q: {question}\nA:", "chosen": f" {example['answer']}", "rejected": f" {restated(example)}"}
     if fmt == "unpaired-preference":
         return {"prompt": f"Q: {question}\nA:", "completion": f" {example['answer']}", "label": True}
+    if fmt == "prompt-only":
+        return {"prompt": f"Q: {question}\nA:", "answer": example["answer"]}
     raise ValueError(f"unknown dataset format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
@@ -218,7 +225,7 @@ def _write_datasets(root: Path, recipe: dict) -> list[dict]:
     evaluation = make_examples(rng, data["eval_examples"], data)
     _write_jsonl(root / "data" / "train.jsonl", [as_format(e, "prompt-completion") for e in train])
     _write_jsonl(root / "data" / "eval.jsonl", [as_format(e, "prompt-completion") for e in evaluation])
-    for folder, fmt in (("preference", "preference"), ("unpaired", "unpaired-preference")):
+    for folder, fmt in (("preference", "preference"), ("unpaired", "unpaired-preference"), ("prompts", "prompt-only")):
         _write_jsonl(root / folder / "train.jsonl", _format_rows(train, fmt))
         _write_jsonl(root / folder / "validation.jsonl", _format_rows(evaluation, fmt))
     sample = train[: data["format_examples"]]
@@ -249,9 +256,9 @@ def _train_tokenizer(model_dir: Path, recipe: dict, examples: list[dict]):
     )
     corpus = []
     for example in examples:
-        # Not the preference data: it holds the same texts, and the tokenizer (so the demo model) stays as
+        # Only the SFT formats: the others hold the same texts, and the tokenizer (so the demo model) stays as
         # it was before DPO came, with the measurements made on it (recipe.yaml).
-        for fmt in (f for f in FORMATS if f not in PREFERENCE_FORMATS):
+        for fmt in OBJECTIVE_FORMATS["sft"]:
             record = as_format(example, fmt)
             corpus.append(json.dumps(record, ensure_ascii=False))
             corpus.extend(str(v) for v in record.values() if isinstance(v, str))
@@ -289,6 +296,38 @@ def _build_model(model_dir: Path, recipe: dict, tokenizer) -> int:
         model.lm_head.weight.normal_(0.0, recipe["lm_head_init_std"])
     model.save_pretrained(model_dir)
     return sum(p.numel() for p in model.parameters())
+
+
+def _warm_up(root: Path, recipe: dict, tokenizer) -> None:
+    """model-sft/: the demo model after a few supervised steps on its training rows (a plain loop, no TRL), the
+    start of the GRPO demo. GRPO learns only from answers that score differently: from the random model every
+    answer scores 0 (measured: 60 steps, no reward), from this one about 1 in 5 is right and the rest near misses."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    warm = recipe["warm_up"]
+    torch.manual_seed(recipe["seed"])
+    rng = random.Random(recipe["seed"])
+    model = LlamaForCausalLM.from_pretrained(root / "model")
+    rows = []
+    for line in (root / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        prompt = tokenizer(row["prompt"])["input_ids"]
+        answer = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append((prompt + answer, [-100] * len(prompt) + answer))  # the loss on the answer only
+    optimizer = torch.optim.AdamW(model.parameters(), lr=warm["learning_rate"])
+    model.train()
+    for _ in range(warm["steps"]):
+        batch = rng.sample(rows, warm["batch_size"])
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([i + [tokenizer.pad_token_id] * (width - len(i)) for i, _ in batch])
+        labels = torch.tensor([label + [-100] * (width - len(label)) for _, label in batch])
+        mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(root / "model-sft")
+    tokenizer.save_pretrained(root / "model-sft")
 
 
 def main(argv: list[str] | None = None) -> int:

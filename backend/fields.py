@@ -31,6 +31,7 @@ SECTIONS: list[tuple[str, tuple[str, ...]]] = [
     ("LoRA/Quantization", ("method", "lora.", "quantization.")),
     ("Strategy", ("strategy.",)),
     ("Training", ("objective", "training.", "preference.", "output_dir")),
+    ("Rewards", ("grpo.",)),  # GRPO's own: the tab shows only for objective=grpo (form_marks.section_shown)
     ("Hardware/Launch", ("launch.",)),
 ]
 OTHER_SECTION = "Other"
@@ -184,3 +185,8 @@ __all__ = [
     "values_from_spec",
     "visible",
 ]
+
+
+def section_shown(title: str, values: Values) -> bool:
+    """Whether a form section has a field that applies to the job (GRPO's Rewards tab shows only for GRPO)."""
+    return any(applies(f.path, values) for f in FORM_FIELDS if f.section == title)

@@ -109,17 +109,19 @@ def peak_tflops(name, dtype):
 # Per trained token, the forward passes without gradients of an objective (TRL's trainers), by its reference and
 # by the model itself, and the sequences of a row its token count covers: DPO's reference scores the chosen and
 # the rejected answer (two sequences a row, both counted); KTO's reference scores the answer and a mismatched
-# answer for the KL estimate, which the model scores too (the KL answers are not counted as tokens).
-OBJECTIVE_PASSES = {"sft": (0, 0, 1), "dpo": (1, 0, 2), "kto": (2, 1, 1)}
-# The objectives that score against a reference (the base with the adapters off, or a frozen copy of it).
+# answer for the KL estimate, which the model scores too (the KL answers are not counted as tokens). GRPO's model
+# writes its answers first, a forward a token (with the KV cache; the prompt once); a KL weight (grpo.beta > 0)
+# adds a reference pass, counted by extra_forwards, not here: without one GRPO has no reference.
+OBJECTIVE_PASSES = {"sft": (0, 0, 1), "dpo": (1, 0, 2), "kto": (2, 1, 1), "grpo": (0, 1, 1)}
+# The objectives that always score against a reference (the base with the adapters off, or a frozen copy of it).
 REFERENCE_OBJECTIVES = tuple(objective for objective, (reference, _, _) in OBJECTIVE_PASSES.items() if reference)
 
 
-def extra_forwards(objective: str, precomputed: bool = False) -> int:
+def extra_forwards(objective: str, precomputed: bool = False, kl_reference: bool = False) -> int:
     """Forward passes without gradients per trained token: the model's own, and the reference's unless its scores
-    were computed once before training (preference.precompute_ref_log_probs)."""
+    were computed once before training (preference.precompute_ref_log_probs); kl_reference: GRPO's KL reference."""
     reference, own, _ = OBJECTIVE_PASSES[objective]
-    return own + (0 if precomputed else reference)
+    return own + (0 if precomputed else reference) + int(kl_reference)
 
 
 def sequences_per_row(objective: str) -> int:

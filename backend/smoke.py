@@ -77,6 +77,7 @@ def smoke_spec(spec: JobSpec, gpus: int = 0) -> JobSpec:
         "training.resume_from_checkpoint": False,
         "dataset.max_seq_length": min(d.max_seq_length, MAX_SEQ_LENGTH),
         "output_dir": "output",  # inside the run folder: never the job's real output
+        **_smoke_generation(spec),
         **_smoke_data(spec),
         **(_on_gpus(spec, gpus) if gpus else _on_cpu(spec)),
     }
@@ -84,6 +85,13 @@ def smoke_spec(spec: JobSpec, gpus: int = 0) -> JobSpec:
         return set_paths(spec, changes)
     except SpecError as exc:  # a field the smoke run sets is refused: say which
         raise SmokeError(str(exc)) from None
+
+
+def _smoke_generation(spec: JobSpec) -> dict:
+    """GRPO: groups of 2 short answers (a group fits the smoke run's small batches), the job's rewards kept."""
+    if spec.objective != "grpo":
+        return {}
+    return {"grpo.num_generations": 2, "grpo.max_completion_length": min(spec.grpo.max_completion_length, 8)}
 
 
 def _smoke_data(spec: JobSpec) -> dict:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
+from tunedeck.backend.spec_grpo import GrpoSpec
 from tunedeck.backend.spec_sections import (
     BASIC,
     MAX_ELEMENTS,
@@ -244,13 +245,14 @@ class JobSpec(SpecSection):
         json_schema_extra=BASIC,
         description="full (all weights train), lora (adapters on a 16-bit base), qlora (adapters on a 4-bit base).",
     )
-    objective: Literal["sft", "dpo", "kto"] = Field(
+    objective: Literal["sft", "dpo", "kto", "grpo"] = Field(
         "sft",
         title="Objective",
         json_schema_extra=BASIC,
         description="sft (learn the answers in the data), dpo (learn to prefer the chosen answer of each pair over "
         "the rejected one: dataset.format=preference) or kto (learn from answers rated good or bad one at a time: "
-        "dataset.format=unpaired-preference, or pairs).",
+        "dataset.format=unpaired-preference, or pairs) or grpo (write several answers per prompt and learn toward the "
+        "ones the rewards score higher: dataset.format=prompt-only).",
     )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapter (lora and qlora).")
     quantization: QuantizationSpec = Field(
@@ -261,6 +263,7 @@ class JobSpec(SpecSection):
     preference: PreferenceSpec = Field(
         default_factory=PreferenceSpec, description="Preference training (objective=dpo or kto)."
     )
+    grpo: GrpoSpec = Field(default_factory=GrpoSpec, description="Learning from rewards (objective=grpo).")
     strategy: StrategySpec = Field(default_factory=StrategySpec, description="How the work is split across GPUs.")
     launch: LaunchSpec = Field(default_factory=LaunchSpec, description="Processes and machines.")
     output_dir: str = SftField(

@@ -46,12 +46,14 @@ killer) sends nothing.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import errno
 import faulthandler
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -357,6 +359,15 @@ def to_trl_format(dataset, dataset_cfg: dict, text_column: str):
         if fmt == "unpaired-preference" and dataset.features["label"].dtype != "bool":  # CSV: "true", 1, ...
             dataset = dataset.map(lambda row, i: {"label": _label_of_row(row["label"], i, columns)}, with_indices=True)
         return dataset
+    if fmt == "prompt-only":  # GRPO: the rewards get every other column too (TRL passes them by name)
+        prompt, answer = field("prompt_field"), field("answer_field")
+        _require_columns(dataset, {"prompt_field": prompt})
+        renames = {prompt: "prompt"}
+        if answer in dataset.column_names and answer != "answer":
+            if "answer" in dataset.column_names:
+                dataset = dataset.remove_columns(["answer"])
+            renames[answer] = "answer"
+        return dataset.rename_columns({c: n for c, n in renames.items() if c != n})
     raise JobError(f"dataset.format: {fmt!r} is not one of {', '.join(FORMAT_COLUMNS)}")
 
 
@@ -372,7 +383,40 @@ def load_datasets(job: dict, args, tokenizer):
     evaluation = None
     if dataset_cfg.get("eval_split"):
         evaluation = to_trl_format(load_split(dataset_cfg, dataset_cfg["eval_split"]), dataset_cfg, text_column)
+    if job.get("objective") == "grpo":
+        limit = int((job.get("grpo") or {}).get("max_prompt_length") or 512)
+        train = prompts_within(train, tokenizer, limit, "dataset.split")
+        evaluation = evaluation and prompts_within(evaluation, tokenizer, limit, "dataset.eval_split")
     return train, evaluation
+
+
+def prompts_within(dataset, tokenizer, limit: int, split_field: str):
+    """GRPO's rows whose prompt fits grpo.max_prompt_length tokens (GRPOConfig has no max_length: TRL 1.16 would
+    write answers after a prompt of any length, and the memory estimate counts on the limit); says how many left."""
+
+    def fits(row) -> bool:
+        prompt = row["prompt"]
+        if isinstance(prompt, list):  # a chat: as the model sees it, with the generation prompt
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) else ids
+        else:
+            ids = tokenizer(prompt)["input_ids"]
+        return len(ids) <= limit
+
+    kept = dataset.filter(fits)
+    dropped = len(dataset) - len(kept)
+    if not len(kept):
+        raise JobError(
+            f"grpo.max_prompt_length: every prompt of {split_field} is longer than {limit} tokens; raise it to the "
+            "prompts' length (tunedeck preview shows them)"
+        )
+    if dropped:
+        print(
+            f"grpo: {dropped} of {len(dataset)} prompts are longer than grpo.max_prompt_length ({limit} tokens) "
+            "and are left out; raise it to keep them",
+            flush=True,
+        )
+    return kept
 
 
 # ---------------------------------------------------------------- input checks
@@ -405,6 +449,10 @@ FORMAT_COLUMNS = {
         "prompt_field": ("prompt", "text or chat"),
         "completion_field": ("completion", "text or chat"),
         "label_field": ("label", "label"),
+    },
+    "prompt-only": {
+        "prompt_field": ("prompt", "text or chat"),
+        "answer_field": ("answer", "optional text"),
     },
 }
 CHAT_EXAMPLE = '[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]'
@@ -535,8 +583,11 @@ def _rows(path: Path, limit: int):
                 return
 
 
-def dataset_problems(dataset_cfg: dict, base: Path, limit: int = ROWS_CHECKED) -> list[tuple[str, str]]:
-    """(field, message) for a local data file whose first rows do not parse or do not fit dataset.format."""
+def dataset_problems(
+    dataset_cfg: dict, base: Path, limit: int = ROWS_CHECKED, needed: tuple[str, ...] = ()
+) -> list[tuple[str, str]]:
+    """(field, message) for a local data file whose first rows do not parse or do not fit dataset.format.
+    needed: optional columns the job needs all the same (GRPO's answer rewards read the reference answer)."""
     source = str(dataset_cfg.get("path") or "")
     path = base / Path(source).expanduser()
     if path.is_dir() or not (path.is_file() or looks_local(source) or path.suffix.lower() in DATA_FILE_BUILDERS):
@@ -561,7 +612,7 @@ def dataset_problems(dataset_cfg: dict, base: Path, limit: int = ROWS_CHECKED) -
                 continue
             for field, (col, kind) in columns.items():
                 if col not in row:
-                    if kind != "optional text":
+                    if kind != "optional text" or field in needed:
                         problems.setdefault(
                             f"dataset.{field}",
                             f"{at} has no column {col!r} (it has {', '.join(map(repr, row)) or 'none'}): set dataset.{field} "
@@ -605,7 +656,113 @@ def input_problems(job: dict, base: Path) -> list[tuple[str, str]]:
                 "or set training.use_liger_kernel=false",
             )
         )
-    return problems + dataset_problems(job.get("dataset") or {}, base)
+    needed = ()
+    if job.get("objective") == "grpo":
+        rewards = (job.get("grpo") or {}).get("rewards") or ["exact_answer"]
+        problems += [("grpo.rewards", problem) for entry in rewards if (problem := reward_problem(entry))]
+        needed = ("answer_field",) if any(entry in REWARD_FUNCTIONS for entry in rewards) else ()
+    return problems + dataset_problems(job.get("dataset") or {}, base, needed=needed)
+
+
+# ---------------------------------------------------------------- GRPO's rewards
+# Each scores a list of written answers (TRL's completions: text, or a list of messages for chat prompts) against
+# the rows' reference answers (the dataset's answer column, TRL passes every column by name). A row without a
+# reference answer gets None, which TRL leaves out of the mean. tunedeck describes them in backend/vocabulary.py.
+
+ANSWER_MARK = "####"  # GSM8K's mark before the final answer
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def _answer_text(value) -> str:
+    if isinstance(value, list):  # a chat completion: the messages the model wrote
+        return " ".join(str(message.get("content", "")) for message in value if isinstance(message, dict))
+    return "" if value is None else str(value)
+
+
+def final_answer(text: str) -> str:
+    """The answer a text gives: after its last '####', else inside its last \\boxed{}, else all of it; spaces
+    collapsed and a closing period dropped."""
+    if ANSWER_MARK in text:
+        text = text.rsplit(ANSWER_MARK, 1)[1]
+    elif boxed := BOXED.findall(text):
+        text = boxed[-1]
+    return " ".join(text.split()).rstrip(".")
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def exact_answer(completions, answer=None, **_) -> list[float | None]:
+    """1 when the final answer equals the reference answer (numbers compared as numbers: 4.0 is 4), else 0."""
+    scores = []
+    for completion, reference in zip(completions, answer or [None] * len(completions)):
+        if reference is None:
+            scores.append(None)
+            continue
+        got, want = final_answer(_answer_text(completion)), final_answer(str(reference))
+        same = got == want or (_number(got) is not None and _number(got) == _number(want))
+        scores.append(1.0 if same else 0.0)
+    return scores
+
+
+def close_answer(completions, answer=None, **_) -> list[float | None]:
+    """Partial credit: a number off by d scores 1/(1+d) (a non-number 0); other answers the share of their words in
+    the right place."""
+    scores = []
+    for completion, reference in zip(completions, answer or [None] * len(completions)):
+        if reference is None:
+            scores.append(None)
+            continue
+        got, want = final_answer(_answer_text(completion)), final_answer(str(reference))
+        if _number(want) is not None:
+            scores.append(0.0 if _number(got) is None else 1.0 / (1.0 + abs(_number(got) - _number(want))))
+            continue
+        words, wanted = got.split(), want.split()
+        scores.append(sum(a == b for a, b in zip(words, wanted)) / max(len(words), len(wanted), 1))
+    return scores
+
+
+REWARD_FUNCTIONS = {"exact_answer": exact_answer, "close_answer": close_answer}
+CUSTOM_REWARD = re.compile(r"^(?P<file>/.+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")  # as spec_grpo.py reads it
+
+
+def reward_problem(entry: str) -> str | None:
+    """Why a reward cannot be loaded here (a custom reward's file or function is missing), or None."""
+    if entry in REWARD_FUNCTIONS:
+        return None
+    found = CUSTOM_REWARD.match(str(entry))
+    if not found:
+        return f"{entry!r} is no reward: use {' or '.join(REWARD_FUNCTIONS)}, or /path/to/FILE.py:FUNCTION"
+    path, name = Path(found["file"]), found["function"]
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc}): the reward file must be on the machine that trains"
+    except SyntaxError as exc:
+        return f"{path} line {exc.lineno}: {exc.msg}; fix the reward file"
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    if name not in defined:
+        return f"{path} defines no function {name!r} (it defines {', '.join(sorted(defined)) or 'none'})"
+    return None
+
+
+def reward_functions(job: dict) -> list:
+    """The job's rewards as callables: the built-in ones, and your own loaded from their files."""
+    functions = []
+    for entry in (job.get("grpo") or {}).get("rewards") or ["exact_answer"]:
+        if entry in REWARD_FUNCTIONS:
+            functions.append(REWARD_FUNCTIONS[entry])
+            continue
+        found = CUSTOM_REWARD.match(entry)
+        spec = importlib.util.spec_from_file_location(f"reward_{Path(found['file']).stem}", found["file"])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        functions.append(getattr(module, found["function"]))
+    return functions
 
 
 # ---------------------------------------------------------------- what the run actually got
@@ -673,7 +830,7 @@ def reference_model(trainer) -> str | None:
     """What a DPO or KTO run scores its reference with: "adapters off" (the base, with PEFT), the reference's wrapped
     class (DeepSpeedEngine under ZeRO-3, as TRL prepares it), or "scored before training" (its scores are columns of
     the training rows, preference.precompute_ref_log_probs); None without one (SFT)."""
-    if not hasattr(trainer, "ref_model"):
+    if not hasattr(trainer, "ref_model") or getattr(trainer, "beta", None) == 0.0:  # GRPO without a KL weight
         return None
     columns = getattr(trainer.train_dataset, "column_names", None) or []
     if trainer.ref_model is None and any(c.startswith("ref_") and c.endswith("logps") for c in columns):
@@ -841,17 +998,19 @@ def peak_tflops(name, dtype):
 # Per trained token, the forward passes without gradients of an objective (TRL's trainers), by its reference and
 # by the model itself, and the sequences of a row its token count covers: DPO's reference scores the chosen and
 # the rejected answer (two sequences a row, both counted); KTO's reference scores the answer and a mismatched
-# answer for the KL estimate, which the model scores too (the KL answers are not counted as tokens).
-OBJECTIVE_PASSES = {"sft": (0, 0, 1), "dpo": (1, 0, 2), "kto": (2, 1, 1)}
-# The objectives that score against a reference (the base with the adapters off, or a frozen copy of it).
+# answer for the KL estimate, which the model scores too (the KL answers are not counted as tokens). GRPO's model
+# writes its answers first, a forward a token (with the KV cache; the prompt once); a KL weight (grpo.beta > 0)
+# adds a reference pass, counted by extra_forwards, not here: without one GRPO has no reference.
+OBJECTIVE_PASSES = {"sft": (0, 0, 1), "dpo": (1, 0, 2), "kto": (2, 1, 1), "grpo": (0, 1, 1)}
+# The objectives that always score against a reference (the base with the adapters off, or a frozen copy of it).
 REFERENCE_OBJECTIVES = tuple(objective for objective, (reference, _, _) in OBJECTIVE_PASSES.items() if reference)
 
 
-def extra_forwards(objective: str, precomputed: bool = False) -> int:
+def extra_forwards(objective: str, precomputed: bool = False, kl_reference: bool = False) -> int:
     """Forward passes without gradients per trained token: the model's own, and the reference's unless its scores
-    were computed once before training (preference.precompute_ref_log_probs)."""
+    were computed once before training (preference.precompute_ref_log_probs); kl_reference: GRPO's KL reference."""
     reference, own, _ = OBJECTIVE_PASSES[objective]
-    return own + (0 if precomputed else reference)
+    return own + (0 if precomputed else reference) + int(kl_reference)
 
 
 def sequences_per_row(objective: str) -> int:
@@ -923,7 +1082,11 @@ def speed_facts(trainer, trainable: int, total: int, objective: str = "sft") -> 
             "full": trainable >= total,  # every weight gets its gradient
             "checkpointing": checkpointing,
             # the objective's passes without gradients per token, and the sequences a row's token count covers
-            "extra_forwards": extra_forwards(objective, getattr(args, "precompute_ref_log_probs", False)),
+            "extra_forwards": extra_forwards(
+                objective,
+                getattr(args, "precompute_ref_log_probs", False),
+                kl_reference=objective == "grpo" and getattr(args, "beta", 0) > 0,
+            ),
             "sequences_per_row": sequences_per_row(objective),
         },
     }
@@ -1354,6 +1517,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             for key in ("eval_loss", "eval_mean_token_accuracy"):
                 if key in logs:
                     record[key] = logs[key]
+            record.update(grpo_record(logs))
             # DPO's and KTO's, of the training rows and of the held-out ones
             for key in ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "kl"):
                 if PREFERENCE_LOGS[key] in logs:
@@ -1491,11 +1655,43 @@ PREFERENCE_LOGS = {
         ("kl", "kl"),
     )
 }
+# Log record key -> what GRPOTrainer logs: the mean and spread of the answers' summed rewards, their mean length
+# in tokens, the share cut at grpo.max_completion_length, and the share of prompts whose answers all scored the
+# same (nothing to learn from them).
+GRPO_LOGS = {
+    f"{prefix}{key}": f"{prefix}{logged}"
+    for prefix in ("", "eval_")
+    for key, logged in (
+        ("reward", "reward"),
+        ("reward_std", "reward_std"),
+        ("completion_length", "completions/mean_length"),
+        ("completions_clipped", "completions/clipped_ratio"),
+        ("groups_without_signal", "frac_reward_zero_std"),
+    )
+}
+
+
+def grpo_record(logs: dict) -> dict:
+    """GRPO's keys of a log record: GRPO_LOGS, and each reward's mean under "rewards" ("eval_rewards")."""
+    record = {key: logs[logged] for key, logged in GRPO_LOGS.items() if logged in logs}
+    for prefix in ("", "eval_"):
+        start, end = f"{prefix}rewards/", "/mean"
+        rewards = {
+            name[len(start) : -len(end)]: value
+            for name, value in logs.items()
+            if name.startswith(start) and name.endswith(end)
+        }
+        if rewards:
+            record[f"{prefix}rewards"] = rewards
+    return record
+
+
 # What each job.objective trains with: TRL's config and trainer classes.
 OBJECTIVES = {
     "sft": ("SFTConfig", "SFTTrainer"),
     "dpo": ("DPOConfig", "DPOTrainer"),
     "kto": ("KTOConfig", "KTOTrainer"),
+    "grpo": ("GRPOConfig", "GRPOTrainer"),
 }
 
 
@@ -1612,6 +1808,9 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
         # Scores computed before training need no copy (the model scores the rows before its first step), but
         # under FSDP the model is sharded only when training starts: a sharded copy scores them, then goes.
         extra["ref_model"] = load_model(job, args)
+    if job.get("objective") == "grpo":
+        # The rewards score the answers the model writes; a KL weight (beta > 0) makes TRL load the reference itself.
+        extra["reward_funcs"] = reward_functions(job)
     train_set, eval_set = load_datasets(job, args, tokenizer)
     recorder = make_callback(metrics, stop, job, terminal, expected)
     recorder.load_peaks = load_peaks()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from tunedeck.backend import validate_launch, validate_method, validate_speed, validate_strategy
+from tunedeck.backend import validate_grpo, validate_launch, validate_method, validate_speed, validate_strategy
 from tunedeck.backend.applies import applies, when
 from tunedeck.backend.problem import Problem, has_errors, spelled, warning
 from tunedeck.backend.spec import JobSpec, field_info, flat_values
@@ -32,6 +32,7 @@ RULES: list[Rule] = [
     validate_method.objective_and_format,
     validate_method.kto_batch,
     validate_method.precomputed_reference,
+    validate_grpo.generation_groups,
     validate_method.lora,
     validate_method.precision,
     validate_strategy.offload,

@@ -191,6 +191,21 @@ def objective_and_format(spec: JobSpec) -> Iterator[Problem]:
             "set dataset.format=preference and name its columns, or set objective=sft.",
             {"dataset.format": "preference"},
         )
+    elif objective == "grpo":
+        yield error(
+            "dataset.format",
+            f"objective=grpo learns from prompts (the model writes the answers, the rewards score them), not {fmt} "
+            "rows: set dataset.format=prompt-only and name its prompt and reference-answer columns, or set "
+            "objective=sft.",
+            {"dataset.format": "prompt-only"},
+        )
+    elif fmt == "prompt-only":
+        yield error(
+            "objective",
+            "prompts alone (dataset.format=prompt-only) train with GRPO, which writes and scores the answers: set "
+            "objective=grpo, or pick the format of your data.",
+            {"objective": "grpo"},
+        )
     elif objective == "kto":
         yield error(
             "dataset.format",

@@ -139,16 +139,28 @@ DATASET_FORMATS: dict[str, DatasetFormat] = {
             ),
             ("prompt", "completion", "label"),
         ),
+        # Prompts alone, for GRPO (objective=grpo): the model writes the answers and the rewards score them;
+        # the reference answer, when there is one, is what exact_answer and close_answer compare with.
+        DatasetFormat(
+            "prompt-only", "a prompt and, for the answer rewards, its reference answer, for GRPO (objective=grpo)",
+            (
+                Column("prompt_field", "prompt", "the prompt", "text or chat"),
+                Column("answer_field", "answer", "the reference answer the answer rewards compare with", "optional text"),
+            ),
+            ("prompt", "answer"),
+        ),
     )
 }  # fmt: skip
 
 # What a job learns from, and the dataset formats of each: demonstrations (SFT), preference pairs (DPO),
-# answers rated good or bad (KTO, which also reads pairs: TRL splits each into a good and a bad answer).
+# answers rated good or bad (KTO, which also reads pairs: TRL splits each into a good and a bad answer), prompts
+# whose answers the model writes itself and rewards score (GRPO).
 PREFERENCE_FORMATS = ("preference", "unpaired-preference")
 OBJECTIVE_FORMATS: dict[str, tuple[str, ...]] = {
-    "sft": tuple(name for name in DATASET_FORMATS if name not in PREFERENCE_FORMATS),
+    "sft": tuple(name for name in DATASET_FORMATS if name not in (*PREFERENCE_FORMATS, "prompt-only")),
     "dpo": ("preference",),
     "kto": ("unpaired-preference", "preference"),
+    "grpo": ("prompt-only",),
 }
 
 
@@ -159,3 +171,13 @@ def column_fields() -> dict[str, tuple[Column, list[str]]]:
         for column in fmt.columns:
             out.setdefault(column.field, (column, []))[1].append(fmt.name)
     return out
+
+
+# GRPO's built-in rewards (grpo.rewards), each scoring one written answer against the row's reference answer
+# (dataset.answer_field). train.py, which ships alone, implements them under the same names (REWARD_FUNCTIONS;
+# tests/spine/test_vocabulary.py checks that they agree). A reward may also be your own function: FILE.py:NAME.
+REWARDS: dict[str, str] = {
+    "exact_answer": "1 when the final answer (after the last '####', inside the last \\boxed{}, or the whole answer) "
+    "equals the reference answer (numbers as numbers), else 0",
+    "close_answer": "partial credit: a number off by d scores 1/(1+d); words score the share in the right place",
+}

@@ -51,11 +51,11 @@ def training_args_dict(spec: JobSpec) -> dict:
         # (trl#2514), so the file says so rather than promise what does not run.
         reentrant = spec.uses_adapter and s.zero_stage == 3
         args["activation_checkpointing_kwargs"] = {"use_reentrant": reentrant}
-    if not launch.use_cpu:
+    if not launch.use_cpu and spec.objective != "grpo":  # GRPO tokenises its prompts as it goes
         # GPU jobs only: CPU bundles (the demo, the tests) have small data, and their cores are the trainers.
         args["dataset_num_proc"] = DATASET_NUM_PROC
-        if launch.num_processes > 1:
-            args["ddp_timeout"] = DDP_TIMEOUT_S
+    if not launch.use_cpu and launch.num_processes > 1:
+        args["ddp_timeout"] = DDP_TIMEOUT_S
     if t.group_by_length and applies("training.group_by_length", flat_values(spec)):
         # transformers 5 replaced the group_by_length flag with this sampler choice.
         args["train_sampling_strategy"] = "group_by_length"

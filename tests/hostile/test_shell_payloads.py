@@ -32,6 +32,7 @@ FORMATTED = [
     "launch.slurm.qos",
     "launch.slurm.time_limit",
     "launch.slurm.mem",
+    "grpo.rewards",  # a built-in reward's name or /path/FILE.py:FUNCTION
 ]
 # Each line must be an #SBATCH directive: the payload goes after one, where sbatch reads it and bash never runs it.
 DIRECTIVES = "launch.slurm.extra_directives"
@@ -70,7 +71,7 @@ def test_every_text_field_is_covered():
 def _value(path: str, payload: str):
     if path == DIRECTIVES:
         return [f"#SBATCH --comment={payload}"]
-    return [payload] if path == "lora.target_modules" else payload
+    return [payload] if path in ("lora.target_modules", "grpo.rewards") else payload
 
 
 def _job_file(tmp_path, payload: str, refused: bool = False):

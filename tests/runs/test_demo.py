@@ -53,6 +53,7 @@ def test_demo_contents(demo_home):
         "alpaca": {"instruction", "input", "output"},
         "preference": {"prompt", "chosen", "rejected"},
         "unpaired-preference": {"prompt", "completion", "label"},
+        "prompt-only": {"prompt", "answer"},
     }
     for fmt in FORMATS:
         first = json.loads((demo_home / "formats" / f"{fmt}.jsonl").read_text().splitlines()[0])

@@ -48,6 +48,7 @@ PROOF = {
     "demo": {**DDP, "method": "lora"},
     "demo-dpo": {**DDP, "method": "lora", "objective": "dpo", "reference": "adapters off"},
     "demo-kto": {**DDP, "method": "lora", "objective": "kto", "reference": "adapters off"},
+    "demo-grpo": {**DDP, "method": "lora", "objective": "grpo", "reference": None},
 }
 
 
@@ -104,6 +105,7 @@ def test_smoke_run_of_every_preset_passes_and_proves_its_strategy(preset, tmp_pa
 OBJECTIVE_DATA = {
     "dpo": ("objective=dpo", "dataset.format=preference"),
     "kto": ("objective=kto", "dataset.format=unpaired-preference", "training.per_device_train_batch_size=2"),
+    "grpo": ("objective=grpo", "dataset.format=prompt-only"),
 }
 
 
@@ -153,3 +155,37 @@ def test_preference_smoke_runs_on_each_engine_with_its_reference(path, tmp_path)
         assert all(0 <= r["reward_accuracy"] <= 1 for r in logs)
     else:
         assert all(r["kl"] >= 0 and "reward_accuracy" not in r for r in logs)
+
+
+# GRPO writes its answers with the model as each engine holds it: ZeRO-3 gathers the sharded weights for the
+# generation (GRPOConfig.ds3_gather_for_generation), FSDP2 gathers them as its forward does, DDP uses its copy.
+# A KL weight (grpo.beta > 0) adds the reference: the base with the adapters off, or a copy TRL loads and each
+# engine prepares as DPO's (without one, none at all).
+KL = "grpo.beta=0.04"
+GRPO_PATHS = {
+    "full-zero3": ("7b-full-zero2", ("strategy.kind=zero3",), {**deepspeed(3), "reference": None}),
+    "lora-fsdp": ("13b-lora-fsdp", (), {**FSDP2, "reference": None}),
+    "qlora-zero3-kl": ("70b-qlora-zero3", (KL,), {**deepspeed(3), **ONE_DTYPE, "reference": "adapters off"}),
+    "full-ddp-kl": ("7b-full-zero2", ("strategy.kind=ddp", KL), {**DDP, "reference": "Qwen2ForCausalLM"}),
+    "full-fsdp-kl": (
+        "7b-full-zero2",
+        ("strategy.kind=fsdp", KL),
+        {"fsdp_version": 2, "reference": "FSDPQwen2ForCausalLM"},
+    ),
+}
+
+
+@pytest.mark.parametrize("path", GRPO_PATHS)
+def test_grpo_smoke_runs_on_each_engine_with_its_generation_and_reference(path, tmp_path):
+    preset, changes, proof = GRPO_PATHS[path]
+    result, run_dir = smoke(preset, tmp_path, *OBJECTIVE_DATA["grpo"], *changes)
+    assert result.stdout.strip().splitlines()[-1].startswith("smoke test passed: 2 ranks on 1 machine")
+    start = start_record(run_dir)
+    assert start["gate"]["passed"] and start["objective"] == "grpo" and start["method"] == path.split("-")[0]
+    for key, value in proof.items():
+        assert start[key] == value, f"{path}: {key} is {start[key]!r}, expected {value!r}"
+    assert start["flops_inputs"]["extra_forwards"] == flops.extra_forwards("grpo", kl_reference=KL in changes)
+    logs = log_records(run_dir)
+    assert [r["step"] for r in logs] == [1, 2, 3]
+    assert all("reward" in r and set(r["rewards"]) == {"exact_answer"} for r in logs)
+    assert all(("kl" in r) == (KL in changes) for r in logs)

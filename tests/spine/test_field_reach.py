@@ -39,6 +39,7 @@ BASES = [
     ("7b-lora-ddp", ["launch.backend=slurm", "launch.num_machines=2", "launch.num_processes=8"]),
     *[("7b-lora-ddp", [f"dataset.format={name}"]) for name in DATASET_FORMATS],
     ("7b-lora-ddp", ["objective=dpo", "dataset.format=preference"]),
+    ("7b-lora-ddp", ["objective=grpo", "dataset.format=prompt-only", "training.per_device_train_batch_size=8"]),
     ("demo-kto", []),
 ]
 

@@ -44,7 +44,12 @@ def test_every_preset_and_strategy_passes_the_libraries(preset, kind, export, ch
     args = result.sft_config
     assert args.per_device_train_batch_size == spec.training.per_device_train_batch_size
     assert args.gradient_accumulation_steps == spec.training.gradient_accumulation_steps
-    assert args.max_length == spec.dataset.max_seq_length
+    if spec.objective == "grpo":  # GRPOConfig has no max_length: the answers stop at max_completion_length
+        assert args.num_generations == spec.grpo.num_generations
+        assert args.max_completion_length == spec.grpo.max_completion_length
+        assert args.generation_batch_size % args.num_generations == 0  # TRL's own check passed, and agrees
+    else:
+        assert args.max_length == spec.dataset.max_seq_length
     assert args.bf16 == (spec.training.precision == "bf16")
     assert args.fp16 == (spec.training.precision == "fp16")
     assert args.activation_checkpointing == spec.training.gradient_checkpointing

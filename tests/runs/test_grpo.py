@@ -1,0 +1,54 @@
+"""GRPO on the demo: 2 real ranks write answers to the demo's questions, rewards score them, and it learns.
+
+The Demo GRPO preset starts from the demo model after a short supervised warm-up (backend/demo.py's model-sft:
+about 1 answer in 5 right), writes 8 answers to each of 8 questions a step (64 across the 2 ranks), and scores
+each with exact_answer (1 for the reference answer) and close_answer (partial credit). The rewards TRL logs are
+the proof that the run learns from them, not only that it runs: they rise, and more and more of a question's
+answers agree (the model grows sure of them).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tunedeck.backend.spec import resolve_spec, set_paths
+
+from .helpers import log_records, read_metrics, start_record
+from .test_dpo import mean
+from .test_training_runs import assert_finished, run_to_end
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def test_demo_grpo_learns_from_its_rewards(runs_dir):
+    spec = set_paths(
+        resolve_spec("demo-grpo"),
+        {
+            "dataset.eval_split": "validation[:32]",  # 32 held-out questions, 8 answers each, at the end
+            "training.eval_steps": 150,
+            "training.per_device_eval_batch_size": 8,
+        },
+    )
+    manager, run_id, status = run_to_end(runs_dir, spec)
+    assert_finished(manager, run_id, status)
+    run_dir = manager.run_dir(run_id)
+    start = start_record(run_dir)
+    assert (start["world_size"], start["objective"], start["reference"]) == (2, "grpo", None)
+    assert start["flops_inputs"]["extra_forwards"] == 1  # writing the answers: a forward a token, no reference
+
+    logs = log_records(run_dir)
+    assert [r["step"] for r in logs] == [1, *range(5, 151, 5)]
+    for record in logs:
+        assert set(record["rewards"]) == {"exact_answer", "close_answer"}
+        assert record["reward"] == pytest.approx(sum(record["rewards"].values()), abs=1e-4)
+        assert 0 <= record["rewards"]["exact_answer"] <= record["rewards"]["close_answer"] <= 1
+        assert 1 <= record["completion_length"] <= 12 and 0 <= record["groups_without_signal"] <= 1
+    first, last = logs[1:11], logs[-10:]  # steps 5-50 and 105-150 (step 1 alone is 8 questions)
+    assert mean(r["reward"] for r in last) > mean(r["reward"] for r in first)
+    assert mean(r["rewards"]["exact_answer"] for r in last) > mean(r["rewards"]["exact_answer"] for r in first)
+    # A question whose 8 answers all score the same teaches nothing more: the sure ones pile up as it learns.
+    assert mean(r["groups_without_signal"] for r in last) > mean(r["groups_without_signal"] for r in first)
+    (evaluated,) = [r for r in read_metrics(run_dir) if r["event"] == "log" and "eval_reward" in r]
+    assert evaluated["step"] == 150 and evaluated["eval_reward"] > 0
+    assert set(evaluated["eval_rewards"]) == {"exact_answer", "close_answer"}
+    assert (run_dir / "output" / "adapter_model.safetensors").is_file()
