@@ -86,7 +86,9 @@ class GrpoSpec(SpecSection):
     @field_validator("rewards", mode="before")
     @classmethod
     def _split_comma_list(cls, value: Any) -> Any:
-        # Forms and --set give "exact_answer, close_answer"; the job keeps a list.
+        # Forms and --set give "exact_answer, close_answer" (an empty box: none); the job keeps a list.
+        if value is None:
+            return []
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value

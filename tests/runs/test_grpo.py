@@ -52,3 +52,19 @@ def test_demo_grpo_learns_from_its_rewards(runs_dir):
     assert evaluated["step"] == 150 and evaluated["eval_reward"] > 0
     assert set(evaluated["eval_rewards"]) == {"exact_answer", "close_answer"}
     assert (run_dir / "output" / "adapter_model.safetensors").is_file()
+
+
+def test_your_own_reward_function_scores_the_answers(tmp_path):
+    from .test_smoke_presets import smoke
+
+    rewards = tmp_path / "my_rewards.py"
+    rewards.write_text(
+        "def brevity(completions, answer, **columns):\n"
+        "    # TRL passes the rows' other columns by name: the reference answer here\n"
+        "    return [1.0 / (1 + len(c.split())) for c in completions]\n",
+        encoding="utf-8",
+    )
+    _, run_dir = smoke("demo-grpo", tmp_path, f"grpo.rewards=[exact_answer, '{rewards}:brevity']")
+    logs = log_records(run_dir)
+    assert [r["step"] for r in logs] == [1, 2, 3]
+    assert all(set(r["rewards"]) == {"exact_answer", "brevity"} and 0 < r["rewards"]["brevity"] <= 1 for r in logs)
