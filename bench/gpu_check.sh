@@ -6,7 +6,7 @@
 #      under FSDP2 (the final adapter must be saved; every log record must carry MFU and HFU against
 #      the GPU's peak from backend/flops.py's table, which names this GPU);
 #      DPO with a full fine-tune under ZeRO-3 (its reference model beside the trained one, then scored before
-#      training instead), KTO on QLoRA;
+#      training instead), KTO on QLoRA, GRPO on QLoRA (answers written on the GPU from a 4-bit base);
 #   4. the smoke run (`tunedeck train PRESET --smoke`) of every preset that fits the GPUs found, with
 #      its load and training peaks beside the estimate (bench/gpu_smoke_check.py).
 # Needs torch with CUDA, transformers, accelerate, peft. Packages the machine lacks travel as
@@ -61,6 +61,13 @@ step "tunedeck train demo-kto on the GPU (QLoRA)" timeout 300 python3 -m tunedec
   --set model.dtype=bfloat16 --set training.max_steps=20 --set method=qlora --set quantization.bits=4 \
   --set quantization.bnb_4bit_compute_dtype=bfloat16
 python3 bench/gpu_run_report.py "$out/runs-kto" || failed=1
+# GRPO on a 4-bit base: the model writes 8 answers a question on the GPU (generate through bitsandbytes), rewards
+# score them; one process writes the 32 answers of a step.
+step "tunedeck train demo-grpo on the GPU (QLoRA)" timeout 300 python3 -m tunedeck.backend.cli train demo-grpo \
+  --runs-dir "$out/runs-grpo" --set launch.use_cpu=false --set launch.num_processes=1 --set training.precision=bf16 \
+  --set model.dtype=bfloat16 --set training.max_steps=20 --set method=qlora --set quantization.bits=4 \
+  --set quantization.bnb_4bit_compute_dtype=bfloat16
+python3 bench/gpu_run_report.py "$out/runs-grpo" || failed=1
 step "smoke run of every preset, peaks vs estimate" python3 bench/gpu_smoke_check.py --out "$out/smoke.json" \
   --runs-dir "$out/runs-smoke"
 [ $failed = 0 ] && echo "ALL PASS" || echo "SOME CHECKS FAILED"

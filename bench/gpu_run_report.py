@@ -21,6 +21,10 @@ def main(runs_dir: str) -> int:
         print(
             f"  loss {logs[0]['loss']:.3f} -> {logs[-1]['loss']:.3f} over {len(logs)} logs; peak allocated per rank: {peaks[-1] if peaks else None} GiB"
         )
+        if "reward" in logs[0]:  # GRPO: what its answers scored
+            print(
+                f"  reward {logs[0]['reward']:.3f} -> {logs[-1]['reward']:.3f}; rewards at the end: {logs[-1]['rewards']}"
+            )
     saved = any(runs[-1].parent.glob("output/adapter_model.safetensors")) or any(
         runs[-1].parent.glob("output/model*.safetensors")  # a full fine-tune saves the whole model
     )
