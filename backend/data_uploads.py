@@ -129,10 +129,10 @@ def first_row_columns(path: Path) -> list[str] | None:
 
 def format_of(columns: list[str] | None) -> str | None:
     """The row format whose default columns the data has (labelled answers, preference pairs, then messages,
-    prompt-completion, alpaca, text: the first whose columns are all there)."""
+    prompt-completion, alpaca, text, and prompts alone: the first whose columns are all there)."""
     if not columns:
         return None
-    for name in ("unpaired-preference", "preference", "messages", "prompt-completion", "alpaca", "text"):
+    for name in ("unpaired-preference", "preference", "messages", "prompt-completion", "alpaca", "text", "prompt-only"):
         needed = [c.default for c in DATASET_FORMATS[name].columns if c.required]
         if all(column in columns for column in needed):
             return name

@@ -14,6 +14,7 @@ import yaml
 
 from tunedeck.backend import train
 from tunedeck.backend.applies import applies
+from tunedeck.backend.data_uploads import dataset_changes
 from tunedeck.backend.fields import section_shown, values_from_spec
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import SpecError, flat_values, resolve_spec, set_paths
@@ -156,3 +157,13 @@ def test_the_answer_rewards_need_the_answer_column(tmp_path):
     rewards.write_text("def brevity(completions, **kw):\n    return [-len(c) for c in completions]\n")
     # your own reward alone may not need a reference answer: the column stays optional then
     assert train.input_problems(_job(tmp_path, [f"{rewards}:brevity"], rows='{"prompt": "Hi"}\n'), tmp_path) == []
+
+
+def test_an_upload_of_prompts_sets_grpo_and_their_columns(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "Q: 2+2\\nA:", "answer": "4"}\n', encoding="utf-8")
+    changes, found, _ = dataset_changes(data, held_out=False, objective="sft")
+    assert found == "prompt-only" and changes["objective"] == "grpo"
+    assert (changes["dataset.prompt_field"], changes["dataset.answer_field"]) == ("prompt", "answer")
+    data.write_text('{"prompt": "Q: 2+2\\nA:", "completion": " 4"}\n', encoding="utf-8")
+    assert dataset_changes(data, held_out=False, objective="sft")[1] == "prompt-completion"
