@@ -66,7 +66,7 @@ class BundleCheck:
     processes_per_machine: int  # the torchrun --nproc_per_node accelerate would pass
     use_cpu: bool  # what the ranks' SFTConfig says
     env: dict[str, str] = field(repr=False)  # ACCELERATE_* / FSDP_* variables the ranks would get
-    sft_config: Any = field(repr=False)  # the real trl.SFTConfig (DPOConfig, KTOConfig for objective: dpo, kto)
+    sft_config: Any = field(repr=False)  # the real trl.SFTConfig (DPOConfig, KTOConfig, GRPOConfig by objective)
     zero_stage: int | None = None
     deepspeed_config: Any = field(default=None, repr=False)  # the parsed DeepSpeedConfig
     fsdp_plugin: Any = field(default=None, repr=False)  # accelerate's FullyShardedDataParallelPlugin
@@ -195,7 +195,7 @@ def _dry_launch(directory: Path, spec) -> tuple[str, Any, dict[str, str]]:
 
 
 def _build_sft_config(training_args: dict, job: dict):
-    """The objective's TRL config (SFTConfig; DPOConfig, KTOConfig for objective: dpo, kto), as train_sft.py builds it."""
+    """The objective's TRL config (SFTConfig; DPOConfig, KTOConfig, GRPOConfig by objective), as train_sft.py builds it."""
     from tunedeck.backend.train import objective_classes  # light: trl is imported only when called
 
     config_class, _ = objective_classes(job)

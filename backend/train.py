@@ -1,13 +1,13 @@
 #!/usr/bin/env python
-"""tunedeck's training entrypoint: TRL's SFTTrainer (DPOTrainer, KTOTrainer) under `accelerate launch`.
+"""tunedeck's training entrypoint: TRL's SFTTrainer (DPOTrainer, KTOTrainer, GRPOTrainer) under `accelerate launch`.
 
     accelerate launch --config_file accelerate_config.yaml train_sft.py \
         --job job.yaml --training-args training_args.yaml [--run-dir DIR]
 
 This file ships in every exported bundle as train_sft.py, so it depends only on the
 Hugging Face stack and PyYAML, never on tunedeck. job.yaml is read as a plain dict
-(model, method, objective, lora, quantization, dataset); training_args.yaml holds the keyword
-arguments of trl.SFTConfig (DPOConfig, KTOConfig with objective: dpo, kto) and is passed unchanged: what
+(model, method, objective, lora, quantization, dataset, grpo); training_args.yaml holds the keyword
+arguments of trl.SFTConfig (DPOConfig, KTOConfig, GRPOConfig by objective) and is passed unchanged: what
 you read is what runs.
 It is one long file on purpose (like torchtune's recipes): a bundle must run with this
 file alone. Its sections: run folder plumbing, inputs (model, tokenizer, data), what the
@@ -1848,7 +1848,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--training-args",
         type=Path,
         default=Path("training_args.yaml"),
-        help="trl.SFTConfig (DPOConfig, KTOConfig) kwargs YAML",
+        help="trl.SFTConfig (DPOConfig, KTOConfig, GRPOConfig) kwargs YAML",
     )
     parser.add_argument("--run-dir", type=Path, default=None, help="run folder (default: the current folder)")
     return parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""training_args.yaml: the keyword arguments of TRL's SFTConfig (DPOConfig, KTOConfig for objective=dpo, kto), complete.
+"""training_args.yaml: the keyword arguments of TRL's SFTConfig (DPOConfig, KTOConfig, GRPOConfig by objective), complete.
 
 The training entrypoint passes them as `SFTConfig(**kwargs)` unchanged, so this file
 is exactly what runs. The two configs share the Trainer's arguments; a field only one of
