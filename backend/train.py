@@ -30,6 +30,9 @@ both YAML files are taken from there):
                     when it stops changing
   logs/rank<N>.log  each rank's stdout and stderr; SIGUSR1 makes a rank write every thread's
                     Python stack there (`tunedeck runs stacks` sends it), as its stall watchdog does
+  answers.jsonl     rank 0 only, GRPO: at each logging step the answers the model just wrote to two
+                    prompts, each with its rewards and advantage ({"step", "groups": [{"prompt",
+                    "answers": [{"text", "rewards", "advantage"}]}]})
   errors.jsonl      one line per rank that failed (rank, time, error, traceback)
   <output_dir>/     checkpoints and the final adapter or model
 
@@ -1534,6 +1537,8 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             if peaks:
                 record["gpu_peak_allocated_gb"], record["gpu_peak_reserved_gb"] = peaks
             metrics.write(record)
+            if "reward" in record:
+                write_answers(Path(metrics.path).parent, state.global_step, getattr(self.trainer, "_logs", None))
             if terminal:
                 shown = "  ".join(f"{k} {record[k]:.4g}" for k in ("loss", "eval_loss", "learning_rate") if k in record)
                 print(f"step {record['step']}/{record['max_steps']}  {shown}", file=terminal)
@@ -1669,6 +1674,33 @@ GRPO_LOGS = {
         ("groups_without_signal", "frac_reward_zero_std"),
     )
 }
+
+
+ANSWERS_FILE = "answers.jsonl"  # rank 0, GRPO: what the model just wrote, scored
+ANSWER_GROUPS, ANSWER_CHARS = 2, 2000  # prompts kept a logging step; characters kept of a prompt or an answer
+
+
+def write_answers(run_dir: Path, step: int, latest: dict | None) -> None:
+    """Append the answers GRPOTrainer last wrote to the first ANSWER_GROUPS prompts (its `_logs`: the last
+    generation batch of every rank, in order), each with its rewards and advantage, to answers.jsonl."""
+    if not latest or not latest.get("prompt"):
+        return
+    rewards = {name: list(values) for name, values in latest.get("rewards", {}).items()}
+    advantages = list(latest.get("advantages", []))
+    groups: dict[str, list] = {}
+    for i, (prompt, answer) in enumerate(zip(latest["prompt"], latest["completion"])):
+        key = _answer_text(prompt)
+        if key not in groups and len(groups) == ANSWER_GROUPS:
+            break
+        groups.setdefault(key, []).append(
+            {
+                "text": _answer_text(answer)[:ANSWER_CHARS],
+                "rewards": {name: values[i] for name, values in rewards.items() if i < len(values)},
+                "advantage": advantages[i] if i < len(advantages) else None,
+            }
+        )
+    record = {"step": step, "groups": [{"prompt": p[:ANSWER_CHARS], "answers": a} for p, a in groups.items()]}
+    JsonlWriter(run_dir / ANSWERS_FILE).write(record)
 
 
 def grpo_record(logs: dict) -> dict:

@@ -9,6 +9,8 @@ answers agree (the model grows sure of them).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tunedeck.backend.spec import resolve_spec, set_paths
@@ -52,6 +54,13 @@ def test_demo_grpo_learns_from_its_rewards(runs_dir):
     assert evaluated["step"] == 150 and evaluated["eval_reward"] > 0
     assert set(evaluated["eval_rewards"]) == {"exact_answer", "close_answer"}
     assert (run_dir / "output" / "adapter_model.safetensors").is_file()
+    # What the model wrote, scored: two questions at each logging step, all 8 answers of each.
+    answers = [json.loads(line) for line in (run_dir / "answers.jsonl").read_text().splitlines()]
+    assert [a["step"] for a in answers] == [r["step"] for r in logs]
+    for group in answers[-1]["groups"]:
+        assert group["prompt"].startswith("Q: ") and len(group["answers"]) == 8
+        for answer in group["answers"]:
+            assert set(answer["rewards"]) == {"exact_answer", "close_answer"} and answer["advantage"] is not None
 
 
 def test_your_own_reward_function_scores_the_answers(tmp_path):
