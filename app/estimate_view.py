@@ -55,6 +55,8 @@ TERM_COLORS = {
     "activations": "#ea580c",
     "logits": "#d97706",
     "gathered": "#db2777",
+    "generation": "#be123c",
+    "generation_gathered": "#f472b6",
     "buckets": "#9333ea",
     "cuda_context": "#64748b",
     "allocator": "#94a3b8",

@@ -304,7 +304,8 @@ def _nothing_fits(
         fix = f"so use GPUs with at least {math.ceil(est.per_gpu_gb / FIT_FRACTION)} GB or a smaller model"
     else:
         need = format_gb(est.per_gpu_gb) + (f" and {est.host_gb:.0f} GB of CPU RAM" if est.host_gb else "")
-        fix = "so add GPUs, lower dataset.max_seq_length or training.per_device_train_batch_size" + (
+        grpo = ", grpo.max_completion_length" if v["objective"] == "grpo" else ""  # and its answers written at once
+        fix = f"so add GPUs, lower dataset.max_seq_length{grpo} or training.per_device_train_batch_size" + (
             "" if v["training.gradient_checkpointing"] else ", or turn on training.gradient_checkpointing"
         )
     reason = f"Nothing fits in {gpu_mem_gb:g} GB per GPU{host}: even {smallest.strategy} needs {need}, {fix}."

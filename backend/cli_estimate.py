@@ -137,9 +137,14 @@ def _print_report(spec, advice, gpu_source: str) -> None:
     current, gpu_gb = advice.current, advice.gpu_mem_gb
     t = spec.training
     share = current.trainable_params / current.params
+    if spec.objective == "grpo":  # a row is a prompt and an answer the model writes
+        g = spec.grpo
+        tokens = f"({g.max_prompt_length} prompt + {g.max_completion_length} answer) tokens, {g.num_generations} answers a prompt"
+    else:
+        tokens = f"{spec.dataset.max_seq_length} tokens"
     out(
         f"{spec.model.name_or_path} · {spec.method} · {spec.strategy.kind} · {spec.launch.num_processes} process(es)"
-        f" · micro batch {t.per_device_train_batch_size} x {spec.dataset.max_seq_length} tokens\n"
+        f" · micro batch {t.per_device_train_batch_size} x {tokens}\n"
         f"parameters {current.params:,}, trainable {current.trainable_params:,} ({share:.2%})\n"
         f"GPU memory {gpu_gb:g} GB ({gpu_source}), host RAM "
         + ("not checked" if advice.cpu_mem_gb is None else f"{advice.cpu_mem_gb:.0f} GB per machine")

@@ -31,10 +31,12 @@ TERMS: dict[str, str] = {
     "gradients": "Gradients",
     "optimizer": "Optimizer states",
     "adapter": "LoRA adapter",
-    "reference": "Reference model (DPO, KTO)",
+    "reference": "Reference model (DPO, KTO, GRPO with KL)",
     "activations": "Activations",
     "logits": "Logits and loss",
     "gathered": "Gathered parameters",
+    "generation": "Generation: KV cache and logits (GRPO)",
+    "generation_gathered": "Generation: gathered weights (GRPO, ZeRO-3)",
     "buckets": "Communication buckets",
     "cuda_context": "CUDA context",
     "allocator": "Allocator overhead",
@@ -49,6 +51,8 @@ TENSOR_TERMS = (
     "activations",
     "logits",
     "gathered",
+    "generation",
+    "generation_gathered",
     "buckets",
 )
 LOAD_TENSOR_TERMS = ("weights", "reference", "adapter", "in_flight")

@@ -38,7 +38,8 @@ INPUT_PATHS = (
     "quantization.bnb_4bit_compute_dtype",
     "quantization.bnb_4bit_quant_storage", "dataset.max_seq_length",
     "training.per_device_train_batch_size", "training.gradient_checkpointing", "training.precision",
-    "training.optim", "training.learning_rate",
+    "training.optim", "training.learning_rate", "training.gradient_accumulation_steps",
+    "grpo.num_generations", "grpo.max_prompt_length", "grpo.max_completion_length", "grpo.beta",
     "strategy.kind", "strategy.offload_optimizer", "strategy.offload_params", "strategy.nvme_path",
     "strategy.overlap_comm", "strategy.reduce_bucket_size", "strategy.stage3_prefetch_bucket_size",
     "strategy.fsdp_sharding_strategy", "strategy.fsdp_activation_checkpointing",
@@ -76,7 +77,7 @@ def input_values(spec: JobSpec, loss: str = "fused") -> dict[str, Any]:
 class Job:
     arch: catalog.ModelArch
     method: str
-    objective: str  # sft; dpo: two sequences (chosen, rejected) per row; dpo and kto: a reference model
+    objective: str  # sft; dpo: two sequences (chosen, rejected) per row; dpo, kto: a reference; grpo: writes answers
     precomputed_reference: bool  # the reference's scores computed before training: no copy kept, no pass a step
     kind: str
     offload_optimizer: str
@@ -104,12 +105,34 @@ class Job:
     reduce_bucket: int
     prefetch_bucket: int
     loss: str
+    grad_accum: int = 1
+    # GRPO (objective=grpo): the answers' tokens (grpo.max_completion_length; 0 for the other objectives), the
+    # answers per prompt and the KL weight (grpo.beta; above 0 the model is scored against a reference)
+    completion_len: int = 0
+    num_generations: int = 1
+    kl_weight: float = 0.0
+
+    @property
+    def kl_reference(self) -> bool:
+        """GRPO with a KL weight: TRL's GRPOTrainer scores the answers with a reference too (beta > 0)."""
+        return self.objective == "grpo" and self.kl_weight > 0
 
     @property
     def full_reference(self) -> bool:
-        """A full DPO or KTO: TRL scores its answers against a frozen copy of the base (with adapters, the base with
-        the adapters off is the reference: no copy)."""
-        return self.objective in REFERENCE_OBJECTIVES and self.method == "full"
+        """A full DPO or KTO, or a full GRPO with a KL weight: TRL scores the answers against a frozen copy of the base
+        (with adapters, the base with the adapters off is the reference: no copy)."""
+        return (self.objective in REFERENCE_OBJECTIVES or self.kl_reference) and self.method == "full"
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens of a prompt (GRPO: grpo.max_prompt_length) or of a whole row: dataset.max_seq_length."""
+        return self.seq_len - self.completion_len
+
+    @property
+    def generation_rows(self) -> int:
+        """Answers one GPU writes at once per optimizer step (GRPO): TRL's generation batch per GPU is
+        per_device_train_batch_size x steps_per_generation, which defaults to gradient_accumulation_steps."""
+        return (self.tokens // self.seq_len) * self.grad_accum if self.objective == "grpo" else 0
 
     @classmethod
     def from_values(cls, v: dict) -> Job:
@@ -129,6 +152,11 @@ class Job:
         else:
             act_bytes = weight_bytes
         h = arch.hidden_size
+        # GRPO trains on prompt + answer: grpo.max_prompt_length is the longest prompt (train.py leaves longer ones
+        # out), grpo.max_completion_length the longest answer.
+        grpo = v["objective"] == "grpo"
+        completion = v["grpo.max_completion_length"] if grpo else 0
+        seq_len = (v["grpo.max_prompt_length"] if grpo else v["dataset.max_seq_length"]) + completion
         reduce_bucket = v["strategy.reduce_bucket_size"]
         prefetch = v["strategy.stage3_prefetch_bucket_size"]
         return cls(
@@ -145,10 +173,8 @@ class Job:
             use_cpu=v["launch.use_cpu"],
             # DPOTrainer runs each pair's chosen and rejected answers as one batch of twice the rows (both keep
             # activations); KTO's KL answer is scored without gradients.
-            tokens=v["training.per_device_train_batch_size"]
-            * v["dataset.max_seq_length"]
-            * sequences_per_row(v["objective"]),
-            seq_len=v["dataset.max_seq_length"],
+            tokens=v["training.per_device_train_batch_size"] * seq_len * sequences_per_row(v["objective"]),
+            seq_len=seq_len,
             act_bytes=act_bytes,
             weight_bytes=weight_bytes,
             precision=precision,
@@ -170,6 +196,10 @@ class Job:
             reduce_bucket=h * h if reduce_bucket == "auto" else reduce_bucket,
             prefetch_bucket=int(0.9 * h * h) if prefetch == "auto" else prefetch,
             loss=v["loss"],
+            grad_accum=v["training.gradient_accumulation_steps"],
+            completion_len=completion,
+            num_generations=v["grpo.num_generations"] if v["objective"] == "grpo" else 1,
+            kl_weight=v["grpo.beta"] if v["objective"] == "grpo" else 0.0,
         )
 
     @property

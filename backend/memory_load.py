@@ -36,7 +36,7 @@ from tunedeck.backend.memory_job import Job, frozen_base_params, largest_linear_
 
 LOAD_TERMS: dict[str, str] = {
     "weights": "Weights as loaded",
-    "reference": "Reference model (DPO, KTO)",
+    "reference": "Reference model (DPO, KTO, GRPO with KL)",
     "adapter": "LoRA adapter",
     "in_flight": "Tensor in flight",
     "cuda_context": "CUDA context",

@@ -10,6 +10,8 @@ The peak on one GPU is modelled as the sum of these terms (each cites its source
   logits                         the loss's tensors: TRL's fused LM head (tiles, what
                                  tunedeck runs) or materialized (tokens x vocab) logits
   gathered                       parameters all-gathered by ZeRO-3/FSDP, or held whole
+  generation, generation_gathered  GRPO: what writing the answers holds beyond the step's
+                                 activations and loss tensors (backend/memory_grpo.py)
   buckets                        gradient communication buffers (DDP, DeepSpeed)
   cuda_context, allocator        CUDA/NCCL context and caching-allocator overhead
 The peak sits at the start of the backward pass: all activations and the loss's
@@ -18,6 +20,7 @@ tensors alive at once, on top of the model states. Bytes here; backend/memory.py
 
 from __future__ import annotations
 
+from tunedeck.backend.memory_grpo import GENERATION_TERMS, add_generation
 from tunedeck.backend.memory_job import (
     GIB,
     Job,
@@ -51,22 +54,28 @@ def train_phase(job: Job) -> tuple[dict[str, float], float, float, list[str]]:
     if "nvme" in (job.offload_optimizer, job.offload_params):
         cpu += 2 * GIB  # pinned staging buffers of DeepSpeed's asynchronous I/O swapper
     if job.full_reference and not job.precomputed_reference:
-        # DPO and KTO score each answer with a frozen reference copy of the base, loaded and sharded as the model
-        # is (TRL's trainers; with adapters the reference is the base with the adapters off: no copy). Scores
-        # computed before training need none: the model itself scores the rows before its first step.
+        # DPO and KTO (and GRPO with grpo.beta > 0) score each answer with a frozen reference copy of the base,
+        # loaded and sharded as the model is (TRL's trainers; with adapters the reference is the base with the
+        # adapters off: no copy). Scores computed before training need none: the model itself scores the rows
+        # before its first step.
         terms["reference"] = frozen_base_bytes(job, notes)[0]
         notes.append(
-            "the reference copy goes with preference.precompute_ref_log_probs=true (each row scored once before "
-            "training)"
+            "the reference copy goes with grpo.beta=0 (no KL term)"
+            if job.kl_reference
+            else "the reference copy goes with preference.precompute_ref_log_probs=true (each row scored once "
+            "before training)"
         )
     terms["activations"] = activation_bytes(job)
     terms["logits"] = logit_bytes(job)
     terms["gathered"] = gathered_bytes(job)
     terms["buckets"] = bucket_bytes(job)
+    if job.objective == "grpo":
+        add_generation(job, terms, notes)
     terms["cuda_context"] = job.device_overhead
     terms["allocator"] = ALLOCATOR_FRACTION * (
         terms["activations"] + terms["logits"] + terms["gathered"] + terms["buckets"]
-    )
+        + sum(terms.get(key, 0.0) for key in GENERATION_TERMS)
+    )  # fmt: skip
     return terms, cpu, nvme, notes
 
 

@@ -32,6 +32,7 @@ class RunComparison:
     predicted_tokens_per_s_per_gpu: float
     measured_peak_gb: float | None  # highest torch.cuda.max_memory_allocated over the ranks
     predicted_peak_gb: float
+    objective: str = "sft"
 
     @property
     def throughput_ratio(self) -> float:
@@ -103,6 +104,7 @@ def _compare_files(run_dir: Path, stamps: tuple) -> RunComparison | None:
         predicted_tokens_per_s_per_gpu=speed.tokens_per_s_per_gpu,
         measured_peak_gb=max(peaks) if peaks else None,
         predicted_peak_gb=memory.allocated_gb,
+        objective=spec.objective,
     )
 
 
@@ -149,7 +151,9 @@ def calibration(runs_dir: Path | str, gpu: str | None) -> Calibration | None:
     found = []
     for run_dir in sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True):  # run ids sort by time
         comparison = compare_run(run_dir)
-        if comparison is not None and comparison.gpu == gpu:
+        # A GRPO run's tokens/s depends on how long its answers came out (a decode step a token, whatever the
+        # batch), which the prediction cannot know (it takes grpo.max_completion_length): it calibrates nothing.
+        if comparison is not None and comparison.gpu == gpu and comparison.objective != "grpo":
             found.append(comparison)
             if len(found) == RUNS_CALIBRATED:
                 break

@@ -22,6 +22,8 @@ A step is compute plus the communication compute does not hide, plus offload tra
             prefetched weight gathers behind the whole micro-step; what is left is exposed.
   offload   optimizer states on the CPU: gradients down and weights up over PCIe, and the
             Adam step on the CPU (memory-bound); NVMe: the states through the disk.
+  generation  GRPO: writing the answers before the step, decode step by decode step, bound by the
+            GPU's memory bandwidth (backend/speed_generation.py); the prompts' prefill is compute.
 
 Around the steps (not one constant): start-up, reading the weights, evaluation passes
 (forward only) and checkpoint saves (adapter, or weights and optimizer states for full
@@ -41,6 +43,7 @@ from pathlib import Path
 
 from tunedeck.backend import flops
 from tunedeck.backend.memory_job import Job, frozen_base_params
+from tunedeck.backend.speed_generation import generation_seconds
 
 # ---------------------------------------------------------------- constants, each with its source
 
@@ -150,7 +153,7 @@ class SpeedEstimate:
     step_time_s: float
     tokens_per_s_per_gpu: float
     mfu: float  # the predicted model FLOPs utilisation
-    parts: dict[str, float]  # seconds per step: compute, exposed communication, offload
+    parts: dict[str, float]  # seconds per step: compute, exposed communication, offload (GRPO: generation)
     around_s: dict[str, float]  # seconds outside the steps: startup, load, eval, checkpoints, reference
     steps: int | None
     steps_source: str
@@ -190,16 +193,28 @@ def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0)
         return None
     full = job.method == "full"
     trainable = job.trainable_params  # a property that counts the adapters: once per prediction
+    passes = flops.extra_forwards(job.objective, job.precomputed_reference, job.kl_reference)
     model_flops, hardware_flops = flops.arch_flops_per_token(
-        job.arch, trainable, job.seq_len, full, job.checkpointing,
-        flops.extra_forwards(job.objective, job.precomputed_reference),
-    )  # fmt: skip
+        job.arch, trainable, job.seq_len, full, job.checkpointing, passes
+    )
+    if job.objective == "grpo":  # the answers' decode steps are timed as generation below; the prefill stays here
+        hardware_flops = flops.arch_flops_per_token(
+            job.arch, trainable, job.seq_len, full, job.checkpointing, passes - job.completion_len / job.seq_len
+        )[1]
     efficiency = EFFICIENCY[job.method] * job.tokens / (job.tokens + HALF_SATURATION_TOKENS) * correction
     micro = job.tokens * hardware_flops / (peak * 1e12 * efficiency)  # one micro batch's compute
     ga = schedule.grad_accum
     comms, notes = _exposed_comms(job, hw, micro, ga, trainable)
     offload = _offload(job, trainable)
-    step = ga * micro + comms + offload
+    parts = {"compute": ga * micro, "communication": comms, "offload": offload}
+    if job.objective == "grpo":
+        # Saturated efficiency: a decode step's small matmuls are what the bandwidth bound stands for.
+        decode_flops_per_s = peak * 1e12 * EFFICIENCY[job.method] * correction
+        parts["generation"], more = generation_seconds(
+            job, hw.gpu, decode_flops_per_s, _gather_rate(job, hw), PCIE_HOST_GBPS * 1e9
+        )
+        notes += more
+    step = sum(parts.values())
     tokens_per_s = ga * job.tokens / step
     around = _around_steps(job, schedule, peak * 1e12 * efficiency, trainable)
     hours = cost = None
@@ -211,7 +226,7 @@ def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0)
         step_time_s=step,
         tokens_per_s_per_gpu=tokens_per_s,
         mfu=tokens_per_s * model_flops / (peak * 1e12),
-        parts={"compute": ga * micro, "communication": comms, "offload": offload},
+        parts=parts,
         around_s=around,
         steps=schedule.steps,
         steps_source=schedule.steps_source,
@@ -267,6 +282,15 @@ def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int, trainable: int
     return exposed, notes
 
 
+def _gather_rate(job: Job, hw: Hardware) -> float:
+    """Seconds per byte of an all-gather over the ranks the weights are sharded on (0 when they are not)."""
+    n = job.shards
+    if n <= 1 or not (job.zero_stage == 3 or job.engine == "fsdp"):
+        return 0.0
+    machines = 1 if job.engine == "fsdp" and job.fsdp_sharding == "HYBRID_SHARD" else job.machines
+    return (n - 1) / n / _bandwidth(hw, job.per_machine, machines)[0]
+
+
 def _offload(job: Job, trainable: int) -> float:
     """Seconds per step of offload traffic and the CPU optimizer step (not hidden: they follow the backward pass)."""
     if job.offload_optimizer == "none" and job.offload_params == "none":
@@ -291,7 +315,9 @@ def _around_steps(job: Job, schedule: Schedule, flops_per_s: float, trainable: i
     # A DPO evaluation reads each pair's two answers with the model and its reference; KTO's reads each answer and
     # a mismatched one for its KL estimate, with both: four forward passes either way, two by the reference.
     reference = flops.OBJECTIVE_PASSES[job.objective][0] * flops.sequences_per_row(job.objective)
-    passes = 1 if job.objective == "sft" else 4
+    # GRPO's writes grpo.num_generations answers to each held-out prompt and scores them: two forwards an answer as
+    # FLOPs (three with a KL reference); the decode's bandwidth bound is not added.
+    passes = {"sft": 1, "grpo": job.num_generations * (2 + job.kl_reference)}.get(job.objective, 4)
     if job.precomputed_reference:  # scored once before training, the held-out rows too
         passes -= reference
     eval_s = passes * schedule.eval_passes * schedule.eval_rows * row_s
@@ -318,9 +344,11 @@ def schedule_of(spec, rows: int | None, rows_source: str = "") -> Schedule:
     if t.max_steps > 0:
         steps, source = t.max_steps, f"training.max_steps = {t.max_steps}"
     elif rows:
-        per_epoch = math.ceil(rows / global_batch)
+        answers = spec.grpo.num_generations if spec.objective == "grpo" else 1  # GRPO: a batch row is one answer
+        per_epoch = math.ceil(rows * answers / global_batch)
         steps = math.ceil(per_epoch * t.num_train_epochs)
-        source = f"{rows:,} rows{rows_source} x {t.num_train_epochs:g} epochs / global batch {global_batch}"
+        each = f" x {answers} answers" if answers > 1 else ""
+        source = f"{rows:,} rows{rows_source}{each} x {t.num_train_epochs:g} epochs / global batch {global_batch}"
     else:
         steps, source = None, "unknown: set training.max_steps, or use a local dataset file"
     eval_rows = _slice_rows(spec.dataset.eval_split, rows) if spec.dataset.eval_split else 0

@@ -38,7 +38,7 @@ LAYERS = [
         r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate\w*|catalog|engine_facts|vocabulary|applies|implied|problem|presets|flops)",
     ),
     ("render", 1, r"tunedeck\.backend\.render(\..+)?"),
-    ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*|advisor\w*|fit|speed)"),
+    ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*|advisor\w*|fit|speed\w*)"),
     (
         "runs",
         2,
