@@ -277,7 +277,7 @@ def final_state(
 class StallWatch:
     """Tells when rank 0 finishes no training step for longer than the run's limit (status.json's "stall").
 
-    Progress is progress.json's step and micro-batch count, timed on this process's monotonic clock as they are
+    Progress is progress.json's step, micro-batch and forward-pass counts (GRPO's writing answers), timed on this process's monotonic clock as they are
     seen to change. The watch starts with the first progress record (training began: loading, however long, is
     not watched). The limit is after_s, and at least STALL_GAP_FACTOR times the longest gap seen so far, so a run
     whose evaluations take long is not called stalled for them; nor while rank 0 saves ("saving"). Stalled,
@@ -290,7 +290,7 @@ class StallWatch:
         self.run_dir = run_dir
         self.after_s = float((settings or {}).get("after_s") or 0)
         self.step: int | None = None
-        self.micro: int | None = None
+        self.seen: tuple | None = None  # (step, micro-batches, forward passes) last seen
         self.seen_at = self.longest_gap = self.checked_at = 0.0
         self.stalled = False
 
@@ -311,14 +311,19 @@ class StallWatch:
         if progress.get("saving"):  # a checkpoint save, however long, is no stall, and its time no step's gap
             self.seen_at = now
             return
-        if (progress["step"], progress.get("micro")) != (self.step, self.micro):  # a micro-batch is progress too
+        seen = (progress["step"], progress.get("micro"), progress.get("forwards"))
+        if seen != self.seen:  # a micro-batch, or a forward pass writing answers, is progress too
             if self.step is not None and not self.stalled:  # a stall's gap would raise the limit for good
                 self.longest_gap = max(self.longest_gap, now - self.seen_at)
-            self.step, self.micro, self.seen_at = progress["step"], progress.get("micro"), now
+            self.step, self.seen, self.seen_at = progress["step"], seen, now
             if self.stalled:
                 self.stalled = False
                 _note(self.run_dir, stalled=None)
-                print(f"supervisor: step {self.step} came: the run is no longer stalled", file=sys.stderr, flush=True)
+                print(
+                    f"supervisor: the run moves again (step {self.step}): no longer stalled",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return
         limit = max(self.after_s, STALL_GAP_FACTOR * self.longest_gap)
         if not self.stalled and now - self.seen_at > limit:

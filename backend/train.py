@@ -140,11 +140,12 @@ STOP_FILE = "stop.request"  # the run folder's stop request (backend/run_folder.
 PROGRESS_FILE = "progress.json"  # rank 0's last finished step (backend/run_folder.py)
 
 
-def write_progress(run_dir: Path, step: int, saving: bool = False, micro: int = 0) -> None:
+def write_progress(run_dir: Path, step: int, saving: bool = False, micro: int = 0, forwards: int = 0) -> None:
     """Rank 0's last finished step and when, the micro-batches it has done (a step of many is progress as they
-    come), and whether it is saving a checkpoint (which is no stall); replaced whole: never read half-written."""
+    come), its forward passes (GRPO writes answers a token a pass, for minutes inside one micro-batch), and
+    whether it is saving a checkpoint (which is no stall); replaced whole: never read half-written."""
     tmp = run_dir / f".{PROGRESS_FILE}.tmp"
-    record = {"step": step, "micro": micro, "time": time.time(), "saving": saving}
+    record = {"step": step, "micro": micro, "forwards": forwards, "time": time.time(), "saving": saving}
     tmp.write_text(json.dumps(record), encoding="utf-8")
     os.replace(tmp, run_dir / PROGRESS_FILE)
 
@@ -1400,6 +1401,7 @@ class StallWatchdog:
 
 
 STALLED_EXIT = 3
+FORWARDS_TOLD_EVERY_S = 2.0  # how often forward passes reach progress.json (the supervisor checks each second)
 CHECKPOINT_SAVING = threading.Event()  # set while a checkpoint is written (with_atomic_checkpoints)
 
 
@@ -1425,11 +1427,23 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self._fault = _parse_fault(os.environ.get(FAULT_ENV))
             self.watchdog = StallWatchdog(job, Path.cwd())  # train() works in the run folder
             self._micro = 0  # micro-batches done by this process
+            self._forwards, self._forwards_told = 0, 0.0  # forward passes, and when progress.json last said so
+            self._step = 0
 
         def _progress(self, step: int, saving: bool = False) -> None:
+            self._step = step
             if metrics:  # about 0.1 ms a step, so the step a stalled run stopped at is exact
                 with contextlib.suppress(OSError):  # a full disk must not stop training for this
-                    write_progress(metrics.path.parent, step, saving, self._micro)
+                    write_progress(metrics.path.parent, step, saving, self._micro, self._forwards)
+
+        def forward_done(self) -> None:
+            """A forward pass of the model (a hook on its input embeddings): progress inside a micro-batch, where
+            GRPO writes its answers a token a pass. Told to progress.json at most every few seconds."""
+            self._forwards += 1
+            self.watchdog.beat()
+            if time.monotonic() - self._forwards_told >= FORWARDS_TOLD_EVERY_S:
+                self._forwards_told = time.monotonic()
+                self._progress(self._step)
 
         def on_substep_end(self, args, state, control, **kwargs):
             self._micro += 1  # a micro-batch of gradient accumulation: a long step is progress as they come
@@ -1856,6 +1870,8 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
         peft_config=peft_config(job),
         callbacks=[recorder],
     )
+    if job.get("objective") == "grpo":  # minutes of writing answers inside one micro-batch are no stall
+        trainer.model.get_input_embeddings().register_forward_hook(lambda *_: recorder.forward_done())
     if precomputed and extra:  # the scores are in the datasets now: free the copy (TRL keeps one it was given)
         extra.clear()
         trainer.ref_model = None

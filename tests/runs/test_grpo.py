@@ -54,6 +54,8 @@ def test_demo_grpo_learns_from_its_rewards(runs_dir):
     assert evaluated["step"] == 150 and evaluated["eval_reward"] > 0
     assert set(evaluated["eval_rewards"]) == {"exact_answer", "close_answer"}
     assert (run_dir / "output" / "adapter_model.safetensors").is_file()
+    # Writing answers is progress the stall watch sees: rank 0 counts the forward passes, a token each.
+    assert json.loads((run_dir / "progress.json").read_text())["forwards"] > 150 * 3
     # What the model wrote, scored: two questions at each logging step, all 8 answers of each.
     answers = [json.loads(line) for line in (run_dir / "answers.jsonl").read_text().splitlines()]
     assert [a["step"] for a in answers] == [r["step"] for r in logs]
