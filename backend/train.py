@@ -1660,34 +1660,35 @@ def _disk_full(folder: str, exc: BaseException) -> bool:
 # ---------------------------------------------------------------- main
 
 
+def _both_splits(pairs) -> dict:
+    """{record key: logged key} of the training rows, and under eval_ of the held-out ones."""
+    return {f"{prefix}{key}": f"{prefix}{logged}" for prefix in ("", "eval_") for key, logged in pairs}
+
+
 # Log record key -> what DPOTrainer and KTOTrainer log (eval_ before both for the held-out rows): the implicit
 # rewards beta * log(policy / reference) of the chosen (KTO: good) and rejected (bad) answers, their margin, how
 # often chosen wins (DPO), and KTO's estimate of the KL divergence between the model and its reference.
-PREFERENCE_LOGS = {
-    f"{prefix}{key}": f"{prefix}{logged}"
-    for prefix in ("", "eval_")
-    for key, logged in (
+PREFERENCE_LOGS = _both_splits(
+    (
         ("reward_chosen", "rewards/chosen"),
         ("reward_rejected", "rewards/rejected"),
         ("reward_margin", "rewards/margins"),
         ("reward_accuracy", "rewards/accuracies"),
         ("kl", "kl"),
     )
-}
+)
 # Log record key -> what GRPOTrainer logs: the mean and spread of the answers' summed rewards, their mean length
 # in tokens, the share cut at grpo.max_completion_length, and the share of prompts whose answers all scored the
 # same (nothing to learn from them).
-GRPO_LOGS = {
-    f"{prefix}{key}": f"{prefix}{logged}"
-    for prefix in ("", "eval_")
-    for key, logged in (
+GRPO_LOGS = _both_splits(
+    (
         ("reward", "reward"),
         ("reward_std", "reward_std"),
         ("completion_length", "completions/mean_length"),
         ("completions_clipped", "completions/clipped_ratio"),
         ("groups_without_signal", "frac_reward_zero_std"),
     )
-}
+)
 
 
 ANSWERS_FILE = "answers.jsonl"  # rank 0, GRPO: what the model just wrote, scored
