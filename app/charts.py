@@ -1,5 +1,5 @@
 """Plotly figures of a run's metrics: loss (with EMA smoothing, eval loss, overlay), lr, grad norm, tokens/s, MFU,
-and for a DPO or KTO run its rewards.
+for a DPO or KTO run its rewards, and for a GRPO run its reward above the loss and its answers below the metrics.
 
 Figures are built from a run's log records (backend/run_folder.py's LogRecord), downsampled
 to at most MAX_POINTS per series, so a week-long run draws as fast as a demo.
@@ -36,6 +36,16 @@ PREFERENCE_PANELS = {
         (("kl",), "KL estimate (model vs reference)"),
     ),
 }
+# A GRPO run's second row (the answers it wrote), chosen by what only GRPO logs; its KL when grpo.beta > 0.
+GRPO_PANELS = (
+    (("completion_length",), "answers: mean length (tokens)"),
+    (("completions_clipped", "groups_without_signal"), "answers cut at max length (blue),<br>prompts all scored alike (orange)"),
+    (("reward_std",), "reward spread (std of the answers)"),
+)  # fmt: skip
+GRPO_KL_PANEL = (("kl",), "KL estimate (model vs reference)")
+SHARES = ("completions_clipped", "groups_without_signal")  # 0-1, drawn as %
+# Each reward's mean (a GRPO record's "rewards": {name: mean}): one color each, after the summed reward's.
+REWARD_COLORS = ("#16a34a", "#db2777", "#0891b2", "#ca8a04", "#7c3aed", "#dc2626", "#65a30d", "#0d9488")
 NO_MFU = "MFU is not defined here:<br>no known peak throughput<br>(a CPU run, or a GPU not in<br>the table of peaks)"
 COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
 _LAYOUT = dict(
@@ -80,6 +90,22 @@ def series(records: Sequence[LogRecord], key: str) -> tuple[list, list]:
 NO_STEP_YET = "No training step logged yet: the loss appears here after the first logging step."
 
 
+def reward_series(records: Sequence[LogRecord], name: str, prefix: str = "") -> tuple[list, list]:
+    """(steps, values) of one reward's mean: a GRPO record's `rewards` (`eval_rewards`) dict, under `name`."""
+    xs, ys = [], []
+    for r in records:
+        value = (r.get(f"{prefix}rewards") or {}).get(name)
+        if is_number(value) and math.isfinite(value) and r.get("step") is not None:
+            xs.append(r["step"])
+            ys.append(value)
+    return xs, ys
+
+
+def is_grpo(records: Sequence[LogRecord]) -> bool:
+    """A GRPO run's records: they carry the answers' reward (DPO's and KTO's rewards have other names)."""
+    return any(key in r for r in records for key in ("reward", "eval_reward"))
+
+
 def loss_figure(
     runs: Sequence[tuple[str, Sequence[LogRecord]]], smoothing: float = 0.6, log_scale: bool = False
 ) -> go.Figure:
@@ -87,6 +113,8 @@ def loss_figure(
     in place of empty axes (plotly's default frame reads -1..6) while no loss has been logged."""
     if not any(series(records, key)[0] for _, records in runs for key in ("loss", "eval_loss")):
         return waiting_figure(NO_STEP_YET)
+    if is_grpo(runs[0][1]):
+        return reward_figure(runs, smoothing, log_scale)
     data = []
     for (label, records), color in zip(runs, COLORS):
         steps, loss = series(records, "loss")
@@ -104,12 +132,56 @@ def loss_figure(
     return _figure(data, copy.deepcopy(_validated_loss_layout(log_scale)))
 
 
+def _smoothed(data: list, steps: list, values: list, name: str, color: str, smoothing: float, **axes) -> None:
+    """A series raw (faint) and EMA-smoothed (bold), or raw alone without smoothing."""
+    faint = smoothing > 0
+    data.append(_line(*downsample(steps, values), name, dict(color=color, width=1 if faint else 2),
+                      opacity=0.3 if faint else 1.0, **axes))  # fmt: skip
+    if faint:
+        data.append(_line(*downsample(steps, ema(values, smoothing)), f"{name} smoothed", dict(color=color, width=2.5),
+                          **axes))  # fmt: skip
+
+
+def reward_figure(
+    runs: Sequence[tuple[str, Sequence[LogRecord]]], smoothing: float = 0.6, log_scale: bool = False
+) -> go.Figure:
+    """A GRPO run's measure first: "Reward", the answers' mean summed reward (raw and smoothed, eval_reward as
+    markers) and each reward's mean as its own line; below it "Loss", near 0 in GRPO (the overlaid run's too)."""
+    data = []
+    for shown, ((label, records), color) in enumerate(zip(runs, COLORS)):
+        top = dict(xaxis="x", yaxis="y")
+        steps, reward = series(records, "reward")
+        if steps:
+            _smoothed(data, steps, reward, f"{label} reward", color, smoothing, **top)
+        names = dict.fromkeys(
+            name for r in records for prefix in ("", "eval_") for name in r.get(f"{prefix}rewards") or {}
+        )
+        for name, reward_color in zip(names if shown == 0 else (), REWARD_COLORS):  # the shown run's alone
+            x, y = downsample(*reward_series(records, name))
+            data.append(_line(x, y, name, dict(color=reward_color, width=1.5), **top))
+            x, y = downsample(*reward_series(records, name, "eval_"))
+            if x:
+                data.append(_line(x, y, f"eval {name}", dict(color=reward_color, dash="dot"), mode="lines+markers",
+                                  marker=dict(size=6), **top))  # fmt: skip
+        x, y = downsample(*series(records, "eval_reward"))
+        if x:
+            data.append(_line(x, y, f"{label} eval reward", dict(color=color, dash="dot"), mode="lines+markers",
+                              marker=dict(size=7), **top))  # fmt: skip
+        x, y = downsample(*series(records, "loss"))
+        data.append(_line(x, y, f"{label} loss", dict(color=color, width=1), showlegend=False, xaxis="x2", yaxis="y2"))
+        x, y = downsample(*series(records, "eval_loss"))
+        if x:
+            data.append(_line(x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers",
+                              showlegend=False, xaxis="x2", yaxis="y2"))  # fmt: skip
+    return _figure(data, copy.deepcopy(_validated_reward_layout(log_scale)))
+
+
 def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
     """Learning rate, gradient norm, throughput and MFU (model FLOPs utilisation) side by side; below them
-    a DPO or KTO run's rewards (PREFERENCE_PANELS)."""
+    a DPO or KTO run's rewards (PREFERENCE_PANELS), or a GRPO run's answers (GRPO_PANELS)."""
     logged = {key for r in records for key in r}
-    preference = next((key for key in PREFERENCE_PANELS if {key, f"eval_{key}"} & logged), None)
-    layout, data = copy.deepcopy(_validated_metrics_layout(preference)), []
+    below = second_row(logged)
+    layout, data = copy.deepcopy(_validated_metrics_layout(below)), []
     for col, (key, title) in enumerate(METRIC_PANELS, start=1):
         x, y = downsample(*series(records, key))
         axis = "" if col == 1 else str(col)
@@ -119,8 +191,8 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
             for name in (f"xaxis{axis}", f"yaxis{axis}"):
                 layout[name] = {**layout[name], "visible": False}
         data.append(_line(x, y, title, dict(color=COLORS[0]), showlegend=False, xaxis=f"x{axis}", yaxis=f"y{axis}"))
-    if preference:
-        for panel, (keys, _) in enumerate(PREFERENCE_PANELS[preference], start=len(METRIC_PANELS) + 1):
+    if below:
+        for panel, (keys, _) in enumerate(below, start=len(METRIC_PANELS) + 1):
             axes = dict(showlegend=False, xaxis=f"x{panel}", yaxis=f"y{panel}")
             for key, color in zip(keys, COLORS):
                 name = key.replace("_", " ")
@@ -130,6 +202,15 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
                     data.append(_line(x, y, f"eval {name}", dict(color=color, dash="dot"), mode="lines+markers",
                                       marker=dict(size=6), **axes))  # fmt: skip
     return _figure(data, layout)
+
+
+def second_row(logged: set[str]) -> tuple:
+    """The metrics chart's second row for a run that logged these keys: GRPO's answers (and its KL when it has a
+    reference), DPO's or KTO's rewards, or none (SFT)."""
+    if {"reward", "eval_reward"} & logged:
+        return GRPO_PANELS + ((GRPO_KL_PANEL,) if {"kl", "eval_kl"} & logged else ())
+    preference = next((key for key in PREFERENCE_PANELS if {key, f"eval_{key}"} & logged), None)
+    return PREFERENCE_PANELS[preference] if preference else ()
 
 
 # A live run's charts are redrawn every few seconds: Plotly's validation of every trace and layout
@@ -152,8 +233,21 @@ def _validated_loss_layout(log_scale: bool) -> dict:
 
 
 @functools.cache
-def _validated_metrics_layout(preference: str | None = None) -> dict:
-    below = PREFERENCE_PANELS[preference] if preference else ()
+def _validated_reward_layout(log_scale: bool) -> dict:
+    # The legend at the right: a line per reward would wrap a legend above the chart over its title.
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.68, 0.32], vertical_spacing=0.12,
+                        subplot_titles=["", "Loss (near 0 in GRPO: the reward is the measure)"])  # fmt: skip
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_yaxes(type="log" if log_scale else "linear", row=2, col=1)
+    fig.update_layout(
+        title="Reward (the answers' mean, summed over grpo.rewards; each reward's mean)", height=520,
+        **{**_LAYOUT, "legend": dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02)},
+    )  # fmt: skip
+    return fig.to_plotly_json()["layout"]
+
+
+@functools.cache
+def _validated_metrics_layout(below: tuple = ()) -> dict:
     cols, rows = len(METRIC_PANELS), 2 if below else 1
     titles = [t for _, t in METRIC_PANELS] + [t for _, t in below]
     specs = [[{}] * cols] + ([[{}] * len(below) + [None] * (cols - len(below))] * (rows - 1))
@@ -164,8 +258,9 @@ def _validated_metrics_layout(preference: str | None = None) -> dict:
     fig.update_yaxes(rangemode="tozero", row=1)  # a constant lr of 5e-3 must not read as 0
     fig.update_yaxes(exponentformat="e", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", row=1, col=cols)  # MFU is a share of the GPU's peak
-    if preference == "reward_accuracy":  # rewards and margins go below 0; the share of pairs won is 0-100%
-        fig.update_yaxes(tickformat=".0%", range=[0, 1.02], row=2, col=1)
+    for col, (keys, _) in enumerate(below, start=1):  # rewards and margins go below 0; shares are 0-100%
+        if set(keys) <= {"reward_accuracy", *SHARES}:
+            fig.update_yaxes(tickformat=".0%", range=[0, 1.02], row=2, col=col)
     fig.update_layout(height=260 * rows, **{**_LAYOUT, "margin": dict(l=50, r=20, t=30, b=40)})
     return fig.to_plotly_json()["layout"]
 

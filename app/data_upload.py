@@ -15,6 +15,8 @@ OBJECTIVE_SAID = {
     "dpo": "preference pairs train with DPO (the Training section's Beta and loss are DPO's).",
     "kto": "answers labelled good or bad train with KTO (the Training section's Beta and weights are KTO's).",
     "sft": "these rows train with SFT, not preference training.",
+    "grpo": "prompts alone train with GRPO: the model writes the answers and the rewards score them against the "
+    "`answer` column (the Training section's GRPO settings: answers per prompt, answer length, rewards).",
 }
 
 

@@ -56,6 +56,8 @@ def preview_markdown(result: dict) -> str:
     if not s.get("rows"):
         return "The split has no rows."
     unit = "tokens" if result["counted"] == "tokens" else "tokens (estimated)"
+    if s.get("limit_field"):  # GRPO: prompts alone, which the model answers itself
+        return _prompts_markdown(result, s, unit)
     lines = [
         f"**{s['rows']:,} of {result['rows_in_split']:,} rows measured** ({unit}, counted with "
         f"{escape(result['tokenizer'])}):",
@@ -84,6 +86,27 @@ def preview_markdown(result: dict) -> str:
     for i, text in enumerate(result["rows"], start=1):
         fence = "~~~~" if "```" in text else "```"
         lines += ["", f"Row {i} as the model sees it:", fence, text.replace(fence, ""), fence]
+    return "\n".join(lines)
+
+
+def _prompts_markdown(result: dict, s: dict, unit: str) -> str:
+    """GRPO's prompts: their lengths against grpo.max_prompt_length (longer ones are left out of training) and
+    what the model writes after each; no padding or packing (the answers are the model's)."""
+    lines = [
+        f"**{s['rows']:,} of {result['rows_in_split']:,} prompts measured** ({unit}, counted with "
+        f"{escape(result['tokenizer'])}):",
+        "",
+        "| length | |",
+        "|---|---|",
+        f"| p50 · p95 · max | {s['p50']} · {s['p95']} · {s['max']} tokens |",
+        f"| grpo.max_prompt_length | {s['max_seq_length']} ({s['truncated']:,} prompts longer: left out) |",
+        "",
+        f"The model writes **{s['num_generations']} answers** to each prompt, up to "
+        f"{s['max_completion_length']} tokens each (grpo.max_completion_length), and the rewards score them.",
+    ]
+    for i, text in enumerate(result["rows"], start=1):
+        fence = "~~~~" if "```" in text else "```"
+        lines += ["", f"Prompt {i}:", fence, text.replace(fence, ""), fence]
     return "\n".join(lines)
 
 

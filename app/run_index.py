@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 
 from tunedeck.backend.checkpoints import output_dir
@@ -45,6 +45,8 @@ class RunFacts:
     loss: float | None  # the last training loss of an ended run (a live run's moves: its progress line has it)
     checkpoint: int | None  # the step of the newest checkpoint a stopped or failed run can resume from
     notes: RunNotes
+    job: dict = field(default_factory=dict)  # the run's job.yaml ({} when missing or damaged)
+    measure: str = ""  # the loss column's text: the last loss, or a GRPO run's last reward ('reward 0.846')
 
 
 class RunsIndex:
@@ -78,12 +80,21 @@ class RunsIndex:
             return known[1]
         job = read_job(run_dir)
         loss = checkpoint = None
+        measure = ""
         if run.state not in ACTIVE:
-            loss = summarize(read_records(run_dir), run.started_at, run.ended_at).last_loss
+            summary = summarize(read_records(run_dir), run.started_at, run.ended_at)
+            loss, measure = summary.last_loss, summary.measure
         if run.state in RESUMABLE_STATES and job:
             found = newest_checkpoint(output_dir(run_dir, job))
             checkpoint = found[0] if found else None
-        facts = RunFacts(smoke=is_smoke_job(job), loss=loss, checkpoint=checkpoint, notes=read_notes(run_dir))
+        facts = RunFacts(
+            smoke=is_smoke_job(job),
+            loss=loss,
+            checkpoint=checkpoint,
+            notes=read_notes(run_dir),
+            job=job,
+            measure=measure,
+        )
         with self._lock:
             self._facts[run.run_id] = (key, facts)
         return facts
@@ -111,7 +122,7 @@ def run_choices(index: RunsIndex, runs: list[RunStatus]) -> list[tuple[str, str]
 
 
 def table_row(run: RunStatus, facts: RunFacts) -> list:
-    loss = f"{facts.loss:.4f}" if facts.loss is not None else ""
+    loss = facts.measure or (f"{facts.loss:.4f}" if facts.loss is not None else "")
     title = SMOKE_MARK * facts.smoke + run.title
     return [run.run_id, facts.notes.name, run.state, title, loss, _when(run.started_at), _duration(run)]
 

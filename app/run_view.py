@@ -209,7 +209,7 @@ class RunView(Section):
         facts = self.index.facts(status)
         # What the state line, progress and summary say (the Slurm `where`: queue state and reason, then nodes).
         sig = (run_id, watch.records_version, status.state, status.error, facts.notes, facts.checkpoint, status.where)
-        summary = summarize(watch, status.started_at, status.ended_at)
+        summary = summarize(watch, status.started_at, status.ended_at, job=facts.job)
         new_run = force or shown.shown_run != run_id
         details_due = new_run or shown.sig != sig
         # Charts and log only when their own data grew (a progress bar rewrites the log far more often than a step

@@ -53,7 +53,7 @@ def _follow_counting(manager, run_id: str, presses: list[int], also_stop: tuple[
         for record in reader.read_new():
             run.add([record])
             if record["event"] == "start":
-                print(facts_line(record), flush=True)
+                print(facts_line(record, manager.job(run_id)), flush=True)
             elif record["event"] == "log":
                 bar.update(record, summarize(run, status.started_at, None, now=record.get("time")))
         if status.state not in ACTIVE_STATES:
@@ -69,8 +69,12 @@ def _where_changed(shown: str, status) -> bool:
 
 def _chosen_wins(record: LogRecord, prefix: str = "") -> str:
     """A DPO run's share of pairs where the chosen answer wins (KTO, which has no pairs: the reward margin between
-    good and bad answers), as a suffix of the progress line."""
+    good and bad answers; GRPO: the answers' mean reward and the share of prompts whose answers all scored alike),
+    as a suffix of the progress line."""
     share, margin = record.get(f"{prefix}reward_accuracy"), record.get(f"{prefix}reward_margin")
+    reward, alike = record.get(f"{prefix}reward"), record.get(f"{prefix}groups_without_signal")
+    if reward is not None:
+        return f" · reward {reward:.3f}" + ("" if alike is None else f" · {alike:.0%} of prompts scored alike")
     if share is not None:
         return f" · chosen wins {share:.0%}"
     return "" if margin is None else f" · reward margin {margin:+.2f}"

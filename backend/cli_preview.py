@@ -60,6 +60,13 @@ def stats_line(result: dict) -> str:
     if not s.get("rows"):
         return "the split has no rows"
     unit = "tokens" if result["counted"] == "tokens" else "tokens (estimated)"
+    if s.get("limit_field"):  # GRPO: the prompts' lengths; the answers are the model's to write
+        return (
+            f"{s['rows']:,} of {result['rows_in_split']:,} prompts measured, {unit}: p50 {s['p50']}, p95 {s['p95']}, "
+            f"max {s['max']} ({s['limit_field']} {s['max_seq_length']}: {s['truncated']} longer, left out of "
+            f"training); the answers are written by the model, {s['num_generations']} per prompt, up to "
+            f"grpo.max_completion_length {s['max_completion_length']} tokens each; counted with {result['tokenizer']}"
+        )
     return (
         f"{s['rows']:,} of {result['rows_in_split']:,} rows measured, {unit}: p50 {s['p50']}, p95 {s['p95']}, "
         f"max {s['max']} (max_seq_length {s['max_seq_length']}); {s['truncated']} truncated; padding "

@@ -207,7 +207,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
                 f"{run.state} (stalled)" if run.stalled else run.state,
                 f"slurm:{run.slurm.get('job_id')}" if run.slurm else "local",
                 summary.steps if summary else "-",
-                f"{summary.last_loss:.4f}" if summary and summary.last_loss is not None else "-",
+                (summary.measure if summary else "") or "-",  # a GRPO run's: its last reward
                 time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at)) if run.started_at else "-",
                 run.title,
             )
@@ -228,7 +228,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     run = read_records(manager.run_dir(args.run_id))
-    summary = summarize(run, status.started_at, status.ended_at)
+    summary = summarize(run, status.started_at, status.ended_at, job=manager.job(args.run_id))
     notes = read_notes(manager.run_dir(args.run_id))
     print(f"run      {status.run_id}")
     if notes.name:

@@ -1,17 +1,16 @@
 """Evaluate a run: loss and perplexity on held-out data, and exact/contains match and ROUGE-L of generated answers.
 
-Sequences are tokenized the way TRL's SFTTrainer tokenized them for training (its tokenize_fn
-in trl/trainer/sft_trainer.py): an EOS appended to plain text and completions, the loss on the
-completion only for prompt-completion data (completion_only_loss), on every token for text and
-messages. Loss is the mean over scored tokens; perplexity is exp(loss).
+Sequences are tokenized as TRL's SFTTrainer did in training (its tokenize_fn in trl/trainer/sft_trainer.py): an EOS
+appended to plain text and completions, the loss on the completion only for prompt-completion data
+(completion_only_loss), on every token for text and messages. Loss: the mean over scored tokens; perplexity: exp(loss).
 
-The data: a chosen file (in the run's dataset format), else the job's dataset.eval_split, else
-the held-out file beside the training file, found as the datasets library splits a folder by
-file name (eval/test/validation beside train). The base is loaded once; each adapter is put
-on it in turn. Imports torch inside its functions: runs in the worker process.
+The data: a chosen file (in the run's dataset format), else the job's dataset.eval_split, else the held-out file
+beside the training file (a folder's: beside its train file), found as datasets splits a folder by file name
+(eval/test/validation beside train). The base is loaded once; each adapter is put on it in turn. Imports torch
+inside its functions: runs in the worker process.
 
-Prompts without answers (a file without the completion or output column, a row without its value, a
-conversation that ends with the user's turn) are answered and not scored: their answers are the predictions.
+Prompts without answers (a file without the completion or output column, a row without its value, a conversation
+that ends with the user's turn) are answered, not scored; GRPO's prompts (prompt-only) by their answer column.
 """
 
 from __future__ import annotations
@@ -88,6 +87,8 @@ def eval_rows(
         source = f"{dataset_cfg['path']} [{split}]"
     else:
         train_file = _local(run_dir, str(dataset_cfg.get("path", "")))
+        if train_file.is_dir():  # a folder of split files (the GRPO, DPO and KTO demos'): its train file's neighbours
+            train_file = next(iter(sorted(train_file.glob("train.*"))), train_file)
         found = held_out_file(train_file) if train_file.is_file() else None
         if found is None:
             raise NoEvalData(
@@ -133,6 +134,8 @@ def _read_rows(
     rows = [dataset[i] for i in range(count)]
     if "chosen" in dataset.column_names:  # preference pairs: the data's answer is the chosen one
         rows = [{"prompt": row["prompt"], "completion": row["chosen"], "rejected": row["rejected"]} for row in rows]
+    elif "prompt" in dataset.column_names and "completion" not in dataset.column_names:  # GRPO's: its reference
+        rows = [{"prompt": row["prompt"], "completion": row.get("answer")} for row in rows]
     return [{"prompt": row["prompt"], "completion": None} for row in rows] if answer_columns else rows
 
 
@@ -357,14 +360,8 @@ def judged(prompt: object, expected: str | None, answer: str) -> dict:
     """One answer as eval-answers/<model>.jsonl keeps it; its scores None when the data has no answer to the prompt."""
     if expected is None:
         return {"prompt": prompt, "expected": None, "answer": answer, **dict.fromkeys(SCORES)}
-    return {
-        "prompt": prompt,
-        "expected": expected,
-        "answer": answer,
-        "exact_match": exact_match(answer, expected),
-        "contains_match": contains_match(answer, expected),
-        "rouge_l": round(rouge_l(answer, expected), 4),
-    }
+    scores = (exact_match(answer, expected), contains_match(answer, expected), round(rouge_l(answer, expected), 4))
+    return {"prompt": prompt, "expected": expected, "answer": answer, **dict(zip(SCORES, scores, strict=True))}
 
 
 def evaluate_run(

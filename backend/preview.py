@@ -9,6 +9,11 @@ otherwise, with the EOS token TRL appends. Lengths are counted with the job's ow
 it is on this machine (a local model folder or the Hugging Face cache); otherwise they are
 estimated at 4 characters per token and marked so.
 
+GRPO's rows (format prompt-only) are prompts the model answers itself: each shows as the model reads it before
+writing (a chat prompt through the chat template, with the generation prompt) beside its reference answer, and the
+lengths are the prompts', against grpo.max_prompt_length (a longer prompt is left out of training); the answers
+are the model's own, up to grpo.max_completion_length tokens each.
+
 It imports datasets and transformers: the panel runs it in a subprocess (`tunedeck preview --json`).
 """
 
@@ -94,6 +99,7 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
         text = str(exc)
         raise PreviewError(text.split(":", 1)[0], text) from None
     tokenizer, tokenizer_note = _tokenizer(job)
+    grpo = dataset_cfg["format"] == "prompt-only"
     sequences = [_sequences(example, tokenizer) for example in data]
     flat = [text for seqs in sequences for text in seqs]
     if tokenizer is not None:
@@ -102,14 +108,19 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
         counts = iter([max(1, round(len(t) / CHARS_PER_TOKEN)) for t in flat])
     lengths = [max(next(counts) for _ in seqs) for seqs in sequences]  # a pair's longer sequence is what is cut
     texts = [_shown(example, seqs) for example, seqs in zip(data, sequences)]
-    stats = length_stats(lengths, spec.dataset.max_seq_length, spec.training.per_device_train_batch_size)
+    limit = spec.grpo.max_prompt_length if grpo else spec.dataset.max_seq_length
+    stats = length_stats(lengths, limit, spec.training.per_device_train_batch_size)
+    if grpo:  # the prompts' lengths: the limit is grpo.max_prompt_length, the answers are the model's to write
+        stats.update(limit_field="grpo.max_prompt_length", max_completion_length=spec.grpo.max_completion_length,
+                     num_generations=spec.grpo.num_generations)  # fmt: skip
     return {
         "dataset": dataset_cfg["path"],
         "format": dataset_cfg["format"],
         "rows": texts[:rows],
         "rows_in_split": total_rows,
         "stats": stats,
-        "packing": spec.dataset.packing and applies("dataset.packing", flat_values(spec)),  # not DPO's: it pads pairs
+        # not DPO's (it pads pairs), nor GRPO's (the model writes the answers)
+        "packing": spec.dataset.packing and applies("dataset.packing", flat_values(spec)) and not grpo,
         "tokenizer": tokenizer_note,
         "counted": "tokens" if tokenizer is not None else "estimated",
         "labels": labels,
@@ -158,7 +169,10 @@ def _tokenizer(job: dict):
 
 
 def _sequences(example: dict, tokenizer) -> list[str]:
-    """What the model reads of one row: its text, or a DPO pair's prompt with the chosen and with the rejected answer."""
+    """What the model reads of one row: its text, a DPO pair's prompt with the chosen and with the rejected answer,
+    or a GRPO prompt (the model writes the rest)."""
+    if "prompt" in example and "completion" not in example and "chosen" not in example:
+        return [_prompt_seen(example["prompt"], tokenizer)]
     if "chosen" in example:
         return [
             _as_seen({"prompt": example["prompt"], "completion": example[k]}, tokenizer) for k in ("chosen", "rejected")
@@ -172,7 +186,21 @@ def _shown(example: dict, sequences: list[str]) -> str:
         return f"✓ chosen:\n{sequences[0]}\n\n✗ rejected:\n{sequences[1]}"
     if "label" in example:
         return f"{'✓ good' if example['label'] else '✗ bad'}:\n{sequences[0]}"
+    if "prompt" in example and "completion" not in example:  # GRPO: the prompt, and what the rewards compare with
+        answer = example.get("answer")
+        said = "none (only your own rewards can score this prompt)" if answer is None else answer
+        return f"prompt (the model writes its answers after it):\n{sequences[0]}\n\n→ reference answer: {said}"
     return sequences[0]
+
+
+def _prompt_seen(prompt, tokenizer) -> str:
+    """A GRPO prompt as the model reads it before its answer: a chat through the chat template with the generation
+    prompt (as TRL's GRPOTrainer applies it), a text as it is."""
+    if not isinstance(prompt, list):
+        return str(prompt)
+    if tokenizer is not None and tokenizer.chat_template:
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in prompt) + "\nassistant:"
 
 
 def _as_seen(example: dict, tokenizer) -> str:
@@ -197,7 +225,8 @@ def preview_key(spec: JobSpec) -> str:
 
 def measured_seq_len(stats: dict | None, packing: bool) -> int | None:
     """The sequence length the memory estimate should use: the longest row (cut at max_seq_length)
-    when batches pad to their longest row; None with packing (every block is full) or no stats."""
-    if not stats or not stats.get("rows") or packing:
+    when batches pad to their longest row; None with packing (every block is full), no stats, or a GRPO run's
+    (its prompts' lengths: the estimate counts grpo's own limits)."""
+    if not stats or not stats.get("rows") or packing or stats.get("limit_field"):
         return None
     return min(stats["max"], stats["max_seq_length"])

@@ -1,31 +1,25 @@
 """The run-folder contract: what a run folder holds, and the records its files carry.
 
-A run is a folder; the disk is the message bus between the trainer (backend/train.py,
-shipped as train_sft.py), the run's supervisor (backend/supervisor.py) and the readers
-(the run manager, the CLI, the panel). The two writers run without tunedeck, so they spell
-these names themselves: tests/runs/test_run_folder_contract.py checks their literal names
-and keys against this module, so that a rename on one side alone fails.
+A run is a folder; the disk is the message bus between the trainer (backend/train.py, shipped as train_sft.py),
+the run's supervisor (backend/supervisor.py) and the readers (the run manager, the CLI, the panel). The two writers
+run without tunedeck, so they spell these names themselves: tests/runs/test_run_folder_contract.py checks their
+literal names and keys against this module, so that a rename on one side alone fails.
 
     runs/<run-id>/
       job.yaml ...        the job's bundle (backend/render), as launched
-      status.json         state, processes, times, exit code, error: written "queued" by the
-                          manager, then by the run's supervisor (for a run on a cluster, by
-                          whatever follows the scheduler's job instead)
+      status.json         state, processes, times, exit code, error: written "queued" by the manager, then by the
+                          run's supervisor (for a run on a cluster, by whatever follows the scheduler's job instead)
       stop.request        the manager's request to stop: {"grace_s", "time"}
-      metrics.jsonl       rank 0's records: one start (what the run got), one log per logging
-                          step (training or evaluation), one end
+      metrics.jsonl       rank 0's records: a start (what the run got), a log per logging step (train or eval), an end
       errors.jsonl        one error record per failed rank
       logs/rank<N>.log    each rank's stdout and stderr; logs/launcher.log, logs/supervisor.log
-      output/             checkpoints (each written under output/.incomplete/, then renamed)
-                          and the final model, when the job's output_dir is relative
+      output/             checkpoints (under .incomplete/ until renamed) and the final model, for a relative output_dir
       .disk-reserve       room for the final status.json when training fills the disk
-      notes.json          the run's name and notes, as people set them (the panel, `tunedeck runs note`);
-                          written by the readers' side only, never by the run
+      notes.json          the run's name and notes (the panel, `tunedeck runs note`): written by readers, never the run
 
-Readers get typed records: a line that is not a JSON object is skipped, a field of the wrong
-type is dropped (a log record without a step is skipped), so one damaged line never breaks
-a view. Pydantic parses and checks each line in one go (strict types; 3x faster than
-json.loads and a check, measured on 50,000 log lines).
+Readers get typed records: a line that is not a JSON object is skipped, a field of the wrong type is dropped (a log
+record without a step is skipped), so one damaged line never breaks a view. Pydantic parses and checks each line in
+one go (strict types; 3x faster than json.loads and a check, measured on 50,000 log lines).
 """
 
 from __future__ import annotations
@@ -106,9 +100,8 @@ class StartRecord(TypedDict, total=False):
     device: str
     backend: str | None  # the process group's: gloo, nccl
     method: str
-    objective: str  # sft, dpo or kto
-    # DPO's and KTO's reference: "adapters off", its wrapped class, or "scored before training"; None for SFT
-    reference: str | None
+    objective: str  # sft, dpo, kto or grpo
+    reference: str | None  # DPO, KTO, GRPO (beta > 0): "adapters off", its class, "scored before training"; or None
     quantized_modules: dict[str, int]  # bitsandbytes layers in the model: {"Linear4bit": 21}
     trainable_params: int
     total_params: int
@@ -145,19 +138,29 @@ class LogRecord(TypedDict, total=False):
     seconds_per_step: float  # from the writing process's first log record on (monotonic clock): the ETA's pace
     eval_loss: float
     eval_mean_token_accuracy: float
-    # DPO and KTO, of the training rows and (eval_) the held-out ones: the implicit rewards
-    # beta * log(policy / reference) of the chosen (KTO: good) and the rejected (bad) answers, their mean
-    # margin, the share of pairs where the chosen answer's reward is the higher (DPO), KTO's KL estimate
-    reward_chosen: float
-    reward_rejected: float
-    reward_margin: float
-    reward_accuracy: float
+    # DPO and KTO, of the training rows and (eval_) the held-out ones: the implicit rewards beta*log(policy/reference)
+    reward_chosen: float  # of the chosen answers (KTO: the good ones)
+    reward_rejected: float  # of the rejected answers (KTO: the bad ones)
+    reward_margin: float  # their mean margin
+    reward_accuracy: float  # the share of pairs where the chosen answer's reward is the higher (DPO)
     eval_reward_chosen: float
     eval_reward_rejected: float
     eval_reward_margin: float
     eval_reward_accuracy: float
-    kl: float
+    kl: float  # KTO's KL estimate; GRPO's KL to its reference (grpo.beta > 0)
     eval_kl: float
+    reward: float  # the answers' mean reward, summed over grpo.rewards
+    reward_std: float  # the spread of the answers' rewards
+    rewards: dict[str, float]  # each reward's mean by its grpo.rewards name: {"exact_answer": 0.3, ...}
+    completion_length: float  # the answers' mean length in tokens
+    completions_clipped: float  # the share of answers cut at grpo.max_completion_length (0-1)
+    groups_without_signal: float  # the share of prompts whose answers all scored the same: nothing learnt (0-1)
+    eval_reward: float  # GRPO's eval_ keys: the same of the held-out prompts' answers
+    eval_reward_std: float
+    eval_rewards: dict[str, float]
+    eval_completion_length: float
+    eval_completions_clipped: float
+    eval_groups_without_signal: float
     mfu: float  # model FLOPs utilisation of the window (0-1), only with a known peak
     hfu: float  # hardware FLOPs utilisation: mfu plus activation checkpointing's recomputation
     gpu_peak_allocated_gb: list[float]  # per rank, highest so far (GPU runs only)
@@ -280,10 +283,11 @@ Timestamp = Annotated[float, Field(ge=0, lt=1e11)]
 
 
 class Progress(TypedDict):
-    """progress.json: rank 0's last finished training step and micro-batch (train.py's write_progress)."""
+    """progress.json: rank 0's last finished training step, micro-batch and forward pass (train.py's write_progress)."""
 
     step: int
     micro: int  # micro-batches done: a step of many gradient accumulation steps makes progress as they come
+    forwards: int  # forward passes done in the step (GRPO writing its answers, a token each): progress too
     time: Timestamp
     saving: bool  # writing a checkpoint, or training ended and the final model is saved: no stall, however long
 

@@ -5,9 +5,10 @@ Computed from a run's records (run_folder.RunRecords) and its status times only,
 the same thing about the same run:
 
     facts      "2 ranks · DDP · 18.1% of parameters trainable (1,234 of 6,818) · lora · DistributedDataParallel"
+               (a GRPO run: "... · GRPO, rewards: exact_answer, close_answer · reference: none (grpo.beta 0)")
     progress   "step 12/30 · elapsed 0:14 · ETA 0:21"
     report     "final loss 1.083 · best 1.021 at step 52 · 61,440 tokens · 0:41 wall · 2,310 tokens/s"
-               ("latest loss" while the run goes on)
+               ("latest loss" while the run goes on; a GRPO run's reward first: "reward 0.410 → 0.852 · ...")
     verdict    "smoke test passed: 2 ranks on 1 machine · DDP · 1,234 trainable parameters; loss ..."
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunedeck.backend.flops import REFERENCE_OBJECTIVES
-from tunedeck.backend.run_folder import RunRecords, StartRecord
+from tunedeck.backend.run_folder import RunRecords, StartRecord, is_number
 
 
 def format_clock(seconds: float) -> str:
@@ -75,8 +76,23 @@ def _ranks(start: StartRecord, always_machines: bool = False) -> str:
     return text
 
 
-def facts_line(start: StartRecord | None) -> str:
-    """The start record in one line, e.g. '2 ranks · DeepSpeed ZeRO-3 · 0.4% of parameters trainable (...) · qlora'."""
+def grpo_facts(start: StartRecord, job: dict | None = None) -> str:
+    """A GRPO run's objective: 'GRPO, rewards: exact_answer, close_answer · reference: none (grpo.beta 0)' (the
+    rewards are the job's, job.yaml's grpo.rewards; your own reward by its file's name and function)."""
+    grpo = (job or {}).get("grpo") or {}
+    rewards = grpo.get("rewards")
+    rewards = [rewards] if isinstance(rewards, str) else rewards if isinstance(rewards, list) else []
+    text = "GRPO" + (f", rewards: {', '.join(Path(str(r)).name for r in rewards)}" if rewards else "")
+    beta = grpo.get("beta")
+    beta = f" (grpo.beta {beta:g})" if is_number(beta) else ""
+    if not start.get("reference"):  # train.py's reference_model: None without a KL weight
+        return f"{text} · reference: none{beta or ' (grpo.beta 0)'}"
+    return f"{text} · reference: {start['reference']}{beta}"
+
+
+def facts_line(start: StartRecord | None, job: dict | None = None) -> str:
+    """The start record in one line, e.g. '2 ranks · DeepSpeed ZeRO-3 · 0.4% of parameters trainable (...) · qlora';
+    a GRPO run's objective with its rewards, read from `job` (the run's job.yaml) when given."""
     if not start:
         return ""
     parts = [_ranks(start), strategy_label(start)]
@@ -89,6 +105,8 @@ def facts_line(start: StartRecord | None) -> str:
     parts += [start[key] for key in ("method", "model_class") if start.get(key)]
     if start.get("objective") in REFERENCE_OBJECTIVES:
         parts.append(f"{start['objective'].upper()}, reference: {start.get('reference') or '?'}")
+    elif start.get("objective") == "grpo":
+        parts.append(grpo_facts(start, job))
     return " · ".join(parts)
 
 
@@ -105,11 +123,19 @@ class RunSummary:
     elapsed_s: float | None  # None before the run started
     eta_s: float | None  # None once ended, or before two log records
     last_loss: float | None  # the last training loss logged
+    last_reward: float | None = None  # a GRPO run's last mean reward: its measure (its loss stays near 0)
 
     @property
     def steps(self) -> str:
         """'12/30' (or '12' while the total is unknown)."""
         return f"{self.step}/{self.max_steps}" if self.max_steps else str(self.step)
+
+    @property
+    def measure(self) -> str:
+        """The last loss, or a GRPO run's last reward ('reward 0.846'); '' before either."""
+        if self.last_reward is not None:
+            return f"reward {self.last_reward:.3f}"
+        return "" if self.last_loss is None else f"{self.last_loss:.4f}"
 
     @property
     def step_text(self) -> str:
@@ -127,9 +153,10 @@ class RunSummary:
 
 
 def summarize(
-    run: RunRecords, started_at: float | None, ended_at: float | None, now: float | None = None
+    run: RunRecords, started_at: float | None, ended_at: float | None, now: float | None = None, job: dict | None = None
 ) -> RunSummary:
-    """The run's summary at `now` (default: now). The ETA is the pace the last log record states."""
+    """The run's summary at `now` (default: now). The ETA is the pace the last log record states; `job` (the run's
+    job.yaml) names a GRPO run's rewards in its facts."""
     now = now or time.time()
     last = run.last or {}
     step = last.get("step", 0)
@@ -137,7 +164,7 @@ def summarize(
     pace = last.get("seconds_per_step")
     eta = (total - step) * pace if ended_at is None and total and pace else None
     return RunSummary(
-        facts=facts_line(run.start),
+        facts=facts_line(run.start, job),
         strategy=strategy_label(run.start) if run.start else "",
         step=step,
         max_steps=total,
@@ -145,6 +172,7 @@ def summarize(
         elapsed_s=((ended_at or now) - started_at) if started_at else None,
         eta_s=eta,
         last_loss=next((record["loss"] for record in reversed(run.records) if "loss" in record), None),
+        last_reward=next((record["reward"] for record in reversed(run.records) if "reward" in record), None),
     )
 
 
@@ -177,12 +205,18 @@ class RunReport:
     peak_gb: float | None  # the highest GPU memory allocated on any rank (GPU runs only)
     resumed_from_step: int | None
     ended: bool = True  # False while the run goes on: its last loss is the latest one, not the final one
+    # GRPO: the answers' mean reward at the first and the last logging step, the last on the held-out prompts
+    first_reward: float | None = None
+    last_reward: float | None = None
+    eval_reward: float | None = None
 
     def line(self) -> str:
         """'final loss 1.083 · best 1.021 at step 52 · ...' ('latest loss' while live), the parts that are known."""
         wall = format_clock(self.wall_s) if self.wall_s is not None else None
         shown = (
             ("resumed from step {}", self.resumed_from_step or None),
+            ("reward {:.3f} → {:.3f}", self.first_reward, self.last_reward),
+            ("eval reward {:.3f}", self.eval_reward),
             ("final loss {:.4f}" if self.ended else "latest loss {:.4f}", self.final_loss),
             ("best {:.4f} at step {}", self.best_loss, self.best_step),
             ("eval loss {:.4f}", self.eval_loss),
@@ -203,6 +237,10 @@ def report(run: RunRecords, started_at: float | None, ended_at: float | None, no
     speeds = [r["tokens_per_second"] for r in run.records if "tokens_per_second" in r]
     speeds = [v for v in speeds if math.isfinite(v)]
     peaks = measured_peaks(run).get("allocated")
+    rewards = [r["reward"] for r in run.records if "reward" in r and math.isfinite(r["reward"])]
+    eval_rewards = [r["eval_reward"] for r in run.records if "eval_reward" in r and math.isfinite(r["eval_reward"])]
+    if rewards:  # GRPO's loss stays near 0 whatever the answers: its lowest says nothing
+        best = (None, None)
     return RunReport(
         final_loss=losses[-1][1] if losses else None,
         best_loss=best[1],
@@ -214,6 +252,9 @@ def report(run: RunRecords, started_at: float | None, ended_at: float | None, no
         peak_gb=max(peaks) if peaks else None,
         resumed_from_step=(run.start or {}).get("resumed_from_step"),
         ended=ended_at is not None,
+        first_reward=rewards[0] if rewards else None,
+        last_reward=rewards[-1] if rewards else None,
+        eval_reward=eval_rewards[-1] if eval_rewards else None,
     )
 
 
@@ -243,6 +284,8 @@ def verdict(run: RunRecords) -> Verdict:
     got += [f"{count} x {name}" for name, count in (start.get("quantized_modules") or {}).items()]
     got.append(f"{start.get('trainable_params', 0):,} trainable parameters")
     first, final = losses[0][1], losses[-1][1]
+    rewards = [record["reward"] for record in run.records if "reward" in record]  # GRPO's measure
+    reward = f", reward {rewards[0]:.3f} -> {rewards[-1]:.3f}" if rewards else ""
     return Verdict(
-        True, f"smoke test passed: {' · '.join(got)}; loss {first:.3f} -> {final:.3f} over {len(losses)} steps"
+        True, f"smoke test passed: {' · '.join(got)}; loss {first:.3f} -> {final:.3f}{reward} over {len(losses)} steps"
     )

@@ -11,12 +11,19 @@ _FILE_ROLES = {
     "job.yaml": "the tunedeck job spec: model, method, LoRA, quantization, dataset (read by train_sft.py)",
     "accelerate_config.yaml": "accelerate's launch config: distributed type, processes, machines",
     "ds_config.json": 'DeepSpeed config; "auto" values are filled from training_args.yaml by transformers',
-    "training_args.yaml": "TRL SFTConfig keyword arguments, passed unchanged",
+    "training_args.yaml": "TRL {config} keyword arguments, passed unchanged",
     "launch.sh": "the exact `accelerate launch` command",
     "slurm.sbatch": "the same job on a Slurm cluster: `sbatch slurm.sbatch` runs launch.sh once per node",
-    "train_sft.py": "the training script (TRL SFTTrainer; DPOTrainer, KTOTrainer for objective: dpo, kto); needs only the Hugging Face stack",
+    "train_sft.py": "the training script (TRL {trainer}: the job's objective is {objective}); needs only the Hugging Face stack",
     "requirements.txt": "the training stack at the versions tunedeck was tested with",
     "README.md": "this file",
+}
+# What each objective trains with (train.py's OBJECTIVES: it ships alone, so it spells them itself).
+_TRL_CLASSES = {
+    "sft": ("SFTConfig", "SFTTrainer"),
+    "dpo": ("DPOConfig", "DPOTrainer"),
+    "kto": ("KTOConfig", "KTOTrainer"),
+    "grpo": ("GRPOConfig", "GRPOTrainer"),
 }
 
 
@@ -29,9 +36,12 @@ def _code(text: str) -> str:
 
 def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
     launch, t = spec.launch, spec.training
+    config, trainer = _TRL_CLASSES.get(spec.objective, _TRL_CLASSES["sft"])
+    role = {"config": config, "trainer": trainer, "objective": spec.objective}
     device = "CPU processes (gloo)" if launch.use_cpu else "GPUs"
     lines = [
-        f"# {spec.method} fine-tuning of {_code(spec.model.name_or_path)}",
+        f"# {spec.method}{'' if spec.objective == 'sft' else ' ' + spec.objective.upper()} fine-tuning of "
+        f"{_code(spec.model.name_or_path)}",
         "",
         f"- Strategy: {spec.strategy.facts.title}",
         f"- {launch.num_processes} {device} on {launch.num_machines} machine(s)",
@@ -43,7 +53,7 @@ def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
         "",
         "## Files",
         "",
-        *[f"- `{name}`: {_FILE_ROLES.get(name, '')}" for name in names],
+        *[f"- `{name}`: {_FILE_ROLES.get(name, '').format(**role)}" for name in names],
         "",
         "## Run",
         "",

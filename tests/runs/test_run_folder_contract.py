@@ -102,6 +102,28 @@ def _fstrings(tree: ast.AST) -> list[str]:
     ]
 
 
+def grpo_keys(tree: ast.AST) -> set[str]:
+    """The keys of GRPO's log records: GRPO_LOGS's (a dict built from literals: evaluated), and grpo_record's
+    `record[f"{prefix}rewards"]` for each prefix of its loop."""
+    built = next(
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "GRPO_LOGS"
+    )
+    # Literals and comprehensions, through train.py's own helpers (their definitions are run first).
+    called = {n.func.id for n in ast.walk(built) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    namespace: dict = {}
+    for helper in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in called):
+        exec(compile(ast.Module([helper], []), "train.py", "exec"), namespace)
+    keys = set(eval(compile(ast.Expression(built), "GRPO_LOGS", "eval"), namespace))
+    function = _function(tree, "grpo_record")
+    for loop in (n for n in ast.walk(function) if isinstance(n, ast.For) and isinstance(n.iter, ast.Tuple)):
+        prefixes = [_str(e) for e in loop.iter.elts]
+        templates = [t for store in _stores(loop, "record") for t in _fstrings(store.slice)]
+        keys |= {t.replace("{}", prefix) for t in templates for prefix in prefixes}
+    return keys
+
+
 def train_records(source: str) -> dict[str, set[str]]:
     """The keys of each record train.py writes, read from its source."""
     tree = ast.parse(source)
@@ -110,14 +132,17 @@ def train_records(source: str) -> dict[str, set[str]]:
     gate = next(
         n.value for n in ast.walk(begin) if isinstance(n, ast.Assign) and _stores(n, "record")
     )  # record["gate"] = {...}
+    on_log = _function(tree, "on_log")
+    grpo = any(getattr(n.func, "id", None) == "grpo_record" for n in ast.walk(on_log) if isinstance(n, ast.Call))
     return {
         "start": _returned_dict(_function(tree, "describe_run"))
         | _returned_dict(_function(tree, "load_peaks"))
         | _stored_keys(begin)
         | _stored_keys(_function(tree, "speed_facts"), "facts"),  # record.update(speed_facts(...))
         "gate": _dicts(gate)[0],
-        "log": _stored_keys(_function(tree, "on_log"))
-        | set().union(*_dicts(_function(tree, "utilisation")), *_dicts(_function(tree, "_pace"))),
+        "log": _stored_keys(on_log)
+        | set().union(*_dicts(_function(tree, "utilisation")), *_dicts(_function(tree, "_pace")))
+        | (grpo_keys(tree) if grpo else set()),  # record.update(grpo_record(logs))
         "end": next(keys for keys in _dicts(main) if "event" in keys),
         "error": next(keys for keys in _dicts(main) if "rank" in keys),
     }
@@ -164,6 +189,18 @@ def test_a_key_renamed_in_train_alone_fails_the_contract():
     assert record_mismatches(renamed) == {"start": ({"trainable"}, {"trainable_params"})}
     dropped = TRAIN.replace('"grad_norm", "mean_token_accuracy"', '"mean_token_accuracy"')
     assert record_mismatches(dropped) == {"log": (set(), {"grad_norm"})}
+
+
+def test_grpos_keys_renamed_in_train_alone_fail_the_contract():
+    assert {"reward", "rewards", "eval_rewards", "groups_without_signal", "eval_completion_length"} <= grpo_keys(
+        ast.parse(TRAIN)
+    )
+    renamed = TRAIN.replace('("completion_length", "completions/mean_length")', '("length", "completions/mean_length")')
+    assert record_mismatches(renamed) == {
+        "log": ({"length", "eval_length"}, {"completion_length", "eval_completion_length"})
+    }
+    renamed = TRAIN.replace('record[f"{prefix}rewards"]', 'record[f"{prefix}reward_means"]')
+    assert record_mismatches(renamed) == {"log": ({"reward_means", "eval_reward_means"}, {"rewards", "eval_rewards"})}
 
 
 def test_train_writes_the_files_of_the_contract():
@@ -260,7 +297,7 @@ def test_supervisor_reads_and_writes_only_keys_of_the_contract():
     assert {"event", "status"} <= found["end"] and {"rank", "time", "error", "traceback"} == found["error"]
     assert (
         found["stall"] == {"after_s"}
-        and found["progress"] == {"step", "micro", "time", "saving"}
+        and found["progress"] == {"step", "micro", "forwards", "time", "saving"}
         and "stalled" in found["status"]
     )
     assert found["stalled"] == {"step", "since", "limit_s"}
