@@ -146,3 +146,20 @@ def test_section_tabs_fit_on_one_line_at_1280_px_even_with_counts(page, server):
     )
     assert len(tops) == 6 and len({top for _, top in tops}) == 1, tops
     assert not page.locator("#form-sections .overflow-menu > button").is_visible()
+
+
+def test_the_rewards_tab_shows_for_grpo_only(page, server):
+    load(page, server)
+    rewards = tab(page, "Rewards")
+    expect(rewards).to_have_count(0)  # an SFT job's form has no GRPO fields: no tab for them
+    open_tab(page, "form-sections", "Training")
+    choose(page, "objective", "grpo")
+    wait_text(page, "#job-issues", "dataset.format")  # GRPO learns from prompts: the format's fix is offered
+    expect(rewards).to_be_visible()
+    open_tab(page, "form-sections", "Rewards")
+    expect(field(page, "grpo.rewards")).to_have_value("exact_answer")
+    expect(field(page, "grpo.num_generations")).to_have_value("8")
+    open_tab(page, "form-sections", "Training")
+    choose(page, "objective", "sft")
+    wait_text(page, "#job-issues", "No problems")
+    expect(rewards).to_have_count(0)

@@ -25,7 +25,15 @@ def test_every_spec_field_is_in_the_form_with_its_description():
     assert [f.path for f in FORM_FIELDS] == FIELD_PATHS
     for field in FORM_FIELDS:
         assert field.help, f"{field.path} has no help text"
-    assert section_titles() == ["Model", "Dataset", "LoRA/Quantization", "Strategy", "Training", "Hardware/Launch"]
+    assert section_titles() == [
+        "Model",
+        "Dataset",
+        "LoRA/Quantization",
+        "Strategy",
+        "Training",
+        "Rewards",
+        "Hardware/Launch",
+    ]
 
 
 def test_widget_kinds_follow_the_field_types():
