@@ -23,6 +23,7 @@ from tunedeck.app.run_shown import RunShown
 from tunedeck.app.run_state_line import progress_html, state_line
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
+from tunedeck.backend.run_answers import answers_markdown, latest_answers
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.run_notes import NAME_MAX_CHARS, NotesError, write_notes
 from tunedeck.backend.run_status import DAMAGED
@@ -121,6 +122,7 @@ class RunView(Section):
         self.compared = add("run.compared", gr.Markdown(elem_id="run-compared"))
         self.loss_plot = add("run.loss_chart", gr.Plot(show_label=False, elem_id="loss-chart"))
         self.metrics_plot = add("run.metrics_chart", gr.Plot(show_label=False, elem_id="metrics-chart"))
+        self.answers = add("run.answers", gr.Markdown(elem_id="run-answers"))  # GRPO's: what the model writes
         self.memory = add("run.memory", gr.Markdown(elem_id="run-memory"))
         self.log = add(
             "run.log",
@@ -140,8 +142,8 @@ class RunView(Section):
     def outputs(self) -> list:
         return [
             self.shown, self.select, self.overlay, self.table, self.status, self.progress, self.facts,
-            self.summary, self.name, self.notes, self.error, self.compared, self.loss_plot, self.metrics_plot, self.memory,
-            self.log, self.stop, self.resume, self.stacks,
+            self.summary, self.name, self.notes, self.error, self.compared, self.loss_plot, self.metrics_plot,
+            self.answers, self.memory, self.log, self.stop, self.resume, self.stacks,
         ]  # fmt: skip
 
     @property
@@ -250,6 +252,7 @@ class RunView(Section):
             out.update({
                 self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale),
                 self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
+                self.answers: answers_markdown(latest_answers(self.manager.run_dir(run_id))),
                 self.memory: self._memory_markdown(run_id, watch),
             })  # fmt: skip
         if log_due:

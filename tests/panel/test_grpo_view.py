@@ -199,6 +199,30 @@ def test_the_run_tab_shows_the_reward_chart_first_and_the_reward_in_its_summary(
     assert row[TABLE_HEADERS.index("loss")] == "reward 2.000"  # its measure, not a loss near 0
 
 
+def test_the_run_tab_shows_what_the_model_writes_best_first_with_its_rewards(tmp_path, monkeypatch):
+    monkeypatch.setattr("tunedeck.app.run_watch.MIN_REFRESH_S", 0)
+    grpo_run_folder(tmp_path, grpo_records(), grpo_job())
+    drawn = Drawn(RunManager(tmp_path))
+    assert drawn.render(RunShown())["answers"] == ""  # none written yet (and never for SFT, DPO or KTO)
+    # GRPOTrainer's last generation batch as train.py reads it: 3 answers to each of 3 prompts, in order.
+    prompts = ["Q: 1 + 1\nA:"] * 3 + ["Q: 2 + 2\nA:"] * 3 + ["Q: 3 + 3\nA:"] * 3
+    answers = [" 2", " 3", " 2", " 4", " 4", " | 4", " 6", " 6", " 6"]
+    exact = [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    latest = {"prompt": prompts, "completion": answers, "rewards": {"exact_answer": exact},
+              "advantages": [0.7, -1.4, 0.7, 0.7, 0.7, -1.4, 0.0, 0.0, 0.0]}  # fmt: skip
+    train.write_answers(tmp_path / RUN_ID, 5, latest)
+    shown = drawn.render(RunShown())["answers"]
+    assert shown.startswith("#### What the model writes (step 5)")
+    assert "Q: 3 + 3" not in shown  # two prompts a step
+    table = [line for line in shown.splitlines() if line.startswith("| ")]
+    assert table[:3] == [
+        "| answer | written | exact_answer | advantage |",
+        "| 2 | ×2 | 1.00 | +0.70 |",  # the same answer written twice: counted, best first
+        "| 3 | ×1 | 0.00 | -1.40 |",
+    ]
+    assert "| &#124; 4 | ×1 | 0.00 | -1.40 |" in table  # a pipe in an answer cannot break the table
+
+
 def test_runs_show_list_and_follow_say_the_objective_and_the_reward(tmp_path, capsys):
     from tunedeck.__main__ import main
 
