@@ -1,9 +1,10 @@
 """Regenerate the README's screenshots of the panel on the demo preset (not a test).
 
-    .venv/bin/python tests/panel/make_screenshots.py      # writes docs/screenshot.png, docs/screenshot-run.png
+    .venv/bin/python tests/panel/make_screenshots.py      # docs/screenshot.png, screenshot-run.png, screenshot-grpo.png
 
 Starts `tunedeck ui --preset demo` on a fresh runs folder, photographs the Job tab,
-runs the demo to its end from the page, and photographs the Run tab.
+runs the demo to its end from the page, and photographs the Run tab; then the same for the
+Demo GRPO preset's Run tab (its reward chart and what the model writes).
 """
 
 from __future__ import annotations
@@ -45,8 +46,28 @@ def main() -> int:
             browser.close()
         finally:
             server.stop()
-    print(docs / "screenshot.png", docs / "screenshot-run.png")
+        grpo_run_shot(p, Path(tmp) / "runs-grpo", docs / "screenshot-grpo.png")
+    print(docs / "screenshot.png", docs / "screenshot-run.png", docs / "screenshot-grpo.png")
     return 0
+
+
+def grpo_run_shot(p, runs_dir: Path, path: Path) -> None:
+    """The Demo GRPO preset trained from the page: its Run tab, charts and answers, in one tall shot."""
+    server = PanelServer(runs_dir, "--preset", "demo-grpo")
+    try:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+        page.goto(server.url)
+        wait_text(page, "#recommendation", "GB per GPU")
+        page.click("#start-run")
+        wait_text(page, "#run-state", "finished", timeout=300_000)
+        wait_text(page, "#run-answers", "What the model writes")
+        page.wait_for_timeout(1500)
+        page.locator("#run-answers").scroll_into_view_if_needed()
+        page.screenshot(path=str(path), full_page=True)
+        browser.close()
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":
