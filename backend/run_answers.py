@@ -7,11 +7,10 @@ tab shows the newest record under the charts.
 
 from __future__ import annotations
 
-import json
 from html import escape
 from pathlib import Path
 
-from tunedeck.backend.train import ANSWERS_FILE
+from tunedeck.backend.train import ANSWERS_FILE, last_record
 
 TAIL_BYTES = 512 * 1024  # a record holds at most 2 prompts x their answers x 2,000 characters each
 SHOWN_CHARS = 300  # of an answer in the table (the file keeps 2,000)
@@ -19,21 +18,7 @@ SHOWN_CHARS = 300  # of an answer in the table (the file keeps 2,000)
 
 def latest_answers(run_dir: Path) -> dict | None:
     """The newest complete record of answers.jsonl, or None (no GRPO run, or none written yet)."""
-    path = Path(run_dir) / ANSWERS_FILE
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - TAIL_BYTES))
-            lines = f.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # the first line of the tail may be cut
-        if isinstance(record, dict) and isinstance(record.get("groups"), list):
-            return record
-    return None
+    return last_record(Path(run_dir) / ANSWERS_FILE, lambda record: isinstance(record.get("groups"), list), TAIL_BYTES)
 
 
 def _cell(text: str) -> str:

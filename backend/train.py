@@ -53,6 +53,7 @@ import ast
 import contextlib
 import errno
 import faulthandler
+import functools
 import importlib.util
 import json
 import os
@@ -700,34 +701,35 @@ def _number(text: str) -> float | None:
         return None
 
 
-def exact_answer(completions, answer=None, **_) -> list[float | None]:
+def _per_answer(score):
+    """A reward as TRL calls it, from score(final answer, reference's final answer); None for a row without one."""
+
+    @functools.wraps(score)  # TRL names a reward by its function's name
+    def reward(completions, answer=None, **_) -> list[float | None]:
+        references = answer or [None] * len(completions)
+        return [
+            None if ref is None else score(final_answer(_answer_text(text)), final_answer(str(ref)))
+            for text, ref in zip(completions, references)
+        ]
+
+    return reward
+
+
+@_per_answer
+def exact_answer(got: str, want: str) -> float:
     """1 when the final answer equals the reference answer (numbers compared as numbers: 4.0 is 4), else 0."""
-    scores = []
-    for completion, reference in zip(completions, answer or [None] * len(completions)):
-        if reference is None:
-            scores.append(None)
-            continue
-        got, want = final_answer(_answer_text(completion)), final_answer(str(reference))
-        same = got == want or (_number(got) is not None and _number(got) == _number(want))
-        scores.append(1.0 if same else 0.0)
-    return scores
+    same = got == want or (_number(got) is not None and _number(got) == _number(want))
+    return 1.0 if same else 0.0
 
 
-def close_answer(completions, answer=None, **_) -> list[float | None]:
+@_per_answer
+def close_answer(got: str, want: str) -> float:
     """Partial credit: a number off by d scores 1/(1+d) (a non-number 0); other answers the share of their words in
     the right place."""
-    scores = []
-    for completion, reference in zip(completions, answer or [None] * len(completions)):
-        if reference is None:
-            scores.append(None)
-            continue
-        got, want = final_answer(_answer_text(completion)), final_answer(str(reference))
-        if _number(want) is not None:
-            scores.append(0.0 if _number(got) is None else 1.0 / (1.0 + abs(_number(got) - _number(want))))
-            continue
-        words, wanted = got.split(), want.split()
-        scores.append(sum(a == b for a, b in zip(words, wanted)) / max(len(words), len(wanted), 1))
-    return scores
+    if _number(want) is not None:
+        return 0.0 if _number(got) is None else 1.0 / (1.0 + abs(_number(got) - _number(want)))
+    words, wanted = got.split(), want.split()
+    return sum(a == b for a, b in zip(words, wanted)) / max(len(words), len(wanted), 1)
 
 
 REWARD_FUNCTIONS = {"exact_answer": exact_answer, "close_answer": close_answer}
@@ -2002,9 +2004,14 @@ def notify(run_dir: Path, status: str, error: str | None, runtime_s: float) -> N
 
 def _last_loss_record(path: Path) -> dict | None:
     """The newest log record with a training loss, from the end of metrics.jsonl."""
+    return last_record(path, lambda record: record.get("event") == "log" and "loss" in record)
+
+
+def last_record(path: Path, wanted, tail_bytes: int = 65536) -> dict | None:
+    """The newest JSON object of a .jsonl file that wanted(record) accepts, read from its last tail_bytes."""
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
             lines = f.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return None
@@ -2012,8 +2019,8 @@ def _last_loss_record(path: Path) -> dict | None:
         try:
             record = json.loads(line)
         except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("event") == "log" and "loss" in record:
+            continue  # the tail's first line may be cut
+        if isinstance(record, dict) and wanted(record):
             return record
     return None
 
