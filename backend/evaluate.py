@@ -211,7 +211,9 @@ def question_and_answer(row: dict) -> tuple[object, str | None] | None:
 
 
 def exact_match(answer: str, expected: str) -> bool:
-    return answer.strip() == expected.strip()
+    """The same final answer (after the last '####', inside the last \\boxed{}, or all of it; numbers as numbers),
+    as GRPO's exact_answer reward scores it: "so 7 #### 7" answers "7"."""
+    return train.exact_answer([answer], answer=[expected]) == [1.0]
 
 
 def contains_match(answer: str, expected: str) -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tunedeck.backend import evaluate
 
 
@@ -42,3 +44,13 @@ def test_a_folder_of_split_files_is_evaluated_on_its_held_out_file(tmp_path):
     assert source == str(folder / "validation.jsonl")
     assert rows == [{"prompt": "Q: validation\nA:", "completion": "2"}]
     assert evaluate.training_rows(tmp_path, job)[0] == [{"prompt": "Q: train\nA:", "completion": "1"}]
+
+
+@pytest.mark.parametrize(
+    "answer, expected, same",
+    [(" 7 ", "7", True), ("3 + 4 = 7 #### 7", "7", True), ("\\boxed{1,200}", "1200", True), (" 8", "7", False)],
+)
+def test_an_exact_match_is_the_same_final_answer_as_grpos_reward_scores_it(answer, expected, same):
+    from tunedeck.backend.evaluate import exact_match
+
+    assert exact_match(answer, expected) is same
