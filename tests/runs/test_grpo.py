@@ -44,7 +44,8 @@ def test_demo_grpo_learns_from_its_rewards(runs_dir):
         assert set(record["rewards"]) == {"exact_answer", "close_answer"}
         assert record["reward"] == pytest.approx(sum(record["rewards"].values()), abs=1e-4)
         assert 0 <= record["rewards"]["exact_answer"] <= record["rewards"]["close_answer"] <= 1
-        assert 1 <= record["completion_length"] <= 12 and 0 <= record["groups_without_signal"] <= 1
+        # The warmed-up model ends its answers itself (EOS), a few tokens long, well inside max_completion_length.
+        assert 1 <= record["completion_length"] <= 6 and record["completions_clipped"] < 0.1
     first, last = logs[1:11], logs[-10:]  # steps 5-50 and 105-150 (step 1 alone is 8 questions)
     assert mean(r["reward"] for r in last) > mean(r["reward"] for r in first)
     assert mean(r["rewards"]["exact_answer"] for r in last) > mean(r["rewards"]["exact_answer"] for r in first)

@@ -92,6 +92,10 @@ def test_the_rewards_tab_and_fields_show_for_grpo_only():
 
 def test_train_sft_py_implements_exactly_the_rewards_tunedeck_offers():
     assert set(train.REWARD_FUNCTIONS) == set(REWARDS)
+    # train.py ships alone, so it keeps its own copy of the spec's way to name your own reward: the same one
+    from tunedeck.backend.spec_grpo import CUSTOM_REWARD
+
+    assert train.CUSTOM_REWARD.pattern == CUSTOM_REWARD.pattern
 
 
 @pytest.mark.parametrize(
