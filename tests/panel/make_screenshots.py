@@ -9,6 +9,7 @@ Demo GRPO preset's Run tab (its reward chart and what the model writes).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -25,12 +26,7 @@ def main() -> int:
     docs = REPO / "docs"
     docs.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
-        server = PanelServer(Path(tmp) / "runs", "--preset", "demo")
-        try:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
-            page.goto(server.url)
-            wait_text(page, "#recommendation", "GB per GPU")
+        with panel_page(p, Path(tmp) / "runs", "demo") as page:
             page.wait_for_selector("#estimate-chart .js-plotly-plot")
             # The whole Job tab in one tall viewport: a full-page shot of a short one catches the code view's
             # line numbers before CodeMirror has drawn the lines it had kept out of view (they no longer match).
@@ -39,35 +35,37 @@ def main() -> int:
             page.wait_for_timeout(1000)
             page.screenshot(path=str(docs / "screenshot.png"), full_page=True)
             page.set_viewport_size({"width": 1440, "height": 1000})
-            page.click("#start-run")
-            wait_text(page, "#run-state", "finished", timeout=300_000)
-            page.wait_for_timeout(1500)
+            run_to_the_end(page)
             page.screenshot(path=str(docs / "screenshot-run.png"))
-            browser.close()
-        finally:
-            server.stop()
-        grpo_run_shot(p, Path(tmp) / "runs-grpo", docs / "screenshot-grpo.png")
+        # The Demo GRPO preset trained from the page: its Run tab, charts and answers, in one tall shot.
+        with panel_page(p, Path(tmp) / "runs-grpo", "demo-grpo") as page:
+            run_to_the_end(page)
+            wait_text(page, "#run-answers", "What the model writes")
+            page.locator("#run-answers").scroll_into_view_if_needed()
+            page.screenshot(path=str(docs / "screenshot-grpo.png"), full_page=True)
     print(docs / "screenshot.png", docs / "screenshot-run.png", docs / "screenshot-grpo.png")
     return 0
 
 
-def grpo_run_shot(p, runs_dir: Path, path: Path) -> None:
-    """The Demo GRPO preset trained from the page: its Run tab, charts and answers, in one tall shot."""
-    server = PanelServer(runs_dir, "--preset", "demo-grpo")
+@contextlib.contextmanager
+def panel_page(p, runs_dir: Path, preset: str):
+    """`tunedeck ui --preset PRESET` on a fresh runs folder, and a Chromium page on it once its estimate is drawn."""
+    server = PanelServer(runs_dir, "--preset", preset)
     try:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
         page.goto(server.url)
         wait_text(page, "#recommendation", "GB per GPU")
-        page.click("#start-run")
-        wait_text(page, "#run-state", "finished", timeout=300_000)
-        wait_text(page, "#run-answers", "What the model writes")
-        page.wait_for_timeout(1500)
-        page.locator("#run-answers").scroll_into_view_if_needed()
-        page.screenshot(path=str(path), full_page=True)
+        yield page
         browser.close()
     finally:
         server.stop()
+
+
+def run_to_the_end(page) -> None:
+    page.click("#start-run")
+    wait_text(page, "#run-state", "finished", timeout=300_000)
+    page.wait_for_timeout(1500)
 
 
 if __name__ == "__main__":
