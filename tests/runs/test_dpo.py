@@ -28,14 +28,13 @@ def mean(values) -> float:
     return sum(values) / len(values)
 
 
-def train_preset(runs_dir: Path, preset: str) -> tuple[str, Path]:
-    """(run id, run folder) of a demo preset trained STEPS steps on 2 ranks, evaluated on held-out rows at the end."""
+def train_preset(runs_dir: Path, preset: str, changes: dict | None = None) -> tuple[str, Path]:
+    """(run id, run folder) of a demo preset trained to its end on 2 ranks: by default STEPS steps, evaluated on
+    held-out rows at the end; `changes` in place of that."""
     from tunedeck.backend.spec import resolve_spec, set_paths
 
-    spec = set_paths(
-        resolve_spec(preset),
-        {"training.max_steps": STEPS, "dataset.eval_split": "validation", "training.eval_steps": STEPS},
-    )
+    default = {"training.max_steps": STEPS, "dataset.eval_split": "validation", "training.eval_steps": STEPS}
+    spec = set_paths(resolve_spec(preset), default if changes is None else changes)
     manager, run_id, status = run_to_end(runs_dir, spec)
     assert_finished(manager, run_id, status)
     return run_id, manager.run_dir(run_id)

@@ -13,27 +13,19 @@ import json
 
 import pytest
 
-from tunedeck.backend.spec import resolve_spec, set_paths
-
 from .helpers import log_records, read_metrics, start_record
-from .test_dpo import mean
-from .test_training_runs import assert_finished, run_to_end
+from .test_dpo import mean, train_preset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def test_demo_grpo_learns_from_its_rewards(runs_dir):
-    spec = set_paths(
-        resolve_spec("demo-grpo"),
-        {
-            "dataset.eval_split": "validation[:32]",  # 32 held-out questions, 8 answers each, at the end
-            "training.eval_steps": 150,
-            "training.per_device_eval_batch_size": 8,
-        },
-    )
-    manager, run_id, status = run_to_end(runs_dir, spec)
-    assert_finished(manager, run_id, status)
-    run_dir = manager.run_dir(run_id)
+    held_out = {
+        "dataset.eval_split": "validation[:32]",  # 32 held-out questions, 8 answers each, at the end
+        "training.eval_steps": 150,
+        "training.per_device_eval_batch_size": 8,
+    }
+    _, run_dir = train_preset(runs_dir, "demo-grpo", held_out)
     start = start_record(run_dir)
     assert (start["world_size"], start["objective"], start["reference"]) == (2, "grpo", None)
     assert start["flops_inputs"]["extra_forwards"] == 1  # writing the answers: a forward a token, no reference
