@@ -93,6 +93,7 @@ class StartRecord(TypedDict, total=False):
     nodes: list[str]  # rank i runs on nodes[i]
     distributed_type: str  # accelerate's: NO, MULTI_CPU, MULTI_GPU, DEEPSPEED, FSDP ...
     zero_stage: int | None
+    sequence_parallel: int  # GPUs sharing each sequence (DeepSpeed Ulysses); 1 without
     fsdp: bool
     fsdp_version: int | None
     model_class: str  # the wrapped model: DistributedDataParallel, DeepSpeedEngine ...
@@ -111,8 +112,7 @@ class StartRecord(TypedDict, total=False):
     load_gpu_peak_allocated_gb: list[float] | None  # per rank, right after loading
     load_host_peak_rss_gb: list[float]
     gate: GateVerdict
-    # MFU's inputs (train.py's speed_facts): the GPU by its NVML name (None on CPU), the compute
-    # dtype, its peak dense TFLOPS and where that comes from, or the note saying why there is none.
+    # MFU's inputs (train.py's speed_facts): the GPU's NVML name (None on CPU), compute dtype, peak TFLOPS, source or note
     gpu_name: str | None
     compute_dtype: str
     peak_tflops: float | None

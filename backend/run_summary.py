@@ -51,7 +51,8 @@ def strategy_label(start: StartRecord) -> str:
     """The strategy the run really got, from its start record: "DeepSpeed ZeRO-3", "FSDP2", "DDP"."""
     kind = start.get("distributed_type")
     if start.get("zero_stage") is not None:
-        return f"DeepSpeed ZeRO-{start['zero_stage']}"
+        per_sequence = start.get("sequence_parallel") or 1
+        return f"DeepSpeed ZeRO-{start['zero_stage']}" + (f" + {per_sequence} GPUs per sequence" if per_sequence > 1 else "")
     if kind == "DEEPSPEED":
         return "DeepSpeed"
     if kind == "FSDP" or start.get("fsdp"):

@@ -55,6 +55,16 @@ class StrategySpec(SpecSection):
         json_schema_extra=BASIC,
         description="Fast local disk folder for NVMe offload, e.g. /local_nvme.",
     )
+    sequence_parallel: int = Field(
+        1,
+        ge=1,
+        le=64,
+        title="GPUs per sequence",
+        json_schema_extra=BASIC,
+        description="Sequence parallelism (DeepSpeed Ulysses, SFT): this many GPUs share each sequence, each "
+        "holding 1/N of its activations, for rows too long for one GPU; attention heads are exchanged "
+        "all-to-all. 1: off. The global batch is divided by it.",
+    )
     overlap_comm: bool = Field(
         True, title="Overlap communication", description="DeepSpeed: overlap gradient reduction with the backward pass."
     )
@@ -295,6 +305,16 @@ class JobSpec(SpecSection):
 
     @property
     def global_batch_size(self) -> int:
-        """Sequences per optimizer step across all processes."""
+        """Sequences per optimizer step across all processes (the GPUs sharing a sequence count once)."""
         t = self.training
-        return t.per_device_train_batch_size * self.launch.num_processes * t.gradient_accumulation_steps
+        return t.per_device_train_batch_size * self.data_parallel_size * t.gradient_accumulation_steps
+
+    @property
+    def sequence_parallel(self) -> int:
+        """GPUs sharing each sequence: strategy.sequence_parallel where it applies (DeepSpeed), else 1."""
+        return self.strategy.sequence_parallel if self.strategy.is_deepspeed else 1
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Processes that each read their own rows: all of them, over the GPUs that share a sequence."""
+        return max(1, self.launch.num_processes // self.sequence_parallel)

@@ -814,6 +814,7 @@ def describe_run(trainer, job: dict) -> dict:
         "nodes": gather_from_ranks(node_name()),  # rank i runs on nodes[i]
         "distributed_type": str(trainer.accelerator.distributed_type.value),
         "zero_stage": zero_stage,
+        "sequence_parallel": sequence_parallel_size(trainer.accelerator),
         "fsdp": fsdp_version is not None,
         "fsdp_version": fsdp_version,
         "model_class": type(wrapped).__name__,
@@ -830,6 +831,12 @@ def describe_run(trainer, job: dict) -> dict:
         "max_steps": trainer.state.max_steps,
         "resumed_from_step": trainer.state.global_step or None,
     }
+
+
+def sequence_parallel_size(accelerator) -> int:
+    """GPUs sharing each sequence (DeepSpeed Ulysses), as accelerate set it up: 1 without."""
+    config = getattr(accelerator, "parallelism_config", None)
+    return int(config.sp_size) if config is not None and config.sp_enabled else 1
 
 
 def reference_model(trainer) -> str | None:
@@ -1170,6 +1177,7 @@ def expected_run(job: dict) -> dict:
         "machines": int(launch.get("num_machines", 1)),
         "engine": "none" if engine == "ddp" and processes == 1 else engine,
         "zero_stage": stage,
+        "sequence_parallel": int(strategy.get("sequence_parallel", 1)) if engine == "deepspeed" else 1,
         "fsdp_version": int(strategy.get("fsdp_version", 2)) if engine == "fsdp" else None,
         "bits": (job.get("quantization") or {}).get("bits"),
         "trainable_params": None,  # train() adds expected_trainable(job)
@@ -1274,6 +1282,12 @@ def _engine_problems(expected: dict, facts: dict) -> list[str]:
         return []
     if asked == "deepspeed" and expected["zero_stage"] != facts["zero_stage"]:
         return [f"asked DeepSpeed ZeRO-{expected['zero_stage']}, got ZeRO-{facts['zero_stage']}"]
+    asked_sp, got_sp = expected.get("sequence_parallel", 1), facts.get("sequence_parallel", 1)
+    if asked == "deepspeed" and asked_sp != got_sp:
+        return [
+            f"asked {asked_sp} GPUs per sequence (strategy.sequence_parallel), got {got_sp} (accelerate takes it "
+            "from accelerate_config.yaml's parallelism_config: launch with --config_file accelerate_config.yaml)"
+        ]
     if asked == "fsdp" and expected["fsdp_version"] != facts["fsdp_version"]:
         return [f"asked FSDP{expected['fsdp_version']}, got FSDP{facts['fsdp_version']}"]
     return []
@@ -1425,6 +1439,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self._last_step = 0
             self._first_log: tuple[float, int] | None = None  # (clock, step) of this process's first log record
             self.speed: dict = {}  # speed_facts, at the start of training
+            self._per_sequence = 1  # GPUs sharing each sequence (Ulysses), from the start record
             self._step_end = 0.0
             self._fault = _parse_fault(os.environ.get(FAULT_ENV))
             self.watchdog = StallWatchdog(job, Path.cwd())  # train() works in the run folder
@@ -1455,6 +1470,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
         def on_train_begin(self, args, state, control, **kwargs):
             self._last_log, self._last_step = (time.monotonic(), 0), state.global_step
             record = {**describe_run(self.trainer, job), **self.load_peaks}
+            self._per_sequence = record["sequence_parallel"]
             self.speed = speed_facts(
                 self.trainer, record["trainable_params"], record["total_params"], record["objective"]
             )
@@ -1521,7 +1537,8 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                     record["tokens_per_second"] = (tokens - last_tokens) / (now - last_time)
                     if self.speed.get("peak_tflops"):
                         rows = (state.global_step - self._last_step) * args.per_device_train_batch_size
-                        rows *= args.gradient_accumulation_steps * _world_size()
+                        # the GPUs sharing a sequence (Ulysses) read their rows together
+                        rows *= args.gradient_accumulation_steps * _world_size() // self._per_sequence
                         rows *= self.speed["flops_inputs"].get("sequences_per_row", 1)  # DPO: two a row
                         seq_len = (tokens - last_tokens) / max(1, rows)  # attention's FLOPs grow with it
                         record.update(utilisation(self.speed, record["tokens_per_second"], seq_len))

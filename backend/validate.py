@@ -7,7 +7,7 @@ with an unhelpful message, or, worse, accept while silently doing something else
 from the seed guides and the libraries' documentation.
 
 The rules live by area: validate_method.py (what is trained), validate_strategy.py (how the
-work is split), validate_launch.py (where it runs),
+work is split), validate_sequence.py (sequence parallelism), validate_launch.py (where it runs),
 validate_speed.py (the speed switches). One more rule comes from the
 applicability table (backend/applies.py): a field set to other than its default where it
 does not apply is ignored, and the job says so.
@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from tunedeck.backend import validate_grpo, validate_launch, validate_method, validate_speed, validate_strategy
+from tunedeck.backend import (
+    validate_grpo,
+    validate_launch,
+    validate_method,
+    validate_sequence,
+    validate_speed,
+    validate_strategy,
+)
 from tunedeck.backend.applies import applies, when
 from tunedeck.backend.problem import Problem, has_errors, spelled, warning
 from tunedeck.backend.spec import JobSpec, field_info, flat_values
@@ -38,6 +45,7 @@ RULES: list[Rule] = [
     validate_strategy.offload,
     validate_strategy.fsdp,
     validate_strategy.adapter_strategy,
+    validate_sequence.sequence_parallel,
     validate_launch.cpu,
     validate_launch.cpu_processes,
     validate_launch.launch,
@@ -72,11 +80,20 @@ def ignored_settings(spec: JobSpec, named: set[str] = frozenset()) -> list[Probl
 
 
 def describe_global_batch(spec: JobSpec) -> str:
-    t, launch = spec.training, spec.launch
+    t = spec.training
     return (
         f"global batch {spec.global_batch_size} = {t.per_device_train_batch_size} per device "
-        f"x {launch.num_processes} processes x {t.gradient_accumulation_steps} accumulation steps"
+        f"x {spec.data_parallel_size} {_readers(spec)} x {t.gradient_accumulation_steps} accumulation steps"
     )
+
+
+def _readers(spec: JobSpec) -> str:
+    """Who reads their own rows: every process, or each group of GPUs sharing a sequence."""
+    n = spec.sequence_parallel
+    if n == 1:
+        return "processes"
+    groups = "group" if spec.data_parallel_size == 1 else "groups"
+    return f"sequence {groups} ({spec.launch.num_processes} processes, {n} GPUs per sequence)"
 
 
 __all__ = ["CPU_RANK_BYTES", "RULES", "Problem", "describe_global_batch", "has_errors", "ignored_settings", "validate"]

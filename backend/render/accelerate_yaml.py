@@ -57,6 +57,8 @@ def accelerate_config_dict(spec: JobSpec) -> dict:
     if kind == "DEEPSPEED":
         # No mixed_precision here: with deepspeed_config_file accelerate refuses it; ds_config.json decides.
         config["deepspeed_config"] = _deepspeed_section(spec)
+        if spec.sequence_parallel > 1:
+            config["parallelism_config"] = _sequence_parallelism(spec)
     else:
         config["mixed_precision"] = _MIXED_PRECISION[spec.training.precision]
     if kind == "FSDP":
@@ -116,6 +118,18 @@ def _hybrid_shard_parallelism(spec: JobSpec) -> dict:
         prefix + "dp_shard_size": launch.processes_per_machine,
         prefix + "tp_size": 1,
         prefix + "cp_size": 1,
+    }
+
+
+def _sequence_parallelism(spec: JobSpec) -> dict:
+    """DeepSpeed Ulysses as accelerate's config file names it (transformers' deepspeed_alst guide)."""
+    prefix = "parallelism_config_"
+    return {
+        prefix + "sp_size": spec.sequence_parallel,
+        prefix + "sp_backend": "deepspeed",
+        # Batches differ in length (rows are padded to the longest in their batch, not to max_length).
+        prefix + "sp_seq_length_is_variable": True,
+        prefix + "sp_attn_implementation": spec.model.attn_implementation,
     }
 
 

@@ -59,6 +59,8 @@ def training_args_dict(spec: JobSpec) -> dict:
     if t.group_by_length and applies("training.group_by_length", flat_values(spec)):
         # transformers 5 replaced the group_by_length flag with this sampler choice.
         args["train_sampling_strategy"] = "group_by_length"
+    if spec.sequence_parallel > 1:
+        args["pad_to_multiple_of"] = sequence_padding(spec)
     args["logging_first_step"] = True  # a first point on the loss chart right away
     args["save_strategy"] = "steps"
     if d.eval_split:
@@ -74,6 +76,18 @@ def training_args_dict(spec: JobSpec) -> dict:
             # environment, and SFTConfig fails to build a gloo group there: leave it out then.
             args["ddp_backend"] = "gloo"
     return args
+
+
+def sequence_padding(spec: JobSpec) -> int:
+    """Ulysses cuts each batch into equal slices, one per GPU of the sequence, so its length must divide.
+
+    On CPU every batch is padded to max_length as well: gloo's all_gather, which Ulysses uses to share
+    the batches of a sequence's GPUs, takes equal sizes only (NCCL takes uneven ones).
+    """
+    n = spec.sequence_parallel
+    if spec.launch.use_cpu:
+        return -(-spec.dataset.max_seq_length // n) * n
+    return n
 
 
 def render_training_args(spec: JobSpec) -> str:
