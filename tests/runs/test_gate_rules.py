@@ -30,8 +30,8 @@ def expected(preset: str = "70b-qlora-zero3", *overrides: str, trainable: int | 
 
 def test_what_each_preset_expects():
     assert train.expected_run(job("70b-qlora-zero3")) == {
-        "world_size": 8, "machines": 1, "engine": "deepspeed", "zero_stage": 3, "fsdp_version": None, "bits": 4,
-        "trainable_params": None,
+        "world_size": 8, "machines": 1, "engine": "deepspeed", "zero_stage": 3, "sequence_parallel": 1,
+        "fsdp_version": None, "bits": 4, "trainable_params": None,
     }  # fmt: skip
     assert train.expected_run(job("13b-lora-fsdp"))["engine"] == "fsdp"
     assert train.expected_run(job("13b-lora-fsdp"))["fsdp_version"] == 2
@@ -62,6 +62,12 @@ def test_a_run_that_got_what_it_asked_passes():
             "asked 2 processes on 2 machines, got 2 on 1 machine (n0)",
         ),
         ({"zero_stage": 2}, [], "asked DeepSpeed ZeRO-3, got ZeRO-2"),
+        (
+            {"sequence_parallel": 1},
+            ["strategy.sequence_parallel=2", "dataset.packing=false"],
+            "asked 2 GPUs per sequence (strategy.sequence_parallel), got 1 (accelerate takes it from "
+            "accelerate_config.yaml's parallelism_config",
+        ),
         (
             {"zero_stage": None, "distributed_type": "MULTI_GPU", "model_class": "DistributedDataParallel"},
             [],
