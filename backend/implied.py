@@ -4,7 +4,8 @@ QLoRA is adapters on a 4-bit NF4 base, so choosing it sets quantization.bits=4 (
 clears the 4 bits again); a sharded QLoRA job (ZeRO-3, FSDP) shards the 4-bit weights and the
 rest of the model together, so the storage, compute and model dtypes are made one; a full
 fine-tune under FSDP checkpoints activations with FSDP's own wrapper rather than the Trainer's
-(which would all-gather every layer once more in the backward pass). Each rule here mirrors
+(which would all-gather every layer once more in the backward pass); sequences split over GPUs
+(Ulysses, DeepSpeed and SFT only) are not packed under SDPA. Each rule here mirrors
 a validation rule (backend/validate_method.py, validate_strategy.py): after the form applies
 the implication, that problem does not arise.
 
@@ -79,12 +80,33 @@ def _fsdp_activation_checkpointing(values: Values) -> Implied | None:
     return None
 
 
+def _ulysses_without_packing(values: Values) -> Implied | None:
+    strategy = STRATEGIES.get(values.get("strategy.kind"))
+    splits = bool(strategy and strategy.is_deepspeed) and (values.get("strategy.sequence_parallel") or 1) > 1
+    if splits and values.get("model.attn_implementation") == "sdpa" and values.get("dataset.packing"):
+        return Implied({"dataset.packing": False}, "under Ulysses, SDPA cannot keep packed rows apart")
+    return None
+
+
+def _ulysses_off(values: Values) -> Implied | None:
+    strategy = STRATEGIES.get(values.get("strategy.kind"))
+    if (values.get("strategy.sequence_parallel") or 1) == 1:
+        return None
+    if not (strategy and strategy.is_deepspeed):
+        return Implied({"strategy.sequence_parallel": 1}, "only DeepSpeed splits sequences (Ulysses)")
+    if values.get("objective", "sft") != "sft":
+        return Implied({"strategy.sequence_parallel": 1}, "only SFT splits sequences (Ulysses)")
+    return None
+
+
 # (trigger fields, rule): the rule runs when one of its triggers was just changed, in this order
 # (the dtype rule reads the 4 bits the QLoRA rule sets).
 RULES: list[tuple[frozenset[str], Rule]] = [
     (frozenset({"method"}), _qlora_is_4bit),
     (frozenset({"method", "strategy.kind", "model.dtype", "quantization.bits"}), _sharded_4bit_dtypes),
     (frozenset({"method", "strategy.kind"}), _fsdp_activation_checkpointing),
+    (frozenset({"strategy.kind", "objective"}), _ulysses_off),
+    (frozenset({"strategy.sequence_parallel", "strategy.kind", "model.attn_implementation"}), _ulysses_without_packing),
 ]
 
 

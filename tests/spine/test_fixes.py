@@ -52,6 +52,25 @@ def test_fsdp_full_fine_tune_uses_fsdp_activation_checkpointing_and_back():
     assert back.training.gradient_checkpointing and not back.strategy.fsdp_activation_checkpointing
 
 
+def test_ulysses_unpacks_the_rows_and_leaves_with_deepspeed_or_sft():
+    spec = set_paths(load_presets()["7b-lora-ddp"].build(), {"strategy.kind": "zero3"})
+    assert spec.dataset.packing
+    fixed, applied = _edit(spec, strategy__sequence_parallel=2)
+    assert fixed.strategy.sequence_parallel == 2 and not fixed.dataset.packing
+    assert not [p for p in validate(fixed) if p.level == "error"], validate(fixed)
+    assert (
+        describe(applied)
+        == "Set for you: under Ulysses, SDPA cannot keep packed rows apart: `dataset.packing` → `false`."
+    )
+    # flash attention keeps packed rows apart by their positions: packing stays
+    flash = set_paths(spec, {"model.attn_implementation": "flash_attention_2"})
+    assert _edit(flash, strategy__sequence_parallel=2)[0].dataset.packing
+    for change in ({"strategy__kind": "fsdp"}, {"objective": "dpo"}):
+        back, _ = _edit(fixed, **change)
+        assert back.strategy.sequence_parallel == 1, change
+        assert "strategy.sequence_parallel" not in _fields(validate(back))
+
+
 def test_a_rule_fires_only_when_its_trigger_changed():
     spec, _ = _edit(load_presets()["7b-lora-ddp"].build(), method="qlora")
     values = {**flat_values(spec), "quantization.bits": 8}  # set by hand afterwards: kept, validation speaks
