@@ -80,10 +80,15 @@ def ignored_settings(spec: JobSpec, named: set[str] = frozenset()) -> list[Probl
 
 
 def describe_global_batch(spec: JobSpec) -> str:
+    return f"global batch {spec.global_batch_size} = {global_batch_terms(spec)}"
+
+
+def global_batch_terms(spec: JobSpec) -> str:
+    """What the global batch multiplies: "2 per device x 4 processes x 8 accumulation steps"."""
     t = spec.training
     return (
-        f"global batch {spec.global_batch_size} = {t.per_device_train_batch_size} per device "
-        f"x {spec.data_parallel_size} {_readers(spec)} x {t.gradient_accumulation_steps} accumulation steps"
+        f"{t.per_device_train_batch_size} per device x {spec.data_parallel_size} {_readers(spec)} "
+        f"x {t.gradient_accumulation_steps} accumulation steps"
     )
 
 
@@ -96,4 +101,13 @@ def _readers(spec: JobSpec) -> str:
     return f"sequence {groups} ({spec.launch.num_processes} processes, {n} GPUs per sequence)"
 
 
-__all__ = ["CPU_RANK_BYTES", "RULES", "Problem", "describe_global_batch", "has_errors", "ignored_settings", "validate"]
+__all__ = [
+    "CPU_RANK_BYTES",
+    "RULES",
+    "Problem",
+    "describe_global_batch",
+    "global_batch_terms",
+    "has_errors",
+    "ignored_settings",
+    "validate",
+]

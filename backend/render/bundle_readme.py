@@ -6,6 +6,7 @@ import re
 
 from tunedeck.backend.render.requirements import minimums
 from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.validate import global_batch_terms
 
 _FILE_ROLES = {
     "job.yaml": "the tunedeck job spec: model, method, LoRA, quantization, dataset (read by train_sft.py)",
@@ -35,7 +36,7 @@ def _code(text: str) -> str:
 
 
 def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
-    launch, t = spec.launch, spec.training
+    launch = spec.launch
     config, trainer = _TRL_CLASSES.get(spec.objective, _TRL_CLASSES["sft"])
     role = {"config": config, "trainer": trainer, "objective": spec.objective}
     device = "CPU processes (gloo)" if launch.use_cpu else "GPUs"
@@ -43,11 +44,10 @@ def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
         f"# {spec.method}{'' if spec.objective == 'sft' else ' ' + spec.objective.upper()} fine-tuning of "
         f"{_code(spec.model.name_or_path)}",
         "",
-        f"- Strategy: {spec.strategy.facts.title}",
+        f"- Strategy: {spec.strategy.facts.title}"
+        + (f", {spec.sequence_parallel} GPUs per sequence (Ulysses)" if spec.sequence_parallel > 1 else ""),
         f"- {launch.num_processes} {device} on {launch.num_machines} machine(s)",
-        f"- Global batch: {spec.global_batch_size} sequences per optimizer step "
-        f"= {t.per_device_train_batch_size} per device x {launch.num_processes} processes "
-        f"x {t.gradient_accumulation_steps} accumulation steps",
+        f"- Global batch: {spec.global_batch_size} sequences per optimizer step = {global_batch_terms(spec)}",
         f"- Output: {_code(spec.output_dir.rstrip('/') + '/')} (checkpoints and the final "
         f"{'adapter' if spec.uses_adapter else 'model'})",
         "",

@@ -48,6 +48,20 @@ def minimums(spec: JobSpec) -> list[Minimum]:
                 "(deepspeed#7965, overlap-comm buffer lifetimes)",
             )
         )
+    if spec.sequence_parallel > 1:
+        needs += [
+            Minimum(
+                "accelerate",
+                "1.12.0",
+                "accelerate_config.yaml's parallelism_config sp_size (DeepSpeed Ulysses) arrived in accelerate 1.12.0 "
+                "(transformers' deepspeed_alst guide)",
+            ),
+            Minimum(
+                "deepspeed",
+                "0.18.2",
+                "Ulysses' attention and data loader adapter (UlyssesSPAttentionHF): accelerate refuses older DeepSpeed",
+            ),
+        ]
     return needs
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from tunedeck.backend.applies import applies
 from tunedeck.backend.render.accelerate_yaml import accelerate_config_dict
+from tunedeck.backend.render.bundle_readme import render_bundle_readme
 from tunedeck.backend.render.training_args import training_args_dict
 from tunedeck.backend.spec import flat_values, resolve_spec
 from tunedeck.backend.validate import describe_global_batch, has_errors, validate
@@ -100,8 +101,16 @@ def test_the_files_carry_ulysses_for_accelerate_and_the_padding_for_its_slices()
     # On CPU, gloo gathers equal sizes only: every batch is padded to max_seq_length (rounded to the slices).
     demo = resolve_spec("demo", [*ULYSSES, "dataset.max_seq_length=63"])
     assert training_args_dict(demo)["pad_to_multiple_of"] == 64
+    readme = render_bundle_readme(spec, ["accelerate_config.yaml"])
+    assert (
+        "- Strategy: DeepSpeed ZeRO-3 (optimizer states, gradients and parameters sharded), 2 GPUs per sequence"
+        in readme
+    )
+    assert "= 2 per device x 2 sequence groups (4 processes, 2 GPUs per sequence) x 4 accumulation" in readme
+    assert "- accelerate >= 1.12.0: accelerate_config.yaml's parallelism_config sp_size" in readme
     plain = resolve_spec("7b-lora-ddp", ["strategy.kind=zero3"])
     assert "parallelism_config" not in accelerate_config_dict(plain)
+    assert "accelerate >=" not in render_bundle_readme(plain, [])
     assert "pad_to_multiple_of" not in training_args_dict(plain)
 
 
