@@ -52,7 +52,9 @@ def strategy_label(start: StartRecord) -> str:
     kind = start.get("distributed_type")
     if start.get("zero_stage") is not None:
         per_sequence = start.get("sequence_parallel") or 1
-        return f"DeepSpeed ZeRO-{start['zero_stage']}" + (f" + {per_sequence} GPUs per sequence" if per_sequence > 1 else "")
+        return f"DeepSpeed ZeRO-{start['zero_stage']}" + (
+            f" + {per_sequence} GPUs per sequence" if per_sequence > 1 else ""
+        )
     if kind == "DEEPSPEED":
         return "DeepSpeed"
     if kind == "FSDP" or start.get("fsdp"):
