@@ -117,7 +117,7 @@ def parse_ram(text: str | None) -> float | None:
 def by_memory(advice: Advice) -> list[tuple[int, StrategyEstimate]]:
     """(speed rank, 1 = fastest; option) from the least memory per GPU to the most."""
     inf = float("inf")
-    fastest_first = sorted(advice.options, key=lambda o: o.speed.step_time_s if o.speed is not None else inf)
+    fastest_first = sorted(advice.options, key=lambda o: o.speed.pace if o.speed is not None else inf)
     ranked = [(rank, o) for rank, o in enumerate(fastest_first, start=1)]  # sorted() keeps the guides' order on ties
     return sorted(ranked, key=lambda item: (item[1].estimate.per_gpu_gb, item[0]))
 

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tunedeck.backend.advisor_options import candidates, strategy_key
+from tunedeck.backend.advisor_options import candidates, sequence_parallel, strategy_key
+from tunedeck.backend.advisor_sequence import sequence_candidates, sequence_reason, sequence_sizes
 from tunedeck.backend.memory import Estimate, estimate_values
 from tunedeck.backend.memory_job import Job, input_values
 from tunedeck.backend.spec import JobSpec
@@ -24,6 +25,9 @@ from tunedeck.backend.vocabulary import STRATEGIES
 # A strategy "fits" when its peak stays below this share of the GPU: the rest is headroom
 # for sequence-length outliers and fragmentation spikes.
 FIT_FRACTION = 0.9
+# More GPUs per sequence are weighed when the rows' activations and loss tensors are at least this share of
+# the training peak: below it the model states overflow, and splitting the sequence cannot make them fit.
+ACTIVATION_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ def advise(
             return None
         return predict(Job.from_values(v), hardware, schedule, correction)
 
-    options = _compare(values, gpu_mem_gb, cpu_mem_gb, speed)
+    options = _compare(values, candidates(values), gpu_mem_gb, cpu_mem_gb, speed)
+    options = _with_sequence_parallel(values, options, gpu_mem_gb, cpu_mem_gb, speed)
     return Advice(
         gpu_mem_gb=gpu_mem_gb,
         cpu_mem_gb=cpu_mem_gb,
@@ -187,10 +192,12 @@ def gpu_memory_gb(text: str | float) -> float:
 # ---------------------------------------------------------------- comparing and choosing
 
 
-def _compare(values: dict, gpu_mem_gb: float, cpu_mem_gb: float | None, speed=lambda v: None) -> list[StrategyEstimate]:
+def _compare(
+    values: dict, options: list, gpu_mem_gb: float, cpu_mem_gb: float | None, speed=lambda v: None
+) -> list[StrategyEstimate]:
     current = strategy_key(values)
     out = []
-    for label, changes in candidates(values):
+    for label, changes in options:
         variant = {**values, **changes}
         est = estimate_values(variant)
         out.append(
@@ -206,6 +213,37 @@ def _compare(values: dict, gpu_mem_gb: float, cpu_mem_gb: float | None, speed=la
     return out
 
 
+def _with_sequence_parallel(values: dict, options: list, gpu_mem_gb: float, cpu_mem_gb: float | None, speed) -> list:
+    """The options, with those of the smallest number of GPUs per sequence that fits (backend/advisor_sequence.py)
+    before the offloading ones, when no option that trains as the job does fits without offloading, and the
+    rows' activations are what overflows: at least ACTIVATION_SHARE of its leanest such option's training peak."""
+    own = [o for o in options if _same_method(values, o) and not _offloads(o)]
+    if not own or any(o.fits and _usable(values, o) for o in own):
+        return options
+    lean = min(own, key=lambda o: o.estimate.per_gpu_gb).estimate
+    if lean.breakdown["activations"] + lean.breakdown["logits"] < ACTIVATION_SHARE * lean.phases["train"]:
+        return options  # the model states overflow: more GPUs per sequence would not help
+    for n in sequence_sizes(values):
+        more = _compare(values, sequence_candidates(values, n), gpu_mem_gb, cpu_mem_gb, speed)
+        if any(o.fits and _usable(values, o) for o in more):
+            at = next((i for i, o in enumerate(options) if _offloads(o)), len(options))
+            return options[:at] + more + options[at:]
+    return options
+
+
+def _usable(values: dict, option: StrategyEstimate) -> bool:
+    """NVMe offload needs a fast local disk the job names; without one it is shown, not advised."""
+    return bool(values["strategy.nvme_path"]) or "nvme" not in option.changes.values()
+
+
+def _same_method(values: dict, option: StrategyEstimate) -> bool:
+    return option.changes.get("method", values["method"]) == values["method"]
+
+
+def _offloads(option: StrategyEstimate) -> bool:
+    return option.changes.get("strategy.offload_optimizer", "none") != "none"
+
+
 def _recommend(
     values: dict,
     options: list[StrategyEstimate],
@@ -213,13 +251,12 @@ def _recommend(
     cpu_mem_gb: float | None,
     hardware: Hardware | None = None,
 ) -> Recommendation:
-    # NVMe offload needs a fast local disk the job names; without one it is shown, not advised.
-    usable = [o for o in options if values["strategy.nvme_path"] or "nvme" not in o.changes.values()]
+    usable = [o for o in options if _usable(values, o)]
     fitting = [o for o in usable if o.fits]
     if not fitting:
         return _nothing_fits(values, options, gpu_mem_gb, cpu_mem_gb)
     # Quantizing the base changes what is trained: it is the answer to memory, never to speed.
-    same_method = [o for o in fitting if o.changes.get("method", values["method"]) == values["method"]]
+    same_method = [o for o in fitting if _same_method(values, o)]
     fitting = same_method or fitting
     chosen = _fastest(fitting)
     # Options of one tier are equally fast (ZeRO-3 and FSDP FULL_SHARD move the same bytes), and so are
@@ -239,6 +276,7 @@ def _tier(option: StrategyEstimate) -> tuple:
     hybrid = c.get("strategy.fsdp_sharding_strategy") == "HYBRID_SHARD"
     return (
         c.get("method"),
+        c.get("strategy.sequence_parallel", 1),
         facts.engine == "ddp",
         shards,
         hybrid,
@@ -251,16 +289,17 @@ def _as_fast(option: StrategyEstimate, chosen: StrategyEstimate) -> bool:
     if _tier(option) == _tier(chosen):
         return True
     timed = option.speed is not None and chosen.speed is not None
-    return timed and option.speed.step_time_s <= chosen.speed.step_time_s * (1 + TIE_SHARE)
+    return timed and option.speed.pace <= chosen.speed.pace * (1 + TIE_SHARE)
 
 
 def _fastest(fitting: list[StrategyEstimate]) -> StrategyEstimate:
-    """The shortest predicted step; within TIE_SHARE of it, the guides' order. Without predictions, that order."""
+    """The shortest predicted time per token (speed.py's pace: a step with more GPUs per sequence reads fewer rows);
+    within TIE_SHARE of it, the guides' order. Without predictions, that order."""
     timed = [o for o in fitting if o.speed is not None]
     if not timed:
         return fitting[0]
-    best = min(o.speed.step_time_s for o in timed)
-    return next(o for o in timed if o.speed.step_time_s <= best * (1 + TIE_SHARE))
+    best = min(o.speed.pace for o in timed)
+    return next(o for o in timed if o.speed.pace <= best * (1 + TIE_SHARE))
 
 
 def _speed_reason(v: dict, chosen: StrategyEstimate, fitting: list[StrategyEstimate], hw: Hardware | None) -> str:
@@ -268,9 +307,9 @@ def _speed_reason(v: dict, chosen: StrategyEstimate, fitting: list[StrategyEstim
     if chosen.speed is None:
         return ""
     text = f" Predicted {chosen.speed.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
-    others = sorted((o for o in fitting if o is not chosen and o.speed is not None), key=lambda o: o.speed.step_time_s)
+    others = sorted((o for o in fitting if o is not chosen and o.speed is not None), key=lambda o: o.speed.pace)
     if others:
-        ratio = others[0].speed.step_time_s / chosen.speed.step_time_s
+        ratio = others[0].speed.pace / chosen.speed.pace
         if ratio < 1 + TIE_SHARE:
             decides = "the job's own choice stays" if chosen.current else "the guides' order decides"
             text += f", as fast as {others[0].strategy} (within {TIE_SHARE:.0%}: {decides})"
@@ -327,7 +366,10 @@ def _reason(v: dict, chosen: StrategyEstimate, skipped: list[StrategyEstimate], 
     facts = STRATEGIES[chosen.changes.get("strategy.kind", v["strategy.kind"])]
     method = chosen.changes.get("method", v["method"])
     sharding = chosen.changes.get("strategy.fsdp_sharding_strategy")
-    if method == "qlora" and v["method"] != "qlora":
+    per_sequence = sequence_parallel({**v, **chosen.changes})
+    if per_sequence > sequence_parallel(v):
+        why = sequence_reason(v, per_sequence)
+    elif method == "qlora" and v["method"] != "qlora":
         why = "storing the frozen base in 4-bit NF4 (QLoRA) is what makes this job fit"
         if v["method"] == "full":
             why += ", with adapters trained at learning rate 2e-4 instead of every weight"

@@ -20,7 +20,14 @@ def strategy_key(v: dict) -> tuple:
         v["strategy.offload_params"] if facts.offload_params else "none",
         v["strategy.fsdp_sharding_strategy"] if facts.engine == "fsdp" else None,
         v["method"],
+        sequence_parallel(v),
     )
+
+
+def sequence_parallel(v: dict) -> int:
+    """GPUs per sequence where they apply (DeepSpeed, SFT: backend/memory_job.py reads them the same way), else 1."""
+    applies = STRATEGIES[v["strategy.kind"]].is_deepspeed and v["objective"] == "sft"
+    return v.get("strategy.sequence_parallel", 1) if applies else 1
 
 
 def _option(kind: str, opt: str = "none", params: str = "none", sharding: str | None = None) -> tuple[str, dict]:
@@ -74,18 +81,28 @@ def candidates(v: dict) -> list[tuple[str, dict]]:
             _option("zero3", "nvme", "nvme"),
         ]
     out = [
-        (label, {**changes, **_keep_4bit_sharded(v, changes), **_checkpointing_for(v, changes)})
+        _at_sequence_parallel(v, label, {**changes, **_keep_4bit_sharded(v, changes), **_checkpointing_for(v, changes)})
         for label, changes in plain
     ]
     if v["method"] != "qlora":
         quant = _qlora_changes(v)
         label, ddp = _option("ddp")
-        out.append((f"QLoRA + {label}", {**quant, **ddp, **_checkpointing_for(v, ddp)}))
+        out.append(_at_sequence_parallel(v, f"QLoRA + {label}", {**quant, **ddp, **_checkpointing_for(v, ddp)}))
         sharded = [_option("zero3")] if cpu_run else [_option("fsdp"), _option("zero3"), _option("fsdp", "cpu", "cpu")]
         for label, changes in sharded:
             extra = {**_sharded_4bit_dtypes(quant), **changes, **_checkpointing_for(v, changes)}
-            out.append((f"QLoRA + {label}", {**quant, **extra}))
+            out.append(_at_sequence_parallel(v, f"QLoRA + {label}", {**quant, **extra}))
     return out
+
+
+def _at_sequence_parallel(v: dict, label: str, changes: dict) -> tuple[str, dict]:
+    """An option at the job's GPUs per sequence: a DeepSpeed option keeps them and says so, the others set 1."""
+    n = v.get("strategy.sequence_parallel", 1)
+    if n == 1:
+        return label, changes
+    if sequence_parallel({**v, **changes}) > 1:
+        return f"{label} + {n} GPUs/sequence", {**changes, "strategy.sequence_parallel": n}
+    return label, {**changes, "strategy.sequence_parallel": 1}
 
 
 def _keep_4bit_sharded(v: dict, changes: dict) -> dict:

@@ -142,6 +142,11 @@ def _print_report(spec, advice, gpu_source: str) -> None:
         tokens = f"({g.max_prompt_length} prompt + {g.max_completion_length} answer) tokens, {g.num_generations} answers a prompt"
     else:
         tokens = f"{spec.dataset.max_seq_length} tokens"
+    if spec.sequence_parallel > 1:  # Ulysses: the GPUs of a sequence read one row together
+        tokens += (
+            f" on {spec.sequence_parallel} GPUs per sequence ({spec.dataset.max_seq_length // spec.sequence_parallel}"
+            f" tokens each), global batch {spec.global_batch_size}"
+        )
     out(
         f"{spec.model.name_or_path} · {spec.method} · {spec.strategy.kind} · {spec.launch.num_processes} process(es)"
         f" · micro batch {t.per_device_train_batch_size} x {tokens}\n"
@@ -169,16 +174,17 @@ def _print_report(spec, advice, gpu_source: str) -> None:
                 out(f"    {label:{width}s} {values[key]:9.3f} GB\n")
     for note in current.notes:
         out(f"  note: {note}\n")
+    names = [o.strategy + (" (current)" if o.current else "") for o in advice.options]
+    col = max(34, *map(len, names))
     out(
-        f"\n{'STRATEGY':34s} {'GPU GB':>8s} {'LOAD':>7s} {'TRAIN':>7s}  {'FITS':4s} {'CPU GB':>7s} {'NVME GB':>8s}"
+        f"\n{'STRATEGY':{col}s} {'GPU GB':>8s} {'LOAD':>7s} {'TRAIN':>7s}  {'FITS':4s} {'CPU GB':>7s} {'NVME GB':>8s}"
         f" {'STEP S':>8s} {'TOK/S/GPU':>10s} {'HOURS':>8s} {'COST':>9s}\n"
     )
-    for o in advice.options:
-        name = o.strategy + (" (current)" if o.current else "")
+    for name, o in zip(names, advice.options, strict=True):
         e = o.estimate
         load, train = e.phases["load"], e.phases["train"]
         out(
-            f"{name:34s} {e.per_gpu_gb:8.1f} {load:7.1f} {train:7.1f}  {'yes' if o.fits else 'no':4s} "
+            f"{name:{col}s} {e.per_gpu_gb:8.1f} {load:7.1f} {train:7.1f}  {'yes' if o.fits else 'no':4s} "
             f"{e.host_gb:7.1f} {e.nvme_gb:8.1f} {_speed_columns(o.speed)}\n"
         )
     rec = advice.recommendation

@@ -42,8 +42,8 @@ INPUT_PATHS = (
     "grpo.num_generations", "grpo.max_prompt_length", "grpo.max_completion_length", "grpo.beta",
     "strategy.kind", "strategy.offload_optimizer", "strategy.offload_params", "strategy.nvme_path",
     "strategy.overlap_comm", "strategy.reduce_bucket_size", "strategy.stage3_prefetch_bucket_size",
-    "strategy.fsdp_sharding_strategy", "strategy.fsdp_activation_checkpointing",
-    "launch.num_processes", "launch.num_machines", "launch.use_cpu",
+    "strategy.fsdp_sharding_strategy", "strategy.fsdp_activation_checkpointing", "strategy.sequence_parallel",
+    "dataset.packing", "launch.num_processes", "launch.num_machines", "launch.use_cpu",
 )  # fmt: skip
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1}
@@ -85,7 +85,7 @@ class Job:
     world: int
     machines: int
     use_cpu: bool
-    tokens: int  # per micro batch per GPU
+    tokens: int  # per micro batch per GPU: with sequence parallelism, this GPU's share of the sequence
     seq_len: int
     act_bytes: int  # bytes per activation element
     weight_bytes: int  # bytes per base weight as loaded (model.dtype)
@@ -111,6 +111,7 @@ class Job:
     completion_len: int = 0
     num_generations: int = 1
     kl_weight: float = 0.0
+    sequence_parallel: int = 1  # GPUs sharing each sequence (DeepSpeed Ulysses, SFT); 1: off
 
     @property
     def kl_reference(self) -> bool:
@@ -159,6 +160,10 @@ class Job:
         seq_len = (v["grpo.max_prompt_length"] if grpo else v["dataset.max_seq_length"]) + completion
         reduce_bucket = v["strategy.reduce_bucket_size"]
         prefetch = v["strategy.stage3_prefetch_bucket_size"]
+        # Ulysses (DeepSpeed, SFT only) shards every tensor outside attention along the sequence: each of the N
+        # GPUs of a sequence holds and computes seq_len / N of its tokens (attention: all of them, heads / N).
+        sp = v.get("strategy.sequence_parallel", 1) if facts.is_deepspeed and v["objective"] == "sft" else 1
+        rows_tokens = v["training.per_device_train_batch_size"] * seq_len * sequences_per_row(v["objective"])
         return cls(
             arch=arch,
             method=v["method"],
@@ -173,7 +178,7 @@ class Job:
             use_cpu=v["launch.use_cpu"],
             # DPOTrainer runs each pair's chosen and rejected answers as one batch of twice the rows (both keep
             # activations); KTO's KL answer is scored without gradients.
-            tokens=v["training.per_device_train_batch_size"] * seq_len * sequences_per_row(v["objective"]),
+            tokens=-(-rows_tokens // sp),
             seq_len=seq_len,
             act_bytes=act_bytes,
             weight_bytes=weight_bytes,
@@ -200,6 +205,7 @@ class Job:
             completion_len=completion,
             num_generations=v["grpo.num_generations"] if v["objective"] == "grpo" else 1,
             kl_weight=v["grpo.beta"] if v["objective"] == "grpo" else 0.0,
+            sequence_parallel=sp,
         )
 
     @property

@@ -66,6 +66,11 @@ def train_phase(job: Job) -> tuple[dict[str, float], float, float, list[str]]:
             "before training)"
         )
     terms["activations"] = activation_bytes(job)
+    if job.sequence_parallel > 1:
+        notes.append(
+            f"{job.sequence_parallel} GPUs per sequence (DeepSpeed Ulysses): activations and loss tensors are each "
+            f"GPU's 1/{job.sequence_parallel} of a row, {job.tokens:,} tokens per micro batch"
+        )
     terms["logits"] = logit_bytes(job)
     terms["gathered"] = gathered_bytes(job)
     terms["buckets"] = bucket_bytes(job)
@@ -238,6 +243,11 @@ def activation_bytes(job: Job) -> float:
     working = a * (2 * arch.intermediate_size * (arch.num_experts_per_tok or 1) + 2 * arch.hidden_size) * t
     if job.bits:  # bitsandbytes dequantizes one weight to the compute dtype for each matmul
         working += a * largest_linear_params(job)
+    if job.sequence_parallel > 1:
+        # Ulysses: job.tokens is already this GPU's slice of the sequence, so every term above is 1/N of the
+        # row's. Its all-to-alls add one layer's send and receive copies of q, k, v (and of the attention
+        # output on the way back): about 2 x (q + 2 kv) values per local token, some 5-10% of the rest.
+        working += 2 * a * (arch.q_size + 2 * arch.kv_size) * t
     if not job.checkpointing:
         return arch.num_hidden_layers * per_layer + final_norm + max(0.0, working - logit_bytes(job))
     inputs = arch.num_hidden_layers * a * arch.hidden_size * t

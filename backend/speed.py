@@ -25,25 +25,28 @@ A step is compute plus the communication compute does not hide, plus offload tra
   generation  GRPO: writing the answers before the step, decode step by decode step, bound by the
             GPU's memory bandwidth (backend/speed_generation.py); the prompts' prefill is compute.
 
+  sequence_parallel  Ulysses' all-to-alls with N GPUs per sequence (backend/speed_sequence.py); the
+            compute is then the GPU's 1/N of each sequence.
+
 Around the steps (not one constant): start-up, reading the weights, evaluation passes
 (forward only) and checkpoint saves (adapter, or weights and optimizer states for full
-fine-tuning). The steps come from training.max_steps, else from the dataset's row count
-(a local file's lines, or a hub dataset in KNOWN_DATASET_ROWS) x epochs / global batch.
-Every row is taken as dataset.max_seq_length tokens: with shorter rows and no packing the
-real run is faster.
+fine-tuning). The steps: backend/speed_schedule.py. Every row is taken as
+dataset.max_seq_length tokens: with shorter rows and no packing the real run is faster.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 
 from tunedeck.backend import flops
 from tunedeck.backend.memory_job import Job, frozen_base_params
 from tunedeck.backend.speed_generation import generation_seconds
+from tunedeck.backend.speed_schedule import KNOWN_DATASET_ROWS, Schedule, dataset_rows, schedule_of
+from tunedeck.backend.speed_sequence import all_to_all_seconds, spans_machines
+
+# The schedule lives in speed_schedule.py; callers import it from here, with the prediction.
+__all__ = ["KNOWN_DATASET_ROWS", "Hardware", "Schedule", "SpeedEstimate", "dataset_rows", "predict", "schedule_of"]
 
 # ---------------------------------------------------------------- constants, each with its source
 
@@ -82,10 +85,6 @@ NVME_GBPS = 3.0  # one PCIe 4.0 NVMe drive's sustained rate per machine (drives 
 STARTUP_S = 45.0
 READ_GBPS = 1.5  # safetensors from a local disk, cold page cache
 WRITE_GBPS = 1.0  # checkpoints to a local or network disk
-# Row counts of hub datasets the presets use, from their dataset cards.
-KNOWN_DATASET_ROWS = {
-    "timdettmers/openassistant-guanaco": (9846, "https://huggingface.co/datasets/timdettmers/openassistant-guanaco"),
-}
 
 
 @dataclass(frozen=True)
@@ -136,30 +135,24 @@ def hardware_for(gpu_text, interconnect: str | None = None, price: float | None 
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """What the job runs around its steps, read from the spec (and the dataset's size when known)."""
-
-    grad_accum: int
-    steps: int | None  # optimizer steps, None when unknown
-    steps_source: str  # how they were counted, in words
-    eval_passes: int = 0
-    eval_rows: int = 0
-    saves: int = 0
-    train_rows: int = 0  # the dataset's rows when known, else the rows the steps read
-
-
-@dataclass(frozen=True)
 class SpeedEstimate:
     step_time_s: float
     tokens_per_s_per_gpu: float
     mfu: float  # the predicted model FLOPs utilisation
-    parts: dict[str, float]  # seconds per step: compute, exposed communication, offload (GRPO: generation)
+    parts: dict[
+        str, float
+    ]  # seconds per step: compute, exposed communication, offload (GRPO: generation; sequence_parallel)
     around_s: dict[str, float]  # seconds outside the steps: startup, load, eval, checkpoints, reference
     steps: int | None
     steps_source: str
     hours: float | None
     cost: float | None
     notes: tuple[str, ...] = field(default=())
+
+    @property
+    def pace(self) -> float:
+        """Seconds per token on one GPU, what options compare by: a step with more GPUs per sequence reads fewer rows."""
+        return 1 / self.tokens_per_s_per_gpu
 
     def to_dict(self) -> dict:
         return {
@@ -203,10 +196,13 @@ def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0)
         )[1]
     efficiency = EFFICIENCY[job.method] * job.tokens / (job.tokens + HALF_SATURATION_TOKENS) * correction
     micro = job.tokens * hardware_flops / (peak * 1e12 * efficiency)  # one micro batch's compute
-    ga = schedule.grad_accum
+    ga, schedule = schedule.grad_accum, schedule.at(job.sequence_parallel)  # an option's own GPUs per sequence
     comms, notes = _exposed_comms(job, hw, micro, ga, trainable)
     offload = _offload(job, trainable)
     parts = {"compute": ga * micro, "communication": comms, "offload": offload}
+    if job.sequence_parallel > 1:
+        rate = _bandwidth(hw, job.per_machine, job.machines if spans_machines(job) else 1)[0]
+        parts["sequence_parallel"] = all_to_all_seconds(job, ga, rate)
     if job.objective == "grpo":
         # Saturated efficiency: a decode step's small matmuls are what the bandwidth bound stands for.
         decode_flops_per_s = peak * 1e12 * EFFICIENCY[job.method] * correction
@@ -335,65 +331,3 @@ def _around_steps(job: Job, schedule: Schedule, flops_per_s: float, trainable: i
         if job.precomputed_reference
         else 0.0,
     }
-
-
-def schedule_of(spec, rows: int | None, rows_source: str = "") -> Schedule:
-    """The job's steps, evaluations and saves; rows: training rows when known."""
-    t = spec.training
-    global_batch = t.per_device_train_batch_size * t.gradient_accumulation_steps * spec.launch.num_processes
-    if t.max_steps > 0:
-        steps, source = t.max_steps, f"training.max_steps = {t.max_steps}"
-    elif rows:
-        answers = spec.grpo.num_generations if spec.objective == "grpo" else 1  # GRPO: a batch row is one answer
-        per_epoch = math.ceil(rows * answers / global_batch)
-        steps = math.ceil(per_epoch * t.num_train_epochs)
-        each = f" x {answers} answers" if answers > 1 else ""
-        source = f"{rows:,} rows{rows_source}{each} x {t.num_train_epochs:g} epochs / global batch {global_batch}"
-    else:
-        steps, source = None, "unknown: set training.max_steps, or use a local dataset file"
-    eval_rows = _slice_rows(spec.dataset.eval_split, rows) if spec.dataset.eval_split else 0
-    evals = steps // (t.eval_steps or t.logging_steps) if steps and eval_rows else 0
-    saves = (steps // t.save_steps + 1) if steps else 0  # and the final save
-    return Schedule(
-        grad_accum=t.gradient_accumulation_steps, steps=steps, steps_source=source,
-        eval_passes=evals, eval_rows=eval_rows, saves=saves, train_rows=rows or (steps or 0) * global_batch,
-    )  # fmt: skip
-
-
-def _slice_rows(split: str, rows: int | None) -> int:
-    """Rows of a sliced split such as train[95%:] or train[:200] (0 when it cannot be told)."""
-    match = re.fullmatch(r"\w+\[(-?\d*)(%?):(-?\d*)(%?)\]", split.replace(" ", ""))
-    if not match or not rows:
-        return 0
-    start, start_pct, end, end_pct = match.groups()
-    bound = lambda v, pct, default: default if v == "" else rows * int(v) // 100 if pct else int(v)  # noqa: E731
-    lo, hi = bound(start, start_pct, 0), bound(end, end_pct, rows)
-    lo, hi = (lo + rows if lo < 0 else lo), (hi + rows if hi < 0 else hi)
-    return max(0, min(hi, rows) - max(0, lo))
-
-
-def dataset_rows(spec) -> tuple[int | None, str]:
-    """(training rows, where the count comes from) of a local JSONL/CSV file or a known hub dataset."""
-    try:
-        path = Path(spec.dataset.path).expanduser()
-        if path.is_file() and path.suffix.lower() in (".jsonl", ".csv"):
-            stat = path.stat()
-            lines = _count_lines(str(path), stat.st_size, stat.st_mtime_ns)
-            return (lines - 1 if path.suffix.lower() == ".csv" else lines), f" in {path.name}"
-    except (OSError, RuntimeError):  # a name too long, an unknown ~user, a file that vanished: count unknown
-        return None, ""
-    known = KNOWN_DATASET_ROWS.get(spec.dataset.path)
-    if known:
-        return known[0], f" ({spec.dataset.path}'s dataset card)"
-    return None, ""
-
-
-@lru_cache(maxsize=32)
-def _count_lines(path: str, size: int, mtime_ns: int) -> int:
-    """Lines of a file (a last line without a newline counts), read once per version: the page asks on every change."""
-    count, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            count += chunk.count(b"\n")
-            last = chunk[-1:]
-    return count + (last != b"\n")

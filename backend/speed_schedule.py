@@ -1,0 +1,111 @@
+"""The steps a job runs and what it does around them (evaluations, saves), for the speed model (backend/speed.py).
+
+The steps come from training.max_steps, else from the dataset's row count (a local file's lines, or a hub
+dataset in KNOWN_DATASET_ROWS) x epochs / global batch. The global batch counts the GPUs that share a
+sequence (strategy.sequence_parallel) once: `Schedule.at` recounts the steps for an option with another
+number of GPUs per sequence.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+# Row counts of hub datasets the presets use, from their dataset cards.
+KNOWN_DATASET_ROWS = {
+    "timdettmers/openassistant-guanaco": (9846, "https://huggingface.co/datasets/timdettmers/openassistant-guanaco"),
+}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What the job runs around its steps, read from the spec (and the dataset's size when known)."""
+
+    grad_accum: int
+    steps: int | None  # optimizer steps, None when unknown
+    steps_source: str  # how they were counted, in words
+    eval_passes: int = 0
+    eval_rows: int = 0
+    saves: int = 0
+    train_rows: int = 0  # the dataset's rows when known, else the rows the steps read
+    sequence_parallel: int = 1  # GPUs per sequence the steps were counted with
+    origin: Any = field(default=None, compare=False, repr=False)  # (spec, rows, rows_source) to recount them
+
+    def at(self, sequence_parallel: int) -> Schedule:
+        """The same job's schedule with `sequence_parallel` GPUs per sequence: a smaller global batch, more steps."""
+        if sequence_parallel == self.sequence_parallel or self.origin is None:
+            return self
+        return schedule_of(*self.origin, sequence_parallel=sequence_parallel)
+
+
+def schedule_of(spec, rows: int | None, rows_source: str = "", *, sequence_parallel: int | None = None) -> Schedule:
+    """The job's steps, evaluations and saves; rows: training rows when known. sequence_parallel: GPUs per
+    sequence, when not the job's own (an advisor option's)."""
+    t = spec.training
+    sp = spec.sequence_parallel if sequence_parallel is None else sequence_parallel
+    global_batch = spec.global_batch_size  # the GPUs of a sequence read one row: the data-parallel size counts
+    if sp != spec.sequence_parallel:
+        global_batch = (
+            t.per_device_train_batch_size * t.gradient_accumulation_steps * max(1, spec.launch.num_processes // sp)
+        )
+    if t.max_steps > 0:
+        steps, source = t.max_steps, f"training.max_steps = {t.max_steps}"
+    elif rows:
+        answers = spec.grpo.num_generations if spec.objective == "grpo" else 1  # GRPO: a batch row is one answer
+        per_epoch = math.ceil(rows * answers / global_batch)
+        steps = math.ceil(per_epoch * t.num_train_epochs)
+        each = f" x {answers} answers" if answers > 1 else ""
+        source = f"{rows:,} rows{rows_source}{each} x {t.num_train_epochs:g} epochs / global batch {global_batch}"
+    else:
+        steps, source = None, "unknown: set training.max_steps, or use a local dataset file"
+    eval_rows = _slice_rows(spec.dataset.eval_split, rows) if spec.dataset.eval_split else 0
+    evals = steps // (t.eval_steps or t.logging_steps) if steps and eval_rows else 0
+    saves = (steps // t.save_steps + 1) if steps else 0  # and the final save
+    return Schedule(
+        grad_accum=t.gradient_accumulation_steps, steps=steps, steps_source=source,
+        eval_passes=evals, eval_rows=eval_rows, saves=saves, train_rows=rows or (steps or 0) * global_batch,
+        sequence_parallel=sp, origin=(spec, rows, rows_source),
+    )  # fmt: skip
+
+
+def _slice_rows(split: str, rows: int | None) -> int:
+    """Rows of a sliced split such as train[95%:] or train[:200] (0 when it cannot be told)."""
+    match = re.fullmatch(r"\w+\[(-?\d*)(%?):(-?\d*)(%?)\]", split.replace(" ", ""))
+    if not match or not rows:
+        return 0
+    start, start_pct, end, end_pct = match.groups()
+    bound = lambda v, pct, default: default if v == "" else rows * int(v) // 100 if pct else int(v)  # noqa: E731
+    lo, hi = bound(start, start_pct, 0), bound(end, end_pct, rows)
+    lo, hi = (lo + rows if lo < 0 else lo), (hi + rows if hi < 0 else hi)
+    return max(0, min(hi, rows) - max(0, lo))
+
+
+def dataset_rows(spec) -> tuple[int | None, str]:
+    """(training rows, where the count comes from) of a local JSONL/CSV file or a known hub dataset."""
+    try:
+        path = Path(spec.dataset.path).expanduser()
+        if path.is_file() and path.suffix.lower() in (".jsonl", ".csv"):
+            stat = path.stat()
+            lines = _count_lines(str(path), stat.st_size, stat.st_mtime_ns)
+            return (lines - 1 if path.suffix.lower() == ".csv" else lines), f" in {path.name}"
+    except (OSError, RuntimeError):  # a name too long, an unknown ~user, a file that vanished: count unknown
+        return None, ""
+    known = KNOWN_DATASET_ROWS.get(spec.dataset.path)
+    if known:
+        return known[0], f" ({spec.dataset.path}'s dataset card)"
+    return None, ""
+
+
+@lru_cache(maxsize=32)
+def _count_lines(path: str, size: int, mtime_ns: int) -> int:
+    """Lines of a file (a last line without a newline counts), read once per version: the page asks on every change."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            count += chunk.count(b"\n")
+            last = chunk[-1:]
+    return count + (last != b"\n")
