@@ -36,7 +36,7 @@ HEADERS = [
 ]  # fmt: skip
 # Under the table: why the rows are in this order, and what the Speed column means.
 ORDER_NOTE = (
-    "Rows from the least memory per GPU to the most. **Speed** ranks the predicted step time, 1 = fastest "
+    "Rows from the least memory per GPU to the most. **Speed** ranks the predicted time per token, 1 = fastest "
     "(without a prediction, the guides' order: no sharding, then weight sharding, then offload, then 4-bit); "
     "the recommendation is the fastest that fits."
 )

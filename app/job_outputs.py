@@ -24,6 +24,7 @@ from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.speed import Hardware
 from tunedeck.backend.untrusted import shown
 from tunedeck.backend.validate import Problem, has_errors, validate
+from tunedeck.backend.vocabulary import STRATEGIES
 
 UPLOAD_LIMIT_BYTES = 256 * 1024
 _PLAIN_FIELD = re.compile(r"[A-Za-z0-9_.]+")  # every spec field; an unknown key from a file may hold anything
@@ -124,15 +125,29 @@ def batch_markdown(values: Values) -> str:
     # and a product of 5,000-digit numbers cannot even be printed.
     if not all(isinstance(v, int) and 0 < v <= 2**20 for v in (per_device, processes, accumulation)):
         return "**Global batch:** (fix the batch fields to see it)"
-    total = per_device * processes * accumulation
+    per_sequence = _gpus_per_sequence(values)
+    readers = f"{processes} processes"
+    if per_sequence > 1:  # the GPUs sharing each sequence (Ulysses) read their rows together
+        groups = processes // per_sequence
+        readers = f"{groups} sequence group{'s' * (groups != 1)} ({readers}, {per_sequence} GPUs per sequence)"
+    total = per_device * (processes // per_sequence) * accumulation
     tokens = values.get("dataset.max_seq_length")
     token_note = (
         f" · up to {total * tokens:,} tokens per step" if isinstance(tokens, int) and 0 < tokens <= 2**20 else ""
     )
     return (
         f"**Global batch: {total}** sequences per optimizer step = {per_device} per device "
-        f"× {processes} processes × {accumulation} accumulation steps{token_note}"
+        f"× {readers} × {accumulation} accumulation steps{token_note}"
     )
+
+
+def _gpus_per_sequence(values: Values) -> int:
+    """strategy.sequence_parallel where it applies and divides the processes (else validation says why), or 1."""
+    per_sequence, processes = values.get("strategy.sequence_parallel"), values.get("launch.num_processes")
+    strategy = STRATEGIES.get(values.get("strategy.kind"))
+    if strategy and strategy.is_deepspeed and isinstance(per_sequence, int) and 1 < per_sequence <= processes:
+        return per_sequence if processes % per_sequence == 0 else 1
+    return 1
 
 
 def read_uploaded_spec(path: str | None) -> tuple[str, JobSpec | None]:

@@ -143,7 +143,7 @@ def adapter_strategy(spec: JobSpec) -> Iterator[Problem]:
             "only slows DDP: set training.ddp_find_unused_parameters=false.",
             {"training.ddp_find_unused_parameters": False},
         )
-    if spec.method == "lora" and facts.shards_parameters:
+    if spec.method == "lora" and facts.shards_parameters and spec.sequence_parallel == 1:  # DDP splits no sequence
         arch = catalog.lookup(spec.model.name_or_path)
         if arch is not None:
             base_gb = arch.num_parameters * 2 / 1e9

@@ -11,7 +11,18 @@ import shutil
 import pytest
 from estimate.gpu_runs import fake_gpu_run
 
-from panel.browser import ARTIFACTS, PanelServer, fill, settle, text_of, wait_text
+from panel.browser import (
+    ARTIFACTS,
+    PanelServer,
+    field,
+    fill,
+    open_tab,
+    set_field,
+    settle,
+    show_file,
+    text_of,
+    wait_text,
+)
 from tunedeck.backend import speed
 from tunedeck.backend.memory_job import Job, input_values
 from tunedeck.backend.presets import resolve_spec as load_preset
@@ -77,6 +88,35 @@ def test_70b_qlora_on_24_gb_is_a_fit_error_and_applying_the_advice_clears_one(pa
     settle(page)
     assert "does not fit" not in text_of(page, "#job-issues")
     page.wait_for_function("!document.querySelector('#start-run').disabled")
+
+
+def test_rows_too_long_for_one_gpu_get_the_gpus_per_sequence_that_fit(page, server):
+    """64k-token rows of a 7B LoRA job fit no A100-80GB alone: the advice is 2 GPUs per sequence, applied in one click."""
+    load(page, server)
+    page.click("#preset-7b-lora-ddp")
+    wait_text(page, "#notice", "Meant for 4x RTX 4090")
+    wait_text(page, "#recommendation", "Keep DDP")
+    settle(page)  # the preset's machine is in the GPU box before a person types over it
+    fill(gpu_box(page), "80")
+    wait_text(page, "#recommendation", "on A100-80GB")
+    open_tab(page, "form-sections", "Dataset")
+    set_field(page, "dataset.max_seq_length", "65536")
+    wait_text(page, "#job-issues", "does not fit")
+    wait_text(page, "#recommendation", "2 GPUs per sequence")
+    assert "rows of 65,536 tokens" in text_of(page, "#recommendation")
+    page.click("#apply-recommendation")
+    wait_text(page, "#notice", "Applied ZeRO-3 + 2 GPUs/sequence")
+    settle(page)
+    assert "does not fit" not in text_of(page, "#job-issues")
+    page.wait_for_function("!document.querySelector('#start-run').disabled")
+    assert "No problems" in text_of(page, "#job-issues")  # nor the advice to use DDP for a small LoRA base
+    page.locator("#form-sections [role=tablist] > button[role=tab]", has_text="Strategy").first.click()
+    assert field(page, "strategy.sequence_parallel").input_value() == "2"
+    batch = text_of(page, "#global-batch")
+    assert "Global batch: 16" in batch and "2 sequence groups (4 processes, 2 GPUs per sequence)" in batch
+    show_file(page, "accelerate_config.yaml")
+    wait_text(page, "#file-view .cm-content", "parallelism_config_sp_size: 2")
+    page.screenshot(path=str(ARTIFACTS / "ulysses-64k-rows.png"), full_page=True)
 
 
 def test_the_estimate_table_reads_at_1280_px(page, server):

@@ -46,6 +46,12 @@ def test_global_batch_states_its_factors():
     assert "Global batch: 32" in text and "2 per device" in text and "4 processes" in text and "4 accumulation" in text
     values = preset_values("7b-lora-ddp") | {"launch.num_processes": None}
     assert "fix the batch fields" in batch_markdown(values)
+    # The GPUs sharing a sequence (Ulysses, DeepSpeed only) read their rows together: the batch is per group
+    ulysses = preset_values("7b-lora-ddp") | {"strategy.kind": "zero3", "strategy.sequence_parallel": 2}
+    text = batch_markdown(ulysses)
+    assert "Global batch: 16" in text and "× 2 sequence groups (4 processes, 2 GPUs per sequence) ×" in text
+    assert "Global batch: 32" in batch_markdown(ulysses | {"strategy.kind": "ddp"})  # ignored: a warning says so
+    assert "Global batch: 32" in batch_markdown(ulysses | {"strategy.sequence_parallel": 3})  # an error says why
 
 
 def test_bundle_writer_writes_zip_and_files_inside_its_folder(tmp_path):
