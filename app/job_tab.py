@@ -25,6 +25,7 @@ from tunedeck.app.registry import Got, Updates, handler, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.data_uploads import SUFFIXES as DATA_SUFFIXES
 from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
+from tunedeck.backend.problem import spelled
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
 
@@ -182,5 +183,5 @@ class JobTab(Section):
 
 def applied(spec: JobSpec, strategy: str, changes: dict) -> tuple[JobSpec, str]:
     """The job with `changes`, and the notice that lists them."""
-    listed = ", ".join(f"`{path}` → `{value}`" for path, value in changes.items())
+    listed = ", ".join(f"`{path}` → `{spelled(value)}`" for path, value in changes.items())  # as YAML: false
     return set_paths(spec, changes), f"Applied **{strategy}**: {listed}."
