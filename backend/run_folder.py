@@ -94,6 +94,7 @@ class StartRecord(TypedDict, total=False):
     distributed_type: str  # accelerate's: NO, MULTI_CPU, MULTI_GPU, DEEPSPEED, FSDP ...
     zero_stage: int | None
     sequence_parallel: int  # GPUs sharing each sequence (DeepSpeed Ulysses); 1 without
+    environment: dict[str, str | None]  # each launch.env name as rank 0 saw it (None: not set)
     fsdp: bool
     fsdp_version: int | None
     model_class: str  # the wrapped model: DistributedDataParallel, DeepSpeedEngine ...
@@ -382,13 +383,8 @@ def write_reserve(run_dir: Path) -> None:
 
 def last_written(run_dir: Path) -> float:
     """When the run last wrote anything: the end time of a run whose supervisor could not record it."""
-    times = []
-    for name in (METRICS_FILE, ERRORS_FILE, LAUNCHER_LOG):
-        try:
-            times.append((run_dir / name).stat().st_mtime)
-        except OSError:
-            continue
-    return max(times, default=time.time())
+    paths = [run_dir / name for name in (METRICS_FILE, ERRORS_FILE, LAUNCHER_LOG)]
+    return max((path.stat().st_mtime for path in paths if path.is_file()), default=time.time())
 
 
 def read_job(run_dir: Path) -> dict:

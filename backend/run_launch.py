@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from tunedeck.backend.spec_env import environment
+
 
 def inherited_env() -> dict[str, str]:
     """This process's environment minus the panel's own Gradio folders (removed when the panel exits)."""
@@ -49,4 +51,4 @@ def rank_env(spec, gpus: list[int] | None) -> dict[str, str]:
     else:
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // per_machine))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-    return env
+    return env | environment(spec.launch.env)  # the job's own (launch.env) last: they are what it asked for

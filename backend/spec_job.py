@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
+from tunedeck.backend.spec_env import entries_from_text, entry_problem
 from tunedeck.backend.spec_grpo import GrpoSpec
 from tunedeck.backend.spec_sections import (
     BASIC,
@@ -224,9 +225,35 @@ class LaunchSpec(SpecSection):
         description="End a stalled run as failed (its processes end, its GPUs are freed) instead of waiting; "
         "keep stall_minutes above your longest step.",
     )
+    env: Annotated[list[str], Field(max_length=64)] = Field(
+        default_factory=list,
+        title="Environment variables",
+        description="Set for every rank, as NAME=VALUE entries, e.g. NCCL_SOCKET_IFNAME=eth0, NCCL_DEBUG=INFO, "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. Not the launcher's own (RANK, MASTER_ADDR ...) nor "
+        "secrets (tokens stay in your shell's environment, which the ranks inherit).",
+    )
     slurm: SlurmSpec = Field(
         default_factory=SlurmSpec, title="Slurm", description="Slurm submission (launch.backend=slurm)."
     )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_from_text(cls, value: Any) -> Any:
+        return entries_from_text(value)
+
+    @field_validator("env")
+    @classmethod
+    def _env_entries(cls, value: list[str]) -> list[str]:
+        names = set()
+        for number, entry in enumerate(value, start=1):
+            problem = entry_problem(entry)
+            if problem:
+                raise ValueError(f"item {number}: {problem}")
+            name = entry.partition("=")[0].strip()
+            if name in names:
+                raise ValueError(f"item {number}: {name} is set twice; keep one")
+            names.add(name)
+        return [entry.strip() for entry in value]
 
     @field_validator("gpu_ids", mode="before")
     @classmethod

@@ -815,6 +815,7 @@ def describe_run(trainer, job: dict) -> dict:
         "distributed_type": str(trainer.accelerator.distributed_type.value),
         "zero_stage": zero_stage,
         "sequence_parallel": sequence_parallel_size(trainer.accelerator),
+        "environment": {name: os.environ.get(name) for name in environment_names(job)},
         "fsdp": fsdp_version is not None,
         "fsdp_version": fsdp_version,
         "model_class": type(wrapped).__name__,
@@ -831,6 +832,11 @@ def describe_run(trainer, job: dict) -> dict:
         "max_steps": trainer.state.max_steps,
         "resumed_from_step": trainer.state.global_step or None,
     }
+
+
+def environment_names(job: dict) -> list[str]:
+    """The names the job sets for every rank (launch.env's NAME=VALUE entries)."""
+    return [str(entry).partition("=")[0].strip() for entry in (job.get("launch") or {}).get("env") or []]
 
 
 def sequence_parallel_size(accelerator) -> int:

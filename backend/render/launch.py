@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.spec_env import environment
 from tunedeck.backend.untrusted import unsafe_char
 
 ACCELERATE_CONFIG = "accelerate_config.yaml"
@@ -37,6 +38,15 @@ def launch_argv(spec: JobSpec) -> list[str]:
     return argv + [TRAIN_SCRIPT, "--job", JOB_FILE, "--training-args", TRAINING_ARGS_FILE]
 
 
+def _exports(spec: JobSpec) -> list[str]:
+    """launch.env, exported for every rank (the shell quotes each value: it stays one word, never code)."""
+    env = environment(spec.launch.env)
+    if not env:
+        return []
+    exports = [f"export {name}={shell_word(value)}" for name, value in env.items()]
+    return ["# Environment for every rank (launch.env).", *exports, ""]
+
+
 def render_launch_sh(spec: JobSpec) -> str:
     launch = spec.launch
     lines = [
@@ -47,6 +57,7 @@ def render_launch_sh(spec: JobSpec) -> str:
         "set -euo pipefail",
         'cd "$(dirname "$0")"',
         "",
+        *_exports(spec),
         "# Share this machine's cores between its processes (oversubscribed threads crawl), unless set.",
         'if [ -z "${OMP_NUM_THREADS:-}" ]; then',
         f"  OMP_NUM_THREADS=$(( $(nproc) / {launch.processes_per_machine} ))",

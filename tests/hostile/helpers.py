@@ -22,9 +22,11 @@ TUNEDECK = str(Path(sys.executable).parent / "tunedeck")
 RAW_ERRORS = ("Traceback", "RecursionError", "set_int_max_str_digits", "embedded null", "Unexpected")
 
 ACCELERATE = """#!/usr/bin/env bash
-# stand-in for accelerate: record argv (NUL-separated) and the working folder, start nothing.
+# stand-in for accelerate: record argv (NUL-separated), the working folder and the job's probe variable
+# (launch.env), start nothing.
 printf '%s\\0' "$@" > "$ARGV_DIR/accelerate-${SLURM_NODEID:-local}"
 pwd > "$ARGV_DIR/cwd-${SLURM_NODEID:-local}"
+printf '%s' "${PAYLOAD_PROBE-unset}" > "$ARGV_DIR/env-${SLURM_NODEID:-local}"
 """
 
 SRUN = """#!/usr/bin/env bash

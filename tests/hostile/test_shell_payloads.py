@@ -34,6 +34,8 @@ FORMATTED = [
     "launch.slurm.mem",
     "grpo.rewards",  # a built-in reward's name or /path/FILE.py:FUNCTION
 ]
+# Each entry must be NAME=VALUE: the payload is the value, which launch.sh exports as one quoted word.
+ENVIRONMENT = "launch.env"
 # Each line must be an #SBATCH directive: the payload goes after one, where sbatch reads it and bash never runs it.
 DIRECTIVES = "launch.slurm.extra_directives"
 
@@ -65,12 +67,14 @@ def test_every_text_field_is_covered():
         TEXT_FIELDS
     )
     assert len(TEXT_FIELDS) >= 19
-    assert set(FORMATTED) | {DIRECTIVES} <= set(TEXT_FIELDS)
+    assert set(FORMATTED) | {DIRECTIVES, ENVIRONMENT} <= set(TEXT_FIELDS)
 
 
 def _value(path: str, payload: str):
     if path == DIRECTIVES:
         return [f"#SBATCH --comment={payload}"]
+    if path == ENVIRONMENT:
+        return [f"PAYLOAD_PROBE={payload}"]
     return [payload] if path in ("lora.target_modules", "grpo.rewards") else payload
 
 
@@ -147,6 +151,8 @@ def test_payloads_export_and_the_scripts_run_none_of_them(tmp_path, kind):
         assert argv[argv.index("--machine_rank") + 1] == node
         assert argv[argv.index("--main_process_ip") + 1] == "node-a"
         assert (argv_dir / f"cwd-{node}").read_text().strip() == str(bundle)
+    for where in ("local", "0", "1"):  # launch.env's value reaches every rank's launcher as it was typed
+        assert (argv_dir / f"env-{where}").read_text() == payload
     readme = (bundle / "README.md").read_text()
     assert payload in readme.splitlines()[0]  # the title names the model, inside a code span
 
