@@ -58,9 +58,10 @@ def preview_markdown(result: dict) -> str:
     unit = "tokens" if result["counted"] == "tokens" else "tokens (estimated)"
     if s.get("limit_field"):  # GRPO: prompts alone, which the model answers itself
         return _prompts_markdown(result, s, unit)
+    mixed = ", ".join(f"`{escape(entry)}`" for entry in result.get("mixed") or [])
     lines = [
         f"**{s['rows']:,} of {result['rows_in_split']:,} rows measured** ({unit}, counted with "
-        f"{escape(result['tokenizer'])}):",
+        f"{escape(result['tokenizer'])}" + (f"; mixed in too, not measured here: {mixed}" if mixed else "") + "):",
         "",
         # One measure per line: the column beside the form is too narrow for seven columns.
         "| length | |",

@@ -46,6 +46,8 @@ def cmd_preview(args: argparse.Namespace) -> int:
     for i, text in enumerate(result["rows"], start=1):
         out(f"--- row {i} ---\n{text}\n")
     out(f"\n{stats_line(result)}\n")
+    if result.get("mixed"):
+        out(f"mixed in too (not shown or measured here): {', '.join(result['mixed'])}\n")
     labels = result.get("labels")
     if labels:
         out(f"labels: {labels['good']:,} good, {labels['bad']:,} bad\n")

@@ -124,6 +124,7 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
         "tokenizer": tokenizer_note,
         "counted": "tokens" if tokenizer is not None else "estimated",
         "labels": labels,
+        "mixed": list(spec.dataset.mix),  # dataset.mix: trained on too, previewed and measured from dataset.path only
     }
 
 

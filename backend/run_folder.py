@@ -95,6 +95,7 @@ class StartRecord(TypedDict, total=False):
     zero_stage: int | None
     sequence_parallel: int  # GPUs sharing each sequence (DeepSpeed Ulysses); 1 without
     environment: dict[str, str | None]  # each launch.env name as rank 0 saw it (None: not set)
+    dataset_rows: dict[str, int]  # training rows each source gave: {"dataset.path": n, <dataset.mix entry>: n}
     fsdp: bool
     fsdp_version: int | None
     model_class: str  # the wrapped model: DistributedDataParallel, DeepSpeedEngine ...

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from tunedeck.backend.spec_mix import entries_from_text, parse_entry
 from tunedeck.backend.untrusted import describe_char, unsafe_char
 from tunedeck.backend.vocabulary import DATASET_FORMATS, column_fields
 
@@ -257,3 +258,30 @@ class DatasetSpec(_DatasetColumns):  # type: ignore[misc, valid-type]
         description="Train on the assistant turns only (the chat template must mark them with {% generation %}); "
         "false trains on the whole chat.",
     )
+    mix: Annotated[list[str], Field(max_length=16)] = Field(
+        default_factory=list,
+        title="Mixed-in datasets",
+        description="More training rows, in this job's format and columns: SOURCE[@CONFIG][:SPLIT][#ROWS] each, "
+        "comma-separated, e.g. /data/general.jsonl#2000 or HuggingFaceH4/ultrachat_200k:train_sft#5000. #ROWS "
+        "samples that many (repeating a smaller source); without it, every row.",
+    )
+
+    @field_validator("mix", mode="before")
+    @classmethod
+    def _mix_from_text(cls, value: Any) -> Any:
+        return entries_from_text(value)
+
+    @field_validator("mix")
+    @classmethod
+    def _mix_entries(cls, value: list[str]) -> list[str]:
+        seen: dict[tuple, int] = {}
+        for number, entry in enumerate(value, start=1):
+            try:
+                source = parse_entry(entry)
+                source = (source.path, source.config, source.split)  # the same rows, whatever their count
+            except ValueError as exc:
+                raise ValueError(f"item {number}: {exc}") from None
+            if source in seen:
+                raise ValueError(f"item {number} is item {seen[source]} again: give one entry more rows (#ROWS)")
+            seen[source] = number
+        return [entry.strip() for entry in value]

@@ -15,6 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from tunedeck.backend.spec_mix import mix_sources
+
 # Row counts of hub datasets the presets use, from their dataset cards.
 KNOWN_DATASET_ROWS = {
     "timdettmers/openassistant-guanaco": (9846, "https://huggingface.co/datasets/timdettmers/openassistant-guanaco"),
@@ -85,18 +87,32 @@ def _slice_rows(split: str, rows: int | None) -> int:
 
 
 def dataset_rows(spec) -> tuple[int | None, str]:
-    """(training rows, where the count comes from) of a local JSONL/CSV file or a known hub dataset."""
+    """(training rows, where the count comes from) of a local JSONL/CSV file or a known hub dataset, with the rows
+    of each dataset.mix source (its #ROWS, else its own count); unknown when any count is."""
+    rows, source = _rows_of(spec.dataset.path)
+    if rows is None:
+        return None, ""
+    for mixed in mix_sources(spec.dataset.mix):
+        more = mixed.rows if mixed.rows is not None else _rows_of(mixed.path)[0]
+        if more is None:
+            return None, ""
+        rows += more
+        source += f" + {more:,} mixed in from {Path(mixed.path).name}"
+    return rows, source
+
+
+def _rows_of(dataset: str) -> tuple[int | None, str]:
     try:
-        path = Path(spec.dataset.path).expanduser()
+        path = Path(dataset).expanduser()
         if path.is_file() and path.suffix.lower() in (".jsonl", ".csv"):
             stat = path.stat()
             lines = _count_lines(str(path), stat.st_size, stat.st_mtime_ns)
             return (lines - 1 if path.suffix.lower() == ".csv" else lines), f" in {path.name}"
     except (OSError, RuntimeError):  # a name too long, an unknown ~user, a file that vanished: count unknown
         return None, ""
-    known = KNOWN_DATASET_ROWS.get(spec.dataset.path)
+    known = KNOWN_DATASET_ROWS.get(dataset)
     if known:
-        return known[0], f" ({spec.dataset.path}'s dataset card)"
+        return known[0], f" ({dataset}'s dataset card)"
     return None, ""
 
 

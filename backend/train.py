@@ -57,6 +57,7 @@ import functools
 import importlib.util
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -377,6 +378,7 @@ def to_trl_format(dataset, dataset_cfg: dict, text_column: str):
 
 
 def load_datasets(job: dict, args, tokenizer):
+    """(training rows, evaluation rows or None, {source: training rows it gave}) as TRL's trainer takes them."""
     dataset_cfg = job.get("dataset") or {}
     if dataset_cfg.get("format") == "messages" and not tokenizer.chat_template:
         raise JobError(
@@ -385,6 +387,7 @@ def load_datasets(job: dict, args, tokenizer):
         )
     text_column = getattr(args, "dataset_text_field", "text")  # DPOConfig has none: preference data has no text column
     train = to_trl_format(load_split(dataset_cfg, dataset_cfg.get("split") or "train"), dataset_cfg, text_column)
+    train, rows = mixed_in(train, dataset_cfg, text_column, int(getattr(args, "seed", 42)))
     evaluation = None
     if dataset_cfg.get("eval_split"):
         evaluation = to_trl_format(load_split(dataset_cfg, dataset_cfg["eval_split"]), dataset_cfg, text_column)
@@ -392,7 +395,65 @@ def load_datasets(job: dict, args, tokenizer):
         limit = int((job.get("grpo") or {}).get("max_prompt_length") or 512)
         train = prompts_within(train, tokenizer, limit, "dataset.split")
         evaluation = evaluation and prompts_within(evaluation, tokenizer, limit, "dataset.eval_split")
-    return train, evaluation
+    return train, evaluation, rows
+
+
+# ---------------------------------------------------------------- dataset.mix
+# SOURCE[@CONFIG][:SPLIT][#ROWS], as backend/spec_mix.py reads it (tests/spine/test_dataset_mix.py checks the copy).
+MIX_ENTRY = re.compile(r"(?P<path>[^@#]+?)(?:@(?P<config>[^:#]+))?(?::(?P<split>[^#]+))?(?:#(?P<rows>[0-9]+))?")
+
+
+def mix_sources(dataset_cfg: dict) -> list[tuple[str, dict, str, int | None]]:
+    """(entry, the dataset config that reads it, split, rows or None) of each dataset.mix entry."""
+    sources = []
+    for entry in dataset_cfg.get("mix") or []:
+        match = MIX_ENTRY.fullmatch(str(entry).strip())
+        if match is None:
+            raise JobError(f"dataset.mix: {entry!r} is not SOURCE[@CONFIG][:SPLIT][#ROWS]")
+        config = {**dataset_cfg, "path": match["path"].strip(), "name": match["config"]}
+        rows = int(match["rows"]) if match["rows"] else None
+        sources.append((str(entry).strip(), config, (match["split"] or "train").strip(), rows))
+    return sources
+
+
+def mixed_in(train, dataset_cfg: dict, text_column: str, seed: int):
+    """(The training rows with each dataset.mix source's rows after them, {source: its rows}): the trainer shuffles
+    them all. Says how many rows each source gave, so the log shows what the run trained on."""
+    from datasets import concatenate_datasets
+
+    rows_of = {"dataset.path": len(train)}
+    sources = mix_sources(dataset_cfg)
+    if not sources:
+        return train, rows_of
+    parts, counts = [train], [f"{len(train):,} from dataset.path"]
+    for entry, config, split, rows in sources:
+        try:
+            part = to_trl_format(load_split(config, split), config, text_column)
+        except JobError as exc:
+            raise JobError(f"dataset.mix {entry!r}: {str(exc).split(': ', 1)[-1]}") from exc
+        if not len(part):
+            raise JobError(f"dataset.mix {entry!r}: the split {split!r} has no rows; fix the entry or leave it out")
+        had = len(part)
+        if rows is not None:
+            part = resampled(part, rows, seed)
+        try:
+            parts.append(part.cast(train.features) if part.features != train.features else part)
+        except (ValueError, TypeError) as exc:
+            raise JobError(
+                f"dataset.mix {entry!r}: its rows do not have the main dataset's columns and types ({exc}); "
+                "mix in data of the same dataset.format and column types"
+            ) from exc
+        counts.append(f"{len(part):,} from {entry}" + (f" (of {had:,})" if rows is not None and rows != had else ""))
+        rows_of[entry] = len(part)
+    print(f"dataset: {sum(len(p) for p in parts):,} training rows: " + ", ".join(counts), flush=True)
+    return concatenate_datasets(parts), rows_of
+
+
+def resampled(dataset, rows: int, seed: int):
+    """`rows` rows of the dataset: a seeded sample of fewer, or whole copies of it and a sample for the rest."""
+    copies, rest = divmod(rows, len(dataset))
+    indices = list(range(len(dataset))) * copies + random.Random(seed).sample(range(len(dataset)), rest)
+    return dataset.select(indices)
 
 
 def prompts_within(dataset, tokenizer, limit: int, split_field: str):
@@ -666,7 +727,17 @@ def input_problems(job: dict, base: Path) -> list[tuple[str, str]]:
         rewards = (job.get("grpo") or {}).get("rewards") or ["exact_answer"]
         problems += [("grpo.rewards", problem) for entry in rewards if (problem := reward_problem(entry))]
         needed = ("answer_field",) if any(entry in REWARD_FUNCTIONS for entry in rewards) else ()
-    return problems + dataset_problems(job.get("dataset") or {}, base, needed=needed)
+    dataset_cfg = job.get("dataset") or {}
+    problems += dataset_problems(dataset_cfg, base, needed=needed)
+    try:
+        sources = mix_sources(dataset_cfg)
+    except JobError as exc:
+        return problems + [("dataset.mix", str(exc).removeprefix("dataset.mix: "))]
+    for entry, config, _, _ in sources:  # each mixed-in file is read as the main one: same format, same columns
+        problems += [
+            ("dataset.mix", f"{entry!r}: {message}") for _, message in dataset_problems(config, base, needed=needed)
+        ]
+    return problems
 
 
 # ---------------------------------------------------------------- GRPO's rewards
@@ -1439,6 +1510,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
         def __init__(self):
             self.trainer = None
             self.load_peaks: dict = {}  # train() fills it in right after the model loaded
+            self.dataset_rows: dict = {}  # and this: the training rows each source gave (dataset.path, dataset.mix)
             self.stopped_early = False
             # Durations on the monotonic clock: a step of the wall clock (NTP, a VM resumed) must not bend them.
             self._last_log = (time.monotonic(), 0)
@@ -1476,6 +1548,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
         def on_train_begin(self, args, state, control, **kwargs):
             self._last_log, self._last_step = (time.monotonic(), 0), state.global_step
             record = {**describe_run(self.trainer, job), **self.load_peaks}
+            record["dataset_rows"] = self.dataset_rows
             self._per_sequence = record["sequence_parallel"]
             self.speed = speed_facts(
                 self.trainer, record["trainable_params"], record["total_params"], record["objective"]
@@ -1883,9 +1956,10 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
     if job.get("objective") == "grpo":
         # The rewards score the answers the model writes; a KL weight (beta > 0) makes TRL load the reference itself.
         extra["reward_funcs"] = reward_functions(job)
-    train_set, eval_set = load_datasets(job, args, tokenizer)
+    train_set, eval_set, rows = load_datasets(job, args, tokenizer)
     recorder = make_callback(metrics, stop, job, terminal, expected)
     recorder.load_peaks = load_peaks()
+    recorder.dataset_rows = rows
     trainer = with_atomic_checkpoints(trainer_class(trainer_base))(
         **extra,
         model=model,

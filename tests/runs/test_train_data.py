@@ -47,7 +47,7 @@ def test_each_format_becomes_trl_input_with_the_answer_trained(fmt, demo_home, t
         "dataset": {"path": str(demo_home / "formats" / f"{fmt}.jsonl"), **FORMAT_SPECS[fmt]},
     }
     args = sft_args(tmp_path)
-    train_set, eval_set = train.load_datasets(job, args, tokenizer)
+    train_set, eval_set, _ = train.load_datasets(job, args, tokenizer)
     assert eval_set is None
     expected = {
         "text": {"text"},
@@ -76,7 +76,7 @@ def test_alpaca_prompt_with_and_without_input(tmp_path, tokenizer):
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     job = {"model": {"name_or_path": "x"}, "dataset": {"path": str(path), "format": "alpaca"}}
-    data, _ = train.load_datasets(job, sft_args(tmp_path), tokenizer)
+    data, *_ = train.load_datasets(job, sft_args(tmp_path), tokenizer)
     assert data[0]["prompt"] == "### Instruction:\nAdd the numbers.\n\n### Input:\n1 + 2\n\n### Response:\n"
     assert data[1]["prompt"] == "### Instruction:\nSay hi.\n\n### Response:\n"
     assert [data[0]["completion"], data[1]["completion"]] == ["3", "hi"]

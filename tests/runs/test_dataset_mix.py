@@ -1,0 +1,89 @@
+"""dataset.mix for real: the datasets library reads each source, #ROWS samples or repeats it, and a run trains on all.
+
+The demo's questions split by kind: addition alone as the job's dataset, subtraction mixed in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tunedeck.backend import train
+from tunedeck.backend.spec import resolve_spec
+
+from .helpers import start_record
+from .test_training_runs import assert_finished, run_to_end
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def split_demo(demo_home, tmp_path) -> tuple[Path, Path]:
+    """(additions, subtractions): the demo's training rows of each kind, in two files."""
+    rows = [json.loads(line) for line in (demo_home / "data" / "train.jsonl").read_text().splitlines()]
+    files = []
+    for kind in ("Add", "Subtract"):
+        path = tmp_path / f"{kind.lower()}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["prompt"].startswith(f"Q: {kind}")))
+        files.append(path)
+    return files[0], files[1]
+
+
+def prompts(dataset) -> Counter:
+    return Counter(dataset["prompt"])
+
+
+def test_rows_are_sampled_without_repeats_or_repeated_whole(split_demo):
+    adds, subs = split_demo
+    config = {"path": str(adds), "format": "prompt-completion", "mix": [f"{subs}#100", f"{subs}:train[:10]#25"]}
+    main = train.to_trl_format(train.load_split(config, "train"), config, "text")
+    mixed, rows = train.mixed_in(main, config, "text", seed=42)
+    assert rows == {"dataset.path": len(main), f"{subs}#100": 100, f"{subs}:train[:10]#25": 25}
+    assert len(mixed) == len(main) + 125 and mixed.column_names == ["prompt", "completion"]
+    sample = mixed.select(range(len(main), len(main) + 100))
+    assert all(p.startswith("Q: Subtract") for p in sample["prompt"])
+    first_ten = train.to_trl_format(train.load_split({**config, "path": str(subs)}, "train[:10]"), config, "text")
+    repeated = prompts(mixed.select(range(len(main) + 100, len(mixed))))
+    # 25 rows of a 10-row slice: every row twice, then 5 of them (each once) a third time
+    twice = Counter({prompt: 2 * n for prompt, n in prompts(first_ten).items()})
+    third = repeated - twice
+    assert not twice - repeated and third.total() == 5 and not third - prompts(first_ten)
+    again, _ = train.mixed_in(main, config, "text", seed=42)
+    assert again["prompt"] == mixed["prompt"]  # the same seed, the same rows
+    other, _ = train.mixed_in(main, config, "text", seed=7)
+    assert other["prompt"] != mixed["prompt"]
+
+
+def test_a_source_in_another_layout_is_refused_with_its_entry(split_demo, tmp_path):
+    adds, _ = split_demo
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"prompt": [{"role": "user", "content": "1 + 1"}], "completion": "2"}) + "\n")
+    config = {"path": str(adds), "format": "prompt-completion", "mix": [str(chats)]}
+    main = train.to_trl_format(train.load_split(config, "train"), config, "text")
+    with pytest.raises(train.JobError, match=rf"^dataset.mix '{chats}': its rows do not have the main dataset's"):
+        train.mixed_in(main, config, "text", seed=42)
+
+
+def test_a_run_trains_on_the_mixed_in_rows(split_demo, runs_dir):
+    adds, subs = split_demo
+    spec = resolve_spec(
+        "demo",
+        [
+            f"dataset.path={adds}", f"dataset.mix={subs}#300", "dataset.packing=false",
+            "training.max_steps=-1", "training.num_train_epochs=1", "training.per_device_train_batch_size=8",
+            "training.gradient_accumulation_steps=1",
+        ],
+    )  # fmt: skip
+    manager, run_id, status = run_to_end(runs_dir, spec)
+    assert_finished(manager, run_id, status)
+    run_dir = manager.run_dir(run_id)
+    start = start_record(run_dir)
+    additions = len(adds.read_text().splitlines())
+    assert start["dataset_rows"] == {"dataset.path": additions, f"{subs}#300": 300}
+    # One epoch of both, 16 rows a step on 2 ranks: the trainer counted the mixed-in rows
+    assert start["max_steps"] == -(-(additions + 300) // 16)
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert f"dataset: {additions + 300:,} training rows: {additions:,} from dataset.path, 300 from {subs}#300" in log
