@@ -33,9 +33,11 @@ from tunedeck.backend import catalog
 from tunedeck.backend.run_folder import read_records
 from tunedeck.backend.run_summary import Verdict, verdict
 from tunedeck.backend.spec import PACKAGE_DIR, JobSpec, demo_home, set_paths
+from tunedeck.backend.spec_mix import mix_sources
 from tunedeck.backend.vocabulary import column_fields
 
 STEPS = 3
+MIX_ROWS = 8  # of each dataset.mix source
 ROWS = 64  # of the job's dataset: enough for STEPS x accumulation x batch x ranks on 2 CPU ranks
 MAX_SEQ_LENGTH = 128
 CPU_RANKS = 2
@@ -100,6 +102,7 @@ def _smoke_data(spec: JobSpec) -> dict:
         return {
             "dataset.split": _first_rows(d.split),
             "dataset.eval_split": d.eval_split and _first_rows(d.eval_split, 16),
+            "dataset.mix": _smoke_mix(d.mix, None),
         }
     # A hub dataset cannot be fetched here: the demo task in the job's format, under the default column names.
     from tunedeck.backend.demo import ensure_demo
@@ -114,8 +117,21 @@ def _smoke_data(spec: JobSpec) -> dict:
         "dataset.name": None,
         "dataset.split": f"train[:{ROWS}]",
         "dataset.eval_split": "train[-16:]" if d.eval_split else None,
+        "dataset.mix": _smoke_mix(d.mix, home / "formats" / f"{d.format}.jsonl"),
         **columns,
     }
+
+
+def _smoke_mix(entries: list[str], demo_file: Path | None) -> list[str]:
+    """dataset.mix at toy scale: MIX_ROWS rows of each local source; a hub source (not fetched here) becomes the
+    demo data when the job's own dataset did (demo_file), and is left out otherwise (its columns are the job's)."""
+    out = []
+    for source in mix_sources(entries):
+        local = Path(source.path).expanduser().exists()
+        path = source.path if local else demo_file
+        if path is not None:  # a local source is read without a hub configuration (train.py's load_split)
+            out.append(f"{path}:{source.split if local else 'train'}#{MIX_ROWS}")
+    return list(dict.fromkeys(out))  # two hub sources become the same demo entry: once
 
 
 def _first_rows(split: str, rows: int = ROWS) -> str:

@@ -160,3 +160,16 @@ def test_verdict_fails_on_the_gate_and_on_a_loss_that_is_not_finite(tmp_path):
         False, "smoke test FAILED: the loss is not finite (nan) at step 2"
     )
     assert not smoke_verdict(tmp_path / "missing").passed
+
+
+def test_mixed_in_data_runs_at_toy_scale_too(demo_home, tmp_path):
+    text = demo_home / "formats" / "text.jsonl"
+    more = tmp_path / "more.jsonl"
+    more.write_text(text.read_text())
+    hub = "HuggingFaceH4/ultrachat_200k:train_sft#5000"
+    # The job's hub dataset becomes the demo's: its hub mix source does too, a local one keeps its file.
+    smoke = smoke_spec(resolve_spec("7b-lora-ddp", [f"dataset.mix={hub}, {more}"]))
+    assert smoke.dataset.mix == [f"{text}:train#8", f"{more}:train#8"]
+    # With a local dataset of its own columns, a hub source (not fetched here) is left out.
+    local = resolve_spec("demo", [f"dataset.mix={hub}, {demo_home / 'formats' / 'prompt-completion.jsonl'}#300"])
+    assert smoke_spec(local).dataset.mix == [f"{demo_home / 'formats' / 'prompt-completion.jsonl'}:train#8"]
