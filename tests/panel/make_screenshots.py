@@ -1,10 +1,11 @@
 """Regenerate the README's screenshots of the panel on the demo preset (not a test).
 
-    .venv/bin/python tests/panel/make_screenshots.py      # docs/screenshot.png, screenshot-run.png, screenshot-grpo.png
+    .venv/bin/python tests/panel/make_screenshots.py      # docs/screenshot.png, -run, -grpo and -ulysses
 
 Starts `tunedeck ui --preset demo` on a fresh runs folder, photographs the Job tab,
 runs the demo to its end from the page, and photographs the Run tab; then the same for the
-Demo GRPO preset's Run tab (its reward chart and what the model writes).
+Demo GRPO preset's Run tab (its reward chart and what the model writes); then the advice for a 7B LoRA
+job's 64k-token rows on A100-80GB (2 GPUs per sequence), applied.
 """
 
 from __future__ import annotations
@@ -43,8 +44,31 @@ def main() -> int:
             wait_text(page, "#run-answers", "What the model writes")
             page.locator("#run-answers").scroll_into_view_if_needed()
             page.screenshot(path=str(docs / "screenshot-grpo.png"), full_page=True)
+        with panel_page(p, Path(tmp) / "runs-ulysses", "demo") as page:
+            ulysses_advice(page, docs / "screenshot-ulysses.png")
     print(docs / "screenshot.png", docs / "screenshot-run.png", docs / "screenshot-grpo.png")
     return 0
+
+
+def ulysses_advice(page, path: Path) -> None:
+    """7B LoRA with 64k-token rows on A100-80GB: the advice (2 GPUs per sequence) applied, the form and files."""
+    from panel.browser import fill, open_tab, set_field
+
+    page.set_viewport_size({"width": 1280, "height": 1100})
+    page.click("#preset-7b-lora-ddp")
+    wait_text(page, "#notice", "Meant for 4x RTX 4090")
+    page.wait_for_timeout(2000)  # the preset's machine lands in the GPU box before we type over it
+    fill(page.locator("#gpu-memory textarea, #gpu-memory input").first, "80")
+    wait_text(page, "#recommendation", "on A100-80GB")
+    open_tab(page, "form-sections", "Dataset")
+    set_field(page, "dataset.max_seq_length", "65536")
+    wait_text(page, "#recommendation", "2 GPUs per sequence")
+    page.click("#apply-recommendation")
+    wait_text(page, "#notice", "Applied ZeRO-3 + 2 GPUs/sequence")
+    wait_text(page, "#job-issues", "No problems")
+    page.locator("#form-sections [role=tablist] > button[role=tab]", has_text="Strategy").first.click()
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(path), clip={"x": 0, "y": 150, "width": 1280, "height": 930})
 
 
 @contextlib.contextmanager
