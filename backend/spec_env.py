@@ -49,6 +49,14 @@ def entry_problem(entry: str) -> str | None:
     return None
 
 
+def entry_name(entry: str) -> str:
+    """The entry's NAME, or ValueError saying why it cannot be set for the ranks."""
+    problem = entry_problem(entry)
+    if problem:
+        raise ValueError(problem)
+    return entry.partition("=")[0].strip()
+
+
 def environment(entries: list[str]) -> dict[str, str]:
     """{NAME: VALUE} of valid entries (the spec has checked them)."""
     pairs = (entry.partition("=") for entry in entries)

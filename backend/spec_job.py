@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from tunedeck.backend.spec_env import entries_from_text, entry_problem
+from tunedeck.backend.spec_env import entries_from_text, entry_name
 from tunedeck.backend.spec_grpo import GrpoSpec
 from tunedeck.backend.spec_sections import (
     BASIC,
@@ -24,6 +24,7 @@ from tunedeck.backend.spec_sections import (
     QuantizationSpec,
     SftField,
     SpecSection,
+    unique_entries,
 )
 from tunedeck.backend.spec_slurm import SlurmSpec
 from tunedeck.backend.spec_training import PreferenceSpec, TrainingSpec
@@ -244,16 +245,7 @@ class LaunchSpec(SpecSection):
     @field_validator("env")
     @classmethod
     def _env_entries(cls, value: list[str]) -> list[str]:
-        names = set()
-        for number, entry in enumerate(value, start=1):
-            problem = entry_problem(entry)
-            if problem:
-                raise ValueError(f"item {number}: {problem}")
-            name = entry.partition("=")[0].strip()
-            if name in names:
-                raise ValueError(f"item {number}: {name} is set twice; keep one")
-            names.add(name)
-        return [entry.strip() for entry in value]
+        return unique_entries(value, entry_name, "{key} is set twice; keep one")
 
     @field_validator("gpu_ids", mode="before")
     @classmethod

@@ -45,6 +45,12 @@ def parse_entry(entry: str) -> MixSource:
     return MixSource(match["path"].strip(), match["config"], (match["split"] or "train").strip(), rows)
 
 
+def rows_key(entry: str) -> tuple[str, str | None, str]:
+    """What makes two entries the same rows, whatever their count: source, configuration and split."""
+    source = parse_entry(entry)
+    return source.path, source.config, source.split
+
+
 def entries_from_text(value: Any) -> Any:
     """The form's box (entries joined by ", ") as a list; a list or anything else goes on as it is."""
     if isinstance(value, str):

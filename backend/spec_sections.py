@@ -18,11 +18,12 @@ spec_parse.py, untrusted YAML in untrusted.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from tunedeck.backend.spec_mix import entries_from_text, parse_entry
+from tunedeck.backend.spec_mix import entries_from_text, rows_key
 from tunedeck.backend.untrusted import describe_char, unsafe_char
 from tunedeck.backend.vocabulary import DATASET_FORMATS, column_fields
 
@@ -51,6 +52,21 @@ def SftField(default: Any, *, sft: str | None = None, basic: bool = False, **kwa
     training_args.yaml copies it there by that name whenever the field applies (render/training_args.py).
     """
     return Field(default, json_schema_extra={SFT_CONFIG: sft or True, **(BASIC if basic else {})}, **kwargs)
+
+
+def unique_entries(entries: list[str], key_of: Callable[[str], Hashable], again: str) -> list[str]:
+    """A list field's entries, stripped: each checked by key_of (ValueError: its problem), none twice (the same
+    key; `again` says so, with {first}: the earlier item's number and {key}); an error names the item's number."""
+    seen: dict[Hashable, int] = {}
+    for number, entry in enumerate(entries, start=1):
+        try:
+            key = key_of(entry)
+        except ValueError as exc:
+            raise ValueError(f"item {number}: {exc}") from None
+        if key in seen:
+            raise ValueError(f"item {number}: " + again.format(first=seen[key], key=key))
+        seen[key] = number
+    return [entry.strip() for entry in entries]
 
 
 class SpecSection(BaseModel):
@@ -274,14 +290,4 @@ class DatasetSpec(_DatasetColumns):  # type: ignore[misc, valid-type]
     @field_validator("mix")
     @classmethod
     def _mix_entries(cls, value: list[str]) -> list[str]:
-        seen: dict[tuple, int] = {}
-        for number, entry in enumerate(value, start=1):
-            try:
-                source = parse_entry(entry)
-                source = (source.path, source.config, source.split)  # the same rows, whatever their count
-            except ValueError as exc:
-                raise ValueError(f"item {number}: {exc}") from None
-            if source in seen:
-                raise ValueError(f"item {number} is item {seen[source]} again: give one entry more rows (#ROWS)")
-            seen[source] = number
-        return [entry.strip() for entry in value]
+        return unique_entries(value, rows_key, "the same rows as item {first}: give one entry more rows (#ROWS)")

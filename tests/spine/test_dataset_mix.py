@@ -42,7 +42,7 @@ def test_entries_name_source_configuration_split_and_rows(entry, source):
     [
         ("/data/a.jsonl#2k", "is not SOURCE[@CONFIG][:SPLIT][#ROWS]"),
         ("/data/a.jsonl#0", "#ROWS must be 1 to 100,000,000"),
-        ("/data/a.jsonl, /data/a.jsonl:train#5", "item 2 is item 1 again: give one entry more rows"),
+        ("/data/a.jsonl, /data/a.jsonl:train#5", "item 2: the same rows as item 1: give one entry more rows"),
     ],
 )
 def test_bad_entries_are_refused_with_why(value, words):
