@@ -9,9 +9,9 @@ no preference data: the rewards are the teacher).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from tunedeck.backend.spec_sections import BASIC, SftField, SpecSection
 from tunedeck.backend.vocabulary import REWARDS
@@ -83,6 +83,33 @@ class GrpoSpec(SpecSection):
         "(partial credit), or your own function as /path/to/FILE.py:FUNCTION. Comma-separated.",
     )
 
+    reward_weights: Annotated[list[float], Field(max_length=16)] | None = SftField(
+        None,
+        title="Reward weights",
+        description="Each reward's weight in the sum, in the order of grpo.rewards, comma-separated (e.g. 1, 0.5); "
+        "empty: 1 each.",
+    )
+    loss_type: Literal["dapo", "dr_grpo", "grpo", "bnpo", "cispo", "sapo"] = SftField(
+        "dapo",
+        title="Loss",
+        description="How token losses add up: dapo (TRL's default: over the tokens of the whole accumulated batch, "
+        "no length bias), dr_grpo (over a constant, max_completion_length), grpo (per answer: favours short right "
+        "answers), bnpo (over the local batch's tokens), cispo (clips the importance weights), sapo (a soft gate "
+        "instead of clipping).",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = SftField(
+        "group",
+        title="Reward scaling",
+        description="Divide each answer's advantage by the spread of its group's rewards (group, GRPO's), of the "
+        "whole batch's (batch), or not at all (none: Dr. GRPO's advice, no bias toward easy or hard prompts).",
+    )
+    mask_truncated_completions: bool = SftField(
+        False,
+        title="Leave cut answers out",
+        description="Answers cut at max_completion_length do not count in the loss (DAPO's advice: a cut answer is "
+        "not a wrong one).",
+    )
+
     @field_validator("rewards", mode="before")
     @classmethod
     def _split_comma_list(cls, value: Any) -> Any:
@@ -101,4 +128,23 @@ class GrpoSpec(SpecSection):
             raise ValueError("; ".join(problems))
         if len(set(value)) != len(value):
             raise ValueError("a reward is named twice: name each once")
+        return value
+
+    @field_validator("reward_weights", mode="before")
+    @classmethod
+    def _weights_from_text(cls, value: Any) -> Any:
+        # Forms and --set give "1, 0.5"; an empty box: 1 each.
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()] or None
+        return value
+
+    @field_validator("reward_weights")
+    @classmethod
+    def _one_weight_a_reward(cls, value: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        rewards = info.data.get("rewards")
+        if value is not None and rewards is not None and len(value) != len(rewards):
+            raise ValueError(
+                f"{len(value)} weight(s) for {len(rewards)} reward(s) ({', '.join(rewards)}): give one weight per "
+                "reward, in their order, or leave it empty for 1 each"
+            )
         return value

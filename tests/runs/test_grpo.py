@@ -72,3 +72,14 @@ def test_your_own_reward_function_scores_the_answers(tmp_path):
     logs = log_records(run_dir)
     assert [r["step"] for r in logs] == [1, 2, 3]
     assert all(set(r["rewards"]) == {"exact_answer", "brevity"} and 0 < r["rewards"]["brevity"] <= 1 for r in logs)
+
+
+def test_reward_weights_make_the_reward_a_weighted_sum(runs_dir):
+    # close_answer weighs nothing: the reward GRPO learns from is exact_answer's alone
+    changes = {"training.max_steps": 3, "training.logging_steps": 1, "grpo.reward_weights": [1, 0]}
+    _, run_dir = train_preset(runs_dir, "demo-grpo", changes)
+    logs = log_records(run_dir)
+    assert [r["step"] for r in logs] == [1, 2, 3]
+    for r in logs:
+        assert r["reward"] == pytest.approx(r["rewards"]["exact_answer"], abs=1e-6), r
+    assert any(r["rewards"]["close_answer"] > r["rewards"]["exact_answer"] for r in logs)  # the weight mattered

@@ -43,6 +43,22 @@ def test_the_demo_preset_validates_and_its_files_ask_trl_for_grpo():
     assert job["grpo"]["rewards"] == ["exact_answer", "close_answer"] and job["grpo"]["max_prompt_length"] == 64
 
 
+def test_reward_weights_loss_and_scaling_reach_grpo_config(export, check):
+    spec = resolve_spec(
+        "demo-grpo",
+        ["grpo.reward_weights=1, 0.25", "grpo.loss_type=dr_grpo", "grpo.scale_rewards=none",
+         "grpo.mask_truncated_completions=true"],
+    )  # fmt: skip
+    config = check(export(spec)).sft_config  # TRL's own GRPOConfig, built from training_args.yaml
+    assert type(config).__name__ == "GRPOConfig"
+    assert (config.reward_weights, config.loss_type, config.scale_rewards) == ([1.0, 0.25], "dr_grpo", "none")
+    assert config.mask_truncated_completions is True
+    plain = yaml.safe_load(render_bundle(resolve_spec("demo-grpo"))["training_args.yaml"])
+    assert plain["reward_weights"] is None and plain["loss_type"] == "dapo"  # TRL's defaults: 1 each, DAPO
+    with pytest.raises(SpecError, match="3 weight.s. for 2 reward.s. .exact_answer, close_answer.: give one weight"):
+        resolve_spec("demo-grpo", ["grpo.reward_weights=1, 0.5, 2"])
+
+
 def test_a_step_must_write_whole_groups_of_answers():
     # 7b-lora-ddp: 4 processes x accumulation 4; a batch of 1 writes 16 answers a step: not groups of 12.
     spec = grpo_job(**{"training.per_device_train_batch_size": 1, "grpo.num_generations": 12})
