@@ -52,17 +52,23 @@ def test_two_ranks_sharing_each_sequence_learn_what_one_process_learns(runs_dir)
 
 SMOKE_PATHS = {
     # 4-bit base sharded by ZeRO-3 (bf16 storage), adapters on it
-    "qlora-zero3": ("70b-qlora-zero3", {**deepspeed(3), **ONE_DTYPE, "method": "qlora"}),
+    "qlora-zero3": ("70b-qlora-zero3", (), {**deepspeed(3), **ONE_DTYPE, "method": "qlora"}),
     # every weight trains; ZeRO-2 keeps whole weights per GPU and shards gradients and optimizer states
-    "full-zero2": ("7b-full-zero2", {**deepspeed(2), "method": "full"}),
+    "full-zero2": ("7b-full-zero2", (), {**deepspeed(2), "method": "full"}),
+    # what the advisor offers when rows are long and memory tight: the optimizer in CPU RAM (DeepSpeed's CPU Adam)
+    "lora-zero3-cpu-optimizer": (
+        "7b-lora-ddp",
+        ("strategy.offload_optimizer=cpu",),
+        {**deepspeed(3), "method": "lora"},
+    ),
 }
 
 
 @pytest.mark.parametrize("path", SMOKE_PATHS)
 def test_ulysses_smoke_runs_on_each_load_path(path, tmp_path):
-    preset, proof = SMOKE_PATHS[path]
+    preset, changes, proof = SMOKE_PATHS[path]
     kind = f"strategy.kind=zero{proof['zero_stage']}"
-    result, run_dir = smoke(preset, tmp_path, kind, *ULYSSES[1:])
+    result, run_dir = smoke(preset, tmp_path, kind, *ULYSSES[1:], *changes)
     assert result.stdout.strip().splitlines()[-1].startswith("smoke test passed: 2 ranks on 1 machine")
     start = start_record(run_dir)
     assert start["gate"]["passed"] and start["sequence_parallel"] == 2
