@@ -101,7 +101,7 @@ def test_csv_parquet_json_files_and_custom_columns(suffix, demo_home, tokenizer,
             "eval_split": "train[90%:]",
         },
     }
-    train_set, eval_set = train.load_datasets(job, sft_args(tmp_path), tokenizer)
+    train_set, eval_set, _ = train.load_datasets(job, sft_args(tmp_path), tokenizer)
     assert len(train_set) + len(eval_set) == len(source) and len(eval_set) == len(source) // 10
     assert train_set[0] == {"prompt": source[0]["question"], "completion": source[0]["answer"]}
 
