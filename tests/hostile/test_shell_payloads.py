@@ -36,6 +36,8 @@ FORMATTED = [
 ]
 # Each entry must be NAME=VALUE: the payload is the value, which launch.sh exports as one quoted word.
 ENVIRONMENT = "launch.env"
+# A source of more rows: SOURCE[@CONFIG][:SPLIT][#ROWS].
+MIX = "dataset.mix"
 # Each line must be an #SBATCH directive: the payload goes after one, where sbatch reads it and bash never runs it.
 DIRECTIVES = "launch.slurm.extra_directives"
 
@@ -67,7 +69,7 @@ def test_every_text_field_is_covered():
         TEXT_FIELDS
     )
     assert len(TEXT_FIELDS) >= 19
-    assert set(FORMATTED) | {DIRECTIVES, ENVIRONMENT} <= set(TEXT_FIELDS)
+    assert set(FORMATTED) | {DIRECTIVES, ENVIRONMENT, MIX} <= set(TEXT_FIELDS)
 
 
 def _value(path: str, payload: str):
@@ -75,6 +77,8 @@ def _value(path: str, payload: str):
         return [f"#SBATCH --comment={payload}"]
     if path == ENVIRONMENT:
         return [f"PAYLOAD_PROBE={payload}"]
+    if path == MIX:  # '#', '@' and ':' are the entry's syntax (#ROWS, @CONFIG, :SPLIT); the rest is a file name
+        return [payload.replace("#", "").replace("@", "").replace(":", "")]
     return [payload] if path in ("lora.target_modules", "grpo.rewards") else payload
 
 

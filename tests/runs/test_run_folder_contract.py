@@ -130,7 +130,9 @@ def train_records(source: str) -> dict[str, set[str]]:
     main = _function(tree, "main")
     begin = _function(tree, "on_train_begin")
     gate = next(
-        n.value for n in ast.walk(begin) if isinstance(n, ast.Assign) and _stores(n, "record")
+        n.value
+        for n in ast.walk(begin)
+        if isinstance(n, ast.Assign) and any(_str(t.slice) == "gate" for t in _stores(n, "record"))
     )  # record["gate"] = {...}
     on_log = _function(tree, "on_log")
     grpo = any(getattr(n.func, "id", None) == "grpo_record" for n in ast.walk(on_log) if isinstance(n, ast.Call))

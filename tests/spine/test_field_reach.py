@@ -91,6 +91,9 @@ def other_values(field: FormField, value):
         return [base + 1, base * 2, 1, 10] if field.kind == "int" else [base / 2, base * 2 or 0.5, 0.5]
     if field.path.endswith("gpu_ids"):
         return ["0,1,2,3,4,5,6,7"]
+    formats = {"grpo.reward_weights": ["1, 0.5", "2"], "launch.env": ["NCCL_DEBUG=INFO"]}  # one weight a reward
+    if field.path in formats:
+        return formats[field.path]
     slurm_formats = {"time_limit": ["90", "1-12:00:00"], "mem": ["64G", "0"], "extra_directives": ["#SBATCH --x=1"]}
     if field.path.startswith("launch.slurm.") and field.path.rsplit(".", 1)[1] in slurm_formats:
         return slurm_formats[field.path.rsplit(".", 1)[1]]  # Slurm's own formats: free text does not validate
