@@ -231,6 +231,25 @@ def wait_text(page, selector: str, text: str, timeout: float = 20_000) -> None:
     )
 
 
+def wait_file_text(page, text: str, elem_id: str = "file-view", timeout: float = 20_000) -> None:
+    """Wait until the shown file holds `text`, scrolling through it as a person would: CodeMirror draws only
+    the lines near its viewport, so a line far down a long file is not in the page until scrolled to."""
+    page.wait_for_function(
+        """([id, t]) => {
+            const content = document.querySelector(`#${id} .cm-content`);
+            if (!content) return false;
+            if (content.innerText.includes(t)) return true;
+            const scroller = content.closest('.cm-scroller');
+            const atEnd = scroller.scrollTop + scroller.clientHeight >= scroller.scrollHeight - 1;
+            scroller.scrollTop = atEnd ? 0 : scroller.scrollTop + scroller.clientHeight;
+            return false;
+        }""",
+        arg=[elem_id, text],
+        timeout=timeout,
+        polling=100,
+    )
+
+
 def plot_points(page, elem_id: str) -> dict[str, int]:
     """{trace name: number of points} of the plotly chart in a gr.Plot."""
     return page.evaluate(

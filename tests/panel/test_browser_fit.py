@@ -21,6 +21,7 @@ from panel.browser import (
     settle,
     show_file,
     text_of,
+    wait_file_text,
     wait_text,
 )
 from tunedeck.backend import speed
@@ -115,7 +116,7 @@ def test_rows_too_long_for_one_gpu_get_the_gpus_per_sequence_that_fit(page, serv
     batch = text_of(page, "#global-batch")
     assert "Global batch: 16" in batch and "2 sequence groups (4 processes, 2 GPUs per sequence)" in batch
     show_file(page, "accelerate_config.yaml")
-    wait_text(page, "#file-view .cm-content", "parallelism_config_sp_size: 2")
+    wait_file_text(page, "parallelism_config_sp_size: 2")
     page.screenshot(path=str(ARTIFACTS / "ulysses-64k-rows.png"), full_page=True)
 
 

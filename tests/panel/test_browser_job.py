@@ -22,6 +22,7 @@ from panel.browser import (
     settle,
     show_file,
     text_of,
+    wait_file_text,
     wait_text,
 )
 
@@ -48,7 +49,7 @@ def test_70b_qlora_zero3_preset_shows_stage3_and_4bit(page, server):
     page.click("#preset-70b-qlora-zero3")
     wait_text(page, "#global-batch", "8 processes")
     show_file(page, "ds_config.json")
-    wait_text(page, "#file-view .cm-content", '"stage": 3')
+    wait_file_text(page, '"stage": 3')
     ds_config = code_text(page)
     assert '"stage3_max_live_parameters"' in ds_config
     open_tab(page, "form-sections", "LoRA/Quantization")
@@ -58,7 +59,7 @@ def test_70b_qlora_zero3_preset_shows_stage3_and_4bit(page, server):
     assert field(page, "quantization.bnb_4bit_use_double_quant").is_checked()
     assert field(page, "quantization.bnb_4bit_quant_storage").input_value() == "bfloat16"
     show_file(page, "accelerate_config.yaml")
-    wait_text(page, "#file-view .cm-content", "DEEPSPEED")
+    wait_file_text(page, "DEEPSPEED")
 
 
 def test_a_page_load_answered_after_a_preset_never_paints_over_it(page, server):
@@ -93,7 +94,7 @@ def test_an_edit_answered_after_a_preset_is_dropped_and_later_edits_apply(page, 
     assert "8 processes" in text_of(page, "#global-batch")
 
     field(page, "training.gradient_accumulation_steps").fill("24")  # the page still follows its form
-    wait_text(page, "#file-view .cm-content", "gradient_accumulation_steps: 24")
+    wait_file_text(page, "gradient_accumulation_steps: 24")
     wait_text(page, "#global-batch", "× 24 accumulation steps")
 
 
@@ -106,7 +107,7 @@ def test_changing_a_field_updates_the_files_within_a_second(page, server):
     for steps in (12, 24):
         box.fill(str(steps))  # fires the input event as typing does
         started = time.monotonic()
-        wait_text(page, "#file-view .cm-content", f"gradient_accumulation_steps: {steps}")
+        wait_file_text(page, f"gradient_accumulation_steps: {steps}")
         timings.append(time.monotonic() - started)
         wait_text(page, "#global-batch", f"× {steps} accumulation steps")
     print("form change -> files updated (s):", [round(t, 2) for t in timings])
@@ -266,4 +267,4 @@ def test_recommendation_follows_gpu_memory_and_model_and_applies(page, server):
     assert field(page, "strategy.kind").input_value() == "fsdp"
     wait_text(page, "#recommendation", "Keep FSDP")
     show_file(page, "accelerate_config.yaml")
-    wait_text(page, "#file-view .cm-content", "distributed_type: FSDP")
+    wait_file_text(page, "distributed_type: FSDP")

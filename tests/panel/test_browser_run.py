@@ -21,6 +21,7 @@ from panel.browser import (
     settle,
     stop_live_runs,
     text_of,
+    wait_file_text,
     wait_text,
 )
 
@@ -217,7 +218,7 @@ def test_start_refuses_while_the_files_shown_are_not_the_forms(page, server):
     edit.release()
     settle(page)
     page.locator("#file-tabs label", has_text="training_args.yaml").click()
-    wait_text(page, "#file-view .cm-content", "max_steps: 3")
+    wait_file_text(page, "max_steps: 3")
     page.click("#start-run")
     wait_text(page, "#notice", "Started run", timeout=30_000)
     run_id = re.search(r"\d{8}-\d{6}-[0-9a-f]{6}", text_of(page, "#notice")).group(0)

@@ -14,7 +14,18 @@ import subprocess
 import pytest
 from runs.helpers import processes_working_in, wait_for
 
-from panel.browser import PanelServer, choose, free_port, open_tab, plot_points, set_field, settle, text_of, wait_text
+from panel.browser import (
+    PanelServer,
+    choose,
+    free_port,
+    open_tab,
+    plot_points,
+    set_field,
+    settle,
+    text_of,
+    wait_file_text,
+    wait_text,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -48,7 +59,7 @@ def test_slurm_run_from_the_page_queues_runs_reattaches_and_stops(page, slurm_cl
         open_tab(page, "form-sections", "Training")
         set_field(page, "training.max_steps", "5000")
         settle(page)
-        wait_text(page, "#file-view .cm-content", "backend: slurm")
+        wait_file_text(page, "backend: slurm")
         page.click("#start-run")
         wait_text(page, "#notice", "Started run", timeout=60_000)
         run_id = re.search(r"\d{8}-\d{6}-[0-9a-f]{6}", text_of(page, "#notice")).group(0)
