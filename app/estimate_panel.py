@@ -223,13 +223,14 @@ class EstimatePanel(DerivedView):
 
     def follow_preset(self, preset, got: Got) -> str:
         """Where no GPU is measured here, a preset sets the GPU and RAM boxes to the machine it is meant
-        for (so its estimate reads as on that machine); says which in a sentence for the notice."""
+        for (so its estimate, and its speed, read as on that machine); says which in a sentence for the notice."""
         hw = preset.hardware
         if hw is None:
             return ""
         if self.machine.has_gpu or not hw.gpus:
             return f"Meant for **{hw.label}**."
-        got[self.gpu], got[self.ram] = f"{hw.gpu_mem_gb:g}", f"{hw.ram_gb:g}"  # the fill writes them (job_view)
+        gpu = hw.gpu if hw.gpu and gpu_row(hw.gpu) else f"{hw.gpu_mem_gb:g}"  # a name gives speed too; a size, memory
+        got[self.gpu], got[self.ram] = gpu, f"{hw.ram_gb:g}"  # the fill writes them (job_view)
         return f"Meant for **{hw.label}**: the estimate below is for that machine."
 
     def apply_recommendation(self, spec, got: Got):

@@ -25,6 +25,7 @@ from tunedeck.app.registry import Got, Updates, handler, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.data_uploads import SUFFIXES as DATA_SUFFIXES
 from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
+from tunedeck.backend.implied import describe, implied
 from tunedeck.backend.problem import spelled
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
@@ -182,6 +183,9 @@ class JobTab(Section):
 
 
 def applied(spec: JobSpec, strategy: str, changes: dict) -> tuple[JobSpec, str]:
-    """The job with `changes`, and the notice that lists them."""
+    """The job with `changes` and what they imply (the rules an edit in the form follows), and the notice that
+    lists both: applying FSDP to a QLoRA job leaves no warning for Apply to cause."""
+    _, also = implied({**values_from_spec(spec), **changes}, set(changes))
     listed = ", ".join(f"`{path}` → `{spelled(value)}`" for path, value in changes.items())  # as YAML: false
-    return set_paths(spec, changes), f"Applied **{strategy}**: {listed}."
+    notice = f"Applied **{strategy}**: {listed}." + (f" {describe(also)}" if also else "")
+    return set_paths(spec, {**changes, **{path: v for found in also for path, v in found.changes.items()}}), notice

@@ -4,7 +4,8 @@ QLoRA is adapters on a 4-bit NF4 base, so choosing it sets quantization.bits=4 (
 clears the 4 bits again); a sharded QLoRA job (ZeRO-3, FSDP) shards the 4-bit weights and the
 rest of the model together, so the storage, compute and model dtypes are made one; a full
 fine-tune under FSDP checkpoints activations with FSDP's own wrapper rather than the Trainer's
-(which would all-gather every layer once more in the backward pass); sequences split over GPUs
+(which would all-gather every layer once more in the backward pass), and leaves RAM-efficient loading off
+for a 4-bit base (accelerate and transformers load it on every rank anyway); sequences split over GPUs
 (Ulysses, DeepSpeed and SFT only) are not packed under SDPA. Each rule here mirrors
 a validation rule (backend/validate_method.py, validate_strategy.py): after the form applies
 the implication, that problem does not arise.
@@ -80,6 +81,17 @@ def _fsdp_activation_checkpointing(values: Values) -> Implied | None:
     return None
 
 
+def _fsdp_4bit_loads_on_every_rank(values: Values) -> Implied | None:
+    fsdp = STRATEGIES.get(values.get("strategy.kind"))
+    on_fsdp = bool(fsdp and fsdp.engine == "fsdp")
+    if on_fsdp and values.get("quantization.bits") == 4 and values.get("strategy.fsdp_cpu_ram_efficient_loading"):
+        return Implied(
+            {"strategy.fsdp_cpu_ram_efficient_loading": False},
+            "accelerate and transformers load a 4-bit base on every rank (no rank-0 broadcast)",
+        )
+    return None
+
+
 def _ulysses_without_packing(values: Values) -> Implied | None:
     strategy = STRATEGIES.get(values.get("strategy.kind"))
     splits = bool(strategy and strategy.is_deepspeed) and (values.get("strategy.sequence_parallel") or 1) > 1
@@ -105,6 +117,7 @@ RULES: list[tuple[frozenset[str], Rule]] = [
     (frozenset({"method"}), _qlora_is_4bit),
     (frozenset({"method", "strategy.kind", "model.dtype", "quantization.bits"}), _sharded_4bit_dtypes),
     (frozenset({"method", "strategy.kind"}), _fsdp_activation_checkpointing),
+    (frozenset({"method", "strategy.kind", "quantization.bits"}), _fsdp_4bit_loads_on_every_rank),
     (frozenset({"strategy.kind", "objective"}), _ulysses_off),
     (frozenset({"strategy.sequence_parallel", "strategy.kind", "model.attn_implementation"}), _ulysses_without_packing),
 ]

@@ -60,10 +60,11 @@ def test_70b_qlora_on_24_gb_is_a_fit_error_and_applying_the_advice_clears_one(pa
     # No GPU here: the preset's own machine (8x L40S, 48 GB) is put in the boxes, where it is advised as set.
     wait_text(page, "#notice", "Meant for 8x L40S (48 GB), 256 GB RAM")
     wait_text(page, "#recommendation", "Keep ZeRO-3")
-    assert gpu_box(page).input_value() == "48"
+    assert gpu_box(page).input_value() == "L40S"  # a GPU the speed table knows: its memory and its speed
+    assert "Speed on L40S:" in text_of(page, "#recommendation")
 
     fill(gpu_box(page), "24")
-    wait_text(page, "#job-issues", "does not fit")
+    wait_text(page, "#job-issues", "the GPU has 24 GB")  # not an answer to a half-typed "2"
     issues = text_of(page, "#job-issues")
     assert "strategy.kind" in issues and "39.5 GB per GPU while loading" in issues and "at least 44 GB" in issues
     page.wait_for_function("document.querySelector('#start-run').disabled")
@@ -85,9 +86,11 @@ def test_70b_qlora_on_24_gb_is_a_fit_error_and_applying_the_advice_clears_one(pa
     assert page.locator("#apply-recommendation").is_enabled()
     page.click("#apply-recommendation")
     wait_text(page, "#notice", "Applied FSDP FULL_SHARD")
+    assert "load a 4-bit base on every rank" in text_of(page, "#notice")  # what Apply set beside the strategy
     wait_text(page, "#recommendation", "Keep FSDP FULL_SHARD")
     settle(page)
     assert "does not fit" not in text_of(page, "#job-issues")
+    assert "No problems" in text_of(page, "#job-issues")  # Apply left no warning behind
     page.wait_for_function("!document.querySelector('#start-run').disabled")
 
 

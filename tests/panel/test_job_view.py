@@ -97,3 +97,19 @@ def test_start_gets_the_forms_job_only_while_the_files_shown_are_that_jobs(job):
     edited = set_paths(demo, {"training.max_steps": 3})  # typed, its files still on their way
     with pytest.raises(NotShownYet, match="press Start again"):
         job.spec_as_shown(form_of(edited), shown)
+
+
+def test_apply_also_sets_what_its_changes_imply():
+    """Apply follows the form's own rules: FSDP for a QLoRA job leaves RAM-efficient loading off, and says so."""
+    from tunedeck.app.job_tab import applied
+    from tunedeck.backend.validate import validate
+
+    spec = load_presets()["70b-qlora-zero3"].build()
+    assert spec.strategy.fsdp_cpu_ram_efficient_loading
+    fsdp, notice = applied(spec, "FSDP FULL_SHARD", {"strategy.kind": "fsdp"})
+    assert fsdp.strategy.kind == "fsdp" and not fsdp.strategy.fsdp_cpu_ram_efficient_loading
+    assert notice.startswith("Applied **FSDP FULL_SHARD**: `strategy.kind` → `fsdp`. Set for you: ")
+    assert "`strategy.fsdp_cpu_ram_efficient_loading` → `false`" in notice
+    assert not [p for p in validate(fsdp) if p.field == "strategy.fsdp_cpu_ram_efficient_loading"]
+    same, plain = applied(spec, "ZeRO-3 + CPU optimizer", {"strategy.offload_optimizer": "cpu"})
+    assert "Set for you" not in plain and same.strategy.offload_optimizer == "cpu"

@@ -39,7 +39,7 @@ def test_sharded_qlora_makes_storage_compute_and_model_dtype_one(kind):
     q = fixed.quantization
     assert q.bnb_4bit_quant_storage == q.bnb_4bit_compute_dtype == fixed.model.dtype == "float16"
     assert not [p for p in validate(fixed) if p.level == "error"], validate(fixed)
-    assert len(applied) == 2
+    assert len(applied) == (3 if kind == "fsdp" else 2)  # FSDP also leaves RAM-efficient loading off
 
 
 def test_fsdp_full_fine_tune_uses_fsdp_activation_checkpointing_and_back():
@@ -50,6 +50,18 @@ def test_fsdp_full_fine_tune_uses_fsdp_activation_checkpointing_and_back():
     assert "strategy.fsdp_activation_checkpointing" not in _fields(validate(fixed))
     back, _ = _edit(fixed, strategy__kind="zero2")
     assert back.training.gradient_checkpointing and not back.strategy.fsdp_activation_checkpointing
+
+
+def test_qlora_under_fsdp_leaves_ram_efficient_loading_off():
+    spec = set_paths(load_presets()["7b-lora-ddp"].build(), {"method": "qlora", "quantization.bits": 4})
+    assert spec.strategy.fsdp_cpu_ram_efficient_loading  # the default, for a 16-bit base
+    assert "strategy.fsdp_cpu_ram_efficient_loading" in _fields(validate(set_paths(spec, {"strategy.kind": "fsdp"})))
+    fixed, applied = _edit(spec, strategy__kind="fsdp")
+    assert not fixed.strategy.fsdp_cpu_ram_efficient_loading
+    assert "strategy.fsdp_cpu_ram_efficient_loading" not in _fields(validate(fixed))
+    assert "load a 4-bit base on every rank" in describe(applied)
+    lora = set_paths(load_presets()["7b-lora-ddp"].build(), {"strategy.kind": "fsdp"})
+    assert _edit(lora, strategy__kind="fsdp")[0].strategy.fsdp_cpu_ram_efficient_loading  # 16 bits: kept
 
 
 def test_ulysses_unpacks_the_rows_and_leaves_with_deepspeed_or_sft():
