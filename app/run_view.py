@@ -26,6 +26,7 @@ from tunedeck.app.section import Page, Section
 from tunedeck.backend.run_answers import answers_markdown, latest_answers
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.run_notes import NAME_MAX_CHARS, NotesError, write_notes
+from tunedeck.backend.run_startup import breakdown, phase_now, read_phases
 from tunedeck.backend.run_status import DAMAGED
 from tunedeck.backend.run_summary import measured_peaks, report, summarize
 from tunedeck.backend.runs import RunError, RunManager
@@ -211,7 +212,7 @@ class RunView(Section):
         facts = self.index.facts(status)
         # What the state line, progress and summary say (the Slurm `where`: queue state and reason, then nodes).
         sig = (run_id, watch.records_version, status.state, status.error, facts.notes, facts.checkpoint, status.where)
-        summary = summarize(watch, status.started_at, status.ended_at, job=facts.job)
+        summary = summarize(watch, status.started_at, status.ended_at, job=facts.job, phase=phase_now(watch.run_dir))
         new_run = force or shown.shown_run != run_id
         details_due = new_run or shown.sig != sig
         # Charts and log only when their own data grew (a progress bar rewrites the log far more often than a step
@@ -231,6 +232,8 @@ class RunView(Section):
                 shown.notes_run = run_id
                 out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
             results = report(watch, status.started_at, status.ended_at).line() if watch.records else ""
+            startup = breakdown(read_phases(watch.run_dir))
+            results += f" · **before step 1:** {startup}" if results and startup else ""
             out.update({
                 self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
                 self.facts: summary.facts,

@@ -7,6 +7,7 @@ import sys
 import time
 
 from tunedeck.backend.run_folder import ACTIVE_STATES, LogRecord, MetricsReader, RunRecords
+from tunedeck.backend.run_startup import TRAINING, read_phases
 from tunedeck.backend.run_summary import RunSummary, facts_line, summarize
 
 
@@ -30,6 +31,7 @@ def _follow_counting(manager, run_id: str, presses: list[int], also_stop: tuple[
     bar = ProgressBar(sys.stdout)
     stopping = False
     where = ""
+    told = 0  # startup phases printed
     while True:
         if presses and not stopping:
             stopping = True
@@ -50,6 +52,7 @@ def _follow_counting(manager, run_id: str, presses: list[int], also_stop: tuple[
             where = status.where
             bar.close()
             print(f"{status.state}: {where}", flush=True)
+        told = _print_new_phases(manager.run_dir(run_id), told, bar)
         for record in reader.read_new():
             run.add([record])
             if record["event"] == "start":
@@ -60,6 +63,18 @@ def _follow_counting(manager, run_id: str, presses: list[int], also_stop: tuple[
             bar.close()
             return status
         time.sleep(0.5)
+
+
+def _print_new_phases(run_dir, told: int, bar) -> int:
+    """Print each phase before the first step as the run enters it ("loading the model ..."); how many are told."""
+    phases = read_phases(run_dir)
+    if len(phases) < told:  # a requeued job starts its list again
+        told = 0
+    for phase, _ in phases[told:]:
+        if phase != TRAINING:
+            bar.close()
+            print(f"{phase} ...", flush=True)
+    return len(phases)
 
 
 def _where_changed(shown: str, status) -> bool:

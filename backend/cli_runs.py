@@ -11,6 +11,7 @@ from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_pr
 from tunedeck.backend.cli_follow import follow
 from tunedeck.backend.run_folder import ACTIVE_STATES, LOGS_DIR, read_records
 from tunedeck.backend.run_notes import read_notes
+from tunedeck.backend.run_startup import breakdown, read_phases
 from tunedeck.backend.run_summary import RunSummary, format_clock, report, summarize
 from tunedeck.backend.untrusted import shown
 
@@ -245,6 +246,9 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         )
     if summary.facts:
         print(f"got      {summary.facts}")
+    startup = breakdown(read_phases(manager.run_dir(args.run_id)))
+    if startup:
+        print(f"startup  {startup} before step 1")
     if run.records:
         loss = f", loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
         print(f"progress {summary.step_text}{loss}")

@@ -127,6 +127,7 @@ class RunSummary:
     eta_s: float | None  # None once ended, or before two log records
     last_loss: float | None  # the last training loss logged
     last_reward: float | None = None  # a GRPO run's last mean reward: its measure (its loss stays near 0)
+    phase: str | None = None  # before the first step: what it does ("loading the model for 0:42"; run_startup.py)
 
     @property
     def steps(self) -> str:
@@ -146,8 +147,8 @@ class RunSummary:
 
     @property
     def progress(self) -> str:
-        """'step 12/30 · elapsed 0:14 · ETA 0:21'."""
-        parts = [self.step_text]
+        """'step 12/30 · elapsed 0:14 · ETA 0:21' ('step 0/30 · loading the model for 0:42 · elapsed 1:02')."""
+        parts = [self.step_text] + ([self.phase] if self.phase else [])
         if self.elapsed_s is not None:
             parts.append(f"elapsed {format_clock(self.elapsed_s)}")
         if self.eta_s is not None:
@@ -156,10 +157,15 @@ class RunSummary:
 
 
 def summarize(
-    run: RunRecords, started_at: float | None, ended_at: float | None, now: float | None = None, job: dict | None = None
+    run: RunRecords,
+    started_at: float | None,
+    ended_at: float | None,
+    now: float | None = None,
+    job: dict | None = None,
+    phase: str | None = None,
 ) -> RunSummary:
     """The run's summary at `now` (default: now). The ETA is the pace the last log record states; `job` (the run's
-    job.yaml) names a GRPO run's rewards in its facts."""
+    job.yaml) names a GRPO run's rewards in its facts; `phase`, what a live run does before its first step."""
     now = now or time.time()
     last = run.last or {}
     step = last.get("step", 0)
@@ -176,6 +182,7 @@ def summarize(
         eta_s=eta,
         last_loss=next((record["loss"] for record in reversed(run.records) if "loss" in record), None),
         last_reward=next((record["reward"] for record in reversed(run.records) if "reward" in record), None),
+        phase=phase if ended_at is None and not run.records else None,
     )
 
 

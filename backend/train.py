@@ -25,6 +25,8 @@ both YAML files are taken from there):
                     defined), one {"event": "log"} per logging step (with mfu and hfu when the peak
                     is known), and
                     {"event": "end"} with the status (finished | stopped | failed)
+  startup.json      rank 0 only: {"phases": [{"phase", "at"}]}: each phase before its first step
+                    (loading the model, tokenizing the data, ...) as it begins, "training" last
   progress.json     rank 0 only: {"step", "micro", "time", "saving"}: its last finished step and
                     micro-batch, rewritten as each ends: tunedeck's supervisor calls a run stalled
                     when it stops changing
@@ -150,6 +152,28 @@ def write_progress(run_dir: Path, step: int, saving: bool = False, micro: int = 
     record = {"step": step, "micro": micro, "forwards": forwards, "time": time.time(), "saving": saving}
     tmp.write_text(json.dumps(record), encoding="utf-8")
     os.replace(tmp, run_dir / PROGRESS_FILE)
+
+
+STARTUP_FILE = "startup.json"  # rank 0's phases before its first step (backend/run_startup.py)
+
+
+class StartupPhases:
+    """Rank 0's phases before its first step, each with when it began, in startup.json (rewritten whole): loading
+    a 70B model can take many minutes, and a run that says only "step 0" all that while reads as hung. The
+    panel's progress line names the phase; "training" closes the list once the first step is done."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        self.path = run_dir / STARTUP_FILE if rank == 0 else None
+        self.phases: list[dict] = []
+
+    def enter(self, phase: str) -> None:
+        if self.path is None or (self.phases and self.phases[-1]["phase"] == "training"):
+            return
+        self.phases.append({"phase": phase, "at": time.time()})
+        tmp = self.path.with_name(f".{STARTUP_FILE}.tmp")
+        with contextlib.suppress(OSError):  # a full disk must not stop the run for this
+            tmp.write_text(json.dumps({"phases": self.phases}), encoding="utf-8")
+            os.replace(tmp, self.path)
 
 
 class StopRequest:
@@ -1524,6 +1548,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self._micro = 0  # micro-batches done by this process
             self._forwards, self._forwards_told = 0, 0.0  # forward passes, and when progress.json last said so
             self._step = 0
+            self.startup = StartupPhases(Path.cwd(), rank=-1)  # train() gives rank 0's; this one writes nothing
 
         def _progress(self, step: int, saving: bool = False) -> None:
             self._step = step
@@ -1560,6 +1585,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 metrics.write(record)
             if problems:
                 raise gate_error(problems)  # on every rank: the run stops before its first step
+            self.startup.enter("the first step")
             self._progress(state.global_step)
             self.watchdog.start(state.global_step)
 
@@ -1576,6 +1602,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
 
         def on_step_end(self, args, state, control, **kwargs):
             self._step_end = time.monotonic()  # evaluation, when due, runs after this
+            self.startup.enter("training")  # once: the list closes with it
             self._micro += 1
             self._progress(state.global_step)
             self.watchdog.beat(state.global_step)
@@ -1929,8 +1956,9 @@ def resume_checkpoint(args, job: dict) -> str | None:
     return found
 
 
-def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) -> str:
+def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, startup: StartupPhases) -> str:
     """Run the job; returns "finished" or "stopped"."""
+    startup.enter("importing the libraries")
     problems = input_problems(job, Path.cwd())  # a missing model or bad data rows: named before any library sees them
     if problems:
         raise JobError("\n".join(f"{field}: {message}" for field, message in problems))
@@ -1940,9 +1968,11 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
 
     config_class, trainer_base = objective_classes(job)
     expected["trainable_params"] = expected_trainable(job)  # before SFTConfig: see expected_trainable
-    args = config_class(**training_args)
+    startup.enter("joining the other processes")
+    args = config_class(**training_args)  # the process group forms here: every rank waits for the others
     # The process group exists: wrong counts or a missing engine stop here, before the model loads.
     check_processes(expected, str(PartialState().distributed_type.value))
+    startup.enter("loading the model")
     tokenizer = load_tokenizer(job)
     model = load_model(job, args)
     extra = {}
@@ -1952,14 +1982,18 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
         # revision; ZeRO-3 shards it as it loads); with adapters the base with the adapters off is the reference.
         # Scores computed before training need no copy (the model scores the rows before its first step), but
         # under FSDP the model is sharded only when training starts: a sharded copy scores them, then goes.
+        startup.enter("loading the reference model")
         extra["ref_model"] = load_model(job, args)
     if job.get("objective") == "grpo":
         # The rewards score the answers the model writes; a KL weight (beta > 0) makes TRL load the reference itself.
         extra["reward_funcs"] = reward_functions(job)
+    startup.enter("loading the data")
     train_set, eval_set, rows = load_datasets(job, args, tokenizer)
     recorder = make_callback(metrics, stop, job, terminal, expected)
+    recorder.startup = startup
     recorder.load_peaks = load_peaks()
     recorder.dataset_rows = rows
+    startup.enter("tokenizing the data" if job.get("objective") != "grpo" else "building the trainer")
     trainer = with_atomic_checkpoints(trainer_class(trainer_base))(
         **extra,
         model=model,
@@ -1976,6 +2010,7 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal) 
         extra.clear()
         trainer.ref_model = None
     recorder.trainer = trainer
+    startup.enter("preparing the model and optimizer")  # DeepSpeed or FSDP wraps it; DeepSpeed may compile ops
     trainer.train(resume_from_checkpoint=resume_checkpoint(args, job))
     if recorder.stopped_early:
         return "stopped"
@@ -2018,7 +2053,7 @@ def main(argv=None) -> int:
     try:
         job = read_yaml(job_path, "job spec")
         training_args = read_yaml(args_path, "training arguments")
-        status = train(job, training_args, metrics, stop, terminal)
+        status = train(job, training_args, metrics, stop, terminal, StartupPhases(run_dir, rank))
     except BaseException as exc:  # noqa: BLE001 - every failure must end the run's record
         if isinstance(exc, JobError):  # the user's input: the message says it all
             error, trace = str(exc), None

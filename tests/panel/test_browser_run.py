@@ -10,6 +10,7 @@ import pytest
 from runs.helpers import processes_working_in, run_processes, still_alive, wait_for
 
 from panel.browser import (
+    ARTIFACTS,
     HeldEvent,
     PanelServer,
     event_index,
@@ -70,6 +71,10 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
     wait_text(page, "#notice", "Started run")
     wait_text(page, "#run-state", "running", timeout=60_000)
     run_id = shown_run_id(page)
+    # Before its first step the bar says what the run does and for how long, not only "step 0".
+    starting = r"^step 0 · (importing the libraries|joining the other processes|loading the model) for \d+:\d\d"
+    wait_for(lambda: re.search(starting, text_of(page, "#run-progress")), 60, 0.1, "the phase before step 1")
+    page.screenshot(path=str(ARTIFACTS / "run-starting.png"))
 
     first = wait_for(lambda: loss_points(page) >= 2 and loss_points(page), 180, what="the first loss points")
     log_before = page.locator("#run-log textarea").input_value()

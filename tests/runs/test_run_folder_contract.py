@@ -17,7 +17,7 @@ from typing import get_args
 import pytest
 
 from tunedeck.app import charts
-from tunedeck.backend import run_folder, run_status, supervisor, train
+from tunedeck.backend import run_folder, run_startup, run_status, supervisor, train
 from tunedeck.backend.run_folder import (
     EndRecord,
     ErrorRecord,
@@ -236,6 +236,7 @@ def test_supervisor_names_the_files_of_the_contract():
         assert getattr(supervisor, name) == getattr(run_folder, name), name
     assert train.STOP_FILE == run_folder.STOP_FILE  # the ranks read the stop request too
     assert train.PROGRESS_FILE == supervisor.PROGRESS_FILE == run_folder.PROGRESS_FILE  # rank 0 writes, it reads
+    assert train.STARTUP_FILE == run_startup.STARTUP_FILE  # rank 0 writes its phases before step 1; the panel reads
     assert supervisor.STALL_GAP_FACTOR == train.STALL_GAP_FACTOR  # it marks a stall when the ranks see one
     assert supervisor.NOTIFY_ENV == train.NOTIFY_ENV  # it posts for a rank 0 killed before it could
     # "see logs/rank3.log" in a failure's headline

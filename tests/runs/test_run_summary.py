@@ -97,3 +97,40 @@ def test_a_smoke_verdict_names_the_strategy_the_run_got(tmp_path):
     assert verdict(read_records(tmp_path)).line == (
         "smoke test passed: 2 ranks on 1 machine · FSDP2 · 4,096 trainable parameters; loss 4.900 -> 4.800 over 2 steps"
     )
+
+
+def test_a_starting_run_says_what_it_does_before_its_first_step(tmp_path):
+    """train.py's StartupPhases writes startup.json; the progress line names the phase and its time, `runs show`
+    and the page's summary how long each phase took once training began."""
+    from tunedeck.backend import train
+    from tunedeck.backend.run_startup import breakdown, phase_now, read_phases
+
+    phases = train.StartupPhases(tmp_path, rank=0)
+    phases.enter("joining the other processes")
+    phases.enter("loading the model")
+    (_, joined), (_, loading) = read_phases(tmp_path)
+    now = loading + 42.5
+    line = summarize(RunRecords(), started_at=joined - 10, ended_at=None, now=now, phase=phase_now(tmp_path, now))
+    assert line.progress == "step 0 · loading the model for 0:42 · elapsed 0:52"
+    assert breakdown(read_phases(tmp_path)) is None  # not yet trained
+    phases.enter("the first step")
+    phases.enter("training")
+    phases.enter("training")  # every step's end says so: the list is closed
+    assert [p for p, _ in read_phases(tmp_path)] == ["joining the other processes", "loading the model",
+                                                      "the first step", "training"]  # fmt: skip
+    assert phase_now(tmp_path) is None
+    # How long each took, from the times the file holds.
+    times = [("joining the other processes", 1000.0), ("loading the model", 1003.0), ("the first step", 1045.0),
+             ("training", 1050.0)]  # fmt: skip
+    (tmp_path / train.STARTUP_FILE).write_text(json.dumps({"phases": [{"phase": p, "at": t} for p, t in times]}))
+    assert breakdown(read_phases(tmp_path)) == (
+        "0:50 (joining the other processes 0:03, loading the model 0:42, the first step 0:05)"
+    )
+    # Another rank writes nothing; a folder without the file, or with a broken one, has no phase.
+    train.StartupPhases(tmp_path / "other", rank=1).enter("loading the model")
+    assert read_phases(tmp_path / "other") == [] and phase_now(tmp_path / "other") is None
+    (tmp_path / train.STARTUP_FILE).write_text('{"phases": [{"phase": "x"}]}')
+    assert read_phases(tmp_path) == []
+    # Ended, or once a step is logged, the line is the steps' again.
+    ended = summarize(RunRecords(), started_at=990.0, ended_at=1000.0, phase="loading the model for 0:10")
+    assert ended.progress == "step 0 · elapsed 0:10"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tunedeck.backend import flops
+from tunedeck.backend.run_startup import read_phases
 from tunedeck.backend.runs import RunManager
 
 from .helpers import end_record, log_records, logs_tail, read_metrics, start_record
@@ -83,6 +84,17 @@ def test_tunedeck_train_demo_as_a_new_user_runs_it(tmp_path):
         text=True,
     )
     assert "state    finished (exit code 0)" in show.stdout and "2 ranks" in show.stdout
+    # Before step 1 the run said what it was doing, in order, and `runs show` says how long each part took.
+    said = [line.removesuffix(" ...") for line in result.stdout.splitlines() if line.endswith(" ...")]
+    before = ["importing the libraries", "joining the other processes", "loading the model", "loading the data",
+              "tokenizing the data", "preparing the model and optimizer", "the first step"]  # fmt: skip
+    assert said == before, result.stdout
+    phases = read_phases(run_dir)
+    assert [p for p, _ in phases] == [*before, "training"]
+    assert [t for _, t in phases] == sorted(t for _, t in phases)
+    assert phases[-1][1] <= log_records(run_dir)[0]["time"]  # training began before the first step was logged
+    startup = re.search(r"^startup  (\d+:\d\d) \((.*)\) before step 1$", show.stdout, re.M)
+    assert startup and [part.rsplit(" ", 1)[0] for part in startup.group(2).split(", ")] == before, show.stdout
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -1,0 +1,53 @@
+"""What a run does before its first step, from startup.json (train.py's StartupPhases, rank 0 only).
+
+Loading a 70B model, tokenizing a large dataset or DeepSpeed compiling its ops can take many minutes
+before step 1, and a run that shows "step 0" all that while reads as hung. train.py rewrites
+startup.json as rank 0 enters each phase ({"phases": [{"phase", "at"}]}, "at" in seconds since the
+epoch); the progress line names the phase it is in and for how long, and `tunedeck runs show` how long
+each took ("training" closes the list: the first step is done).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from itertools import pairwise
+from pathlib import Path
+
+from tunedeck.backend.run_summary import format_clock
+
+STARTUP_FILE = "startup.json"  # train.py's copy of the name: STARTUP_FILE
+TRAINING = "training"  # the phase after the first step: startup is over
+
+
+def read_phases(run_dir: Path | str) -> list[tuple[str, float]]:
+    """[(phase, began at)] in order; [] when the run wrote none (yet) or the file is not what train.py writes."""
+    try:
+        data = json.loads((Path(run_dir) / STARTUP_FILE).read_text(encoding="utf-8"))
+        phases = [(str(p["phase"]), float(p["at"])) for p in data["phases"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return phases
+
+
+def phase_now(run_dir: Path | str, now: float | None = None) -> str | None:
+    """The run's phase before its first step, for the progress line (None once training)."""
+    return current_phase(read_phases(run_dir), time.time() if now is None else now)
+
+
+def current_phase(phases: list[tuple[str, float]], now: float) -> str | None:
+    """'loading the model for 0:42' while the run starts; None once training (or with no phases)."""
+    if not phases or phases[-1][0] == TRAINING:
+        return None
+    phase, began = phases[-1]
+    return f"{phase} for {format_clock(max(0.0, now - began))}"
+
+
+def breakdown(phases: list[tuple[str, float]]) -> str | None:
+    """'0:42 (loading the model 0:12, loading the data 0:05, ...)': the time before step 1 and each phase's part;
+    None until training began."""
+    if len(phases) < 2 or phases[-1][0] != TRAINING:
+        return None
+    spans = [(phase, later - began) for (phase, began), (_, later) in pairwise(phases)]
+    total = phases[-1][1] - phases[0][1]
+    return f"{format_clock(total)} (" + ", ".join(f"{p} {format_clock(s)}" for p, s in spans) + ")"
