@@ -1993,7 +1993,10 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     recorder.startup = startup
     recorder.load_peaks = load_peaks()
     recorder.dataset_rows = rows
-    startup.enter("tokenizing the data" if job.get("objective") != "grpo" else "building the trainer")
+    # TRL's trainers tokenize in their constructor (GRPO's does not); DPO's and KTO's score every row with the
+    # reference there when the scores are computed before training.
+    scoring = ", then scoring every row with the reference" if precomputed else ""
+    startup.enter(("tokenizing the data" if job.get("objective") != "grpo" else "building the trainer") + scoring)
     trainer = with_atomic_checkpoints(trainer_class(trainer_base))(
         **extra,
         model=model,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tunedeck.backend import flops
+from tunedeck.backend.run_startup import read_phases
 from tunedeck.backend.spec import load_presets
 
 from .helpers import log_records, logs_tail, start_record
@@ -148,6 +149,11 @@ def test_preference_smoke_runs_on_each_engine_with_its_reference(path, tmp_path)
         assert start[key] == value, f"{preset} {objective}: {key} is {start[key]!r}, expected {value!r}"
     precomputed = PRECOMPUTE in changes
     assert start["flops_inputs"]["extra_forwards"] == flops.extra_forwards(objective, precomputed)
+    # Before step 1 the run said when it loaded a reference copy, and when it scored every row with one.
+    phases = [phase for phase, _ in read_phases(run_dir)]
+    copy = method == "full" and (not precomputed or "fsdp" in path)
+    assert ("loading the reference model" in phases) == copy, phases
+    assert ("tokenizing the data, then scoring every row with the reference" in phases) == precomputed, phases
     logs = log_records(run_dir)
     assert [r["step"] for r in logs] == [1, 2, 3]
     assert all("reward_margin" in r for r in logs)
