@@ -17,11 +17,14 @@ from pathlib import Path
 from tunedeck.backend.flops import gpu_row
 from tunedeck.backend.memory import estimate
 from tunedeck.backend.memory_job import EstimateError, Job, input_values
-from tunedeck.backend.run_folder import is_number, read_job, read_records
+from tunedeck.backend.run_folder import DamagedStatus, is_number, read_job, read_records, read_status_file
+from tunedeck.backend.run_startup import FIRST_STEP, read_phases
+from tunedeck.backend.run_summary import format_clock
 from tunedeck.backend.spec import SpecError, parse_spec
 from tunedeck.backend.speed import Hardware, predict, schedule_of
 
 RUNS_CALIBRATED = 5  # the last runs a correction is taken from
+LAUNCH_TO_FIRST_PHASE_S = 300  # Python, the launcher and train.py's own imports take well under this
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,9 @@ class RunComparison:
     measured_peak_gb: float | None  # highest torch.cuda.max_memory_allocated over the ranks
     predicted_peak_gb: float
     objective: str = "sft"
+    # From the launch to the first step (startup.json): what the estimate models as startup, load and reference scoring.
+    measured_to_step1_s: float | None = None
+    predicted_to_step1_s: float | None = None
 
     @property
     def throughput_ratio(self) -> float:
@@ -47,7 +53,18 @@ class RunComparison:
         if self.measured_peak_gb:
             error = (self.measured_peak_gb - self.predicted_peak_gb) / self.predicted_peak_gb
             text += f"; peak {self.measured_peak_gb:.1f} GB allocated vs {self.predicted_peak_gb:.1f} ({error:+.0%})"
+        if self.startup_error is not None:
+            text += (
+                f"; step 1 began {format_clock(self.measured_to_step1_s)} after the launch vs "
+                f"{format_clock(self.predicted_to_step1_s)} predicted ({self.startup_error:+.0%})"
+            )
         return text
+
+    @property
+    def startup_error(self) -> float | None:
+        if not self.measured_to_step1_s or not self.predicted_to_step1_s:
+            return None
+        return (self.measured_to_step1_s - self.predicted_to_step1_s) / self.predicted_to_step1_s
 
     def to_dict(self) -> dict:
         return {
@@ -61,7 +78,26 @@ class RunComparison:
                 "measured": self.measured_peak_gb,
                 "predicted": round(self.predicted_peak_gb, 2),
             },
+            "seconds_to_step_1": {
+                "measured": None if self.measured_to_step1_s is None else round(self.measured_to_step1_s, 1),
+                "predicted": None if self.predicted_to_step1_s is None else round(self.predicted_to_step1_s, 1),
+            },
         }
+
+
+def measured_to_step1(run_dir: Path) -> float | None:
+    """Seconds from the run's launch (status.json's started_at, else rank 0's first phase) to its first step."""
+    phases = dict(read_phases(run_dir))
+    if FIRST_STEP not in phases:
+        return None
+    try:
+        launched = read_status_file(run_dir).get("started_at")
+    except (OSError, DamagedStatus):
+        launched = None
+    first = min(phases.values())
+    # A launch long before rank 0's first phase was another process's (a requeued Slurm job, a resume): not this one.
+    began = launched if launched and first - LAUNCH_TO_FIRST_PHASE_S <= launched <= first else first
+    return phases[FIRST_STEP] - began
 
 
 def compare_run(run_dir: Path) -> RunComparison | None:
@@ -105,6 +141,8 @@ def _compare_files(run_dir: Path, stamps: tuple) -> RunComparison | None:
         measured_peak_gb=max(peaks) if peaks else None,
         predicted_peak_gb=memory.allocated_gb,
         objective=spec.objective,
+        measured_to_step1_s=measured_to_step1(run_dir),
+        predicted_to_step1_s=sum(speed.around_s.get(part, 0.0) for part in ("startup", "load", "reference")),
     )
 
 
@@ -125,12 +163,19 @@ class Calibration:
         ]
         return statistics.median(errors) if errors else None
 
+    @property
+    def startup_error(self) -> float | None:
+        errors = [r.startup_error for r in self.runs if r.startup_error is not None]
+        return statistics.median(errors) if errors else None
+
     def sentence(self) -> str:
         count = len(self.runs)
         runs = "your last run" if count == 1 else f"your last {count} runs"
         text = f"{runs} on {self.gpu} {'was' if count == 1 else 'were'} {self.factor - 1:+.0%} vs prediction in tokens/s per GPU"
         if self.memory_error is not None:
             text += f", {self.memory_error:+.0%} in peak memory"
+        if self.startup_error is not None:
+            text += f", {self.startup_error:+.0%} in the time to step 1"
         return text
 
     def to_dict(self) -> dict:
@@ -138,6 +183,7 @@ class Calibration:
             "gpu": self.gpu,
             "throughput_factor": round(self.factor, 3),
             "peak_memory_error": None if self.memory_error is None else round(self.memory_error, 3),
+            "time_to_step_1_error": None if self.startup_error is None else round(self.startup_error, 3),
             "sentence": self.sentence(),
             "runs": [r.to_dict() for r in self.runs],
         }

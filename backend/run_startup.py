@@ -17,6 +17,7 @@ from pathlib import Path
 from tunedeck.backend.run_summary import format_clock
 
 STARTUP_FILE = "startup.json"  # train.py's copy of the name: STARTUP_FILE
+FIRST_STEP = "the first step"  # entered when training begins: the time before it is what the estimate calls startup
 TRAINING = "training"  # the phase after the first step: startup is over
 
 

@@ -9,10 +9,21 @@ from pathlib import Path
 from tunedeck.backend.spec import spec_to_yaml
 
 
-def fake_gpu_run(runs_dir: Path, run_id: str, spec, tokens_per_s: float, peak_gb: float, world: int = 4) -> Path:
-    """A finished run folder as train.py writes it on a GPU: job.yaml and metrics.jsonl."""
+def fake_gpu_run(
+    runs_dir: Path, run_id: str, spec, tokens_per_s: float, peak_gb: float, world: int = 4, to_step1_s: float = 0.0
+) -> Path:
+    """A finished run folder as train.py writes it on a GPU: job.yaml and metrics.jsonl (and, with `to_step1_s`,
+    status.json's launch and startup.json's phases, the first step that many seconds after the launch)."""
     run_dir = runs_dir / run_id
     run_dir.mkdir(parents=True)
+    if to_step1_s:
+        launched = 1_700_000_000.0
+        (run_dir / "status.json").write_text(
+            json.dumps({"run_id": run_id, "state": "finished", "started_at": launched})
+        )
+        phases = [("importing the libraries", launched + 5), ("loading the model", launched + 20),
+                  ("the first step", launched + to_step1_s), ("training", launched + to_step1_s + 3)]  # fmt: skip
+        (run_dir / "startup.json").write_text(json.dumps({"phases": [{"phase": p, "at": t} for p, t in phases]}))
     (run_dir / "job.yaml").write_text(spec_to_yaml(spec))
     records = [{"event": "start", "world_size": world, "gpu_name": "NVIDIA A100-SXM4-80GB", "compute_dtype": "bf16"}]
     for step in range(1, 5):

@@ -155,6 +155,16 @@ def test_finished_runs_compare_with_their_prediction_and_calibrate_the_next(tmp_
     assert found.factor == pytest.approx(1.20) and len(found.runs) == 3
     assert found.sentence().startswith("your last 3 runs on A100-80GB were +20% vs prediction")
     assert calibration(runs, "H100") is None  # other GPUs' runs say nothing about this one
+    assert comparison.startup_error is None and "step 1" not in found.sentence()  # no startup.json: not compared
+
+    # Runs that say when their first step began compare the time to it with the modelled startup, load and scoring.
+    around = speed.predict(job, A100, speed.schedule_of(spec, None)).around_s
+    to_step1 = around["startup"] + around["load"]
+    fake_gpu_run(runs, "20260104-000000-dddddd", spec, predicted * 1.20, 20.0, to_step1_s=to_step1 * 1.5)
+    timed = compare_run(runs / "20260104-000000-dddddd")
+    assert timed.measured_to_step1_s == pytest.approx(to_step1 * 1.5) and timed.startup_error == pytest.approx(0.5)
+    assert re.search(r"; step 1 began \d+:\d\d after the launch vs \d+:\d\d predicted \(\+50%\)$", timed.line())
+    assert calibration(runs, "A100-80GB").sentence().endswith(", +50% in the time to step 1")
 
     plain = json.loads(estimate("7b-lora-ddp", "--json", "--cpu-mem", "512", "--runs-dir", str(runs)).stdout)
     fixed = json.loads(
@@ -165,7 +175,8 @@ def test_finished_runs_compare_with_their_prediction_and_calibrate_the_next(tmp_
     ratio = fixed["current"]["tokens_per_s_per_gpu"] / plain["current"]["tokens_per_s_per_gpu"]
     assert ratio == pytest.approx(1.2, rel=0.001)  # LoRA DDP is all compute: it speeds up by the whole factor
     text = estimate("7b-lora-ddp", "--cpu-mem", "512", "--runs-dir", str(runs)).stdout
-    assert "your last 3 runs on A100-80GB were +20% vs prediction" in text and "--calibrate applies it" in text
+    assert "your last 4 runs on A100-80GB were +20% vs prediction" in text and "--calibrate applies it" in text
+    assert "+50% in the time to step 1" in text
 
 
 def test_one_page_edit_scans_the_runs_folder_once_and_a_new_run_is_seen_after(tmp_path, monkeypatch):
