@@ -97,6 +97,7 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("dataset.packing", _SFT),  # DPO pads each pair (TRL's padding-free DPO needs flash attention)
     # KTO's KL estimate pairs each row with its neighbour in a fixed order (KTOConfig: sequential sampling)
     ("training.group_by_length", _SFT_NOT_PACKING),
+    ("training.neftune_noise_alpha", _SFT),
     ("preference.loss_type", _DPO),
     ("preference.*_weight", _KTO),
     ("preference.*", _PREFERENCE),

@@ -162,6 +162,12 @@ class LoraSpec(SpecSection):
     use_dora: bool = Field(
         False, title="DoRA", description="Weight-decomposed LoRA (DoRA): a little better, slower per step."
     )
+    use_rslora: bool = Field(
+        False,
+        title="rsLoRA",
+        description="Rank-stabilised LoRA: scale the update by lora_alpha / sqrt(r) instead of lora_alpha / r, so "
+        "high ranks keep learning (arXiv:2312.03732).",
+    )
 
     @field_validator("target_modules", mode="before")
     @classmethod

@@ -153,6 +153,14 @@ class TrainingSpec(SpecSection):
         title="torch.compile",
         description="Compile the model with torch.compile: faster steps after a compile of a few minutes at the start.",
     )
+    neftune_noise_alpha: float | None = SftField(
+        None,
+        gt=0,
+        le=100,
+        title="NEFTune noise",
+        description="Noise added to the input embeddings while training (NEFTune, arXiv:2310.05914), scaled by "
+        "alpha / sqrt(tokens x hidden size): 5 is the paper's usual value; empty for none. Supervised fine-tuning.",
+    )
     resume_from_checkpoint: bool = Field(
         False,
         title="Resume from checkpoint",

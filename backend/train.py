@@ -58,6 +58,7 @@ import faulthandler
 import functools
 import importlib.util
 import json
+import math
 import os
 import random
 import re
@@ -924,9 +925,27 @@ def describe_run(trainer, job: dict) -> dict:
         "trainable_params": trainable,
         "total_params": total,
         "frozen_dtypes": frozen_dtypes(trainer.model),
+        "lora_scaling": adapter_scaling(trainer.model),
+        # transformers hooks NEFTune onto the input embeddings (of the base, under PEFT) before training begins
+        "neftune_noise_alpha": getattr(unwrap_peft(trainer).get_input_embeddings(), "neftune_noise_alpha", None),
         "max_steps": trainer.state.max_steps,
         "resumed_from_step": trainer.state.global_step or None,
     }
+
+
+def adapter_scaling(model) -> float | None:
+    """The scale PEFT applies to the first LoRA layer's update (all layers share it); None without adapters."""
+    for module in model.modules():
+        scaling = getattr(module, "scaling", None)
+        if isinstance(scaling, dict) and scaling:
+            return float(next(iter(scaling.values())))
+    return None
+
+
+def unwrap_peft(trainer):
+    """The transformers model inside the trainer's (a PeftModel's base model, as NEFTune's hook finds it)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return model.base_model.model if hasattr(model, "peft_config") else model
 
 
 def environment_names(job: dict) -> list[str]:
@@ -1282,7 +1301,20 @@ def expected_run(job: dict) -> dict:
         "fsdp_version": int(strategy.get("fsdp_version", 2)) if engine == "fsdp" else None,
         "bits": (job.get("quantization") or {}).get("bits"),
         "trainable_params": None,  # train() adds expected_trainable(job)
+        "lora_scaling": lora_scaling(job),
+        "neftune_noise_alpha": (job.get("training") or {}).get("neftune_noise_alpha")
+        if job.get("objective", "sft") == "sft"
+        else None,
     }
+
+
+def lora_scaling(job: dict) -> float | None:
+    """What PEFT multiplies the adapters' update by: lora_alpha / r, or / sqrt(r) with rsLoRA; None without adapters."""
+    if job.get("method", "lora") not in ("lora", "qlora"):
+        return None
+    lora = job.get("lora") or {}
+    r, alpha = int(lora.get("r", 8)), float(lora.get("lora_alpha", 8))
+    return alpha / math.sqrt(r) if lora.get("use_rslora") else alpha / r
 
 
 def expected_trainable(job: dict) -> int | None:
@@ -1403,6 +1435,12 @@ def _model_problems(expected: dict, facts: dict) -> list[str]:
     if expected["trainable_params"] is not None and expected["trainable_params"] != facts["trainable_params"]:
         asked, got = expected["trainable_params"], facts["trainable_params"]
         problems.append(f"asked {asked:,} trainable parameters (PEFT's count for the job), got {got:,}")
+    asked_scale, got_scale = expected.get("lora_scaling"), facts.get("lora_scaling")
+    if asked_scale is not None and got_scale is not None and not math.isclose(asked_scale, got_scale, rel_tol=1e-6):
+        problems.append(f"asked adapters scaled by {asked_scale:.4g} (lora.lora_alpha, lora.r, lora.use_rslora), "
+                        f"got {got_scale:.4g}")  # fmt: skip
+    if expected.get("neftune_noise_alpha") != facts.get("neftune_noise_alpha", expected.get("neftune_noise_alpha")):
+        problems.append(f"asked NEFTune noise {expected['neftune_noise_alpha']}, got {facts['neftune_noise_alpha']}")
     return problems
 
 

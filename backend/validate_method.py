@@ -87,12 +87,16 @@ def lora(spec: JobSpec) -> Iterator[Problem]:
         yield warning(
             "lora.r", f"rank {lora.r} is unusually large (8-64 is typical); it costs memory with little gain."
         )
-    ratio = lora.lora_alpha / lora.r
-    if not 0.25 <= ratio <= 8:
+    if lora.use_rslora:  # the update is scaled by lora_alpha / sqrt(r)
+        scale, usual = lora.lora_alpha / lora.r**0.5, ("lora_alpha/sqrt(r)", "2 x sqrt(r)", round(2 * lora.r**0.5))
+    else:
+        scale, usual = lora.lora_alpha / lora.r, ("lora_alpha/r", "2 x r", 2 * lora.r)
+    if not 0.25 <= scale <= 8:
         yield warning(
             "lora.lora_alpha",
-            f"lora_alpha/r = {ratio:g} scales the update oddly; the usual choice is lora_alpha = 2 x r = {2 * lora.r}.",
-            {"lora.lora_alpha": min(2 * lora.r, 4096)},
+            f"{usual[0]} = {scale:.3g} scales the update oddly; the usual choice is lora_alpha = {usual[1]} = "
+            f"{usual[2]}.",
+            {"lora.lora_alpha": max(1, min(usual[2], 4096))},
         )
     arch = catalog.lookup(spec.model.name_or_path)
     if arch is not None and isinstance(lora.target_modules, list) and lora.target_modules:
@@ -250,6 +254,14 @@ def precomputed_reference(spec: JobSpec) -> Iterator[Problem]:
 
 def training(spec: JobSpec) -> Iterator[Problem]:
     t, d = spec.training, spec.dataset
+    if t.neftune_noise_alpha and d.packing and spec.objective == "sft":
+        # transformers' hook scales the noise by the length of the row it sees: a packed row of many examples
+        # (or, padding-free, the whole micro-batch) gets less noise a token than each example would alone.
+        yield warning(
+            "training.neftune_noise_alpha",
+            "NEFTune scales its noise by the length of the row it sees, and packed rows hold several examples, so "
+            "each gets less noise than alone: raise the value, or set dataset.packing=false for the paper's scale.",
+        )
     if t.per_device_train_batch_size >= 8 and t.gradient_accumulation_steps == 1 and not spec.launch.use_cpu:
         yield warning(
             "training.per_device_train_batch_size",

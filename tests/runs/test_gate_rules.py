@@ -31,8 +31,13 @@ def expected(preset: str = "70b-qlora-zero3", *overrides: str, trainable: int | 
 def test_what_each_preset_expects():
     assert train.expected_run(job("70b-qlora-zero3")) == {
         "world_size": 8, "machines": 1, "engine": "deepspeed", "zero_stage": 3, "sequence_parallel": 1,
-        "fsdp_version": None, "bits": 4, "trainable_params": None,
+        "fsdp_version": None, "bits": 4, "trainable_params": None, "lora_scaling": 2.0, "neftune_noise_alpha": None,
     }  # fmt: skip
+    rslora = train.expected_run(job("70b-qlora-zero3", "lora.use_rslora=true"))["lora_scaling"]
+    assert rslora == pytest.approx(32 / 16**0.5)  # lora_alpha / sqrt(r)
+    assert train.expected_run(job("7b-full-zero2"))["lora_scaling"] is None
+    assert train.expected_run(job("demo", "training.neftune_noise_alpha=5"))["neftune_noise_alpha"] == 5
+    assert train.expected_run(job("demo-dpo", "training.neftune_noise_alpha=5"))["neftune_noise_alpha"] is None
     assert train.expected_run(job("13b-lora-fsdp"))["engine"] == "fsdp"
     assert train.expected_run(job("13b-lora-fsdp"))["fsdp_version"] == 2
     assert train.expected_run(job("7b-lora-ddp"))["engine"] == "ddp"
@@ -75,6 +80,8 @@ def test_a_run_that_got_what_it_asked_passes():
         ),
         ({"quantized_modules": {}}, [], "asked a 4-bit base (quantization.bits=4), got no Linear4bit module"),
         ({"trainable_params": 65536}, [], "asked 32,768 trainable parameters (PEFT's count for the job), got 65,536"),
+        ({"lora_scaling": 2.0}, ["lora.use_rslora=true"], "asked adapters scaled by 8 (lora.lora_alpha, lora.r, "),
+        ({"neftune_noise_alpha": None}, ["training.neftune_noise_alpha=5"], "asked NEFTune noise 5.0, got None"),
     ],
 )
 def test_each_difference_is_named(changes, overrides, message):

@@ -141,6 +141,20 @@ def test_qlora_4bit(processes, runs_dir, demo_spec):
     assert 0 < start["trainable_params"] < start["total_params"]
 
 
+def test_neftune_noise_and_rslora_reach_the_model(runs_dir, demo_spec):
+    """NEFTune's hook sits on the input embeddings with the asked alpha, and PEFT scales the adapters by
+    lora_alpha / sqrt(r): the start record reads both off the live model, and the gate compares them with the job."""
+    spec = demo_spec({"training.neftune_noise_alpha": 5.0, "lora.use_rslora": True, "training.max_steps": 6})
+    manager, run_id, status = run_to_end(runs_dir, spec)
+    assert_finished(manager, run_id, status)
+    start = start_record(manager.run_dir(run_id))
+    assert start["gate"]["passed"] and start["neftune_noise_alpha"] == 5.0
+    assert start["lora_scaling"] == pytest.approx(spec.lora.lora_alpha / spec.lora.r**0.5)
+    assert spec.lora.lora_alpha / spec.lora.r != pytest.approx(start["lora_scaling"])  # plain LoRA's would differ
+    losses = [r["loss"] for r in log_records(manager.run_dir(run_id))]
+    assert losses[-1] < losses[0], losses
+
+
 def test_messages_dataset_with_evaluation(runs_dir, demo_spec, demo_home):
     spec = demo_spec(
         {
