@@ -14,9 +14,12 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
+from tunedeck.backend.run_folder import read_job
 from tunedeck.backend.run_summary import format_clock
 
 STARTUP_FILE = "startup.json"  # train.py's copy of the name: STARTUP_FILE
+JOINING = "joining the other processes"  # the process group forms: every rank waits for the others
+JOIN_HINT_AFTER_S = 120  # joining takes seconds when every rank is up: longer, the line says what to check
 FIRST_STEP = "the first step"  # entered when training begins: the time before it is what the estimate calls startup
 TRAINING = "training"  # the phase after the first step: startup is over
 
@@ -33,7 +36,12 @@ def read_phases(run_dir: Path | str) -> list[tuple[str, float]]:
 
 def phase_now(run_dir: Path | str, now: float | None = None) -> str | None:
     """The run's phase before its first step, for the progress line (None once training)."""
-    return current_phase(read_phases(run_dir), time.time() if now is None else now)
+    now = time.time() if now is None else now
+    phases = read_phases(run_dir)
+    text = current_phase(phases, now)
+    if text and phases[-1][0] == JOINING and now - phases[-1][1] > JOIN_HINT_AFTER_S:
+        text += f" ({join_hint(read_job(Path(run_dir)))})"
+    return text
 
 
 def current_phase(phases: list[tuple[str, float]], now: float) -> str | None:
@@ -42,6 +50,19 @@ def current_phase(phases: list[tuple[str, float]], now: float) -> str | None:
         return None
     phase, began = phases[-1]
     return f"{phase} for {format_clock(max(0.0, now - began))}"
+
+
+def join_hint(job: dict) -> str:
+    """What keeps the process group from forming, for a run whose ranks have waited long: a machine not started
+    (by hand), or one that cannot reach machine 0's port."""
+    launch = job.get("launch") or {}
+    machines, port = int(launch.get("num_machines") or 1), launch.get("main_process_port", 29500)
+    if machines == 1:
+        return "a process has not joined: its log under logs/ says why"
+    if launch.get("backend") == "slurm":
+        return f"the {machines} nodes must reach the first one on port {port} (launch.main_process_port)"
+    where = f"{launch.get('main_process_ip') or 'machine 0'}:{port}"
+    return f"each of the {machines} machines must run launch.sh with its own MACHINE_RANK and reach {where}"
 
 
 def breakdown(phases: list[tuple[str, float]]) -> str | None:

@@ -134,3 +134,22 @@ def test_a_starting_run_says_what_it_does_before_its_first_step(tmp_path):
     # Ended, or once a step is logged, the line is the steps' again.
     ended = summarize(RunRecords(), started_at=990.0, ended_at=1000.0, phase="loading the model for 0:10")
     assert ended.progress == "step 0 · elapsed 0:10"
+
+
+def test_a_run_joining_for_long_says_what_to_check(tmp_path):
+    from tunedeck.backend import train
+    from tunedeck.backend.run_startup import phase_now, read_phases
+    from tunedeck.backend.spec import resolve_spec, spec_to_yaml
+
+    spec = resolve_spec("7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8",
+                                        "launch.main_process_ip=10.0.0.1", "launch.main_process_port=29501"])  # fmt: skip
+    (tmp_path / "job.yaml").write_text(spec_to_yaml(spec))
+    train.StartupPhases(tmp_path, rank=0).enter("joining the other processes")
+    ((_, began),) = read_phases(tmp_path)
+    assert phase_now(tmp_path, began + 30) == "joining the other processes for 0:30"  # seconds: nothing to say yet
+    assert phase_now(tmp_path, began + 300) == (
+        "joining the other processes for 5:00 (each of the 2 machines must run launch.sh with its own MACHINE_RANK "
+        "and reach 10.0.0.1:29501)"
+    )
+    (tmp_path / "job.yaml").write_text(spec_to_yaml(resolve_spec("demo")))
+    assert phase_now(tmp_path, began + 300).endswith("(a process has not joined: its log under logs/ says why)")
