@@ -11,7 +11,7 @@ from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_pr
 from tunedeck.backend.cli_follow import follow
 from tunedeck.backend.run_folder import ACTIVE_STATES, LOGS_DIR, read_records
 from tunedeck.backend.run_notes import read_notes
-from tunedeck.backend.run_startup import breakdown, read_phases
+from tunedeck.backend.run_startup import breakdown, phase_now, read_phases
 from tunedeck.backend.run_summary import RunSummary, format_clock, report, summarize
 from tunedeck.backend.untrusted import shown
 
@@ -192,6 +192,12 @@ def _summary(manager, status) -> RunSummary | None:
     return summarize(run, status.started_at, status.ended_at) if run.records else None
 
 
+def _starting(manager, status) -> str:
+    """The STEP column of a run before its first log record: what a live run is doing ("0 · loading the model")."""
+    phase = phase_now(manager.run_dir(status.run_id)) if status.state in ACTIVE_STATES else None
+    return f"0 · {phase.split(' for ')[0]}" if phase else "-"
+
+
 def cmd_runs_list(args: argparse.Namespace) -> int:
     manager = _manager(args)
     runs = manager.list_runs()
@@ -207,7 +213,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
                 shown(read_notes(manager.run_dir(run.run_id)).name, limit=30) or "-",
                 f"{run.state} (stalled)" if run.stalled else run.state,
                 f"slurm:{run.slurm.get('job_id')}" if run.slurm else "local",
-                summary.steps if summary else "-",
+                summary.steps if summary else _starting(manager, run),
                 (summary.measure if summary else "") or "-",  # a GRPO run's: its last reward
                 time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at)) if run.started_at else "-",
                 run.title,

@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+from tunedeck.backend.run_startup import breakdown, read_phases
+
 
 def main(runs_dir: str) -> int:
     runs = sorted(Path(runs_dir).glob("*/metrics.jsonl"))
@@ -25,6 +27,7 @@ def main(runs_dir: str) -> int:
             print(
                 f"  reward {logs[0]['reward']:.3f} -> {logs[-1]['reward']:.3f}; rewards at the end: {logs[-1]['rewards']}"
             )
+    print(f"  before step 1: {breakdown(read_phases(runs[-1].parent))}")  # the model's load on this GPU machine
     saved = any(runs[-1].parent.glob("output/adapter_model.safetensors")) or any(
         runs[-1].parent.glob("output/model*.safetensors")  # a full fine-tune saves the whole model
     )

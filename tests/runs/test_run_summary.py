@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 
 from tunedeck.app.run_watch import RunWatch
@@ -153,3 +154,20 @@ def test_a_run_joining_for_long_says_what_to_check(tmp_path):
     )
     (tmp_path / "job.yaml").write_text(spec_to_yaml(resolve_spec("demo")))
     assert phase_now(tmp_path, began + 300).endswith("(a process has not joined: its log under logs/ says why)")
+
+
+def test_runs_lists_what_a_starting_run_does(tmp_path):
+    import subprocess
+
+    from tunedeck.backend import train
+
+    holder = subprocess.Popen(["sleep", "120"])  # a live process standing in for the run's supervisor
+    try:
+        folder = fake_run(tmp_path, RUN_ID, "running", holder)
+        phases = train.StartupPhases(folder, rank=0)
+        phases.enter("importing the libraries")
+        phases.enter("loading the model")
+        listing = tunedeck("runs", "--runs-dir", tmp_path).stdout
+        assert re.search(rf"^{RUN_ID}\s+-\s+running\s+local\s+0 · loading the model\s", listing, re.M), listing
+    finally:
+        holder.kill()
