@@ -109,6 +109,8 @@ class StartRecord(TypedDict, total=False):
     trainable_params: int
     total_params: int
     frozen_dtypes: dict[str, int]
+    lora_scaling: float | None  # what PEFT multiplies the adapters' update by (None: no adapters)
+    neftune_noise_alpha: float | None  # NEFTune's alpha on the live input embeddings (None: off)
     max_steps: int
     resumed_from_step: int | None
     load_gpu_peak_allocated_gb: list[float] | None  # per rank, right after loading
