@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from tunedeck.app.run_state_line import progress_bar
 from tunedeck.app.run_watch import RunWatches
-from tunedeck.backend.run_startup import phase_now
+from tunedeck.backend.run_startup import live_phase
 from tunedeck.backend.run_summary import summarize
 from tunedeck.backend.runs import RunError, RunManager
 
@@ -41,7 +41,9 @@ def run_progress(manager: RunManager, watches: RunWatches, run_id: str) -> dict:
     status = manager.status(run_id)
     watch = watches.get(manager.run_dir(run_id))
     watch.refresh()
-    summary = summarize(watch, status.started_at, status.ended_at, phase=phase_now(watch.run_dir))
+    summary = summarize(
+        watch, status.started_at, status.ended_at, phase=live_phase(watch.run_dir, watch, status.ended_at)
+    )
     return {"run": run_id, **progress_bar(summary.fraction, summary.progress, status.state)}
 
 

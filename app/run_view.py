@@ -26,7 +26,7 @@ from tunedeck.app.section import Page, Section
 from tunedeck.backend.run_answers import answers_markdown, latest_answers
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.run_notes import NAME_MAX_CHARS, NotesError, write_notes
-from tunedeck.backend.run_startup import breakdown, phase_now, read_phases
+from tunedeck.backend.run_startup import breakdown, live_phase, read_phases
 from tunedeck.backend.run_status import DAMAGED
 from tunedeck.backend.run_summary import measured_peaks, report, summarize
 from tunedeck.backend.runs import RunError, RunManager
@@ -212,7 +212,13 @@ class RunView(Section):
         facts = self.index.facts(status)
         # What the state line, progress and summary say (the Slurm `where`: queue state and reason, then nodes).
         sig = (run_id, watch.records_version, status.state, status.error, facts.notes, facts.checkpoint, status.where)
-        summary = summarize(watch, status.started_at, status.ended_at, job=facts.job, phase=phase_now(watch.run_dir))
+        summary = summarize(
+            watch,
+            status.started_at,
+            status.ended_at,
+            job=facts.job,
+            phase=live_phase(watch.run_dir, watch, status.ended_at),
+        )
         new_run = force or shown.shown_run != run_id
         details_due = new_run or shown.sig != sig
         # Charts and log only when their own data grew (a progress bar rewrites the log far more often than a step

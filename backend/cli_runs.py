@@ -11,7 +11,7 @@ from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_pr
 from tunedeck.backend.cli_follow import follow
 from tunedeck.backend.run_folder import ACTIVE_STATES, LOGS_DIR, read_records
 from tunedeck.backend.run_notes import read_notes
-from tunedeck.backend.run_startup import breakdown, phase_now, read_phases
+from tunedeck.backend.run_startup import breakdown, read_phases, starting_phase
 from tunedeck.backend.run_summary import RunSummary, format_clock, report, summarize
 from tunedeck.backend.untrusted import shown
 
@@ -194,8 +194,8 @@ def _summary(manager, status) -> RunSummary | None:
 
 def _starting(manager, status) -> str:
     """The STEP column of a run before its first log record: what a live run is doing ("0 · loading the model")."""
-    phase = phase_now(manager.run_dir(status.run_id)) if status.state in ACTIVE_STATES else None
-    return f"0 · {phase.split(' for ')[0]}" if phase else "-"
+    phase = starting_phase(read_phases(manager.run_dir(status.run_id))) if status.state in ACTIVE_STATES else None
+    return f"0 · {phase}" if phase else "-"
 
 
 def cmd_runs_list(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
-from tunedeck.backend.run_folder import read_job
+from tunedeck.backend.run_folder import RunRecords, read_job
 from tunedeck.backend.run_summary import format_clock
 
 STARTUP_FILE = "startup.json"  # train.py's copy of the name: STARTUP_FILE
@@ -44,12 +44,21 @@ def phase_now(run_dir: Path | str, now: float | None = None) -> str | None:
     return text
 
 
+def live_phase(run_dir: Path | str, run: RunRecords, ended_at: float | None) -> str | None:
+    """phase_now for a run that has neither logged a step nor ended; None, without reading the file, otherwise
+    (the panel asks every half second while a page follows the run)."""
+    return phase_now(run_dir) if ended_at is None and not run.records else None
+
+
+def starting_phase(phases: list[tuple[str, float]]) -> str | None:
+    """The phase the run is in before its first step; None once training (or with no phases)."""
+    return phases[-1][0] if phases and phases[-1][0] != TRAINING else None
+
+
 def current_phase(phases: list[tuple[str, float]], now: float) -> str | None:
     """'loading the model for 0:42' while the run starts; None once training (or with no phases)."""
-    if not phases or phases[-1][0] == TRAINING:
-        return None
-    phase, began = phases[-1]
-    return f"{phase} for {format_clock(max(0.0, now - began))}"
+    phase = starting_phase(phases)
+    return None if phase is None else f"{phase} for {format_clock(max(0.0, now - phases[-1][1]))}"
 
 
 def join_hint(job: dict) -> str:

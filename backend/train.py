@@ -1439,7 +1439,7 @@ def _model_problems(expected: dict, facts: dict) -> list[str]:
     if asked_scale is not None and got_scale is not None and not math.isclose(asked_scale, got_scale, rel_tol=1e-6):
         problems.append(f"asked adapters scaled by {asked_scale:.4g} (lora.lora_alpha, lora.r, lora.use_rslora), "
                         f"got {got_scale:.4g}")  # fmt: skip
-    if expected.get("neftune_noise_alpha") != facts.get("neftune_noise_alpha", expected.get("neftune_noise_alpha")):
+    if "neftune_noise_alpha" in facts and facts["neftune_noise_alpha"] != expected.get("neftune_noise_alpha"):
         problems.append(f"asked NEFTune noise {expected['neftune_noise_alpha']}, got {facts['neftune_noise_alpha']}")
     return problems
 
