@@ -115,9 +115,32 @@ def redirect_output(run_dir: Path, rank: int):
     faulthandler.enable()  # a crash in C code still leaves a Python stack in the log
     # Where is a stuck rank? `kill -USR1 PID` (or tunedeck, when the run stalls) writes every thread's stack here.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    show_each_warning_once()
     if terminal:
         print(f"rank 0 logs to {logs / 'rank0.log'}, metrics to {run_dir / 'metrics.jsonl'}", file=terminal)
     return terminal
+
+
+def show_each_warning_once() -> None:
+    """Print each distinct warning once per process, however often the libraries raise it.
+
+    Python's own once-per-place rule forgets what it showed whenever any code enters
+    warnings.catch_warnings, which the stack does every step: under ZeRO-3 DeepSpeed's calls of
+    collectives torch deprecated printed one FutureWarning per step and per rank, half the lines of a
+    rank log. warnings.showwarning is the documented hook for how warnings are shown.
+    """
+    import warnings
+
+    shown: set[tuple] = set()
+    show = warnings.showwarning
+
+    def show_once(message, category, filename, lineno, file=None, line=None):
+        key = (str(message), category, filename, lineno)
+        if key not in shown:
+            shown.add(key)
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show_once
 
 
 class JsonlWriter:
@@ -2199,16 +2222,31 @@ def last_record(path: Path, wanted, tail_bytes: int = 65536) -> dict | None:
 
 
 def _close_process_group(clean: bool) -> None:
-    # Without the barrier, ranks tearing down at different moments occasionally abort at exit.
+    """End every process group now, while the interpreter is whole.
+
+    Without the barrier, ranks tearing down at different moments occasionally abort at exit. A group
+    that outlives this call is destroyed in the interpreter's teardown, where a gloo thread calling
+    into Python can abort the process after the run has finished (the likely cause of "terminate called
+    without an active exception" after a finished Ulysses run, seen once in CI). DeepSpeed keeps its own references to the groups it
+    made (Ulysses' sequence groups among them): its destroy_process_group releases them, torch's does
+    not; gc.collect() then frees the trainer's cycles that still hold a group.
+    """
+    import gc
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         try:
             if clean:
                 dist.barrier()
-            dist.destroy_process_group()
+            deepspeed_comm = sys.modules.get("deepspeed.comm")
+            if deepspeed_comm is not None and deepspeed_comm.is_initialized():
+                deepspeed_comm.destroy_process_group()
+            else:
+                dist.destroy_process_group()
         except Exception as exc:  # noqa: BLE001 - the end is recorded: a peer gone first must not fail this rank
             print(f"warning: closing the process group: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    gc.collect()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,19 @@ def end_record(run_dir: Path) -> dict:
     records = [r for r in read_metrics(run_dir) if r["event"] == "end"]
     assert len(records) == 1, f"expected one end record, got {records}\n{logs_tail(run_dir)}"
     return records[0]
+
+
+def repeated_warnings(run_dir: Path) -> dict[str, int]:
+    """Each Python warning a rank log shows more than once ("file.py:N: FutureWarning: text"), with its count."""
+    counts: dict[str, int] = {}
+    for log in sorted((Path(run_dir) / "logs").glob("rank*.log")):
+        for match in WARNING_LINE.finditer(log.read_text(errors="replace")):
+            key = f"{log.name}: {match.group(0)}"
+            counts[key] = counts.get(key, 0) + 1
+    return {warning: count for warning, count in counts.items() if count > 1}
+
+
+WARNING_LINE = re.compile(r"[^\s|\]]+\.py:\d+: \w*Warning: .*")
 
 
 def logs_tail(run_dir: Path, lines: int = 30) -> str:

@@ -17,7 +17,7 @@ from tunedeck.backend import flops
 from tunedeck.backend.run_startup import read_phases
 from tunedeck.backend.spec import load_presets
 
-from .helpers import log_records, logs_tail, start_record
+from .helpers import log_records, logs_tail, repeated_warnings, start_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -67,6 +67,7 @@ def smoke(preset: str, tmp_path: Path, *assignments: str) -> tuple[subprocess.Co
     )
     (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
     assert result.returncode == 0, result.stdout + result.stderr + logs_tail(run_dir)
+    assert repeated_warnings(run_dir) == {}, "a rank log repeats a library's warning: it buries the log's lines"
     return result, run_dir
 
 
