@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
 
-from tunedeck.backend.run_folder import ACTIVE_STATES, LogRecord, MetricsReader, RunRecords
-from tunedeck.backend.run_startup import TRAINING, read_phases
+from tunedeck.backend.run_folder import ACTIVE_STATES, LogRecord, MetricsReader, RunRecords, read_job
+from tunedeck.backend.run_startup import TRAINING, behind_now, read_phases
 from tunedeck.backend.run_summary import RunSummary, facts_line, summarize
 
 
@@ -32,6 +33,7 @@ def _follow_counting(manager, run_id: str, presses: list[int], also_stop: tuple[
     stopping = False
     where = ""
     told = 0  # startup phases printed
+    behind = ""  # the ranks last said to be behind rank 0, without their times
     while True:
         if presses and not stopping:
             stopping = True
@@ -53,6 +55,8 @@ def _follow_counting(manager, run_id: str, presses: list[int], also_stop: tuple[
             bar.close()
             print(f"{status.state}: {where}", flush=True)
         told = _print_new_phases(manager.run_dir(run_id), told, bar)
+        if not run.records:
+            behind = _print_ranks_behind(manager.run_dir(run_id), behind, bar)
         for record in reader.read_new():
             run.add([record])
             if record["event"] == "start":
@@ -75,6 +79,18 @@ def _print_new_phases(run_dir, told: int, bar) -> int:
             bar.close()
             print(f"{phase} ...", flush=True)
     return len(phases)
+
+
+def _print_ranks_behind(run_dir, said: str, bar) -> str:
+    """Print the ranks rank 0 waits for ("  waiting: rank 3 on gpu-b still loading the model for 2:10") when
+    they change, not as their times grow; returns what was said, without the times."""
+    phases = read_phases(run_dir)
+    behind = behind_now(run_dir, phases, read_job(run_dir), time.time()) if phases else None
+    key = re.sub(r" for \d+:\d\d", "", behind or "")
+    if behind and key != said:
+        bar.close()
+        print(f"  waiting: {behind}", flush=True)
+    return key
 
 
 def _where_changed(shown: str, status) -> bool:

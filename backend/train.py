@@ -25,8 +25,9 @@ both YAML files are taken from there):
                     defined), one {"event": "log"} per logging step (with mfu and hfu when the peak
                     is known), and
                     {"event": "end"} with the status (finished | stopped | failed)
-  startup.json      rank 0 only: {"phases": [{"phase", "at"}]}: each phase before its first step
-                    (loading the model, tokenizing the data, ...) as it begins, "training" last
+  startup.json      rank 0: {"host", "phases": [{"phase", "at"}]}: each phase before its first step
+                    (loading the model, tokenizing the data, ...) as it begins, "training" last; every
+                    other rank writes its own to logs/rank<N>.startup.json
   progress.json     rank 0 only: {"step", "micro", "time", "saving"}: its last finished step and
                     micro-batch, rewritten as each ends: tunedeck's supervisor calls a run stalled
                     when it stops changing
@@ -64,6 +65,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -78,7 +80,7 @@ DATA_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parque
 NOTIFY_ENV = "TUNEDECK_NOTIFY_URL"
 NOTIFY_TIMEOUT_S = 10
 # Fault injection for testing the failure path: TUNEDECK_FAULT="rank=1,step=2" makes rank 1
-# raise at the end of step 2. Unset in normal use.
+# raise at the end of step 2; "rank=1,seconds=20,phase=loading the model" makes it a slow node. Unset in normal use.
 FAULT_ENV = "TUNEDECK_FAULT"
 
 
@@ -179,25 +181,35 @@ def write_progress(run_dir: Path, step: int, saving: bool = False, micro: int = 
 
 
 STARTUP_FILE = "startup.json"  # rank 0's phases before its first step (backend/run_startup.py)
+RANK_STARTUP_FILE = "rank{rank}.startup.json"  # under logs/: every other rank's
 
 
 class StartupPhases:
-    """Rank 0's phases before its first step, each with when it began, in startup.json (rewritten whole): loading
-    a 70B model can take many minutes, and a run that says only "step 0" all that while reads as hung. The
-    panel's progress line names the phase; "training" closes the list once the first step is done."""
+    """This rank's phases before its first step, each with when it began, rewritten whole as it enters each: rank
+    0's in startup.json, the others' in logs/rank<N>.startup.json with their host. Loading a 70B model can take many
+    minutes, and a run that says only "step 0" all that while reads as hung; the panel's progress line names rank
+    0's phase, and the rank behind it when rank 0 waits. "training" closes the list once the first step is done.
+    A rank below 0 writes nothing."""
 
     def __init__(self, run_dir: Path, rank: int):
-        self.path = run_dir / STARTUP_FILE if rank == 0 else None
+        self.path = None
+        if rank == 0:
+            self.path = run_dir / STARTUP_FILE
+        elif rank > 0:
+            self.path = run_dir / "logs" / RANK_STARTUP_FILE.format(rank=rank)
         self.phases: list[dict] = []
+        self._slow = _parse_slow_phase(os.environ.get(FAULT_ENV), rank)
 
     def enter(self, phase: str) -> None:
         if self.path is None or (self.phases and self.phases[-1]["phase"] == "training"):
             return
         self.phases.append({"phase": phase, "at": time.time()})
-        tmp = self.path.with_name(f".{STARTUP_FILE}.tmp")
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
         with contextlib.suppress(OSError):  # a full disk must not stop the run for this
-            tmp.write_text(json.dumps({"phases": self.phases}), encoding="utf-8")
+            tmp.write_text(json.dumps({"host": socket.gethostname(), "phases": self.phases}), encoding="utf-8")
             os.replace(tmp, self.path)
+        if self._slow and self._slow[0] == phase:
+            time.sleep(self._slow[1])  # fault injection: a slow node (see _parse_slow_phase)
 
 
 class StopRequest:
@@ -1758,10 +1770,25 @@ def _any_rank(flag: bool, device) -> bool:
 
 
 def _parse_fault(text: str | None) -> tuple[int, int] | None:
-    if not text:
+    parts = _fault_parts(text)
+    return (int(parts["rank"]), int(parts["step"])) if "step" in parts else None
+
+
+def _parse_slow_phase(text: str | None, rank: int) -> tuple[str, float] | None:
+    """(phase, seconds) when TUNEDECK_FAULT="rank=1,seconds=20,phase=loading the model" names this rank: it stays
+    that much longer in that phase, as a slow node would (the phase last: the rest of the text is its name)."""
+    parts = _fault_parts(text)
+    if "phase" not in parts or int(parts["rank"]) != rank:
         return None
-    parts = dict(item.split("=", 1) for item in text.split(","))
-    return int(parts["rank"]), int(parts["step"])
+    return parts["phase"], float(parts["seconds"])
+
+
+def _fault_parts(text: str | None) -> dict[str, str]:
+    if not text:
+        return {}
+    head, _, phase = text.partition(",phase=")
+    parts = dict(item.split("=", 1) for item in head.split(","))
+    return {**parts, "phase": phase} if phase else parts
 
 
 # ---------------------------------------------------------------- checkpoints written whole or not at all

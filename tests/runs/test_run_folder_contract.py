@@ -237,6 +237,7 @@ def test_supervisor_names_the_files_of_the_contract():
     assert train.STOP_FILE == run_folder.STOP_FILE  # the ranks read the stop request too
     assert train.PROGRESS_FILE == supervisor.PROGRESS_FILE == run_folder.PROGRESS_FILE  # rank 0 writes, it reads
     assert train.STARTUP_FILE == run_startup.STARTUP_FILE  # rank 0 writes its phases before step 1; the panel reads
+    assert train.RANK_STARTUP_FILE == run_startup.RANK_STARTUP_FILE  # and the other ranks theirs, under logs/
     assert supervisor.STALL_GAP_FACTOR == train.STALL_GAP_FACTOR  # it marks a stall when the ranks see one
     assert supervisor.NOTIFY_ENV == train.NOTIFY_ENV  # it posts for a rank 0 killed before it could
     # "see logs/rank3.log" in a failure's headline

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -137,3 +138,41 @@ def test_killed_manager_reattaches_and_every_step_is_logged_once(runs_dir, demo_
     assert start_record(run_dir)["world_size"] == 2
     assert [r["step"] for r in log_records(run_dir)] == list(range(1, 151))
     assert restarted.active_run() is None
+
+
+def test_a_slow_rank_is_named_while_rank_0_waits_for_it(runs_dir, demo_home):
+    """A slow node holds up the whole run before its first step: the page's progress line and `tunedeck train` name
+    it, not only rank 0's phase."""
+    from tunedeck.backend.run_startup import phase_now, read_phases
+
+    slow = {**os.environ, "TUNEDECK_FAULT": "rank=1,seconds=25,phase=loading the model"}  # rank 1 loads 25 s longer
+    train = subprocess.Popen(
+        [str(BIN / "tunedeck"), "train", "demo", "--runs-dir", str(runs_dir), "--set", "training.max_steps=5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=slow,
+    )
+    try:
+        run_dir = wait_for(lambda: next(runs_dir.glob("*/startup.json"), None), timeout=120).parent
+        lines = []
+        wait_for(
+            lambda: lines.append(phase_now(run_dir) or "") or "rank 1 still" in lines[-1],
+            timeout=120,
+            interval=0.5,
+            what=lambda: f"rank 1 named; the line said {sorted(set(lines))}\n{logs_tail(run_dir)}",
+        )
+        said, _ = train.communicate(timeout=180)
+    finally:
+        train.kill()
+    assert train.returncode == 0, said
+    waiting = re.fullmatch(r"(.+) for (\d+):(\d\d) · rank 1 still loading the model for (\d+):(\d\d)", lines[-1])
+    assert waiting, lines[-1]
+    assert waiting.group(1) not in ("importing the libraries", "joining the other processes", "loading the model")
+    assert int(waiting.group(4)) * 60 + int(waiting.group(5)) >= 10  # named once rank 0 has waited a while
+    # The terminal says it once, between the phases, not every second.
+    assert len(re.findall(r"^  waiting: rank 1 still loading the model for \d+:\d\d$", said, re.M)) == 1, said
+    # Rank 1's own list ends like rank 0's: the first step is shared.
+    rank1 = json.loads((run_dir / "logs" / "rank1.startup.json").read_text())["phases"]
+    assert [p["phase"] for p in rank1] == [p for p, _ in read_phases(run_dir)]

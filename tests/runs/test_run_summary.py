@@ -127,7 +127,7 @@ def test_a_starting_run_says_what_it_does_before_its_first_step(tmp_path):
     assert breakdown(read_phases(tmp_path)) == (
         "0:50 (joining the other processes 0:03, loading the model 0:42, the first step 0:05)"
     )
-    # Another rank writes nothing; a folder without the file, or with a broken one, has no phase.
+    # Another rank writes its own file, not startup.json; a folder without it, or with a broken one, has no phase.
     train.StartupPhases(tmp_path / "other", rank=1).enter("loading the model")
     assert read_phases(tmp_path / "other") == [] and phase_now(tmp_path / "other") is None
     (tmp_path / train.STARTUP_FILE).write_text('{"phases": [{"phase": "x"}]}')
@@ -148,12 +148,56 @@ def test_a_run_joining_for_long_says_what_to_check(tmp_path):
     train.StartupPhases(tmp_path, rank=0).enter("joining the other processes")
     ((_, began),) = read_phases(tmp_path)
     assert phase_now(tmp_path, began + 30) == "joining the other processes for 0:30"  # seconds: nothing to say yet
+    # Machines started by hand may keep their ranks' files in folders of their own: none is said not to have started.
     assert phase_now(tmp_path, began + 300) == (
         "joining the other processes for 5:00 (each of the 2 machines must run launch.sh with its own MACHINE_RANK "
         "and reach 10.0.0.1:29501)"
     )
     (tmp_path / "job.yaml").write_text(spec_to_yaml(resolve_spec("demo")))
-    assert phase_now(tmp_path, began + 300).endswith("(a process has not joined: its log under logs/ says why)")
+    assert phase_now(tmp_path, began + 300) == (
+        "joining the other processes for 5:00 · rank 1 of 2 has not started "
+        "(a process has not joined: its log under logs/ says why)"
+    )
+
+
+def test_a_run_waiting_for_other_ranks_names_the_one_behind(tmp_path):
+    """Each rank writes its phases; once rank 0 has waited a while, the line names the rank furthest behind, with
+    its host when it is another machine, or the ranks that never started."""
+    from tunedeck.backend import train
+    from tunedeck.backend.run_startup import phase_now
+    from tunedeck.backend.spec import resolve_spec, spec_to_yaml
+
+    (tmp_path / "job.yaml").write_text(spec_to_yaml(resolve_spec("7b-lora-ddp", ["launch.num_processes=4"])))
+    (tmp_path / "logs").mkdir()
+
+    def write(rank: int, host: str, *phases: tuple[str, float]) -> None:
+        path = tmp_path / train.STARTUP_FILE if rank == 0 else tmp_path / "logs" / f"rank{rank}.startup.json"
+        path.write_text(json.dumps({"host": host, "phases": [{"phase": p, "at": t} for p, t in phases]}))
+
+    loaded = [("importing the libraries", 1000.0), ("joining the other processes", 1005.0),
+              ("loading the model", 1006.0)]  # fmt: skip
+    write(0, "gpu-a", *loaded, ("loading the data", 1040.0), ("preparing the model and optimizer", 1050.0))
+    write(1, "gpu-a", *loaded, ("loading the data", 1041.0), ("preparing the model and optimizer", 1052.0))
+    assert phase_now(tmp_path, 1100.0) == "preparing the model and optimizer for 0:50 · ranks 2-3 of 4 have not started"
+    write(2, "gpu-b", *loaded)
+    write(3, "gpu-b", *loaded[:2])
+    assert phase_now(tmp_path, 1055.0) == "preparing the model and optimizer for 0:05"  # waited too little to tell
+    assert phase_now(tmp_path, 1100.0) == (
+        "preparing the model and optimizer for 0:50 · rank 3 on gpu-b still joining the other processes for 1:35 "
+        "(2 ranks behind)"
+    )
+    write(3, "gpu-b", *loaded, ("loading the data", 1090.0), ("preparing the model and optimizer", 1095.0))
+    assert phase_now(tmp_path, 1100.0) == (
+        "preparing the model and optimizer for 0:50 · rank 2 on gpu-b still loading the model for 1:34"
+    )
+    write(2, "gpu-b", ("importing the libraries", 100.0))  # a requeued job's earlier attempt: not this one's
+    assert phase_now(tmp_path, 1100.0).endswith(" · rank 2 of 4 has not started")
+    write(2, "gpu-b", *loaded, ("loading the data", 1090.0), ("preparing the model and optimizer", 1095.0))
+    assert phase_now(tmp_path, 1100.0) == "preparing the model and optimizer for 0:50"  # nobody behind
+    # On Slurm every node writes to the shared runs folder: a node that never started is named too.
+    slurm = ["launch.backend=slurm", "launch.num_machines=2", "launch.num_processes=8"]
+    (tmp_path / "job.yaml").write_text(spec_to_yaml(resolve_spec("7b-lora-ddp", slurm)))
+    assert phase_now(tmp_path, 1100.0).endswith(" · ranks 4-7 of 8 have not started")
 
 
 def test_runs_lists_what_a_starting_run_does(tmp_path):
