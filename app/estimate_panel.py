@@ -111,7 +111,7 @@ class EstimatePanel(DerivedView):
                 ),
             )
             add("estimate.order_note", gr.Markdown(ORDER_NOTE, elem_id="estimate-order"))
-            with gr.Row(equal_height=True):
+            with gr.Row(equal_height=False):
                 self.pick = add(
                     "estimate.pick",
                     gr.Dropdown(
@@ -124,7 +124,7 @@ class EstimatePanel(DerivedView):
                 )
                 self.apply_pick = add(
                     "estimate.apply_pick",
-                    gr.Button("Apply this strategy", elem_id="apply-strategy", size="sm", scale=1),
+                    gr.Button("Apply this strategy", elem_id="apply-strategy", size="md", scale=1),
                 )
             self.figure = add("estimate.chart", gr.Plot(show_label=False, elem_id="estimate-chart"))
 

@@ -58,6 +58,8 @@ CSS = (
 #job-fixes button { flex: 0 1 auto; }
 #job-issues { min-height: 2.5em; }
 #file-tabs { gap: 4px; }
+/* The button beside the strategy picker, level with its box, not stretched to the height of its label and help. */
+#apply-strategy { align-self: flex-end; flex-grow: 0; min-width: 180px; margin-bottom: 11px !important; }
 """
     + monitor_view.CSS
     + run_state_line.CSS
