@@ -238,7 +238,7 @@ class RunView(Section):
                 shown.notes_run = run_id
                 out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
             results = report(watch, status.started_at, status.ended_at).line() if watch.records else ""
-            startup = breakdown(read_phases(watch.run_dir))
+            startup = breakdown(read_phases(watch.run_dir), least_s=1.0)  # the phases that took a second or more
             results += f" · **before step 1:** {startup}" if results and startup else ""
             out.update({
                 self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),

@@ -144,11 +144,16 @@ def join_hint(job: dict) -> str:
     return f"each of the {machines} machines must run launch.sh with its own MACHINE_RANK and reach {where}"
 
 
-def breakdown(phases: list[tuple[str, float]]) -> str | None:
+def breakdown(phases: list[tuple[str, float]], least_s: float = 0.0) -> str | None:
     """'0:42 (loading the model 0:12, loading the data 0:05, ...)': the time before step 1 and each phase's part;
-    None until training began."""
+    None until training began. Phases shorter than `least_s` are counted, not named (the page's summary: a run
+    of the demo spends its startup importing the libraries, and six "0:00" say nothing)."""
     if len(phases) < 2 or phases[-1][0] != TRAINING:
         return None
     spans = [(phase, later - began) for (phase, began), (_, later) in pairwise(phases)]
     total = phases[-1][1] - phases[0][1]
-    return f"{format_clock(total)} (" + ", ".join(f"{p} {format_clock(s)}" for p, s in spans) + ")"
+    named = [f"{p} {format_clock(s)}" for p, s in spans if s >= least_s]
+    short = len(spans) - len(named)
+    if short:
+        named.append(f"{'the rest' if named else 'each phase'} under {least_s:g} s")
+    return f"{format_clock(total)} (" + ", ".join(named) + ")"

@@ -189,9 +189,18 @@ def grpo_run_folder(runs_dir: Path, records: list[dict], job: dict) -> None:
 def test_the_run_tab_shows_the_reward_chart_first_and_the_reward_in_its_summary(tmp_path, monkeypatch):
     monkeypatch.setattr("tunedeck.app.run_watch.MIN_REFRESH_S", 0)
     grpo_run_folder(tmp_path, grpo_records(), grpo_job())
+    phases = [("importing the libraries", 100.0), ("joining the other processes", 108.2), ("loading the model", 108.4),
+              ("building the trainer", 108.6), ("the first step", 109.9), ("training", 110.5)]  # fmt: skip
+    (tmp_path / RUN_ID / train.STARTUP_FILE).write_text(
+        json.dumps({"phases": [{"phase": p, "at": t} for p, t in phases]})
+    )
     drawn = Drawn(RunManager(tmp_path)).render(RunShown())
     assert "GRPO, rewards: exact_answer, close_answer · reference: none (grpo.beta 0)" in drawn["facts"]
     assert drawn["summary"].startswith("**Summary:** reward 0.400 → 2.000")
+    # The time before step 1, naming the phases that took a second or more.
+    assert drawn["summary"].endswith(
+        " · **before step 1:** 0:10 (importing the libraries 0:08, building the trainer 0:01, the rest under 1 s)"
+    )
     assert drawn["loss_chart"].layout.title.text.startswith("Reward (")
     assert [t.name for t in drawn["loss_chart"].data][:1] == ["this run reward"]
     assert GRPO_PANELS[0][1] in [a.text for a in drawn["metrics_chart"]["value"].layout.annotations]

@@ -127,6 +127,12 @@ def test_a_starting_run_says_what_it_does_before_its_first_step(tmp_path):
     assert breakdown(read_phases(tmp_path)) == (
         "0:50 (joining the other processes 0:03, loading the model 0:42, the first step 0:05)"
     )
+    # The page names only the phases that took a second or more.
+    assert (
+        breakdown(read_phases(tmp_path), least_s=4)
+        == "0:50 (loading the model 0:42, the first step 0:05, the rest under 4 s)"
+    )
+    assert breakdown(read_phases(tmp_path), least_s=60) == "0:50 (each phase under 60 s)"
     # Another rank writes its own file, not startup.json; a folder without it, or with a broken one, has no phase.
     train.StartupPhases(tmp_path / "other", rank=1).enter("loading the model")
     assert read_phases(tmp_path / "other") == [] and phase_now(tmp_path / "other") is None
