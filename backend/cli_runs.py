@@ -11,7 +11,7 @@ from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_pr
 from tunedeck.backend.cli_follow import follow
 from tunedeck.backend.run_folder import ACTIVE_STATES, LOGS_DIR, read_records
 from tunedeck.backend.run_notes import read_notes
-from tunedeck.backend.run_startup import breakdown, read_phases, starting_phase
+from tunedeck.backend.run_startup import breakdown, phase_now, read_phases, starting_phase
 from tunedeck.backend.run_summary import RunSummary, format_clock, report, summarize
 from tunedeck.backend.untrusted import shown
 
@@ -259,6 +259,8 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         loss = f", loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
         print(f"progress {summary.step_text}{loss}")
         print(f"summary  {report(run, status.started_at, status.ended_at).line()}")
+    elif status.state in ACTIVE_STATES and (doing := phase_now(manager.run_dir(args.run_id))):
+        print(f"progress step 0 · {doing}")  # what it does before step 1, and the ranks rank 0 waits for
     if notes.notes:
         print("notes:\n" + notes.notes)
     if status.error:

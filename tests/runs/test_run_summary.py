@@ -219,5 +219,8 @@ def test_runs_lists_what_a_starting_run_does(tmp_path):
         phases.enter("loading the model")
         listing = tunedeck("runs", "--runs-dir", tmp_path).stdout
         assert re.search(rf"^{RUN_ID}\s+-\s+running\s+local\s+0 · loading the model\s", listing, re.M), listing
+        # runs show says it in full: rank 0's phase, and the ranks behind it once rank 0 has waited (here none wrote).
+        shown = tunedeck("runs", "show", RUN_ID, "--runs-dir", tmp_path).stdout
+        assert re.search(r"^progress step 0 · loading the model for 0:0\d$", shown, re.M), shown
     finally:
         holder.kill()
