@@ -1,4 +1,5 @@
-"""dataset.mix: more datasets mixed into the training rows, each in the job's format and columns.
+"""dataset.mix: more datasets mixed into the training rows, each in the job's format and columns or in another
+SFT format its columns name (train.py's in_job_format converts it).
 
 An entry is SOURCE[@CONFIG][:SPLIT][#ROWS]: a local file or folder, or a hub dataset id, with the
 hub configuration, the split (default train; slices work) and how many rows to take (fewer than the

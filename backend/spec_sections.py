@@ -283,9 +283,11 @@ class DatasetSpec(_DatasetColumns):  # type: ignore[misc, valid-type]
     mix: Annotated[list[str], Field(max_length=16)] = Field(
         default_factory=list,
         title="Mixed-in datasets",
-        description="More training rows, in this job's format and columns: SOURCE[@CONFIG][:SPLIT][#ROWS] each, "
-        "comma-separated, e.g. /data/general.jsonl#2000 or HuggingFaceH4/ultrachat_200k:train_sft#5000. #ROWS "
-        "samples that many (repeating a smaller source); without it, every row.",
+        description="More training rows: SOURCE[@CONFIG][:SPLIT][#ROWS] each, comma-separated, e.g. "
+        "/data/general.jsonl#2000 or HuggingFaceH4/ultrachat_200k:train_sft#5000. #ROWS samples that many "
+        "(repeating a smaller source); without it, every row. In this job's format and columns, or in another "
+        "its columns name (messages; instruction, input, output; prompt, completion; text), converted: a prompt "
+        "and its answer become a chat for a messages job, one text for a text job.",
     )
 
     @field_validator("mix", mode="before")

@@ -488,7 +488,7 @@ def mixed_in(train, dataset_cfg: dict, text_column: str, seed: int):
     parts, counts = [train], [f"{len(train):,} from dataset.path"]
     for entry, config, split, rows in sources:
         try:
-            part = to_trl_format(load_split(config, split), config, text_column)
+            part = in_job_format(load_split(config, split), config, text_column)
         except JobError as exc:
             raise JobError(f"dataset.mix {entry!r}: {str(exc).split(': ', 1)[-1]}") from exc
         if not len(part):
@@ -501,7 +501,7 @@ def mixed_in(train, dataset_cfg: dict, text_column: str, seed: int):
         except (ValueError, TypeError) as exc:
             raise JobError(
                 f"dataset.mix {entry!r}: its rows do not have the main dataset's columns and types ({exc}); "
-                "mix in data of the same dataset.format and column types"
+                "mix in data of the same dataset.format and column types, or of a format named by its columns"
             ) from exc
         counts.append(f"{len(part):,} from {entry}" + (f" (of {had:,})" if rows is not None and rows != had else ""))
         rows_of[entry] = len(part)
@@ -514,6 +514,79 @@ def resampled(dataset, rows: int, seed: int):
     copies, rest = divmod(rows, len(dataset))
     indices = list(range(len(dataset))) * copies + random.Random(seed).sample(range(len(dataset)), rest)
     return dataset.select(indices)
+
+
+# A mixed-in source in another SFT format joins the job's rows converted, its format named by its columns' usual
+# names (as LLaMA-Factory and ms-swift read each dataset of a mix in its own format). What TRL reads of each:
+TRL_LAYOUT = {
+    "text": "text",
+    "prompt-completion": "prompt-completion",
+    "alpaca": "prompt-completion",
+    "messages": "messages",
+}
+FORMAT_BY_COLUMNS = (("messages", {"messages"}), ("alpaca", {"instruction", "output"}),
+                     ("prompt-completion", {"prompt", "completion"}), ("text", {"text"}))  # fmt: skip
+
+
+def format_by_columns(columns) -> str | None:
+    """The SFT format a source's column names say, by their usual names; None when they say none."""
+    return next((fmt for fmt, needs in FORMAT_BY_COLUMNS if needs <= set(columns)), None)
+
+
+def joins(source_format: str, job_format: str) -> bool:
+    """Whether rows of `source_format` convert to `job_format`'s: the same layout for TRL, or a prompt and its
+    completion made one chat (a user turn, then the assistant's) or one text."""
+    have, want = TRL_LAYOUT.get(source_format), TRL_LAYOUT.get(job_format)
+    return have is not None and want is not None and (have == want or have == "prompt-completion")
+
+
+def cannot_join(columns, own: str, job_format: str) -> str:
+    welcome = ", ".join(fmt for fmt in TRL_LAYOUT if joins(fmt, job_format))
+    return (
+        f"its columns ({', '.join(columns)}) are the {own} format's, and {own} rows cannot join a {job_format} job; "
+        f"mix in rows of these formats: {welcome}"
+    )
+
+
+def in_job_format(dataset, dataset_cfg: dict, text_column: str):
+    """A dataset.mix source's rows as TRL reads the job's: read with the job's format and columns; where those
+    columns are missing, in the format its own columns name, converted (JobError when it names none that joins)."""
+    job_format = dataset_cfg.get("format", "text")
+    try:
+        return to_trl_format(dataset, dataset_cfg, text_column)
+    except JobError:
+        own = format_by_columns(dataset.column_names)
+        if own is None or own == job_format:
+            raise
+    if not joins(own, job_format):
+        raise JobError(f"dataset.mix: {cannot_join(dataset.column_names, own, job_format)}")
+    if own == "alpaca" and TRL_LAYOUT[job_format] == "messages":  # the instruction and its input as the user's turn
+        return dataset.map(
+            lambda row: _chat(f"{row['instruction']}\n\n{row['input']}" if row.get("input") else row["instruction"],
+                              row["output"]),
+            remove_columns=dataset.column_names,
+        )  # fmt: skip
+    rows = to_trl_format(dataset, {"format": own}, text_column)  # its own columns, by their usual names
+    if TRL_LAYOUT[job_format] == "messages":
+        return rows.map(lambda row: _chat(row["prompt"], row["completion"]), remove_columns=rows.column_names)
+    if TRL_LAYOUT[job_format] == "text":
+        return rows.map(
+            lambda row: {text_column: _text(row["prompt"]) + _text(row["completion"])}, remove_columns=rows.column_names
+        )
+    return rows
+
+
+def _chat(prompt, answer) -> dict:
+    return {"messages": [{"role": "user", "content": _text(prompt)}, {"role": "assistant", "content": _text(answer)}]}
+
+
+def _text(value) -> str:
+    """A converted row's prompt or answer: text, not already a chat (a chat's prompt joins only a chat job as is)."""
+    if not isinstance(value, str):
+        raise JobError(
+            f"dataset.mix: a prompt or answer holds {_kind_of(value)}, not text; convert the file to messages"
+        )
+    return value
 
 
 def prompts_within(dataset, tokenizer, limit: int, split_field: str):
@@ -793,11 +866,35 @@ def input_problems(job: dict, base: Path) -> list[tuple[str, str]]:
         sources = mix_sources(dataset_cfg)
     except JobError as exc:
         return problems + [("dataset.mix", str(exc).removeprefix("dataset.mix: "))]
-    for entry, config, _, _ in sources:  # each mixed-in file is read as the main one: same format, same columns
-        problems += [
-            ("dataset.mix", f"{entry!r}: {message}") for _, message in dataset_problems(config, base, needed=needed)
-        ]
+    for entry, config, _, _ in sources:  # each mixed-in file as the main one, or in the format its columns name
+        problems += [("dataset.mix", f"{entry!r}: {message}") for message in mix_problems(config, base, needed)]
     return problems
+
+
+def mix_problems(config: dict, base: Path, needed: tuple[str, ...]) -> list[str]:
+    """A mixed-in local file's problems: in the job's format, or, when its columns name another, in that one (or
+    that its rows cannot join the job's)."""
+    found = [message for _, message in dataset_problems(config, base, needed=needed)]
+    job_format = config.get("format", "text")
+    own, columns = _first_row_format(config, base) if found else (None, [])
+    if own is None or own == job_format:
+        return found
+    if not joins(own, job_format):
+        return [cannot_join(columns, own, job_format)]
+    return [message for _, message in dataset_problems({"path": config["path"], "format": own}, base)]
+
+
+def _first_row_format(dataset_cfg: dict, base: Path) -> tuple[str | None, list[str]]:
+    """(format_by_columns, the columns) of a local data file's first row; (None, []) for anything else or a file
+    that does not read."""
+    path = base / Path(str(dataset_cfg.get("path") or "")).expanduser()
+    if not path.is_file() or path.suffix.lower() not in (".json", ".jsonl", ".csv"):
+        return None, []
+    try:
+        row = next((row for _, row in _rows(path, 1)), None)
+    except (JobError, OSError, UnicodeDecodeError):
+        return None, []
+    return (format_by_columns(row), list(row)) if isinstance(row, dict) else (None, [])
 
 
 # ---------------------------------------------------------------- GRPO's rewards

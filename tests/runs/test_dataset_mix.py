@@ -67,6 +67,62 @@ def test_a_source_in_another_layout_is_refused_with_its_entry(split_demo, tmp_pa
         train.mixed_in(main, config, "text", seed=42)
 
 
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_source_in_another_format_joins_converted(demo_home):
+    """A chat job takes alpaca rows (instruction and input as the user's turn) and prompt-completion rows as chats; a
+    text job takes a prompt and its completion as one text; a source whose rows cannot join is refused, saying why."""
+    formats = demo_home / "formats"
+    alpaca, completions = formats / "alpaca.jsonl", formats / "prompt-completion.jsonl"
+    chat = {"path": str(formats / "messages.jsonl"), "format": "messages", "mix": [f"{alpaca}#4", f"{completions}#4"]}
+    main = train.to_trl_format(train.load_split(chat, "train"), chat, "text")
+    mixed, rows = train.mixed_in(main, chat, "text", seed=42)
+    assert mixed.column_names == ["messages"] and rows == {
+        "dataset.path": len(main),
+        f"{alpaca}#4": 4,
+        f"{completions}#4": 4,
+    }
+    turns = [[(m["role"], m["content"]) for m in chat] for chat in mixed["messages"][len(main) :]]
+    said = {r["instruction"] + (f"\n\n{r['input']}" if r["input"] else ""): r["output"] for r in rows_of(alpaca)}
+    for turn in turns[:4]:
+        asked = turn[0][1]
+        assert turn == [("user", asked), ("assistant", said[asked])]
+    answers = {r["prompt"]: r["completion"] for r in rows_of(completions)}
+    for turn in turns[4:]:
+        asked = turn[0][1]
+        assert turn == [("user", asked), ("assistant", answers[asked])]
+
+    text = {"path": str(formats / "text.jsonl"), "format": "text", "mix": [f"{completions}#3"]}
+    main = train.to_trl_format(train.load_split(text, "train"), text, "text")
+    mixed, _ = train.mixed_in(main, text, "text", seed=42)
+    assert mixed.column_names == ["text"]
+    assert set(mixed["text"][len(main) :]) <= {r["prompt"] + r["completion"] for r in rows_of(completions)}
+
+    completion_job = {"path": str(completions), "format": "prompt-completion", "mix": [str(formats / "messages.jsonl")]}
+    main = train.to_trl_format(train.load_split(completion_job, "train"), completion_job, "text")
+    refused = (
+        "its columns \\(messages\\) are the messages format's, and messages rows cannot join a prompt-completion job"
+    )
+    with pytest.raises(train.JobError, match=rf"^dataset.mix '.*messages.jsonl': {refused}; mix in rows of these "
+                       "formats: prompt-completion, alpaca$"):  # fmt: skip
+        train.mixed_in(main, completion_job, "text", seed=42)
+
+
+def test_a_chat_job_trains_on_alpaca_rows_mixed_in(demo_home, runs_dir):
+    formats = demo_home / "formats"
+    spec = resolve_spec(
+        "demo",
+        [f"dataset.path={formats / 'messages.jsonl'}", "dataset.format=messages", "dataset.packing=false",
+         f"dataset.mix={formats / 'alpaca.jsonl'}#100", "training.max_steps=4"],
+    )  # fmt: skip
+    manager, run_id, status = run_to_end(runs_dir, spec)
+    assert_finished(manager, run_id, status)
+    start = start_record(manager.run_dir(run_id))
+    assert start["dataset_rows"]["dataset.path"] > 0 and start["dataset_rows"][f"{formats / 'alpaca.jsonl'}#100"] == 100
+
+
 def test_a_run_trains_on_the_mixed_in_rows(split_demo, runs_dir):
     adds, subs = split_demo
     spec = resolve_spec(

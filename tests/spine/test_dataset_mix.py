@@ -74,6 +74,29 @@ def test_each_mixed_in_file_is_checked_before_launch_like_the_main_one(tmp_path,
     assert not [p for p in preflight(fine, tmp_path / "runs") if p.field == "dataset.mix"]
 
 
+def test_a_mixed_in_file_in_another_format_is_checked_in_its_own(tmp_path, demo_home):
+    """A chat job may mix in alpaca rows (converted at run time): the file is checked as alpaca, not as chats; a
+    preference file names no SFT format, so it is checked as the job's format; chats cannot join a prompt-completion
+    job, and the problem says which formats can."""
+    formats = demo_home / "formats"
+    chat = [f"dataset.path={formats / 'messages.jsonl'}", "dataset.format=messages"]
+    fine = resolve_spec("demo", [*chat, f"dataset.mix={formats / 'alpaca.jsonl'}#50"])
+    assert not [p for p in preflight(fine, tmp_path / "runs") if p.field == "dataset.mix"]
+    (tmp_path / "broken.jsonl").write_text(json.dumps({"instruction": "Add.", "output": 2}) + "\n")
+    broken = resolve_spec("demo", [*chat, f"dataset.mix={tmp_path / 'broken.jsonl'}"])
+    (problem,) = [p.message for p in preflight(broken, tmp_path / "runs") if p.field == "dataset.mix"]
+    assert "column 'output' holds a number, but dataset.format alpaca needs" in problem, problem
+    pairs = resolve_spec("demo", [f"dataset.mix={formats / 'preference.jsonl'}"])
+    (problem,) = [p.message for p in preflight(pairs, tmp_path / "runs") if p.field == "dataset.mix"]
+    assert "has no column 'completion'" in problem, problem
+    chats = resolve_spec("demo", [f"dataset.mix={formats / 'messages.jsonl'}"])  # into a prompt-completion job
+    (problem,) = [p.message for p in preflight(chats, tmp_path / "runs") if p.field == "dataset.mix"]
+    assert problem.endswith(
+        "messages.jsonl': its columns (messages) are the messages format's, and messages rows cannot join a "
+        "prompt-completion job; mix in rows of these formats: prompt-completion, alpaca"
+    ), problem
+
+
 def test_the_estimate_counts_the_mixed_in_rows(demo_home):
     extra = demo_home / "formats" / "prompt-completion.jsonl"
     lines = len(extra.read_text().splitlines())
