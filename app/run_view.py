@@ -182,6 +182,13 @@ class RunView(Section):
             listed = [r for r in runs if r.state != DAMAGED] or runs
             shown.run = next((r.run_id for r in listed if r.state in ACTIVE), listed[0].run_id if listed else None)
 
+        run_id, status = shown.run, None
+        try:
+            status = self.manager.status(run_id) if run_id is not None else None
+        except RunError as exc:
+            out[self.status] = f"✗ {escape(str(exc))}"
+        if status and any(r.run_id == run_id and r.state != status.state for r in runs):
+            runs = self.index.runs(fresh=True)  # the shared list lags the run folder: the Run box follows it
         runs_sig = tuple((r.run_id, r.state) for r in runs)
         if force or shown.runs_sig != runs_sig or shown.shown_run != shown.run:
             choices = run_choices(self.index, runs)
@@ -189,16 +196,8 @@ class RunView(Section):
             out[self.overlay] = gr.update(choices=[("(none)", "")] + choices, value=overlay or "")
             out[self.table] = [table_row(r, self.index.facts(r)) for r in runs]
             shown.runs_sig = runs_sig
-
-        run_id = shown.run
-        if run_id is None:
+        if status is None:
             shown.shown_run = None
-            return
-        try:
-            status = self.manager.status(run_id)
-        except RunError as exc:
-            shown.shown_run = None
-            out[self.status] = f"✗ {escape(str(exc))}"
             return
         watch = self.watches.get(self.manager.run_dir(run_id))
         watch.refresh()

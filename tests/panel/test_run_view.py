@@ -295,3 +295,17 @@ def test_the_progress_stream_sends_each_change_of_the_bar_and_ends_with_the_run(
     assert all(bar["live"] for bar in bars[:-1]) and all(a != b for a, b in itertools.pairwise(bars))  # changes only
     with TestClient(app) as client:
         assert client.get(f"{live_progress.PATH}?run=../../etc/passwd").status_code == 404
+
+
+def test_the_run_box_says_a_run_ended_on_the_tick_its_state_line_does(run, tmp_path):
+    """The runs list is shared and read again every 2 s; the shown run's own state is read every tick. When they
+    disagree the list is read again, so the Run box never says ▶ under a state line that says finished."""
+    run_dir = tmp_path / RUN_ID
+    status = json.loads((run_dir / "status.json").read_text())
+    write_status(run_dir, {**status, "state": "running", "ended_at": None, "exit_code": None,
+                           "supervisor": process_identity(os.getpid())})  # fmt: skip
+    live = run.render(RunShown())
+    assert live["select"]["choices"][0][0].startswith("▶ ") and "running" in live["status"]
+    update_status(run_dir, state="finished", ended_at=time.time(), exit_code=0)  # within the list's 2 s
+    ended = run.render(live["shown"])
+    assert "finished" in ended["status"] and ended["select"]["choices"][0][0].startswith("✓ "), ended["select"]
