@@ -2350,10 +2350,11 @@ def _close_process_group(clean: bool) -> None:
 
     Without the barrier, ranks tearing down at different moments occasionally abort at exit. A group
     that outlives this call is destroyed in the interpreter's teardown, where a gloo thread calling
-    into Python can abort the process after the run has finished (the likely cause of "terminate called
-    without an active exception" after a finished Ulysses run, seen once in CI). DeepSpeed keeps its own references to the groups it
-    made (Ulysses' sequence groups among them): its destroy_process_group releases them, torch's does
-    not; gc.collect() then frees the trainer's cycles that still hold a group.
+    into Python can abort the process after the run has finished (the likely cause of "terminate
+    called without an active exception" after a finished Ulysses run, seen once in CI). DeepSpeed
+    keeps its own references to the groups it made (Ulysses' sequence groups among them): its
+    destroy_process_group releases them, torch's does not; gc.collect() then frees the trainer's
+    cycles that still hold a group.
     """
     import gc
 
