@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from tunedeck.backend.run_folder import ACTIVE_STATES, LogRecord, MetricsReader, RunRecords, read_job
+from tunedeck.backend.run_folder import ACTIVE_STATES, LogRecord, MetricsReader, RunRecords
 from tunedeck.backend.run_startup import TRAINING, behind_now, read_phases
 from tunedeck.backend.run_summary import RunSummary, facts_line, summarize
 
@@ -85,7 +85,7 @@ def _print_ranks_behind(run_dir, said: str, bar) -> str:
     """Print the ranks rank 0 waits for ("  waiting: rank 3 on gpu-b still loading the model for 2:10") when
     they change, not as their times grow; returns what was said, without the times."""
     phases = read_phases(run_dir)
-    behind = behind_now(run_dir, phases, read_job(run_dir), time.time()) if phases else None
+    behind = behind_now(run_dir, phases, time.time()) if phases else None
     key = re.sub(r" for \d+:\d\d", "", behind or "")
     if behind and key != said:
         bar.close()

@@ -58,19 +58,19 @@ def phase_now(run_dir: Path | str, now: float | None = None) -> str | None:
     text = current_phase(phases, now)
     if not text:
         return None
-    job = read_job(run_dir)
-    behind = behind_now(run_dir, phases, job, now)
+    behind = behind_now(run_dir, phases, now)
     text += f" · {behind}" if behind else ""
     if phases[-1][0] == JOINING and now - phases[-1][1] > JOIN_HINT_AFTER_S:
-        text += f" ({join_hint(job)})"
+        text += f" ({join_hint(read_job(run_dir))})"
     return text
 
 
-def behind_now(run_dir: Path, phases: list[tuple[str, float]], job: dict, now: float) -> str | None:
-    """ranks_behind once rank 0, starting, has waited BEHIND_AFTER_S in its phase; None before, or once training."""
+def behind_now(run_dir: Path, phases: list[tuple[str, float]], now: float) -> str | None:
+    """ranks_behind once rank 0, starting, has waited BEHIND_AFTER_S in its phase; None before, or once training.
+    job.yaml and the ranks' files are read only then: the page asks every half second."""
     if starting_phase(phases) is None or now - phases[-1][1] <= BEHIND_AFTER_S:
         return None
-    return ranks_behind(run_dir, phases, job, now)
+    return ranks_behind(run_dir, phases, read_job(run_dir), now)
 
 
 def ranks_behind(run_dir: Path, phases: list[tuple[str, float]], job: dict, now: float) -> str | None:
