@@ -26,6 +26,7 @@ from tunedeck.app.monitor_view import MonitorView
 from tunedeck.app.registry import Got, Registry, Updates, listen
 from tunedeck.app.run_view import RunView
 from tunedeck.app.section import Page
+from tunedeck.app.text_edits import FORWARD_EDITS_JS
 from tunedeck.backend.monitor import shared_monitor
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.smoke import SmokeError
@@ -117,7 +118,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
         narrow_progress_targets(blocks, gr.HTML(visible=False, elem_id="quiet-events"))
     blocks.tunedeck_ui = page.ui
     blocks.tunedeck_css = CSS  # launch() takes css and js in Gradio 6
-    blocks.tunedeck_js = f"() => {{ ({JUMP_JS})(); ({POLL_JS})(); }}"
+    blocks.tunedeck_js = f"() => {{ ({FORWARD_EDITS_JS})(); ({JUMP_JS})(); ({POLL_JS})(); }}"
     blocks.tunedeck_routes = [progress_route(runs.manager, runs.watches)]  # launch() adds them to Gradio's app
     blocks.tunedeck_theme = page_theme()
     return blocks

@@ -176,13 +176,9 @@ def set_field(page, path: str, value: str) -> None:
 
 
 def fill(box, value: str) -> None:
-    """Replace a box's value by typing, as a person does (Gradio's textbox ignores a scripted fill)."""
-    box.click()
-    box.press("ControlOrMeta+a")
-    if str(value):
-        box.press_sequentially(str(value))
-    else:
-        box.press("Backspace")
+    """Replace a box's value with Playwright's fill (one scripted `input` event, as a paste or autofill
+    makes): the page must take every way a value arrives, not only typed keys (app/text_edits.py)."""
+    box.fill(str(value))
 
 
 def choose(page, path: str, option: str) -> None:
