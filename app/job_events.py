@@ -13,6 +13,9 @@ from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Updates
 from tunedeck.backend.fields import Values
 
+# Rule 1 of app/job_view.py: one first-in-first-out lane for every event that touches the job outputs.
+JOB_QUEUE = {"concurrency_id": "job-view", "concurrency_limit": 1}
+
 
 @dataclass
 class JobShown:
@@ -53,10 +56,6 @@ class DerivedView:
 
     def update(self, result: JobResult, got: Got) -> Updates:  # pragma: no cover - interface
         raise NotImplementedError
-
-
-class NotShownYet(ValueError):
-    """The files the browser shows are not those of its form (rule 3): nothing may run."""
 
 
 @dataclass

@@ -26,7 +26,7 @@ job's files under the preset's form (7 of 20 fresh panels, issue 8). Three rules
    The page load carries the oldest values of all: it paints only if nothing painted first.
 3. Start compares. Start sends the digest of the files the browser shows (a hidden box set
    with the files) beside the form; the server renders the form's bundle and refuses on a
-   mismatch (JobView.spec_as_shown).
+   mismatch, naming the fields it has not shown yet, and has them recomputed (app/job_guard.py).
 
 Two kinds of events change fields for the person, and both are fills (rule 2): an edit whose
 choice implies other fields (backend/implied.py: choosing QLoRA sets 4-bit NF4) writes them
@@ -42,10 +42,12 @@ from pathlib import PurePath
 
 import gradio as gr
 
-from tunedeck.app.downloads import BundleWriter, bundle_digest, zip_name_for
+from tunedeck.app.downloads import BundleWriter, bundle_digest
 from tunedeck.app.form import Form
 from tunedeck.app.form_marks import MAX_FIXES, field_looks, fix_choices, tab_labels
-from tunedeck.app.job_events import DerivedView, JobEvent, JobShown, NotShownYet
+from tunedeck.app.job_downloads import BundleDownloads
+from tunedeck.app.job_events import JOB_QUEUE, DerivedView, JobEvent, JobShown
+from tunedeck.app.job_guard import RECOMPUTING
 from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
 from tunedeck.app.registry import Got, Registry, Updates, listen
 from tunedeck.backend.fields import (
@@ -58,11 +60,7 @@ from tunedeck.backend.fields import (
 )
 from tunedeck.backend.implied import describe, implied
 from tunedeck.backend.problem import spelled
-from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import JobSpec, SpecError, set_paths
-
-# Rule 1 above: one first-in-first-out lane for every event that touches the job outputs.
-JOB_QUEUE = {"concurrency_id": "job-view", "concurrency_limit": 1}
 
 LANGUAGES = {
     ".yaml": "yaml",
@@ -88,7 +86,7 @@ class JobView:
         self.ui = ui
         self.form = form
         self.file_names = file_names
-        self.writer = writer
+        self.downloads = BundleDownloads(ui, writer)
         self.derived: list[DerivedView] = []
         self.notice = None  # the page's notice line (set before wire): says what an edit set for the person
 
@@ -114,9 +112,7 @@ class JobView:
             self.smoke = add(  # the job's exact path on a tiny model, in about a minute (page.wire_start)
                 "job.smoke", gr.Button("Smoke test", elem_id="smoke-run", interactive=False)
             )
-            self.zip = add(
-                "job.zip", gr.DownloadButton("⬇ Download bundle (.zip)", elem_id="download-zip", interactive=False)
-            )
+            self.downloads.build_button()  # guarded as Start is (app/job_downloads.py)
         with gr.Accordion("Sweep: one run per value, queued one after another", open=False, elem_id="sweep"):
             self.vary = add("job.vary", gr.Textbox(label="Vary: a field per line, then = and its values",
                                                    placeholder="training.learning_rate=1e-4,2e-4\nlora.r=8,16", lines=2,
@@ -150,11 +146,7 @@ class JobView:
                 buttons=["copy", "download"],
             ),
         )
-        with gr.Accordion("Download one file", open=False, elem_id="bundle-files-accordion"):
-            self.files = add(
-                "job.file_downloads",
-                gr.File(label="Each file alone", file_count="multiple", interactive=False, elem_id="bundle-files"),
-            )
+        self.downloads.build_files()
 
     @property
     def inputs(self) -> list:
@@ -174,8 +166,7 @@ class JobView:
             self.queue,
             self.sweep,
             self.smoke,
-            self.zip,
-            self.files,
+            *self.downloads.outputs,
             self.shown,
             self.fills,
             self.fixes_row,
@@ -191,19 +182,6 @@ class JobView:
 
     def event(self, got: Got) -> JobEvent:
         return JobEvent(self.form.raw(got), got[self.shown], got[self.fills], got)
-
-    def spec_as_shown(self, raw: list, shown_digest: str) -> JobSpec:
-        """The form's job, if the files beside it show that same job (rule 3); for Start (and the like).
-
-        Raises SpecError for an invalid form, NotShownYet while the page is still updating.
-        """
-        spec = spec_from_values(values_from_form(raw))
-        if bundle_digest(render_bundle(spec)) != shown_digest:
-            raise NotShownYet(
-                "the files on the right were not yet those of the form (the page was still updating). "
-                "Nothing was changed: check the files and press Start again."
-            )
-        return spec
 
     # ------------------------------------------------------------ events (all in JOB_QUEUE)
 
@@ -279,7 +257,7 @@ class JobView:
         if old.startable != shown.startable:
             for button in (self.start, self.queue, self.sweep, self.smoke):
                 out[button] = gr.update(interactive=shown.startable)
-        self._download_updates(result, shown, out)
+        self.downloads.update(result, shown, out)
         if fill:
             out[self.fills] = shown.fills
             out.update({c: event.got[c] for c in self.extra_inputs})  # what the derived views were computed with
@@ -326,19 +304,10 @@ class JobView:
             out[self.digest] = digest  # what Start compares with (rule 3)
         shown.files, shown.choice, shown.code, shown.digest = files, choice, code, digest
 
-    def _download_updates(self, result: JobResult, shown: JobShown, out: Updates) -> None:
-        old_zip = shown.zip
-        if shown.startable and result.files:
-            zip_path, paths = self.writer.write(result.files, zip_name_for(result.spec))
-            shown.zip = str(zip_path)
-            if old_zip != shown.zip:
-                out[self.zip] = gr.update(value=shown.zip, interactive=True)
-                out[self.files] = [str(p) for p in paths]
-        else:  # an invalid job downloads nothing
-            shown.zip = None
-            if old_zip is not None:
-                out[self.zip] = gr.update(interactive=False)
-                out[self.files] = None
+    def recompute_if_refused(self, got: Got) -> Updates:
+        """After Start or Download refused for files not yet the form's: recompute them from the form now, so a
+        second press works even if an edit never reached the server."""
+        return self.on_edit(got) if RECOMPUTING in str(got[self.notice] or "") else {}
 
     # ------------------------------------------------------------ wiring
 
@@ -353,6 +322,7 @@ class JobView:
             show_progress="hidden",
             **JOB_QUEUE,
         )
+        self.downloads.wire(self)
         listen(
             [self.file_choice.input],
             self.show_file,

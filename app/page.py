@@ -19,8 +19,9 @@ from tunedeck.app.errors import user_message
 from tunedeck.app.estimate_panel import measured_vs_predicted
 from tunedeck.app.form_marks import JUMP_JS
 from tunedeck.app.idle_costs import narrow_progress_targets
+from tunedeck.app.job_guard import NotShownYet, spec_as_shown
 from tunedeck.app.job_tab import JobTab, ordered_presets
-from tunedeck.app.job_view import NotShownYet
+from tunedeck.app.job_view import JOB_QUEUE
 from tunedeck.app.live_progress import POLL_JS, progress_route
 from tunedeck.app.monitor_view import MonitorView
 from tunedeck.app.registry import Got, Registry, Updates, listen
@@ -139,12 +140,13 @@ SHOW_RUN_JS = f"""(notice) => {{
 def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
     """Start and Smoke test: the job the form holds, if the files beside it are that job's, runs (or its
     smoke run: the same path on a tiny model); the Run tab follows it."""
-    form, digest = job.view.form.components, page.ui["job.digest"]
+    view = job.view
+    form, digest, job_shown = view.form.components, page.ui["job.digest"], view.shown
 
     def launcher(start, what: str):
         def on_click(got: Got) -> Updates:
             try:  # what the page shows runs (job_view's rule 3)
-                run_id, shown = start(job.view.spec_as_shown([got[c] for c in form], got[digest]))
+                run_id, shown = start(spec_as_shown([got[c] for c in form], got[digest], got[job_shown]))
             except (SpecError, RunError, SmokeError, NotShownYet) as exc:
                 return {page.notice: f"✗ **Not started:** {escape(user_message(exc))}"}
             return {page.notice: f"{STARTED} {what} `{run_id}`.", runs.shown: shown}
@@ -158,17 +160,24 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
         listen(
             [button.click],
             launcher(start, what),
-            inputs=[*form, digest],
+            inputs=[*form, digest, job_shown],
             outputs=[page.notice, runs.shown],
             concurrency_id="launch",  # one launch at a time, whoever clicks which
             concurrency_limit=1,
             show_progress="minimal",
             show_progress_on=[button],
-        ).then(None, inputs=[page.notice], js=SHOW_RUN_JS)
+        ).then(None, inputs=[page.notice], js=SHOW_RUN_JS).then(
+            view.recompute_if_refused,
+            inputs=[*view.inputs, page.notice],
+            outputs=view.outputs,
+            show_progress="hidden",
+            **JOB_QUEUE,
+        )
 
     def on_sweep(got: Got) -> Updates:
         try:
-            queued, shown = runs.queue_sweep(job.view.spec_as_shown([got[c] for c in form], got[digest]), got[vary])
+            spec = spec_as_shown([got[c] for c in form], got[digest], got[job_shown])
+            queued, shown = runs.queue_sweep(spec, got[vary])
         except (SpecError, RunError, SweepError, NotShownYet) as exc:
             return {page.notice: f"✗ **Not started:** {escape(user_message(exc))}"}
         listed = ", ".join(f"`{run_id}`" for run_id in queued)
@@ -187,6 +196,6 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
     vary, sweep = page.ui["job.vary"], page.ui["job.sweep"]
     listen([vary.input], on_vary, inputs=[vary], outputs=[page.ui["job.sweep_preview"]], show_progress="hidden",
            trigger_mode="always_last")  # fmt: skip
-    listen([sweep.click], on_sweep, inputs=[*form, digest, vary], outputs=[page.notice, runs.shown],
+    listen([sweep.click], on_sweep, inputs=[*form, digest, job_shown, vary], outputs=[page.notice, runs.shown],
            concurrency_id="launch", concurrency_limit=1, show_progress="minimal", show_progress_on=[sweep],
            ).then(None, inputs=[page.notice], js=SHOW_RUN_JS)  # fmt: skip

@@ -268,3 +268,68 @@ def test_recommendation_follows_gpu_memory_and_model_and_applies(page, server):
     wait_text(page, "#recommendation", "Keep FSDP")
     show_file(page, "accelerate_config.yaml")
     wait_file_text(page, "distributed_type: FSDP")
+
+
+def paste(page, box, text: str) -> None:
+    """Select all of a box and paste `text` from the clipboard, as Ctrl+A, Ctrl+V do."""
+    page.evaluate("text => navigator.clipboard.writeText(text)", text)
+    box.click()
+    box.press("ControlOrMeta+a")
+    box.press("ControlOrMeta+v")
+
+
+def bundle_job(page, tmp_path) -> str:
+    """job.yaml of the zip that ⬇ Download bundle gives now."""
+    with page.expect_download() as info:
+        page.click("#download-zip")
+    zip_path = tmp_path / info.value.suggested_filename
+    info.value.save_as(zip_path)
+    with zipfile.ZipFile(zip_path) as archive:
+        return archive.read("job.yaml").decode()
+
+
+def test_paste_cut_delete_and_fill_reach_the_job_as_typing_does(page, server, tmp_path):
+    """Every gesture that changes a text box counts (app/text_edits.py): Gradio 6.31 sent only typed keys, so a
+    pasted model id or a deleted letter left the files, the estimate and the downloaded bundle on the old job."""
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server.url.rstrip("/"))
+    load(page, server)
+    show_file(page, "job.yaml")
+    model = field(page, "model.name_or_path")
+    before = page.inner_text("#estimate-table")
+
+    paste(page, model, "Qwen/Qwen2.5-14B-Instruct")  # paste
+    wait_file_text(page, "name_or_path: Qwen/Qwen2.5-14B-Instruct")
+    page.wait_for_function("b => document.querySelector('#estimate-table').innerText !== b", arg=before)
+    assert "Qwen/Qwen2.5-14B-Instruct" in bundle_job(page, tmp_path)  # what downloads is what the form holds
+
+    model.press("End")
+    model.press("Backspace")  # delete the last letter
+    wait_file_text(page, "name_or_path: Qwen/Qwen2.5-14B-Instruc\n")
+    assert "name_or_path: Qwen/Qwen2.5-14B-Instruc\n" in bundle_job(page, tmp_path)
+
+    model.press("ControlOrMeta+a")
+    model.press("ControlOrMeta+x")  # cut: the box is empty, and that is an error
+    wait_text(page, "#job-issues", "model.name_or_path")
+    assert page.locator("#start-run").is_disabled() and page.locator("#download-zip").is_disabled()
+    model.press("ControlOrMeta+v")  # and back
+    wait_file_text(page, "name_or_path: Qwen/Qwen2.5-14B-Instruc\n")
+    paste(page, model, "Qwen/Qwen2.5-7B-Instruct")
+    wait_text(page, "#job-issues", "No problems")
+
+    open_tab(page, "form-sections", "Training")
+    rate = field(page, "training.learning_rate")
+    paste(page, rate, "-1")
+    rate.press("Tab")
+    wait_text(page, "#job-issues", "training.learning_rate")
+    assert page.locator("#start-run").is_disabled()
+    rate.press("ControlOrMeta+a")
+    rate.press("Delete")  # select-all + Delete
+    page.keyboard.insert_text("0.0003")  # text inserted without key events, as an IME or autofill does
+    show_file(page, "training_args.yaml")
+    wait_file_text(page, "learning_rate: 0.0003")
+    wait_text(page, "#job-issues", "No problems")
+
+    fill(field(page, "training.gradient_accumulation_steps"), "7")  # a number box, by Playwright's fill
+    wait_file_text(page, "gradient_accumulation_steps: 7")
+    fill(page.locator("#gpu-memory textarea, #gpu-memory input").first, "24")  # the GPU box
+    wait_text(page, "#recommendation", "of 24 GB")

@@ -211,24 +211,35 @@ def test_start_refuses_while_the_files_shown_are_not_the_forms(page, server):
     load(page, server)
     before = {p.name for p in server.runs_dir.iterdir()}
     open_tab(page, "form-sections", "Training")
-    edit = HeldEvent(page, event_index(server.url, "input", "field-training-max-steps"))
+    edit = HeldEvent(page, event_index(server.url, "input", "field-training-max-steps"))  # every field's edits
     field(page, "training.max_steps").fill("3")  # its files are still on their way
     edit.wait_held()
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server.url.rstrip("/"))
+    page.evaluate("navigator.clipboard.writeText('0.004')")
+    rate = field(page, "training.learning_rate")
+    rate.click()
+    rate.press("ControlOrMeta+a")
+    rate.press("ControlOrMeta+v")  # pasted, and Start pressed at once
     page.click("#start-run")
     wait_text(page, "#notice", "Not started", timeout=30_000)
-    assert "press Start again" in page.inner_text("#notice")
+    notice = page.inner_text("#notice")
+    assert "Max steps (training.max_steps" in notice and "Learning rate (training.learning_rate" in notice, notice
+    assert "press Start again" in notice
     assert {p.name for p in server.runs_dir.iterdir()} == before
     assert field(page, "training.max_steps").input_value() == "3"  # nothing lost
 
-    edit.release()
-    settle(page)
+    # The page brings the files up to date at once, though the edits themselves are still on their way:
+    # the second press runs (it used to refuse for as long as an edit had not arrived).
     page.locator("#file-tabs label", has_text="training_args.yaml").click()
     wait_file_text(page, "max_steps: 3")
+    wait_file_text(page, "learning_rate: 0.004")
     page.click("#start-run")
     wait_text(page, "#notice", "Started run", timeout=30_000)
+    edit.release()
     run_id = re.search(r"\d{8}-\d{6}-[0-9a-f]{6}", text_of(page, "#notice")).group(0)
     RunManager(server.runs_dir).wait(run_id, timeout=180)
-    assert "max_steps: 3" in (server.runs_dir / run_id / "training_args.yaml").read_text()
+    args = (server.runs_dir / run_id / "training_args.yaml").read_text()
+    assert "max_steps: 3" in args and "learning_rate: 0.004" in args
 
 
 def test_gpu_tab_shows_the_no_gpu_state_and_host_gauges(page, server):

@@ -7,7 +7,8 @@ import pytest
 
 from tunedeck.app.downloads import BundleWriter, bundle_digest
 from tunedeck.app.form import build_form
-from tunedeck.app.job_events import JobEvent, JobShown, NotShownYet
+from tunedeck.app.job_events import JobEvent, JobShown
+from tunedeck.app.job_guard import NotShownYet, spec_as_shown
 from tunedeck.app.job_view import JobView
 from tunedeck.app.registry import Registry
 from tunedeck.backend.fields import FORM_FIELDS, values_from_spec
@@ -67,11 +68,12 @@ def test_an_edit_fired_before_a_preset_arrived_is_dropped_and_later_edits_apply(
 def test_an_edit_sends_only_the_outputs_it_changed(job):
     demo = load_presets()["demo"].build()
     first = job.on_edit(got(job, demo, JobShown(), 0))  # the first paint sends everything
-    assert {job.issues, job.batch, job.start, job.file_choice, job.code, job.digest, job.zip} <= set(first)
+    assert {job.issues, job.batch, job.start, job.file_choice, job.code, job.digest, job.downloads.zip} <= set(first)
     edited = set_paths(demo, {"training.gradient_accumulation_steps": 12})
     out = job.ui.by_id(job.on_edit(got(job, edited, first[job.shown], 0)))
-    # The global batch and the bundle changed; no field's look, no problem, not Start, not the file strip.
-    assert set(out) == {"job.batch", "job.digest", "job.zip", "job.file_downloads", "job.shown"} | (
+    # The global batch and the bundle changed; no field's look, no problem, not Start, not the file strip, not the
+    # zip button (its click makes the zip: app/job_downloads.py).
+    assert set(out) == {"job.batch", "job.digest", "job.file_downloads", "job.shown"} | (
         {"job.file_view"} & set(out)  # the file in view changed only if it holds the accumulation steps
     ), sorted(out)
     assert "× 12 accumulation steps" in out["job.batch"]
@@ -93,10 +95,10 @@ def test_a_filled_job_shows_the_files_of_what_its_widgets_hold(job):
 def test_start_gets_the_forms_job_only_while_the_files_shown_are_that_jobs(job):
     demo = load_presets()["demo"].build()
     shown = bundle_digest(render_bundle(demo))
-    assert job.spec_as_shown(form_of(demo), shown) == demo
+    assert spec_as_shown(form_of(demo), shown) == demo
     edited = set_paths(demo, {"training.max_steps": 3})  # typed, its files still on their way
     with pytest.raises(NotShownYet, match="press Start again"):
-        job.spec_as_shown(form_of(edited), shown)
+        spec_as_shown(form_of(edited), shown)
 
 
 def test_apply_also_sets_what_its_changes_imply():
