@@ -16,7 +16,7 @@ from tunedeck.app.errors import user_message
 from tunedeck.app.job_events import JOB_QUEUE, JobShown
 from tunedeck.app.job_guard import DOWNLOAD_JS, NotShownYet, spec_as_shown
 from tunedeck.app.job_outputs import JobResult
-from tunedeck.app.registry import Got, Registry, Updates, listen
+from tunedeck.app.registry import Got, Registry, Updates, handler, listen, unique
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import SpecError
 
@@ -80,9 +80,9 @@ class BundleDownloads:
             show_progress="minimal",
             show_progress_on=[self.zip],
         ).then(None, inputs=[self.zip_file], js=DOWNLOAD_JS).then(
-            view.recompute_if_refused,
-            inputs=[*view.inputs, view.notice],
-            outputs=view.outputs,
+            handler(view.recompute_if_refused),
+            inputs={*view.inputs, view.notice},
+            outputs=unique(view.outputs),
             show_progress="hidden",
             **JOB_QUEUE,
         )

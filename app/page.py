@@ -17,6 +17,7 @@ import gradio as gr
 from tunedeck.app import after_tab, monitor_view, run_state_line
 from tunedeck.app.errors import user_message
 from tunedeck.app.estimate_panel import measured_vs_predicted
+from tunedeck.app.first_screen import Here, start_line
 from tunedeck.app.form_marks import JUMP_JS
 from tunedeck.app.idle_costs import narrow_progress_targets
 from tunedeck.app.job_guard import NotShownYet, spec_as_shown
@@ -24,7 +25,7 @@ from tunedeck.app.job_tab import JobTab, ordered_presets
 from tunedeck.app.job_view import JOB_QUEUE
 from tunedeck.app.live_progress import POLL_JS, progress_route
 from tunedeck.app.monitor_view import MonitorView
-from tunedeck.app.registry import Got, Registry, Updates, listen
+from tunedeck.app.registry import Got, Registry, Updates, handler, listen, unique
 from tunedeck.app.run_view import RunView
 from tunedeck.app.section import Page
 from tunedeck.app.text_edits import FORWARD_EDITS_JS
@@ -112,6 +113,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
     page = Page(Registry())
     with gr.Blocks(title="tunedeck") as blocks:
         gr.Markdown("## tunedeck · distributed fine-tuning control panel", elem_id="title")
+        gr.Markdown(start_line(by_id.get(preset_id), Here.of(shared_monitor())), elem_id="start-here")
         page.build(sections)
         page.wire(blocks, sections)
         wire_start(page, job, runs)
@@ -167,9 +169,9 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
             show_progress="minimal",
             show_progress_on=[button],
         ).then(None, inputs=[page.notice], js=SHOW_RUN_JS).then(
-            view.recompute_if_refused,
-            inputs=[*view.inputs, page.notice],
-            outputs=view.outputs,
+            handler(view.recompute_if_refused),
+            inputs={*view.inputs, page.notice},
+            outputs=unique(view.outputs),
             show_progress="hidden",
             **JOB_QUEUE,
         )
