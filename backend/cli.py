@@ -43,7 +43,14 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PATH=VALUE",
-        help="override one field, e.g. --set strategy.kind=zero2 (repeatable)",
+        help="override one field, e.g. --set strategy.kind=zero2 (repeatable); what it implies is set too, as the "
+        "page's form does, and said on stderr",
+    )
+    parser.add_argument(
+        "--no-implied",
+        dest="implied",
+        action="store_false",
+        help="keep the --set values as given: do not set what they imply (validation then warns)",
     )
 
 
@@ -76,14 +83,34 @@ def machine_or_exit(args: argparse.Namespace):
 
 
 def load_spec_or_exit(args: argparse.Namespace):
-    """Resolve SPEC and --set, or print each problem (field and fix) and exit 2."""
+    """Resolve SPEC and --set, or print each problem (field and fix) and exit 2.
+
+    The --set fields imply others by the page's own rules (backend/implied.py: a full fine-tune moved to FSDP
+    checkpoints activations with FSDP's wrapper, not the Trainer's), set here too and said on stderr, as the
+    page's notice says them; --no-implied keeps the values as given.
+    """
     from tunedeck.backend.spec import SpecError, resolve_spec
 
     try:
-        return resolve_spec(args.spec, args.overrides)
+        spec = resolve_spec(args.spec, args.overrides)
+        if getattr(args, "implied", True) and args.overrides:
+            spec = with_implied(spec, {item.partition("=")[0].strip() for item in args.overrides})
+        return spec
     except SpecError as exc:
         print_problems([("error", path, msg) for path, msg in exc.problems])
         raise SystemExit(2) from None
+
+
+def with_implied(spec, changed: set[str]):
+    """`spec` with what its `changed` fields imply, said on stderr."""
+    from tunedeck.backend.implied import describe, implied
+    from tunedeck.backend.spec import flat_values, set_paths
+
+    _, applied = implied(flat_values(spec), changed)
+    if not applied:
+        return spec
+    print(f"{describe(applied, code=False)} (--no-implied keeps the values as given)", file=sys.stderr)
+    return set_paths(spec, {path: value for found in applied for path, value in found.changes.items()})
 
 
 def print_problems(rows) -> None:

@@ -136,10 +136,12 @@ def implied(values: Values, changed: set[str]) -> tuple[Values, list[Implied]]:
     return values, applied
 
 
-def describe(applied: list[Implied]) -> str:
-    """One notice line: what the form set and why."""
+def describe(applied: list[Implied], code: bool = True) -> str:
+    """One line: what was set and why (`code`: paths and values as Markdown code, for the page's notice)."""
+    quote = "`" if code else ""
     parts = [
-        f"{i.says}: " + ", ".join(f"`{path}` → `{spelled(value)}`" for path, value in i.changes.items())
+        f"{i.says}: "
+        + ", ".join(f"{quote}{path}{quote} → {quote}{spelled(value)}{quote}" for path, value in i.changes.items())
         for i in applied
     ]
     return "Set for you: " + "; ".join(parts) + "."
