@@ -4,22 +4,32 @@ Parse -> validate -> render -> advise, once per change: the files, the problems,
 batch and the memory advice all come from the same JobSpec, so they can never disagree,
 and the strategies are compared once per keystroke (the one `Advice` that the estimate's
 text, table, chart and Apply read). Pure Python (no Gradio), so it is tested directly.
+
+The problems include everything Start would refuse on (backend/preflight.py, for `here`, this
+machine): a local model folder or data file that does not exist, no GPU for a GPU job, ... so
+"No problems" is never shown beside a job that Start refuses. They cost stat calls, not reads:
+a data file's first rows are read once per version of the file (backend/preflight_inputs.py).
 """
 
 from __future__ import annotations
 
 import re
+import threading
+import time
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from tunedeck.app.estimate_view import Unavailable, compute_advice
 from tunedeck.app.form_marks import problem_link
 from tunedeck.backend.advisor import Advice
 from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
 from tunedeck.backend.fit import fit_problems
+from tunedeck.backend.preflight import needs_gpus_here, preflight
 from tunedeck.backend.preview import measured_seq_len, preview_key
 from tunedeck.backend.run_speed import Calibration
+from tunedeck.backend.runs import RunManager, RunStatus
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.speed import Hardware
 from tunedeck.backend.untrusted import shown
@@ -28,6 +38,34 @@ from tunedeck.backend.vocabulary import STRATEGIES
 
 UPLOAD_LIMIT_BYTES = 256 * 1024
 _PLAIN_FIELD = re.compile(r"[A-Za-z0-9_.]+")  # every spec field; an unknown key from a file may hold anything
+
+
+RUNS_READ_EVERY_S = 2.0  # the live runs (for the GPUs they hold) are listed again at most this often
+
+
+class ThisMachine:
+    """This machine as the live checks see it: its runs folder, its GPUs (the panel's monitor), its live runs."""
+
+    def __init__(self, runs_dir: Path, monitor: Any):
+        self.runs_dir = Path(runs_dir).resolve()
+        self.monitor = monitor  # backend/monitor.py's Monitor: NVML's GPUs, found once
+        self._runs: tuple[float, list[RunStatus]] = (-1e9, [])
+        self._lock = threading.Lock()
+
+    def gpus(self) -> list[int]:
+        return list(range(self.monitor.gpu_count))
+
+    def runs(self) -> list[RunStatus]:
+        with self._lock:
+            if time.monotonic() - self._runs[0] > RUNS_READ_EVERY_S:
+                self._runs = (time.monotonic(), RunManager(self.runs_dir).list_runs())
+            return self._runs[1]
+
+    def problems(self, spec: JobSpec) -> list[Problem]:
+        """What Start would refuse on beyond the job's rules, checked on this machine (backend/preflight.py)."""
+        gpus = self.gpus()
+        runs = self.runs() if needs_gpus_here(spec) and gpus else None
+        return preflight(spec, self.runs_dir, gpus, runs)
 
 
 @dataclass
@@ -56,13 +94,15 @@ def evaluate(
     correction: float = 1.0,
     hardware: Hardware | None = None,
     calibration: Calibration | None = None,
+    here: ThisMachine | None = None,
 ) -> JobResult:
     """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`
     and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/fit.py).
     `measured`: the dataset preview's lengths (app/dataset_preview.py), used while they are this job's;
     `correction`: the speed correction from your runs, 1 when not applied; `hardware`: the GPU speed is
     predicted on (app/estimate_panel.py; None: the one the GPU box names, else the assumed one); `calibration`:
-    your runs against their predictions, carried to the estimate's text (the scan `correction` came from)."""
+    your runs against their predictions, carried to the estimate's text (the scan `correction` came from);
+    `here`: this machine, whose checks (what Start refuses on) join the problems when the job's rules hold."""
     from tunedeck.backend.render import render_bundle
 
     try:
@@ -70,6 +110,8 @@ def evaluate(
     except SpecError as exc:
         return JobResult(values, None, [Problem("error", path, msg) for path, msg in exc.problems])
     issues = validate(spec)
+    if here is not None and not has_errors(issues):  # the same rule as `tunedeck validate` and Start
+        issues = sorted(issues + here.problems(spec), key=lambda p: p.level != "error")
     try:
         files = render_bundle(spec)
     except Exception as exc:  # noqa: BLE001 - a generator bug must read as a message, not a blank page
@@ -107,7 +149,7 @@ def _problem_lines(issues: list[Problem]) -> list[str]:
         mark = "✗" if issue.level == "error" else "⚠"
         form_field = FIELDS_BY_PATH.get(issue.field)
         if form_field is not None:  # a link that jumps to the field (form_marks.JUMP_JS)
-            where = f"[**{form_field.label}**]({problem_link(issue.field)}) `{issue.field}`: "
+            where = f"[**{form_field.label}**]({problem_link(issue.field)}) (`{issue.field}`): "
         elif _PLAIN_FIELD.fullmatch(issue.field):
             where = f"`{issue.field}`: "
         else:

@@ -115,18 +115,20 @@ def _fit(spec, machine) -> list:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from tunedeck.backend.preflight import preflight
-    from tunedeck.backend.validate import describe_global_batch
+    from tunedeck.backend.validate import describe_global_batch, has_errors
 
     spec = load_spec_or_exit(args)
     machine = machine_or_exit(args)
     problems, failed = _check(spec, machine)
     if failed:
         return 2
-    # The local model folder and data file, checked as `tunedeck train` (default --runs-dir) will see them.
-    inputs = preflight(spec, Path("runs").resolve())
-    print_problems((p.level, p.field, p.message) for p in inputs)
-    if inputs:
+    # What Start would refuse on, on this machine, as `tunedeck train` (default --runs-dir) and the page see it:
+    # the local model, data and reward files, where the job runs, its GPUs (backend/preflight.py).
+    here = preflight(spec, Path("runs").resolve())
+    print_problems((p.level, p.field, p.message) for p in here)
+    if has_errors(here):
         return 2
+    problems += here
     print(
         f"ok: {spec.method} on {spec.model.name_or_path}, {spec.strategy.kind}, "
         f"{spec.launch.num_processes} processes, {describe_global_batch(spec)}"

@@ -5,8 +5,9 @@
 - The rendezvous port is free here when this machine is machine 0 (several machines, local).
 - The output folder has room for the checkpoints the job keeps: each holds the trained weights
   and the optimizer's states, times training.save_total_limit, plus the final model.
-- A Slurm run: sbatch is installed here, and the runs folder is one the nodes share (a folder
-  under /tmp or on a tmpfs is each node's own: a warning, since one machine may be the cluster).
+- A Slurm run: sbatch is installed here (else only Start here refuses: the bundle's slurm.sbatch
+  is submitted on the cluster), and the runs folder is one the nodes share (a folder under /tmp
+  or on a tmpfs is each node's own: a warning, since one machine may be the cluster).
 
 Each problem names the field (or --runs-dir) and the fix.
 """
@@ -16,9 +17,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
-from tunedeck.backend.problem import Problem, error, warning
+from tunedeck.backend.problem import Problem, error, refused_here, warning
 from tunedeck.backend.spec import JobSpec
 
 NODE_LOCAL_PREFIXES = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/scratch/local")
@@ -27,6 +29,8 @@ NODE_LOCAL_FILESYSTEMS = {"tmpfs", "ramfs", "overlay"}
 OPTIMIZER_STATE_BYTES = 8
 MASTER_COPY_BYTES = 4
 ADAPTER_BYTES = 4  # PEFT saves the adapter in the dtype it trains in: fp32
+RESOLVED_FOR_S = 30.0
+_resolved: dict[str, tuple[float, bool]] = {}  # host -> (when looked up, resolves)
 
 
 def launch_problems(spec: JobSpec, runs_dir: Path, run_folder: Path) -> list[Problem]:
@@ -42,9 +46,7 @@ def _rendezvous(spec: JobSpec) -> list[Problem]:
     if launch.backend != "local" or launch.num_machines == 1 or not launch.main_process_ip:
         return []
     host = launch.main_process_ip
-    try:
-        socket.getaddrinfo(host, launch.main_process_port)
-    except (OSError, UnicodeError):
+    if not _resolves(host):
         return [
             error(
                 "launch.main_process_ip",
@@ -67,6 +69,23 @@ def _rendezvous(spec: JobSpec) -> list[Problem]:
                 )
             ]
     return []
+
+
+def _resolves(host: str) -> bool:
+    """Whether `host` resolves here; kept RESOLVED_FOR_S seconds, since the page checks it on every edit and a
+    name server that does not answer takes seconds."""
+    now = time.monotonic()
+    known = _resolved.get(host)
+    if known is None or now - known[0] > RESOLVED_FOR_S:
+        try:
+            socket.getaddrinfo(host, None)
+            known = (now, True)
+        except (OSError, UnicodeError):
+            known = (now, False)
+        if len(_resolved) > 256:
+            _resolved.clear()
+        _resolved[host] = known
+    return known[1]
 
 
 def checkpoint_bytes(spec: JobSpec) -> tuple[int, int, int] | None:
@@ -150,9 +169,10 @@ def _slurm(runs_dir: Path) -> list[Problem]:
     problems = []
     if shutil.which("sbatch") is None:
         problems.append(
-            error(
+            refused_here(
                 "launch.backend",
-                "sbatch is not installed here: run tunedeck on a login node of the cluster, or set launch.backend=local",
+                "sbatch is not installed here: run tunedeck on a login node of the cluster (or download the bundle "
+                "and submit its slurm.sbatch there), or set launch.backend=local",
             )
         )
     folder = Path(runs_dir).resolve()

@@ -3,6 +3,10 @@ single change is the fix, that change as values (`fix`), which the page offers a
 
 Any producer of problems (validation rules, the memory fit, preflight) may fill `fix`; the page
 applies it as an edit of those fields (app/job_view.py), the CLI can print it.
+
+An error is wrong wherever the job runs: Start and the bundle download are refused. A warning
+with `refused_here` is about this machine (no GPU here, sbatch not installed): the bundle runs
+on a machine that has what is missing, and only Start here refuses (backend/preflight.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ class Problem:
     message: str  # says the fix
     # {dotted path: spec value} that fixes it, when one change does; None when the person must choose.
     fix: dict[str, Any] | None = field(default=None, hash=False)
+    refused_here: bool = False  # Start on this machine refuses it (a warning: the bundle runs elsewhere)
 
     def fix_text(self) -> str:
         """The fix as --set spells it: `training.gradient_checkpointing=false, ...`."""
@@ -39,6 +44,16 @@ def error(field: str, message: str, fix: dict[str, Any] | None = None) -> Proble
 
 def warning(field: str, message: str, fix: dict[str, Any] | None = None) -> Problem:
     return Problem("warning", field, message, fix)
+
+
+def refused_here(field: str, message: str) -> Problem:
+    """A warning that Start on this machine refuses: what this machine lacks, not what the job gets wrong."""
+    return Problem("warning", field, message, refused_here=True)
+
+
+def refuses_start(problems: list[Problem]) -> list[Problem]:
+    """The problems Start refuses on: the errors, and the warnings about this machine."""
+    return [p for p in problems if p.level == "error" or p.refused_here]
 
 
 def has_errors(problems: list[Problem]) -> bool:

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from tunedeck.backend import run_folder, run_status, slurm_runs, supervisor
+from tunedeck.backend.problem import refuses_start
 from tunedeck.backend.run_folder import ACTIVE_STATES, STATUS_FILE, STOP_FILE, DamagedStatus, read_status_file
 from tunedeck.backend.run_launch import accelerate_command, inherited_env, launch_args, rank_env
 from tunedeck.backend.run_status import RunStatus
@@ -74,23 +75,17 @@ class RunManager:
 
         errors = [p for p in validate(spec) if p.level == "error"]
         if errors:
-            raise RunError("the job has errors:\n" + "\n".join(f"- {p.field}: {p.message}" for p in errors))
+            raise preflight.refusal(errors, "the job has errors")
         accelerate = accelerate_command()
         if accelerate is None:
-            raise RunError(
-                f"the accelerate command is not installed next to {sys.executable}: install the training stack "
-                "(pip install 'tunedeck[train]')"
-            )
+            raise preflight.refusal(preflight.machine_problems(self.runs_dir))
         self.check_folder(create=True)
         preflight.check_resume(spec, self.runs_dir, self.list_runs())
         self._ensure_demo_if_used(spec)
-        problems = [
-            p for p in preflight.preflight(spec, self.runs_dir) if p.level == "error"
-        ]  # warnings: shown by the CLI and the page
+        # Warnings other than this machine's refusals (sbatch missing): shown by the CLI and the page.
+        problems = refuses_start(preflight.preflight(spec, self.runs_dir))
         if problems:
-            raise RunError(
-                "the job's inputs have problems:\n" + "\n".join(f"- {p.field}: {p.message}" for p in problems)
-            )
+            raise preflight.refusal(problems, "the job's inputs have problems")
         if spec.launch.backend == slurm_runs.BACKEND:
             return self._submit(spec, accelerate)
         try:
@@ -189,10 +184,10 @@ class RunManager:
 
     def check_folder(self, create: bool) -> None:
         """RunError naming --runs-dir when the runs folder is a file or cannot be created."""
+        from tunedeck.backend import preflight
+
         if self.runs_dir.exists() and not self.runs_dir.is_dir():
-            raise RunError(
-                f"--runs-dir: {self.runs_dir} is a file, not a folder: give a folder (it is created if missing)"
-            )
+            raise preflight.refusal(preflight.machine_problems(self.runs_dir))
         if create:
             try:
                 self.runs_dir.mkdir(parents=True, exist_ok=True)

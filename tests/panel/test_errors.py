@@ -25,7 +25,7 @@ def test_known_errors_keep_their_message():
 
     with pytest.raises(gr.Error) as err:
         bad_spec()
-    assert err.value.message == "lora.r: Input should be greater than or equal to 1"
+    assert err.value.message == "LoRA rank (`lora.r`): Input should be greater than or equal to 1"  # its label
 
 
 def test_unexpected_errors_name_the_type_without_a_traceback(caplog):
