@@ -3,7 +3,7 @@
 #   bash dev.sh demo       set up .venv, build the demo model/data, open the panel on the demo preset
 #   bash dev.sh test       set up .venv (and Chromium for the browser tests), lint, run the whole test suite
 #   bash dev.sh test-fast  lint, then every test but the multi-process runs, the browser and the slow (2 minutes)
-#   bash dev.sh lint       ruff check and ruff format --check (`.venv/bin/ruff format .` fixes the format)
+#   bash dev.sh lint       ruff check, ruff format --check (`.venv/bin/ruff format .` fixes the format), mkdocs build --strict
 # Extra arguments go to the panel (demo) or to pytest (test, test-fast).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -48,6 +48,18 @@ setup_slurm() {
 lint() {
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .
+  # The guides (mkdocs.yml): --strict fails on a broken link or anchor or a page left out of the nav. Each build
+  # writes to a folder of its own, so that two lints at once in one checkout do not clean each other's output;
+  # its INFO lines are shown only when it fails. NO_MKDOCS_2_WARNING: mkdocs-material's end-of-life banner.
+  local site out rc=0
+  site=$(mktemp -d)
+  out=$(NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site" 2>&1) || rc=$?
+  rm -rf "$site"
+  if [ "$rc" != 0 ]; then
+    echo "$out" >&2
+    echo "mkdocs build --strict failed: fix the links above (docs/, mkdocs.yml)" >&2
+    return "$rc"
+  fi
 }
 
 lane() {

@@ -3,7 +3,7 @@
 An error when the estimate exceeds the GPU's memory (or the machine's RAM, for loading and
 CPU/NVMe offload): the job cannot fit at all. A warning when it stays below but above
 FIT_FRACTION (advisor.py): the estimate's error against published measured peaks is up to
-about 14% (README, "Memory estimate"), so such a job may or may not fit. Each problem carries
+about 14% (docs/estimates.md, "Memory"), so such a job may or may not fit. Each problem carries
 the advisor's way out as `fix` (the recommendation's changes), which the page applies.
 CPU jobs are checked against this machine's RAM by validate_launch.py instead.
 """

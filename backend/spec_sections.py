@@ -264,7 +264,7 @@ class DatasetSpec(_DatasetColumns):  # type: ignore[misc, valid-type]
         basic=True,
         description="Longest sequence in tokens; longer examples are truncated.",
     )
-    # On by default: bench/bench_recipe.py measures it (README "Fast defaults"); tests/runs/test_packing.py
+    # On by default: bench/bench_recipe.py measures it (docs/methods.md, "Fast defaults"); tests/runs/test_packing.py
     # proves the packed loss equals the unpacked one (rows never attend across each other).
     packing: bool = SftField(
         True,

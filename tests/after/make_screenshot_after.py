@@ -1,4 +1,4 @@
-"""Regenerate the README's screenshot of the Try · Evaluate · Export tab (not a test).
+"""Regenerate the screenshot (docs/after-training.md) of the Try · Evaluate · Export tab (not a test).
 
     .venv/bin/python tests/after/make_screenshot_after.py     # writes docs/screenshot-after.png
 

@@ -1,7 +1,7 @@
 """Every published, measured peak in tests/data/measured_peaks.yaml predicted within 20%.
 
-The comparison itself lives in bench/estimate_accuracy.py, the command the README quotes
-for the mean absolute error, so the test and the README's figure cannot drift apart.
+The comparison itself lives in bench/estimate_accuracy.py, the command docs/estimates.md quotes
+for the mean absolute error, so the test and the guide's figure cannot drift apart.
 """
 
 from __future__ import annotations

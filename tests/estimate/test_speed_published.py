@@ -1,7 +1,7 @@
 """The speed prediction against published, measured throughput (tests/data/measured_throughput.yaml).
 
-The comparison lives in bench/speed_accuracy.py, the command the README quotes, so the test and
-the README's figure cannot drift apart.
+The comparison lives in bench/speed_accuracy.py, the command docs/estimates.md quotes, so the test
+and the guide's figure cannot drift apart.
 """
 
 from __future__ import annotations

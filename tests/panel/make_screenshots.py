@@ -1,4 +1,4 @@
-"""Regenerate the README's screenshots of the panel on the demo preset (not a test).
+"""Regenerate the screenshots of the panel on the demo preset, in README.md and docs/ (not a test).
 
     .venv/bin/python tests/panel/make_screenshots.py      # docs/screenshot.png, -run, -grpo and -ulysses
 
