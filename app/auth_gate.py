@@ -11,9 +11,13 @@ and gets 401 for everything else.
 
 Sign-ins are throttled (about 1,000 wrong passwords a second got an answer before): every
 failure is answered after FAILURE_DELAY_S, and a client with PER_CLIENT failures in the last
-WINDOW_S seconds, or anyone once OVERALL failures happened in that window, is refused
-unchecked (429, with Retry-After) until the window moves on: a guesser gets 5 tries a
-minute, a swarm of addresses 20. Passwords are compared in constant time (password_checker).
+WINDOW_S seconds is refused unchecked (429, with Retry-After) until the window moves on: a
+guesser gets 5 tries a minute. Once OVERALL failures happened in the window (a swarm of
+addresses), a client gets one try a window instead of five, but a client that has not failed
+is always checked: a swarm no longer locks the right password out for everyone, as a global
+limit did (issue 32). The client is the connection's peer: X-Forwarded-For counts only from a
+proxy given with --trusted-proxy (app/serving.py), or rotating it made one guesser many.
+Passwords are compared in constant time (password_checker).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def password_checker(credentials: list[tuple[str, str]]):
 
 
 class LoginThrottle:
-    """Failed sign-ins in a sliding window, per client and overall.
+    """Failed sign-ins in a sliding window, per client (and fewer per client while the window is crowded).
 
     Used from the event loop only (the middleware), so it needs no lock. An attempt counts as a
     failure from the moment it is let through, so a burst of parallel requests cannot all pass
@@ -80,10 +84,9 @@ class LoginThrottle:
         while self._failures and self._failures[0][0] <= now - self.window_s:
             self._failures.popleft()
         mine = [when for when, who in self._failures if who == client]
-        if len(mine) >= self.per_client:
+        allowed = 1 if len(self._failures) >= self.overall else self.per_client  # a swarm: one try each
+        if len(mine) >= allowed:
             return mine[0] + self.window_s - now
-        if len(self._failures) >= self.overall:
-            return self._failures[0][0] + self.window_s - now
         self._failures.append((now, client))
         return 0.0
 

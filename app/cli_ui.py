@@ -19,6 +19,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     who = p.add_mutually_exclusive_group()
     who.add_argument("--auth", metavar="USER:PASS", help="require this user and password")
     who.add_argument("--auth-file", metavar="FILE", help="require a login from this file of USER:PASS lines")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name a reverse proxy reaches the panel by (repeatable); requests for other names are refused",
+    )
+    p.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="a reverse proxy whose X-Forwarded-For names the client (repeatable; default: believed from none)",
+    )
     p.add_argument("--preset", metavar="ID", help="open the page on this preset (e.g. demo; see `tunedeck presets`)")
     p.set_defaults(handler=cmd_ui)
 
@@ -75,7 +89,14 @@ def _serve(args: argparse.Namespace, credentials, work: Path) -> int:
 
     page = build_page(Path(args.runs_dir).resolve(), preset_id=args.preset, work_dir=work)
     try:
-        launch(page, args.host, args.port, credentials)
+        launch(
+            page,
+            args.host,
+            args.port,
+            credentials,
+            allowed_hosts=args.allowed_host,
+            trusted_proxies=args.trusted_proxy,
+        )
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM, also while Gradio is still starting (its server answers first)
         # As Blocks.close(): its stop event first, which ends the open streams (Gradio's heartbeat, the Run tab's
         # bar), then the server. Gradio's block_thread() closes the server alone, which waits 5 s for them.

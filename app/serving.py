@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -67,25 +68,42 @@ MAX_UPLOAD = "4gb"
 AUTH_MESSAGE = "Sign in with the user and password given to `tunedeck ui --auth`."
 
 
-def launch(page, host: str, port: int, credentials: list[tuple[str, str]] | None, block: bool = True):
+def launch(
+    page,
+    host: str,
+    port: int,
+    credentials: list[tuple[str, str]] | None,
+    block: bool = True,
+    allowed_hosts: list[str] = (),
+    trusted_proxies: list[str] = (),
+):
     """Serve `page`; no tracebacks in responses (show_error=False), small uploads only.
 
-    With credentials every route sits behind app/auth_gate.py's SignInGate (Gradio's own checks
-    leave some routes open), and passwords are compared in constant time.
+    Requests for another host name or writes from another site are refused (app/request_gate.py;
+    `allowed_hosts`: the names a reverse proxy reaches the panel by). With credentials every route sits
+    behind app/auth_gate.py's SignInGate (Gradio's own checks leave some routes open), and passwords are
+    compared in constant time. X-Forwarded-For is believed only from `trusted_proxies`: uvicorn believes it
+    from any loopback peer by default, so one client rotating it looked like many to the sign-in throttle.
     """
     import gradio as gr
     from starlette.middleware import Middleware
 
     from tunedeck.app.auth_gate import SignInGate, password_checker
     from tunedeck.app.idle_costs import HeadScript, calm_queue
+    from tunedeck.app.request_gate import LOOPBACK_HOST_NAMES, RequestGate
 
     check_exposure(host, credentials)
+    os.environ["FORWARDED_ALLOW_IPS"] = ",".join(trusted_proxies)  # read by uvicorn.Config in launch() below
+    names = LOOPBACK_HOST_NAMES if is_loopback(host) else None
     app_kwargs: dict = {
         "routes": list(getattr(page, "tunedeck_routes", [])),  # the page's own (live_progress.py)
-        "middleware": [Middleware(HeadScript)],  # idle_costs.py
+        "middleware": [
+            Middleware(RequestGate, names=names, allowed=frozenset(allowed_hosts)),
+            Middleware(HeadScript),  # idle_costs.py
+        ],
     }
     if credentials:
-        app_kwargs["middleware"].insert(0, Middleware(SignInGate, message=AUTH_MESSAGE))
+        app_kwargs["middleware"].insert(1, Middleware(SignInGate, message=AUTH_MESSAGE))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
     app = page.launch(

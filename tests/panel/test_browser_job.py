@@ -333,3 +333,40 @@ def test_paste_cut_delete_and_fill_reach_the_job_as_typing_does(page, server, tm
     wait_file_text(page, "gradient_accumulation_steps: 7")
     fill(page.locator("#gpu-memory textarea, #gpu-memory input").first, "24")  # the GPU box
     wait_text(page, "#recommendation", "of 24 GB")
+
+
+def test_a_page_on_another_site_cannot_drive_the_panel(server, browser):
+    """DNS rebinding and cross-site writes are refused (app/request_gate.py): a panel without --auth answered any
+    Host header, so a web page whose name was made to resolve to 127.0.0.1 could read it and press Start."""
+    import http.client
+
+    from panel.browser import CHROMIUM, CHROMIUM_FLAGS
+
+    def request(method: str, path: str, host: str, origin: str | None = None) -> tuple[int, str]:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=20)
+        headers = {"Host": host, **({"Origin": origin} if origin else {})}
+        connection.request(method, path, body=b"" if method == "POST" else None, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read().decode(errors="replace")
+
+    own = f"127.0.0.1:{server.port}"
+    assert request("GET", "/", f"localhost:{server.port}")[0] == 200
+    assert request("GET", "/", "127.0.0.1:8022")[0] == 200  # an SSH tunnel's local port
+    status, said = request("GET", "/config", f"evil.example:{server.port}")
+    assert status == 403 and "--allowed-host" in said
+    status, said = request("POST", "/gradio_api/upload", own, origin="http://evil.example")
+    assert status == 403 and "another site" in said
+    assert request("POST", "/gradio_api/queue/join", own, origin="null")[0] == 403
+    assert request("POST", "/gradio_api/upload", own, origin=f"http://{own}")[0] != 403  # the panel's own page
+
+    # The attack itself: Chromium resolves evil.test to this machine, as a rebinding DNS server makes it do.
+    rebound = browser.browser_type.launch(
+        executable_path=CHROMIUM, args=[*CHROMIUM_FLAGS, "--host-resolver-rules=MAP evil.test 127.0.0.1"]
+    )
+    try:
+        attacker = rebound.new_page()
+        attacker.goto(f"http://evil.test:{server.port}/")
+        assert "answers only to" in attacker.inner_text("body")
+        assert attacker.locator("#start-run").count() == 0
+    finally:
+        rebound.close()
