@@ -5,8 +5,10 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+from tunedeck.backend.bundle_data import plan_data
 from tunedeck.backend.data_uploads import UploadError, dataset_changes, keep_upload
 from tunedeck.backend.fields import Values, spec_from_values
+from tunedeck.backend.render.carried import DATA_CAP_WORDS
 from tunedeck.backend.spec import JobSpec, SpecError
 from tunedeck.backend.untrusted import shown
 
@@ -48,7 +50,7 @@ def fill_from_upload(
             "and upload again (the same files are not copied twice)."
         )
     names = ", ".join(f"**{escape(shown(f.name))}**" for f in files)
-    said = [f"Uploaded {names} to `{escape(str(kept))}`: dataset.path points there."]
+    said = [f"Uploaded {names} to `{escape(str(kept))}`: dataset.path points there.", in_the_bundle(spec)]
     if held_out:
         said.append(
             "The second file is the evaluation split (`validation`): eval loss during training, and Evaluate's data."
@@ -66,3 +68,14 @@ def fill_from_upload(
             "fields, then Preview the dataset."
         )
     return spec, " ".join(said)
+
+
+def in_the_bundle(spec: JobSpec) -> str:
+    """What ⬇ Download bundle does with the uploaded data: carries it in data/, or names it in its README.md."""
+    carried = next((item for item in plan_data(spec).carried if item.field == "dataset.path"), None)
+    if carried:
+        return f"⬇ Download bundle carries it, in `{carried.name}`."
+    return (
+        f"It is more than the {DATA_CAP_WORDS} of data a downloaded bundle carries: the bundle's README.md names it, "
+        "to copy to the machines that train."
+    )

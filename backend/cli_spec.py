@@ -144,7 +144,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tunedeck.backend.render import render_bundle, write_bundle
+    from tunedeck.backend.bundle_data import bundle_files
+    from tunedeck.backend.render import write_bundle
     from tunedeck.backend.untrusted import shown
 
     spec = load_spec_or_exit(args)
@@ -152,8 +153,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if failed:
         print("nothing exported: fix the errors above", file=sys.stderr)
         return 2
+    files, data = bundle_files(spec)  # the job's small local data rides in data/; README.md names what stays here
     try:
-        written = write_bundle(render_bundle(spec), Path(args.output))
+        written = write_bundle(files, Path(args.output), data.files)
     except (OSError, ValueError) as exc:  # not a folder, no permission, disk full; a NUL in the name
         print_problems(
             [
@@ -167,6 +169,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 2
     for path in written:
         print(path)
+    for item in data.left:
+        print(
+            f"note: {item.field} {shown(item.path, 200)} is not in the bundle: {item.why}; README.md says where to "
+            "copy it",
+            file=sys.stderr,
+        )
     return 0
 
 

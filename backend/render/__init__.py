@@ -3,17 +3,22 @@
 render_bundle(spec) -> {file name: text}, in display order; zip_bundle(files) -> zip bytes.
 Each file comes from one small module here (accelerate_yaml, deepspeed_json,
 training_args, launch, slurm, requirements). Only spec and catalog are imported: no torch, no accelerate.
+A bundle that carries the job's local data (backend/bundle_data.py) has them in data/ besides its files:
+zip_bundle and write_bundle copy them from this machine (carried.py: what a bundle carries).
 """
 
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import zipfile
 from functools import lru_cache
 from pathlib import Path
 
 from tunedeck.backend.render.accelerate_yaml import DEEPSPEED_CONFIG_FILE, render_accelerate_config
 from tunedeck.backend.render.bundle_readme import render_bundle_readme
+from tunedeck.backend.render.carried import DATA_NAME, DataPlan
 from tunedeck.backend.render.deepspeed_json import render_deepspeed_json
 from tunedeck.backend.render.launch import (
     ACCELERATE_CONFIG,
@@ -43,8 +48,11 @@ def train_script() -> str | None:
 EXECUTABLE_FILES = frozenset({"launch.sh"})
 
 
-def render_bundle(spec: JobSpec) -> dict[str, str]:
-    """Every file of the job's bundle. Callers validate first: an invalid spec exports nothing."""
+def render_bundle(spec: JobSpec, data: DataPlan | None = None) -> dict[str, str]:
+    """Every file of the job's bundle. Callers validate first: an invalid spec exports nothing.
+
+    `data`: what the bundle carries of the job's local files and what it leaves (README.md lists them); the spec
+    is then the one the bundle runs, naming the carried files in data/ (backend/bundle_data.py)."""
     files = {
         JOB_FILE: spec_to_yaml(spec),
         ACCELERATE_CONFIG: render_accelerate_config(spec),
@@ -58,25 +66,50 @@ def render_bundle(spec: JobSpec) -> dict[str, str]:
     if script is not None:
         files[TRAIN_SCRIPT] = script
     files[REQUIREMENTS_FILE] = render_requirements(spec, tested_versions())
-    files["README.md"] = render_bundle_readme(spec, list(files) + ["README.md"])
+    files["README.md"] = render_bundle_readme(spec, list(files) + ["README.md"], data)
     return files
 
 
-def zip_bundle(files: dict[str, str]) -> bytes:
-    """The bundle as a zip with the files at its top level; byte-identical for identical files."""
+def zip_bundle(files: dict[str, str], data: dict[str, Path] | None = None) -> bytes:
+    """The bundle as a zip with the files at its top level, after the data files it carries (bundle path -> file
+    here); byte-identical for identical files."""
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for name, text in files.items():
-            info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            mode = 0o755 if name in EXECUTABLE_FILES else 0o644
-            info.external_attr = (0o100000 | mode) << 16  # regular file + permissions, for unzip
-            archive.writestr(info, text.encode("utf-8"))
+    with zipfile.ZipFile(buffer, "w") as archive:
+        zip_data(archive, data or {})
+        zip_files(archive, files)
     return buffer.getvalue()
 
 
-def write_bundle(files: dict[str, str], directory: Path) -> list[Path]:
-    """Write the files into a folder (created if needed); launch.sh becomes executable."""
+def _zip_info(name: str, mode: int) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))  # a fixed date: the same files, the same bytes
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = (0o100000 | mode) << 16  # regular file + permissions, for unzip
+    return info
+
+
+def zip_files(archive: zipfile.ZipFile, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        archive.writestr(_zip_info(name, 0o755 if name in EXECUTABLE_FILES else 0o644), text.encode("utf-8"))
+
+
+def zip_data(archive: zipfile.ZipFile, data: dict[str, Path]) -> None:
+    """The carried data files, read from this machine's disk a block at a time, under their names in data/."""
+    for name, source in data.items():
+        info = _zip_info(_data_name(name), 0o644)
+        with open(source, "rb") as file, archive.open(info, "w") as entry:
+            shutil.copyfileobj(file, entry, 1 << 20)
+
+
+def _data_name(name: str) -> str:
+    """A carried file's bundle path, if it is one (data/ and plain names below it); ValueError for anything else."""
+    if not DATA_NAME.match(name):
+        raise ValueError(f"refusing to write a data file named {name!r} into a bundle")
+    return name
+
+
+def write_bundle(files: dict[str, str], directory: Path, data: dict[str, Path] | None = None) -> list[Path]:
+    """Write the files into a folder (created if needed), and copy the data files it carries into its data/
+    (copies, never links: the bundle must hold them when it moves); launch.sh becomes executable."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in files.items():
@@ -84,5 +117,12 @@ def write_bundle(files: dict[str, str], directory: Path) -> list[Path]:
         path.write_text(text, encoding="utf-8")
         if name in EXECUTABLE_FILES:
             path.chmod(0o755)
+        written.append(path)
+    for name, source in (data or {}).items():
+        path = directory / _data_name(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.part")
+        shutil.copyfile(source, partial)
+        os.replace(partial, path)  # replaces a link of that name instead of writing through it
         written.append(path)
     return written

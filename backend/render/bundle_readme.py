@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import re
+import shlex
 
+from tunedeck.backend.render.carried import DATA_CAP_WORDS, DataPlan, size_words
+from tunedeck.backend.render.carried import code_span as _code
 from tunedeck.backend.render.requirements import minimums
 from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.validate import global_batch_terms
@@ -28,14 +30,49 @@ _TRL_CLASSES = {
 }
 
 
-def _code(text: str) -> str:
-    """Markdown inline code that holds any text: a fence longer than the text's own backtick runs."""
-    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
+def _data_lines(spec: JobSpec, plan: DataPlan) -> list[str]:
+    """The data the bundle carries, and what it leaves on the machine that made it, with where to copy that."""
+    lines = []
+    if plan.carried:
+        lines += [
+            "",
+            "## Data in this bundle",
+            "",
+            f"The job's local data files ride in `data/` (up to {DATA_CAP_WORDS} in all); job.yaml names them relative",
+            "to this folder, which is where train_sft.py reads them: launch.sh and slurm.sbatch start it here, and",
+            "`accelerate launch train_sft.py` must be started here too.",
+            "",
+            *[
+                f"- `{item.name}`: {item.field}, {size_words(item.size)}, copied from {_code(item.source)}"
+                for item in plan.carried
+            ],
+        ]
+    if plan.left:
+        where = "every machine that trains" if spec.launch.num_machines > 1 else "the machine that trains"
+        lines += [
+            "",
+            "## Before you run: files this bundle does not carry",
+            "",
+            "job.yaml names these paths on the machine that made the bundle, and the job reads them there. Copy each",
+            f"to the same path on {where} (on every node of a Slurm job, or on storage they all mount at",
+            "that path), or copy it elsewhere and change its path in job.yaml (a relative path is taken from this",
+            "folder). `rsync -aR PATH NODE:/` copies a path to the same path on the machine NODE.",
+            "",
+            *[
+                f"- {item.field}: {_code(item.path)}, {item.why}"
+                + (f"; e.g. {_code(_copy_line(item.here))}" if item.here else "")
+                for item in plan.left
+            ],
+        ]
+    return lines
 
 
-def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
+def _copy_line(path: str) -> str:
+    """A command that copies `path` to the same path on another machine (rsync's -R keeps the whole path)."""
+    return f"rsync -aR {shlex.quote(path)} NODE:/"
+
+
+def render_bundle_readme(spec: JobSpec, names: list[str], data: DataPlan | None = None) -> str:
     launch = spec.launch
     config, trainer = _TRL_CLASSES.get(spec.objective, _TRL_CLASSES["sft"])
     role = {"config": config, "trainer": trainer, "objective": spec.objective}
@@ -54,6 +91,7 @@ def render_bundle_readme(spec: JobSpec, names: list[str]) -> str:
         "## Files",
         "",
         *[f"- `{name}`: {_FILE_ROLES.get(name, '').format(**role)}" for name in names],
+        *_data_lines(spec, data or DataPlan()),
         "",
         "## Run",
         "",

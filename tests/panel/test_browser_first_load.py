@@ -27,12 +27,15 @@ PRESET = "demo"  # the one preset that can start on a machine without a GPU; the
 
 def expected_page(spec) -> dict:
     from tunedeck.app.job_outputs import batch_markdown
+    from tunedeck.backend.bundle_data import bundle_files
     from tunedeck.backend.fields import values_from_spec
     from tunedeck.backend.render import render_bundle
 
+    travelling, data = bundle_files(spec)  # the zip carries the demo's data file in data/ (backend/bundle_data.py)
     return {
         "model": str(spec.model.name_or_path),
         "files": render_bundle(spec),
+        "zip": {**travelling, **{name: path.read_text() for name, path in data.files.items()}},
         "batch": batch_markdown(values_from_spec(spec)).replace("**", ""),
     }
 
@@ -68,8 +71,8 @@ def mismatches(shown: dict, want: dict, ran: dict) -> list[str]:
         found.append(f"batch line {shown['batch']!r}, want {want['batch']!r}")
     if "No problems" not in shown["issues"]:
         found.append(f"problems box {shown['issues']!r}")
-    if shown["zip"] != want["files"]:
-        found.append("zip differs: " + ", ".join(n for n in want["files"] if shown["zip"].get(n) != want["files"][n]))
+    if shown["zip"] != want["zip"]:
+        found.append("zip differs: " + ", ".join(n for n in want["zip"] if shown["zip"].get(n) != want["zip"][n]))
     if ran != want["files"]:
         found.append("Start ran another job: " + ", ".join(n for n in want["files"] if ran.get(n) != want["files"][n]))
     return found
