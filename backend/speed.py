@@ -2,11 +2,16 @@
 
 A step is compute plus the communication compute does not hide, plus offload traffic:
 
-  compute   hardware FLOPs of the step (backend/flops.py: forward, backward, recomputation)
-            over the GPU's peak dense throughput x an efficiency: EFFICIENCY[method] x
-            tokens / (tokens + HALF_SATURATION_TOKENS) per micro batch (small matmuls leave
-            the tensor cores idle). Both constants are fitted to the published runs in
-            tests/data/measured_throughput.yaml (bench/speed_accuracy.py prints the error).
+  compute   by the shape of the work (backend/speed_compute.py): a micro batch's matmuls (hardware
+            FLOPs from backend/flops.py over the peak x a fitted efficiency, or the weights' reads when
+            that is longer), its memory-bound elementwise ops, its kernel launches and QLoRA's
+            dequantization; and the optimizer's update once a step. The constants are fitted on two
+            thirds of the published runs in tests/data/measured_throughput.yaml and judged on the
+            third the fit never saw (bench/fit_speed.py).
+  data      the tokens a micro batch computes and those it trains on (backend/speed_data.py): rows
+            padded to the longest of their batch, or packed; measured by the dataset preview, else
+            every row assumed max_seq_length long (and said so). tokens_per_s_per_gpu counts useful
+            tokens (what train.py logs), processed_tokens_per_s_per_gpu the padding too.
   comms     per optimizer step, by engine: DDP all-reduces the trainable gradients once
             (the Trainer skips the sync on accumulation micro-steps, `no_sync`); ZeRO-1
             reduce-scatters them once and all-gathers the updated weights; ZeRO-2
@@ -30,8 +35,7 @@ A step is compute plus the communication compute does not hide, plus offload tra
 
 Around the steps (not one constant): start-up, reading the weights, evaluation passes
 (forward only) and checkpoint saves (adapter, or weights and optimizer states for full
-fine-tuning). The steps: backend/speed_schedule.py. Every row is taken as
-dataset.max_seq_length tokens: with shorter rows and no packing the real run is faster.
+fine-tuning). The steps: backend/speed_schedule.py (packed rows make fewer sequences, so fewer steps).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from functools import lru_cache
 
 from tunedeck.backend import flops
 from tunedeck.backend.memory_job import Job, frozen_base_params
+from tunedeck.backend.speed_compute import FITTED, SpeedConstants, micro_batch_seconds, optimizer_seconds
+from tunedeck.backend.speed_data import DataShape, full_rows
 from tunedeck.backend.speed_generation import generation_seconds
 from tunedeck.backend.speed_schedule import KNOWN_DATASET_ROWS, Schedule, dataset_rows, schedule_of
 from tunedeck.backend.speed_sequence import all_to_all_seconds, spans_machines
@@ -50,16 +56,8 @@ __all__ = ["KNOWN_DATASET_ROWS", "Hardware", "Schedule", "SpeedEstimate", "datas
 
 # ---------------------------------------------------------------- constants, each with its source
 
-# Share of the peak a micro batch reaches at saturation, per method, and the tokens per micro
-# batch at which it is half that (small matmuls leave the tensor cores idle). Fitted to the
-# published runs in tests/data/measured_throughput.yaml (torchtune's README, MosaicML's LLM
-# Foundry benchmarks, Answer.AI's FSDP+QLoRA benchmarks): `python bench/speed_accuracy.py` prints
-# a median absolute error of 18%, the largest 41% (H100 runs reach a lower share of their peak
-# than the A100 and RTX 4090 runs). QLoRA's
-# dequantization of every 4-bit weight in forward and backward is what its lower share stands for.
-EFFICIENCY = {"full": 0.60, "lora": 0.58, "qlora": 0.50}
-# Tokens per micro batch at which the efficiency is half its saturated value (fitted as above).
-HALF_SATURATION_TOKENS = 512
+# The compute constants (efficiency per method, elementwise bytes, launch time, dequantization) are
+# backend/speed_compute.py's FITTED, refitted by `python bench/fit_speed.py`.
 # Near-equal predictions (within this share) keep the guides' order: less memory risk for nothing.
 TIE_SHARE = 0.03
 
@@ -137,27 +135,52 @@ def hardware_for(gpu_text, interconnect: str | None = None, price: float | None 
 @dataclass(frozen=True)
 class SpeedEstimate:
     step_time_s: float
-    tokens_per_s_per_gpu: float
+    tokens_per_s_per_gpu: float  # useful tokens (no padding): what train.py measures and users compare
     mfu: float  # the predicted model FLOPs utilisation
     parts: dict[
         str, float
-    ]  # seconds per step: compute, exposed communication, offload (GRPO: generation; sequence_parallel)
+    ]  # seconds per step: compute, optimizer, exposed communication, offload (GRPO: generation; sequence_parallel)
     around_s: dict[str, float]  # seconds outside the steps: startup, load, eval, checkpoints, reference
     steps: int | None
     steps_source: str
     hours: float | None
     cost: float | None
     notes: tuple[str, ...] = field(default=())
+    processed_tokens_per_s_per_gpu: float = 0.0  # with the padding the GPU computes too
+    data: DataShape | None = None  # how the rows fill a micro batch (measured, or assumed: data.assumed)
+
+    @property
+    def data_sentence(self) -> str:
+        """The useful share of what is computed and where the lengths come from, in words."""
+        if self.data is None:
+            return ""
+        share = (
+            self.tokens_per_s_per_gpu / self.processed_tokens_per_s_per_gpu
+            if self.processed_tokens_per_s_per_gpu
+            else 1
+        )
+        padding = f"{1 - share:.0%} of the tokens computed are padding" if share < 0.995 else "no padding"
+        return f"{padding} ({self.data.note})"
 
     @property
     def pace(self) -> float:
-        """Seconds per token on one GPU, what options compare by: a step with more GPUs per sequence reads fewer rows."""
-        return 1 / self.tokens_per_s_per_gpu
+        """Seconds per token on one GPU, what options compare by: a step with more GPUs per sequence reads fewer rows.
+        To three significant digits: the model errs by a tenth (bench/fit_speed.py), so options a thousandth apart
+        (a LoRA optimizer step sharded or not) tie and keep the guides' order."""
+        return float(f"{1 / self.tokens_per_s_per_gpu:.3g}")
 
     def to_dict(self) -> dict:
         return {
             "step_time_s": round(self.step_time_s, 3),
             "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu, 1),
+            "processed_tokens_per_s_per_gpu": round(self.processed_tokens_per_s_per_gpu, 1),
+            "data": None
+            if self.data is None
+            else {
+                "useful_share": round(self.data.useful_share, 3),
+                "lengths": self.data.note,
+                "assumed": self.data.assumed,
+            },
             "predicted_mfu": round(self.mfu, 3),
             "hours": None if self.hours is None else round(self.hours, 3),
             "cost": None if self.cost is None else round(self.cost, 2),
@@ -177,42 +200,49 @@ def compute_dtype(job: Job) -> str:
     return "bf16" if job.weight_bytes == 2 else "tf32"  # PyTorch allows TF32 matmuls under the Trainer's tf32
 
 
-def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0) -> SpeedEstimate | None:
+def predict(
+    job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0, constants: SpeedConstants = FITTED
+) -> SpeedEstimate | None:
     """The job's speed on this hardware, or None without a peak to compute from (a CPU job, an unknown GPU).
 
-    correction multiplies the throughput (from the user's own runs, backend/run_speed.py)."""
+    correction multiplies the throughput (from the user's own runs, backend/run_speed.py); constants: the fitted
+    compute constants (bench/fit_speed.py passes its trial values)."""
     peak = hw.peak(compute_dtype(job))
     if job.use_cpu or not peak:
         return None
     full = job.method == "full"
     trainable = job.trainable_params  # a property that counts the adapters: once per prediction
+    data = _data_shape(job, schedule)
+    # The GPU computes the padding too; each token attends over its own row (or its padded row).
+    processed = job.tokens * data.processed_for(job.seq_len) / job.seq_len
+    attention = int(min(data.attention_tokens, job.seq_len))
     passes = flops.extra_forwards(job.objective, job.precomputed_reference, job.kl_reference)
     model_flops, hardware_flops = flops.arch_flops_per_token(
-        job.arch, trainable, job.seq_len, full, job.checkpointing, passes
+        job.arch, trainable, attention, full, job.checkpointing, passes
     )
     if job.objective == "grpo":  # the answers' decode steps are timed as generation below; the prefill stays here
         hardware_flops = flops.arch_flops_per_token(
             job.arch, trainable, job.seq_len, full, job.checkpointing, passes - job.completion_len / job.seq_len
         )[1]
-    efficiency = EFFICIENCY[job.method] * job.tokens / (job.tokens + HALF_SATURATION_TOKENS) * correction
-    micro = job.tokens * hardware_flops / (peak * 1e12 * efficiency)  # one micro batch's compute
+    micro = micro_batch_seconds(job, hw.gpu, peak * 1e12, processed, hardware_flops, constants) / correction
     ga, schedule = schedule.grad_accum, schedule.at(job.sequence_parallel)  # an option's own GPUs per sequence
     comms, notes = _exposed_comms(job, hw, micro, ga, trainable)
     offload = _offload(job, trainable)
-    parts = {"compute": ga * micro, "communication": comms, "offload": offload}
+    optimizer = optimizer_seconds(job, hw.gpu, trainable) / correction
+    parts = {"compute": ga * micro, "optimizer": optimizer, "communication": comms, "offload": offload}
     if job.sequence_parallel > 1:
         rate = _bandwidth(hw, job.per_machine, job.machines if spans_machines(job) else 1)[0]
         parts["sequence_parallel"] = all_to_all_seconds(job, ga, rate)
     if job.objective == "grpo":
         # Saturated efficiency: a decode step's small matmuls are what the bandwidth bound stands for.
-        decode_flops_per_s = peak * 1e12 * EFFICIENCY[job.method] * correction
+        decode_flops_per_s = peak * 1e12 * constants.efficiency(job.method) * correction
         parts["generation"], more = generation_seconds(
             job, hw.gpu, decode_flops_per_s, _gather_rate(job, hw), PCIE_HOST_GBPS * 1e9
         )
         notes += more
     step = sum(parts.values())
-    tokens_per_s = ga * job.tokens / step
-    around = _around_steps(job, schedule, peak * 1e12 * efficiency, trainable)
+    processed_per_s = ga * processed / step
+    around = _around_steps(job, schedule, peak * 1e12 * constants.efficiency(job.method) * correction, trainable)
     hours = cost = None
     if schedule.steps is not None:
         hours = (schedule.steps * step + sum(around.values())) / 3600
@@ -220,8 +250,8 @@ def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0)
             cost = hours * hw.price_per_gpu_hour * job.world
     return SpeedEstimate(
         step_time_s=step,
-        tokens_per_s_per_gpu=tokens_per_s,
-        mfu=tokens_per_s * model_flops / (peak * 1e12),
+        tokens_per_s_per_gpu=processed_per_s * data.useful_share,
+        mfu=processed_per_s * model_flops / (peak * 1e12),
         parts=parts,
         around_s=around,
         steps=schedule.steps,
@@ -229,7 +259,17 @@ def predict(job: Job, hw: Hardware, schedule: Schedule, correction: float = 1.0)
         hours=hours,
         cost=cost,
         notes=tuple(notes),
+        processed_tokens_per_s_per_gpu=processed_per_s,
+        data=data,
     )
+
+
+def _data_shape(job: Job, schedule: Schedule) -> DataShape:
+    """How the job's rows fill a micro batch: the schedule's (measured, or the published run's) for SFT, else
+    whole rows (DPO and KTO pad pairs; GRPO's answers are the model's own)."""
+    if job.objective == "sft" and schedule.data is not None:
+        return schedule.data
+    return full_rows(job.seq_len)
 
 
 def _bandwidth(hw: Hardware, per_machine: int, machines: int) -> tuple[float, float]:

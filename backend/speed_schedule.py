@@ -3,7 +3,9 @@
 The steps come from training.max_steps, else from the dataset's row count (a local file's lines, or a hub
 dataset in KNOWN_DATASET_ROWS) x epochs / global batch. The global batch counts the GPUs that share a
 sequence (strategy.sequence_parallel) once: `Schedule.at` recounts the steps for an option with another
-number of GPUs per sequence.
+number of GPUs per sequence. With the rows' lengths measured (the dataset preview's stats), the schedule
+carries how they fill a micro batch (backend/speed_data.py), and packed rows count as the fewer sequences
+they make.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from tunedeck.backend.applies import applies
+from tunedeck.backend.spec import flat_values
 from tunedeck.backend.spec_mix import mix_sources
+from tunedeck.backend.speed_data import DataShape, measured_shape
 
 # Row counts of hub datasets the presets use, from their dataset cards.
 KNOWN_DATASET_ROWS = {
@@ -35,19 +40,25 @@ class Schedule:
     saves: int = 0
     train_rows: int = 0  # the dataset's rows when known, else the rows the steps read
     sequence_parallel: int = 1  # GPUs per sequence the steps were counted with
-    origin: Any = field(default=None, compare=False, repr=False)  # (spec, rows, rows_source) to recount them
+    data: DataShape | None = None  # how measured rows fill a micro batch; None: not measured
+    origin: Any = field(default=None, compare=False, repr=False)  # (spec, rows, rows_source, lengths) to recount
 
     def at(self, sequence_parallel: int) -> Schedule:
         """The same job's schedule with `sequence_parallel` GPUs per sequence: a smaller global batch, more steps."""
         if sequence_parallel == self.sequence_parallel or self.origin is None:
             return self
-        return schedule_of(*self.origin, sequence_parallel=sequence_parallel)
+        spec, rows, rows_source, lengths = self.origin
+        return schedule_of(spec, rows, rows_source, sequence_parallel=sequence_parallel, lengths=lengths)
 
 
-def schedule_of(spec, rows: int | None, rows_source: str = "", *, sequence_parallel: int | None = None) -> Schedule:
+def schedule_of(
+    spec, rows: int | None, rows_source: str = "", *, sequence_parallel: int | None = None, lengths: dict | None = None
+) -> Schedule:
     """The job's steps, evaluations and saves; rows: training rows when known. sequence_parallel: GPUs per
-    sequence, when not the job's own (an advisor option's)."""
+    sequence, when not the job's own (an advisor option's); lengths: the dataset preview's length stats of this
+    job's data (backend/preview.py), when measured."""
     t = spec.training
+    data = data_shape(spec, lengths)
     sp = spec.sequence_parallel if sequence_parallel is None else sequence_parallel
     global_batch = spec.global_batch_size  # the GPUs of a sequence read one row: the data-parallel size counts
     if sp != spec.sequence_parallel:
@@ -58,9 +69,13 @@ def schedule_of(spec, rows: int | None, rows_source: str = "", *, sequence_paral
         steps, source = t.max_steps, f"training.max_steps = {t.max_steps}"
     elif rows:
         answers = spec.grpo.num_generations if spec.objective == "grpo" else 1  # GRPO: a batch row is one answer
-        per_epoch = math.ceil(rows * answers / global_batch)
-        steps = math.ceil(per_epoch * t.num_train_epochs)
+        sequences = rows * answers
         each = f" x {answers} answers" if answers > 1 else ""
+        if data is not None and data.rows_per_sequence > 1:  # packed: several rows a sequence
+            sequences = math.ceil(rows / data.rows_per_sequence)
+            each = f" packed into {sequences:,} sequences"
+        per_epoch = math.ceil(sequences / global_batch)
+        steps = math.ceil(per_epoch * t.num_train_epochs)
         source = f"{rows:,} rows{rows_source}{each} x {t.num_train_epochs:g} epochs / global batch {global_batch}"
     else:
         steps, source = None, "unknown: set training.max_steps, or use a local dataset file"
@@ -70,8 +85,18 @@ def schedule_of(spec, rows: int | None, rows_source: str = "", *, sequence_paral
     return Schedule(
         grad_accum=t.gradient_accumulation_steps, steps=steps, steps_source=source,
         eval_passes=evals, eval_rows=eval_rows, saves=saves, train_rows=rows or (steps or 0) * global_batch,
-        sequence_parallel=sp, origin=(spec, rows, rows_source),
+        sequence_parallel=sp, data=data, origin=(spec, rows, rows_source, lengths),
     )  # fmt: skip
+
+
+def data_shape(spec, lengths: dict | None) -> DataShape | None:
+    """How this SFT job's measured rows fill a micro batch (None when not measured, or not SFT)."""
+    if spec.objective != "sft" or not lengths:
+        return None
+    values = flat_values(spec)
+    packing = spec.dataset.packing and applies("dataset.packing", values)
+    grouped = spec.training.group_by_length and applies("training.group_by_length", values)
+    return measured_shape(lengths, packing, grouped)
 
 
 def _slice_rows(split: str, rows: int | None) -> int:

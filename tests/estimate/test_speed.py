@@ -60,9 +60,12 @@ def _job(preset: str, **changes) -> tuple:
 
 def test_the_recommendation_changes_with_the_interconnect_and_says_why():
     """Full fine-tuning of 7B on 2 machines x 8 A100s: across InfiniBand every data-parallel option keeps up;
-    across 100 Gb Ethernet only hybrid sharding does (weight gathers stay inside a machine)."""
+    across 100 Gb Ethernet only hybrid sharding does (weight gathers stay inside a machine). Two rows a micro
+    batch: ZeRO-2's reduce-scatter of 7B's gradients (0.7 s over InfiniBand) hides behind the backward of
+    4,096 tokens, not behind that of one row's 2,048 (0.4 s at the fitted A100 speed)."""
     spec = set_paths(load_preset("7b-full-zero2"), {"launch.num_machines": 2, "launch.num_processes": 16,
-                                                     "training.gradient_accumulation_steps": 8})  # fmt: skip
+                                                     "training.gradient_accumulation_steps": 8,
+                                                     "training.per_device_train_batch_size": 2})  # fmt: skip
     schedule = speed.schedule_of(spec, 10_000)
     advice = {}
     for link in ("infiniband", "ethernet"):
@@ -196,6 +199,8 @@ def test_one_page_edit_scans_the_runs_folder_once_and_a_new_run_is_seen_after(tm
         panel.build_advice()
         panel.build_details()
     got = {panel.gpu: "A100-80GB", panel.ram: "512", panel.calibrate: True, panel.shown: estimate_panel.EstimateShown()}
+    if hasattr(panel, "price"):  # the price box another change adds (app/estimate_panel.py); empty: no price
+        got[panel.price] = ""
 
     def edit() -> str:
         result = evaluate(values_from_spec(spec), **panel.context(got))
@@ -205,7 +210,7 @@ def test_one_page_edit_scans_the_runs_folder_once_and_a_new_run_is_seen_after(tm
     fake_gpu_run(tmp_path, "20260101-000000-aaaaaa", spec, 1000.0, 20.0)
     text = edit()
     assert (
-        len(scans) == 2 and "Your last run on A100-80GB was -72% vs prediction" in text and "corrected by 0.28x" in text
+        len(scans) == 2 and "Your last run on A100-80GB was -77% vs prediction" in text and "corrected by 0.23x" in text
     )
 
 
