@@ -1,10 +1,16 @@
-"""The dataset preview beside the form: the first rows as the model sees them and their lengths.
+"""The dataset preview beside the form: the first rows as the model sees them, their lengths, and the rows that
+max_seq_length cuts; measured again by itself whenever what it depends on changes.
 
 Reading the data and tokenizing need datasets and transformers, which the panel never imports
-(tests/panel/test_imports.py): the preview runs `python -m tunedeck preview JOB --json` in a
-subprocess (backend/preview.py) on demand. Its statistics stay in the browser's state, and the
-memory estimate uses the longest measured row (instead of dataset.max_seq_length) for as long
-as the dataset, the model and the batch are the ones measured.
+(tests/panel/test_imports.py): a measurement is `python -m tunedeck preview JOB --json --lengths` in a subprocess
+(backend/preview.py), 6-8 s on a 2-core machine, nearly all of it imports. Its rows and each row's token length
+stay in MEASUREMENTS, shared by every browser of this panel, under what they depend on (truncation.measure_key:
+the data, its format and columns, the tokenizer). Every job event reads the measurement again for the job as set
+(preview.for_job: milliseconds for 5,000 rows), so a change of max_seq_length, packing or the batch redraws the
+numbers, the truncation warning (backend/truncation.py) and the memory estimate (which uses the longest measured
+row) without measuring again, and any other field costs nothing. When the data or the tokenizer change, the job
+event asks for a measurement (`wanted`); it runs outside the job queue, so edits go on meanwhile, and when it
+lands (`measured`) the job is evaluated again.
 """
 
 from __future__ import annotations
@@ -13,27 +19,70 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from html import escape
 from pathlib import Path
 
 import gradio as gr
 
-from tunedeck.app.job_events import DerivedView
+from tunedeck.app.job_events import JOB_QUEUE, DerivedView
 from tunedeck.app.job_outputs import JobResult
-from tunedeck.app.registry import Got, Registry, Updates
-from tunedeck.backend.preview import preview_key
-from tunedeck.backend.spec import JobSpec, spec_to_yaml
+from tunedeck.app.registry import Got, Registry, Updates, handler, listen
+from tunedeck.backend.fields import spec_from_values, values_from_form
+from tunedeck.backend.preview import for_job
+from tunedeck.backend.spec import JobSpec, SpecError, spec_to_yaml
+from tunedeck.backend.truncation import measure_key, why_not_measured
 
 PREVIEW_TIMEOUT_S = 300  # importing datasets and transformers on a busy 2-core machine takes a while
 ROWS_SHOWN = 3
+KEPT = 16  # measurements kept (about 100 KB each for 5,000 rows): the last datasets and models tried
+# One measurement at a time in the whole panel, whoever asks: each is a process of 6-8 s of CPU.
+MEASURE_QUEUE = {"concurrency_id": "dataset-preview", "concurrency_limit": 1}
+FIX_FIRST = "✗ Fix the errors in the form first: the preview reads the job as set."
+MEASURING = "Measuring the first rows with the model's tokenizer…"
+
+
+class Measurements(Mapping):
+    """The preview's measurements by measure_key, the last KEPT used; `version` counts those stored."""
+
+    def __init__(self, kept: int = KEPT):
+        self._kept = kept
+        self._items: OrderedDict[str, dict] = OrderedDict()
+        self._lock = threading.Lock()  # Gradio runs handlers in threads
+        self.version = 0
+
+    def __getitem__(self, key: str) -> dict:
+        with self._lock:
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._items))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, key: str, measured: dict) -> int:
+        with self._lock:
+            self._items[key] = measured
+            self._items.move_to_end(key)
+            while len(self._items) > self._kept:
+                self._items.popitem(last=False)
+            self.version += 1
+            return self.version
+
+
+MEASUREMENTS = Measurements()
 
 
 def run_preview(spec: JobSpec, rows: int = ROWS_SHOWN) -> dict:
-    """`tunedeck preview --json` of the job in a subprocess: its JSON, or {"error": {field, message}}."""
+    """`tunedeck preview --json --lengths` of the job in a subprocess: its JSON, or {"error": {field, message}}."""
     with tempfile.TemporaryDirectory(prefix="tunedeck-preview-") as folder:
         job = Path(folder) / "job.yaml"
         job.write_text(spec_to_yaml(spec), encoding="utf-8")
-        argv = [sys.executable, "-m", "tunedeck", "preview", str(job), "--json", "--rows", str(rows)]
+        argv = [sys.executable, "-m", "tunedeck", "preview", str(job), "--json", "--lengths", "--rows", str(rows)]
         try:
             done = subprocess.run(
                 argv, capture_output=True, text=True, timeout=PREVIEW_TIMEOUT_S, stdin=subprocess.DEVNULL
@@ -45,6 +94,21 @@ def run_preview(spec: JobSpec, rows: int = ROWS_SHOWN) -> dict:
     except ValueError:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": {"field": "dataset.path", "message": f"the preview failed: {last[:300]}"}}
+
+
+def preview_text(spec: JobSpec | None, measurements: Mapping[str, dict] = MEASUREMENTS) -> tuple[str, str | None]:
+    """(the preview's markdown for the job as set, the measure_key to measure, or None when there is nothing to
+    measure: measured already, or it would only fail)."""
+    if spec is None:
+        return FIX_FIRST, None
+    key = measure_key(spec)
+    found = measurements.get(key)
+    if found is not None:
+        return preview_markdown(found if "error" in found else for_job(found, spec)), None
+    why = why_not_measured(spec)
+    if why:
+        return escape(why), None
+    return MEASURING, key
 
 
 def preview_markdown(result: dict) -> str:
@@ -67,7 +131,7 @@ def preview_markdown(result: dict) -> str:
         "| length | |",
         "|---|---|",
         f"| p50 · p95 · max | {s['p50']} · {s['p95']} · {s['max']} tokens |",
-        f"| max_seq_length | {s['max_seq_length']} ({s['truncated']:,} rows truncated) |",
+        f"| max_seq_length | {s['max_seq_length']} ({s['truncated']:,} rows truncated{_answers_cut(s)}) |",
         f"| padding without packing | {s['padding_waste']:.0%} of the tokens in a batch |",
         f"| padding with packing | {s['padding_waste_packed']:.0%} |",
         "",
@@ -88,6 +152,12 @@ def preview_markdown(result: dict) -> str:
         fence = "~~~~" if "```" in text else "```"
         lines += ["", f"Row {i} as the model sees it:", fence, text.replace(fence, ""), fence]
     return "\n".join(lines)
+
+
+def _answers_cut(s: dict) -> str:
+    """Of the rows truncated, those that lose their answer whole or in part (rows with an answer only)."""
+    lost, cut = s.get("answer_lost", 0), s.get("answer_cut", 0)
+    return f": the answer cut away whole in {lost:,}, cut short in {cut:,}" if lost + cut else ""
 
 
 def _prompts_markdown(result: dict, s: dict, unit: str) -> str:
@@ -112,6 +182,8 @@ def _prompts_markdown(result: dict, s: dict, unit: str) -> str:
 
 
 class DatasetPreview(DerivedView):
+    """A derived view of the job: its text follows every job event; its measurement, the data and tokenizer."""
+
     def __init__(self, ui: Registry):
         self.ui = ui
 
@@ -121,7 +193,6 @@ class DatasetPreview(DerivedView):
             "preview.section", gr.Accordion("Dataset preview", open=False, elem_id="dataset-preview-section")
         )
         with self.section:
-            self.button = add("preview.run", gr.Button("Preview the dataset", elem_id="preview-dataset", size="sm"))
             self.text = add(
                 "preview.text",
                 gr.Markdown(
@@ -130,22 +201,61 @@ class DatasetPreview(DerivedView):
                     elem_id="dataset-preview",
                 ),
             )
-        # {"key": preview_key, "stats": ..., "packing": ...} of the last preview: what the estimate reads.
-        self.shown = add("preview.shown", gr.State(None))
+            self.button = add(
+                "preview.run", gr.Button("Measure again", elem_id="preview-dataset", size="sm", min_width=120)
+            )
+        self.shown = add("preview.shown", gr.State(None))  # the markdown the browser shows
+        self.wanted = add("preview.wanted", gr.State(None))  # the measure_key this browser asks to measure
+        self.measured = add("preview.measured", gr.State(0))  # MEASUREMENTS.version when its last one landed
         self.inputs = []
 
     @property
     def outputs(self) -> list:
-        return []
+        return [self.text, self.shown, self.wanted]
 
     def context(self, got: Got) -> dict:
-        return {"measured": got[self.shown]}
+        return {"measured": MEASUREMENTS}
 
     def update(self, result: JobResult, got: Got) -> Updates:
-        return {}
+        text, wanted = preview_text(result.spec)
+        out: Updates = {self.wanted: wanted}  # a State: its change event fires only when the key differs
+        if text != got[self.shown]:
+            out[self.text] = out[self.shown] = text
+        return out
 
-    def measure(self, spec: JobSpec) -> tuple[str, dict | None]:
-        """(markdown, the state the estimate reads) for the job the form holds."""
-        result = run_preview(spec)
-        state = None if "error" in result else {"key": preview_key(spec), "stats": result["stats"]}
-        return preview_markdown(result), state
+    def measure(self, spec: JobSpec, again: bool = False) -> int:
+        """Measure the job's data unless it is measured already (`again`: measure anyway); MEASUREMENTS.version."""
+        key = measure_key(spec)
+        if again or key not in MEASUREMENTS:
+            MEASUREMENTS.put(key, run_preview(spec))
+        return MEASUREMENTS.version
+
+    def wire(self, view, uploaded, notice) -> None:
+        """A job event that wants a measurement (`wanted` changes) or Measure again measures the job the form
+        holds, outside the job queue; once it lands, the job is evaluated again (in the queue, as every edit).
+        Data just uploaded opens the preview (`uploaded`: that fill's dependency)."""
+
+        def measure(got: Got, again: bool = False) -> Updates:
+            if not again and got[self.wanted] is None:
+                return {}
+            try:
+                spec = spec_from_values(values_from_form(view.form.raw(got)))
+            except SpecError:  # the job events show FIX_FIRST already
+                return {}
+            if not again and why_not_measured(spec):
+                return {}
+            return {self.measured: self.measure(spec, again)}
+
+        inputs, outputs = [*view.form.components, self.wanted], [self.measured]
+        listen([self.wanted.change], measure, inputs=inputs, outputs=outputs, trigger_mode="always_last",
+               show_progress="hidden", **MEASURE_QUEUE)  # fmt: skip
+        listen([self.button.click], lambda got: measure(got, again=True), inputs=inputs, outputs=outputs,
+               show_progress="minimal", show_progress_on=[self.text], **MEASURE_QUEUE)  # fmt: skip
+
+        def open_after_upload(got: Got) -> Updates:
+            return {} if str(got[notice] or "").startswith("✗") else {self.section: gr.update(open=True)}
+
+        uploaded.then(handler(open_after_upload), inputs={notice}, outputs=[self.section], show_progress="hidden")
+        # Quiet, as every other edit: a full tracker would cover the whole form for a moment.
+        listen([self.measured.change], view.on_edit, inputs=view.inputs, outputs=view.outputs,
+               show_progress="hidden", **JOB_QUEUE)  # fmt: skip

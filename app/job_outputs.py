@@ -27,11 +27,11 @@ from tunedeck.backend.advisor import Advice
 from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
 from tunedeck.backend.fit import fit_problems
 from tunedeck.backend.preflight import needs_gpus_here, preflight
-from tunedeck.backend.preview import measured_seq_len, preview_key
 from tunedeck.backend.run_speed import Calibration
 from tunedeck.backend.runs import RunManager, RunStatus
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.speed import Hardware
+from tunedeck.backend.truncation import measured_facts
 from tunedeck.backend.untrusted import shown
 from tunedeck.backend.validate import Problem, has_errors, validate
 from tunedeck.backend.vocabulary import STRATEGIES
@@ -98,7 +98,8 @@ def evaluate(
 ) -> JobResult:
     """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`
     and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/fit.py).
-    `measured`: the dataset preview's lengths (app/dataset_preview.py), used while they are this job's;
+    `measured`: the dataset preview's measurements by what they depend on (app/dataset_preview.py), used while
+    one is this job's data's;
     `correction`: the speed correction from your runs, 1 when not applied; `hardware`: the GPU speed is
     predicted on (app/estimate_panel.py; None: the one the GPU box names, else the assumed one); `calibration`:
     your runs against their predictions, carried to the estimate's text (the scan `correction` came from);
@@ -117,9 +118,8 @@ def evaluate(
     except Exception as exc:  # noqa: BLE001 - a generator bug must read as a message, not a blank page
         files = {}
         issues.append(Problem("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
-    seq_len = None
-    if measured and measured.get("key") == preview_key(spec):
-        seq_len = measured_seq_len(measured.get("stats"), spec.dataset.packing)
+    seq_len, cut = measured_facts(spec, measured)  # the preview's lengths, while they are this job's data
+    issues += cut  # rows cut at max_seq_length (backend/truncation.py)
     advice = None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, hardware, seq_len, correction)
     if isinstance(advice, Advice) and not has_errors(issues):  # the same rule as `tunedeck validate`
         issues = sorted(issues + fit_problems(spec, advice), key=lambda p: p.level != "error")

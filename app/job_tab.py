@@ -21,14 +21,13 @@ from tunedeck.app.job_events import JobEvent
 from tunedeck.app.job_outputs import read_uploaded_spec
 from tunedeck.app.job_view import JOB_QUEUE, JobView
 from tunedeck.app.model_access import ModelAccessNote
-from tunedeck.app.registry import Got, Updates, handler, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.data_uploads import SUFFIXES as DATA_SUFFIXES
 from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
 from tunedeck.backend.implied import describe, implied
 from tunedeck.backend.problem import spelled
 from tunedeck.backend.render import render_bundle
-from tunedeck.backend.spec import JobSpec, Preset, SpecError, load_presets, set_paths
+from tunedeck.backend.spec import JobSpec, Preset, load_presets, set_paths
 
 # Presets in the order a newcomer reads them: the runnable demo, then growing model sizes.
 PRESET_ORDER = ("demo", "7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp")
@@ -118,44 +117,8 @@ class JobTab(Section):
         uploaded = view.wire_fill(self.upload_data.upload, upload_data, notice, reads=(self.upload_data,))
         view.wire_fill(self.estimate.apply.click, self.apply, notice)
         view.wire_fill(self.estimate.apply_pick.click, self.apply_picked, notice, reads=(self.estimate.pick,))
-        self.wire_preview(view, uploaded, notice)
+        self.preview.wire(view, uploaded, notice)
         page.on_load(view.on_load, inputs=view.inputs, outputs=view.outputs, **JOB_QUEUE)
-
-    def wire_preview(self, view: JobView, uploaded, notice) -> None:
-        """Preview: measured in a subprocess outside the job queue (edits go on meanwhile); once its
-        state changes, the job is evaluated again, so the estimate uses the measured lengths. Data just
-        uploaded is previewed at once (`uploaded`: that fill's dependency), the preview opened."""
-        preview = self.preview
-
-        def measure(got: Got) -> Updates:
-            try:
-                spec = spec_from_values(values_from_form(view.form.raw(got)))
-            except SpecError:
-                return {preview.text: "✗ Fix the errors in the form first: the preview reads the job as set."}
-            text, state = preview.measure(spec)
-            return {preview.text: text, preview.shown: state}
-
-        listen([preview.button.click], measure, inputs=view.form.components, outputs=[preview.text, preview.shown])
-
-        def measure_upload(got: Got) -> Updates:
-            if str(got[notice] or "").startswith("✗"):  # nothing was uploaded: the form is unchanged
-                return {}
-            return {**measure(got), preview.section: gr.update(open=True)}
-
-        uploaded.then(
-            handler(measure_upload),
-            inputs={*view.form.components, notice},
-            outputs=[preview.text, preview.shown, preview.section],
-            show_progress="hidden",
-        )
-        listen(  # quiet, as every other edit: a full tracker would cover the whole form for a moment
-            [preview.shown.change],
-            view.on_edit,
-            inputs=view.inputs,
-            outputs=view.outputs,
-            show_progress="hidden",
-            **JOB_QUEUE,
-        )
 
     def apply(self, event: JobEvent):
         """Apply: the recommendation's changes for the job the form holds."""

@@ -15,17 +15,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="show the first rows of the job's dataset as the model sees them, and their token lengths",
         description="The first rows after the dataset format and chat template, and token-length statistics "
         "(p50/p95/max against dataset.max_seq_length, rows truncated, padding with and without packing), "
-        "for a local file or a hub dataset in the local Hugging Face cache. Nothing is downloaded.",
+        "for a local file or a hub dataset in the local Hugging Face cache, and a warning when more than 5% of "
+        "the rows are cut (what of them is lost, and the max_seq_length that keeps 95% whole). Nothing is "
+        "downloaded.",
     )
     add_spec_arguments(p)
     p.add_argument("--rows", type=int, default=3, metavar="N", help="rows to show (default 3)")
-    p.add_argument("--json", action="store_true", help="print one JSON object: rows, stats, tokenizer")
+    p.add_argument("--json", action="store_true", help="print one JSON object: rows, stats, tokenizer, problems")
+    p.add_argument(
+        "--lengths",
+        action="store_true",
+        help="with --json: also each measured row's tokens and the tokens before its answer (what the panel reads)",
+    )
     p.set_defaults(handler=cmd_preview)
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
     from tunedeck.backend.demo import ensure_demo_if_used
     from tunedeck.backend.preview import PreviewError, preview
+    from tunedeck.backend.truncation import truncation_problems
 
     if not 0 <= args.rows <= 100:
         print_problems([("error", "--rows", f"{args.rows} rows: give 0 to 100")])
@@ -39,8 +47,12 @@ def cmd_preview(args: argparse.Namespace) -> int:
             print(json.dumps({"error": {"field": exc.field, "message": str(exc)}}))
         print_problems([("error", exc.field, str(exc))])
         return 2
+    problems = truncation_problems(spec, result)
     if args.json:
-        print(json.dumps(result, indent=2))
+        if not args.lengths:
+            result = {k: v for k, v in result.items() if k not in ("lengths", "answer_starts")}
+        said = [{"level": p.level, "field": p.field, "message": p.message, "fix": p.fix} for p in problems]
+        print(json.dumps({**result, "problems": said}, indent=2))
         return 0
     out = sys.stdout.write
     for i, text in enumerate(result["rows"], start=1):
@@ -53,7 +65,31 @@ def cmd_preview(args: argparse.Namespace) -> int:
         out(f"labels: {labels['good']:,} good, {labels['bad']:,} bad\n")
         if labels["advice"]:
             out(f"warning: {labels['advice']}\n")
+    sys.stdout.flush()
+    print_with_fixes(problems)
     return 0
+
+
+def print_with_fixes(problems: list) -> None:
+    """Problems as print_problems prints them, each with its fix as --set spells it."""
+    print_problems((p.level, p.field, p.message + (f" (--set {p.fix_text()})" if p.fix else "")) for p in problems)
+
+
+def local_data_problems(spec) -> list:
+    """The preview's warning for a job whose dataset is a local file or folder (what `tunedeck validate` adds:
+    it reads the first rows and the tokenizer, seconds); [] for a hub dataset or data the preview cannot read
+    (the input checks say why)."""
+    from pathlib import Path
+
+    from tunedeck.backend.preview import PreviewError, preview
+    from tunedeck.backend.truncation import truncation_problems
+
+    if not Path(spec.dataset.path).expanduser().exists():
+        return []
+    try:
+        return truncation_problems(spec, preview(spec, rows=0))
+    except PreviewError:
+        return []
 
 
 def stats_line(result: dict) -> str:

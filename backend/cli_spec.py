@@ -114,6 +114,7 @@ def _fit(spec, machine) -> list:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from tunedeck.backend.cli_preview import local_data_problems, print_with_fixes
     from tunedeck.backend.preflight import preflight
     from tunedeck.backend.validate import describe_global_batch, has_errors
 
@@ -129,6 +130,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if has_errors(here):
         return 2
     problems += here
+    cut = local_data_problems(spec)  # rows cut at max_seq_length, as `tunedeck preview` and the page say it
+    print_with_fixes(cut)
+    problems += cut
     print(
         f"ok: {spec.method} on {spec.model.name_or_path}, {spec.strategy.kind}, "
         f"{spec.launch.num_processes} processes, {describe_global_batch(spec)}"

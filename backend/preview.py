@@ -37,11 +37,16 @@ class PreviewError(ValueError):
         self.field = field
 
 
-def length_stats(lengths: list[int], max_seq_length: int, batch_size: int) -> dict:
-    """p50/p95/max, rows truncated, and the share of padding per micro-batch without and with packing.
+def length_stats(
+    lengths: list[int], max_seq_length: int, batch_size: int, answer_starts: list[int | None] | None = None
+) -> dict:
+    """p50/p95/max, rows truncated, and the share of padding per micro-batch without and with packing; with
+    `answer_starts` (the tokens before each row's answer), of the rows truncated those whose answer is cut away
+    whole (`answer_lost`: the cut falls before it) and those whose answer is cut short (`answer_cut`).
 
     Without packing each micro-batch (rows in order) pads to its longest row, cut at max_seq_length.
-    With packing rows are concatenated and cut into blocks of max_seq_length: only the last block pads.
+    With packing each row is cut at max_seq_length first (TRL's bfd packing: pack_dataset truncates a longer
+    row before it fills blocks), then the rows fill blocks of max_seq_length: at best only the last block pads.
     """
     if not lengths:
         return {"rows": 0}
@@ -52,7 +57,8 @@ def length_stats(lengths: list[int], max_seq_length: int, batch_size: int) -> di
         batch = kept[start : start + batch_size]
         padded += max(batch) * len(batch)
     total = sum(kept)
-    packed = math.ceil(sum(lengths) / max_seq_length) * max_seq_length
+    packed = math.ceil(total / max_seq_length) * max_seq_length
+    starts = [a for n, a in zip(lengths, answer_starts or []) if n > max_seq_length and a is not None]
     return {
         "rows": len(lengths),
         "p50": _percentile(ordered, 50),
@@ -62,7 +68,9 @@ def length_stats(lengths: list[int], max_seq_length: int, batch_size: int) -> di
         "max_seq_length": max_seq_length,
         "truncated": sum(n > max_seq_length for n in lengths),
         "padding_waste": round(1 - total / padded, 4),
-        "padding_waste_packed": round(1 - sum(lengths) / packed, 4),
+        "padding_waste_packed": round(1 - total / packed, 4),
+        "answer_lost": sum(a >= max_seq_length for a in starts),
+        "answer_cut": sum(a < max_seq_length for a in starts),
     }
 
 
@@ -99,33 +107,60 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
         text = str(exc)
         raise PreviewError(text.split(":", 1)[0], text) from None
     tokenizer, tokenizer_note = _tokenizer(job)
-    grpo = dataset_cfg["format"] == "prompt-only"
     sequences = [_sequences(example, tokenizer) for example in data]
-    flat = [text for seqs in sequences for text in seqs]
-    if tokenizer is not None:
-        counts = iter([len(ids) for ids in tokenizer(flat, add_special_tokens=False)["input_ids"]])
-    else:
-        counts = iter([max(1, round(len(t) / CHARS_PER_TOKEN)) for t in flat])
+    counts = iter(_token_counts([text for seqs in sequences for text in seqs], tokenizer))
     lengths = [max(next(counts) for _ in seqs) for seqs in sequences]  # a pair's longer sequence is what is cut
+    prefixes = [_before_answer(example, tokenizer) for example in data]
+    counted = iter(_token_counts([p for p in prefixes if p is not None], tokenizer))
+    answer_starts = [None if p is None else next(counted) for p in prefixes]
     texts = [_shown(example, seqs) for example, seqs in zip(data, sequences)]
-    limit = spec.grpo.max_prompt_length if grpo else spec.dataset.max_seq_length
-    stats = length_stats(lengths, limit, spec.training.per_device_train_batch_size)
-    if grpo:  # the prompts' lengths: the limit is grpo.max_prompt_length, the answers are the model's to write
-        stats.update(limit_field="grpo.max_prompt_length", max_completion_length=spec.grpo.max_completion_length,
-                     num_generations=spec.grpo.num_generations)  # fmt: skip
-    return {
+    measured = {
         "dataset": dataset_cfg["path"],
         "format": dataset_cfg["format"],
         "rows": texts[:rows],
         "rows_in_split": total_rows,
-        "stats": stats,
-        # not DPO's (it pads pairs), nor GRPO's (the model writes the answers)
-        "packing": spec.dataset.packing and applies("dataset.packing", flat_values(spec)) and not grpo,
         "tokenizer": tokenizer_note,
         "counted": "tokens" if tokenizer is not None else "estimated",
         "labels": labels,
+        # Each measured row's tokens and the tokens before its answer (None: a text row or a prompt alone): what the
+        # statistics of any max_seq_length, batch and packing are computed from (for_job), here or in the panel.
+        "lengths": lengths,
+        "answer_starts": answer_starts,
+    }
+    return for_job(measured, spec)
+
+
+def for_job(measured: dict, spec: JobSpec) -> dict:
+    """A measurement (preview's rows and lengths) as it reads for `spec`: the length statistics against its
+    max_seq_length (GRPO: grpo.max_prompt_length) and batch, whether it packs, what it mixes in, and KTO's advice
+    for its weights. Pure Python: the panel re-reads a measurement this way at every edit (backend/truncation.py)."""
+    grpo = measured["format"] == "prompt-only"
+    limit = spec.grpo.max_prompt_length if grpo else spec.dataset.max_seq_length
+    batch = spec.training.per_device_train_batch_size
+    stats = length_stats(measured["lengths"], limit, batch, measured.get("answer_starts"))
+    if grpo:  # the prompts' lengths: the limit is grpo.max_prompt_length, the answers are the model's to write
+        stats.update(limit_field="grpo.max_prompt_length", max_completion_length=spec.grpo.max_completion_length,
+                     num_generations=spec.grpo.num_generations)  # fmt: skip
+    labels = measured.get("labels")
+    if labels:  # KTO: whether the job's weights balance the good and bad answers
+        p = spec.preference
+        labels = {**labels, "advice": weight_advice(labels["good"], labels["bad"], p.desirable_weight,
+                                                    p.undesirable_weight)}  # fmt: skip
+    return {
+        **measured,
+        "stats": stats,
+        # not DPO's (it pads pairs), nor GRPO's (the model writes the answers)
+        "packing": spec.dataset.packing and applies("dataset.packing", flat_values(spec)) and not grpo,
+        "labels": labels,
         "mixed": list(spec.dataset.mix),  # dataset.mix: trained on too, previewed and measured from dataset.path only
     }
+
+
+def _token_counts(texts: list[str], tokenizer) -> list[int]:
+    """Each text's tokens, counted with the tokenizer or estimated at CHARS_PER_TOKEN."""
+    if tokenizer is None:
+        return [max(1, round(len(t) / CHARS_PER_TOKEN)) for t in texts]
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
 
 
 def label_counts(data, dataset_cfg: dict, spec: JobSpec) -> dict:
@@ -205,23 +240,42 @@ def _prompt_seen(prompt, tokenizer) -> str:
 
 
 def _as_seen(example: dict, tokenizer) -> str:
-    """The text SFTTrainer tokenizes for one row: chat template for messages, prompt + completion + EOS otherwise."""
+    """The text SFTTrainer tokenizes for one row: chat template for messages (and for a prompt and completion that
+    are chats), prompt + completion + EOS otherwise."""
     eos = getattr(tokenizer, "eos_token", None) or ""
     if "messages" in example:
-        if tokenizer is not None and tokenizer.chat_template:
-            return tokenizer.apply_chat_template(example["messages"], tokenize=False)
-        return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in example["messages"])
+        return _chat(example["messages"], tokenizer)
     if "prompt" in example:
+        if isinstance(example["prompt"], list) and isinstance(example["completion"], list):
+            return _chat(example["prompt"] + example["completion"], tokenizer)
         return f"{example['prompt']}{example['completion']}{eos}"
     return f"{example['text']}{eos}"
 
 
-def preview_key(spec: JobSpec) -> str:
-    """What measured lengths depend on: the data, how rows become text, the tokenizer, the batch."""
-    import json
+def _chat(messages: list, tokenizer, answer_next: bool = False) -> str:
+    """A chat through the chat template (with the assistant's header after it when `answer_next`), or as lines."""
+    if tokenizer is not None and tokenizer.chat_template:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=answer_next)
+    lines = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
+    return lines + ("\nassistant: " if messages else "assistant: ") * answer_next
 
-    dataset = spec.dataset.model_dump(mode="json", exclude={"max_seq_length", "packing"})
-    return json.dumps([dataset, spec.model.name_or_path, spec.training.per_device_train_batch_size], sort_keys=True)
+
+def _before_answer(example: dict, tokenizer) -> str | None:
+    """The text before a row's answer (the completion, the first assistant turn, a pair's answers): the part the
+    loss is computed on begins after it. None for a row without one (a text row, a GRPO prompt)."""
+    if "messages" in example:
+        messages = example["messages"]
+        first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+        if first is None:
+            return None
+        try:
+            return _chat(messages[:first], tokenizer, answer_next=True)
+        except Exception:  # noqa: BLE001 - a template that needs a user turn first: no answer start measured
+            return None
+    if "prompt" in example and ("completion" in example or "chosen" in example):
+        prompt = example["prompt"]
+        return _chat(prompt, tokenizer, answer_next=True) if isinstance(prompt, list) else str(prompt)
+    return None
 
 
 def measured_seq_len(stats: dict | None, packing: bool) -> int | None:

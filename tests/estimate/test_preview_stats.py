@@ -5,8 +5,9 @@ from __future__ import annotations
 from tunedeck.app.job_outputs import evaluate
 from tunedeck.backend.advisor import advise
 from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.preview import length_stats, measured_seq_len, preview_key
+from tunedeck.backend.preview import for_job, length_stats, measured_seq_len
 from tunedeck.backend.spec import resolve_spec
+from tunedeck.backend.truncation import measure_key
 
 
 def test_length_stats_against_max_seq_length():
@@ -14,8 +15,9 @@ def test_length_stats_against_max_seq_length():
     assert (s["rows"], s["p50"], s["p95"], s["max"], s["truncated"]) == (5, 30, 100, 100, 1)
     # Batches [10, 20] [30, 40] [50]: padded to 20, 40, 50 -> 2*20 + 2*40 + 50 = 170 slots for 150 tokens.
     assert s["padding_waste"] == round(1 - 150 / 170, 4)
-    # Packed: 200 tokens in ceil(200/50) = 4 blocks of 50: no padding.
+    # Packed: each row cut at 50 first (TRL's bfd), so 150 tokens in ceil(150/50) = 3 blocks of 50: no padding.
     assert s["padding_waste_packed"] == 0.0
+    assert length_stats([10, 100], 50, 2)["padding_waste_packed"] == round(1 - 60 / 100, 4)  # 60 tokens, 2 blocks
     assert length_stats([], 64, 8) == {"rows": 0}
 
 
@@ -30,15 +32,16 @@ def test_the_estimate_uses_the_longest_row_unless_packing():
 
 def test_the_page_uses_measured_lengths_only_for_the_job_they_were_measured_for():
     spec = resolve_spec("7b-lora-ddp", ["dataset.packing=false"])  # packed blocks are max_seq_length long anyway
-    state = {"key": preview_key(spec), "stats": length_stats([300, 500], 2048, 2)}
+    measured = {"format": "text", "lengths": [300, 500], "answer_starts": [None, None]}
     plain = evaluate(values_from_spec(spec), "80", "")
-    used = evaluate(values_from_spec(spec), "80", "", state)
+    used = evaluate(values_from_spec(spec), "80", "", {measure_key(spec): measured})
     assert used.advice.current.per_gpu_gb < plain.advice.current.per_gpu_gb
-    other = resolve_spec(
-        "7b-lora-ddp", ["dataset.packing=false", "training.per_device_train_batch_size=4"]
-    )  # another batch: stale
-    stale = evaluate(values_from_spec(other), "80", "", state)
+    other = resolve_spec("7b-lora-ddp", ["dataset.packing=false", "dataset.text_field=body"])  # other data: stale
+    stale = evaluate(values_from_spec(other), "80", "", {measure_key(spec): measured})
     assert stale.advice.current.per_gpu_gb == evaluate(values_from_spec(other), "80", "").advice.current.per_gpu_gb
+    batch = resolve_spec("7b-lora-ddp", ["dataset.packing=false", "training.per_device_train_batch_size=4"])
+    assert measure_key(batch) == measure_key(spec)  # a batch (or max_seq_length) reads the same measurement again
+    assert for_job(measured, batch)["stats"]["padding_waste"] == round(1 - 800 / 1000, 4)
 
 
 def test_the_preview_reads_as_rows_and_one_measure_per_line():

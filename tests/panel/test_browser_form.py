@@ -116,6 +116,32 @@ def test_a_fix_button_applies_its_fix_and_clears_its_problem(page, server):
     expect(page.locator("#start-run")).to_be_enabled()
 
 
+def test_rows_cut_at_a_short_max_seq_length_are_a_warning_whose_fix_clears_it(page, server):
+    load(page, server)
+    page.click("#preset-demo")
+    wait_text(page, "#notice", "Loaded preset")
+    page.locator("#dataset-preview-section").get_by_text("Dataset preview").first.click()
+    # Measured by itself once the demo's data is the job's (a subprocess: imports take seconds on 2 cores).
+    wait_text(page, "#dataset-preview", "64 (0 rows truncated)", timeout=120_000)
+    open_tab(page, "form-sections", "Dataset")
+    set_field(page, "dataset.max_seq_length", "12")
+    wait_text(page, "#job-issues", "rows measured")  # no new measurement: the same rows, read for 12 tokens
+    issues = page.inner_text("#job-issues")
+    assert "2,000 of 2,000 rows measured (100%) are longer than max_seq_length (12 tokens)" in issues
+    assert "the completion, the only part the loss is computed on, is cut away whole in" in issues
+    assert "Set it to 24 to keep 95% of rows whole (p95: 18 tokens)" in issues
+    wait_text(page, "#dataset-preview", "12 (2,000 rows truncated: the answer cut away whole in")
+    button = page.locator("#job-fixes button", has_text="dataset.max_seq_length=24")
+    expect(button).to_be_visible()
+    expect(tab(page, "Dataset")).to_have_text("Dataset ⚠1")
+    button.click()
+    wait_text(page, "#notice", "Fixed")
+    wait_text(page, "#dataset-preview", "24 (0 rows truncated)")
+    expect(page.locator("#job-issues")).not_to_contain_text("rows measured")
+    expect(field(page, "dataset.max_seq_length")).to_have_value("24")
+    expect(tab(page, "Dataset")).to_have_text("Dataset")
+
+
 def test_every_text_of_the_job_tab_meets_wcag_aa_contrast(page, server):
     load(page, server)
     open_tab(page, "form-sections", "LoRA/Quantization")
