@@ -65,7 +65,7 @@ def fill_from_upload(
     else:
         said.append(
             f"Its columns ({listed or 'not read here: Parquet'}) are no format's own: set dataset.format and its column "
-            "fields, then Preview the dataset."
+            "fields; the dataset preview then measures it."
         )
     return spec, " ".join(said)
 
