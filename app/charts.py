@@ -48,6 +48,8 @@ SHARES = ("completions_clipped", "groups_without_signal")  # 0-1, drawn as %
 REWARD_COLORS = ("#16a34a", "#db2777", "#0891b2", "#ca8a04", "#7c3aed", "#dc2626", "#65a30d", "#0d9488")
 NO_MFU = "MFU is not defined here:<br>no known peak throughput<br>(a CPU run, or a GPU not in<br>the table of peaks)"
 COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
+# A resumed run's forebears (backend/run_lineage.py), before its own curve: the shown run's hue, lighter.
+BEFORE, BEFORE_COLOR = "before resume", "#a5b4fc"
 _LAYOUT = dict(
     margin=dict(l=50, r=20, t=40, b=40),
     template="plotly_white",
@@ -107,16 +109,20 @@ def is_grpo(records: Sequence[LogRecord]) -> bool:
 
 
 def loss_figure(
-    runs: Sequence[tuple[str, Sequence[LogRecord]]], smoothing: float = 0.6, log_scale: bool = False
+    runs: Sequence[tuple[str, Sequence[LogRecord]]],
+    smoothing: float = 0.6,
+    log_scale: bool = False,
+    before: Sequence[LogRecord] = (),
 ) -> go.Figure:
-    """Loss per step for one run, or two overlaid: raw (faint), EMA-smoothed (bold), eval loss (markers); a note
-    in place of empty axes (plotly's default frame reads -1..6) while no loss has been logged."""
-    if not any(series(records, key)[0] for _, records in runs for key in ("loss", "eval_loss")):
+    """Loss per step for one run, or two overlaid: raw (faint), EMA-smoothed (bold), eval loss (markers); a resumed
+    run's forebears' loss (`before`) lighter before it; a note in place of empty axes (plotly's default frame reads
+    -1..6) while no loss has been logged."""
+    if not any(series(records, key)[0] for _, records in [*runs, ("", before)] for key in ("loss", "eval_loss")):
         return waiting_figure(NO_STEP_YET)
-    if is_grpo(runs[0][1]):
-        return reward_figure(runs, smoothing, log_scale)
-    data = []
-    for (label, records), color in zip(runs, COLORS):
+    if is_grpo(runs[0][1]) or is_grpo(before):
+        return reward_figure(runs, smoothing, log_scale, before)
+    data, drawn = [], [(*run, color) for run, color in zip(runs, COLORS)]
+    for label, records, color in [(BEFORE, before, BEFORE_COLOR)] * bool(before) + drawn:
         steps, loss = series(records, "loss")
         if steps:
             x, y = downsample(steps, loss)
@@ -143,11 +149,21 @@ def _smoothed(data: list, steps: list, values: list, name: str, color: str, smoo
 
 
 def reward_figure(
-    runs: Sequence[tuple[str, Sequence[LogRecord]]], smoothing: float = 0.6, log_scale: bool = False
+    runs: Sequence[tuple[str, Sequence[LogRecord]]],
+    smoothing: float = 0.6,
+    log_scale: bool = False,
+    before: Sequence[LogRecord] = (),
 ) -> go.Figure:
     """A GRPO run's measure first: "Reward", the answers' mean summed reward (raw and smoothed, eval_reward as
-    markers) and each reward's mean as its own line; below it "Loss", near 0 in GRPO (the overlaid run's too)."""
+    markers) and each reward's mean as its own line; below it "Loss", near 0 in GRPO (the overlaid run's too); a
+    resumed run's forebears' reward and loss lighter before them."""
     data = []
+    steps, reward = series(before, "reward")
+    if steps:
+        _smoothed(data, steps, reward, f"{BEFORE} reward", BEFORE_COLOR, smoothing, xaxis="x", yaxis="y")
+        x, y = downsample(*series(before, "loss"))
+        data.append(_line(x, y, f"{BEFORE} loss", dict(color=BEFORE_COLOR, width=1), showlegend=False, xaxis="x2",
+                          yaxis="y2"))  # fmt: skip
     for shown, ((label, records), color) in enumerate(zip(runs, COLORS)):
         top = dict(xaxis="x", yaxis="y")
         steps, reward = series(records, "reward")

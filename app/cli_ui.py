@@ -33,7 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="ADDR",
         help="a reverse proxy whose X-Forwarded-For names the client (repeatable; default: believed from none)",
     )
-    p.add_argument("--preset", metavar="ID", help="open the page on this preset (e.g. demo; see `tunedeck presets`)")
+    p.add_argument(
+        "--preset",
+        metavar="ID",
+        help="open the page on this preset (e.g. demo; see `tunedeck presets`; default: the demo on a machine without "
+        "an NVIDIA GPU, else the first preset that runs on the GPUs found)",
+    )
     p.set_defaults(handler=cmd_ui)
 
 
@@ -87,7 +92,7 @@ def _serve(args: argparse.Namespace, credentials, work: Path) -> int:
     from tunedeck.app.page import build_page
     from tunedeck.app.serving import launch
 
-    page = build_page(Path(args.runs_dir).resolve(), preset_id=args.preset, work_dir=work)
+    page = build_page(Path(args.runs_dir).resolve(), preset_id=args.preset or _first_preset(), work_dir=work)
     try:
         launch(
             page,
@@ -108,3 +113,16 @@ def _serve(args: argparse.Namespace, credentials, work: Path) -> int:
         )
         return 2
     return 0
+
+
+def _first_preset() -> str:
+    """The preset the page opens on without --preset (app/first_screen.py), said on the console."""
+    from tunedeck.app.first_screen import Here, first_preset
+    from tunedeck.app.job_tab import ordered_presets
+    from tunedeck.backend.monitor import shared_monitor
+
+    here = Here.of(shared_monitor())
+    preset = first_preset(ordered_presets(), here)
+    found = f"{here.gpu_words} here" if here.gpus else "no NVIDIA GPU here"
+    print(f"tunedeck ui: opening on the {preset.title} preset ({found}; --preset ID opens another)", flush=True)
+    return preset.id

@@ -8,6 +8,7 @@ figures themselves come from app/estimate_view.py (pure builders).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -15,18 +16,19 @@ from pathlib import Path
 import gradio as gr
 
 from tunedeck.app.estimate_view import (
-    COLUMN_WIDTHS,
     HEADERS,
     ORDER_NOTE,
-    SPEED_HEADERS,
     Unavailable,
+    column_widths,
     compute_advice,
     estimate_figure,
     estimate_table,
     measured_markdown,
     option_changes,
     option_choices,
+    parse_price,
     recommendation_markdown,
+    table_headers,
 )
 from tunedeck.app.job_events import DerivedView
 from tunedeck.app.job_outputs import JobResult
@@ -43,7 +45,8 @@ class EstimateShown:
 
     recommendation: str | None = None
     applicable: bool = False  # the Apply button is enabled
-    table: str | None = None  # the rows and GPU size the table and chart were drawn from
+    table: str | None = None  # the rows and GPU size the table was drawn from
+    chart: str | None = None  # the memory columns and GPU size the chart was drawn from (not the speed nor cost)
 
 
 class EstimatePanel(DerivedView):
@@ -70,10 +73,22 @@ class EstimatePanel(DerivedView):
             self.ram = add(
                 "estimate.ram",
                 gr.Textbox(
-                    value="" if self.machine.ram_gb is None else f"{self.machine.ram_gb:.0f}",
+                    value=self.own_ram_text,
                     label="Host RAM per machine",
                     info=f"GB, for loading and CPU/NVMe offload. {self.machine.ram_source[0].upper()}{self.machine.ram_source[1:]}.",
                     elem_id="host-ram",
+                    max_lines=1,
+                    scale=2,
+                ),
+            )
+            self.price = add(  # a text box as the two above: every way a value reaches it counts (app/text_edits.py)
+                "estimate.price",
+                gr.Textbox(
+                    value="",
+                    label="Price per GPU-hour",
+                    info="e.g. 2.5, any currency: the job's cost in the table and the speed line",
+                    placeholder="none",
+                    elem_id="gpu-price",
                     max_lines=1,
                     scale=2,
                 ),
@@ -93,7 +108,7 @@ class EstimatePanel(DerivedView):
         )
         self.recommendation = add("estimate.recommendation", gr.Markdown(elem_id="recommendation"))
         self.shown = add("estimate.shown", gr.State(EstimateShown()))
-        self.inputs = [self.gpu, self.ram, self.calibrate]
+        self.inputs = [self.gpu, self.ram, self.price, self.calibrate]
 
     def build_details(self) -> None:
         """The table (full width: its headers never wrap letter by letter), a picker to apply any row,
@@ -103,11 +118,11 @@ class EstimatePanel(DerivedView):
             self.table = add(
                 "estimate.table",
                 gr.Dataframe(
-                    headers=HEADERS + SPEED_HEADERS,
+                    headers=table_headers(priced=False),
                     interactive=False,
                     elem_id="estimate-table",
                     wrap=True,  # full width, so headers wrap at most at their words
-                    column_widths=COLUMN_WIDTHS,
+                    column_widths=column_widths(table_headers(priced=False)),
                 ),
             )
             add("estimate.order_note", gr.Markdown(ORDER_NOTE, elem_id="estimate-order"))
@@ -139,22 +154,31 @@ class EstimatePanel(DerivedView):
         return {
             "gpu_text": got[self.gpu],
             "ram_text": got[self.ram],
-            "hardware": self.hardware(got[self.gpu]),
+            "hardware": self.hardware(got[self.gpu], got[self.price]),
             "calibration": found,
             "correction": found.factor if found and got[self.calibrate] else 1.0,
         }
 
-    def hardware(self, gpu_text) -> Hardware:
+    def hardware(self, gpu_text, price_text: str | None = None) -> Hardware:
         """The GPU speed is predicted on: the box's GPU model, or this machine's GPU (NVML) while the box
-        holds this machine's size; else the assumed GPU, which the speed line says."""
+        holds this machine's size; else the assumed GPU, which the speed line says. With the price box's price
+        (none while it is empty or not a price: price_markdown says why)."""
+        try:
+            price = parse_price(price_text)
+        except ValueError:
+            price = None
         name = self.machine.gpu_name
         if name and gpu_row(name) and str(gpu_text).strip() == self.own_gpu_text:
-            return Hardware.named(name)
-        return hardware_for(gpu_text)
+            return Hardware.named(name, price_per_gpu_hour=price)
+        return hardware_for(gpu_text, price=price)
 
     @property
     def own_gpu_text(self) -> str:
         return f"{self.machine.gpu_mem_gb:.0f}"  # what the GPU box starts with
+
+    @property
+    def own_ram_text(self) -> str:
+        return "" if self.machine.ram_gb is None else f"{self.machine.ram_gb:.0f}"  # what the RAM box starts with
 
     def _calibration(self, gpu_text) -> Calibration | None:
         """How your last finished runs on the box's GPU compared with their predictions (None: no such run)."""
@@ -163,6 +187,15 @@ class EstimatePanel(DerivedView):
     def _correction(self, got: Got) -> float:
         found = self._calibration(got[self.gpu]) if got[self.calibrate] else None
         return found.factor if found else 1.0
+
+    def price_markdown(self, got: Got) -> str:
+        """Above the estimate: what is wrong with the price box's text, and what it takes."""
+        try:
+            parse_price(got[self.price])
+        except ValueError as exc:
+            said = re.sub(r"([\\`*_\[\]#|~!])", r"\\\1", escape(str(exc), quote=False))  # the typed text as text
+            return f"✗ **Price per GPU-hour** (the box beside the GPU memory): {said}."
+        return ""
 
     def calibration_markdown(self, found: Calibration | None, got: Got) -> str:
         """Under the speed line: your runs against the prediction, and whether the correction is on."""
@@ -180,26 +213,32 @@ class EstimatePanel(DerivedView):
         old: EstimateShown = got[self.shown]
         advice = result.advice
         if result.spec is None or advice is None:
-            shown = EstimateShown("Fix the errors above to see the memory estimate.", False, old.table)
+            shown = EstimateShown("Fix the errors above to see the memory estimate.", False, old.table, old.chart)
             rows = headers = None
         else:
             headers, rows = estimate_table(advice)
             # Apply only when the advice changes fields (an unknown model or GPU: the markdown says which).
             applicable = not isinstance(advice, Unavailable) and bool(advice.recommendation.changes)
-            # Same totals per strategy on the same GPU: the chart (the slow part) is unchanged.
-            text = "\n\n".join(
-                t for t in (recommendation_markdown(advice), self.calibration_markdown(result.calibration, got)) if t
+            parts = (
+                self.price_markdown(got),
+                recommendation_markdown(advice),
+                self.calibration_markdown(result.calibration, got),
             )
-            shown = EstimateShown(text, applicable, repr((rows, got[self.gpu], got[self.ram])))
+            text = "\n\n".join(t for t in parts if t)
+            table = repr((headers, rows, got[self.gpu], got[self.ram]))
+            # Same totals per strategy on the same GPU: the chart (the slow part) is unchanged by speed or price.
+            chart = repr(([row[: len(HEADERS)] for row in rows], got[self.gpu], got[self.ram]))
+            shown = EstimateShown(text, applicable, table, chart)
         out: Updates = {}
         if shown.recommendation != old.recommendation:
             out[self.recommendation] = shown.recommendation
         if shown.applicable != old.applicable:
             out[self.apply] = gr.update(interactive=shown.applicable)
         if shown.table != old.table:
-            out.update({self.table: gr.update(value=rows, headers=headers), self.figure: estimate_figure(advice)})
-            if rows is not None:
-                out[self.pick] = gr.update(choices=option_choices(advice), value=None)
+            out[self.table] = gr.update(value=rows, headers=headers, column_widths=column_widths(headers))
+        if shown.chart != old.chart:  # the rows' labels are the picker's choices: a new price keeps the pick
+            out[self.figure] = estimate_figure(advice)
+            out[self.pick] = gr.update(choices=option_choices(advice), value=None)
         if shown != old:
             out[self.shown] = shown
         return out
@@ -214,20 +253,25 @@ class EstimatePanel(DerivedView):
 
     def _advice(self, spec, got: Got):
         """The advice for `spec` on the boxes' GPU and RAM, or ValueError saying why there is none."""
-        advice = compute_advice(
-            spec, got[self.gpu], got[self.ram], self.hardware(got[self.gpu]), correction=self._correction(got)
-        )
+        hardware = self.hardware(got[self.gpu], got[self.price])
+        advice = compute_advice(spec, got[self.gpu], got[self.ram], hardware, correction=self._correction(got))
         if isinstance(advice, Unavailable):
             raise ValueError(advice.text)
         return advice
 
     def follow_preset(self, preset, got: Got) -> str:
         """Where no GPU is measured here, a preset sets the GPU and RAM boxes to the machine it is meant
-        for (so its estimate, and its speed, read as on that machine); says which in a sentence for the notice."""
+        for (so its estimate, and its speed, read as on that machine), and a CPU preset (the demo, meant for this
+        machine) puts this machine's back; says which in a sentence for the notice."""
         hw = preset.hardware
         if hw is None:
             return ""
-        if self.machine.has_gpu or not hw.gpus:
+        if not hw.gpus:  # a CPU job, meant for this machine: the boxes hold this machine's again
+            own = (self.own_gpu_text, self.own_ram_text)
+            moved = (str(got[self.gpu]).strip(), str(got[self.ram] or "").strip()) != own
+            got[self.gpu], got[self.ram] = own
+            return f"Meant for **{hw.label}**" + (": the GPU and RAM boxes are this machine's again." if moved else ".")
+        if self.machine.has_gpu:
             return f"Meant for **{hw.label}**."
         gpu = hw.gpu if hw.gpu and gpu_row(hw.gpu) else f"{hw.gpu_mem_gb:g}"  # a name gives speed too; a size, memory
         got[self.gpu], got[self.ram] = gpu, f"{hw.ram_gb:g}"  # the fill writes them (job_view)

@@ -29,6 +29,7 @@ from tunedeck.backend.memory_job import EstimateError
 from tunedeck.backend.memory_load import LOAD_TERMS
 from tunedeck.backend.spec import JobSpec, SpecError, parse_spec
 from tunedeck.backend.speed import Hardware, dataset_rows, hardware_for, schedule_of
+from tunedeck.backend.untrusted import shown
 
 HEADERS = [
     "Strategy", "GB per GPU", "Load GB", "Train GB", "Peak in", "Fits",
@@ -40,10 +41,29 @@ ORDER_NOTE = (
     "(without a prediction, the guides' order: no sharding, then weight sharding, then offload, then 4-bit); "
     "the recommendation is the fastest that fits."
 )
-# The predicted speed of each strategy (backend/speed.py), after the memory columns.
+# The predicted speed of each strategy (backend/speed.py), after the memory columns; Cost only once a price is given.
 SPEED_HEADERS = ["Step s", "Tok/s/GPU", "Hours", "Cost"]  # short: the table must read at 1280 px
-# One width per column (HEADERS, then SPEED_HEADERS), summing to 100%: headers wrap at most at their words.
-COLUMN_WIDTHS = ["16%", "7%", "6%", "6%", "7%", "5%", "7%", "6%", "11%", "5%", "6%", "8%", "5%", "5%"]
+COST = "Cost"
+# The width of each column but the first; the Strategy column takes what they leave of 100%, so the table
+# fills its width with or without the Cost column and headers wrap at most at their words.
+WIDTHS = {
+    "GB per GPU": 7, "Load GB": 6, "Train GB": 6, "Peak in": 7, "Fits": 5, "Host RAM GB": 7, "NVMe GB": 6,
+    "Largest term": 11, "Speed": 5, "Step s": 6, "Tok/s/GPU": 8, "Hours": 5, COST: 5,
+}  # fmt: skip
+# What a price box takes (the bound `tunedeck estimate --price-per-gpu-hour` checks too).
+PRICE_MAX = 1e6
+
+
+def table_headers(priced: bool) -> list[str]:
+    """The table's columns: Cost only when a price per GPU-hour is given."""
+    return HEADERS + [h for h in SPEED_HEADERS if priced or h != COST]
+
+
+def column_widths(headers: list[str]) -> list[str]:
+    """One width per column of `headers`, summing to 100%."""
+    rest = [WIDTHS[h] for h in headers[1:]]
+    return [f"{100 - sum(rest)}%", *(f"{w}%" for w in rest)]
+
 
 # One color per memory term, the same in every bar.
 TERM_COLORS = {
@@ -79,6 +99,7 @@ def compute_advice(
     hardware: Hardware | None = None,
     seq_len: int | None = None,
     correction: float = 1.0,
+    lengths: dict | None = None,  # the preview's length stats of this job's data: padding
 ) -> Advice | Unavailable:
     """The advice for this job on this GPU (and host RAM: GB, a box's text, or None for not checked), or why
     there is none; with the speed predicted on the GPU the box names (or on the assumed one, which the advice says),
@@ -90,7 +111,7 @@ def compute_advice(
     try:
         ram = parse_ram(cpu_mem_gb) if isinstance(cpu_mem_gb, str) else cpu_mem_gb
         hardware = hardware or hardware_for(gpu_mem_gb)
-        schedule = schedule_of(spec, *dataset_rows(spec))
+        schedule = schedule_of(spec, *dataset_rows(spec), lengths=lengths)
         return advise(
             spec, gpu, cpu_mem_gb=ram, hardware=hardware, schedule=schedule, seq_len=seq_len, correction=correction
         )
@@ -114,6 +135,24 @@ def parse_ram(text: str | None) -> float | None:
     return value
 
 
+def parse_price(text: str | None) -> float | None:
+    """The price box: the price of one GPU-hour (a currency sign before it is dropped), or empty for none.
+    Raises ValueError saying what is accepted."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    typed = f"'{shown(text, 40)}'"  # as typed, control characters escaped, a long paste cut
+    try:
+        value = float(text.lstrip("$€£¥ "))
+    except ValueError:
+        raise ValueError(f"{typed} is not a number: give the price of one GPU-hour, e.g. 2.5, or empty it") from None
+    if value < 0:
+        raise ValueError(f"{value:g} is negative: give the price of one GPU-hour, e.g. 2.5, or empty it")
+    if not value < PRICE_MAX:  # also inf and nan
+        raise ValueError(f"{typed} is not the price of one GPU-hour: give one below {PRICE_MAX:,.0f}, e.g. 2.5")
+    return value
+
+
 def by_memory(advice: Advice) -> list[tuple[int, StrategyEstimate]]:
     """(speed rank, 1 = fastest; option) from the least memory per GPU to the most."""
     inf = float("inf")
@@ -123,9 +162,11 @@ def by_memory(advice: Advice) -> list[tuple[int, StrategyEstimate]]:
 
 
 def estimate_table(advice: Advice | Unavailable) -> tuple[list[str], list[list]]:
-    """(headers, rows): one row per strategy, by memory; the current one and the advice marked."""
+    """(headers, rows): one row per strategy, by memory; the current one and the advice marked; a Cost column
+    when the advice was priced (a price per GPU-hour given)."""
     if isinstance(advice, Unavailable):
-        return HEADERS + SPEED_HEADERS, []
+        return table_headers(False), []
+    priced = advice.hardware is not None and advice.hardware.price_per_gpu_hour is not None
     rows = []
     for rank, o in by_memory(advice):
         e = o.estimate
@@ -144,10 +185,10 @@ def estimate_table(advice: Advice | Unavailable) -> tuple[list[str], list[list]]
                 round(e.nvme_gb, 1),
                 terms[largest],
                 rank,
-                *_speed_cells(o),
+                *_speed_cells(o)[: 4 if priced else 3],
             ]
         )
-    return HEADERS + SPEED_HEADERS, rows
+    return table_headers(priced), rows
 
 
 def _speed_cells(option: StrategyEstimate) -> list:
@@ -268,16 +309,25 @@ def recommendation_markdown(advice: Advice | Unavailable) -> str:
 
 
 def _speed_markdown(advice: Advice) -> str:
-    """The job as set: predicted speed and time, on which GPU, and how the steps were counted."""
+    """The job as set: predicted speed and time, on which GPU, how the steps were counted, and its cost at the
+    price given."""
     s, hw = advice.current_speed, advice.hardware
     if hw is None:
         return ""
     if s is None:
         return "**Speed:** not predicted (a CPU job, or no known peak for the GPU)."
     gpu = f"{hw.gpu} (assumed: type your GPU's name in the GPU box)" if hw.source == "assumed" else hw.gpu
-    text = f"**Speed on {escape(gpu, quote=False)}:** {s.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {s.step_time_s:.2f} s per step"
+    text = f"**Speed on {escape(gpu, quote=False)}:** {s.tokens_per_s_per_gpu:,.0f} tokens/s per GPU trained"
+    text += f" ({escape(s.data_sentence, quote=False)}), {s.step_time_s:.2f} s per step"  # useful tokens, not padding
     if s.hours is not None:
         text += f", about {s.hours:.1f} h to finish ({escape(s.steps_source, quote=False)})"
+    price = hw.price_per_gpu_hour
+    if price is not None and s.cost is not None:
+        gpus = round(s.cost / (s.hours * price)) if s.cost else None  # the cost is hours x price x every GPU
+        every = f" × {gpus} GPUs" if gpus and gpus > 1 else ""
+        text += f"; **about {s.cost:,.2f} in all** at {price:g} per GPU-hour{every}"
+    elif price is not None:
+        text += f"; no cost at {price:g} per GPU-hour without the number of steps (set `training.max_steps`)"
     return text + "."
 
 

@@ -13,13 +13,21 @@ draws as an outline, and its problem in place of its help; its section's tab cou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
 
 from tunedeck.app.registry import Got, Registry
-from tunedeck.backend.fields import FORM_FIELDS, FormField, Values, section_shown, section_titles, values_from_form
+from tunedeck.backend.fields import (
+    FORM_FIELDS,
+    FormField,
+    Values,
+    section_shown,
+    section_titles,
+    values_from_form,
+    visible,
+)
 
 
 def element_id(path: str) -> str:
@@ -69,6 +77,7 @@ def field_id(path: str) -> str:
 class Form:
     components: list[gr.components.Component]  # in FORM_FIELDS order
     section_tabs: dict[str, gr.Tab]
+    advanced: dict[str, gr.Accordion] = field(default_factory=dict)  # section title -> its Advanced accordion
 
     def raw(self, got: Got) -> list:
         """The widgets' values in FORM_FIELDS order, from a listener's inputs."""
@@ -88,6 +97,21 @@ def jump_targets() -> dict[str, list]:
     }
 
 
+def advanced_shown(values: Values, marked: set[str] = frozenset()) -> dict[str, int]:
+    """{section title: how many of its Advanced fields show for this job}: as job_view shows a field, one that
+    applies or holds a value where it does not (fields.visible), or has a problem (`marked`)."""
+    counts: dict[str, int] = {}
+    for f in FORM_FIELDS:
+        if not f.basic:
+            counts[f.section] = counts.get(f.section, 0) + (visible(f.path, values) or f.path in marked)
+    return counts
+
+
+def advanced_label(count: int) -> str:
+    """The Advanced accordion's label: the fields it holds for this job, not those hidden (issue 31)."""
+    return f"Advanced ({count})"
+
+
 def _grid(ui: Registry, fields: list[FormField], initial: dict[str, Any], out: dict) -> None:
     with gr.Column(elem_classes=["field-grid"]):
         for field in fields:
@@ -98,6 +122,8 @@ def build_form(initial: dict[str, Any], ui: Registry) -> Form:
     """Render the form inside the current Blocks context; `initial` holds widget values by path."""
     components: dict[str, gr.components.Component] = {}
     tabs: dict[str, gr.Tab] = {}
+    accordions: dict[str, gr.Accordion] = {}
+    counts = advanced_shown(values_from_form([initial.get(f.path) for f in FORM_FIELDS]))
     with gr.Tabs(elem_id="form-sections", overflow_behavior="wrap"):
         for title in section_titles():
             with ui.add(
@@ -109,6 +135,10 @@ def build_form(initial: dict[str, Any], ui: Registry) -> Form:
                 _grid(ui, [f for f in fields if f.basic], initial, components)
                 advanced = [f for f in fields if not f.basic]
                 if advanced:
-                    with gr.Accordion(f"Advanced ({len(advanced)})", open=False, elem_id=advanced_id(title)):
+                    label = advanced_label(counts[title])
+                    with ui.add(
+                        "job.advanced." + section_id(title).removeprefix("section-"),
+                        gr.Accordion(label, open=False, elem_id=advanced_id(title)),
+                    ) as accordions[title]:
                         _grid(ui, advanced, initial, components)
-    return Form(components=[components[f.path] for f in FORM_FIELDS], section_tabs=tabs)
+    return Form([components[f.path] for f in FORM_FIELDS], tabs, accordions)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from tunedeck.app.advanced_counts import AdvancedCounts
 from tunedeck.app.data_upload import fill_from_upload
 from tunedeck.app.dataset_preview import DatasetPreview
 from tunedeck.app.downloads import BundleWriter
@@ -85,7 +86,7 @@ class JobTab(Section):
                 self.estimate.build_advice()
                 self.view.build_files()
         self.estimate.build_details()
-        self.view.derived += [self.estimate, self.preview, self.access]
+        self.view.derived += [self.estimate, self.preview, self.access, AdvancedCounts(page.ui, form)]
 
     def wire(self, page: Page) -> None:
         view, notice = self.view, page.notice

@@ -8,6 +8,7 @@ idle page costs a stat or two per second.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
 from html import escape
@@ -25,6 +26,7 @@ from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.run_answers import answers_markdown, latest_answers
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.run_lineage import Lineage
 from tunedeck.backend.run_notes import NAME_MAX_CHARS, NotesError, write_notes
 from tunedeck.backend.run_startup import breakdown, live_phase, read_phases
 from tunedeck.backend.run_status import DAMAGED
@@ -59,6 +61,7 @@ class RunView(Section):
         self.manager = manager
         self.index = RunsIndex(manager)
         self.watches = RunWatches()
+        self.lineage = Lineage(manager)  # a resumed run's forebears, whose loss its chart draws before its own
         self.memory_hook = None  # optional: (spec dict, measured peaks) -> markdown, set by the estimate view
 
     def build(self, page: Page) -> None:
@@ -199,15 +202,10 @@ class RunView(Section):
         if status is None:
             shown.shown_run = None
             return
-        watch = self.watches.get(self.manager.run_dir(run_id))
-        watch.refresh()
-        other = None
+        watch, other = self._records(run_id), None
         if overlay and overlay != run_id:
-            try:
-                other = self.watches.get(self.manager.run_dir(overlay))
-                other.refresh()
-            except RunError:
-                other = None
+            with contextlib.suppress(RunError):  # an overlaid run deleted meanwhile: none
+                other = self._records(overlay)
         facts = self.index.facts(status)
         # What the state line, progress and summary say (the Slurm `where`: queue state and reason, then nodes).
         sig = (run_id, watch.records_version, status.state, status.error, facts.notes, facts.checkpoint, status.where)
@@ -256,9 +254,10 @@ class RunView(Section):
             if new_run or drawn[0] != plots[0]:  # another run or overlay: what the overlaid run did differently
                 out[self.compared] = compared_line(self.manager, run_id, other and overlay)
             drawn_runs = [("this run", watch.records)] + ([(overlay, other.records)] if other else [])
+            before = self.lineage.records_before(run_id, facts.job, watch, self._records)
             shown.charts_sig, shown.charts_at = plots, time.monotonic()
             out.update({
-                self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale),
+                self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale, before),
                 self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
                 self.answers: answers_markdown(latest_answers(self.manager.run_dir(run_id))),
                 self.memory: self._memory_markdown(run_id, watch),
@@ -268,6 +267,10 @@ class RunView(Section):
             log_name, log_text = watch.log_text()
             out[self.log] = gr.update(value=log_text, label=f"{log_name} (last lines)")
         shown.shown_run = run_id
+
+    def _records(self, run_id: str):  # the run's RunWatch, with what its files gained since the last look
+        (watch := self.watches.get(self.manager.run_dir(run_id))).refresh()
+        return watch
 
     def _memory_markdown(self, run_id: str, watch) -> str:
         peaks = measured_peaks(watch)

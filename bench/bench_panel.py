@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             page.goto(server.url)
             page.wait_for_selector("#file-view .cm-content", timeout=180_000)  # a busy machine: the first load is slow
             wait_text(page, "#job-issues", "No problems", timeout=60_000)
-            if args.steps != 60:  # the demo preset's max_steps
+            if args.steps != 600:  # the demo preset's max_steps
                 open_tab(page, "form-sections", "Training")
                 set_field(page, "training.max_steps", str(args.steps))
                 settle(page)

@@ -7,19 +7,21 @@ import re
 import pytest
 
 from tunedeck.app.estimate_view import (
-    COLUMN_WIDTHS,
     HEADERS,
     LOAD_MARKER,
     SPEED_HEADERS,
     Unavailable,
     by_memory,
+    column_widths,
     compute_advice,
     estimate_figure,
     estimate_table,
     measured_markdown,
     option_changes,
     option_choices,
+    parse_price,
     recommendation_markdown,
+    table_headers,
 )
 from tunedeck.backend.advisor import advise
 from tunedeck.backend.memory import TERMS, estimate
@@ -40,8 +42,10 @@ def markdown(spec, gpu, cpu_mem_gb=None) -> str:
 
 def test_table_has_one_row_per_strategy_with_marks_and_both_phases(lora13b):
     headers, rows = estimate_table(compute_advice(lora13b, 24))
-    assert headers[: len(HEADERS)] == HEADERS and headers[len(HEADERS) :] == SPEED_HEADERS
-    assert len(COLUMN_WIDTHS) == len(headers) and sum(int(w.rstrip("%")) for w in COLUMN_WIDTHS) == 100
+    assert headers[: len(HEADERS)] == HEADERS and headers[len(HEADERS) :] == SPEED_HEADERS[:3]  # no price: no Cost
+    for shown in (headers, table_headers(priced=True)):
+        widths = column_widths(shown)
+        assert len(widths) == len(shown) and sum(int(w.rstrip("%")) for w in widths) == 100
     options = advise(lora13b, 24).options
     assert sorted(r[0].split(" (")[0] for r in rows) == sorted(o.strategy for o in options)
     assert [r[1] for r in rows] == sorted(r[1] for r in rows)  # by memory per GPU
@@ -117,7 +121,7 @@ def test_unknown_model_gives_messages_not_tracebacks(lora13b):
     advice = compute_advice(set_paths(lora13b, {"model.name_or_path": "someone/private-model"}), 24)
     assert isinstance(advice, Unavailable)
     assert "Memory estimate unavailable" in recommendation_markdown(advice)
-    assert estimate_table(advice) == (HEADERS + SPEED_HEADERS, [])
+    assert estimate_table(advice) == (table_headers(priced=False), [])
     fig = estimate_figure(advice)
     assert not fig.data and "does not know the architecture" in fig.layout.annotations[0].text
     assert "GPU memory" in markdown(lora13b, "banana")
@@ -159,3 +163,38 @@ def test_the_advice_says_the_predicted_speed_and_on_which_gpu(lora13b):
     assert "**Speed on H100:**" in named
     _, rows = estimate_table(compute_advice(lora13b, "H100", 512))
     assert all(isinstance(r[len(HEADERS)], float) and r[len(HEADERS) + 1] > 0 for r in rows)  # step s, tokens/s
+
+
+def test_a_price_per_gpu_hour_fills_the_cost_column_and_the_speed_line(lora13b):
+    """The Cost column shows only once a price is given; the speed line then says what the whole job costs, the
+    figure `tunedeck estimate --price-per-gpu-hour` prints (backend/speed.py: hours x price x GPUs)."""
+    from tunedeck.backend.speed import hardware_for
+
+    unpriced = compute_advice(lora13b, "H100", 512)
+    headers, rows = estimate_table(unpriced)
+    assert "Cost" not in headers and all(len(r) == len(headers) for r in rows)
+    assert "per GPU-hour" not in recommendation_markdown(unpriced)
+
+    priced = compute_advice(lora13b, "H100", 512, hardware_for("H100", price=2.5))
+    headers, rows = estimate_table(priced)
+    assert headers == HEADERS + SPEED_HEADERS and all(len(r) == len(headers) for r in rows)
+    for (_, option), row in zip(by_memory(priced), rows):
+        assert row[-1] == round(option.speed.hours * 2.5 * lora13b.launch.num_processes, 2) > 0
+    s = priced.current_speed
+    text = recommendation_markdown(priced)
+    assert f"**about {s.cost:,.2f} in all** at 2.5 per GPU-hour × {lora13b.launch.num_processes} GPUs." in text
+
+
+@pytest.mark.parametrize(
+    ("typed", "said"),
+    [
+        ("-1", "-1 is negative: give the price of one GPU-hour, e.g. 2.5, or empty it"),
+        ("cheap", "'cheap' is not a number: give the price of one GPU-hour, e.g. 2.5, or empty it"),
+        ("nan", "'nan' is not the price of one GPU-hour: give one below 1,000,000, e.g. 2.5"),
+    ],
+)
+def test_a_price_that_is_not_one_says_what_the_box_takes(typed, said):
+    with pytest.raises(ValueError) as bad:
+        parse_price(typed)
+    assert str(bad.value) == said
+    assert parse_price(" $2.50 ") == 2.5 and parse_price("0") == 0 and parse_price("") is None

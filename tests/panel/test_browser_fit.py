@@ -139,6 +139,50 @@ def test_the_estimate_table_reads_at_1280_px(page, server):
     page.locator("#estimate-section").screenshot(path=str(ARTIFACTS / "estimate-table-1280.png"))
 
 
+def price_box(page):
+    return page.locator("#gpu-price textarea, #gpu-price input").first
+
+
+def table_headers(page) -> list[str]:
+    return [" ".join(h.split()) for h in page.locator("#estimate-table thead th").all_inner_texts()]
+
+
+def test_a_price_per_gpu_hour_fills_the_cost_column_and_a_bad_one_says_what_the_box_takes(page, server):
+    load(page, server)
+    ram_box = page.locator("#host-ram textarea, #host-ram input").first
+    own = gpu_box(page).input_value(), ram_box.input_value()  # this machine's, on a fresh page
+    page.click("#preset-7b-lora-ddp")
+    wait_text(page, "#notice", "Meant for 4x RTX 4090")
+    wait_text(page, "#recommendation", "Speed on RTX 4090:")
+    settle(page)
+    assert "Cost" not in table_headers(page)  # no price: no empty column
+    fill(price_box(page), "2.5")  # a scripted fill, as a paste or autofill makes
+    wait_text(page, "#recommendation", "at 2.5 per GPU-hour × 4 GPUs")
+    page.wait_for_function(
+        "[...document.querySelectorAll('#estimate-table thead th')].some(h => h.innerText.trim() === 'Cost')"
+    )
+    cost = float(re.search(r"about ([\d,.]+) in all", text_of(page, "#recommendation")).group(1).replace(",", ""))
+    assert cost > 0
+    page.locator("#estimate-section").screenshot(path=str(ARTIFACTS / "estimate-with-price.png"))
+
+    price_box(page).press("Control+a")
+    price_box(page).press("Delete")  # a deletion reaches the page too (app/text_edits.py)
+    price_box(page).type("-3")
+    wait_text(page, "#recommendation", "Price per GPU-hour")
+    said = text_of(page, "#recommendation")
+    assert "-3 is negative: give the price of one GPU-hour, e.g. 2.5, or empty it." in said
+    assert "Keep DDP" in said  # the estimate stays
+    page.wait_for_function(
+        "![...document.querySelectorAll('#estimate-table thead th')].some(h => h.innerText.trim() === 'Cost')"
+    )
+
+    # The demo is meant for this machine: the GPU and RAM boxes the GPU preset set are this machine's again.
+    page.click("#preset-demo")
+    wait_text(page, "#notice", "the GPU and RAM boxes are this machine's again")
+    settle(page)
+    assert (gpu_box(page).input_value(), ram_box.input_value()) == own != ("RTX 4090", "128")
+
+
 def test_your_runs_on_this_gpu_correct_the_speed_when_ticked(page, server):
     """A finished A100 run that went 25% faster than predicted: the estimate says so and, ticked, predicts 1.25x."""
     spec = load_preset("7b-lora-ddp")

@@ -156,7 +156,9 @@ def test_resume_continues_at_the_step_after_the_checkpoint_and_stop_leaves_no_st
     assert f"from its checkpoint at step {checkpoint}" in page.inner_text("#notice")
     new_id = shown_run_id(page)
     assert new_id != run_id
-    wait_text(page, "#loss-chart", "No training step logged yet")  # a placeholder, not empty axes
+    # Before its first step the chart shows the loss of the run it continues (lighter), not an empty chart.
+    logged = len(read_records(server.runs_dir / run_id).records)
+    wait_for(lambda: plot_points(page, "loss-chart").get("before resume loss") == logged, 30, what="the parent's loss")
     page.screenshot(path=str(ARTIFACTS / "run-view-before-first-step.png"))
     new_dir = server.runs_dir / new_id
     first = wait_for(lambda: read_records(new_dir).records, 240, what="the resumed run's first step")[0]
@@ -164,6 +166,10 @@ def test_resume_continues_at_the_step_after_the_checkpoint_and_stop_leaves_no_st
     assert read_records(new_dir).start["resumed_from_step"] == checkpoint
     wait_for(lambda: "this run loss" in plot_points(page, "loss-chart"), 30, what="the loss chart")
     assert min_step(page) >= checkpoint + 1
+    # Its own curve goes on where the parent's, cut at the checkpoint it continues, ends.
+    wait_for(lambda: trace_steps(page, "before resume loss")[-1:] == [checkpoint], 30, what="the parent's curve cut")
+    assert trace_steps(page, "before resume loss") == list(range(1, checkpoint + 1))
+    page.locator("#loss-chart").screenshot(path=str(ARTIFACTS / "run-view-resumed-chart.png"))
     wait_text(page, "#run-summary", f"resumed from step {checkpoint}")
 
     page.click("#stop-run")
@@ -193,6 +199,15 @@ def min_step(page) -> int:
     return page.evaluate(
         """() => { const d = document.querySelector('#loss-chart .js-plotly-plot');
                    return Math.min(...d.data.filter(t => t.name === 'this run loss')[0].x); }"""
+    )
+
+
+def trace_steps(page, name: str) -> list[int]:
+    """The steps of one trace of the loss chart."""
+    return page.evaluate(
+        """name => { const d = document.querySelector('#loss-chart .js-plotly-plot');
+                     const t = d && d.data && d.data.find(t => t.name === name); return t ? Array.from(t.x) : []; }""",
+        name,
     )
 
 

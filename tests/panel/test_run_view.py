@@ -11,6 +11,7 @@ import time
 import gradio as gr
 import pytest
 
+from tunedeck.app.charts import BEFORE_COLOR
 from tunedeck.app.live_progress import run_progress
 from tunedeck.app.registry import Registry
 from tunedeck.app.run_index import TABLE_HEADERS
@@ -209,6 +210,56 @@ def test_before_the_first_step_the_loss_chart_says_so_instead_of_empty_axes(run,
     (note,) = out["loss_chart"].layout.annotations
     assert "No training step logged yet" in note.text and not out["loss_chart"].data
     assert out["metrics_chart"]["visible"] is False and out["summary"] == ""
+
+
+def resumed(runs_dir, parent: str, run_id: str, from_step: int, steps: range) -> None:
+    """A run that resumed `parent`'s output folder at its checkpoint `from_step` (as run_resume writes it)."""
+    shutil.copytree(runs_dir / RUN_ID, runs_dir / run_id)
+    job = {
+        "method": "lora",
+        "output_dir": str(runs_dir / parent / "output"),
+        "training": {"resume_from_checkpoint": True},
+    }
+    (runs_dir / run_id / "job.yaml").write_text(json.dumps(job))  # JSON is YAML
+    start = {"event": "start", "world_size": 2, "max_steps": 20, "resumed_from_step": from_step}
+    logs = [{"event": "log", "step": step, "max_steps": 20, "loss": 1.0 / step} for step in steps]
+    (runs_dir / run_id / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [start, *logs]))
+
+
+def test_a_resumed_runs_chart_draws_the_loss_of_the_runs_it_continues_before_its_own(run, tmp_path):
+    """Stopped at step 3 after a checkpoint at 2, resumed from 2 (steps 3-5), stopped, resumed again from 4: the
+    newest run's chart draws its forebears' loss up to where each was taken over, lighter, then its own."""
+    first, second, third = RUN_ID, "20250101-130000-00000b", "20250101-140000-00000c"
+    resumed(tmp_path, first, second, 2, range(3, 6))
+    resumed(tmp_path, first, third, 4, range(5, 8))  # a resume of the resume writes to the first's output too
+    (tmp_path / "20250101-135000-00000d").mkdir()  # an unrelated, damaged folder between them: skipped
+    out = run.render(RunShown(run=third, follow=False))
+    traces = {t.name: t for t in out["loss_chart"].data}
+    assert list(traces["before resume loss"].x) == [1, 2, 3, 4]  # the first's 1-2, the second's 3-4
+    assert list(traces["this run loss"].x) == [5, 6, 7]
+    assert traces["before resume smoothed"].line.color == BEFORE_COLOR != traces["this run loss"].line.color
+    # The first run resumed nothing: its chart is its own alone.
+    assert {t.name for t in run.render(RunShown(run=first, follow=False))["loss_chart"].data} == {
+        "this run loss",
+        "this run smoothed",
+    }
+    # Before its first step (no start record yet) a resumed run shows the loss it continues, not an empty chart.
+    fourth = "20250101-150000-00000e"
+    resumed(tmp_path, first, fourth, 6, range(0))
+    (tmp_path / fourth / "metrics.jsonl").write_text("")
+    out = run.render(RunShown(run=fourth, follow=False))
+    assert [t.name for t in out["loss_chart"].data] == ["before resume loss", "before resume smoothed"]
+    assert list(out["loss_chart"].data[0].x) == [1, 2, 3, 4, 5, 6, 7]  # the third's all: where it goes on is unsaid
+
+
+def test_a_resumed_grpo_runs_chart_draws_the_reward_it_continues_before_its_own():
+    from tunedeck.app.charts import loss_figure
+
+    before = [{"step": step, "reward": 0.1 * step, "loss": 0.01} for step in (1, 2)]
+    figure = loss_figure([("this run", [{"step": 3, "reward": 0.5, "loss": 0.0}])], before=before)
+    names = [t.name for t in figure.data]
+    assert names[:3] == ["before resume reward", "before resume reward smoothed", "before resume loss"]
+    assert "this run reward" in names and figure.data[0].line.color == BEFORE_COLOR
 
 
 def test_a_live_runs_tick_redraws_only_what_grew_and_its_bar_moves_with_its_stream(run, tmp_path, monkeypatch):

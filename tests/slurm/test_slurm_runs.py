@@ -67,6 +67,7 @@ def cli_run(slurm_cluster, shared_runs_dir, demo_home):
     argv = [TUNEDECK, "train", "demo", "--runs-dir", str(runs)]
     for assignment in ("launch.backend=slurm", "launch.num_machines=2", "launch.num_processes=2"):
         argv += ["--set", assignment]
+    argv += ["--set", "training.max_steps=60"]  # the preset's 600 (a minute to watch in the page) cost the suite
     # Both "nodes" are this machine: a free rendezvous port, not 29500 that another run here may hold.
     argv += ["--set", f"launch.main_process_port={free_port()}"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
