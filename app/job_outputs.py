@@ -31,6 +31,7 @@ from tunedeck.backend.run_speed import Calibration
 from tunedeck.backend.runs import RunManager, RunStatus
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.speed import Hardware
+from tunedeck.backend.speed_data import measured_lengths
 from tunedeck.backend.truncation import measured_facts
 from tunedeck.backend.untrusted import shown
 from tunedeck.backend.validate import Problem, has_errors, validate
@@ -120,7 +121,10 @@ def evaluate(
         issues.append(Problem("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
     seq_len, cut = measured_facts(spec, measured)  # the preview's lengths, while they are this job's data
     issues += cut  # rows cut at max_seq_length (backend/truncation.py)
-    advice = None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, hardware, seq_len, correction)
+    lengths = measured_lengths(spec, measured)  # and how its rows fill a batch (backend/speed_data.py)
+    advice = None if gpu_text is None else compute_advice(
+        spec, gpu_text, ram_text, hardware, seq_len, correction, lengths
+    )
     if isinstance(advice, Advice) and not has_errors(issues):  # the same rule as `tunedeck validate`
         issues = sorted(issues + fit_problems(spec, advice), key=lambda p: p.level != "error")
     return JobResult(values, spec, issues, files, advice, calibration)

@@ -1,11 +1,12 @@
-"""`tunedeck estimate SPEC [--set ...] [--gpu NAME] [--gpu-mem GB] [--interconnect LINK] [--json]`:
-memory per GPU, predicted speed, time and cost per strategy, and the advice."""
+"""`tunedeck estimate SPEC [--set ...] [--gpu NAME] [--gpu-mem GB] [--interconnect LINK] [--lengths FILE] [--json]`:
+memory per GPU, predicted speed (useful tokens/s), time and cost per strategy, and the advice."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from tunedeck.backend.cli import (
     add_machine_arguments,
@@ -47,6 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--runs-dir", default="runs", help="where your runs are, for --calibrate (default: runs)")
     p.add_argument(
+        "--lengths",
+        metavar="FILE",
+        help="the rows' measured lengths: a `tunedeck preview SPEC --json` output, so the speed counts their padding "
+        "(without it every row is assumed max_seq_length tokens long, and the output says so)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object: current (with phases: load and train GB per GPU), strategies, recommended",
@@ -57,6 +64,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _fail(flag: str, message: str):
     print_problems([("error", flag, message)])
     raise SystemExit(2)
+
+
+def _lengths(path: str | None) -> dict | None:
+    """The length stats of a `tunedeck preview --json` file, or None without one; exits 2 naming --lengths."""
+    if path is None:
+        return None
+    try:
+        stats = json.loads(Path(path).read_text(encoding="utf-8")).get("stats")
+    except (OSError, ValueError, AttributeError) as exc:
+        _fail("--lengths", f"{path} is not a readable `tunedeck preview SPEC --json` output ({exc})")
+    if not isinstance(stats, dict) or not stats.get("rows"):
+        _fail("--lengths", f"{path} holds no measured rows: write it with `tunedeck preview SPEC --json > {path}`")
+    return stats
 
 
 def _hardware(args: argparse.Namespace):
@@ -83,6 +103,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from tunedeck.backend.advisor import advise
     from tunedeck.backend.demo import ensure_demo_if_used
     from tunedeck.backend.memory_job import EstimateError
+    from tunedeck.backend.preview import measured_seq_len
     from tunedeck.backend.run_speed import calibration
     from tunedeck.backend.speed import dataset_rows, schedule_of
 
@@ -95,7 +116,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         args.gpu_mem = str(gpu_row(args.gpu)[2])
     machine = machine_or_exit(args)  # the same facts as `tunedeck validate` and the page
     gpu_source = f"{hardware.gpu} (--gpu)" if args.gpu and machine.gpu_source == "given" else machine.gpu_source
-    schedule = schedule_of(spec, *dataset_rows(spec))
+    lengths = _lengths(args.lengths)
+    schedule = schedule_of(spec, *dataset_rows(spec), lengths=lengths)
     calibrated = calibration(args.runs_dir, hardware.gpu)
     correction = calibrated.factor if args.calibrate and calibrated else 1.0
     try:
@@ -106,6 +128,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             hardware=hardware,
             schedule=schedule,
             correction=correction,
+            seq_len=measured_seq_len(lengths, spec.dataset.packing),
         )
     except EstimateError as exc:
         print_problems([("error", exc.field, str(exc))])
@@ -116,6 +139,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         "interconnect": {"inside_machine": hardware.intra, "between_machines": hardware.inter},
         "price_per_gpu_hour": hardware.price_per_gpu_hour,
         "steps_source": schedule.steps_source,
+        "lengths": "measured" if schedule.data is not None else "assumed: every row dataset.max_seq_length tokens",
         "your_runs": calibrated.to_dict() if calibrated else None,
         "calibrated": correction != 1.0,
     }
@@ -222,5 +246,9 @@ def _print_speed(advice, speed: dict, calibrated, applied: bool) -> None:
     )
     if advice.current_speed is None:
         out("  the job as set runs on CPU: no speed prediction\n")
+    else:  # what TOK/S/GPU counts, and where the rows' lengths come from
+        current = advice.current_speed
+        how = " (--lengths FILE from `tunedeck preview SPEC --json` measures them)" if current.data.assumed else ""
+        out(f"  TOK/S/GPU counts the tokens trained, not padding; {current.data_sentence}{how}\n")
     if calibrated:
         out(f"  {calibrated.sentence()}" + (" (applied)" if applied else " (--calibrate applies it)") + "\n")

@@ -154,13 +154,11 @@ class SpeedEstimate:
         """The useful share of what is computed and where the lengths come from, in words."""
         if self.data is None:
             return ""
-        share = (
-            self.tokens_per_s_per_gpu / self.processed_tokens_per_s_per_gpu
-            if self.processed_tokens_per_s_per_gpu
-            else 1
-        )
+        if self.data.assumed:
+            return self.data.note
+        share = self.data.useful_share
         padding = f"{1 - share:.0%} of the tokens computed are padding" if share < 0.995 else "no padding"
-        return f"{padding} ({self.data.note})"
+        return f"{padding}: {self.data.note}"
 
     @property
     def pace(self) -> float:

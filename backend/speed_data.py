@@ -73,13 +73,13 @@ def measured_shape(stats: dict | None, packing: bool, group_by_length: bool) -> 
             processed_tokens=per_sequence,
             attention_tokens=mean,
             rows_per_sequence=max(1.0, per_sequence / mean),
-            note=f"{counted}, packed {per_sequence / mean:.1f} to a sequence (no padding)",
+            note=f"{counted}, packed {per_sequence / mean:.1f} to a sequence",
         )
     if group_by_length:
-        padded, how = mean, "batches grouped by length (counted as no padding)"
+        padded, how = mean, "batches grouped by length (counted as unpadded)"
     else:
         padded = mean / (1 - stats.get("padding_waste", 0.0))
-        how = f"a batch pads to its longest row: {1 - mean / padded:.0%} padding"
+        how = "a batch pads to its longest row"
     return DataShape(
         useful_tokens=mean,
         processed_tokens=padded,
@@ -87,3 +87,15 @@ def measured_shape(stats: dict | None, packing: bool, group_by_length: bool) -> 
         rows_per_sequence=1.0,
         note=f"{counted}, {how}",
     )
+
+
+def measured_lengths(spec, measured: dict | None) -> dict | None:
+    """The dataset preview's length stats of this job's data, from the measurements the page holds
+    ({measure_key: measurement}, backend/truncation.py), or None while there is none for it."""
+    from tunedeck.backend.preview import for_job
+    from tunedeck.backend.truncation import measure_key
+
+    found = measured.get(measure_key(spec)) if measured else None
+    if not found or "error" in found:
+        return None
+    return for_job(found, spec)["stats"]

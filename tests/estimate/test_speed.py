@@ -243,3 +243,76 @@ def test_runs_show_prints_mfu_and_measured_vs_predicted(tmp_path):
     assert re.search(
         r"speed    [\d,]+ tokens/s per GPU measured vs [\d,]+ predicted on A100-80GB \(-10%\)", shown.stdout
     )
+
+
+# ---------------------------------------------------------------- the data: useful tokens, padding and packing
+
+
+def _measured(spec, lengths: list[int]) -> dict:
+    """The page's measurements ({measure_key: measurement}) of rows of these token lengths, as the preview gives."""
+    from tunedeck.backend.truncation import measure_key
+
+    return {
+        measure_key(spec): {"format": spec.dataset.format, "lengths": lengths, "answer_starts": [None] * len(lengths)}
+    }
+
+
+def test_the_page_and_the_cli_count_the_padding_of_the_measured_rows(tmp_path):
+    """Rows of 100 and 300 tokens in turn, batches of 4 padded to their longest: a third of what the GPU computes
+    is padding. The speed counts the tokens trained; packed, the same rows have no padding and make fewer steps;
+    unmeasured, the estimate says what it assumed."""
+    from tunedeck.app.estimate_view import recommendation_markdown
+    from tunedeck.app.job_outputs import evaluate
+    from tunedeck.backend.fields import values_from_spec
+
+    padded = set_paths(load_preset("7b-lora-ddp"), {"dataset.packing": False, "training.group_by_length": False})
+    packed = set_paths(padded, {"dataset.packing": True})
+    lengths = [100, 300] * 1000
+    speeds, texts = {}, {}
+    for name, spec, measured in (("padded", padded, _measured(padded, lengths)),
+                                 ("packed", packed, _measured(packed, lengths)), ("unmeasured", padded, None)):  # fmt: skip
+        result = evaluate(values_from_spec(spec), "A100-80GB", "512", measured=measured)
+        speeds[name], texts[name] = result.advice.current_speed, recommendation_markdown(result.advice)
+    s = speeds["padded"]
+    assert s.tokens_per_s_per_gpu == pytest.approx(s.processed_tokens_per_s_per_gpu * 2 / 3, rel=0.01)
+    assert "tokens/s per GPU trained (33% of the tokens computed are padding: 2,000 rows previewed" in texts["padded"]
+    p = speeds["packed"]
+    assert p.tokens_per_s_per_gpu == pytest.approx(p.processed_tokens_per_s_per_gpu)  # padding-free packing
+    assert p.tokens_per_s_per_gpu > 2 * s.tokens_per_s_per_gpu  # full 2,048-token sequences, no padding
+    assert p.steps < s.steps / 4  # 2,000 rows of 200 tokens fill about 196 sequences of 2,048
+    assert "no padding: 2,000 rows previewed: 200 tokens a row on average, packed 10.2 to a sequence" in texts["packed"]
+    u = speeds["unmeasured"]
+    assert u.data.assumed and u.tokens_per_s_per_gpu == u.processed_tokens_per_s_per_gpu
+    assert "tokens/s per GPU trained (assumed: every row 2,048 tokens (dataset.max_seq_length)" in texts["unmeasured"]
+
+    preview = tmp_path / "preview.json"
+    from tunedeck.backend.preview import for_job
+
+    preview.write_text(json.dumps(for_job(_measured(padded, lengths).popitem()[1], padded)))
+    overrides = ["--set", "dataset.packing=false", "--set", "training.group_by_length=false", "--cpu-mem", "512"]
+    cli = json.loads(estimate("7b-lora-ddp", *overrides, "--lengths", str(preview), "--json").stdout)
+    assert cli["current"]["data"]["useful_share"] == pytest.approx(2 / 3, abs=0.005)
+    assert cli["current"]["tokens_per_s_per_gpu"] == pytest.approx(s.tokens_per_s_per_gpu, rel=0.01)
+    assert (
+        "33% of the tokens computed are padding"
+        in estimate("7b-lora-ddp", *overrides, "--lengths", str(preview)).stdout
+    )
+    plain = estimate("7b-lora-ddp", *overrides).stdout
+    assert "TOK/S/GPU counts the tokens trained, not padding; assumed: every row 2,048 tokens" in plain
+    bad = estimate("7b-lora-ddp", "--lengths", str(tmp_path / "none.json"))
+    assert bad.returncode == 2 and "--lengths" in bad.stderr and "tunedeck preview SPEC --json" in bad.stderr
+
+
+def test_a_short_micro_batch_waits_on_launches_not_on_flops():
+    """One 128-token row a micro batch: a 1B model's step is not a seventh of a 7B's, as their FLOPs are: the GPU
+    waits on the kernels each layer launches (LitGPT: phi-1.5 at one row takes 70% of Llama 2 7B's time). With 8
+    rows of 2,048 tokens the FLOPs set the pace again."""
+    ratios = {}
+    for rows, length in ((1, 128), (8, 2048)):
+        steps = {}
+        for model in ("meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-7B-Instruct"):
+            changes = {"model.name_or_path": model, "training.per_device_train_batch_size": rows}
+            spec, job = _job("7b-lora-ddp", **changes, **{"dataset.max_seq_length": length})
+            steps[model] = speed.predict(job, A100, speed.schedule_of(spec, None)).step_time_s
+        ratios[rows] = steps["meta-llama/Llama-3.2-1B"] / steps["Qwen/Qwen2.5-7B-Instruct"]
+    assert ratios[1] > 0.4 and ratios[8] < 0.25
