@@ -48,25 +48,39 @@ class BundleWriter:
         local data (the module's docstring); the files alone are those given."""
         from tunedeck.backend.bundle_data import carry
 
-        for name in [*files, zip_name]:
-            if not _SAFE_NAME.match(name):  # generator names are plain; refuse anything else
-                raise ValueError(f"refusing to write a bundle file named {name!r}")
+        _check_names([*files, zip_name])
         zipped, plan = carry(files)
         data = plan.files
         folder = self.root / _folder_key(files, zipped, data)
-        paths = [folder / "files" / name for name in files]
         zip_path = folder / zip_name
         with self._lock:
+            paths = self._write_files(folder, files)
             if not zip_path.exists():
-                (folder / "files").mkdir(parents=True, exist_ok=True)
-                for path, text in zip(paths, files.values()):
-                    path.write_text(text, encoding="utf-8")
                 partial = zip_path.with_suffix(".part")
                 self._write_zip(partial, zipped, data)
                 partial.replace(zip_path)  # a reader never sees half a zip
-            folder.touch()
             self._prune(keep=folder)
         return zip_path, paths
+
+    def write_files(self, files: dict[str, str]) -> list[Path]:
+        """Each file alone, without the zip: what the page offers beside the files on every edit. The zip reads the
+        job's data files from the disk (carry), which is for the click on ⬇ Download bundle (write)."""
+        _check_names(files)
+        folder = self.root / bundle_digest(files)
+        with self._lock:
+            paths = self._write_files(folder, files)
+            self._prune(keep=folder)
+        return paths
+
+    @staticmethod
+    def _write_files(folder: Path, files: dict[str, str]) -> list[Path]:
+        paths = [folder / "files" / name for name in files]
+        if not all(path.exists() for path in paths):
+            (folder / "files").mkdir(parents=True, exist_ok=True)
+            for path, text in zip(paths, files.values()):
+                path.write_text(text, encoding="utf-8")
+        folder.touch()
+        return paths
 
     def _write_zip(self, target: Path, files: dict[str, str], data: dict[str, Path]) -> None:
         """zip_bundle(files, data), written from the data's zip made once: the page writes a zip on every edit, and
@@ -107,6 +121,12 @@ class BundleWriter:
             sizes.pop(0)
         for folder in old:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _check_names(names) -> None:
+    for name in names:
+        if not _SAFE_NAME.match(name):  # generator names are plain; refuse anything else
+            raise ValueError(f"refusing to write a bundle file named {name!r}")
 
 
 def _stats(data: dict[str, Path]) -> dict[str, str]:

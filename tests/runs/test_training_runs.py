@@ -7,7 +7,6 @@ Steps are kept few; a distributed case costs ~15 s on 2 cores.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -202,31 +201,3 @@ def test_resume_continues_the_step_count(runs_dir, demo_spec, tmp_path):
     assert start_record(run_dir)["resumed_from_step"] == 4
     assert [r["step"] for r in log_records(run_dir)] == [5, 6]
     assert (output / "checkpoint-6").is_dir()
-
-
-def test_exported_bundle_trains_without_tunedeck(tmp_path, demo_spec):
-    """`bash launch.sh` in a bare folder, with tunedeck's packages made unimportable."""
-    from tunedeck.backend.render import render_bundle, write_bundle
-
-    bundle = tmp_path / "bundle"
-    write_bundle(render_bundle(demo_spec({"training.max_steps": 3})), bundle)
-    # Packages named like tunedeck's, first on the path, that refuse to be imported.
-    poison = tmp_path / "poison"
-    for package in ("backend", "app"):
-        (poison / package).mkdir(parents=True)
-        (poison / package / "__init__.py").write_text("raise ImportError('the bundle must not import tunedeck')\n")
-    env = {
-        "PATH": f"{BIN}:/usr/bin:/bin",
-        "HOME": os.environ.get("HOME", str(tmp_path)),
-        "PYTHONPATH": str(poison),
-        "HF_HUB_OFFLINE": "1",
-    }
-    result = subprocess.run(
-        ["bash", str(bundle / "launch.sh")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs_tail(bundle)
-    start = start_record(bundle)
-    assert start["world_size"] == 2 and start["model_class"] == "DistributedDataParallel"
-    assert end_record(bundle)["status"] == "finished"
-    assert len(log_records(bundle)) == 3
-    assert (bundle / "output" / "adapter_model.safetensors").is_file()

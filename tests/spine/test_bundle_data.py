@@ -147,10 +147,14 @@ def test_a_job_that_reads_nothing_from_this_disk_gets_the_same_bundle_and_zip(tm
         assert zip_path.read_bytes() == zip_bundle(files)
 
 
-def test_the_panel_zips_the_data_once_and_each_bundle_is_the_same_bytes_as_zip_bundle(tmp_path):
+def test_each_file_alone_follows_every_edit_and_the_data_is_zipped_once_for_the_downloads(tmp_path):
     spec, _ = _uploaded(tmp_path, ["qa.jsonl"])
     writer = BundleWriter(tmp_path / "bundles")
-    for rate in (1e-4, 2e-4):  # two edits: two bundles, one zip of their data
+    for rate in (1e-4, 2e-4):  # two edits: each file alone, without a zip (the data is read on the click)
+        files = render_bundle(set_paths(spec, {"training.learning_rate": rate}))
+        assert [path.read_text() for path in writer.write_files(files)] == list(files.values())
+    assert not list((tmp_path / "bundles").rglob("*.zip"))
+    for rate in (1e-4, 2e-4):  # two downloads: two zips, one zip of their data
         edited = set_paths(spec, {"training.learning_rate": rate})
         zip_path, _ = writer.write(render_bundle(edited), zip_name_for(edited))
         zipped, plan = bundle_files(edited)
