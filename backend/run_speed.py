@@ -9,6 +9,7 @@ from a bundle without tunedeck is compared too.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from tunedeck.backend.run_startup import FIRST_STEP, read_phases
 from tunedeck.backend.run_summary import format_clock
 from tunedeck.backend.spec import SpecError, parse_spec
 from tunedeck.backend.speed import Hardware, predict, schedule_of
+from tunedeck.backend.speed_data import DataShape
 
 RUNS_CALIBRATED = 5  # the last runs a correction is taken from
 LAUNCH_TO_FIRST_PHASE_S = 300  # Python, the launcher and train.py's own imports take well under this
@@ -126,7 +128,11 @@ def _compare_files(run_dir: Path, stamps: tuple) -> RunComparison | None:
     try:
         spec = parse_spec(read_job(run_dir))
         job = Job.from_values(input_values(spec))
-        speed = predict(job, Hardware.named(row[0]), schedule_of(spec, None))
+        schedule = schedule_of(spec, None)
+        trained = _trained_rows(spec, run.records)
+        if trained is not None:  # predict the rows the run trained, not rows of max_seq_length
+            schedule = dataclasses.replace(schedule, data=trained)
+        speed = predict(job, Hardware.named(row[0]), schedule)
         memory = estimate(spec)
     except (SpecError, EstimateError, ValueError):
         return None
@@ -144,6 +150,23 @@ def _compare_files(run_dir: Path, stamps: tuple) -> RunComparison | None:
         measured_to_step1_s=measured_to_step1(run_dir),
         predicted_to_step1_s=sum(speed.around_s.get(part, 0.0) for part in ("startup", "load", "reference")),
     )
+
+
+def _trained_rows(spec, records: list[dict]) -> DataShape | None:
+    """The tokens a sequence of the run held on average, from its logged token count (TRL's num_tokens: the tokens
+    trained by every rank, padding left out) over its steps and global batch; None when the logs do not say. The
+    padding a run computed is not logged: packed (padding-free) and length-grouped rows have next to none."""
+    counted = [
+        (r["step"], r["num_tokens"]) for r in records if is_number(r.get("num_tokens")) and is_number(r.get("step"))
+    ]
+    if len(counted) < 2 or counted[-1][0] <= counted[0][0] or spec.objective != "sft":
+        return None
+    per_step = (counted[-1][1] - counted[0][1]) / (counted[-1][0] - counted[0][0])
+    tokens = min(per_step / spec.global_batch_size, spec.dataset.max_seq_length)
+    if tokens <= 0:
+        return None
+    note = f"the run's own: {tokens:,.0f} tokens a sequence on average (its logged token count), padding not logged"
+    return DataShape(tokens, tokens, tokens, 1.0, note)
 
 
 @dataclass(frozen=True)

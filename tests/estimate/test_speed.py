@@ -3,6 +3,7 @@ calibration from finished runs (backend/run_speed.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -316,3 +317,22 @@ def test_a_short_micro_batch_waits_on_launches_not_on_flops():
             steps[model] = speed.predict(job, A100, speed.schedule_of(spec, None)).step_time_s
         ratios[rows] = steps["meta-llama/Llama-3.2-1B"] / steps["Qwen/Qwen2.5-7B-Instruct"]
     assert ratios[1] > 0.4 and ratios[8] < 0.25
+
+
+def test_a_finished_run_is_compared_with_the_prediction_for_the_rows_it_trained(tmp_path):
+    """A run whose logged token count says 400 tokens a sequence (short rows, packed padding-free or not) is compared
+    with the prediction for such rows, not for rows of max_seq_length: their micro batches run below the peak."""
+    from tunedeck.backend.speed_data import DataShape
+
+    spec, job = _job("7b-lora-ddp")  # global batch 32, rows up to 2,048 tokens
+    run_dir = fake_gpu_run(tmp_path, "20260101-000000-aaaaaa", spec, 1000.0, 20.0)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for record in lines:
+        if record["event"] == "log":
+            record["num_tokens"] = record["step"] * 32 * 400  # TRL's count over every rank: 400 a sequence
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    short = dataclasses.replace(speed.schedule_of(spec, None), data=DataShape(400, 400, 400, 1.0, "400"))
+    expected = speed.predict(job, A100, short).tokens_per_s_per_gpu
+    full_rows = speed.predict(job, A100, speed.schedule_of(spec, None)).tokens_per_s_per_gpu
+    assert compare_run(run_dir).predicted_tokens_per_s_per_gpu == pytest.approx(expected)
+    assert expected < 0.95 * full_rows
