@@ -146,7 +146,8 @@ def _model_left(model: str, here: Path) -> LeftBehind:
     except OSError:  # a folder above it that cannot be read
         folder = False
     if not folder:
-        return LeftBehind("model.name_or_path", model, "the base model's folder, " + NOT_HERE, _if_here(here))
+        why = "a file here, not the model's folder" if _if_here(here) else NOT_HERE
+        return LeftBehind("model.name_or_path", model, f"the base model's folder, {why}", _if_here(here))
     size = _tree_size(here)
     said = f" ({size_words(size)})" if size is not None else ""
     return LeftBehind("model.name_or_path", model, f"the base model's folder{said}", str(here))
