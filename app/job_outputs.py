@@ -122,8 +122,8 @@ def evaluate(
     seq_len, cut = measured_facts(spec, measured)  # the preview's lengths, while they are this job's data
     issues += cut  # rows cut at max_seq_length (backend/truncation.py)
     lengths = measured_lengths(spec, measured)  # and how its rows fill a batch (backend/speed_data.py)
-    advice = None if gpu_text is None else compute_advice(
-        spec, gpu_text, ram_text, hardware, seq_len, correction, lengths
+    advice = (
+        None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, hardware, seq_len, correction, lengths)
     )
     if isinstance(advice, Advice) and not has_errors(issues):  # the same rule as `tunedeck validate`
         issues = sorted(issues + fit_problems(spec, advice), key=lambda p: p.level != "error")
