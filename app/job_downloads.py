@@ -11,14 +11,26 @@ from html import escape
 
 import gradio as gr
 
-from tunedeck.app.downloads import BundleWriter, zip_name_for
+from tunedeck.app.downloads import BundleWriter, bundle_digest, zip_name_for
 from tunedeck.app.errors import user_message
 from tunedeck.app.job_events import JOB_QUEUE, JobShown
 from tunedeck.app.job_guard import DOWNLOAD_JS, NotShownYet, spec_as_shown
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates, handler, listen, unique
+from tunedeck.backend.bundle_data import carry
 from tunedeck.backend.render import render_bundle
+from tunedeck.backend.render.carried import DataPlan
 from tunedeck.backend.spec import SpecError
+
+
+def downloaded(name: str, plan: DataPlan) -> str:
+    """The notice after ⬇ Download: what the zip holds beyond the files on the right."""
+    said = f"Downloaded `{name}`: the files on the right"
+    if plan.carried:
+        said += ", with the job's data in `data/` (its job.yaml reads it there)"
+    if plan.left:
+        said += "; its README.md lists what stays on this machine and where to copy it"
+    return said + "."
 
 
 class BundleDownloads:
@@ -48,10 +60,9 @@ class BundleDownloads:
         """Each file alone follows the job; the zip button is enabled for a valid job."""
         old_zip = shown.zip
         if shown.startable and result.files:
-            zip_path, paths = self.writer.write(result.files, zip_name_for(result.spec))
-            shown.zip = str(zip_path)
+            shown.zip = bundle_digest(result.files)  # the bundle on offer (its zip is made on click)
             if old_zip != shown.zip:
-                out[self.files] = [str(p) for p in paths]
+                out[self.files] = [str(p) for p in self.writer.write_files(result.files)]
             if old_zip is None:
                 out[self.zip] = gr.update(interactive=True)
         else:  # an invalid job downloads nothing
@@ -69,8 +80,12 @@ class BundleDownloads:
                 spec = spec_as_shown(view.form.raw(got), got[view.digest], got[view.shown], verb="Download")
             except (SpecError, NotShownYet) as exc:
                 return {self.zip_file: None, view.notice: f"✗ **Not downloaded:** {escape(user_message(exc))}"}
-            zip_path, _ = self.writer.write(render_bundle(spec), zip_name_for(spec))
-            return {self.zip_file: str(zip_path), view.notice: f"Downloaded `{zip_path.name}`: the files on the right."}
+            files = render_bundle(spec)
+            try:
+                zip_path, _ = self.writer.write(files, zip_name_for(spec))
+            except OSError as exc:  # a data file it carries went away, or the disk is full
+                return {self.zip_file: None, view.notice: f"✗ **Not downloaded:** {escape(str(exc))}"}
+            return {self.zip_file: str(zip_path), view.notice: downloaded(zip_path.name, carry(files)[1])}
 
         listen(
             [self.zip.click],
