@@ -27,6 +27,7 @@ from tunedeck.backend.advisor import Advice
 from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
 from tunedeck.backend.fit import fit_problems
 from tunedeck.backend.preflight import needs_gpus_here, preflight
+from tunedeck.backend.problem import refuses_start
 from tunedeck.backend.run_speed import Calibration
 from tunedeck.backend.runs import RunManager, RunStatus
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
@@ -83,6 +84,12 @@ class JobResult:
         return any(i.level == "error" for i in self.issues)
 
     @property
+    def start_refusals(self) -> list[Problem]:
+        """What Start on this machine refuses on: the errors, and the warnings about this machine (no GPU here):
+        those leave the bundle downloadable."""
+        return refuses_start(self.issues)
+
+    @property
     def error_fields(self) -> set[str]:
         return {i.field for i in self.issues if i.level == "error" and i.field}
 
@@ -113,7 +120,11 @@ def evaluate(
         return JobResult(values, None, [Problem("error", path, msg) for path, msg in exc.problems])
     issues = validate(spec)
     if here is not None and not has_errors(issues):  # the same rule as `tunedeck validate` and Start
-        issues = sorted(issues + here.problems(spec), key=lambda p: p.level != "error")
+        try:
+            found = here.problems(spec)
+        except Exception as exc:  # noqa: BLE001 - a check that breaks must read as a message, not a blank page
+            found = [Problem("warning", "", f"this machine's checks could not run: {type(exc).__name__}: {exc}")]
+        issues = sorted(issues + found, key=lambda p: p.level != "error")
     try:
         files = render_bundle(spec)
     except Exception as exc:  # noqa: BLE001 - a generator bug must read as a message, not a blank page

@@ -19,7 +19,7 @@ from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.estimate_panel import EstimatePanel
 from tunedeck.app.form import build_form
 from tunedeck.app.job_events import JobEvent
-from tunedeck.app.job_outputs import read_uploaded_spec
+from tunedeck.app.job_outputs import ThisMachine, read_uploaded_spec
 from tunedeck.app.job_view import JOB_QUEUE, JobView
 from tunedeck.app.model_access import ModelAccessNote
 from tunedeck.app.section import Page, Section
@@ -81,6 +81,7 @@ class JobTab(Section):
                 self.preview.build()
             with gr.Column(scale=5):
                 self.view = JobView(page.ui, form, list(render_bundle(self.initial)), self.writer)
+                self.view.here = ThisMachine(self.runs_dir, self.monitor) if self.runs_dir else None
                 self.estimate = EstimatePanel(page.ui, self.monitor, self.runs_dir)
                 self.view.build_status()
                 self.estimate.build_advice()

@@ -89,6 +89,7 @@ class JobView:
         self.downloads = BundleDownloads(ui, writer)
         self.derived: list[DerivedView] = []
         self.notice = None  # the page's notice line (set before wire): says what an edit set for the person
+        self.here = None  # this machine's checks (job_outputs.ThisMachine): what Start refuses on, shown live
 
     # ------------------------------------------------------------ layout
 
@@ -229,7 +230,7 @@ class JobView:
 
     def evaluate(self, values, got: Got) -> JobResult:
         context = {key: value for view in self.derived for key, value in view.context(got).items()}
-        return evaluate(values, **context)
+        return evaluate(values, here=self.here, **context)
 
     # ------------------------------------------------------------ what changed
 

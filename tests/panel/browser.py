@@ -227,6 +227,16 @@ def wait_text(page, selector: str, text: str, timeout: float = 20_000) -> None:
     )
 
 
+def wait_no_errors(page, timeout: float = 20_000) -> None:
+    """Until the problems beside the form show no error: "No problems", or warnings only (a GPU job on this
+    machine, which has no GPU, always has one: Start here would refuse it, backend/preflight.py)."""
+    page.wait_for_function(
+        "() => { const e = document.querySelector('#job-issues'); "
+        "return !!e && /No problems|warning/.test(e.innerText) && !e.innerText.includes('✗'); }",
+        timeout=timeout,
+    )
+
+
 def wait_file_text(page, text: str, elem_id: str = "file-view", timeout: float = 20_000) -> None:
     """Wait until the shown file holds `text`, scrolling through it as a person would: CodeMirror draws only
     the lines near its viewport, so a line far down a long file is not in the page until scrolled to."""

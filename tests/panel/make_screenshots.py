@@ -52,7 +52,7 @@ def main() -> int:
 
 def ulysses_advice(page, path: Path) -> None:
     """7B LoRA with 64k-token rows on A100-80GB: the advice (2 GPUs per sequence) applied, the form and files."""
-    from panel.browser import fill, open_tab, set_field
+    from panel.browser import fill, open_tab, set_field, wait_no_errors
 
     page.set_viewport_size({"width": 1280, "height": 1100})
     page.click("#preset-7b-lora-ddp")
@@ -65,7 +65,7 @@ def ulysses_advice(page, path: Path) -> None:
     wait_text(page, "#recommendation", "2 GPUs per sequence")
     page.click("#apply-recommendation")
     wait_text(page, "#notice", "Applied ZeRO-3 + 2 GPUs/sequence")
-    wait_text(page, "#job-issues", "No problems")
+    wait_no_errors(page)
     page.locator("#form-sections [role=tablist] > button[role=tab]", has_text="Strategy").first.click()
     page.wait_for_timeout(1000)
     page.screenshot(path=str(path), clip={"x": 0, "y": 150, "width": 1280, "height": 930})

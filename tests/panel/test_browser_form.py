@@ -8,7 +8,16 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from panel.browser import PanelServer, choose, contrast_failures, field, open_tab, set_field, wait_text
+from panel.browser import (
+    PanelServer,
+    choose,
+    contrast_failures,
+    field,
+    open_tab,
+    set_field,
+    wait_no_errors,
+    wait_text,
+)
 from tunedeck.app.form import section_id
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -25,7 +34,7 @@ def load(page, server, width: int = 1440):
     page.set_viewport_size({"width": width, "height": 1000})
     page.set_default_timeout(60_000)  # a loaded 2-core machine paints the first page slowly
     page.goto(server.url)
-    wait_text(page, "#job-issues", "No problems", timeout=120_000)  # the page load's paint has arrived
+    wait_no_errors(page, timeout=120_000)  # the page load's paint has arrived (the 7B job: a warning, no GPU here)
 
 
 def tab(page, title_start: str):
@@ -57,7 +66,7 @@ def test_an_invalid_value_is_outlined_at_its_field_with_its_message_and_counted_
     expect(tab(page, "LoRA")).to_have_text("LoRA/Quantization ✗1")
     expect(tab(page, "Training")).to_have_text("Training")
     set_field(page, "lora.r", "8")
-    wait_text(page, "#job-issues", "No problems")
+    wait_no_errors(page)
     outline(page, "field-lora-r", drawn=False)
     expect(tab(page, "LoRA")).to_have_text("LoRA/Quantization")
 
@@ -85,7 +94,7 @@ def test_choosing_qlora_sets_4bit_nf4_says_so_and_shows_no_error(page, server):
     wait_text(page, "#notice", "Set for you")
     assert "quantization.bits" in page.inner_text("#notice")
     expect(field(page, "quantization.bits")).to_have_value("4")
-    wait_text(page, "#job-issues", "No problems")
+    wait_no_errors(page)
     expect(page.locator(".invalid")).to_have_count(0)
     expect(page.locator("#start-run")).to_be_enabled()
     # Sharded: the 4-bit storage and compute dtype follow the model's.
@@ -110,7 +119,7 @@ def test_a_fix_button_applies_its_fix_and_clears_its_problem(page, server):
     assert drawn["style"] == "solid" and drawn["width"] >= 2, drawn
     button.click()
     wait_text(page, "#notice", "Fixed")
-    wait_text(page, "#job-issues", "No problems")
+    wait_no_errors(page)
     expect(field(page, "training.ddp_find_unused_parameters")).not_to_be_checked()
     expect(page.locator("#job-fixes")).to_be_hidden()
     expect(page.locator("#start-run")).to_be_enabled()
@@ -187,5 +196,5 @@ def test_the_rewards_tab_shows_for_grpo_only(page, server):
     expect(field(page, "grpo.num_generations")).to_have_value("8")
     open_tab(page, "form-sections", "Training")
     choose(page, "objective", "sft")
-    wait_text(page, "#job-issues", "No problems")
+    wait_no_errors(page)
     expect(rewards).to_have_count(0)

@@ -23,6 +23,7 @@ from panel.browser import (
     show_file,
     text_of,
     wait_file_text,
+    wait_no_errors,
     wait_text,
 )
 
@@ -125,7 +126,7 @@ def test_invalid_value_names_the_field_and_disables_start(page, server):
     assert page.locator("#download-zip").is_disabled()
     assert "invalid" in (page.locator("#field-lora-r").get_attribute("class") or "")
     set_field(page, "lora.r", "8")
-    wait_text(page, "#job-issues", "No problems")
+    wait_no_errors(page)
     assert page.locator("#start-run").is_enabled()
 
     # A cross-field rule (from validation, not the field's own type) also names its field.
@@ -134,6 +135,30 @@ def test_invalid_value_names_the_field_and_disables_start(page, server):
     choose(page, "strategy.offload_optimizer", "nvme")
     wait_text(page, "#job-issues", "strategy.nvme_path")
     assert page.locator("#start-run").is_disabled()
+
+
+def test_what_start_would_refuse_shows_as_the_job_is_edited(page, server):
+    """Never "No problems" beside a refusal (issue 31): this machine's checks run on every edit, not at Start."""
+    load(page, server)
+    # The 7B job is a GPU job and this machine has no NVIDIA GPU: Start here would refuse it, the bundle runs.
+    wait_text(page, "#job-issues", "no NVIDIA GPU found here: download the bundle")
+    issues = text_of(page, "#job-issues")
+    assert "No problems" not in issues and "run it on a GPU machine, or choose Demo (CPU)" in issues
+    assert page.locator("#download-zip").is_enabled()
+    page.locator("#job-status, #job-issues").first.screenshot(path="/tmp/job-no-gpu.png")
+
+    page.click("#preset-demo")  # a CPU job: it runs here, so the model folder it names must be here
+    wait_text(page, "#notice", "Loaded preset")
+    wait_text(page, "#job-issues", "No problems")
+    open_tab(page, "form-sections", "Model")
+    set_field(page, "model.name_or_path", "/nowhere/my-model")
+    wait_text(page, "#job-issues", "/nowhere/my-model does not exist")
+    issues = text_of(page, "#job-issues")
+    assert "✗ Base model (model.name_or_path): /nowhere/my-model does not exist: give the folder" in issues
+    assert page.locator("#start-run").is_disabled() and page.locator("#download-zip").is_disabled()
+    assert "invalid" in (page.locator("#field-model-name-or-path").get_attribute("class") or "")
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    page.screenshot(path="/tmp/job-missing-model.png")
 
 
 def test_fields_that_do_not_apply_are_hidden(page, server):
@@ -314,7 +339,7 @@ def test_paste_cut_delete_and_fill_reach_the_job_as_typing_does(page, server, tm
     model.press("ControlOrMeta+v")  # and back
     wait_file_text(page, "name_or_path: Qwen/Qwen2.5-14B-Instruc\n")
     paste(page, model, "Qwen/Qwen2.5-7B-Instruct")
-    wait_text(page, "#job-issues", "No problems")
+    wait_no_errors(page)
 
     open_tab(page, "form-sections", "Training")
     rate = field(page, "training.learning_rate")
@@ -327,7 +352,7 @@ def test_paste_cut_delete_and_fill_reach_the_job_as_typing_does(page, server, tm
     page.keyboard.insert_text("0.0003")  # text inserted without key events, as an IME or autofill does
     show_file(page, "training_args.yaml")
     wait_file_text(page, "learning_rate: 0.0003")
-    wait_text(page, "#job-issues", "No problems")
+    wait_no_errors(page)
 
     fill(field(page, "training.gradient_accumulation_steps"), "7")  # a number box, by Playwright's fill
     wait_file_text(page, "gradient_accumulation_steps: 7")

@@ -159,10 +159,12 @@ def test_a_slurm_jobs_missing_paths_are_warnings_for_its_nodes(demo_spec, runs_d
 
 def test_a_gpu_job_without_a_gpu_here_warns_and_offers_the_bundle(runs_dir):
     spec = load_presets()["7b-lora-ddp"].build()
-    live = evaluate(values_from_spec(spec), here=ThisMachine(runs_dir, Monitor(history=1)))  # the real NVML: no GPU here
+    live = evaluate(
+        values_from_spec(spec), here=ThisMachine(runs_dir, Monitor(history=1))
+    )  # the real NVML: no GPU here
     assert not live.has_errors  # the bundle downloads
     (gpu,) = [p for p in live.issues if p.field == preflight.MACHINE]
-    assert gpu.level == "warning" and gpu.refused_here
+    assert gpu.level == "warning" and gpu.refused_here and live.start_refusals == [gpu]  # Start here refuses
     assert gpu.message.startswith("no NVIDIA GPU found here: download the bundle")
     assert "choose Demo (CPU)" in gpu.message
     assert "⚠ this machine: no NVIDIA GPU found here: download the bundle" in issues_markdown(live)
@@ -184,3 +186,20 @@ def test_the_checks_read_a_data_file_once_per_version(demo_spec, runs_dir, tmp_p
     assert len(reads) == 1
     jsonl(data, '{"prompt": "Q", "completion": "A"}', "not json")  # the file changed: read again, and found wrong
     assert "dataset.path" in evaluate(values, here=here).error_fields and len(reads) == 2
+
+
+def test_tunedeck_validate_says_the_same_for_this_machine(demo_spec, runs_dir, tmp_path, capsys, monkeypatch):
+    from tunedeck.backend.cli import main
+
+    monkeypatch.chdir(tmp_path)  # validate checks as `tunedeck train` would, from ./runs
+    missing = str(tmp_path / "models" / "mine")
+    for argv, code in (
+        (["validate", "7b-lora-ddp"], 0),
+        (["validate", "demo", "--set", f"model.name_or_path={missing}"], 2),
+    ):
+        assert main(argv) == code
+        said = capsys.readouterr().err.splitlines()
+        spec = load_presets()[argv[1]].build() if code == 0 else demo_spec({"model.name_or_path": missing})
+        live = evaluate(values_from_spec(spec), here=ThisMachine(tmp_path / "runs", Monitor(history=1)))
+        page = [f"{p.level}: {p.field}: {p.message}" for p in live.issues]
+        assert page and page == [line for line in said if line.startswith(("error: ", "warning: "))], said
