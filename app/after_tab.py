@@ -9,23 +9,19 @@ by the Release button, by this browser's tab closing (Blocks.unload), by their i
 
 from __future__ import annotations
 
-import functools
-import logging
 import os
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
 import gradio as gr
 
+from tunedeck.app.after_events import shown, streamed
 from tunedeck.app.after_view import USER_ERRORS, AfterView
 from tunedeck.app.downloads import BundleWriter
-from tunedeck.app.errors import user_message
-from tunedeck.app.eval_display import ANSWER_CHARS, EVAL_HEADERS, answers_widths
+from tunedeck.app.eval_section import ANSWERS_OUT, build_evaluate, wire_evaluate
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.backend.checkpoints import AfterError
-from tunedeck.backend.eval_answers import SHOW
 from tunedeck.backend.prompting import MAX_NEW_TOKENS, transcript
 from tunedeck.backend.worker_client import DEFAULT_IDLE_TIMEOUT_S, WorkerPool
 
@@ -34,9 +30,7 @@ DTYPES = ["bfloat16", "float16", "float32"]
 EXAMPLE_OUT = ("after.example_prompt", "after.expected", "after.example_note")
 CHAT_ONLY = ("after.system", "after.converse", "after.new_chat")  # shown for runs trained on conversations
 TO_TRY_BOX_JS = "() => document.getElementById('after-prompt')?.scrollIntoView({block: 'center'})"
-ANSWERS_OUT = ("after.answers", "after.answers_note", "after.answers_file")
 SETTINGS = ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "stop")
-log = logging.getLogger("tunedeck.panel")
 CSS = """
 #after-answer textarea, #after-compare-answer textarea, #after-expected textarea { font-family: var(--font-mono); }
 """
@@ -51,46 +45,6 @@ def idle_timeout_s() -> float:
     if value <= 0:
         raise ValueError(f"{IDLE_ENV}: {raw!r} must be above 0 seconds")
     return value
-
-
-def streamed(fn):
-    """handler() for generator listeners: each yielded {id: value} goes to the page; errors become messages."""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        try:
-            for updates in fn(*args, **kwargs):
-                yield updates or gr.skip()
-        except gr.Error:
-            raise
-        except USER_ERRORS as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
-        except Exception as exc:  # noqa: BLE001 - every handler error becomes a message
-            log.error("handler %s failed:\n%s", fn.__name__, traceback.format_exc())
-            raise gr.Error(user_message(exc), print_exception=False) from None
-
-    return run
-
-
-def shown(ui, updates: dict) -> Updates:
-    """A view's {id: value} for the components; the answers file becomes the download button's file."""
-    if "after.answers" in updates:
-        table = updates["after.answers"]
-        updates["after.answers"] = gr.update(value=table, column_widths=answers_widths(len(table["headers"])))
-    if "after.answers_file" in updates:
-        path = updates.pop("after.answers_file")
-        updates["after.answers_file"] = gr.update(value=path, interactive=bool(path))
-    return {ui[k]: v for k, v in updates.items()}
-
-
-def uploaded(path: str | None) -> str | None:
-    """An evaluation file the page names: only where Gradio keeps this panel's uploads."""
-    if not path:
-        return None
-    folder = Path(gr.utils.get_upload_folder()).resolve()
-    if not Path(path).resolve().is_relative_to(folder):
-        raise AfterError("evaluation data: upload the file with the file box (the page reads no other path)")
-    return path
 
 
 class AfterTab(Section):
@@ -149,34 +103,7 @@ class AfterTab(Section):
                                              elem_id="after-expected"))  # fmt: skip
         add("after.status", gr.Markdown(elem_id="after-status"))
 
-        gr.Markdown("### Evaluate", elem_id="after-eval-title")
-        with gr.Row():
-            add("after.eval_scope", gr.Radio([("final adapter and base", "final"), ("base and every checkpoint", "all")],
-                                             value="final", label="Models", elem_id="after-eval-scope"))  # fmt: skip
-            add("after.eval_data", gr.File(label="Evaluation data, or prompts alone to answer (default: the run's eval split)",
-                                           type="filepath",
-                                           file_types=[".jsonl", ".json", ".csv", ".parquet"], height=130,
-                                           elem_id="after-eval-data"))  # fmt: skip
-            add(
-                "after.eval_limit",
-                gr.Number(0, label="examples (0: all)", precision=0, minimum=0, elem_id="after-eval-limit"),
-            )
-            add("after.evaluate", gr.Button("Evaluate", variant="primary", elem_id="after-evaluate"))
-        add("after.eval_status", gr.Markdown(elem_id="after-eval-status"))
-        with gr.Row():
-            add("after.eval_table", gr.Dataframe(headers=EVAL_HEADERS, interactive=False, elem_id="after-eval-table"))
-            add("after.eval_chart", gr.Plot(label="loss and exact match", show_label=False, elem_id="after-eval-chart"))
-        with gr.Row(equal_height=True):
-            add("after.answers_show", gr.Radio([(label, key) for key, label in SHOW.items()], value="all",
-                                               label="Each answer of the last evaluation", scale=4,
-                                               elem_id="after-answers-show"))  # fmt: skip
-            add("after.answers_file", gr.DownloadButton("⬇ Answers (.jsonl)", interactive=False, scale=1,
-                                                        elem_id="after-answers-file"))  # fmt: skip
-        add("after.answers_note", gr.Markdown(elem_id="after-answers-note"))
-        # A long answer is cut in its cell (the download has it whole); shown() gives each column its width.
-        add("after.answers", gr.Dataframe(headers=["#", "prompt", "the data's answer"], interactive=False, wrap=True,
-                                          max_height=420, max_chars=ANSWER_CHARS, column_widths=answers_widths(3),
-                                          elem_id="after-answers"))  # fmt: skip
+        build_evaluate(add)
 
         gr.Markdown(
             "### Export\nMerges the adapter into the base and saves a standalone model under the run folder "
@@ -344,28 +271,7 @@ class AfterTab(Section):
 
         listen([ui["after.release"].click], on_release, [run], [ui["after.status"]])
 
-        @streamed
-        def on_evaluate(got: Got) -> Iterator[Updates]:
-            limit = got[ui["after.eval_limit"]]
-            args = (got[run], got[ui["after.eval_scope"]], uploaded(got[ui["after.eval_data"]]))
-            for updates in view.evaluate(
-                *args, limit=int(limit) if limit else None, show=got[ui["after.answers_show"]]
-            ):
-                yield shown(ui, updates)
-
-        eval_out = [ui[i] for i in ("after.eval_status", "after.eval_table", "after.eval_chart", *ANSWERS_OUT)]
-        eval_in = {
-            run,
-            *(ui[i] for i in ("after.eval_scope", "after.eval_data", "after.eval_limit", "after.answers_show")),
-        }
-        gr.on([ui["after.evaluate"].click], on_evaluate, inputs=eval_in, outputs=eval_out, show_progress="minimal",
-              show_progress_on=[ui["after.evaluate"]])  # fmt: skip
-
-        def on_answers_show(got: Got) -> Updates:  # another filter of the same answers
-            return shown(ui, view.answers_view(got[run], got[ui["after.answers_show"]])) if got[run] else {}
-
-        listen([ui["after.answers_show"].input], on_answers_show, [run, ui["after.answers_show"]],
-               [ui["after.answers"], ui["after.answers_note"], ui["after.answers_file"]], show_progress="hidden")  # fmt: skip
+        wire_evaluate(ui, view)
 
         @streamed
         def on_merge(got: Got) -> Iterator[Updates]:

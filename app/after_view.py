@@ -17,13 +17,16 @@ import queue
 import re
 import threading
 from collections.abc import Iterator
+from html import escape
 from pathlib import Path
 
 from tunedeck.app.downloads import BundleWriter
-from tunedeck.app.eval_display import answers_shown, evaluated_on, evaluation
+from tunedeck.app.eval_display import answers_shown, evaluated_on, evaluation, newest_source, refused, seen_line
+from tunedeck.app.worker_tasks import in_background, progress_line
 from tunedeck.backend.checkpoints import AfterError, list_weights
 from tunedeck.backend.data_uploads import keep_upload
 from tunedeck.backend.eval_answers import answers_jsonl, newest_answers
+from tunedeck.backend.eval_data import eval_source, sample_training_rows, seen_in_training
 from tunedeck.backend.eval_results import read_eval
 from tunedeck.backend.examples import Example, data_examples, pick, verdict
 from tunedeck.backend.prompting import GenerationSettings, SettingsError, answer_line, transcript
@@ -196,8 +199,10 @@ class AfterView:
             raise AfterError("example: the run has no evaluation answers; press Evaluate first")
         rows = next(iter(answers.values()))
         source = data["results"][next(iter(answers))].get("data") or ""
-        # Held out unless it is the training file itself ("train.jsonl [test]" is another split of it).
+        # Held out unless it is the training file itself ("train.jsonl [test]" is another split of it), a copy of
+        # it, or rows sampled from it.
         held_out = Path(source).name != Path(str((job.get("dataset") or {}).get("path") or "")).name
+        held_out = held_out and not seen_in_training(run_dir, job, source)
         pairs = [(row["prompt"], row["expected"]) for row in rows]
         return _for_the_try_box(pick(pairs, source, held_out, number), conversing)
 
@@ -211,8 +216,8 @@ class AfterView:
                 workers[event["key"]] = event["worker"]
             elif event.get("event") == "answered":
                 answered[event["key"]] = event["summary"]
-            elif not workers and _progress_line(event):
-                status = "loading: " + _progress_line(event)
+            elif not workers and progress_line(event):
+                status = "loading: " + progress_line(event)
         if workers:
             infos = [workers[key].info for key in models if key in workers]
             warnings = [i["warning"] for i in infos if i.get("warning")]
@@ -255,9 +260,12 @@ class AfterView:
     def eval_view(self, run_id: str, show: str = "all") -> dict:
         """The table and chart of what eval.json holds (shown again when the run is reopened), and the newest
         evaluation's answers side by side (`show`: eval_answers.SHOW)."""
-        run_dir = self.manager.run_dir(run_id)
+        run_dir, job = self._run(run_id)
         data = read_eval(run_dir)
-        return {**evaluation(data), "after.eval_status": evaluated_on(data), **self.answers_view(run_id, show, data)}
+        status = evaluated_on(data)
+        note = seen_line(seen_in_training(run_dir, job, newest_source(data) or ""))
+        status += f"\n\n{note}" if note else ""
+        return {**evaluation(data), "after.eval_status": status, **self.answers_view(run_id, show, data)}
 
     def answers_view(self, run_id: str, show: str, data: dict | None = None) -> dict:
         """The newest evaluation's answers side by side, filtered; the file of them all to download."""
@@ -269,20 +277,46 @@ class AfterView:
         return {**answers_shown(answers, show), "after.answers_file": download}
 
     def evaluate(
-        self, run_id: str, scope: str, data_file: str | None = None, limit: int | None = None, show: str = "all"
+        self,
+        run_id: str,
+        scope: str,
+        data_file: str | None = None,
+        limit: int | None = None,
+        show: str = "all",
+        training_rows: int | None = None,
     ) -> Iterator[dict]:
-        """Evaluate in a worker; yield progress, then the table and chart."""
+        """Evaluate in a worker; yield progress, then the table and chart; `training_rows`: on that many rows of
+        the run's training file. What stops it goes to the status line, in the page's words, not to a toast."""
+        try:
+            yield from self._evaluate(run_id, scope, data_file, limit, show, training_rows)
+        except USER_ERRORS as exc:
+            yield {"after.eval_status": refused(exc)}
+
+    def _evaluate(self, run_id, scope, data_file, limit, show, training_rows) -> Iterator[dict]:
         run_dir, job = self._run(run_id)
         weights = [w.name for w in list_weights(run_dir, job)]
         names = weights if scope == "all" else ["base", weights[-1]]
         if len(names) < 2:
-            raise AfterError(f"run {run_id} has saved no adapter yet: nothing to compare with the base")
-        if data_file:  # the page's upload folder goes with the panel: kept where eval.json can name it for good
+            raise AfterError(f"run {run_id} has saved no adapter yet: evaluate it once it has saved a checkpoint")
+        if training_rows:
+            data_file = str(sample_training_rows(run_dir, job, training_rows))
+        elif data_file:  # the page's upload folder goes with the panel: kept where eval.json can name it for good
             data_file = str(keep_upload([Path(data_file)], self.manager.runs_dir)[0])
+        _, _, source = eval_source(run_dir, job, data_file)  # no data: said before a worker starts
+        note = seen_line(seen_in_training(run_dir, job, source))
+        note = f"\n\n{note}" if note else ""
         args = {"run_id": run_id, "names": names, "data": data_file, "limit": limit}
-        for event in _in_background(lambda on_event: run_task("evaluate", args, job, self.manager.runs_dir, on_event)):
-            yield {"after.eval_status": event}
+        for event in in_background(lambda on_event: run_task("evaluate", args, job, self.manager.runs_dir, on_event)):
+            yield {"after.eval_status": escape(event) + note}
         yield self.eval_view(run_id, show)
+
+    def eval_data_note(self, run_id: str, data_file: str | None) -> dict:
+        """An evaluation file just picked: a warning when it is the run's training file (by path or content)."""
+        if not run_id or not data_file:
+            return {}
+        run_dir, job = self._run(run_id)
+        note = seen_line(seen_in_training(run_dir, job, str(Path(data_file).resolve())))
+        return {"after.eval_status": note} if note else {}
 
     # ------------------------------------------------------------ export
 
@@ -307,7 +341,7 @@ class AfterView:
         )
         args = {"run_id": run_id, "checkpoint": checkpoint, "out_dir": str(out_dir), "dtype": dtype}
         result = {}
-        for event in _in_background(
+        for event in in_background(
             lambda on_event: result.update(run_task("merge", args, job, self.manager.runs_dir, on_event))
         ):
             yield {"after.merge_status": event + note}
@@ -335,37 +369,6 @@ def next_turns(history: dict[str, list], prompt: str, answers: dict[str, str], m
     failed, its conversation as it was (the next prompt goes on from there); none for a model without a template."""
     turns = {key: [*history.get(key, []), (prompt, text)] for key, text in answers.items()}
     return {**{key: list(history[key]) for key in models if key in history and key not in answers}, **turns}
-
-
-def _in_background(task) -> Iterator[str]:
-    """Run task(on_event) in a thread; yield a progress line per event; raise what it raised."""
-    events: queue.Queue = queue.Queue()
-    failure: list[BaseException] = []
-
-    def run():
-        try:
-            task(events.put)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the handler's thread
-            failure.append(exc)
-        finally:
-            events.put(None)
-
-    threading.Thread(target=run, name="after-task", daemon=True).start()
-    while (event := events.get()) is not None:
-        line = _progress_line(event)
-        if line:
-            yield line
-    if failure:
-        raise failure[0]
-
-
-def _progress_line(event: dict) -> str:
-    """A worker's progress or warning event as one line of the page ("" for other events)."""
-    if event.get("event") == "progress":
-        return f"{event['stage']} ({event['done']}/{event['total']})"
-    if event.get("event") == "warning":
-        return f"⚠ {event['message']}"
-    return ""
 
 
 def _for_the_try_box(example: Example, conversing: bool) -> dict:

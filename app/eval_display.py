@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from tunedeck.app.charts import waiting_figure
 from tunedeck.backend.eval_answers import answers_table
+from tunedeck.backend.eval_data import EvalDataError, seen_warning
 from tunedeck.backend.eval_results import order_key, table_rows
 
 ANSWER_CHARS = 240  # of an answer in its cell: up to 256 new tokens for a prompt without the data's answer
@@ -37,6 +38,25 @@ def answers_widths(columns: int) -> list[str]:
     of its own, a long answer would squeeze the data's answer to a letter and push the next model out of sight)."""
     models = columns - 3
     return ["4%", "26%", "14%", *[f"{56 // models}%"] * models] if models else ["6%", "64%", "30%"]
+
+
+def refused(exc: Exception) -> str:
+    """The Evaluate status line for what stopped an evaluation: the page's words where the error has them
+    (backend/eval_data.py: EvalDataError), as text."""
+    said = exc.said("page") if isinstance(exc, EvalDataError) else str(exc)
+    return f"✗ {escape(said, quote=False)}"
+
+
+def seen_line(reason: str | None) -> str:
+    """The status line's warning for evaluation data the model trained on ("" for held-out data), as text."""
+    return escape(seen_warning(reason), quote=False) if reason else ""
+
+
+def newest_source(data: dict) -> str | None:
+    """The data the newest evaluation read, as eval.json names it."""
+    results = data.get("results") or {}
+    newest = max(results.values(), key=lambda r: r.get("evaluated_at") or 0, default={})
+    return newest.get("data")
 
 
 def evaluated_on(data: dict) -> str:

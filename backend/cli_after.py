@@ -288,16 +288,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval(args) -> int:
     from tunedeck.backend.checkpoints import list_weights
     from tunedeck.backend.eval_answers import ANSWERS_DIR
+    from tunedeck.backend.eval_data import eval_source
     from tunedeck.backend.runs import RunManager
     from tunedeck.backend.worker_client import run_task
 
     if args.limit is not None and args.limit < 1:
         return _fail("--limit: give a positive number of rows")
     runs_dir, job, weights = _resolve(args)
-    names = ["base", weights.name]
-    if args.all:
-        names = [w.name for w in list_weights(RunManager(runs_dir).run_dir(args.run_id), job)]
+    run_dir = RunManager(runs_dir).run_dir(args.run_id)
+    names = [w.name for w in list_weights(run_dir, job)] if args.all else ["base", weights.name]
     data = str(Path(args.data).resolve()) if args.data else None
+    eval_source(run_dir, job, data)  # no evaluation data: said before a model loads
     progress = Progress()
     outcome = run_task(
         "evaluate", {"run_id": args.run_id, "names": names, "data": data, "limit": args.limit}, job, runs_dir, progress
@@ -315,7 +316,6 @@ def _eval(args) -> int:
         print(json.dumps(report, indent=2))
         return 0
     _print_table(results, outcome["data"])
-    run_dir = RunManager(runs_dir).run_dir(args.run_id)
     print(f"saved in {run_dir / 'eval.json'}")
     if any(r.get("answers_file") for r in results.values()):
         print(f"every answer, one file per model: {run_dir / ANSWERS_DIR}/<model>.jsonl")

@@ -4,10 +4,9 @@ Sequences are tokenized as TRL's SFTTrainer did in training (its tokenize_fn in 
 appended to plain text and completions, the loss on the completion only for prompt-completion data
 (completion_only_loss), on every token for text and messages. Loss: the mean over scored tokens; perplexity: exp(loss).
 
-The data: a chosen file (in the run's dataset format), else the job's dataset.eval_split, else the held-out file
-beside the training file (a folder's: beside its train file), found as datasets splits a folder by file name
-(eval/test/validation beside train). The base is loaded once; each adapter is put on it in turn. Imports torch
-inside its functions: runs in the worker process.
+The data (backend/eval_data.py): a chosen file (in the run's dataset format), else the job's dataset.eval_split,
+else the held-out file beside the training file. The base is loaded once; each adapter is put on it in turn.
+Imports torch inside its functions: runs in the worker process.
 
 Prompts without answers (a file without the completion or output column, a row without its value, a conversation
 that ends with the user's turn) are answered, not scored; GRPO's prompts (prompt-only) by their answer column.
@@ -24,6 +23,7 @@ from pathlib import Path
 from tunedeck.backend import train
 from tunedeck.backend.checkpoints import AfterError, Weights, list_weights
 from tunedeck.backend.eval_answers import SCORES
+from tunedeck.backend.eval_data import eval_source, local
 from tunedeck.backend.eval_results import order_key
 
 BATCH_SIZE = 8
@@ -41,68 +41,19 @@ class Cancelled(Exception):
     """The caller asked to stop."""
 
 
-def _local(run_dir: Path, path: str) -> Path:
-    candidate = Path(run_dir) / Path(path).expanduser()
-    return candidate.resolve() if candidate.exists() else Path(path).expanduser()
-
-
-def held_out_file(train_file: Path) -> Path | None:
-    """The eval/test/validation file beside a training file, as datasets' get_data_patterns names the splits."""
-    from datasets.data_files import DataFilesDict, get_data_patterns
-
-    folder = train_file.parent
-    try:
-        files = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
-    except FileNotFoundError:  # datasets' EmptyDatasetError and DataFilesNotFoundError: no split files here
-        return None
-    if str(train_file.resolve()) not in {str(Path(f).resolve()) for f in files.get("train", [])}:
-        return None
-    for split in ("validation", "test"):
-        candidates = [Path(f) for f in files.get(split, []) if Path(f).suffix == train_file.suffix]
-        if len(candidates) == 1:
-            return candidates[0]
-    return None
-
-
-class NoEvalData(AfterError):
-    """The run's job names no evaluation data and none lies beside its training file."""
-
-
 def eval_rows(
     run_dir: Path, job: dict, data_file: str | None = None, limit: int | None = None
 ) -> tuple[list[dict], str]:
-    """(rows in TRL's columns: prompt/completion, text or messages; where they came from)."""
-    dataset_cfg = dict(job.get("dataset") or {})
-    split = "train"
-    if data_file:
-        path = _local(Path.cwd(), data_file)
-        if not path.is_file():
-            raise AfterError(
-                f"--data: {data_file} is not a file; give a JSON/JSONL/CSV/Parquet file in the run's dataset format"
-            )
-        dataset_cfg["path"], source = str(path), str(path)
-    elif dataset_cfg.get("eval_split"):
-        split = dataset_cfg["eval_split"]
-        dataset_cfg["path"] = str(_local(run_dir, str(dataset_cfg.get("path", ""))))
-        source = f"{dataset_cfg['path']} [{split}]"
-    else:
-        train_file = _local(run_dir, str(dataset_cfg.get("path", "")))
-        if train_file.is_dir():  # a folder of split files (the GRPO, DPO and KTO demos'): its train file's neighbours
-            train_file = next(iter(sorted(train_file.glob("train.*"))), train_file)
-        found = held_out_file(train_file) if train_file.is_file() else None
-        if found is None:
-            raise NoEvalData(
-                "the run has no evaluation data: its job has no dataset.eval_split and there is no eval, test or "
-                f"validation file beside {train_file}; pass --data FILE (in the run's dataset format)"
-            )
-        dataset_cfg["path"], source = str(found), str(found)
+    """(rows in TRL's columns: prompt/completion, text or messages; where they came from). Which data:
+    backend/eval_data.py (NoEvalData when the run has none)."""
+    dataset_cfg, split, source = eval_source(run_dir, job, data_file)
     return _read_rows(dataset_cfg, split, source, limit, answers_optional=True), source
 
 
 def training_rows(run_dir: Path, job: dict, limit: int | None = None) -> tuple[list[dict], str]:
     """(the first rows of the run's training split in TRL's columns; where they came from)."""
     dataset_cfg = dict(job.get("dataset") or {})
-    dataset_cfg["path"] = str(_local(run_dir, str(dataset_cfg.get("path", ""))))
+    dataset_cfg["path"] = str(local(run_dir, str(dataset_cfg.get("path", ""))))
     split = dataset_cfg.get("split") or "train"
     return _read_rows(dataset_cfg, split, dataset_cfg["path"], limit, "training data"), dataset_cfg["path"]
 

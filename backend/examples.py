@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunedeck.backend.checkpoints import AfterError
+from tunedeck.backend.eval_data import NoEvalData
 from tunedeck.backend.evaluate import (
-    NoEvalData,
     contains_match,
     eval_rows,
     exact_match,

@@ -48,7 +48,7 @@ LAYERS = [
     (
         "runs",
         2,
-        r"tunedeck\.backend\.(worker\w*|checkpoints|consolidate|evaluate|eval_results|eval_answers|examples|merge|hub|model_load|prompting|generate)",
+        r"tunedeck\.backend\.(worker\w*|checkpoints|consolidate|evaluate|eval_results|eval_answers|eval_data|examples|merge|hub|model_load|prompting|generate)",
     ),
     ("cli", 3, r"tunedeck\.backend\.cli\w*"),
     ("app", 3, r"tunedeck\.app(\..+)?"),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from panel.browser import EVENTS_TAP_JS, PanelServer, fill, plot_points, settle, wait_text
 from runs.helpers import wait_for
 
@@ -164,6 +165,45 @@ def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
     open_after(page, server)  # reopened: the table is read back from eval.json
     wait_text(page, "#after-eval-table", "final")
     assert eval_losses(page) == loss
+
+
+def test_evaluate_says_in_its_status_line_what_to_do_without_held_out_rows(page, server, tmp_path):
+    """Issue 31: Evaluate on a run without held-out data failed in a fading toast in the CLI's words while its
+    status line showed a GPU warning. A copy of the demo run, trained (as its job now says) on a file alone."""
+    run_id = "20000101-000000-00000a"  # older than the demo run: the page still opens on that one
+    data = tmp_path / "own" / "train.jsonl"
+    data.parent.mkdir()
+    shutil.copy(server.runs_dir / server.run_id / "job.yaml", tmp_path / "job.yaml")
+    job = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    shutil.copy(job["dataset"]["path"], data)
+    folder = server.runs_dir / run_id
+    shutil.copytree(server.runs_dir / server.run_id, folder, ignore=shutil.ignore_patterns("merged", "eval*"))
+    (folder / "job.yaml").write_text(yaml.safe_dump({**job, "dataset": {**job["dataset"], "path": str(data)}}))
+    status = json.loads((folder / "status.json").read_text())
+    (folder / "status.json").write_text(json.dumps({**status, "run_id": run_id}))
+
+    open_after(page, server)
+    page.locator("#after-run input").click()
+    page.locator(f'#after-run li[role=option][aria-label^="{run_id}"]').click()
+    wait_text(page, "#after-eval-status", "not evaluated yet")
+    page.click("#after-evaluate")
+    wait_text(page, "#after-eval-status", "This run kept no held-out rows")
+    said = page.locator("#after-eval-status").inner_text()
+    assert "Pick an evaluation file below or upload one" in said and "rows of its training file" in said
+    assert "--data" not in said and not page.locator(".toast-body").count()  # the page's words, no toast
+    page.evaluate("document.querySelector('#after-eval-title').scrollIntoView()")
+    page.screenshot(path="/tmp/after-eval-no-data.png")
+
+    page.locator("#after-eval-data input[type=file]").set_input_files(str(data))  # the training file itself
+    wait_text(page, "#after-eval-status", "train.jsonl is the run's training file")
+    assert "the model trained on these rows" in page.locator("#after-eval-status").inner_text()
+
+    fill(page.locator("#after-training-rows input"), "4")
+    page.click("#after-evaluate-training")  # 4 rows of the training file, kept under the run folder
+    wait_text(page, "#after-eval-table", "training-rows-4.jsonl", timeout=240_000)
+    wait_text(page, "#after-eval-status", "training-rows-4.jsonl holds rows sampled from the run's training file")
+    assert len((folder / "eval-data" / "training-rows-4.jsonl").read_text().splitlines()) == 4
+    page.screenshot(path="/tmp/after-eval-training-rows.png")
 
 
 def test_prompts_alone_are_answered_and_a_row_goes_to_try_without_a_datas_answer(page, server, demo_home, tmp_path):
