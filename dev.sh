@@ -34,6 +34,20 @@ setup_chromium() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium fonts-dejavu-core >/dev/null
 }
 
+setup_axe() {
+  # The browser tests run axe-core in the page (tests/panel/test_browser_a11y.py), from the npm registry, into a
+  # git-ignored folder; the version is pinned so a new rule never fails a run that changed nothing.
+  local want=4.14.1 have
+  have=$(node -p "require('./tests/panel/node_modules/axe-core/package.json').version" 2>/dev/null || true)
+  [ "$have" = "$want" ] && return
+  if ! command -v npm >/dev/null; then
+    echo "==> npm is missing: the accessibility browser test will fail until axe-core is in tests/panel/node_modules" >&2
+    return 0
+  fi
+  echo "==> installing axe-core $want for the browser tests"
+  npm install --silent --no-save --no-package-lock --no-audit --no-fund --prefix tests/panel "axe-core@$want"
+}
+
 setup_slurm() {
   # The slurm tests start a real 2-node cluster on this machine (tests/slurm/local_cluster.py) from Debian's packages.
   PATH="$PATH:/usr/sbin:/sbin" command -v slurmctld >/dev/null && command -v sbatch >/dev/null && return
@@ -103,6 +117,7 @@ case "${1:-}" in
     shift
     setup_venv
     setup_chromium
+    setup_axe
     setup_slurm
     lint
     # The single-process tests on two workers at once (pytest-xdist: 110 s instead of 230 s on the 2-core

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from tunedeck.app import after_tab, monitor_view, run_state_line
+from tunedeck.app import after_tab, keyboard, monitor_view, run_state_line
 from tunedeck.app.errors import user_message
 from tunedeck.app.estimate_panel import measured_vs_predicted
 from tunedeck.app.first_screen import Here, start_line
@@ -67,6 +67,7 @@ CSS = (
     + monitor_view.CSS
     + run_state_line.CSS
     + after_tab.CSS
+    + keyboard.CSS
 )
 
 
@@ -121,7 +122,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
         narrow_progress_targets(blocks, gr.HTML(visible=False, elem_id="quiet-events"))
     blocks.tunedeck_ui = page.ui
     blocks.tunedeck_css = CSS  # launch() takes css and js in Gradio 6
-    blocks.tunedeck_js = f"() => {{ ({FORWARD_EDITS_JS})(); ({JUMP_JS})(); ({POLL_JS})(); }}"
+    blocks.tunedeck_js = f"() => {{ ({FORWARD_EDITS_JS})(); ({JUMP_JS})(); ({POLL_JS})(); ({keyboard.JS})(); }}"
     blocks.tunedeck_routes = [progress_route(runs.manager, runs.watches)]  # launch() adds them to Gradio's app
     blocks.tunedeck_theme = page_theme()
     return blocks
