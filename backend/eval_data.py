@@ -45,8 +45,8 @@ class NoEvalData(EvalDataError):
                 "cli": "the run has no evaluation data: its job has no dataset.eval_split and there is no eval, test or "
                 f"validation file beside {train_file}; pass --data FILE (in the run's dataset format)",
                 "page": "This run kept no held-out rows: its job has no evaluation split and no eval, test or "
-                f"validation file lies beside {train_file.name}. Pick an evaluation file below or upload one (in the "
-                "run's dataset format), or evaluate on rows of its training file (the model has seen those).",
+                f"validation file lies beside {train_file.name}. Upload an evaluation file in the box above (in the "
+                "run's dataset format), or press **Evaluate on training rows** (rows the model has seen).",
             }
         )
 

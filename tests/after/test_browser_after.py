@@ -189,7 +189,7 @@ def test_evaluate_says_in_its_status_line_what_to_do_without_held_out_rows(page,
     page.click("#after-evaluate")
     wait_text(page, "#after-eval-status", "This run kept no held-out rows")
     said = page.locator("#after-eval-status").inner_text()
-    assert "Pick an evaluation file below or upload one" in said and "rows of its training file" in said
+    assert "Upload an evaluation file in the box above" in said and "Evaluate on training rows" in said
     assert "--data" not in said and not page.locator(".toast-body").count()  # the page's words, no toast
     page.evaluate("document.querySelector('#after-eval-title').scrollIntoView()")
     page.screenshot(path="/tmp/after-eval-no-data.png")

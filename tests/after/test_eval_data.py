@@ -42,14 +42,14 @@ def test_evaluate_without_held_out_rows_says_what_to_do_in_its_status_line(run):
     assert updates == [
         {
             "after.eval_status": "✗ This run kept no held-out rows: its job has no evaluation split and no eval, test "
-            "or validation file lies beside train.jsonl. Pick an evaluation file below or upload one (in the run's "
-            "dataset format), or evaluate on rows of its training file (the model has seen those)."
+            "or validation file lies beside train.jsonl. Upload an evaluation file in the box above (in the run's "
+            "dataset format), or press **Evaluate on training rows** (rows the model has seen)."
         }
     ]
     assert view.pool.live() == {}  # said before a worker (and its model) started
     with pytest.raises(NoEvalData) as cli:  # the worker, for `tunedeck eval`: the same fact, the CLI's words
         eval_rows(folder, job)
-    assert str(cli.value).endswith("pass --data FILE (in the run's dataset format)") and "Pick" not in str(cli.value)
+    assert str(cli.value).endswith("pass --data FILE (in the run's dataset format)") and "Upload" not in str(cli.value)
 
 
 def test_an_evaluation_file_that_is_the_training_file_is_a_warning_when_picked(run, tmp_path):
@@ -87,4 +87,4 @@ def test_tunedeck_eval_keeps_its_flags_words_and_loads_no_model(run, capsys):
     assert main(["eval", RUN_ID, "--runs-dir", str(folder.parent)]) == 2
     said = capsys.readouterr().err
     assert "the run has no evaluation data" in said and "pass --data FILE (in the run's dataset format)" in said
-    assert "Pick an evaluation file" not in said and "loading" not in said
+    assert "Upload an evaluation file" not in said and "loading" not in said
