@@ -32,8 +32,7 @@ from tunedeck.backend.run_speed import Calibration
 from tunedeck.backend.runs import RunManager, RunStatus
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.speed import Hardware
-from tunedeck.backend.speed_data import measured_lengths
-from tunedeck.backend.truncation import measured_facts
+from tunedeck.backend.truncation import measured_facts, measured_lengths
 from tunedeck.backend.untrusted import shown
 from tunedeck.backend.validate import Problem, has_errors, validate
 from tunedeck.backend.vocabulary import STRATEGIES

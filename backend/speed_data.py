@@ -87,15 +87,3 @@ def measured_shape(stats: dict | None, packing: bool, group_by_length: bool) -> 
         rows_per_sequence=1.0,
         note=f"{counted}, {how}",
     )
-
-
-def measured_lengths(spec, measured: dict | None) -> dict | None:
-    """The dataset preview's length stats of this job's data, from the measurements the page holds
-    ({measure_key: measurement}, backend/truncation.py), or None while there is none for it."""
-    from tunedeck.backend.preview import for_job
-    from tunedeck.backend.truncation import measure_key
-
-    found = measured.get(measure_key(spec)) if measured else None
-    if not found or "error" in found:
-        return None
-    return for_job(found, spec)["stats"]

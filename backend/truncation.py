@@ -107,6 +107,15 @@ def measured_facts(spec: JobSpec, measured: Mapping[str, dict] | None) -> tuple[
     return measured_seq_len(result["stats"], result["packing"]), truncation_problems(spec, result)
 
 
+def measured_lengths(spec: JobSpec, measured: Mapping[str, dict] | None) -> dict | None:
+    """The preview's length statistics of this job's data, read for its max_seq_length, batch and packing (what the
+    speed estimate counts padding and packed sequences from: backend/speed_data.py), or None while there are none."""
+    found = measured.get(measure_key(spec)) if measured else None
+    if not found or "error" in found:
+        return None
+    return for_job(found, spec)["stats"]
+
+
 def suggested_length(p95: int) -> int:
     """The length that keeps the 95th percentile whole, rounded up to a multiple of ROUND_TO."""
     return min(LONGEST, math.ceil(p95 / ROUND_TO) * ROUND_TO)
