@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from html import escape
 from pathlib import Path
 
@@ -11,6 +12,12 @@ from tunedeck.backend.fields import Values, spec_from_values
 from tunedeck.backend.render.carried import DATA_CAP_WORDS
 from tunedeck.backend.spec import JobSpec, SpecError
 from tunedeck.backend.untrusted import shown
+
+COLUMNS_LISTED = 20  # of the first row's columns (up to data_sniff.MAX_COLUMNS), in the notice
+# What Markdown or HTML would read as markup in a file or column name: each is shown as itself behind a backslash
+# (CommonMark escapes any ASCII punctuation this way), and the "www." and "://" of a bare link are broken the same
+# way, so `![](http://x/y.png)`, `[text](url)`, `<img src=x>` and `www.example.com` stay text.
+MARKDOWN_CHARS = re.compile(r"[\\`*_\[\]()<>!#|~&{}$@]|(?<=[Ww]{3})\.|:(?=//)")
 
 # Said when the upload's format changed the objective.
 OBJECTIVE_SAID = {
@@ -35,11 +42,11 @@ def fill_from_upload(
     try:
         kept, held_out = keep_upload(files, runs_dir)
     except UploadError as exc:
-        return None, f"✗ {escape(str(exc))}; the form is unchanged."
+        return None, f"✗ {as_text(str(exc))}; the form is unchanged."
     except OSError as exc:
         return (
             None,
-            f"✗ data upload: could not keep the files ({escape(exc.strerror or str(exc))}); the form is unchanged.",
+            f"✗ data upload: could not keep the files ({as_text(exc.strerror or str(exc))}); the form is unchanged.",
         )
     changes, found, columns = dataset_changes(kept, held_out, values.get("objective") or "sft")
     try:
@@ -49,7 +56,7 @@ def fill_from_upload(
             f"Kept the data in `{escape(str(kept))}`, but the form has errors, so the job was not changed: fix them "
             "and upload again (the same files are not copied twice)."
         )
-    names = ", ".join(f"**{escape(shown(f.name))}**" for f in files)
+    names = ", ".join(f"**{as_text(shown(f.name))}**" for f in files)
     said = [f"Uploaded {names} to `{escape(str(kept))}`: dataset.path points there.", in_the_bundle(spec)]
     if held_out:
         said.append(
@@ -57,7 +64,9 @@ def fill_from_upload(
         )
     else:
         said.append("No held-out file: no evaluation during training (upload it together with the training file).")
-    listed = ", ".join(escape(shown(c)) for c in columns or [])
+    listed = ", ".join(as_text(shown(c)) for c in (columns or [])[:COLUMNS_LISTED])
+    if len(columns or []) > COLUMNS_LISTED:
+        listed += f" and {len(columns) - COLUMNS_LISTED:,} more"
     if found:
         said.append(f"Row format **{found}** (its columns: {listed}).")
         if spec.objective != values.get("objective", spec.objective):
@@ -68,6 +77,11 @@ def fill_from_upload(
             "fields; the dataset preview then measures it."
         )
     return spec, " ".join(said)
+
+
+def as_text(text: str) -> str:
+    """Text from the upload (a file name, a column name, a refusal naming them) as Markdown that shows it as is."""
+    return MARKDOWN_CHARS.sub(lambda found: "\\" + found[0], text)
 
 
 def in_the_bundle(spec: JobSpec) -> str:

@@ -7,24 +7,29 @@ A browser behind an SSH tunnel has no other way to put its data on the server. A
 uploaded with the training file becomes the folder's `validation` split: the job's eval split, for
 eval loss during training and for Evaluate. The same files uploaded again land in the same folder. A Slurm node reads them where it reads the runs folder. The row format is taken
 from the training file's columns when they are one format's own (dataset.format's default columns).
+
+Nothing is kept that training cannot read (backend/data_sniff.py): each file's start is read first, at a bounded
+cost, then the whole text in the pass that digests it; a refusal names the file, what it is and the fix, and
+leaves nothing under the runs folder, so the dataset preview never measures it.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import json
 import re
 import shutil
 from pathlib import Path
 
+from tunedeck.backend.data_sniff import BLOCK, NotData, TextScan, check_start, scan_for
 from tunedeck.backend.train import DATA_FILE_BUILDERS
+from tunedeck.backend.untrusted import shown
 from tunedeck.backend.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 
 DATASETS_DIR = "datasets"
 SUFFIXES = tuple(DATA_FILE_BUILDERS)  # what train_sft.py reads as dataset.path
 HELD_OUT_NAMES = ("eval", "test", "validation", "valid", "dev")  # as the datasets library names splits by file name
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_STEM = 100  # of a kept file's name, before its suffix
 
 
 class UploadError(ValueError):
@@ -40,17 +45,23 @@ def keep_upload(files: list[Path], runs_dir: Path) -> tuple[Path, bool]:
     """
     if not files:
         raise UploadError("data upload: no file received; pick a JSON, JSONL, CSV or Parquet file")
-    names = [_safe_name(Path(f).name) for f in files]
-    for name in names:
-        if not name.lower().endswith(SUFFIXES):
+    for path in files:  # the name as uploaded: a long one keeps its suffix only until it is shortened
+        if not Path(path).name.lower().endswith(SUFFIXES):
             raise UploadError(
-                f"data upload: {name} is not a data file; upload JSONL, JSON, CSV or Parquet (as dataset.path reads)"
+                f"data upload: {shown(Path(path).name)} is not a data file; upload JSONL, JSON, CSV or Parquet "
+                "(as dataset.path reads)"
             )
+    names = [_safe_name(Path(f).name) for f in files]
     if len(files) > 2 or len({Path(n).suffix.lower() for n in names}) > 1:
         raise UploadError(
             "data upload: upload one data file, or a training file with its held-out file of the same type "
             "(train.jsonl with eval.jsonl)"
         )
+    for path in files:  # the start of each file, at a bounded cost, before reading it whole
+        try:
+            check_start(Path(path), Path(path).name)
+        except NotData as exc:
+            raise UploadError(f"data upload: {exc}") from None
     kept = dict(zip(names, files))
     if len(files) == 2:
         train = _training_file(names)
@@ -66,9 +77,12 @@ def _copy(files: dict[str, Path], parent: Path) -> Path:
     digest = hashlib.sha256()
     for name, path in sorted(files.items()):
         digest.update(name.encode() + b"\0")
+        scan = scan_for(Path(path), Path(path).name)  # the whole text read once: its encoding and its lines
         with open(path, "rb") as f:
-            for block in iter(lambda f=f: f.read(1 << 20), b""):
+            for block in iter(lambda f=f: f.read(BLOCK), b""):
                 digest.update(block)
+                _scanned(scan, block)
+        _scanned(scan, None)
     folder = parent / digest.hexdigest()[:16]
     if folder.is_dir():
         return folder
@@ -81,15 +95,31 @@ def _copy(files: dict[str, Path], parent: Path) -> Path:
     staging = folder.with_name(f".{folder.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    for name, path in files.items():
-        shutil.copyfile(path, staging / name)
-    staging.replace(folder)  # a folder is there whole or not at all
+    try:
+        for name, path in files.items():
+            shutil.copyfile(path, staging / name)
+        staging.replace(folder)  # a folder is there whole or not at all
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # a copy that failed (a full disk) leaves nothing behind
     return folder
 
 
+def _scanned(scan: TextScan | None, block: bytes | None) -> None:
+    """Feed one block to a file's scan (None: the file's end); what it finds is the upload's refusal."""
+    try:
+        if scan is not None and block is not None:
+            scan.feed(block)
+        elif scan is not None:
+            scan.finish()
+    except NotData as exc:
+        raise UploadError(f"data upload: {exc}") from None
+
+
 def _safe_name(name: str) -> str:
-    cleaned = _UNSAFE.sub("_", name).lstrip(".")
-    return cleaned[:100] or "data.jsonl"
+    """A short name of letters, digits, '.', '_' and '-' that keeps the data suffix (checked before)."""
+    suffix = next(s for s in SUFFIXES if name.lower().endswith(s))
+    stem = _UNSAFE.sub("_", name[: -len(suffix)]).lstrip("._")
+    return (stem[:MAX_STEM] or "data") + suffix
 
 
 def _training_file(names: list[str]) -> str:
@@ -108,23 +138,12 @@ def _words(name: str) -> set[str]:
 
 
 def first_row_columns(path: Path) -> list[str] | None:
-    """The columns of a JSON/JSONL/CSV file's first row; None where they cannot be read without the datasets library."""
-    suffix = path.suffix.lower()
+    """The columns of a JSON/JSONL/CSV file's first row (read from its start only); None for Parquet, or where the
+    start of the file is not data (an upload is refused before it gets here)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            if suffix == ".csv":
-                return next(csv.reader(f), None)
-            if suffix == ".jsonl":
-                line = next((line for line in f if line.strip()), "")
-                row = json.loads(line) if line else None
-            elif suffix == ".json" and path.stat().st_size <= 64 * 2**20:
-                data = json.load(f)
-                row = data[0] if isinstance(data, list) and data else None
-            else:
-                return None  # Parquet, or a JSON file too large to read whole in the panel
-    except (OSError, UnicodeDecodeError, ValueError):
+        return check_start(path, path.name)
+    except (OSError, NotData):
         return None
-    return list(row) if isinstance(row, dict) else None
 
 
 def format_of(columns: list[str] | None) -> str | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -115,3 +117,23 @@ def test_a_run_trains_on_the_uploaded_files_and_evaluates_on_the_held_out_one(de
     evals = [r for r in read_metrics(run_dir) if "eval_loss" in r]  # measured on validation.jsonl
     assert [r["step"] for r in evals] == [2, 4], logs_tail(run_dir)
     assert [run.run_id for run in manager.list_runs()] == [run_id]  # the datasets folder is not a run
+
+
+def test_a_copy_that_fails_halfway_leaves_nothing_behind(tmp_path):
+    """A disk that fills during the copy (here: a file size limit, EFBIG, in a process of its own) is said in the
+    notice, and no folder is left under the runs folder, not even the copy's .partial one."""
+    upload = tmp_path / "big.jsonl"
+    _jsonl(upload, [{"text": "x" * 1000}] * 2000)  # 2 MB
+    script = f"""
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
+from tunedeck.app.data_upload import fill_from_upload
+from tunedeck.backend.fields import values_from_spec
+from tunedeck.backend.spec import resolve_spec
+spec, message = fill_from_upload(values_from_spec(resolve_spec("demo")), [{str(upload)!r}], {str(tmp_path / "runs")!r})
+print(spec is None, message)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("True ✗ data upload: could not keep the files (File too large)"), done
+    assert list((tmp_path / "runs" / DATASETS_DIR).iterdir()) == []
