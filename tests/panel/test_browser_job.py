@@ -258,6 +258,21 @@ def test_uploaded_data_is_kept_under_the_runs_folder_and_the_job_points_at_it(pa
     assert field(page, "dataset.path").input_value() == str(kept)
 
 
+def test_an_upload_that_is_not_training_data_is_refused_at_once_and_named_as_text(page, server, tmp_path):
+    load(page, server)
+    open_tab(page, "form-sections", "Dataset")
+    before = field(page, "dataset.path").input_value()
+    wide = tmp_path / "[wide](www.example.com).csv"  # a table of 1,000,000 features: the probe's 300 s preview
+    wide.write_text(",".join(f"feature_{i}" for i in range(1_000_000)) + "\n")
+    _upload(page, wide, button="#upload-data")
+    wait_text(page, "#notice", "has 1,000,000 columns; tunedeck reads at most 1,000")
+    notice = page.inner_text("#notice")
+    assert "[wide](www.example.com).csv" in notice and notice.endswith("the form is unchanged."), notice
+    assert page.locator("#notice a, #notice img").count() == 0  # the name is text, not a link
+    assert field(page, "dataset.path").input_value() == before
+    assert not list(server.runs_dir.glob("datasets/*/*wide*"))
+
+
 def test_file_route_serves_nothing_outside_the_panel_files(server):
     import urllib.error
     import urllib.request
