@@ -171,7 +171,7 @@ def _say_where_it_notifies() -> None:
         print(f"warning: {exc}", file=sys.stderr, flush=True)
         return
     if target:
-        print(f"when it ends, rank 0 posts how it ended to {target[1]} ({NOTIFY_ENV})", flush=True)
+        print(f"when it ends, how it ended is posted to {target[1]} ({NOTIFY_ENV})", flush=True)
 
 
 def _say_if_building_demo(spec) -> None:
@@ -244,7 +244,8 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     print(f"state    {status.state}" + (f" (exit code {status.exit_code})" if status.exit_code is not None else ""))
     print(f"folder   {manager.run_dir(args.run_id)}")
     if status.where:
-        print(f"{'slurm' if status.slurm else 'stalled' if status.stalled else 'queue':<8} {status.where}")
+        label = "slurm" if status.slurm else "stalled" if status.stalled else "warning" if status.warning else "queue"
+        print(f"{label:<8} {status.where}")
     if status.started_at:
         end = status.ended_at or time.time()
         print(

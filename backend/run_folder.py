@@ -33,7 +33,7 @@ from typing import Annotated, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
+from typing_extensions import NotRequired, TypedDict  # pydantic needs this TypedDict on Python < 3.12
 
 from tunedeck.backend.render.launch import JOB_FILE  # the bundle's name for it
 from tunedeck.backend.supervisor import json_objects  # the supervisor's reading of the same lines
@@ -294,6 +294,7 @@ class Progress(TypedDict):
     forwards: int  # forward passes done in the step (GRPO writing its answers, a token each): progress too
     time: Timestamp
     saving: bool  # writing a checkpoint, or training ended and the final model is saved: no stall, however long
+    warning: NotRequired[str]  # the run's latest warning (a GRPO reward that scored no answer of a step)
 
 
 class StallSettings(TypedDict):
@@ -309,6 +310,7 @@ class Stalled(TypedDict):
     step: int  # the last step rank 0 finished
     since: float  # when it finished it (epoch seconds)
     limit_s: float  # the gap that counted as stalled
+    phase: NotRequired[str]  # before training: the startup phase that stalls (importing the reward functions)
 
 
 class StatusFile(BaseModel):
@@ -335,6 +337,7 @@ class StatusFile(BaseModel):
     waits_for: list[str] | None = None  # queued after these runs: its supervisor starts it when they have ended
     stall: StallSettings | None = None  # when the supervisor calls the run stalled (launch.stall_minutes)
     stalled: Stalled | None = None  # the supervisor's finding while no step comes; None again once one does
+    warning: str | None = None  # the run's own latest warning, from progress.json (the supervisor carries it)
 
 
 class DamagedStatus(Exception):

@@ -39,21 +39,27 @@ class RunStatus:
     slurm: dict | None = None  # a Slurm run: job_id, state, reason, nodes, expected_start (backend/slurm_runs.py)
     waits_for: list[str] | None = None  # a queued run: the runs ahead of it, which it starts after
     stalled: dict | None = None  # a live run with no training step for too long (run_folder.Stalled)
+    warning: str | None = None  # the run's own latest warning (a reward that scored no answer of a step)
 
     @property
     def where(self) -> str:
         """One line on where the run is, for a Slurm run: 'Slurm job 12 · PENDING (Resources)'; for a run queued
-        after others: 'waits for run 20261203-101500-ab12cd to end'."""
+        after others: 'waits for run 20261203-101500-ab12cd to end'; for a stalled run, what stalls; for a run that
+        warned, its warning (also once it has ended: a run can finish having learned nothing)."""
         if self.state == "queued" and self.waits_for:
             runs = "run " + self.waits_for[0] if len(self.waits_for) == 1 else "runs " + ", ".join(self.waits_for)
             return f"waits for {runs} to end"
         if self.stalled and self.state in ("running", "stopping"):
             limit = float(self.stalled.get("limit_s") or 0)
             gap = f"{limit:.0f} s" if limit < 90 else f"{limit / 60:.0f} min"
-            return (
-                f"⚠ stalled: no training step for over {gap} after step {self.stalled.get('step')} · each rank "
-                "writes its Python stack to its log (logs/rank<N>.log)"
+            what = (
+                f"{self.stalled['phase']} for over {gap}"
+                if self.stalled.get("phase")
+                else f"no training step for over {gap} after step {self.stalled.get('step')}"
             )
+            return f"⚠ stalled: {what} · each rank writes its Python stack to its log (logs/rank<N>.log)"
+        if self.warning and not self.slurm:
+            return f"⚠ {self.warning}"
         if not self.slurm:
             return ""
         line = f"Slurm job {self.slurm.get('job_id')}"
@@ -101,6 +107,7 @@ def from_status_file(run_id: str, data: dict) -> RunStatus:
         slurm=data.get("slurm") if isinstance(data.get("slurm"), dict) else None,
         waits_for=data.get("waits_for"),
         stalled=data.get("stalled") if isinstance(data.get("stalled"), dict) else None,
+        warning=data.get("warning") if isinstance(data.get("warning"), str) else None,
     )
 
 

@@ -20,9 +20,15 @@ manager wrote into the run folder to write the final status when nothing else fi
 purpose: a script with nothing but psutil, it spells the run folder's names itself
 (backend/run_folder.py owns them; a contract test compares the two).
 
-Rank 0 posts how the run ended to $TUNEDECK_NOTIFY_URL; when it was killed before it could (the
-OOM killer, a segfault), the supervisor posts for it, with its sibling train.py's notify (one
-message format), loaded only then.
+The supervisor posts how the run ended to $TUNEDECK_NOTIFY_URL, after it has written the final state
+(a webhook that never answers cannot hold the run open, nor a run queued after it: the queue reads the
+final state), with its sibling train.py's notify (one message format, the POST bounded in time), loaded
+only then. It keeps the variable from the ranks, so rank 0 does not post as well (it does under
+`launch.sh` and Slurm, where no supervisor runs).
+
+What the run got is the truth, not the exit code: a run whose rank 0 left before its last step without
+its end record (os._exit(0) in a library, a reward) or with an end record short of its max steps has
+failed, whatever the launcher's exit code says.
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ ERROR_LINES = 20
 NOTIFY_ENV = "TUNEDECK_NOTIFY_URL"  # train.py's NOTIFY_ENV
 STALL_CHECK_S = 1.0
 STALL_GAP_FACTOR = 3  # a gap this many times the longest seen (an evaluation) is no stall: train.py's too
+STARTUP_FILE = "startup.json"  # train.py: rank 0's phases before its first step
+WATCHED_PHASES = ("importing the reward functions",)  # train.py's: startup phases of your code, watched as steps
+ENDED_STATES = ("finished", "failed", "stopped")
 
 
 # ---------------------------------------------------------------- status.json
@@ -252,18 +261,70 @@ def first_failure(run_dir: Path, ours: set[int] = frozenset()) -> str | None:
     return "\n".join(lines) or None
 
 
+def steps_done(run_dir: Path) -> tuple[int | None, int | None]:
+    """(the last step rank 0 finished, the run's max steps), from its own records: progress.json, and the newest
+    record of metrics.jsonl that names max_steps (a log record, or the start record); None where they say nothing."""
+    step = max_steps = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        step = json.loads((run_dir / PROGRESS_FILE).read_text(encoding="utf-8")).get("step")
+    for record in reversed(_records(run_dir)):
+        if step is None and record.get("event") == "log":
+            step = record.get("step")
+        if max_steps is None and record.get("event") in ("log", "start"):
+            max_steps = record.get("max_steps")
+    ints = [value if isinstance(value, int) and not isinstance(value, bool) else None for value in (step, max_steps)]
+    return ints[0], ints[1]
+
+
+def _records(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's records in its first and last 64 KiB: the start records (at its head, before a long run's
+    log records) and the newest ones."""
+    path = run_dir / METRICS_FILE
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return []
+    tail = _tail_text(path)
+    text = head if len(head) < 65536 else head.rsplit("\n", 1)[0] + "\n" + tail.split("\n", 1)[-1]
+    return json_objects(text.splitlines())
+
+
+def short_of_its_end(run_dir: Path) -> str | None:
+    """'at step 3 of 60' when rank 0's last step is before its max steps; None when it got there, or its records
+    do not say."""
+    step, max_steps = steps_done(run_dir)
+    if step is None or max_steps is None or step >= max_steps:
+        return None
+    return f"at step {step} of {max_steps}"
+
+
 def final_state(
     run_dir: Path, exit_code: int | None, stop_requested: bool, ours: set[int] = frozenset()
 ) -> tuple[str, str | None]:
-    """(state, error) of a run whose launcher has exited."""
+    """(state, error) of a run whose launcher has exited: what the run's own records say it got, not its exit code.
+    A run "finished" only when rank 0 wrote so in its end record, at its last step."""
     end = end_record(run_dir)
     trained = end.get("status") if end else None
-    if trained == "finished":
+    short = short_of_its_end(run_dir) if trained in (None, "finished") else None
+    if trained == "finished" and not short:
         return "finished", None
     if stop_requested:
         return "stopped", None
-    if exit_code == 0 and trained in (None, "stopped"):
-        return ("stopped" if trained == "stopped" else "finished"), None
+    if exit_code == 0 and trained == "stopped":  # a SIGTERM from outside (Slurm's time limit): saved and stopped
+        return "stopped", None
+    if exit_code == 0:  # every rank exited 0, yet rank 0 did not record the end of its training
+        step, max_steps = steps_done(run_dir)
+        where = short or (f"at step {step} of {max_steps}" if step is not None else "before training began")
+        if trained == "finished":
+            return "failed", (
+                f"rank 0 ended its training {where} and wrote it finished: a run that ends before its last step has "
+                "not finished (training.max_steps); its log says why it stopped early"
+            )
+        return "failed", (
+            f"rank 0 exited with code 0 {where} without its end record: something in the run ended it early "
+            "(a library or a reward calling exit); see logs/rank0.log"
+        )
     headline = f"the launcher exited with code {exit_code}" if exit_code is not None else "the run's processes are gone"
     error = first_failure(run_dir, ours) or headline
     if "No space left on device" in error:  # OSError's own wording of ENOSPC, in a rank's error or the launcher log
@@ -283,7 +344,11 @@ class StallWatch:
     whose evaluations take long is not called stalled for them; nor while rank 0 saves ("saving"). Stalled,
     status.json says since when (the page and `tunedeck runs show` say so); a step clears it. Each rank's own
     watchdog (train.py's StallWatchdog, on the same rule) writes its stack to its log, and ends the run with
-    launch.stop_when_stalled.
+    launch.stop_when_stalled. Before training, a startup phase that runs your code (WATCHED_PHASES: importing the
+    reward functions) is watched the same way, from startup.json: stalled once it lasts longer than after_s.
+
+    It also carries the run's own warning (progress.json's "warning": a reward that scored no answer of a step)
+    into status.json, for the run's state line.
     """
 
     def __init__(self, run_dir: Path, settings: dict | None):
@@ -293,6 +358,7 @@ class StallWatch:
         self.seen: tuple | None = None  # (step, micro-batches, forward passes) last seen
         self.seen_at = self.longest_gap = self.checked_at = 0.0
         self.stalled = False
+        self.warning: str | None = None
 
     def _read(self) -> dict | None:
         try:
@@ -301,12 +367,47 @@ class StallWatch:
         except (OSError, ValueError, AttributeError):
             return None
 
+    def carry_warning(self, progress: dict | None = None) -> None:
+        """Copy progress.json's warning into status.json when it changes (also once the run has ended)."""
+        progress = self._read() if progress is None else progress
+        warning = progress.get("warning") if progress else None
+        if isinstance(warning, str) and warning != self.warning:
+            self.warning = warning
+            _note(self.run_dir, warning=warning)
+
+    def _watched_phase(self) -> tuple[str, float] | None:
+        """(phase, began at) when rank 0 is in a startup phase of WATCHED_PHASES, from startup.json."""
+        try:
+            phase = json.loads((self.run_dir / STARTUP_FILE).read_text(encoding="utf-8"))["phases"][-1]
+            name, began = phase["phase"], float(phase["at"])
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return None
+        return (name, began) if name in WATCHED_PHASES else None
+
+    def _check_phase(self) -> None:
+        """Before training: stalled once a watched phase lasts longer than after_s (wall clock: startup.json's)."""
+        watched = self._watched_phase()
+        if watched is None:
+            if self.stalled:  # the phase ended: the next one is not watched
+                self.stalled = False
+                _note(self.run_dir, stalled=None)
+            return
+        phase, began = watched
+        if not self.stalled and time.time() - began > self.after_s:
+            self.stalled = True
+            _note(self.run_dir, stalled={"step": 0, "since": began, "limit_s": self.after_s, "phase": phase})
+            print(f"supervisor: {phase} for {time.time() - began:.0f} s: stalled", file=sys.stderr, flush=True)
+
     def check(self, now: float) -> None:
-        if not self.after_s or now - self.checked_at < STALL_CHECK_S:
+        if now - self.checked_at < STALL_CHECK_S:
             return
         self.checked_at = now
         progress = self._read()
-        if progress is None:
+        self.carry_warning(progress or {})
+        if not self.after_s:
+            return
+        if progress is None:  # training has not begun: only a watched phase is watched (a step then clears it)
+            self._check_phase()
             return
         if progress.get("saving"):  # a checkpoint save, however long, is no stall, and its time no step's gap
             self.seen_at = now
@@ -398,8 +499,9 @@ def supervise(run_dir: Path) -> int:
     try:
         with open(run_dir / LAUNCHER_LOG, "ab") as log:
             launcher = subprocess.Popen(
-                status["argv"],  # in the run's environment: the manager started us with it
+                status["argv"],  # in the run's environment: the manager started us with it, less the webhook
                 cwd=run_dir,
+                env={name: value for name, value in os.environ.items() if name != NOTIFY_ENV},  # we post, not rank 0
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C or signal meant for us does not reach the run
             )  # fmt: skip
@@ -460,9 +562,11 @@ def supervise(run_dir: Path) -> int:
     exit_code = launcher.returncode
     kill_tree(_children(os.getpid(), recursive=True))  # nothing of the run outlives it (the launcher is reaped already)
     state, error = final_state(run_dir, exit_code, stop_deadline is not None, killed)
+    watch.carry_warning()  # one the run gave in its last second
     problem = record_end(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
-    if end_record(run_dir) is None:  # rank 0 never got to its end record, nor to its notification
-        notify_for_rank_0(run_dir, state, error, time.time() - started_at)
+    post_how_it_ended(
+        run_dir, state, error, time.time() - started_at
+    )  # after the end is recorded: bounded, never first
     if problem and run_dir.is_dir():
         # The manager settles the run from metrics.jsonl and errors.jsonl once it sees us gone.
         print(f"supervisor: the run ended {state}, but {problem}", file=sys.stderr, flush=True)
@@ -470,7 +574,8 @@ def supervise(run_dir: Path) -> int:
     return 0  # recorded, or its folder was deleted: nothing to record into
 
 
-def notify_for_rank_0(run_dir: Path, state: str, error: str | None, runtime_s: float) -> None:
+def post_how_it_ended(run_dir: Path, state: str, error: str | None, runtime_s: float) -> None:
+    """train.py's notify (its message, its bounded POST), of the state just recorded."""
     if not os.environ.get(NOTIFY_ENV, "").strip():
         return
     import importlib.util
@@ -495,12 +600,17 @@ def _wait_for_runs_ahead(run_dir: Path, ahead: list[str], stop_signal: threading
 
 
 def _still_runs(other: Path) -> bool:
-    """Whether another run's supervisor or launcher runs (a deleted or damaged status.json: nothing to wait for)."""
+    """Whether another run's supervisor or launcher runs (a deleted or damaged status.json: nothing to wait for).
+    A run whose end is recorded has ended, though its supervisor may still be posting how (post_how_it_ended)."""
     try:
         status = json.loads((other / STATUS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(status, dict) and (is_alive(status.get("supervisor")) or is_alive(status.get("launcher")))
+    if not isinstance(status, dict):
+        return False
+    if status.get("state") in ENDED_STATES:
+        return is_alive(status.get("launcher"))
+    return is_alive(status.get("supervisor")) or is_alive(status.get("launcher"))
 
 
 def _grace_seconds(stop_file: Path) -> float:

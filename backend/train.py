@@ -44,9 +44,10 @@ ends as "stopped".
 
 With TUNEDECK_NOTIFY_URL set (a Slack, Discord or Teams incoming webhook, an ntfy topic, any
 endpoint of yours), rank 0 POSTs how the run ended there as JSON ({"text", "content", "run",
-"state", "step", "max_steps", "loss", "error", "runtime_s"}); an environment variable, not a job
-field, because such URLs are secrets and job files travel. A rank 0 killed outright (the OOM
-killer) sends nothing.
+"state", "step", "max_steps", "loss", "error", "runtime_s"}) once its end record is written, within
+10 s all told; an environment variable, not a job field, because such URLs are secrets and job files
+travel. tunedeck's supervisor keeps the variable from the ranks and posts itself, after the run's
+final state (a rank 0 killed outright, by the OOM killer, sends nothing).
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ import errno
 import faulthandler
 import functools
 import importlib.util
+import inspect
 import json
 import math
+import numbers
 import os
 import random
 import re
@@ -78,9 +81,12 @@ ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 DATA_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 NOTIFY_ENV = "TUNEDECK_NOTIFY_URL"
-NOTIFY_TIMEOUT_S = 10
-# Fault injection for testing the failure path: TUNEDECK_FAULT="rank=1,step=2" makes rank 1
-# raise at the end of step 2; "rank=1,seconds=20,phase=loading the model" makes it a slow node. Unset in normal use.
+# The whole POST (connecting, sending, the answer): urllib's timeout bounds each socket read alone, and a webhook
+# answering a byte a second held a finished run open for ever.
+NOTIFY_DEADLINE_S = 10
+# Fault injection for testing the failure path: TUNEDECK_FAULT="rank=1,step=2" makes rank 1 raise at the end of
+# step 2 (step 0: as training begins); "rank=*,step=0,exit=0" makes every rank leave then with os._exit(0), without
+# a word, as user code may; "rank=1,seconds=20,phase=loading the model" makes rank 1 a slow node. Unset in normal use.
 FAULT_ENV = "TUNEDECK_FAULT"
 
 
@@ -170,12 +176,17 @@ STOP_FILE = "stop.request"  # the run folder's stop request (backend/run_folder.
 PROGRESS_FILE = "progress.json"  # rank 0's last finished step (backend/run_folder.py)
 
 
-def write_progress(run_dir: Path, step: int, saving: bool = False, micro: int = 0, forwards: int = 0) -> None:
+def write_progress(
+    run_dir: Path, step: int, saving: bool = False, micro: int = 0, forwards: int = 0, warning: str | None = None
+) -> None:
     """Rank 0's last finished step and when, the micro-batches it has done (a step of many is progress as they
     come), its forward passes (GRPO writes answers a token a pass, for minutes inside one micro-batch), and
-    whether it is saving a checkpoint (which is no stall); replaced whole: never read half-written."""
+    whether it is saving a checkpoint (which is no stall); replaced whole: never read half-written. `warning`: the
+    run's latest warning (a reward that scored no answer), which the supervisor carries to the run's state line."""
     tmp = run_dir / f".{PROGRESS_FILE}.tmp"
     record = {"step": step, "micro": micro, "forwards": forwards, "time": time.time(), "saving": saving}
+    if warning:
+        record["warning"] = warning
     tmp.write_text(json.dumps(record), encoding="utf-8")
     os.replace(tmp, run_dir / PROGRESS_FILE)
 
@@ -985,18 +996,108 @@ def reward_problem(entry: str) -> str | None:
 
 
 def reward_functions(job: dict) -> list:
-    """The job's rewards as callables: the built-in ones, and your own loaded from their files."""
+    """The job's rewards as callables, each checked as TRL calls it (checked_reward): the built-in ones, and your own
+    loaded from their files (train() imports them under the stall watchdog: a module may hang at import)."""
     functions = []
-    for entry in (job.get("grpo") or {}).get("rewards") or ["exact_answer"]:
+    for index, entry in enumerate((job.get("grpo") or {}).get("rewards") or ["exact_answer"]):
         if entry in REWARD_FUNCTIONS:
-            functions.append(REWARD_FUNCTIONS[entry])
+            functions.append(checked_reward(REWARD_FUNCTIONS[entry], f"the reward {entry} (grpo.rewards[{index}])"))
             continue
         found = CUSTOM_REWARD.match(entry)
         spec = importlib.util.spec_from_file_location(f"reward_{Path(found['file']).stem}", found["file"])
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        functions.append(getattr(module, found["function"]))
+        name = f"the reward {found['function']} (grpo.rewards[{index}]: {entry})"
+        functions.append(checked_reward(getattr(module, found["function"]), name))
     return functions
+
+
+class RewardError(JobError):
+    """A reward returned what GRPO cannot learn from; the message names the reward and what it returned."""
+
+
+def checked_reward(function, name: str):
+    """`function` as TRL calls it (prompts=, completions=, the rows' columns by name), with what it returns checked
+    (check_scores): TRL turned NaN, inf and a bare number into a run that "finished" having learned nothing, and None
+    or text into errors that did not say which reward. Keeps the name TRL gives the reward (trl.trainer.utils'
+    get_callable_name: a function's name, a callable object's class name) and, for an async reward, its being async
+    (TRL awaits those: is_async_callable)."""
+
+    def reward(*args, **columns):
+        return check_scores(function(*args, **columns), name, columns)
+
+    async def async_reward(*args, **columns):
+        return check_scores(await function(*args, **columns), name, columns)
+
+    plain = function
+    while isinstance(plain, functools.partial):
+        plain = plain.func
+    is_async = inspect.iscoroutinefunction(plain) or inspect.iscoroutinefunction(type(plain).__call__)
+    checked = async_reward if is_async else reward
+    checked.__name__ = checked.__qualname__ = getattr(plain, "__name__", type(plain).__name__)
+    return checked
+
+
+def check_scores(scores, name: str, columns: dict) -> list:
+    """The scores a reward returned, as a list, if they are one finite number (or None: the reward does not apply)
+    per answer; else RewardError naming the reward, what it returned and, for a bad score, the answer's row."""
+    answers = list(columns.get("completions") or [])
+    if hasattr(scores, "tolist") and not isinstance(scores, (str, bytes)):
+        scores = scores.tolist()  # a numpy array or a tensor
+    if not isinstance(scores, (list, tuple)):
+        raise RewardError(
+            f"{name} returned {_shown(scores)} for {len(answers)} answers: a reward returns a list of one number "
+            "per answer (None where it does not apply)"
+        )
+    if len(scores) != len(answers):
+        raise RewardError(
+            f"{name} returned {len(scores)} scores for {len(answers)} answers: one number per answer (None where "
+            "it does not apply)"
+        )
+    for i, score in enumerate(scores):
+        if score is None:
+            continue
+        if not isinstance(score, numbers.Real):
+            problem = "each score is a number, or None where the reward does not apply"
+        elif not math.isfinite(score):
+            problem = "a score must be a finite number: GRPO learns nothing from the whole step otherwise"
+        else:
+            continue
+        raise RewardError(f"{name} returned {_shown(score)} for {_row(columns, i, len(answers))}: {problem}")
+    return list(scores)
+
+
+def _shown(value, limit: int = 80) -> str:
+    """What a reward returned, in a few words: "None", "a str '0.5'", "a float nan"."""
+    text = repr(value)
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return "None" if value is None else f"a {type(value).__name__} {text}"
+
+
+def _row(columns: dict, i: int, count: int, limit: int = 60) -> str:
+    """Which answer: 'answer 3 of 8 (prompt 'Q: 2+2?', answer '5')'."""
+    parts = []
+    for column, label in (("prompts", "prompt"), ("completions", "answer")):
+        values = columns.get(column) or []
+        if i < len(values):
+            text = _answer_text(values[i])
+            parts.append(f"{label} {(text if len(text) <= limit else text[: limit - 3] + '...')!r}")
+    return f"answer {i + 1} of {count}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def unscored_warning(names: list[str], rewards, step: int) -> str | None:
+    """A warning naming each reward that scored none of a step's answers, from GRPOTrainer's rewards of every rank
+    (a row per answer, a column per reward; None is NaN there); None when each scored some. TRL leaves None out of
+    the mean, which is right for a row a reward does not apply to, but a reward with nothing to say for a whole step
+    gives GRPO nothing to learn from it, and TRL only warns when every reward is None for an answer."""
+    silent = [f"{name} (grpo.rewards[{i}])" for i, name in enumerate(names) if bool(rewards[:, i].isnan().all())]
+    if not silent:
+        return None
+    one = len(silent) == 1
+    return (
+        f"{'the reward' if one else 'the rewards'} {', '.join(silent)} scored none of the {len(rewards)} answers at "
+        f"step {step} (None for each): GRPO learned nothing from {'it' if one else 'them'} there"
+    )
 
 
 # ---------------------------------------------------------------- what the run actually got
@@ -1640,11 +1741,12 @@ class StallWatchdog:
     launch.stop_when_stalled it then ends the run, as a failure that says so. A thread of its own, which runs while
     the main thread waits in a collective or in C++ (they release the GIL). Checkpoint saves are not watched."""
 
-    def __init__(self, job: dict, run_dir: Path):
+    def __init__(self, job: dict, run_dir: Path, phase: str | None = None):
         launch = job.get("launch") or {}
         self.after_s = float(launch.get("stall_minutes", 10) or 0) * 60
         self.stop = bool(launch.get("stop_when_stalled"))
         self.errors = run_dir / "errors.jsonl"
+        self.phase = phase  # a startup phase watched as steps are (watched_phase), or None: the steps
         self.step, self.beat_at, self.longest_gap = 0, time.monotonic(), 0.0
         self.dumped = False
         self.done = threading.Event()
@@ -1678,7 +1780,10 @@ class StallWatchdog:
             if self.dumped or waited <= self.limit():
                 continue
             self.dumped = True
-            stalled = f"stalled: no training step for {waited / 60:.0f} min after step {self.step}"
+            if self.phase:
+                stalled = f"stalled: {self.phase} for {waited / 60:.0f} min"
+            else:
+                stalled = f"stalled: no training step for {waited / 60:.0f} min after step {self.step}"
             print(f"\ntunedeck: {stalled} on rank {global_rank()}; every thread's stack:", file=sys.stderr, flush=True)
             faulthandler.dump_traceback(all_threads=True)
             if self.stop:
@@ -1687,6 +1792,22 @@ class StallWatchdog:
                 os._exit(STALLED_EXIT)  # the main thread is stuck: nothing else would end this process
 
 
+@contextlib.contextmanager
+def watched_phase(job: dict, run_dir: Path, startup: StartupPhases, phase: str):
+    """A startup phase that runs your code (WATCHED_PHASES: a reward module's import), entered and watched as steps
+    are: a hang there is a stall (its stack in the log; launch.stop_when_stalled ends the run), where loading a model,
+    however long, is not. The supervisor marks the run stalled from startup.json by the same rule."""
+    startup.enter(phase)
+    watchdog = StallWatchdog(job, run_dir, phase)
+    watchdog.start(0)
+    try:
+        yield
+    finally:
+        watchdog.done.set()
+
+
+IMPORTING_REWARDS = "importing the reward functions"
+WATCHED_PHASES = (IMPORTING_REWARDS,)  # the supervisor's copy: WATCHED_PHASES
 STALLED_EXIT = 3
 FORWARDS_TOLD_EVERY_S = 2.0  # how often forward passes reach progress.json (the supervisor checks each second)
 CHECKPOINT_SAVING = threading.Event()  # set while a checkpoint is written (with_atomic_checkpoints)
@@ -1723,8 +1844,9 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
         def _progress(self, step: int, saving: bool = False) -> None:
             self._step = step
             if metrics:  # about 0.1 ms a step, so the step a stalled run stopped at is exact
+                warning = getattr(self.trainer, "reward_warning", None)  # GRPO: a reward that scored nothing
                 with contextlib.suppress(OSError):  # a full disk must not stop training for this
-                    write_progress(metrics.path.parent, step, saving, self._micro, self._forwards)
+                    write_progress(metrics.path.parent, step, saving, self._micro, self._forwards, warning)
 
         def forward_done(self) -> None:
             """A forward pass of the model (a hook on its input embeddings): progress inside a micro-batch, where
@@ -1758,6 +1880,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self.startup.enter("the first step")
             self._progress(state.global_step)
             self.watchdog.start(state.global_step)
+            self._inject_fault(state.global_step)
 
         def on_prediction_step(self, args, state, control, **kwargs):
             self.watchdog.beat()  # an evaluation batch is progress too
@@ -1776,8 +1899,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self._micro += 1
             self._progress(state.global_step)
             self.watchdog.beat(state.global_step)
-            if self._fault and self._fault == (global_rank(), state.global_step):
-                raise RuntimeError(f"fault injected by {FAULT_ENV} on rank {global_rank()} at step {state.global_step}")
+            self._inject_fault(state.global_step)
             # Ranks get the signal at slightly different moments: agree, or one rank would wait forever.
             if _any_rank(stop.requested, args.device):
                 if state.global_step < state.max_steps:
@@ -1786,6 +1908,18 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 control.should_log = True
                 control.should_training_stop = True
             return control
+
+        def _inject_fault(self, step: int) -> None:
+            """TUNEDECK_FAULT's failure, when it names this rank and step (see _parse_fault)."""
+            rank, at, exit_code = self._fault or (None, None, None)
+            if at != step or rank not in ("*", str(global_rank())):
+                return
+            if exit_code is not None:
+                print(
+                    f"fault injected by {FAULT_ENV}: os._exit({exit_code}) at step {step}", file=sys.stderr, flush=True
+                )
+                os._exit(exit_code)  # no end record, no error: as a library or a reward calling os._exit would
+            raise RuntimeError(f"fault injected by {FAULT_ENV} on rank {global_rank()} at step {step}")
 
         def _pace(self, step: int) -> dict:
             """Seconds a step from this process's first log record on, for the readers' ETA (their wall-clock
@@ -1866,9 +2000,13 @@ def _any_rank(flag: bool, device) -> bool:
     return bool(tensor.item())
 
 
-def _parse_fault(text: str | None) -> tuple[int, int] | None:
+def _parse_fault(text: str | None) -> tuple[str, int, int | None] | None:
+    """(rank, step, exit code) when TUNEDECK_FAULT="rank=1,step=2" names a step: that rank ("*": every rank) raises
+    there, or with ",exit=0" leaves at once with that exit code."""
     parts = _fault_parts(text)
-    return (int(parts["rank"]), int(parts["step"])) if "step" in parts else None
+    if "step" not in parts:
+        return None
+    return parts["rank"], int(parts["step"]), int(parts["exit"]) if "exit" in parts else None
 
 
 def _parse_slow_phase(text: str | None, rank: int) -> tuple[str, float] | None:
@@ -2068,9 +2206,23 @@ def trainer_class(base):
     """The objective's TRL trainer, which also runs FSDP2 on CPU ranks (over gloo) when the launcher asked for FSDP2.
 
     DPOTrainer and KTOTrainer with adapters need no reference model: they score the reference with the adapters off.
+    GRPOTrainer's rewards of each step are looked at whole: a reward that scored none of them is a warning
+    (reward_warning, which rank 0's progress.json carries to the run's state line, and its log).
     """
 
     class Trainer(base):
+        reward_warning: str | None = None
+
+        def _calculate_rewards(self, *args, **kwargs):  # GRPOTrainer's (TRL 1.x): every rank's rewards, gathered
+            rewards = super()._calculate_rewards(*args, **kwargs)
+            if not self.model.training:  # an evaluation trains nothing either way
+                return rewards
+            warning = unscored_warning(self.reward_func_names, rewards, self.state.global_step + 1)
+            if warning and self.is_world_process_zero():
+                self.reward_warning = warning
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
+            return rewards
+
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             if _switch_cpu_ranks_to_fsdp2(self.accelerator):
@@ -2157,10 +2309,15 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     args = config_class(**training_args)  # the process group forms here: every rank waits for the others
     # The process group exists: wrong counts or a missing engine stop here, before the model loads.
     check_processes(expected, str(PartialState().distributed_type.value))
+    extra = {}
+    if job.get("objective") == "grpo":
+        # The rewards score the answers the model writes; a KL weight (beta > 0) makes TRL load the reference itself.
+        # Your reward modules run their own code as they are imported: before the model loads, and watched.
+        with watched_phase(job, Path.cwd(), startup, IMPORTING_REWARDS):
+            extra["reward_funcs"] = reward_functions(job)
     startup.enter("loading the model")
     tokenizer = load_tokenizer(job)
     model = load_model(job, args)
-    extra = {}
     precomputed = getattr(args, "precompute_ref_log_probs", False)
     if job.get("objective") in REFERENCE_OBJECTIVES and peft_config(job) is None and (not precomputed or fsdp_launch()):
         # Full DPO and KTO score against a frozen copy of the base, loaded as the model is (dtype, quantization,
@@ -2169,9 +2326,6 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
         # under FSDP the model is sharded only when training starts: a sharded copy scores them, then goes.
         startup.enter("loading the reference model")
         extra["ref_model"] = load_model(job, args)
-    if job.get("objective") == "grpo":
-        # The rewards score the answers the model writes; a KL weight (beta > 0) makes TRL load the reference itself.
-        extra["reward_funcs"] = reward_functions(job)
     startup.enter("loading the data")
     train_set, eval_set, rows = load_datasets(job, args, tokenizer)
     recorder = make_callback(metrics, stop, job, terminal, expected)
@@ -2264,15 +2418,15 @@ def main(argv=None) -> int:
         )
     if terminal:
         print(f"run {status}" + (f": {error}" if error else ""), file=terminal)
-    if rank == 0:
+    _close_process_group(clean=status != "failed")  # first: the other ranks never wait on a webhook
+    if rank == 0:  # after the end record, and bounded in time (under tunedeck's supervisor, it posts instead)
         notify(run_dir, status, error, time.monotonic() - started)
-    _close_process_group(clean=status != "failed")
     return 0 if status != "failed" else 1
 
 
 def notify_target() -> tuple[str, str] | None:
     """(URL, its host) from $TUNEDECK_NOTIFY_URL, None when unset; ValueError when it is not an http(s) URL.
-    Only the host is ever printed: the rest of a webhook URL is its secret."""
+    Only the host is ever printed: the rest of a webhook URL, and a user:password@ in it, is its secret."""
     import urllib.parse
 
     url = os.environ.get(NOTIFY_ENV, "").strip()
@@ -2285,27 +2439,56 @@ def notify_target() -> tuple[str, str] | None:
 
 
 def notify(run_dir: Path, status: str, error: str | None, runtime_s: float) -> None:
-    """POST how the run ended to $TUNEDECK_NOTIFY_URL, once; never fails the run (a warning in the log instead)."""
-    import urllib.request
-
+    """POST how the run ended to $TUNEDECK_NOTIFY_URL, once, within NOTIFY_DEADLINE_S; never fails the run (a warning
+    in the log instead). The caller has recorded the run's end before: whatever the webhook does comes after."""
     try:
         target = notify_target()
     except ValueError as exc:
-        print(f"warning: {exc}", file=sys.stderr)
+        print(f"warning: {exc}", file=sys.stderr, flush=True)
         return
     if target is None:
         return
     url, host = target
     last = _last_loss_record(run_dir / "metrics.jsonl")
+    body = notification(run_dir.name, status, error, runtime_s, last, webhook_service(url))
+    problem = post_within(url, body, NOTIFY_DEADLINE_S)
+    if problem:  # the URL's path may hold its secret: only its host is named
+        print(f"warning: the notification to {host} failed: {problem}", file=sys.stderr, flush=True)
+
+
+# Each chat service's webhook, by its host or (behind a proxy, or a local stand-in) by the shape of its path.
+WEBHOOK_SERVICES = (
+    ("slack", re.compile(r"^hooks\.slack\.com$"), re.compile(r"^/services/T[\w-]+/B[\w-]+/[\w-]+$")),
+    ("discord", re.compile(r"^(?:\w+\.)?discord(?:app)?\.com$"), re.compile(r"^/api/webhooks/\d+/[\w-]+$")),
+    ("teams", re.compile(r"^(?:[\w-]+\.webhook\.office\.com|outlook\.office\.com)$"), re.compile(r"^/webhookb2/")),
+)
+
+
+def webhook_service(url: str) -> str | None:
+    """ "slack", "discord" or "teams" when the URL is that service's incoming webhook; None for any other endpoint."""
+    import urllib.parse
+
+    where = urllib.parse.urlsplit(url)
+    host = (where.hostname or "").lower()
+    return next((name for name, hosts, paths in WEBHOOK_SERVICES if hosts.match(host) or paths.match(where.path)), None)
+
+
+def notification(
+    run: str, status: str, error: str | None, runtime_s: float, last: dict | None, service: str | None
+) -> dict:
+    """The JSON a webhook gets: one line of text, and the facts as fields. The text carries the run's error, which
+    may hold anything (a data file's name, a reward's output): it is escaped as the service reads it, so that no
+    `<!channel>`, `@everyone` or link in it pings a channel or hides where it leads."""
     minutes, seconds = divmod(int(runtime_s), 60)
-    text = f"tunedeck run {run_dir.name} {status} after {minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+    text = f"tunedeck run {run} {status} after {minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
     if last:
         text += f" · step {last['step']}/{last.get('max_steps', '?')} · loss {last['loss']:.4f}"
     text += f" · {error[:500]}" if error else ""
+    text = WEBHOOK_ESCAPES.get(service, str)(text)
     body = {
         "text": text,  # Slack, Teams and most webhooks show "text"; Discord shows "content"
-        "content": text[:2000],
-        "run": run_dir.name,
+        "content": text[:2000],  # Discord's limit
+        "run": run,
         "state": status,
         "step": last and last["step"],
         "max_steps": last and last.get("max_steps"),
@@ -2313,13 +2496,74 @@ def notify(run_dir: Path, status: str, error: str | None, runtime_s: float) -> N
         "error": error,
         "runtime_s": round(runtime_s, 1),
     }
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json", "User-Agent": "tunedeck"}, method="POST"
-    )
-    try:
-        urllib.request.urlopen(request, timeout=NOTIFY_TIMEOUT_S).close()
-    except (OSError, ValueError) as exc:  # the URL's path may hold its secret: only its host is named
-        print(f"warning: the notification to {host} failed: {exc}", file=sys.stderr)
+    if service == "discord":
+        # https://discord.com/developers/docs/resources/webhook#execute-webhook: allowed_mentions with an empty
+        # "parse" pings nobody whatever the content says (resources/message#allowed-mentions-object); flags 4 is
+        # SUPPRESS_EMBEDS, one of the two flags a webhook may set: no preview of a link in the error.
+        body.update(allowed_mentions={"parse": []}, flags=4)
+    return body
+
+
+def slack_text(text: str) -> str:
+    """Slack reads &, < and > as control characters in a message's text (<!channel>, <@U123>, <https://x|a link>) and
+    asks for exactly those three as HTML entities, nothing else encoded:
+    https://api.slack.com/reference/surfaces/formatting#escaping"""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+DISCORD_MARKDOWN = re.compile(r"([\\*_~`|>#\-\[\]()<@])")
+
+
+def discord_text(text: str) -> str:
+    """Discord's message markdown (https://support.discord.com/hc/en-us/articles/210298617): a backslash before a
+    markdown character shows it as itself, so no [text](url) masks a link, no <@id> or <#id> mentions, no heading or
+    quote. Pings are off by allowed_mentions as well (notification)."""
+    return DISCORD_MARKDOWN.sub(r"\\\1", text)
+
+
+TEAMS_MARKDOWN = re.compile(r"([\\*_~`#\-+!|\[\]()])")
+
+
+def teams_text(text: str) -> str:
+    """A Teams incoming webhook's card text takes Markdown and a subset of HTML
+    (https://learn.microsoft.com/microsoftteams/platform/task-modules-and-cards/cards/cards-format): HTML's &, < and >
+    as entities, and a backslash before each Markdown character, so no tag, [text](url) link or image renders."""
+    return TEAMS_MARKDOWN.sub(r"\\\1", slack_text(text))
+
+
+WEBHOOK_ESCAPES = {"slack": slack_text, "discord": discord_text, "teams": teams_text}
+
+
+def post_within(url: str, body: dict, deadline_s: float) -> str | None:
+    """POST `body` as JSON, all of it (connecting, sending, the answer) within deadline_s; the problem, or None.
+
+    urllib's timeout bounds each socket read alone, so the POST runs in a thread of its own, left behind when the
+    deadline passes (a daemon thread: it ends with the process). A user:password@ in the URL becomes HTTP basic
+    auth: urllib takes no credentials from a URL (http.client reads "pass@host" as the port)."""
+    import base64
+    import urllib.parse
+    import urllib.request
+
+    where = urllib.parse.urlsplit(url)
+    headers = {"Content-Type": "application/json", "User-Agent": "tunedeck"}
+    if where.username is not None:
+        login = f"{urllib.parse.unquote(where.username)}:{urllib.parse.unquote(where.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(login.encode()).decode("ascii")
+        url = urllib.parse.urlunsplit(where._replace(netloc=where.netloc.rpartition("@")[2]))
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    outcome: list[str | None] = []
+
+    def post() -> None:
+        try:
+            urllib.request.urlopen(request, timeout=deadline_s).close()
+            outcome.append(None)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, it is a warning: the run's end is recorded
+            outcome.append(str(exc) or type(exc).__name__)
+
+    thread = threading.Thread(target=post, name="tunedeck-notify", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    return outcome[0] if outcome else f"no whole answer within {deadline_s:g} s"
 
 
 def _last_loss_record(path: Path) -> dict | None:

@@ -10,11 +10,15 @@ answers agree (the model grows sure of them).
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
 
-from .helpers import log_records, read_metrics, start_record
+from tunedeck.backend.run_status import from_status_file
+from tunedeck.backend.runs import RunManager
+
+from .helpers import log_records, logs_tail, read_metrics, start_record
 from .test_dpo import mean, train_preset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -62,20 +66,52 @@ def test_demo_grpo_learns_from_its_rewards(runs_dir):
             assert set(answer["rewards"]) == {"exact_answer", "close_answer"} and answer["advantage"] is not None
 
 
-def test_your_own_reward_function_scores_the_answers(tmp_path):
+def test_your_own_reward_function_scores_the_answers_and_one_that_scores_none_is_a_warning(tmp_path):
     from .test_smoke_presets import smoke
 
     rewards = tmp_path / "my_rewards.py"
     rewards.write_text(
         "def brevity(completions, answer, **columns):\n"
         "    # TRL passes the rows' other columns by name: the reference answer here\n"
-        "    return [1.0 / (1 + len(c.split())) for c in completions]\n",
+        "    return [1.0 / (1 + len(c.split())) for c in completions]\n"
+        "def abstains(completions, **columns):\n"
+        "    return [None for _ in completions]  # applies to no row (TRL leaves None out)\n",
         encoding="utf-8",
     )
-    _, run_dir = smoke("demo-grpo", tmp_path, f"grpo.rewards=[exact_answer, '{rewards}:brevity']")
+    mine = f"'{rewards}:brevity', '{rewards}:abstains'"
+    _, run_dir = smoke("demo-grpo", tmp_path, f"grpo.rewards=[exact_answer, {mine}]")
     logs = log_records(run_dir)
     assert [r["step"] for r in logs] == [1, 2, 3]
-    assert all(set(r["rewards"]) == {"exact_answer", "brevity"} and 0 < r["rewards"]["brevity"] <= 1 for r in logs)
+    assert all(set(r["rewards"]) == {"exact_answer", "brevity", "abstains"} for r in logs)
+    assert all(0 < r["rewards"]["brevity"] <= 1 and r["rewards"]["abstains"] is None for r in logs)
+    # It scored no answer of any step: the run says so in its state line (status.json) and rank 0's log.
+    warning = "the reward abstains (grpo.rewards[2]) scored none of the 4 answers at step 3 (None for each)"
+    status = from_status_file(run_dir.name, json.loads((run_dir / "status.json").read_text()))
+    assert status.where.startswith(f"⚠ {warning}"), status.where
+    assert f"warning: {warning}" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+def test_a_reward_module_that_hangs_at_import_stalls_the_run_and_stop_when_stalled_ends_it(runs_dir, tmp_path):
+    from tunedeck.backend.spec import resolve_spec, set_paths
+
+    hangs = tmp_path / "hangs.py"
+    hangs.write_text(
+        "import time\ntime.sleep(600)\ndef score(completions, **_):\n    return [0.0] * len(completions)\n"
+    )
+    changes = {"grpo.rewards": [f"{hangs}:score"], "launch.stall_minutes": 0.05, "launch.stop_when_stalled": True}
+    manager = RunManager(runs_dir)
+    run_id = manager.start(set_paths(resolve_spec("demo-grpo"), changes))  # 3 s
+    status = manager.wait(run_id, timeout=300)
+    run_dir = manager.run_dir(run_id)
+    assert status.state == "failed", f"{status}\n{logs_tail(run_dir)}"
+    assert re.search(
+        r"stalled: importing the reward functions for 0 min \(launch\.stall_minutes, launch\.stop_when_stalled\); "
+        "each rank's stack is in its log",
+        status.error,
+    ), status.error
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "tunedeck: stalled: importing the reward functions for 0 min on rank 0" in log and "hangs.py" in log
+    assert not (run_dir / "metrics.jsonl").exists()  # the model never loaded: the import comes first
 
 
 def test_reward_weights_make_the_reward_a_weighted_sum(runs_dir):

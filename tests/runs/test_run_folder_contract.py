@@ -260,6 +260,7 @@ def supervisor_keys(source: str) -> dict[str, set[str]]:
     identity = _returned_dict(_function(tree, "process_identity")) | set().union(*_dicts(_function(tree, "supervise")))
     watch = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "StallWatch")
     check = _function(watch, "check")
+    phase = _function(watch, "_check_phase")
     return {
         "status": status,
         "identity": identity,
@@ -267,8 +268,10 @@ def supervisor_keys(source: str) -> dict[str, set[str]]:
         "end": _read_keys(_function(tree, "end_record")) | _read_keys(_function(tree, "final_state")),
         "error": _read_keys(_function(tree, "first_failure")),
         "stall": _read_keys(_function(watch, "__init__")),
-        "progress": _read_keys(_function(watch, "_read")) | _read_keys(check),
-        "stalled": set().union(*_dicts(check)),
+        "progress": _read_keys(_function(watch, "_read"))
+        | _read_keys(check)
+        | _read_keys(_function(watch, "carry_warning")),
+        "stalled": set().union(*_dicts(check), *_dicts(phase)),
     }
 
 
@@ -301,10 +304,10 @@ def test_supervisor_reads_and_writes_only_keys_of_the_contract():
     assert {"event", "status"} <= found["end"] and {"rank", "time", "error", "traceback"} == found["error"]
     assert (
         found["stall"] == {"after_s"}
-        and found["progress"] == {"step", "micro", "forwards", "time", "saving"}
-        and "stalled" in found["status"]
+        and found["progress"] == {"step", "micro", "forwards", "time", "saving", "warning"}
+        and {"stalled", "warning"} <= found["status"]
     )
-    assert found["stalled"] == {"step", "since", "limit_s"}
+    assert found["stalled"] == {"step", "since", "limit_s", "phase"}
     assert unknown_supervisor_keys(SUPERVISOR) == {}
 
 
