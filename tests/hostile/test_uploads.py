@@ -144,8 +144,9 @@ def test_a_parquet_file_must_be_whole(tmp_path):
 
 
 def test_a_1_000_000_column_file_is_refused_in_a_bounded_time_and_memory(tmp_path):
-    """The probe's file built an 8.9 MB notice that never appeared and a preview of 300 s at 5.7 GB. Measured here
-    on a shared 2-core machine: refused in 0.012-0.018 s, 10.2 MiB of Python memory at the peak (the bounds: 10x)."""
+    """The probe's file built an 8.9 MB notice that never appeared and a preview of 300 s at 5.7 GB. Measured on a
+    2-core machine: refused in 0.012-0.018 s alone and 0.45 s under `bash dev.sh test-fast` beside other work, with
+    10.2 MiB of Python memory at the peak. The bounds: 10x the time under load, 6x the memory."""
     header = ",".join(f"feature_{i}" for i in range(1_000_000))
     write(tmp_path, "wide.csv", (header + "\n" + ",".join("0" * 1_000_000) + "\n").encode())  # 16 MB
     spec, message, seconds, peak = measured(lambda: upload(tmp_path, "wide.csv"))
@@ -153,7 +154,7 @@ def test_a_1_000_000_column_file_is_refused_in_a_bounded_time_and_memory(tmp_pat
         tmp_path, spec, message, "the first row of wide.csv has 1,000,000 columns; tunedeck reads at most 1,000",
         "is it a table of features rather than training text?",
     )  # fmt: skip
-    assert len(message) < 400 and seconds < 0.2 and peak < 64 * MiB, (seconds, peak)  # 10x and 6x
+    assert len(message) < 400 and seconds < 5 and peak < 64 * MiB, (seconds, peak)
 
     # Under the row's length limit, the header is read as CSV: the count is the columns', not the commas'.
     narrower = ",".join(f'"c,{i}"' for i in range(MAX_COLUMNS + 1)) + "\ntext\n"
@@ -171,8 +172,9 @@ def test_at_most_1_000_columns_are_kept_and_the_notice_lists_20(tmp_path):
 
 
 def test_a_200_mb_line_is_refused_in_a_bounded_time_and_memory(tmp_path):
-    """The probe's single 200 MB line pushed the preview past 6 GB. Measured here on a shared 2-core machine:
-    refused in 0.022-0.045 s, 10.0 MiB of Python memory at the peak (the bounds: 10x and 6x)."""
+    """The probe's single 200 MB line pushed the preview past 6 GB. Measured on a 2-core machine: refused in
+    0.022-0.045 s alone and under 0.5 s under `bash dev.sh test-fast` beside other work, with 10.0 MiB of Python
+    memory at the peak. The bounds: 10x the time under load, 6x the memory."""
     with open(write(tmp_path, "one-line.jsonl", b'{"text": "'), "ab") as f:
         for _ in range(200):
             f.write(b"a" * MiB)
@@ -182,7 +184,7 @@ def test_a_200_mb_line_is_refused_in_a_bounded_time_and_memory(tmp_path):
         tmp_path, spec, message, "line 1 of one-line.jsonl is 200.0 MiB long without a line break",
         "tunedeck reads rows of at most 4 MiB",
     )  # fmt: skip
-    assert seconds < 0.5 and peak < 64 * MiB, (seconds, peak)
+    assert seconds < 5 and peak < 64 * MiB, (seconds, peak)
 
 
 def test_a_long_row_after_the_first_and_bad_bytes_deep_in_the_file_are_found_by_the_whole_file_scan(tmp_path):
