@@ -289,6 +289,7 @@ KNOWN: dict[str, ModelArch] = _with_variants(
     }
 )
 KNOWN["mistralai/Mistral-7B-Instruct-v0.2"] = _mistral(32000, "mistralai/Mistral-7B-Instruct-v0.2")
+KNOWN["mistral-community/Mistral-7B-v0.2"] = _mistral(32000, "mistral-community/Mistral-7B-v0.2")  # v0.2's base
 KNOWN["mistralai/Mistral-7B-Instruct-v0.3"] = KNOWN["mistralai/Mistral-7B-v0.3"]
 KNOWN["mistralai/Mixtral-8x7B-Instruct-v0.1"] = _MIXTRAL_8X7B
 for _size in _GEMMA2:

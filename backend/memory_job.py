@@ -12,6 +12,7 @@ from typing import Any
 
 from tunedeck.backend import catalog
 from tunedeck.backend.flops import REFERENCE_OBJECTIVES, sequences_per_row
+from tunedeck.backend.memory_software import Software, software_for
 from tunedeck.backend.spec import JobSpec, get_path
 from tunedeck.backend.vocabulary import STRATEGIES, Strategy
 
@@ -23,11 +24,6 @@ GIB = 2**30
 # on 4x A100 (NVIDIA/nccl#964), about 1.6 GB on another setup (NVIDIA/nccl#864).
 CUDA_CONTEXT_BYTES = 0.5 * GIB
 NCCL_BYTES = 1.0 * GIB
-
-# How the loss is computed. tunedeck trains with TRL's SFTTrainer, whose fused LM head scores
-# the vocabulary in tiles and never holds the (tokens x vocab) logits ("fused"). Plain
-# transformers losses, older TRL releases and most custom loops materialize them.
-LOSS_IMPLEMENTATIONS = ("fused", "materialized")
 
 # The fields of the spec the estimate reads. A variant is these values with `changes` applied.
 INPUT_PATHS = (
@@ -57,12 +53,11 @@ class EstimateError(ValueError):
         super().__init__(message)
 
 
-def input_values(spec: JobSpec, loss: str = "fused") -> dict[str, Any]:
-    """{dotted path: value} of every field the estimate reads, plus the loss implementation."""
-    if loss not in LOSS_IMPLEMENTATIONS:
-        raise ValueError(f"loss is one of {LOSS_IMPLEMENTATIONS}, not {loss!r}")
+def input_values(spec: JobSpec, loss: str | None = None, software: str = "tunedeck") -> dict[str, Any]:
+    """{dotted path: value} of every field the estimate reads, plus the software that trains (tunedeck's own
+    unless a published run's is compared: backend/memory_software.py) and, optionally, another loss."""
     values = {path: get_path(spec, path) for path in INPUT_PATHS}
-    values["loss"] = loss
+    values["software"] = software_for(software, loss)
     if catalog.lookup(values["model.name_or_path"]) is None:
         raise EstimateError(
             "model.name_or_path",
@@ -104,7 +99,7 @@ class Job:
     overlap_comm: bool
     reduce_bucket: int
     prefetch_bucket: int
-    loss: str
+    software: Software
     grad_accum: int = 1
     # GRPO (objective=grpo): the answers' tokens (grpo.max_completion_length; 0 for the other objectives), the
     # answers per prompt and the KL weight (grpo.beta; above 0 the model is scored against a reference)
@@ -200,13 +195,18 @@ class Job:
             # and 0.9 * hidden_size**2 (HfDeepSpeedConfig / trainer_config_finalize).
             reduce_bucket=h * h if reduce_bucket == "auto" else reduce_bucket,
             prefetch_bucket=int(0.9 * h * h) if prefetch == "auto" else prefetch,
-            loss=v["loss"],
+            software=v.get("software") or software_for("tunedeck"),
             grad_accum=v["training.gradient_accumulation_steps"],
             completion_len=completion,
             num_generations=v["grpo.num_generations"] if v["objective"] == "grpo" else 1,
             kl_weight=v["grpo.beta"] if v["objective"] == "grpo" else 0.0,
             sequence_parallel=sp,
         )
+
+    @property
+    def loss(self) -> str:
+        """How the loss is computed: one of memory_software.LOSSES."""
+        return self.software.loss
 
     @property
     def per_machine(self) -> int:

@@ -46,7 +46,7 @@ LOAD_TERMS: dict[str, str] = {
 def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
     """(bytes per GPU per LOAD_TERMS key, host RAM bytes per machine, how it loads in words)."""
     # PEFT creates the adapters (fp32, autocast_adapter_dtype) beside the base before prepare().
-    adapter = 4.0 * job.trainable_params if job.method != "full" else 0.0
+    adapter = job.software.adapter_bytes * job.trainable_params if job.method != "full" else 0.0
     if job.bits:
         terms = {
             "weights": frozen_base_params(job) + quant_stats_bytes(job),
@@ -102,6 +102,6 @@ def loads_reference(job: Job) -> bool:
 def _fsdp_cpu_bytes(job: Job) -> int:
     """Bytes per parameter on the CPU when FSDP takes the model: accelerate upcasts trainable
     16-bit parameters to fp32 before sharding under mixed precision (fsdp2_prepare_model)."""
-    if job.method == "full" and job.precision in ("bf16", "fp16"):
+    if job.method == "full" and job.precision in ("bf16", "fp16") and not job.software.pure_bf16:
         return 4
     return job.weight_bytes

@@ -4,39 +4,51 @@ The peak on one GPU is modelled as the sum of these terms (each cites its source
   weights, gradients, optimizer  model states of the trained weights (ZeRO paper §3, and
                                  DeepSpeed's estimate_zero{2,3}_model_states_mem_needs)
   adapter                        LoRA weights + gradients + optimizer states
-  activations                    kept for the backward pass (Korthikanti et al. 2022,
-                                 "Reducing Activation Recomputation", §4, redone for
-                                 Llama-style blocks: RMSNorm, SwiGLU, GQA)
-  logits                         the loss's tensors: TRL's fused LM head (tiles, what
-                                 tunedeck runs) or materialized (tokens x vocab) logits
+  activations, logits            what the step keeps for its backward pass, and the loss's
+                                 tensors (backend/memory_activations.py)
   gathered                       parameters all-gathered by ZeRO-3/FSDP, or held whole
   generation, generation_gathered  GRPO: what writing the answers holds beyond the step's
                                  activations and loss tensors (backend/memory_grpo.py)
   buckets                        gradient communication buffers (DDP, DeepSpeed)
-  cuda_context, allocator        CUDA/NCCL context and caching-allocator overhead
+  cuda_context, allocator        CUDA/NCCL context and caching-allocator overhead (the only
+                                 constants fitted on measurements: bench/fit_memory.py)
 The peak sits at the start of the backward pass: all activations and the loss's
 tensors alive at once, on top of the model states. Bytes here; backend/memory.py adds up.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from tunedeck.backend.memory_activations import activation_bytes, logit_bytes
 from tunedeck.backend.memory_grpo import GENERATION_TERMS, add_generation
 from tunedeck.backend.memory_job import (
     GIB,
     Job,
     frozen_base_params,
-    largest_linear_params,
     quant_stats_bytes,
     quantized_bytes_per_param,
 )
 
-# PyTorch's caching allocator reserves more than it hands out (2 MiB segment rounding, freed
-# activation blocks that fragment). Answer.AI's FSDP LoRA run on Llama-2 7B published both:
-# 9.16 GiB allocated, 10.22 GiB reserved, a gap of 0.4 x the memory that changes within a step.
-ALLOCATOR_FRACTION = 0.4
+
+@dataclass(frozen=True)
+class AllocatorConstants:
+    """What PyTorch's caching allocator reserves beyond the tensors it hands out, as shares of the tensors that come
+    and go within a step. Freed blocks stay reserved and fragment: the step's activations and loss tensors (and
+    GRPO's generation) on the compute stream; FSDP's all-gathered units and the gradient buckets on the
+    communication streams, whose cached blocks the compute stream cannot reuse (the allocator keeps a pool per
+    stream). Answer.AI's FSDP LoRA run on Llama-2 7B published both figures: 8.28 GiB allocated and 10.24 GiB
+    reserved at 512 tokens, 9.16 and 10.22 at 2048."""
+
+    activations: float  # share of the step's activations and loss tensors
+    communication: float  # share of the gathered units and gradient buckets
 
 
-def train_phase(job: Job) -> tuple[dict[str, float], float, float, list[str]]:
+# Fitted by bench/fit_memory.py on the published peaks it may see (never the held-out third).
+FITTED = AllocatorConstants(activations=0.46, communication=1.25)
+
+
+def train_phase(job: Job, allocator: AllocatorConstants = FITTED) -> tuple[dict[str, float], float, float, list[str]]:
     """(bytes per GPU per term, CPU RAM bytes per machine, NVMe bytes per machine, notes)."""
     terms: dict[str, float] = {}
     notes: list[str] = []
@@ -77,10 +89,8 @@ def train_phase(job: Job) -> tuple[dict[str, float], float, float, list[str]]:
     if job.objective == "grpo":
         add_generation(job, terms, notes)
     terms["cuda_context"] = job.device_overhead
-    terms["allocator"] = ALLOCATOR_FRACTION * (
-        terms["activations"] + terms["logits"] + terms["gathered"] + terms["buckets"]
-        + sum(terms.get(key, 0.0) for key in GENERATION_TERMS)
-    )  # fmt: skip
+    step = terms["activations"] + terms["logits"] + sum(terms.get(key, 0.0) for key in GENERATION_TERMS)
+    terms["allocator"] = allocator.activations * step + allocator.communication * (terms["gathered"] + terms["buckets"])
     return terms, cpu, nvme, notes
 
 
@@ -166,8 +176,8 @@ def trained_states(job: Job, params: int) -> tuple[dict[str, float], tuple[float
 
     # DDP and FSDP: torch's optimizer on the parameters as they are stored.
     if job.method != "full":
-        pbytes = 4  # PEFT keeps adapter weights in fp32 (autocast_adapter_dtype=True)
-    elif job.engine == "fsdp" and job.precision in ("bf16", "fp16"):
+        pbytes = job.software.adapter_bytes  # PEFT keeps adapter weights in fp32 (autocast_adapter_dtype=True)
+    elif job.engine == "fsdp" and job.precision in ("bf16", "fp16") and not job.software.pure_bf16:
         pbytes = 4  # accelerate upcasts trainable parameters to fp32 under FSDP mixed precision
     else:
         pbytes = job.weight_bytes
@@ -193,83 +203,6 @@ def frozen_base_bytes(job: Job, notes: list) -> tuple[float, float]:
             return params, stats
         return params / job.shards, stats
     return params, stats  # DDP/ZeRO-1/2 replicate it; SHARD_GRAD_OP holds it whole from forward to backward
-
-
-def _per_layer_activation_bytes(job: Job) -> float:
-    """Bytes kept per token by one decoder layer for its backward pass.
-
-    Korthikanti et al. (2022, §4.1) count 34sbh + 5as^2b for a GPT layer in 16-bit. The same
-    bookkeeping for a Llama-style layer as transformers runs it:
-      RMSNorm upcasts to fp32: its fp32 input, the normalised 16-bit value and the scaled output
-      attention: q, k, v and the output kept by the kernel, plus o_proj's input; eager attention
-      also keeps the fp32 softmax and its 16-bit copy (the 5as/h term, which SDPA/flash avoid)
-      SwiGLU MLP: gate, silu(gate), up and their product (4 x intermediate)
-      LoRA: each adapter's dropout output and mask (none when dropout is 0)
-    """
-    arch, a = job.arch, job.act_bytes
-    h, q, kv = arch.hidden_size, arch.q_size, arch.kv_size
-    norm = arch.norms_per_layer * (4 + 2 * a) * h
-    if job.attn == "flash_attention_2":
-        attention = a * (q + 2 * kv + q) + a * q  # q, k, v (GQA-sized), output, o_proj input
-    else:
-        attention = a * (4 * q) + a * q  # SDPA: k and v repeated to all heads (repeat_kv)
-    if job.attn == "eager":
-        # fp32 softmax of the scores and its 16-bit copy: a row of seq_len per head per token
-        attention += (4 + a) * arch.num_attention_heads * job.seq_len
-    i = arch.intermediate_size
-    k = arch.num_experts_per_tok or 1
-    mlp = k * 4 * a * i + (2 * a * h * k if arch.num_local_experts else 0)
-    lora = 0.0
-    if job.method != "full":
-        for w in arch.adapted_weights(job.lora_targets):
-            if job.lora_dropout > 0 and w.is_linear:
-                lora += (a + 1) * w.in_features  # dropout output + its boolean mask
-            lora += a * job.lora_r * w.lora_rank_multiplier  # lora_A output, kept by lora_B
-    return norm + attention + mlp + lora
-
-
-def activation_bytes(job: Job) -> float:
-    """Activations at the memory peak, beyond the loss's tensors (see _logit_bytes).
-
-    Without checkpointing every layer's activations are alive when the loss backward runs.
-    With checkpointing each layer keeps only its input; one layer is recomputed at a time,
-    but only after the loss's vocabulary-sized tensors are freed: the peak is the larger of
-    the two moments, so the recomputed layer adds only what exceeds the loss's tensors.
-    """
-    arch, a, t = job.arch, job.act_bytes, job.tokens
-    per_layer = _per_layer_activation_bytes(job) * t
-    final_norm = (4 + 2 * a) * arch.hidden_size * t
-    # Backward working set: gradients of the widest intermediate and of the hidden state.
-    working = a * (2 * arch.intermediate_size * (arch.num_experts_per_tok or 1) + 2 * arch.hidden_size) * t
-    if job.bits:  # bitsandbytes dequantizes one weight to the compute dtype for each matmul
-        working += a * largest_linear_params(job)
-    if job.sequence_parallel > 1:
-        # Ulysses: job.tokens is already this GPU's slice of the sequence, so every term above is 1/N of the
-        # row's. Its all-to-alls add one layer's send and receive copies of q, k, v (and of the attention
-        # output on the way back): about 2 x (q + 2 kv) values per local token, some 5-10% of the rest.
-        working += 2 * a * (arch.q_size + 2 * arch.kv_size) * t
-    if not job.checkpointing:
-        return arch.num_hidden_layers * per_layer + final_norm + max(0.0, working - logit_bytes(job))
-    inputs = arch.num_hidden_layers * a * arch.hidden_size * t
-    return inputs + final_norm + max(0.0, per_layer + working - logit_bytes(job))
-
-
-def logit_bytes(job: Job) -> float:
-    """The loss's tensors at the start of backward."""
-    arch, a, t = job.arch, job.act_bytes, job.tokens
-    if job.loss == "materialized":
-        # transformers' ForCausalLMLoss upcasts the 16-bit logits to fp32 and cross_entropy keeps
-        # its fp32 log-softmax; its backward adds two fp32 tensors (gradients of the
-        # log-softmax and of the logits) while the 16-bit logits are still referenced.
-        per_token = a + 4 + 4 + 4 + (2 * a if arch.final_logit_softcapping else 0)
-        return t * arch.vocab_size * per_token
-    # TRL's ChunkedLogProbFunction (trl/kernels/chunked_logprob.py): one tile of at most
-    # 4096 tokens x 32768 vocabulary entries in the compute dtype, an fp32 gradient of the
-    # hidden states and its cast back; a trained lm_head also gets a whole fp32 gradient.
-    tile = min(t, 4096) * min(arch.vocab_size, 32768) * a
-    hidden_grad = t * arch.hidden_size * (4 + a)
-    head_grad = arch.embedding_params * (4 + job.weight_bytes) if job.method == "full" else 0
-    return tile + hidden_grad + head_grad
 
 
 def unit_bytes(job: Job) -> float:
