@@ -10,16 +10,26 @@ cd "$(dirname "$0")"
 
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 
+step() {
+  # One line per install step; pip's own output (and the warnings of a machine's pip configuration, such as
+  # index locations that do not exist) goes to .venv/install.log, printed whole only if the step fails.
+  local what=$1
+  shift
+  echo "==> $what"
+  "$@" >>.venv/install.log 2>&1 || { cat .venv/install.log >&2; echo "dev.sh: $what failed (above)" >&2; return 1; }
+}
+
 setup_venv() {
   local stamp=.venv/.tunedeck-installed want
   want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "==> installing tunedeck and its training stack into .venv (about 2 minutes)"
-    .venv/bin/python -m pip install -q --upgrade pip
+    : >.venv/install.log
+    step "upgrading pip in .venv" .venv/bin/python -m pip install -q --upgrade pip
     # torch first: on a CPU machine this takes the CPU build; otherwise deepspeed/peft pull a CUDA one.
-    .venv/bin/python -m pip install -q torch==2.13.0
-    .venv/bin/python -m pip install -q -c constraints.txt -e ".[train,test]"
+    step "installing torch 2.13.0" .venv/bin/python -m pip install -q torch==2.13.0
+    step "installing tunedeck and its training stack (about 2 minutes)" \
+      .venv/bin/python -m pip install -q -c constraints.txt -e ".[train,test]"
     echo "$want" >"$stamp"
   fi
 }
