@@ -41,6 +41,9 @@ def wheel(tmp_path_factory) -> Path:
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     built = subprocess.run([*pip_wheel, "-w", work / "dist", work / "src"], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    # Our own packaging warns of nothing (a fresh `bash dev.sh demo` printed two walls of "absent from the
+    # packages configuration" for presets/ and assets/demo/).
+    assert "BuildBackendWarning" not in built.stdout + built.stderr, built.stderr[-3000:]
     (wheel,) = (work / "dist").glob("tunedeck-*.whl")
     return wheel
 
