@@ -38,6 +38,8 @@ from tunedeck.backend.sweep import SweepError, combinations, preview
 CSS = (
     """
 #presets button { min-width: 0; }
+/* The page's one level-one heading (axe: page-has-heading-one), at the size of the section titles. */
+#title h1 { font-size: 1.5rem; margin: 0; }
 /* Problems where they are: Gradio 6 inputs have border-width 0, so a border colour shows nothing;
    an outline on the field's block does. */
 .invalid { outline: 2px solid #dc2626 !important; outline-offset: -2px; }
@@ -113,7 +115,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
 
     page = Page(Registry())
     with gr.Blocks(title="tunedeck") as blocks:
-        gr.Markdown("## tunedeck · distributed fine-tuning control panel", elem_id="title")
+        gr.Markdown("# tunedeck · distributed fine-tuning control panel", elem_id="title")
         gr.Markdown(start_line(by_id.get(preset_id), Here.of(shared_monitor())), elem_id="start-here")
         page.build(sections)
         page.wire(blocks, sections)
