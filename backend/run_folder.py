@@ -282,8 +282,7 @@ class ProcessIdentity(BaseModel):
     pgid: int | None = None  # the launcher's process group
 
 
-# Seconds since the epoch, within what time.localtime can show (JSON may also hold 1e300 or Infinity).
-Timestamp = Annotated[float, Field(ge=0, lt=1e11)]
+Timestamp = Annotated[float, Field(ge=0, lt=1e11)]  # seconds since the epoch that time.localtime shows (not 1e300)
 
 
 class Progress(TypedDict):
@@ -301,8 +300,7 @@ class StallSettings(TypedDict):
     after_s: float  # no training step for this long (0: never), and for 3x the longest gap seen
 
 
-def stall_settings(launch) -> StallSettings:
-    """What the supervisor reads of a job's launch section (launch.stall_minutes)."""
+def stall_settings(launch) -> StallSettings:  # what the supervisor reads of a job's launch.stall_minutes
     return StallSettings(after_s=launch.stall_minutes * 60)
 
 

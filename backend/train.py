@@ -1024,10 +1024,10 @@ def checked_reward(function, name: str):
     (TRL awaits those: is_async_callable)."""
 
     def reward(*args, **columns):
-        return check_scores(function(*args, **columns), name, columns)
+        return check_scores(function(*args, **columns), name, _by_name(args, columns))
 
     async def async_reward(*args, **columns):
-        return check_scores(await function(*args, **columns), name, columns)
+        return check_scores(await function(*args, **columns), name, _by_name(args, columns))
 
     plain = function
     while isinstance(plain, functools.partial):
@@ -1036,6 +1036,11 @@ def checked_reward(function, name: str):
     checked = async_reward if is_async else reward
     checked.__name__ = checked.__qualname__ = getattr(plain, "__name__", type(plain).__name__)
     return checked
+
+
+def _by_name(args: tuple, columns: dict) -> dict:
+    """A reward's arguments by name: TRL passes them so; a call by position gives the answers first."""
+    return {"completions": args[0], **columns} if args else columns
 
 
 def check_scores(scores, name: str, columns: dict) -> list:
