@@ -42,7 +42,7 @@ LAYERS = [
     (
         "runs",
         2,
-        r"tunedeck\.backend\.(runs?_\w+|runs|sweep|slurm_\w+|supervisor|preflight\w*|preview|smoke|tail|monitor|hardware|demo|data_uploads|data_sniff|bundle_check|bundle_data|train)",
+        r"tunedeck\.backend\.(runs?_\w+|runs|sweep|slurm_\w+|supervisor|preflight\w*|preview|truncation|smoke|tail|monitor|hardware|demo|data_uploads|data_sniff|bundle_check|bundle_data|train)",
     ),
     # After training (try, evaluate, merge): they read run folders, so they sit beside runs.
     (
