@@ -270,8 +270,8 @@ class DatasetSpec(_DatasetColumns):  # type: ignore[misc, valid-type]
         True,
         title="Packing",
         basic=True,
-        description="Pack several rows into each max_seq_length sequence (TRL best-fit decreasing; rows stay whole "
-        "and never attend to each other; the loss covers the same tokens as without packing): no padding, "
+        description="Pack several rows into each max_seq_length sequence (TRL best-fit decreasing; rows never attend to "
+        "each other, and a row longer than max_seq_length is cut first, as without packing): no padding, "
         "3.5x the useful tokens/s of rows padded to max_length on chat-like data (bench/bench_recipe.py).",
     )
     assistant_only_loss: bool = SftField(
