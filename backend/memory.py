@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tunedeck.backend.memory_allocator import FITTED, AllocatorConstants
 from tunedeck.backend.memory_job import GIB, Job, input_values
 from tunedeck.backend.memory_load import LOAD_TERMS, load_phase
-from tunedeck.backend.memory_train import FITTED, AllocatorConstants, train_phase
+from tunedeck.backend.memory_train import train_phase
 from tunedeck.backend.spec import JobSpec
 
 TERMS: dict[str, str] = {

@@ -7,7 +7,7 @@ measures them on CPU at toy scale (a transformers Llama with PEFT adapters) and 
 
 from __future__ import annotations
 
-from tunedeck.backend.memory_job import Job, largest_linear_params
+from tunedeck.backend.memory_job import Job, dequant_bytes_per_param, largest_linear_params
 
 
 def _per_layer_activation_bytes(job: Job) -> float:
@@ -33,7 +33,11 @@ def _per_layer_activation_bytes(job: Job) -> float:
     arch, a, software = job.arch, job.act_bytes, job.software
     h, q, kv, i = arch.hidden_size, arch.q_size, arch.kv_size, arch.intermediate_size
     trains_base = job.method == "full"
-    norm = arch.norms_per_layer * (software.norm_input_bytes + (a if trains_base else 0)) * h
+    norm = (
+        arch.norms_per_layer
+        * (software.norm_input_bytes + software.norm_mean_input_bytes + (a if trains_base else 0))
+        * h
+    )
     if job.attn == "flash_attention_2":
         attention = a * (q + 2 * kv + q)  # q, k, v (GQA-sized), output
     else:
@@ -74,29 +78,63 @@ def _adapter_bytes(job: Job) -> float:
 
 
 def activation_bytes(job: Job) -> float:
-    """Activations at the memory peak, beyond the loss's tensors (see _logit_bytes).
+    """Activations at the memory peak, beyond the loss's tensors, where as many parameters are gathered at both
+    moments (see step_peak)."""
+    return step_peak(job, 0.0)[0]
+
+
+def step_peak(job: Job, gathered_gap: float) -> tuple[float, bool]:
+    """Activations at the memory peak beyond the loss's tensors (see logit_bytes), and which moment peaks.
 
     Without checkpointing every layer's activations are alive when the loss backward runs.
     With checkpointing each layer keeps only its input; one layer is recomputed at a time,
-    but only after the loss's vocabulary-sized tensors are freed: the peak is the larger of
-    the two moments, so the recomputed layer adds only what exceeds the loss's tensors.
+    after the loss's vocabulary-sized tensors are freed but beside what the training loop still holds of them
+    (kept_logit_bytes). The peak is the larger of the two moments:
+      loss      the kept activations, the loss's tensors and, when lm_head is 4-bit, its dequantized weight
+      layer     the kept activations, the loss's kept tensors, the recomputed layer and the backward's working set,
+                with `gathered_gap` more parameters gathered than at the loss (FSDP prefetches the next layer only
+                once the gradient reaches the logits: memory_train.gathered_bytes)
+    so the layer's moment adds only what exceeds the loss's moment. Returns (the activations beyond the loss's
+    tensors, whether the layer's moment is the peak: then the larger gathered term counts).
     """
     arch, a, t = job.arch, job.act_bytes, job.tokens
     per_layer = _per_layer_activation_bytes(job) * t
-    final_norm = (4 + 2 * a) * arch.hidden_size * t
+    final_norm = (4 + 2 * a + job.software.norm_mean_input_bytes) * arch.hidden_size * t
     # Backward working set: gradients of the widest intermediate and of the hidden state.
     working = a * (2 * arch.intermediate_size * (arch.num_experts_per_tok or 1) + 2 * arch.hidden_size) * t
-    if job.bits:  # bitsandbytes dequantizes one weight to the compute dtype for each matmul
-        working += a * largest_linear_params(job)
+    if job.bits:  # bitsandbytes dequantizes one weight for each matmul
+        working += dequant_bytes_per_param(job) * largest_linear_params(job)
     if job.sequence_parallel > 1:
         # Ulysses: job.tokens is already this GPU's slice of the sequence, so every term above is 1/N of the
         # row's. Its all-to-alls add one layer's send and receive copies of q, k, v (and of the attention
         # output on the way back): about 2 x (q + 2 kv) values per local token, some 5-10% of the rest.
         working += 2 * a * (arch.q_size + 2 * arch.kv_size) * t
-    if not job.checkpointing:
-        return arch.num_hidden_layers * per_layer + final_norm + max(0.0, working - logit_bytes(job))
-    inputs = arch.num_hidden_layers * a * arch.hidden_size * t
-    return inputs + final_norm + max(0.0, per_layer + working - logit_bytes(job))
+    at_loss = head_dequant_bytes(job)
+    if job.checkpointing:
+        kept = arch.num_hidden_layers * a * arch.hidden_size * t
+        at_layer = per_layer + working + kept_logit_bytes(job)
+    else:
+        kept = arch.num_hidden_layers * per_layer
+        at_layer = working + kept_logit_bytes(job)
+    beyond_loss = at_layer - logit_bytes(job)
+    if beyond_loss + gathered_gap > at_loss:
+        return max(0.0, kept + final_norm + beyond_loss), True
+    return kept + final_norm + at_loss, False
+
+
+def head_dequant_bytes(job: Job) -> float:
+    """A 4-bit lm_head's dequantized weight while it computes the logits (LitGPT: memory_software.quantizes_head)."""
+    if not (job.bits and job.software.quantizes_head):
+        return 0.0
+    return dequant_bytes_per_param(job) * job.arch.head_params
+
+
+def kept_logit_bytes(job: Job) -> float:
+    """What the training loop still holds of the loss's tensors while the backward goes through the layers: the
+    fp32 logits the model returned where the loop keeps them (memory_software.LOSSES: float_logits), LitGPT's
+    16-bit logit chunks (chunked16); nothing where only the loss is returned."""
+    per_entry = {"float_logits": 4, "chunked16": job.act_bytes}.get(job.loss, 0)
+    return job.tokens * job.arch.vocab_size * per_entry
 
 
 def logit_bytes(job: Job) -> float:

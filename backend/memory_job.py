@@ -38,6 +38,7 @@ INPUT_PATHS = (
     "grpo.num_generations", "grpo.max_prompt_length", "grpo.max_completion_length", "grpo.beta",
     "strategy.kind", "strategy.offload_optimizer", "strategy.offload_params", "strategy.nvme_path",
     "strategy.overlap_comm", "strategy.reduce_bucket_size", "strategy.stage3_prefetch_bucket_size",
+    "strategy.stage3_max_reuse_distance",
     "strategy.fsdp_sharding_strategy", "strategy.fsdp_activation_checkpointing", "strategy.sequence_parallel",
     "dataset.packing", "launch.num_processes", "launch.num_machines", "launch.use_cpu",
 )  # fmt: skip
@@ -100,6 +101,9 @@ class Job:
     reduce_bucket: int
     prefetch_bucket: int
     software: Software
+    model_dtype: str = "bfloat16"  # model.dtype: the weights as loaded
+    compute_dtype: str = "bfloat16"  # the activations' dtype (act_bytes)
+    reuse_distance: int = 1_000_000_000  # ZeRO-3: parameters reused within this many elements stay gathered
     grad_accum: int = 1
     # GRPO (objective=grpo): the answers' tokens (grpo.max_completion_length; 0 for the other objectives), the
     # answers per prompt and the KL weight (grpo.beta; above 0 the model is scored against a reference)
@@ -107,6 +111,20 @@ class Job:
     num_generations: int = 1
     kl_weight: float = 0.0
     sequence_parallel: int = 1  # GPUs sharing each sequence (DeepSpeed Ulysses, SFT); 1: off
+    packing: bool = True  # SFT rows packed into sequences of max_seq_length tokens
+
+    @property
+    def varying_shapes(self) -> bool:
+        """Whether a step's tensors change shape from step to step: rows padded per batch (SFT without packing; the
+        other objectives pad their pairs, prompts and answers per batch)."""
+        return self.objective != "sft" or not self.packing
+
+    @property
+    def root_unit_bytes(self) -> float:
+        """FSDP's root unit gathered whole: the embeddings, lm_head and final norm, in the dtype they compute in."""
+        arch = self.arch
+        element = self.compute_bytes if self.method == "full" or not self.bits else self.weight_bytes
+        return (arch.embedding_params + arch.head_params + arch.hidden_size) * element
 
     @property
     def kl_reference(self) -> bool:
@@ -142,11 +160,12 @@ class Job:
         weight_bytes = _DTYPE_BYTES[v["model.dtype"]]
         # Activations live in the compute dtype: the autocast dtype, else the weights' dtype.
         if bits == 4:
-            act_bytes = _DTYPE_BYTES[v["quantization.bnb_4bit_compute_dtype"]]
+            compute_dtype = v["quantization.bnb_4bit_compute_dtype"]
         elif precision in ("bf16", "fp16"):
-            act_bytes = 2
+            compute_dtype = {"bf16": "bfloat16", "fp16": "float16"}[precision]
         else:
-            act_bytes = weight_bytes
+            compute_dtype = v["model.dtype"]
+        act_bytes = _DTYPE_BYTES[compute_dtype]
         h = arch.hidden_size
         # GRPO trains on prompt + answer: grpo.max_prompt_length is the longest prompt (train.py leaves longer ones
         # out), grpo.max_completion_length the longest answer.
@@ -196,11 +215,15 @@ class Job:
             reduce_bucket=h * h if reduce_bucket == "auto" else reduce_bucket,
             prefetch_bucket=int(0.9 * h * h) if prefetch == "auto" else prefetch,
             software=v.get("software") or software_for("tunedeck"),
+            model_dtype=v["model.dtype"],
+            compute_dtype=compute_dtype,
+            reuse_distance=v["strategy.stage3_max_reuse_distance"],
             grad_accum=v["training.gradient_accumulation_steps"],
             completion_len=completion,
             num_generations=v["grpo.num_generations"] if v["objective"] == "grpo" else 1,
             kl_weight=v["grpo.beta"] if v["objective"] == "grpo" else 0.0,
             sequence_parallel=sp,
+            packing=v["dataset.packing"],
         )
 
     @property
@@ -255,6 +278,13 @@ class Job:
         return CUDA_CONTEXT_BYTES + (NCCL_BYTES if self.world > 1 else 0.0)
 
 
+def dequant_bytes_per_param(job: Job) -> int:
+    """Bytes per weight a 4-bit matmul holds while it runs: the weight dequantized to its quant state's dtype and,
+    where that is not the compute dtype, its cast (memory_software: quant_state_dtype)."""
+    state = job.software.quant_state_dtype or job.model_dtype
+    return _DTYPE_BYTES[state] + (job.act_bytes if state != job.compute_dtype else 0)
+
+
 def quantized_bytes_per_param(job: Job) -> float:
     """Bytes per quantized weight held as a parameter (the packed values only)."""
     return {4: 0.5, 8: 1.0}.get(job.bits, float(job.weight_bytes))
@@ -267,7 +297,7 @@ def quant_stats_bytes(job: Job) -> float:
     if job.bits == 4:
         # NF4: one fp32 absmax per 64-weight block; double quantization stores the absmax in 8
         # bits with one fp32 constant per 256 blocks: 32/64 -> 8/64 + 32/(64*256) bits (QLoRA §3).
-        return arch.linear_params * ((1 / 64 + 4 / (64 * 256)) if job.double_quant else 4 / 64)
+        return quantized_params(job) * ((1 / 64 + 4 / (64 * 256)) if job.double_quant else 4 / 64)
     if job.bits == 8:  # LLM.int8: one fp32 scale per output row
         return 4 * arch.num_hidden_layers * sum(w.out_features for w in arch.layer_weights if w.is_linear)
     return 0.0
@@ -275,10 +305,16 @@ def quant_stats_bytes(job: Job) -> float:
 
 def frozen_base_params(job: Job) -> float:
     """Bytes of the base's parameters: quantized nn.Linear weights, the rest in model.dtype."""
-    arch = job.arch
-    linear = arch.linear_params
-    rest = arch.num_parameters - linear  # embeddings, lm_head, norms, experts stored as tensors
+    linear = quantized_params(job)
+    rest = job.arch.num_parameters - linear  # embeddings, lm_head, norms, experts stored as tensors
     return linear * quantized_bytes_per_param(job) + rest * job.weight_bytes
+
+
+def quantized_params(job: Job) -> int:
+    """Weights bitsandbytes quantizes: the decoder layers' nn.Linear weights, and lm_head where the software that
+    trains quantizes it too (memory_software: quantizes_head); with 16-bit weights, the same ones."""
+    head = job.arch.head_params if job.bits and job.software.quantizes_head else 0
+    return job.arch.linear_params + head
 
 
 def largest_linear_params(job: Job) -> int:

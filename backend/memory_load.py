@@ -79,7 +79,9 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
         host = job.arch.num_parameters * element * job.per_machine + (0.0 if on_gpu else shard * job.per_machine)
         how = "every rank reads the whole checkpoint into host RAM; FSDP moves one unit at a time to the GPU"
     else:
-        terms = {"weights": job.arch.num_parameters * job.weight_bytes, "adapter": adapter, "in_flight": 0.0}
+        # torchtune's builders hold a template layer beside the model's (memory_software: builds_extra_layer).
+        template = job.arch.layer_params * job.weight_bytes if job.software.builds_extra_layer else 0.0
+        terms = {"weights": job.arch.num_parameters * job.weight_bytes, "adapter": adapter, "in_flight": template}
         host = job.arch.num_parameters * job.weight_bytes * job.per_machine
         how = "every rank reads the whole checkpoint into host RAM, then moves the whole model to its GPU"
     if loads_reference(job):

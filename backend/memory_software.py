@@ -15,6 +15,28 @@ on CPU at toy scale.
                         fp32 parameters under FSDP's mixed precision
   norm_input_bytes      bytes per element an RMSNorm keeps of its input: transformers and torchtune upcast to
                         fp32 and keep that; LitGPT's 2023 norm computed in bf16
+  norm_mean_input_bytes bytes per element an RMSNorm's mean keeps of the squared input: torch before 2.2 saved
+                        mean(dim)'s input for a backward that needs only its size (pytorch/pytorch#109876, fixed by
+                        #109935 in 2.2; torch 2.1.0's derivatives.yaml: mean_backward(..., self.sym_numel(), ...)),
+                        so LitGPT's RMSNorm on torch 2.1.0 kept x * x in bf16 beside x. bench/memory_probe.py
+                        --litgpt counts a LitGPT layer at 44.3h bytes per token under torch 2.1.0, 40.3h under 2.13
+  quantizes_head        the lm_head is 4-bit too: Lightning's BitsandbytesPrecision replaces every nn.Linear built
+                        in its init context (lightning/fabric/plugins/precision/bitsandbytes.py), while transformers
+                        and Answer.AI's loader skip lm_head
+  quant_state_dtype     the dtype bitsandbytes dequantizes a 4-bit weight to for each matmul: the dtype it was
+                        quantized from (its quant state's), then cast to the input's (MatMul4Bit.forward:
+                        dequantize_4bit(B).to(A.dtype)); both copies are alive during the cast when the dtypes
+                        differ. transformers and Answer.AI quantize from the model's dtype ("" here); Lightning
+                        quantizes from fp16 (`weight.half()` in _Linear4bit._quantize_weight), so a bf16 run holds
+                        2 + 2 bytes per weight
+  builds_extra_layer    the load holds one decoder layer more than the model: torchtune's builders build a layer on
+                        the device and deepcopy it num_layers times (torchtune/modules/transformer.py: _get_clones,
+                        April 2024), the template living until the builder returns; by November 2024 they built
+                        each layer in a loop
+  wraps_from_cpu        FSDP 1 moves, broadcasts, flattens and shards rank 0's CPU copy on the GPU unit by unit,
+                        and the peak statistics are reset after that (Answer.AI's train.py: low_memory,
+                        sync_module_states; reset_peak_memory_stats before the first step): the wrap's cached blocks
+                        are a floor under the reserved peak (backend/memory_allocator.py)
   keeps_4bit_inputs     bitsandbytes before 0.43.2 kept every 4-bit linear's input for a backward that never used
                         it ("fix QLoRA mem bug: delete useless buffered activation",
                         bitsandbytes-foundation/bitsandbytes#1270, July 2024)
@@ -52,6 +74,11 @@ class Software:
     adapter_bytes: int = 4
     pure_bf16: bool = False
     norm_input_bytes: int = 4
+    norm_mean_input_bytes: int = 0
+    quantizes_head: bool = False
+    quant_state_dtype: str = ""
+    builds_extra_layer: bool = False
+    wraps_from_cpu: bool = False
     keeps_4bit_inputs: bool = False
     fused_qkv_lora: bool = False
     source: str = ""
@@ -74,21 +101,32 @@ SOFTWARE: dict[str, Software] = {
     # dtype per unit), trains without autocast and keeps the model's output through backward; transformers 4.38,
     # bitsandbytes 0.43.0 (Feb-Mar 2024).
     "answerai-fsdp-qlora": Software(
-        "float_logits", adapter_bytes=2, keeps_4bit_inputs=True, source="AnswerDotAI/fsdp_qlora train.py, March 2024"
+        "float_logits",
+        adapter_bytes=2,
+        wraps_from_cpu=True,
+        keeps_4bit_inputs=True,
+        source="AnswerDotAI/fsdp_qlora train.py, March 2024",
     ),
     "litgpt-2023": Software(
         "chunked16",
         adapter_bytes=2,
         pure_bf16=True,
         norm_input_bytes=2,
+        norm_mean_input_bytes=2,
+        quantizes_head=True,
+        quant_state_dtype="float16",
         keeps_4bit_inputs=True,
         fused_qkv_lora=True,
-        source="Lightning-AI/lit-gpt 8641822 (October 2023): bf16-true, bitsandbytes 0.41.1",
+        source="Lightning-AI/lit-gpt 8641822 (October 2023): bf16-true, torch 2.1.0, Lightning 2.1, bitsandbytes 0.41.1",
     ),
     # torchtune's LoRA recipes in April 2024 (ff594c231): bf16 adapters and AdamW states, torchao's NF4 (whose
     # LinearNF4 keeps only the quantized weight).
     "torchtune-2024": Software(
-        "float_logits", adapter_bytes=2, pure_bf16=True, source="pytorch/torchtune ff594c231 (April 2024)"
+        "float_logits",
+        adapter_bytes=2,
+        pure_bf16=True,
+        builds_extra_layer=True,
+        source="pytorch/torchtune ff594c231 (April 2024)",
     ),
     "torchtune-2024-11": Software(
         "float_logits_freed", adapter_bytes=2, pure_bf16=True, source="pytorch/torchtune 1814feb17 (November 2024)"

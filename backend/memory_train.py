@@ -10,42 +10,28 @@ The peak on one GPU is modelled as the sum of these terms (each cites its source
   generation, generation_gathered  GRPO: what writing the answers holds beyond the step's
                                  activations and loss tensors (backend/memory_grpo.py)
   buckets                        gradient communication buffers (DDP, DeepSpeed)
-  cuda_context, allocator        CUDA/NCCL context and caching-allocator overhead (the only
-                                 constants fitted on measurements: bench/fit_memory.py)
-The peak sits at the start of the backward pass: all activations and the loss's
-tensors alive at once, on top of the model states. Bytes here; backend/memory.py adds up.
+  cuda_context, allocator        CUDA/NCCL context and caching-allocator overhead
+                                 (backend/memory_allocator.py: the only constants fitted on
+                                 measurements, by bench/fit_memory.py)
+The peak is the larger of two moments of the backward pass (memory_activations.step_peak): the loss's
+backward, with every kept activation and the loss's tensors, or the first layer's, recomputed
+beside what the loop still holds of the loss and with the next layer gathered, on top of the
+model states. Bytes here; backend/memory.py adds up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from tunedeck.backend.memory_activations import activation_bytes, logit_bytes
+from tunedeck.backend.memory_activations import logit_bytes, step_peak
+from tunedeck.backend.memory_allocator import FITTED, AllocatorConstants, allocator_bytes
 from tunedeck.backend.memory_grpo import GENERATION_TERMS, add_generation
 from tunedeck.backend.memory_job import (
+    _DTYPE_BYTES,
     GIB,
     Job,
     frozen_base_params,
     quant_stats_bytes,
     quantized_bytes_per_param,
 )
-
-
-@dataclass(frozen=True)
-class AllocatorConstants:
-    """What PyTorch's caching allocator reserves beyond the tensors it hands out, as shares of the tensors that come
-    and go within a step. Freed blocks stay reserved and fragment: the step's activations and loss tensors (and
-    GRPO's generation) on the compute stream; FSDP's all-gathered units and the gradient buckets on the
-    communication streams, whose cached blocks the compute stream cannot reuse (the allocator keeps a pool per
-    stream). Answer.AI's FSDP LoRA run on Llama-2 7B published both figures: 8.28 GiB allocated and 10.24 GiB
-    reserved at 512 tokens, 9.16 and 10.22 at 2048."""
-
-    activations: float  # share of the step's activations and loss tensors
-    communication: float  # share of the gathered units and gradient buckets
-
-
-# Fitted by bench/fit_memory.py on the published peaks it may see (never the held-out third).
-FITTED = AllocatorConstants(activations=0.46, communication=1.25)
 
 
 def train_phase(job: Job, allocator: AllocatorConstants = FITTED) -> tuple[dict[str, float], float, float, list[str]]:
@@ -77,21 +63,34 @@ def train_phase(job: Job, allocator: AllocatorConstants = FITTED) -> tuple[dict[
             else "the reference copy goes with preference.precompute_ref_log_probs=true (each row scored once "
             "before training)"
         )
-    terms["activations"] = activation_bytes(job)
+    gathered_at_loss, gathered = gathered_bytes(job, at_loss=True), gathered_bytes(job)
+    terms["activations"], layer_peaks = step_peak(job, gathered - gathered_at_loss)
     if job.sequence_parallel > 1:
         notes.append(
             f"{job.sequence_parallel} GPUs per sequence (DeepSpeed Ulysses): activations and loss tensors are each "
             f"GPU's 1/{job.sequence_parallel} of a row, {job.tokens:,} tokens per micro batch"
         )
     terms["logits"] = logit_bytes(job)
-    terms["gathered"] = gathered_bytes(job)
+    terms["gathered"] = gathered if layer_peaks else gathered_at_loss
     terms["buckets"] = bucket_bytes(job)
     if job.objective == "grpo":
         add_generation(job, terms, notes)
+    if grads_freed_each_step(job):
+        # The optimizer's zero_grad(set_to_none=True) (transformers' Trainer, torchtune, LitGPT, Answer.AI) leaves no
+        # gradient when the next step's loss backward starts; they come back layer by layer as the activations go,
+        # so the peak holds the larger of the two (full fine-tuning, one micro batch per step, torch's optimizer).
+        terms["gradients"] = max(0.0, terms["gradients"] - terms["activations"] - terms["logits"])
     terms["cuda_context"] = job.device_overhead
     step = terms["activations"] + terms["logits"] + sum(terms.get(key, 0.0) for key in GENERATION_TERMS)
-    terms["allocator"] = allocator.activations * step + allocator.communication * (terms["gathered"] + terms["buckets"])
+    terms["allocator"] = allocator_bytes(job, step, terms["logits"], terms["gathered"] + terms["buckets"], allocator)
     return terms, cpu, nvme, notes
+
+
+def grads_freed_each_step(job: Job) -> bool:
+    """Whether no gradient of the trained weights is alive when a step's backward starts: torch's optimizer (not
+    DeepSpeed's, whose gradient partitions persist), one micro batch per optimizer step (accumulated gradients live
+    across micro batches) and the gradients on the GPU."""
+    return job.method == "full" and not job.deepspeed and job.grad_accum == 1 and job.offload_params == "none"
 
 
 def zero_model_state_bytes(
@@ -216,18 +215,27 @@ def unit_bytes(job: Job) -> float:
     return linear * per_linear + other * compute + adapter
 
 
-def gathered_bytes(job: Job) -> float:
+def gathered_bytes(job: Job, at_loss: bool = False) -> float:
+    """Parameters all-gathered (or held whole) beyond this GPU's shard while a layer's backward runs; `at_loss`:
+    while the loss's backward runs, before FSDP's pre-backward hook on the logits prefetches the last layer
+    (FULL_SHARD and HYBRID_SHARD reshard every layer after its forward: only the root unit is whole then)."""
     arch = job.arch
     compute = job.compute_bytes
     if job.zero_stage == 3:
         # DeepSpeed's estimator: the largest layer lives gathered in 16 bits, with its 16-bit
-        # gradient when it trains (4 bytes per parameter).
-        return (4 if job.method == "full" else 2) * arch.largest_layer_params
+        # gradient when it trains (4 bytes per parameter). Its runtime keeps more where the forward turns into the
+        # backward: PartitionedParameterCoordinator releases no parameter that is used again within
+        # stage3_max_reuse_distance elements (default 1e9), and with the loss's backward next, the last layers and
+        # lm_head are (deepspeed/runtime/zero/partitioned_param_coordinator.py: __params_to_release).
+        estimator = (4 if job.method == "full" else 2) * arch.largest_layer_params
+        if job.bits and job.quant_storage == "uint8":
+            return estimator  # not sharded: every GPU holds the whole base (frozen_base_bytes)
+        stored = frozen_base_params(job) if job.method != "full" else arch.num_parameters * compute
+        element = _DTYPE_BYTES[job.quant_storage] if job.bits else compute  # 4-bit pairs packed in the storage dtype
+        return max(estimator, min(job.reuse_distance * element, stored))
     if job.engine != "fsdp":
         return 0.0
-    root = (arch.embedding_params + arch.head_params + arch.hidden_size) * (
-        compute if job.method == "full" or not job.bits else job.weight_bytes
-    )
+    root = job.root_unit_bytes
     trained_grad = 4 * (job.trainable_params / arch.num_hidden_layers)  # one unit's unsharded fp32 gradient
     if job.method == "full" and job.fsdp_sharding == "SHARD_GRAD_OP":
         # Weights are not resharded after forward: every layer stays gathered until its backward.
@@ -236,6 +244,8 @@ def gathered_bytes(job: Job) -> float:
         return root + trained_grad  # the frozen base is already counted whole under weights
     # FULL_SHARD / HYBRID_SHARD: the layer being computed and the prefetched next one; the root
     # unit (embeddings, lm_head) stays gathered through forward and backward.
+    if at_loss:
+        return root
     return 2 * unit_bytes(job) + root + trained_grad
 
 

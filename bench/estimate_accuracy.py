@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tunedeck.backend.memory import Estimate, estimate  # noqa: E402
+from tunedeck.backend.memory_allocator import FITTED, AllocatorConstants  # noqa: E402
 from tunedeck.backend.memory_job import GIB  # noqa: E402
-from tunedeck.backend.memory_train import FITTED, AllocatorConstants  # noqa: E402
 from tunedeck.backend.spec import JobSpec, set_paths  # noqa: E402
 
 TABLE = ROOT / "tests" / "data" / "measured_peaks.yaml"

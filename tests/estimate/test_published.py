@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tunedeck.backend import catalog
+from tunedeck.backend.memory_allocator import FITTED
 from tunedeck.backend.memory_software import SOFTWARE
-from tunedeck.backend.memory_train import FITTED
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,14 +102,38 @@ def test_the_held_out_third_is_predicted_within_the_mean_goal():
     assert any(e > 0.02 for e in errors) and any(e < -0.02 for e in errors)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not met yet: Answer.AI's 24 GB reserved peaks at 2048 tokens run up to +20% (its FSDP1 pool is a "
-    "floor, not a share), and LitGPT's 2023 QLoRA runs keep ~12% more per layer on CUDA than its code does on CPU",
-)
 def test_the_held_out_third_is_predicted_within_the_largest_error_and_under_prediction_goals():
+    """Issue 32's other goals on the held-out third: no error beyond 15%, no prediction more than 5% below its
+    measurement (an out-of-memory the estimate did not warn of)."""
     held = accuracy.summary([accuracy.compare(r) for r in HELD_OUT])
     assert abs(held.worst.error) < accuracy.GOAL_WORST and held.under <= accuracy.GOAL_UNDER, held.line("held")
+
+
+def _row(row_id: str) -> dict:
+    return next(r for r in ROWS if r["id"] == row_id)
+
+
+def test_litgpt_resource_tables_are_predicted_within_five_percent():
+    """LitGPT's tables measured allocated tensors (no allocator share): a layer as torch 2.1.0 ran it keeps its
+    RMSNorms' squared inputs too (mean saved its input before torch 2.2), and the 4-bit lm_head, quantized from fp16,
+    holds an fp16 and a bf16 copy of its weight while it computes the logits."""
+    rows = [r for r in ROWS if r["software"] == "litgpt-2023"]
+    assert len(rows) == 7
+    for row in rows:
+        assert abs(accuracy.compare(row).error) < 0.05, row["id"]
+
+
+def test_answerai_allocated_peak_grows_with_the_tokens_as_published():
+    """8.28 GiB allocated at 512 tokens, 9.16 at 2048: the peak is the last layer's recomputation beside two
+    gathered FSDP units and the fp32 logits train.py keeps, not the loss's backward (only the root unit gathered)."""
+    short = accuracy.compare(_row("aai-lora-fsdp-llama2-7b-ctx512-allocated")).predicted_gib
+    long = accuracy.compare(_row("aai-lora-fsdp-llama2-7b-ctx2048")).predicted_gib
+    assert long - short == pytest.approx(9.16 - 8.28, abs=0.15)
+
+
+def test_torchtune_init_counts_the_template_layer_its_builder_copies():
+    for row_id in ("torchtune-lora-init-llama2-7b", "torchtune-lora-init-allocated-llama2-7b"):
+        assert abs(accuracy.compare(_row(row_id)).error) < 0.01, row_id
 
 
 def test_single_gpu_lora_and_qlora_runs_are_no_longer_all_over_predicted():
