@@ -1,10 +1,12 @@
 """Whether the job as set fits its GPUs and host RAM, as problems like any other.
 
-An error when the estimate exceeds the GPU's memory (or the machine's RAM, for loading and
-CPU/NVMe offload): the job cannot fit at all. A warning when it stays below but above
-FIT_FRACTION (advisor.py): the estimate's error against published measured peaks is up to
-about 14% (docs/estimates.md, "Memory"), so such a job may or may not fit. Each problem carries
-the advisor's way out as `fix` (the recommendation's changes), which the page applies.
+The estimate is what nvidia-smi would show: tensors, the caching allocator's cached blocks and the
+CUDA context (backend/memory_allocator.py). An error when it exceeds the GPU's memory (or the
+machine's RAM, for loading and CPU/NVMe offload): the job cannot fit at all. A warning when it
+stays below but above FIT_FRACTION (advisor.py): against published measured peaks the runs the fit
+never saw were predicted from 2.6% below to 13.7% above (docs/estimates.md, "Memory"), and the
+cached part is the least regular, so such a job may or may not fit. Each problem carries the
+advisor's way out as `fix` (the recommendation's changes), which the page applies.
 CPU jobs are checked against this machine's RAM by validate_launch.py instead.
 """
 

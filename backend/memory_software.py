@@ -43,9 +43,9 @@ on CPU at toy scale.
   fused_qkv_lora        LitGPT's fused attention projection (lit_gpt/model.py and lora.py, 2023): v is a view of
                         the whole qkv output, so attention keeps all of it, and LoRAQKVLinear's zero_pad keeps a
                         16-bit copy of the adapters' qkv-sized update (index_copy's source); one dropout serves q
-                        and v. Its layer, run on CPU from lit_gpt/ at 8641822 with bench/memory_probe.py's
-                        counting, keeps 40.3h bytes per token (LoRA on q and v, dropout 0.05, the CPU's 2-byte
-                        mask); these terms count 39.1h with CUDA's 1-byte mask
+                        and v. Its layer, run on CPU from lit_gpt/ at 8641822 (bench/memory_probe.py --litgpt),
+                        keeps 40.3h bytes per token under torch 2.13 (LoRA on q and v, dropout 0.05, the CPU's
+                        2-byte mask) and 44.3h under torch 2.1.0; litgpt-2023 counts 43.2h with CUDA's 1-byte mask
 """
 
 from __future__ import annotations
