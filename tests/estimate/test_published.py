@@ -84,7 +84,7 @@ def test_the_allocator_constants_are_the_fit_on_the_fit_rows_alone(monkeypatch):
 
 def test_the_fit_predicts_every_row_as_the_estimator_does():
     """fit_memory adds the allocator term back in closed form; it must agree with the estimator itself."""
-    other = dataclasses.replace(FITTED, activations=0.1, communication=0.7)
+    other = dataclasses.replace(FITTED, activations=0.1, varying=0.4, communication=0.7, wrap=2.0)
     for row in ROWS:
         prepared = fit_memory.prepare(row)
         for constants in (FITTED, other):
