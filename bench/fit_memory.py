@@ -11,7 +11,7 @@ gradient buckets) and the blocks an FSDP 1 wrap from rank 0's CPU copy leaves. `
 absolute error, an under-prediction weighing UNDER_WEIGHT times an over-prediction (it is an out-of-memory the user
 was not warned of). The constants it prints are what memory_allocator.FITTED holds.
 
-The allocator term is piecewise linear in the constants, so each row is estimated once without it (`prepare`) and
+The allocator term is piecewise linear in the constants (numpy, installed with torch, evaluates the grid), so each row is estimated once without it (`prepare`) and
 `predicted` adds it back the way Estimate.phase_view and estimate_accuracy.measured_view combine the terms (`grid`
 does the same for every point of the grid at once); tests/estimate/test_published.py checks that the two agree with
 the estimator on every row.
@@ -36,9 +36,9 @@ from tunedeck.backend.memory_job import GIB, Job, input_values
 UNDER_WEIGHT = 3.0
 GRID = {  # each constant's candidates
     "activations": np.round(np.arange(0, 1.001, 0.02), 2),  # of the step's activations and loss tensors
-    "varying": np.round(np.arange(0, 3.001, 0.05), 2),  # of the loss's tensors when shapes change every step
+    "varying": np.round(np.arange(0, 3.001, 0.1), 2),  # of the loss's tensors when shapes change every step
     "communication": np.round(np.arange(0, 2.001, 0.05), 2),  # of the gathered units and buckets
-    "wrap": np.round(np.arange(0, 8.001, 0.25), 2),  # root units an FSDP 1 wrap from CPU leaves cached
+    "wrap": np.round(np.arange(0, 8.001, 0.5), 2),  # root units an FSDP 1 wrap from CPU leaves cached
 }
 NONE = AllocatorConstants(activations=0.0, varying=0.0, communication=0.0, wrap=0.0)
 
@@ -87,6 +87,7 @@ def predicted(p: Prepared, constants: AllocatorConstants):
     if p.root:
         allocator = np.maximum(allocator, constants.wrap * p.root - p.step)
     measure, phase = p.row["measure"], p.row.get("phase", "peak")
+    # (+ 0.0 * allocator: a measurement the allocator does not reach still takes the grid's shape)
     if phase == "load":
         allocated = p.load
         value = p.load_device if measure == "device" else p.load + 0.0 * allocator
