@@ -105,7 +105,11 @@ def parquet_bytes(tmp_path: Path) -> bytes:
             ["nul.jsonl is binary, not text: it has a NUL byte at byte 29 (line 2)"],
         ),
         ("random.csv", bytes(range(256)) * 8, ["random.csv is binary, not text"]),
-        ("data.jsonl", gzip.compress(ROW * 10, mtime=0), ["data.jsonl is gzip-compressed, not text", "gunzip -k data.jsonl"]),
+        (
+            "data.jsonl",
+            gzip.compress(ROW * 10, mtime=0),
+            ["data.jsonl is gzip-compressed, not text", "gunzip -k data.jsonl"],
+        ),
         ("rows.json", b"PK\x03\x04" + b"\0" * 40, ["rows.json is a zip archive", "unzip it"]),
         ("rows.jsonl", parquet_bytes, ["rows.jsonl is a Parquet file, not text: rename it to .parquet"]),
         ("rows.parquet", ROW * 3, ["rows.parquet is not a Parquet file", "begins like JSON", "name it for what it is"]),
