@@ -96,6 +96,6 @@ def start_line(preset: Preset | None, here: Here) -> str:
             "to run it there, or press **Demo (CPU)** to train the tiny demo here first."
         )
     return (
-        f"**Start here:** this job is meant for {meant}; the estimate on the right says what it needs on the "
+        f"**Start here:** this job is meant for {meant}; the estimate beside the form says what it needs on the "
         f"{here.gpu_words} here and what to change, or press **Demo (CPU)** to train the tiny demo first."
     )

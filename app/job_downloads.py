@@ -24,8 +24,8 @@ from tunedeck.backend.spec import SpecError
 
 
 def downloaded(name: str, plan: DataPlan) -> str:
-    """The notice after ⬇ Download: what the zip holds beyond the files on the right."""
-    said = f"Downloaded `{name}`: the files on the right"
+    """The notice after ⬇ Download: what the zip holds beyond the files shown."""
+    said = f"Downloaded `{name}`: the files shown"
     if plan.carried:
         said += ", with the job's data in `data/` (its job.yaml reads it there)"
     if plan.left:

@@ -47,9 +47,9 @@ def not_shown_message(form: Values, computed: Values, verb: str) -> str:
             for path in changed[:3]
         )
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        why = f"the files on the right were made before your change to {named}{more}"
+        why = f"the files shown were made before your change to {named}{more}"
     else:
-        why = "the files on the right were not yet those of the form (the page was still updating)"
+        why = "the files shown were not yet those of the form (the page was still updating)"
     return f"{why}. Nothing was changed; {RECOMPUTING}: check them and press {verb} again."
 
 

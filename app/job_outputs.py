@@ -142,7 +142,7 @@ def evaluate(
 
 def issues_markdown(result: JobResult) -> str:
     if not result.issues:
-        return "✓ **No problems.** The files on the right are exactly what Start runs."
+        return "✓ **No problems.** The files shown are exactly what Start runs."
     errors = [i for i in result.issues if i.level == "error"]
     warnings = [i for i in result.issues if i.level == "warning"]
     head = []
