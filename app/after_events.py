@@ -14,6 +14,7 @@ from tunedeck.app.after_view import USER_ERRORS
 from tunedeck.app.errors import user_message
 from tunedeck.app.eval_display import answers_widths
 from tunedeck.app.registry import Updates
+from tunedeck.app.untrusted_text import as_html
 from tunedeck.backend.checkpoints import AfterError
 
 log = logging.getLogger("tunedeck.panel")
@@ -30,10 +31,10 @@ def streamed(fn):
         except gr.Error:
             raise
         except USER_ERRORS as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
+            raise gr.Error(as_html(exc), print_exception=False) from None  # a toast is HTML
         except Exception as exc:  # noqa: BLE001 - every handler error becomes a message
             log.error("handler %s failed:\n%s", fn.__name__, traceback.format_exc())
-            raise gr.Error(user_message(exc), print_exception=False) from None
+            raise gr.Error(as_html(user_message(exc)), print_exception=False) from None
 
     return run
 

@@ -21,6 +21,7 @@ from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.eval_section import ANSWERS_OUT, build_evaluate, wire_evaluate
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section
+from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.checkpoints import AfterError
 from tunedeck.backend.prompting import MAX_NEW_TOKENS, transcript
 from tunedeck.backend.worker_client import DEFAULT_IDLE_TIMEOUT_S, WorkerPool
@@ -229,7 +230,7 @@ class AfterTab(Section):
                 else:
                     found = view.evaluated_example(got[run], number, conversing)
             except USER_ERRORS as exc:  # no run, or data without a prompt and answer: said where the example goes
-                return {**self._no_example(page), ui["after.example_note"]: f"✗ {exc}"}
+                return {**self._no_example(page), ui["after.example_note"]: f"✗ {as_text(exc)}"}
             # The example is a conversation of its own: its earlier turns (if any) are each model's history.
             args = (got[run], got[ui["after.weights"]], got[ui["after.compare"]] or "")
             boxes = ("after.answer", "after.compare_answer") if args[2] else ("after.answer",)
@@ -293,7 +294,7 @@ class AfterTab(Section):
                 done = view.push(got[run], (got[ui["after.merge_name"]] or "").strip(), got[ui["after.repo_id"]] or "",
                                  got[ui["after.token"]] or "")  # fmt: skip
             except AfterError as exc:
-                return {ui["after.merge_status"]: f"✗ {exc}"}
+                return {ui["after.merge_status"]: f"✗ {as_text(exc)}"}  # a Hub error quotes the repo id
             return {ui[k]: v for k, v in done.items()}
 
         listen([ui["after.push"].click], on_push, [run, *(ui[i] for i in ("after.merge_name", "after.repo_id",

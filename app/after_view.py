@@ -17,11 +17,11 @@ import queue
 import re
 import threading
 from collections.abc import Iterator
-from html import escape
 from pathlib import Path
 
 from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.eval_display import answers_shown, evaluated_on, evaluation, newest_source, refused, seen_line
+from tunedeck.app.untrusted_text import as_text, code_span
 from tunedeck.app.worker_tasks import in_background, progress_line
 from tunedeck.backend.checkpoints import AfterError, list_weights
 from tunedeck.backend.data_uploads import keep_upload
@@ -168,11 +168,13 @@ class AfterView:
         if answered:
             infos = {key: workers[key].info for key in models if key in answered}
             lines = [
-                f"**{info['description']}** on {info['device']}: {answer_line(answered[key])}"
+                f"**{as_text(info['description'])}** on {as_text(info['device'])}: {as_text(answer_line(answered[key]))}"
                 + (f" · {verdict(answered[key]['text'], expected)}" if expected is not None else "")
                 for key, info in infos.items()
             ]
-            lines += [f"⚠ {w}" for w in dict.fromkeys(i["warning"] for i in infos.values() if i.get("warning"))]
+            lines += [
+                f"⚠ {as_text(w)}" for w in dict.fromkeys(i["warning"] for i in infos.values() if i.get("warning"))
+            ]
             yield {"after.status": "\n\n".join(lines)}
         if history is not None:
             chat = {key for key in answered if workers[key].info.get("template") == "chat"}
@@ -217,12 +219,12 @@ class AfterView:
             elif event.get("event") == "answered":
                 answered[event["key"]] = event["summary"]
             elif not workers and progress_line(event):
-                status = "loading: " + progress_line(event)
+                status = "loading: " + as_text(progress_line(event))  # it names the base model's path
         if workers:
             infos = [workers[key].info for key in models if key in workers]
             warnings = [i["warning"] for i in infos if i.get("warning")]
-            status = ", ".join(f"{i['description']} on {i['device']}" for i in infos)
-            status += f" · ⚠ {warnings[0]}" if warnings else ""
+            status = as_text(", ".join(f"{i['description']} on {i['device']}" for i in infos))
+            status += f" · ⚠ {as_text(warnings[0])}" if warnings else ""
         return status
 
     def _load_then_answer(
@@ -307,7 +309,7 @@ class AfterView:
         note = f"\n\n{note}" if note else ""
         args = {"run_id": run_id, "names": names, "data": data_file, "limit": limit}
         for event in in_background(lambda on_event: run_task("evaluate", args, job, self.manager.runs_dir, on_event)):
-            yield {"after.eval_status": escape(event) + note}
+            yield {"after.eval_status": as_text(event) + note}
         yield self.eval_view(run_id, show)
 
     def eval_data_note(self, run_id: str, data_file: str | None) -> dict:
@@ -344,10 +346,11 @@ class AfterView:
         for event in in_background(
             lambda on_event: result.update(run_task("merge", args, job, self.manager.runs_dir, on_event))
         ):
-            yield {"after.merge_status": event + note}
+            yield {"after.merge_status": as_text(event + note)}
         serve = Path(result["out_dir"]) / SERVE_FILE
         yield {
-            "after.merge_status": f"saved to {result['out_dir']}{note}\n\nserve it: `bash {serve}` (or `bash {serve} adapter`)",
+            "after.merge_status": f"saved to {as_text(result['out_dir'] + note)}\n\n"
+            f"serve it: {code_span(f'bash {serve}')} (or {code_span(f'bash {serve} adapter')})",
             "after.serve": serve.read_text(encoding="utf-8") if serve.is_file() else "",
         }
 
@@ -361,7 +364,7 @@ class AfterView:
             url = push_folder(folder, repo_id.strip(), token.strip() or None)
         except AfterError as exc:  # its messages name the CLI's flag; the page's box is "Hub repo id"
             raise AfterError(str(exc).replace("--repo-id:", "Hub repo id:", 1)) from None
-        return {"after.merge_status": f"pushed to {url}"}
+        return {"after.merge_status": f"pushed to {as_text(url)}"}
 
 
 def next_turns(history: dict[str, list], prompt: str, answers: dict[str, str], models) -> dict[str, list]:
@@ -378,7 +381,7 @@ def _for_the_try_box(example: Example, conversing: bool) -> dict:
     return {
         "after.prompt": example.prompt,
         "after.expected": example.expected,
-        "after.example_note": f"{example.describe()}: {sent}",
+        "after.example_note": f"{as_text(example.describe())}: {sent}",  # it names the data file
         "after.system": example.system,
         "turns": list(example.turns) if conversing else [],  # the conversation before the prompt
     }

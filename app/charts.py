@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tunedeck.app.untrusted_text import as_html
 from tunedeck.backend.run_folder import LogRecord, is_number
 
 MAX_POINTS = 2000
@@ -233,7 +234,8 @@ def second_row(logged: set[str]) -> tuple:
 # property took ~110 ms of the panel's CPU per redraw. The layouts are built and validated once;
 # a redraw copies one and adds plain trace dicts of known-good keys (tests/panel check they validate).
 def _line(x: list, y: list, name: str, line: dict, mode: str = "lines", **more) -> dict:
-    return dict(type="scatter", x=x, y=y, mode=mode, name=name, line=line, **more)
+    # A reward's name comes from the run's records: Plotly would draw its <a href> and <b> (app/untrusted_text.py).
+    return dict(type="scatter", x=x, y=y, mode=mode, name=as_html(name), line=line, **more)
 
 
 def _figure(data: list[dict], layout: dict) -> go.Figure:

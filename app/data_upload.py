@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
-from html import escape
 from pathlib import Path
 
+from tunedeck.app.untrusted_text import as_text, code_span
 from tunedeck.backend.bundle_data import plan_data
 from tunedeck.backend.data_uploads import UploadError, dataset_changes, keep_upload
 from tunedeck.backend.fields import Values, spec_from_values
@@ -14,10 +13,6 @@ from tunedeck.backend.spec import JobSpec, SpecError
 from tunedeck.backend.untrusted import shown
 
 COLUMNS_LISTED = 20  # of the first row's columns (up to data_sniff.MAX_COLUMNS), in the notice
-# What Markdown or HTML would read as markup in a file or column name: each is shown as itself behind a backslash
-# (CommonMark escapes any ASCII punctuation this way), and the "www." and "://" of a bare link are broken the same
-# way, so `![](http://x/y.png)`, `[text](url)`, `<img src=x>` and `www.example.com` stay text.
-MARKDOWN_CHARS = re.compile(r"[\\`*_\[\]()<>!#|~&{}$@]|(?<=[Ww]{3})\.|:(?=//)")
 
 # Said when the upload's format changed the objective.
 OBJECTIVE_SAID = {
@@ -53,11 +48,11 @@ def fill_from_upload(
         spec = spec_from_values({**values, **changes})
     except SpecError:
         return None, (
-            f"Kept the data in `{escape(str(kept))}`, but the form has errors, so the job was not changed: fix them "
+            f"Kept the data in {code_span(kept)}, but the form has errors, so the job was not changed: fix them "
             "and upload again (the same files are not copied twice)."
         )
     names = ", ".join(f"**{as_text(shown(f.name))}**" for f in files)
-    said = [f"Uploaded {names} to `{escape(str(kept))}`: dataset.path points there.", in_the_bundle(spec)]
+    said = [f"Uploaded {names} to {code_span(kept)}: dataset.path points there.", in_the_bundle(spec)]
     if held_out:
         said.append(
             "The second file is the evaluation split (`validation`): eval loss during training, and Evaluate's data."
@@ -79,16 +74,11 @@ def fill_from_upload(
     return spec, " ".join(said)
 
 
-def as_text(text: str) -> str:
-    """Text from the upload (a file name, a column name, a refusal naming them) as Markdown that shows it as is."""
-    return MARKDOWN_CHARS.sub(lambda found: "\\" + found[0], text)
-
-
 def in_the_bundle(spec: JobSpec) -> str:
     """What ⬇ Download bundle does with the uploaded data: carries it in data/, or names it in its README.md."""
     carried = next((item for item in plan_data(spec).carried if item.field == "dataset.path"), None)
     if carried:
-        return f"⬇ Download bundle carries it, in `{carried.name}`."
+        return f"⬇ Download bundle carries it, in {code_span(carried.name)}."
     return (
         f"It is more than the {DATA_CAP_WORDS} of data a downloaded bundle carries: the bundle's README.md names it, "
         "to copy to the machines that train."

@@ -22,7 +22,6 @@ import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from html import escape
 from pathlib import Path
 
 import gradio as gr
@@ -30,6 +29,7 @@ import gradio as gr
 from tunedeck.app.job_events import JOB_QUEUE, DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates, handler, listen
+from tunedeck.app.untrusted_text import as_text, code_span
 from tunedeck.backend.fields import spec_from_values, values_from_form
 from tunedeck.backend.preview import for_job
 from tunedeck.backend.spec import JobSpec, SpecError, spec_to_yaml
@@ -107,7 +107,7 @@ def preview_text(spec: JobSpec | None, measurements: Mapping[str, dict] = MEASUR
         return preview_markdown(found if "error" in found else for_job(found, spec)), None
     why = why_not_measured(spec)
     if why:
-        return escape(why), None
+        return as_text(why), None
     return MEASURING, key
 
 
@@ -115,17 +115,17 @@ def preview_markdown(result: dict) -> str:
     """The rows in code blocks and one table of lengths; an error names its field."""
     if "error" in result:
         err = result["error"]
-        return f"✗ `{escape(err['field'])}`: {escape(err['message'])}"
+        return f"✗ {code_span(err['field'])}: {as_text(err['message'])}"
     s = result["stats"]
     if not s.get("rows"):
         return "The split has no rows."
     unit = "tokens" if result["counted"] == "tokens" else "tokens (estimated)"
     if s.get("limit_field"):  # GRPO: prompts alone, which the model answers itself
         return _prompts_markdown(result, s, unit)
-    mixed = ", ".join(f"`{escape(entry)}`" for entry in result.get("mixed") or [])
+    mixed = ", ".join(code_span(entry) for entry in result.get("mixed") or [])
     lines = [
         f"**{s['rows']:,} of {result['rows_in_split']:,} rows measured** ({unit}, counted with "
-        f"{escape(result['tokenizer'])}" + (f"; mixed in too, not measured here: {mixed}" if mixed else "") + "):",
+        f"{as_text(result['tokenizer'])}" + (f"; mixed in too, not measured here: {mixed}" if mixed else "") + "):",
         "",
         # One measure per line: the column beside the form is too narrow for seven columns.
         "| length | |",
@@ -147,7 +147,7 @@ def preview_markdown(result: dict) -> str:
     if labels:  # KTO's answers: how many of each, and whether its weights balance them
         lines += ["", f"**Labels:** {labels['good']:,} good · {labels['bad']:,} bad."]
         if labels["advice"]:
-            lines[-1] += f" ⚠ {escape(labels['advice'])}."
+            lines[-1] += f" ⚠ {as_text(labels['advice'])}."
     for i, text in enumerate(result["rows"], start=1):
         fence = "~~~~" if "```" in text else "```"
         lines += ["", f"Row {i} as the model sees it:", fence, text.replace(fence, ""), fence]
@@ -165,7 +165,7 @@ def _prompts_markdown(result: dict, s: dict, unit: str) -> str:
     what the model writes after each; no padding or packing (the answers are the model's)."""
     lines = [
         f"**{s['rows']:,} of {result['rows_in_split']:,} prompts measured** ({unit}, counted with "
-        f"{escape(result['tokenizer'])}):",
+        f"{as_text(result['tokenizer'])}):",
         "",
         "| length | |",
         "|---|---|",

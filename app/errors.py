@@ -10,8 +10,11 @@ from __future__ import annotations
 import functools
 import logging
 import traceback
+from dataclasses import replace
 
 import gradio as gr
+
+from tunedeck.app.untrusted_text import as_html, as_text
 
 log = logging.getLogger("tunedeck.panel")
 
@@ -25,20 +28,33 @@ def field_named(path: str) -> str:
     return f"{form_field.label} (`{path}`)" if form_field is not None else (path or "job")
 
 
-def user_message(exc: BaseException) -> str:
-    """The text a person sees for an exception; a field it names is named by its label (field_named)."""
+def user_message(exc: BaseException, markdown: bool = False) -> str:
+    """The text a person sees for an exception; a field it names is named by its label (field_named).
+
+    `markdown`: for a Markdown surface (the page's notice): the exception's own words, which may quote the input,
+    shown as text (app/untrusted_text.py) and the form's keys as code; else plain text (a toast escapes it as HTML).
+    """
+    from tunedeck.backend.fields import FIELDS_BY_PATH
     from tunedeck.backend.spec import SpecError
 
+    if markdown and getattr(exc, "markdown", False):  # Markdown already, the input in code spans (app/job_guard.py)
+        return str(exc)
+    said = as_text if markdown else str
+
+    def named(path: str) -> str:
+        return field_named(path) if path in FIELDS_BY_PATH else said(path or "job")
+
     if isinstance(exc, SpecError):
-        return "; ".join(f"{field_named(path)}: {msg}" for path, msg in exc.problems)
+        return "; ".join(f"{named(path)}: {said(msg)}" for path, msg in exc.problems)
     problems = getattr(exc, "problems", None)  # Start's refusal (backend/preflight.py: refusal)
     if type(exc).__name__ == "RunError" and problems:
         from tunedeck.backend.preflight import refusal_text
 
-        return refusal_text(problems, exc.head, field_named)
+        problems = [replace(p, message=said(p.message)) for p in problems]
+        return refusal_text(problems, exc.head and said(exc.head), named)
     if type(exc).__name__ == "RunError" or isinstance(exc, (ValueError, FileNotFoundError, PermissionError)):
-        return str(exc)
-    return f"Unexpected {type(exc).__name__}: {exc} (details are in the panel's console)"
+        return said(str(exc))
+    return said(f"Unexpected {type(exc).__name__}: {exc}") + " (details are in the panel's console)"
 
 
 def shown_as_message(fn):
@@ -50,6 +66,7 @@ def shown_as_message(fn):
             raise
         except Exception as exc:  # noqa: BLE001 - every handler error becomes a message
             log.error("handler %s failed:\n%s", fn.__name__, traceback.format_exc())
-            raise gr.Error(user_message(exc), print_exception=False) from None
+            # Gradio renders a toast's message as HTML: a column name in it must not draw a form or an image.
+            raise gr.Error(as_html(user_message(exc)), print_exception=False) from None
 
     return wrapper

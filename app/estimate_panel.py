@@ -8,9 +8,7 @@ figures themselves come from app/estimate_view.py (pure builders).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 
 import gradio as gr
@@ -33,6 +31,7 @@ from tunedeck.app.estimate_view import (
 from tunedeck.app.job_events import DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates
+from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.flops import gpu_row
 from tunedeck.backend.hardware import machine_facts
 from tunedeck.backend.run_speed import Calibration, calibration
@@ -193,7 +192,7 @@ class EstimatePanel(DerivedView):
         try:
             parse_price(got[self.price])
         except ValueError as exc:
-            said = re.sub(r"([\\`*_\[\]#|~!])", r"\\\1", escape(str(exc), quote=False))  # the typed text as text
+            said = as_text(exc)  # it quotes the typed text
             return f"✗ **Price per GPU-hour** (the box beside the GPU memory): {said}."
         return ""
 
@@ -203,7 +202,7 @@ class EstimatePanel(DerivedView):
             if not got[self.calibrate]:
                 return ""
             return "**Your runs:** no finished GPU run on this GPU to correct from yet; the prediction is uncorrected."
-        text = escape(found.sentence(), quote=False)
+        text = as_text(found.sentence())
         text = text[0].upper() + text[1:]
         if got[self.calibrate]:
             return f"**Your runs:** {text}; the speed above is corrected by {found.factor:.2f}x."

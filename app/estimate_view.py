@@ -11,10 +11,10 @@ whose message every builder shows, so a traceback never reaches the page. `cpu_m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from html import escape
 
 import plotly.graph_objects as go
 
+from tunedeck.app.untrusted_text import as_html, as_text
 from tunedeck.backend.advisor import (
     FIT_FRACTION,
     Advice,
@@ -107,7 +107,7 @@ def compute_advice(
     try:
         gpu = gpu_memory_gb(gpu_mem_gb)
     except ValueError as exc:
-        return Unavailable(f"**GPU memory**: {escape(str(exc))}.", str(exc))
+        return Unavailable(f"**GPU memory**: {as_text(exc)}.", str(exc))
     try:
         ram = parse_ram(cpu_mem_gb) if isinstance(cpu_mem_gb, str) else cpu_mem_gb
         hardware = hardware or hardware_for(gpu_mem_gb)
@@ -116,9 +116,9 @@ def compute_advice(
             spec, gpu, cpu_mem_gb=ram, hardware=hardware, schedule=schedule, seq_len=seq_len, correction=correction
         )
     except EstimateError as exc:
-        return Unavailable(f"**Memory estimate unavailable** ({exc.field}): {escape(str(exc))}.", str(exc))
+        return Unavailable(f"**Memory estimate unavailable** ({as_text(exc.field)}): {as_text(exc)}.", str(exc))
     except ValueError as exc:
-        return Unavailable(f"**Host RAM**: {escape(str(exc))}.", str(exc))
+        return Unavailable(f"**Host RAM**: {as_text(exc)}.", str(exc))
 
 
 def parse_ram(text: str | None) -> float | None:
@@ -234,8 +234,7 @@ def estimate_figure(advice: Advice | Unavailable) -> go.Figure:
     )
     if isinstance(advice, Unavailable):
         # Plotly draws annotation text as (limited) HTML: keep the message's words, not its markup.
-        text = advice.text.replace("<", "‹").replace(">", "›")
-        fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+        fig.add_annotation(text=as_html(advice.text), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
         fig.update_xaxes(visible=False)
         fig.update_yaxes(visible=False)
         return fig
@@ -294,14 +293,14 @@ def recommendation_markdown(advice: Advice | Unavailable) -> str:
     lines[0] += "."
     limit = limit_sentence(current, gb)
     if limit:
-        lines.append(f"**Loading sets the peak:** {escape(limit)}.")
+        lines.append(f"**Loading sets the peak:** {as_text(limit)}.")
     if rec.strategy is None:
-        lines.append(f"**Nothing fits.** {escape(rec.reason)}")
+        lines.append(f"**Nothing fits.** {as_text(rec.reason)}")
     elif rec.changes:
-        lines.append(f"**Recommended: {rec.strategy}.** {escape(rec.reason)}")
+        lines.append(f"**Recommended: {rec.strategy}.** {as_text(rec.reason)}")
         lines.append("Changes: " + ", ".join(f"`{k}` → `{_value(v)}`" for k, v in rec.changes.items()))
     else:
-        lines.append(f"**Keep {rec.strategy}.** {escape(rec.reason)}")
+        lines.append(f"**Keep {rec.strategy}.** {as_text(rec.reason)}")
     speed = _speed_markdown(advice)
     if speed:
         lines.append(speed)
@@ -317,10 +316,10 @@ def _speed_markdown(advice: Advice) -> str:
     if s is None:
         return "**Speed:** not predicted (a CPU job, or no known peak for the GPU)."
     gpu = f"{hw.gpu} (assumed: type your GPU's name in the GPU box)" if hw.source == "assumed" else hw.gpu
-    text = f"**Speed on {escape(gpu, quote=False)}:** {s.tokens_per_s_per_gpu:,.0f} tokens/s per GPU trained"
-    text += f" ({escape(s.data_sentence, quote=False)}), {s.step_time_s:.2f} s per step"  # useful tokens, not padding
+    text = f"**Speed on {as_text(gpu)}:** {s.tokens_per_s_per_gpu:,.0f} tokens/s per GPU trained"
+    text += f" ({as_text(s.data_sentence)}), {s.step_time_s:.2f} s per step"  # useful tokens, not padding
     if s.hours is not None:
-        text += f", about {s.hours:.1f} h to finish ({escape(s.steps_source, quote=False)})"
+        text += f", about {s.hours:.1f} h to finish ({as_text(s.steps_source)})"
     price = hw.price_per_gpu_hour
     if price is not None and s.cost is not None:
         gpus = round(s.cost / (s.hours * price)) if s.cost else None  # the cost is hours x price x every GPU
@@ -337,7 +336,7 @@ def measured_markdown(job: JobSpec | dict, peaks: dict[str, list[float]]) -> str
         spec = job if isinstance(job, JobSpec) else parse_spec(job)
         est = estimate(spec)
     except (SpecError, EstimateError) as exc:
-        return f"(memory estimate unavailable: {escape(str(exc))})"
+        return f"(memory estimate unavailable: {as_text(exc)})"
     predicted = {"allocated": est.allocated_gb, "reserved": est.reserved_gb}
     if spec.launch.use_cpu:
         return (

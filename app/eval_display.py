@@ -3,12 +3,12 @@ side by side (plain values: app/after_tab.py puts them in the components)."""
 
 from __future__ import annotations
 
-from html import escape
 from pathlib import Path
 
 import plotly.graph_objects as go
 
 from tunedeck.app.charts import waiting_figure
+from tunedeck.app.untrusted_text import as_html, as_text, code_span
 from tunedeck.backend.eval_answers import answers_table
 from tunedeck.backend.eval_data import EvalDataError, seen_warning
 from tunedeck.backend.eval_results import order_key, table_rows
@@ -29,7 +29,7 @@ def evaluation(data: dict) -> dict:
 def answers_shown(answers: dict[str, list[dict]], show: str) -> dict:
     """The answers table ({"headers", "data"}, as gr.Dataframe takes it) and the line above it."""
     headers, rows, line = answers_table(answers, show)
-    line += " · **click a row to try it** in the Try box" if rows else ""
+    line = as_text(line) + (" · **click a row to try it** in the Try box" if rows else "")  # the models' names
     return {"after.answers": {"headers": headers, "data": rows}, "after.answers_note": line}
 
 
@@ -44,12 +44,12 @@ def refused(exc: Exception) -> str:
     """The Evaluate status line for what stopped an evaluation: the page's words where the error has them
     (backend/eval_data.py: EvalDataError), as text."""
     said = exc.said("page") if isinstance(exc, EvalDataError) else str(exc)
-    return f"✗ {escape(said, quote=False)}"
+    return f"✗ {as_text(said)}"
 
 
 def seen_line(reason: str | None) -> str:
     """The status line's warning for evaluation data the model trained on ("" for held-out data), as text."""
-    return escape(seen_warning(reason), quote=False) if reason else ""
+    return seen_warning(as_text(reason)) if reason else ""  # the reason names the files
 
 
 def newest_source(data: dict) -> str | None:
@@ -62,12 +62,12 @@ def newest_source(data: dict) -> str | None:
 def evaluated_on(data: dict) -> str:
     """The line above the table: what the newest evaluation read, in full (or why there is none)."""
     if data.get("error") or not data["results"]:
-        return data.get("error") or "not evaluated yet"
+        return as_text(data.get("error") or "not evaluated yet")
     newest = max(data["results"].values(), key=lambda r: r.get("evaluated_at") or 0)
     if not newest.get("data"):
         return ""
-    device = f" on {escape(str(newest['device']))}" if newest.get("device") else ""
-    return f"last evaluated on `{escape(str(newest['data']))}`{device}"
+    device = f" on {as_text(newest['device'])}" if newest.get("device") else ""
+    return f"last evaluated on {code_span(newest['data'])}{device}"
 
 
 def _file_name(source: str | None) -> str | None:
@@ -87,6 +87,7 @@ def eval_figure(data: dict) -> go.Figure:
     results = [data["results"][n] for n in names]
     if all(r.get(key) is None for r in results for key in ("loss", "exact_match", "rouge_l")):
         return waiting_figure("No loss or score: the data had no answers to measure by. Each answer is below.", 220)
+    names = [as_html(n) for n in names]  # eval.json's keys: Plotly draws the HTML in its axis labels
     figure = go.Figure()
     figure.add_bar(x=names, y=[r.get("loss") for r in results], name="loss", marker_color="#4f46e5")
     scores = (("exact_match", "exact match", "#ea580c"), ("rouge_l", "ROUGE-L", "#0d9488"),

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 
 from tunedeck.app.form import element_id, info_text, jump_targets
+from tunedeck.app.untrusted_text import as_info
 from tunedeck.backend.fields import FIELDS_BY_PATH, section_titles
 from tunedeck.backend.problem import Problem
 
@@ -42,7 +43,7 @@ def field_looks(problems: list[Problem]) -> dict[str, FieldLook]:
             looks[path] = FieldLook(None, info_text(field))
             continue
         level = "error" if any(p.level == "error" for p in own) else "warning"
-        says = " ".join(("✗ " if p.level == "error" else "⚠ ") + p.message for p in own)
+        says = " ".join(("✗ " if p.level == "error" else "⚠ ") + as_info(p.message) for p in own)  # may quote the input
         looks[path] = FieldLook(level, info_text(field, says))
     return looks
 

@@ -7,8 +7,6 @@ edit. Each file alone follows the job with every edit (the files on display, wri
 
 from __future__ import annotations
 
-from html import escape
-
 import gradio as gr
 
 from tunedeck.app.downloads import BundleWriter, bundle_digest, zip_name_for
@@ -17,6 +15,7 @@ from tunedeck.app.job_events import JOB_QUEUE, JobShown
 from tunedeck.app.job_guard import DOWNLOAD_JS, NotShownYet, spec_as_shown
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates, handler, listen, unique
+from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.bundle_data import carry
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.render.carried import DataPlan
@@ -79,12 +78,12 @@ class BundleDownloads:
             try:
                 spec = spec_as_shown(view.form.raw(got), got[view.digest], got[view.shown], verb="Download")
             except (SpecError, NotShownYet) as exc:
-                return {self.zip_file: None, view.notice: f"✗ **Not downloaded:** {escape(user_message(exc))}"}
+                return {self.zip_file: None, view.notice: f"✗ **Not downloaded:** {user_message(exc, markdown=True)}"}
             files = render_bundle(spec)
             try:
                 zip_path, _ = self.writer.write(files, zip_name_for(spec))
             except OSError as exc:  # a data file it carries went away, or the disk is full
-                return {self.zip_file: None, view.notice: f"✗ **Not downloaded:** {escape(str(exc))}"}
+                return {self.zip_file: None, view.notice: f"✗ **Not downloaded:** {as_text(exc)}"}
             return {self.zip_file: str(zip_path), view.notice: downloaded(zip_path.name, carry(files)[1])}
 
         listen(

@@ -10,30 +10,22 @@ an edit that never reached the server (a paste, before app/text_edits.py) stayed
 
 from __future__ import annotations
 
-import re
-
 from tunedeck.app.downloads import bundle_digest
 from tunedeck.app.job_events import JobShown
+from tunedeck.app.untrusted_text import code_span
 from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values, values_from_form
 from tunedeck.backend.problem import spelled
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import JobSpec
-from tunedeck.backend.untrusted import shown as shown_text
 
 
 class NotShownYet(ValueError):
     """The files the browser shows are not those of its form (rule 3): nothing may run."""
 
+    markdown = True  # its message is Markdown, the form's values in code spans (app/errors.py: user_message)
+
 
 RECOMPUTING = "they are brought up to date now"  # the refusal's words the page recomputes on (JobView)
-
-
-def code(value: str) -> str:
-    """A value from the form as a Markdown code span that no backtick in it can end (so no link or image
-    in it renders), control characters escaped and long values cut."""
-    text = shown_text(value)
-    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
-    return f"{fence} {text} {fence}" if "`" in text else f"`{text}`"
 
 
 def not_shown_message(form: Values, computed: Values, verb: str) -> str:
@@ -43,7 +35,7 @@ def not_shown_message(form: Values, computed: Values, verb: str) -> str:
     changed = [path for path, value in form.items() if computed and computed.get(path, value) != value]
     if changed:
         named = "; ".join(
-            f"{FIELDS_BY_PATH[path].label} (`{path}`: {code(spelled(computed[path]))} → {code(spelled(form[path]))})"
+            f"{FIELDS_BY_PATH[path].label} (`{path}`: {code_span(spelled(computed[path]), 60)} → {code_span(spelled(form[path]), 60)})"
             for path in changed[:3]
         )
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""

@@ -17,12 +17,12 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from html import escape
 from pathlib import Path
 from typing import Any
 
 from tunedeck.app.estimate_view import Unavailable, compute_advice
 from tunedeck.app.form_marks import problem_link
+from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.advisor import Advice
 from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
 from tunedeck.backend.fit import fit_problems
@@ -167,8 +167,8 @@ def _problem_lines(issues: list[Problem]) -> list[str]:
         elif _PLAIN_FIELD.fullmatch(issue.field):
             where = f"`{issue.field}`: "
         else:
-            where = f"{escape(issue.field)}: " * bool(issue.field)
-        lines.append(f"- {mark} {where}{escape(issue.message)}")
+            where = f"{as_text(issue.field)}: " * bool(issue.field)
+        lines.append(f"- {mark} {where}{as_text(issue.message)}")
     return lines
 
 
@@ -211,7 +211,7 @@ def read_uploaded_spec(path: str | None) -> tuple[str, JobSpec | None]:
     if not path:
         return "No file received.", None
     file = Path(path)
-    name = escape(shown(file.name))
+    name = as_text(shown(file.name))
     try:
         if file.stat().st_size > UPLOAD_LIMIT_BYTES:
             return (
@@ -222,7 +222,7 @@ def read_uploaded_spec(path: str | None) -> tuple[str, JobSpec | None]:
     except UnicodeDecodeError:
         return f"✗ **{name}** is not a text file; upload a job.yaml.", None
     except OSError as exc:
-        return f"✗ **{name}** could not be read ({escape(exc.strerror or str(exc))}); upload it again.", None
+        return f"✗ **{name}** could not be read ({as_text(exc.strerror or exc)}); upload it again.", None
     try:
         spec = spec_from_yaml(text)
     except SpecError as exc:

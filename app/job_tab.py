@@ -23,6 +23,7 @@ from tunedeck.app.job_outputs import ThisMachine, read_uploaded_spec
 from tunedeck.app.job_view import JOB_QUEUE, JobView
 from tunedeck.app.model_access import ModelAccessNote
 from tunedeck.app.section import Page, Section
+from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.data_uploads import SUFFIXES as DATA_SUFFIXES
 from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
 from tunedeck.backend.implied import describe, implied
@@ -141,7 +142,7 @@ class JobTab(Section):
         try:
             strategy, changes = self.estimate.apply_option(spec, values, event.got)
         except ValueError as exc:
-            return None, f"Nothing applied: {exc}."
+            return None, f"Nothing applied: {as_text(exc)}."
         if not changes:
             return None, f"The job already uses **{strategy}**."
         return applied(spec, strategy, changes)

@@ -50,6 +50,7 @@ from tunedeck.app.job_events import JOB_QUEUE, DerivedView, JobEvent, JobShown
 from tunedeck.app.job_guard import RECOMPUTING
 from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
 from tunedeck.app.registry import Got, Registry, Updates, listen
+from tunedeck.app.untrusted_text import code_span
 from tunedeck.backend.fields import (
     FORM_FIELDS,
     section_shown,
@@ -289,7 +290,7 @@ class JobView:
             return None, "The problems changed before Fix arrived; read them again and press Fix again."
         changes = fixes[label]
         spec = set_paths(spec_from_values(values_from_form(event.raw)), changes)
-        done = ", ".join(f"`{path}` → `{spelled(value)}`" for path, value in changes.items())
+        done = ", ".join(f"`{path}` → {code_span(spelled(value))}" for path, value in changes.items())
         return spec, f"Fixed: {done}."
 
     def _file_updates(self, files: dict[str, str], shown: JobShown, out: Updates) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from html import escape
 
 import gradio as gr
 import plotly.graph_objects as go
@@ -21,6 +20,7 @@ from plotly.subplots import make_subplots
 
 from tunedeck.app.registry import Got, Updates
 from tunedeck.app.section import Page, Section
+from tunedeck.app.untrusted_text import as_html
 from tunedeck.backend.monitor import GpuSample, Monitor, Sample
 
 SPARK_SAMPLES = 120  # two minutes at one sample a second
@@ -32,7 +32,7 @@ def _bar(label: str, fraction: float | None, text: str) -> str:
     width = 0 if fraction is None else max(0.0, min(1.0, fraction)) * 100
     color = "#dc2626" if width > 90 else "#f59e0b" if width > 70 else "#4f46e5"
     return (
-        f'<div class="td-gauge"><div class="td-gauge-label">{escape(label)}<span>{escape(text)}</span></div>'
+        f'<div class="td-gauge"><div class="td-gauge-label">{as_html(label)}<span>{as_html(text)}</span></div>'
         f'<div class="td-gauge-track"><div class="td-gauge-fill" style="width:{width:.1f}%;background:{color}"></div></div></div>'
     )
 
@@ -69,21 +69,21 @@ def gpu_card(gpu: GpuSample) -> str:
         )
     temp = f" · {gpu.temperature_c:.0f} °C" if gpu.temperature_c is not None else ""
     procs = "".join(
-        f"<li>{escape(_process_label(p.pid))}" + (f" — {p.used_mb / 1024:.1f} GB" if p.used_mb else "") + "</li>"
+        f"<li>{as_html(_process_label(p.pid))}" + (f" — {p.used_mb / 1024:.1f} GB" if p.used_mb else "") + "</li>"
         for p in gpu.processes
     )
     procs_html = f"<ul class='td-procs'>{procs}</ul>" if procs else "<div class='td-procs'>no processes</div>"
-    return f"<div class='td-card'><b>GPU {gpu.index} · {escape(gpu.name)}</b>{temp}{''.join(rows)}{procs_html}</div>"
+    return f"<div class='td-card'><b>GPU {gpu.index} · {as_html(gpu.name)}</b>{temp}{''.join(rows)}{procs_html}</div>"
 
 
 def monitor_html(monitor: Monitor, sample: Sample | None) -> str:
     parts = []
     if monitor.gpu_error and not (sample and sample.gpus):
         parts.append(
-            f"<div class='td-card td-nogpu' id='no-gpu'>{escape(monitor.gpu_error)} CPU and RAM are still shown.</div>"
+            f"<div class='td-card td-nogpu' id='no-gpu'>{as_html(monitor.gpu_error)} CPU and RAM are still shown.</div>"
         )
     elif monitor.gpu_error:
-        parts.append(f"<div class='td-card td-nogpu'>{escape(monitor.gpu_error)}</div>")
+        parts.append(f"<div class='td-card td-nogpu'>{as_html(monitor.gpu_error)}</div>")
     if sample:
         parts.extend(gpu_card(g) for g in sample.gpus)
         host = [
@@ -190,7 +190,7 @@ class MonitorView(Section):
             nodes = (run.slurm or {}).get("nodes") or []
             held = f"holds {', '.join(nodes)}" if nodes else "waits for nodes"
             lines.append(
-                f"<div>Slurm job {escape(str(run.slurm.get('job_id')))} (run {escape(run.run_id)}) {escape(held)}: "
+                f"<div>Slurm job {as_html(str(run.slurm.get('job_id')))} (run {as_html(run.run_id)}) {as_html(held)}: "
                 "its GPUs are on those nodes, not shown here.</div>"
             )
         return f"<div class='td-card' id='slurm-nodes'><b>Slurm</b>{''.join(lines)}</div>" if lines else ""

@@ -9,7 +9,6 @@ other section's components by id (`page.ui["run.stop"]`) and join the page load 
 from __future__ import annotations
 
 import functools
-from html import escape
 from pathlib import Path
 
 import gradio as gr
@@ -29,6 +28,7 @@ from tunedeck.app.registry import Got, Registry, Updates, handler, listen, uniqu
 from tunedeck.app.run_view import RunView
 from tunedeck.app.section import Page
 from tunedeck.app.text_edits import FORWARD_EDITS_JS
+from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.monitor import shared_monitor
 from tunedeck.backend.runs import RunError, RunManager
 from tunedeck.backend.smoke import SmokeError
@@ -153,7 +153,7 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
             try:  # what the page shows runs (job_view's rule 3)
                 run_id, shown = start(spec_as_shown([got[c] for c in form], got[digest], got[job_shown]))
             except (SpecError, RunError, SmokeError, NotShownYet) as exc:
-                return {page.notice: f"✗ **Not started:** {escape(user_message(exc))}"}
+                return {page.notice: f"✗ **Not started:** {user_message(exc, markdown=True)}"}
             return {page.notice: f"{STARTED} {what} `{run_id}`.", runs.shown: shown}
 
         return on_click
@@ -184,7 +184,7 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
             spec = spec_as_shown([got[c] for c in form], got[digest], got[job_shown])
             queued, shown = runs.queue_sweep(spec, got[vary])
         except (SpecError, RunError, SweepError, NotShownYet) as exc:
-            return {page.notice: f"✗ **Not started:** {escape(user_message(exc))}"}
+            return {page.notice: f"✗ **Not started:** {user_message(exc, markdown=True)}"}
         listed = ", ".join(f"`{run_id}`" for run_id in queued)
         return {
             page.notice: f"{STARTED} a sweep of {len(queued)} runs, each after the one before: {listed}.",
@@ -194,9 +194,9 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
     def on_vary(got: Got) -> Updates:  # the runs it would queue, as the values are typed
         lines = [line for line in (got[vary] or "").splitlines() if line.strip()]
         try:
-            return {page.ui["job.sweep_preview"]: escape(preview(combinations(lines))) if lines else ""}
+            return {page.ui["job.sweep_preview"]: as_text(preview(combinations(lines))) if lines else ""}
         except SweepError as exc:
-            return {page.ui["job.sweep_preview"]: f"✗ {escape(str(exc))}"}
+            return {page.ui["job.sweep_preview"]: f"✗ {as_text(exc)}"}
 
     vary, sweep = page.ui["job.vary"], page.ui["job.sweep"]
     listen([vary.input], on_vary, inputs=[vary], outputs=[page.ui["job.sweep_preview"]], show_progress="hidden",

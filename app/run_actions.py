@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from html import escape
-
 from tunedeck.app.run_index import RunsIndex
 from tunedeck.app.run_shown import RunShown
+from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.run_resume import resume_run
 from tunedeck.backend.run_stacks import StacksError, dump_stacks
 from tunedeck.backend.runs import RunError, RunManager
@@ -38,7 +37,7 @@ def stacks_notice(manager: RunManager, shown: RunShown) -> str:
     try:
         stacks = dump_stacks(manager.status(shown.run), manager.run_dir(shown.run), wait_s=3.0)
     except (RunError, StacksError) as exc:
-        return f"✗ **No stacks:** {escape(str(exc))}"
+        return f"✗ **No stacks:** {as_text(exc)}"
     answered = [rank for rank, text in sorted(stacks.items()) if text]
     silent = [rank for rank, text in sorted(stacks.items()) if not text]
     logs = "its log" if len(answered) == 1 else "their logs"

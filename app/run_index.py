@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from html import escape
 
+from tunedeck.app.untrusted_text import as_text, code_span
 from tunedeck.backend.checkpoints import output_dir
 from tunedeck.backend.run_compare import differences_line, job_differences
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
@@ -132,4 +132,4 @@ def compared_line(manager: RunManager, run_id: str, other: str | None) -> str:
     if not other:
         return ""
     differences = differences_line(job_differences(manager.job(run_id), manager.job(other)))
-    return f"**Overlaid run `{escape(other)}`** (this run's value → its own): {escape(differences)}"
+    return f"**Overlaid run {code_span(other)}** (this run's value → its own): {as_text(differences)}"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from html import escape
 from pathlib import Path
 
 from tunedeck.app.run_index import STATE_MARKS, RunFacts
+from tunedeck.app.untrusted_text import as_html, as_text
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.run_status import RunStatus
 from tunedeck.backend.smoke import smoke_verdict
@@ -21,10 +21,10 @@ def progress_html(fraction: float, text: str, state: str, run_id: str = "") -> s
     """The bar; a live run's carries its id and state, for the page's progress stream (app/live_progress.py)."""
     bar = progress_bar(fraction, text, state)
     return (
-        f"<div class='td-progress' data-run='{escape(run_id)}' data-live='{int(bar['live'])}' data-state='{escape(state)}'>"
+        f"<div class='td-progress' data-run='{as_html(run_id)}' data-live='{int(bar['live'])}' data-state='{as_html(state)}'>"
         f"<div class='td-progress-track'><div class='td-progress-fill' "
         f"style='width:{bar['width']};background:{bar['color']}'></div></div>"
-        f"<div class='td-progress-text'>{escape(text)}</div></div>"
+        f"<div class='td-progress-text'>{as_html(text)}</div></div>"
     )
 
 
@@ -38,7 +38,7 @@ def state_hint(status: RunStatus, facts: RunFacts, step: int) -> str:
     if status.state == "queued":
         return "waiting for its processes to start"
     if status.stalled and status.state == "running":
-        return f"**{escape(status.where)}**; the log below shows rank 0's · **Stop** ends it"
+        return f"**{as_text(status.where)}**; the log below shows rank 0's · **Stop** ends it"
     if status.state == "stopping":
         return "stopping: each rank finishes its step and saves a checkpoint"
     if status.state in ("stopped", "failed") and facts.checkpoint is not None:
@@ -54,17 +54,17 @@ def smoke_line(run_dir, state: str) -> str:
     if state in ACTIVE:
         return "**Smoke test**: the job's exact path on a tiny model of its architecture, for a few steps."
     verdict = smoke_verdict(run_dir)
-    return f"**{'✓' if verdict.passed else '✗'} {escape(verdict.line)}**"
+    return f"**{'✓' if verdict.passed else '✗'} {as_text(verdict.line)}**"
 
 
 def state_line(status: RunStatus, facts: RunFacts, step: int, run_id: str, run_dir: Path) -> str:
     """The line under the run picker: state, run id, name, title, where, then what the state means."""
-    name = f" · **{escape(facts.notes.name)}**" if facts.notes.name else ""
-    line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}`{name} · {escape(status.title)}"
+    name = f" · **{as_text(facts.notes.name)}**" if facts.notes.name else ""
+    line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}`{name} · {as_text(status.title)}"
     if status.state == "failed" and status.exit_code not in (None, 0):
         line += f" · exit code {status.exit_code}"
     if status.where and not status.stalled:  # a stall is said on a line of its own, below
-        line += f" · {escape(status.where)}"
+        line += f" · {as_text(status.where)}"
     hint = state_hint(status, facts, step)
     if hint:
         line += f"\n\n{hint}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import replace
-from html import escape
 
 import gradio as gr
 
@@ -24,6 +23,7 @@ from tunedeck.app.run_shown import RunShown
 from tunedeck.app.run_state_line import progress_html, state_line
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
+from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.run_answers import answers_markdown, latest_answers
 from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.run_lineage import Lineage
@@ -189,7 +189,7 @@ class RunView(Section):
         try:
             status = self.manager.status(run_id) if run_id is not None else None
         except RunError as exc:
-            out[self.status] = f"✗ {escape(str(exc))}"
+            out[self.status] = f"✗ {as_text(exc)}"
         if status and any(r.run_id == run_id and r.state != status.state for r in runs):
             runs = self.index.runs(fresh=True)  # the shared list lags the run folder: the Run box follows it
         runs_sig = tuple((r.run_id, r.state) for r in runs)
@@ -234,12 +234,12 @@ class RunView(Section):
             if shown.notes_run != run_id:  # the boxes are the user's while they type: filled once per run shown
                 shown.notes_run = run_id
                 out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
-            results = report(watch, status.started_at, status.ended_at).line() if watch.records else ""
+            results = as_text(report(watch, status.started_at, status.ended_at).line()) if watch.records else ""
             startup = breakdown(read_phases(watch.run_dir), least_s=1.0)  # the phases that took a second or more
-            results += f" · **before step 1:** {startup}" if results and startup else ""
+            results += f" · **before step 1:** {as_text(startup)}" if results and startup else ""
             out.update({
                 self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
-                self.facts: summary.facts,
+                self.facts: as_text(summary.facts),
                 self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" if results else "",
                 self.error: gr.update(value=status.error or "", visible=bool(status.error)),
                 self.stop: gr.update(interactive=status.state in ("queued", "running")),
@@ -259,7 +259,7 @@ class RunView(Section):
             out.update({
                 self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale, before),
                 self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
-                self.answers: answers_markdown(latest_answers(self.manager.run_dir(run_id))),
+                self.answers: answers_markdown(latest_answers(self.manager.run_dir(run_id)), as_text),
                 self.memory: self._memory_markdown(run_id, watch),
             })  # fmt: skip
         if log_due:
@@ -278,7 +278,7 @@ class RunView(Section):
             try:
                 return self.memory_hook(self.manager.job(run_id), peaks)
             except Exception as exc:  # noqa: BLE001 - the estimate is advice: never let it break the run view
-                return f"(memory estimate unavailable: {escape(str(exc))})"
+                return f"(memory estimate unavailable: {as_text(exc)})"
         if not peaks:
             return ""
         return "**Measured peak GPU memory per rank:** " + ", ".join(
@@ -324,7 +324,7 @@ class RunView(Section):
             try:
                 notice, shown = resume_shown(self.manager, self.index, got[self.shown])
             except RunError as exc:
-                return {page.notice: f"✗ **Not resumed:** {escape(str(exc))}"}
+                return {page.notice: f"✗ **Not resumed:** {as_text(exc)}"}
             return {page.notice: notice, **self.redraw(got, force=True, shown=shown)}
 
         def on_notes(got: Got) -> Updates:
@@ -334,7 +334,7 @@ class RunView(Section):
             try:
                 write_notes(self.manager.run_dir(run_id), got[self.name] or "", got[self.notes] or "")
             except (NotesError, RunError) as exc:
-                return {page.notice: f"✗ **Not saved:** {escape(str(exc))}"}
+                return {page.notice: f"✗ **Not saved:** {as_text(exc)}"}
             return self.redraw(got, force=True)  # the table and the state line show the new name
 
         listen(

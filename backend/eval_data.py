@@ -46,7 +46,7 @@ class NoEvalData(EvalDataError):
                 f"validation file beside {train_file}; pass --data FILE (in the run's dataset format)",
                 "page": "This run kept no held-out rows: its job has no evaluation split and no eval, test or "
                 f"validation file lies beside {train_file.name}. Upload an evaluation file in the box above (in the "
-                "run's dataset format), or press **Evaluate on training rows** (rows the model has seen).",
+                "run's dataset format), or press Evaluate on training rows (rows the model has seen).",
             }
         )
 

@@ -7,7 +7,7 @@ tab shows the newest record under the charts.
 
 from __future__ import annotations
 
-from html import escape
+from collections.abc import Callable
 from pathlib import Path
 
 from tunedeck.backend.train import ANSWERS_FILE, last_record
@@ -21,10 +21,10 @@ def latest_answers(run_dir: Path) -> dict | None:
     return last_record(Path(run_dir) / ANSWERS_FILE, lambda record: isinstance(record.get("groups"), list), TAIL_BYTES)
 
 
-def _cell(text: str) -> str:
+def _cell(text: str, as_text: Callable[[str], str]) -> str:
     shown = " ".join(str(text).split())
     shown = shown if len(shown) <= SHOWN_CHARS else shown[:SHOWN_CHARS] + "…"
-    return escape(shown).replace("|", "&#124;") or "(nothing)"
+    return as_text(shown) or "(nothing)"
 
 
 def _number(value) -> str:
@@ -36,13 +36,14 @@ def _advantage(answer: dict) -> float:
     return value if isinstance(value, int | float) else 0.0
 
 
-def answers_markdown(record: dict | None) -> str:
+def answers_markdown(record: dict | None, as_text: Callable[[str], str]) -> str:
     """The record as markdown: each prompt, then a table of its answers (best first; the same answer written again
-    counted, not repeated) with each reward and the advantage; '' without a record."""
+    counted, not repeated) with each reward and the advantage; '' without a record. `as_text` shows the model's
+    answers and the rewards' names as text (the page's app/untrusted_text.py: no link, image or HTML of theirs)."""
     if not record or not record.get("groups"):
         return ""
     lines = [
-        f"#### What the model writes (step {record.get('step')})",
+        f"#### What the model writes (step {as_text(record.get('step'))})",
         "The answers of the last logging step to two prompts, best first, each reward's score and its advantage "
         "(above 0: made more likely).",
     ]
@@ -57,9 +58,11 @@ def answers_markdown(record: dict | None) -> str:
         prompt = str(group.get("prompt", ""))
         fence = "~~~~" if "```" in prompt else "```"
         lines += ["", fence, prompt.replace(fence, ""), fence, ""]
-        header = f"| answer | written | {' | '.join(escape(n) for n in names)} | advantage |"
+        header = f"| answer | written | {' | '.join(as_text(' '.join(str(n).split())) for n in names)} | advantage |"
         lines += [header, "|---" * (len(names) + 3) + "|"]
         for a, times in ranked:
             scores = " | ".join(_number((a.get("rewards") or {}).get(n)).lstrip("+") for n in names)
-            lines.append(f"| {_cell(a.get('text', ''))} | ×{times} | {scores} | {_number(a.get('advantage'))} |")
+            lines.append(
+                f"| {_cell(a.get('text', ''), as_text)} | ×{times} | {scores} | {_number(a.get('advantage'))} |"
+            )
     return "\n".join(lines)

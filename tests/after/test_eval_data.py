@@ -43,7 +43,7 @@ def test_evaluate_without_held_out_rows_says_what_to_do_in_its_status_line(run):
         {
             "after.eval_status": "✗ This run kept no held-out rows: its job has no evaluation split and no eval, test "
             "or validation file lies beside train.jsonl. Upload an evaluation file in the box above (in the run's "
-            "dataset format), or press **Evaluate on training rows** (rows the model has seen)."
+            "dataset format), or press Evaluate on training rows (rows the model has seen)."
         }
     ]
     assert view.pool.live() == {}  # said before a worker (and its model) started

@@ -60,4 +60,4 @@ def test_the_preview_reads_as_rows_and_one_measure_per_line():
     assert "64 (1 rows truncated)" in text and "the longest row (64 tokens)" in text
     assert "```\nQ: 1 + 1\nA: 2</s>\n```" in text
     error = preview_markdown({"error": {"field": "dataset.path", "message": "no <file>"}})
-    assert error == "✗ `dataset.path`: no &lt;file&gt;"
+    assert error == r"✗ `dataset.path`: no \<file\>"

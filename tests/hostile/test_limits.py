@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from tunedeck.app.job_outputs import evaluate, issues_markdown
+from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.fields import FIELDS_BY_PATH, FORM_FIELDS, values_from_form, values_from_spec
 from tunedeck.backend.spec import FIELD_PATHS, JobSpec, SpecError, field_info, resolve_spec, set_paths
 from tunedeck.backend.validate import CPU_RANK_BYTES, validate
@@ -67,7 +68,7 @@ def test_hostile_form_values_are_field_named_problems(path, raw, fragment):
     result = evaluate(values_from_form(raw_values))
     assert result.error_fields == {path} and result.spec is None and result.files == {}
     text = issues_markdown(result)
-    assert fragment.replace("'", "&#x27;") in text and not any(raw_error in text for raw_error in RAW_ERRORS)
+    assert as_text(fragment) in text and not any(raw_error in text for raw_error in RAW_ERRORS)
 
 
 def test_deeply_nested_form_value_is_a_field_named_problem():

@@ -8,12 +8,12 @@ names and a piece of what it says. A new file without an expectation fails the f
 
 from __future__ import annotations
 
-from html import escape
 from pathlib import Path
 
 import pytest
 
 from tunedeck.app.job_outputs import UPLOAD_LIMIT_BYTES, read_uploaded_spec
+from tunedeck.app.untrusted_text import as_text
 
 from .helpers import RAW_ERRORS, cli, console, error_fields
 
@@ -102,8 +102,8 @@ def test_upload_names_the_field_and_loads_nothing(name):
         return
     assert "was not loaded; the form is unchanged" in message
     shown_field = "job" if field == "spec" else field
-    assert f"`{shown_field}`" in message or escape(shown_field) in message, message[:2000]
-    assert escape(fragment) in message, message[:2000]
+    assert f"`{shown_field}`" in message or as_text(shown_field) in message, message[:2000]
+    assert as_text(fragment) in message, message[:2000]
     assert "\x1b" not in message and "\0" not in message
 
 

@@ -52,7 +52,7 @@ def test_the_cost_column_shows_once_a_price_is_given_and_the_speed_line_says_the
 
 @pytest.mark.parametrize(
     ("typed", "says"),
-    [("-3", "-3 is negative"), ("ten", "'ten' is not a number"), ("**2**", r"'\*\*2\*\*' is not a number")],
+    [("-3", r"\-3 is negative"), ("ten", "'ten' is not a number"), ("**2**", r"'\*\*2\*\*' is not a number")],
 )  # the typed text shown as text, not as Markdown
 def test_a_price_that_is_not_one_is_named_with_its_fix_and_the_estimate_stays(panel, typed, says):
     out = shown_for(panel, "13b-lora-fsdp", typed)

@@ -229,7 +229,7 @@ def test_the_run_tab_shows_what_the_model_writes_best_first_with_its_rewards(tmp
         "| 2 | ×2 | 1.00 | +0.70 |",  # the same answer written twice: counted, best first
         "| 3 | ×1 | 0.00 | -1.40 |",
     ]
-    assert "| &#124; 4 | ×1 | 0.00 | -1.40 |" in table  # a pipe in an answer cannot break the table
+    assert r"| \| 4 | ×1 | 0.00 | -1.40 |" in table  # a pipe in an answer cannot break the table
 
 
 def test_runs_show_list_and_follow_say_the_objective_and_the_reward(tmp_path, capsys):
