@@ -43,7 +43,8 @@ def field_looks(problems: list[Problem]) -> dict[str, FieldLook]:
             looks[path] = FieldLook(None, info_text(field))
             continue
         level = "error" if any(p.level == "error" for p in own) else "warning"
-        says = " ".join(("✗ " if p.level == "error" else "⚠ ") + as_info(p.message) for p in own)  # may quote the input
+        # A message may quote the input: its info line draws links and code of its own (app/untrusted_text.py).
+        says = " ".join(("✗ " if p.level == "error" else "⚠ ") + as_info(p.message) for p in own)
         looks[path] = FieldLook(level, info_text(field, says))
     return looks
 

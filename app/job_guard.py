@@ -28,6 +28,11 @@ class NotShownYet(ValueError):
 RECOMPUTING = "they are brought up to date now"  # the refusal's words the page recomputes on (JobView)
 
 
+def _code(value) -> str:
+    """A form's value as code that nothing in it can end, cut at 60 characters."""
+    return code_span(spelled(value), 60)
+
+
 def not_shown_message(form: Values, computed: Values, verb: str) -> str:
     """Why Start (or Download) refused: the fields whose values the files beside the form do not show yet,
     by label, with the value they were made for and the form's. The page recomputes them at once, so the
@@ -35,7 +40,7 @@ def not_shown_message(form: Values, computed: Values, verb: str) -> str:
     changed = [path for path, value in form.items() if computed and computed.get(path, value) != value]
     if changed:
         named = "; ".join(
-            f"{FIELDS_BY_PATH[path].label} (`{path}`: {code_span(spelled(computed[path]), 60)} → {code_span(spelled(form[path]), 60)})"
+            f"{FIELDS_BY_PATH[path].label} (`{path}`: {_code(computed[path])} → {_code(form[path])})"
             for path in changed[:3]
         )
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
