@@ -44,6 +44,14 @@ class Hook:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_port}/services/T000/B000/secret-token"
 
+    def wait(self, count: int, timeout: float = 30) -> list:
+        """Until `count` posts arrived: the supervisor posts after it recorded the run's final state, so a post may
+        land a moment after `tunedeck train` or RunManager.wait returned."""
+        deadline = time.monotonic() + timeout
+        while len(self.received) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.received
+
     def close(self):
         self.server.shutdown()
         self.server.server_close()
@@ -252,7 +260,7 @@ def test_a_finished_and_a_failed_run_each_post_once_how_they_ended(hook, runs_di
     assert "when it ends, how it ended is posted to 127.0.0.1 (TUNEDECK_NOTIFY_URL)" in done.stdout
     manager = RunManager(runs_dir)
     run_id = manager.list_runs()[0].run_id
-    [(path, kind, body)] = hook.received
+    [(path, kind, body)] = hook.wait(1)
     assert (path, kind) == ("/services/T000/B000/secret-token", "application/json")
     assert (body["run"], body["state"], body["step"], body["max_steps"], body["error"]) == (
         run_id,
@@ -267,7 +275,7 @@ def test_a_finished_and_a_failed_run_each_post_once_how_they_ended(hook, runs_di
     monkeypatch.setenv("TUNEDECK_FAULT", "rank=0,step=2")
     failed = manager.start(demo_spec({"training.max_steps": 50}))
     assert manager.wait(failed, timeout=180).state == "failed"
-    body = hook.received[-1][2]
+    body = hook.wait(2)[-1][2]
     assert len(hook.received) == 2 and (body["run"], body["state"]) == (failed, "failed")
     # the run's recorded error, as the page shows it
     assert body["error"] == manager.status(failed).error
@@ -285,7 +293,7 @@ def test_a_run_whose_rank_0_was_killed_is_posted_by_its_supervisor(hook, runs_di
     ranks["0"].send_signal(signal.SIGKILL)  # as the kernel's OOM killer would: no end record, no post of its own
 
     assert manager.wait(run_id, timeout=180).state == "failed"
-    [(_, _, body)] = hook.received
+    [(_, _, body)] = hook.wait(1)
     assert (body["run"], body["state"], body["step"]) == (run_id, "failed", log_records(run_dir)[-1]["step"])
     assert body["error"].startswith("rank 0 was killed by SIGKILL (signal 9): out of memory"), body["error"]
     assert body["text"].startswith(f"tunedeck run {run_id} failed after 0:0")
