@@ -58,7 +58,10 @@ def fill_from_upload(
             "The second file is the evaluation split (`validation`): eval loss during training, and Evaluate's data."
         )
     else:
-        said.append("No held-out file: no evaluation during training (upload it together with the training file).")
+        said.append(
+            "No held-out file: no evaluation during training. Upload one together with the training file, or "
+            "press **Fix** beside its warning in the problems list to hold out rows of this one."
+        )
     listed = ", ".join(as_text(shown(c)) for c in (columns or [])[:COLUMNS_LISTED])
     if len(columns or []) > COLUMNS_LISTED:
         listed += f" and {len(columns) - COLUMNS_LISTED:,} more"

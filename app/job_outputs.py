@@ -24,6 +24,7 @@ from tunedeck.app.estimate_view import Unavailable, compute_advice
 from tunedeck.app.form_marks import problem_link
 from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.advisor import Advice
+from tunedeck.backend.data_uploads import held_out_offer
 from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
 from tunedeck.backend.fit import fit_problems
 from tunedeck.backend.preflight import needs_gpus_here, preflight
@@ -66,7 +67,8 @@ class ThisMachine:
         """What Start would refuse on beyond the job's rules, checked on this machine (backend/preflight.py)."""
         gpus = self.gpus()
         runs = self.runs() if needs_gpus_here(spec) and gpus else None
-        return preflight(spec, self.runs_dir, gpus, runs)
+        offer = held_out_offer(spec, self.runs_dir)  # an upload with nothing held out: its Fix holds rows out
+        return preflight(spec, self.runs_dir, gpus, runs) + ([offer] if offer else [])
 
 
 @dataclass

@@ -15,12 +15,14 @@ leaves nothing under the runs folder, so the dataset preview never measures it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import shutil
 from pathlib import Path
 
 from tunedeck.backend.data_sniff import BLOCK, NotData, TextScan, check_start, scan_for
+from tunedeck.backend.problem import Problem
 from tunedeck.backend.train import DATA_FILE_BUILDERS
 from tunedeck.backend.untrusted import shown
 from tunedeck.backend.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
@@ -176,3 +178,45 @@ def dataset_changes(kept: Path, held_out: bool, objective: str = "sft") -> tuple
             changes["objective"] = next(o for o, formats in OBJECTIVE_FORMATS.items() if found in formats)
         changes.update({f"dataset.{c.field}": c.default for c in DATASET_FORMATS[found].columns})
     return changes, found, columns
+
+
+HOLD_OUT_PERCENT = 5  # the share of an uploaded file's rows a Fix holds out for evaluation
+_ROWS_COUNTED_UP_TO = 64 * 1024 * 1024  # bytes: a bigger upload's rows are not counted on every edit
+
+
+def held_out_offer(spec, runs_dir: Path) -> Problem | None:
+    """A warning with its Fix when the job trains on an uploaded file and holds nothing out: without held-out
+    rows a run has no eval loss, and Evaluate afterwards could only use rows it trained on (issue 31). The Fix
+    keeps the last HOLD_OUT_PERCENT% of the file apart with the datasets library's split slices."""
+    data = spec.dataset
+    if data.eval_split or not data.path:
+        return None
+    path = Path(data.path).expanduser()
+    uploads = Path(runs_dir).resolve() / DATASETS_DIR
+    if not path.is_file() or uploads not in path.resolve().parents:
+        return None
+    keep = 100 - HOLD_OUT_PERCENT
+    rows = _rows(path)
+    held = f"about {max(1, rows * HOLD_OUT_PERCENT // 100):,} of its {rows:,} rows" if rows else f"{HOLD_OUT_PERCENT}%"
+    return Problem(
+        "warning",
+        "dataset.eval_split",
+        f"{path.name} was uploaded without a held-out file: the run will show no eval loss, and Evaluate could then "
+        f"only use rows it trained on; hold out {held} for evaluation (or upload a held-out file with it)",
+        {"dataset.split": f"{data.split or 'train'}[:{keep}%]", "dataset.eval_split": f"train[{keep}%:]"},
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _rows_of(path: str, size: int, mtime: float) -> int:
+    if path.endswith((".jsonl", ".csv")):
+        with open(path, "rb") as f:
+            lines = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+        return max(0, lines - path.endswith(".csv"))
+    return 0
+
+
+def _rows(path: Path) -> int:
+    """The rows of a JSONL or CSV upload (0: not counted), counted once per version of the file."""
+    stat = path.stat()
+    return _rows_of(str(path), stat.st_size, stat.st_mtime) if stat.st_size <= _ROWS_COUNTED_UP_TO else 0

@@ -137,3 +137,38 @@ print(spec is None, message)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.startswith("True ✗ data upload: could not keep the files (File too large)"), done
     assert list((tmp_path / "runs" / DATASETS_DIR).iterdir()) == []
+
+
+def test_an_upload_with_nothing_held_out_is_offered_a_fix_that_holds_rows_out(tmp_path):
+    """Issue 31: at upload, the page offers to hold out rows of the training file (a warning with a Fix); the Fix's
+    two slices are disjoint and together the whole file, as the datasets library reads them for the run."""
+    from datasets import load_dataset
+
+    from tunedeck.backend.data_uploads import held_out_offer
+    from tunedeck.backend.spec import set_paths
+
+    upload = tmp_path / "upload" / "qa.jsonl"
+    upload.parent.mkdir()
+    spec, message = _fill([_jsonl(upload, QA)], tmp_path / "runs")
+    offer = held_out_offer(spec, tmp_path / "runs")
+    assert offer.level == "warning" and offer.field == "dataset.eval_split"
+    assert (
+        "qa.jsonl was uploaded without a held-out file" in offer.message and "about 2 of its 40 rows" in offer.message
+    )
+    assert offer.fix == {"dataset.split": "train[:95%]", "dataset.eval_split": "train[95%:]"}
+
+    fixed = set_paths(spec, offer.fix)
+    assert held_out_offer(fixed, tmp_path / "runs") is None  # the Fix clears it
+    rows = [
+        list(load_dataset("json", data_files=fixed.dataset.path, split=s)["prompt"])
+        for s in ("train[:95%]", "train[95%:]")
+    ]
+    assert (
+        len(rows[1]) == 2
+        and not set(rows[0]) & set(rows[1])
+        and sorted(rows[0] + rows[1]) == sorted(r["prompt"] for r in QA)
+    )
+
+    # A file of one's own elsewhere (not an upload) is left to its owner; a preset's hub data too.
+    assert held_out_offer(set_paths(spec, {"dataset.path": str(upload)}), tmp_path / "runs") is None
+    assert held_out_offer(resolve_spec("7b-lora-ddp"), tmp_path / "runs") is None
