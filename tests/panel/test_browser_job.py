@@ -258,6 +258,16 @@ def test_uploaded_data_is_kept_under_the_runs_folder_and_the_job_points_at_it(pa
     wait_text(page, "#notice", "the form is unchanged")
     assert field(page, "dataset.path").input_value() == str(kept)
 
+    # One file alone holds nothing out: a warning offers to hold out rows of it, and its Fix does.
+    _upload(page, data / "train.jsonl", button="#upload-data")
+    wait_text(page, "#notice", "No held-out file")
+    wait_text(page, "#job-issues", "was uploaded without a held-out file")
+    assert "hold out about 100 of its 2,000 rows" in text_of(page, "#job-issues")
+    page.locator("#job-fixes button", has_text="dataset.eval_split").first.click()
+    wait_text(page, "#notice", "Fixed:")
+    page.wait_for_function("!document.querySelector('#job-issues').innerText.includes('without a held-out file')")
+    assert field(page, "dataset.eval_split").input_value() == "train[95%:]"
+
 
 def test_an_upload_that_is_not_training_data_is_refused_at_once_and_named_as_text(page, server, tmp_path):
     load(page, server)
