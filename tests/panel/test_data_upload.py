@@ -149,7 +149,7 @@ def test_an_upload_with_nothing_held_out_is_offered_a_fix_that_holds_rows_out(tm
 
     upload = tmp_path / "upload" / "qa.jsonl"
     upload.parent.mkdir()
-    spec, message = _fill([_jsonl(upload, QA)], tmp_path / "runs")
+    spec, _ = _fill([_jsonl(upload, QA)], tmp_path / "runs")
     offer = held_out_offer(spec, tmp_path / "runs")
     assert offer.level == "warning" and offer.field == "dataset.eval_split"
     assert (
