@@ -22,9 +22,9 @@ from tunedeck.app.eval_section import ANSWERS_OUT, build_evaluate, wire_evaluate
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.checkpoints import AfterError
-from tunedeck.backend.prompting import MAX_NEW_TOKENS, transcript
-from tunedeck.backend.worker_client import DEFAULT_IDLE_TIMEOUT_S, WorkerPool
+from tunedeck.backend.after.prompting import MAX_NEW_TOKENS, transcript
+from tunedeck.backend.after.worker_client import DEFAULT_IDLE_TIMEOUT_S, WorkerPool
+from tunedeck.backend.runs.checkpoints import AfterError
 
 IDLE_ENV = "TUNEDECK_WORKER_IDLE_S"  # seconds a loaded model may sit unused before its worker ends
 DTYPES = ["bfloat16", "float16", "float32"]

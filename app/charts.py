@@ -1,7 +1,7 @@
 """Plotly figures of a run's metrics: loss (with EMA smoothing, eval loss, overlay), lr, grad norm, tokens/s, MFU,
 for a DPO or KTO run its rewards, and for a GRPO run its reward above the loss and its answers below the metrics.
 
-Figures are built from a run's log records (backend/run_folder.py's LogRecord), downsampled
+Figures are built from a run's log records (backend/runs/folder.py's LogRecord), downsampled
 to at most MAX_POINTS per series, so a week-long run draws as fast as a demo.
 """
 
@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tunedeck.app.untrusted_text import as_html
-from tunedeck.backend.run_folder import LogRecord, is_number
+from tunedeck.backend.runs.folder import LogRecord, is_number
 
 MAX_POINTS = 2000
 # The small charts beside the loss: (LogRecord field, title).
@@ -49,7 +49,7 @@ SHARES = ("completions_clipped", "groups_without_signal")  # 0-1, drawn as %
 REWARD_COLORS = ("#16a34a", "#db2777", "#0891b2", "#ca8a04", "#7c3aed", "#dc2626", "#65a30d", "#0d9488")
 NO_MFU = "MFU is not defined here:<br>no known peak throughput<br>(a CPU run, or a GPU not in<br>the table of peaks)"
 COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
-# A resumed run's forebears (backend/run_lineage.py), before its own curve: the shown run's hue, lighter.
+# A resumed run's forebears (backend/runs/lineage.py), before its own curve: the shown run's hue, lighter.
 BEFORE, BEFORE_COLOR = "before resume", "#a5b4fc"
 _LAYOUT = dict(
     margin=dict(l=50, r=20, t=40, b=40),

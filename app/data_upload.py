@@ -1,16 +1,16 @@
-"""The page's ⬆ Upload data: the files go where runs read them (backend/data_uploads.py) and the job points at them."""
+"""The page's ⬆ Upload data: the files go where runs read them (backend/data/uploads.py) and the job points at them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.backend.bundle_data import plan_data
-from tunedeck.backend.data_uploads import UploadError, dataset_changes, keep_upload
-from tunedeck.backend.fields import Values, spec_from_values
+from tunedeck.backend.data.uploads import UploadError, dataset_changes, keep_upload
+from tunedeck.backend.render.bundle_data import plan_data
 from tunedeck.backend.render.carried import DATA_CAP_WORDS
 from tunedeck.backend.spec import JobSpec, SpecError
-from tunedeck.backend.untrusted import shown
+from tunedeck.backend.spec.fields import Values, spec_from_values
+from tunedeck.backend.spec.untrusted import shown
 
 COLUMNS_LISTED = 20  # of the first row's columns (up to data_sniff.MAX_COLUMNS), in the notice
 

@@ -5,7 +5,7 @@ sub-folder named by the content's hash: the same job is written once, concurrent
 sessions never clash, and no name from the page ever becomes a path.
 
 Each file alone is the file the page shows: what Start runs on this machine. The zip is the
-bundle as it travels (backend/bundle_data.py): the job's small local data files (an upload,
+bundle as it travels (backend/render/bundle_data.py): the job's small local data files (an upload,
 a data file or folder on this machine) ride in its data/ folder, its job.yaml names them
 there, and its README.md lists what stays on this machine.
 """
@@ -46,7 +46,7 @@ class BundleWriter:
     def write(self, files: dict[str, str], zip_name: str = "tunedeck-bundle.zip") -> tuple[Path, list[Path]]:
         """Write the files and their zip; returns (zip path, file paths in bundle order). The zip carries the job's
         local data (the module's docstring); the files alone are those given."""
-        from tunedeck.backend.bundle_data import carry
+        from tunedeck.backend.render.bundle_data import carry
 
         _check_names([*files, zip_name])
         zipped, plan = carry(files)

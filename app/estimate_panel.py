@@ -32,10 +32,10 @@ from tunedeck.app.job_events import DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.flops import gpu_row
-from tunedeck.backend.hardware import machine_facts
-from tunedeck.backend.run_speed import Calibration, calibration
-from tunedeck.backend.speed import Hardware, hardware_for
+from tunedeck.backend.estimate.hardware import machine_facts
+from tunedeck.backend.estimate.speed import Hardware, hardware_for
+from tunedeck.backend.runs.speed import Calibration, calibration
+from tunedeck.backend.spec.flops import gpu_row
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class EstimatePanel(DerivedView):
     def __init__(self, ui: Registry, monitor, runs_dir: Path | None = None):
         self.ui = ui
         self.machine = machine_facts(monitor=monitor)  # the facts `tunedeck validate` uses too
-        self.runs_dir = runs_dir  # where finished runs are, to compare speed predictions with (backend/run_speed.py)
+        self.runs_dir = runs_dir  # where finished runs are, to compare speed predictions with (backend/runs/speed.py)
 
     def build_advice(self) -> None:
         """GPU size, the recommendation and its Apply button (right column)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from tunedeck.app.untrusted_text import as_html, as_text
-from tunedeck.backend.advisor import (
+from tunedeck.backend.estimate.advisor import (
     FIT_FRACTION,
     Advice,
     StrategyEstimate,
@@ -24,12 +24,12 @@ from tunedeck.backend.advisor import (
     gpu_memory_gb,
     limit_sentence,
 )
-from tunedeck.backend.memory import TERMS, estimate
-from tunedeck.backend.memory_job import EstimateError
-from tunedeck.backend.memory_load import LOAD_TERMS
+from tunedeck.backend.estimate.memory import TERMS, estimate
+from tunedeck.backend.estimate.memory_job import EstimateError
+from tunedeck.backend.estimate.memory_load import LOAD_TERMS
+from tunedeck.backend.estimate.speed import Hardware, dataset_rows, hardware_for, schedule_of
 from tunedeck.backend.spec import JobSpec, SpecError, parse_spec
-from tunedeck.backend.speed import Hardware, dataset_rows, hardware_for, schedule_of
-from tunedeck.backend.untrusted import shown
+from tunedeck.backend.spec.untrusted import shown
 
 HEADERS = [
     "Strategy", "GB per GPU", "Load GB", "Train GB", "Peak in", "Fits",
@@ -41,7 +41,7 @@ ORDER_NOTE = (
     "(without a prediction, the guides' order: no sharding, then weight sharding, then offload, then 4-bit); "
     "the recommendation is the fastest that fits."
 )
-# The predicted speed of each strategy (backend/speed.py), after the memory columns; Cost only once a price is given.
+# The predicted speed of each strategy (backend/estimate/speed.py), after the memory columns; Cost only once a price is given.
 SPEED_HEADERS = ["Step s", "Tok/s/GPU", "Hours", "Cost"]  # short: the table must read at 1280 px
 COST = "Cost"
 # The width of each column but the first; the Strategy column takes what they leave of 100%, so the table

@@ -9,9 +9,9 @@ import plotly.graph_objects as go
 
 from tunedeck.app.charts import waiting_figure
 from tunedeck.app.untrusted_text import as_html, as_text, code_span
-from tunedeck.backend.eval_answers import answers_table
-from tunedeck.backend.eval_data import EvalDataError, seen_warning
-from tunedeck.backend.eval_results import order_key, table_rows
+from tunedeck.backend.after.eval_answers import answers_table
+from tunedeck.backend.after.eval_data import EvalDataError, seen_warning
+from tunedeck.backend.after.eval_results import order_key, table_rows
 
 ANSWER_CHARS = 240  # of an answer in its cell: up to 256 new tokens for a prompt without the data's answer
 EVAL_HEADERS = [
@@ -42,7 +42,7 @@ def answers_widths(columns: int) -> list[str]:
 
 def refused(exc: Exception) -> str:
     """The Evaluate status line for what stopped an evaluation: the page's words where the error has them
-    (backend/eval_data.py: EvalDataError), as text."""
+    (backend/after/eval_data.py: EvalDataError), as text."""
     said = exc.said("page") if isinstance(exc, EvalDataError) else str(exc)
     return f"✗ {as_text(said)}"
 

@@ -3,7 +3,7 @@
 What stops an evaluation is said in its own status line, in the page's words and with the fix
 (a run without held-out rows: pick or upload an evaluation file, or evaluate on rows of its
 training file), not in a toast; an evaluation file that is the training file is a warning there
-as soon as it is picked (backend/eval_data.py).
+as soon as it is picked (backend/after/eval_data.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tunedeck.app.after_events import shown, streamed, uploaded
 from tunedeck.app.after_view import USER_ERRORS, AfterView
 from tunedeck.app.eval_display import ANSWER_CHARS, EVAL_HEADERS, answers_widths, refused
 from tunedeck.app.registry import Got, Updates, listen
-from tunedeck.backend.eval_answers import SHOW
+from tunedeck.backend.after.eval_answers import SHOW
 
 ANSWERS_OUT = ("after.answers", "after.answers_note", "after.answers_file")
 TRAINING_ROWS = 50  # rows of the training file the page offers to evaluate on

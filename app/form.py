@@ -19,7 +19,7 @@ from typing import Any
 import gradio as gr
 
 from tunedeck.app.registry import Got, Registry
-from tunedeck.backend.fields import (
+from tunedeck.backend.spec.fields import (
     FORM_FIELDS,
     FormField,
     Values,

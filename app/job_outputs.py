@@ -5,10 +5,10 @@ batch and the memory advice all come from the same JobSpec, so they can never di
 and the strategies are compared once per keystroke (the one `Advice` that the estimate's
 text, table, chart and Apply read). Pure Python (no Gradio), so it is tested directly.
 
-The problems include everything Start would refuse on (backend/preflight.py, for `here`, this
+The problems include everything Start would refuse on (backend/runs/preflight.py, for `here`, this
 machine): a local model folder or data file that does not exist, no GPU for a GPU job, ... so
 "No problems" is never shown beside a job that Start refuses. They cost stat calls, not reads:
-a data file's first rows are read once per version of the file (backend/preflight_inputs.py).
+a data file's first rows are read once per version of the file (backend/runs/preflight_inputs.py).
 """
 
 from __future__ import annotations
@@ -23,20 +23,20 @@ from typing import Any
 from tunedeck.app.estimate_view import Unavailable, compute_advice
 from tunedeck.app.form_marks import problem_link
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.advisor import Advice
-from tunedeck.backend.data_uploads import held_out_offer
-from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
-from tunedeck.backend.fit import fit_problems
-from tunedeck.backend.preflight import needs_gpus_here, preflight
-from tunedeck.backend.problem import refuses_start
-from tunedeck.backend.run_speed import Calibration
-from tunedeck.backend.runs import RunManager, RunStatus
+from tunedeck.backend.data.truncation import measured_facts, measured_lengths
+from tunedeck.backend.data.uploads import held_out_offer
+from tunedeck.backend.estimate.advisor import Advice
+from tunedeck.backend.estimate.fit import fit_problems
+from tunedeck.backend.estimate.speed import Hardware
+from tunedeck.backend.runs.manager import RunManager, RunStatus
+from tunedeck.backend.runs.preflight import needs_gpus_here, preflight
+from tunedeck.backend.runs.speed import Calibration
 from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
-from tunedeck.backend.speed import Hardware
-from tunedeck.backend.truncation import measured_facts, measured_lengths
-from tunedeck.backend.untrusted import shown
+from tunedeck.backend.spec.fields import FIELDS_BY_PATH, Values, spec_from_values
+from tunedeck.backend.spec.problem import refuses_start
+from tunedeck.backend.spec.untrusted import shown
+from tunedeck.backend.spec.vocabulary import STRATEGIES
 from tunedeck.backend.validate import Problem, has_errors, validate
-from tunedeck.backend.vocabulary import STRATEGIES
 
 UPLOAD_LIMIT_BYTES = 256 * 1024
 _PLAIN_FIELD = re.compile(r"[A-Za-z0-9_.]+")  # every spec field; an unknown key from a file may hold anything
@@ -50,7 +50,7 @@ class ThisMachine:
 
     def __init__(self, runs_dir: Path, monitor: Any):
         self.runs_dir = Path(runs_dir).resolve()
-        self.monitor = monitor  # backend/monitor.py's Monitor: NVML's GPUs, found once
+        self.monitor = monitor  # backend/machine/monitor.py's Monitor: NVML's GPUs, found once
         self._runs: tuple[float, list[RunStatus]] = (-1e9, [])
         self._lock = threading.Lock()
 
@@ -64,7 +64,7 @@ class ThisMachine:
             return self._runs[1]
 
     def problems(self, spec: JobSpec) -> list[Problem]:
-        """What Start would refuse on beyond the job's rules, checked on this machine (backend/preflight.py)."""
+        """What Start would refuse on beyond the job's rules, checked on this machine (backend/runs/preflight.py)."""
         gpus = self.gpus()
         runs = self.runs() if needs_gpus_here(spec) and gpus else None
         offer = held_out_offer(spec, self.runs_dir)  # an upload with nothing held out: its Fix holds rows out
@@ -106,7 +106,7 @@ def evaluate(
     here: ThisMachine | None = None,
 ) -> JobResult:
     """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`
-    and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/fit.py).
+    and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/estimate/fit.py).
     `measured`: the dataset preview's measurements by what they depend on (app/dataset_preview.py), used while
     one is this job's data's;
     `correction`: the speed correction from your runs, 1 when not applied; `hardware`: the GPU speed is
@@ -132,8 +132,8 @@ def evaluate(
         files = {}
         issues.append(Problem("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
     seq_len, cut = measured_facts(spec, measured)  # the preview's lengths, while they are this job's data
-    issues += cut  # rows cut at max_seq_length (backend/truncation.py)
-    lengths = measured_lengths(spec, measured)  # and how its rows fill a batch (backend/speed_data.py)
+    issues += cut  # rows cut at max_seq_length (backend/data/truncation.py)
+    lengths = measured_lengths(spec, measured)  # and how its rows fill a batch (backend/estimate/speed_data.py)
     advice = (
         None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, hardware, seq_len, correction, lengths)
     )

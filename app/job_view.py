@@ -29,7 +29,7 @@ job's files under the preset's form (7 of 20 fresh panels, issue 8). Three rules
    mismatch, naming the fields it has not shown yet, and has them recomputed (app/job_guard.py).
 
 Two kinds of events change fields for the person, and both are fills (rule 2): an edit whose
-choice implies other fields (backend/implied.py: choosing QLoRA sets 4-bit NF4) writes them
+choice implies other fields (backend/spec/implied.py: choosing QLoRA sets 4-bit NF4) writes them
 and says so in the notice, and a Fix button applies its problem's fix (Problem.fix).
 """
 
@@ -51,7 +51,8 @@ from tunedeck.app.job_guard import RECOMPUTING
 from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
 from tunedeck.app.registry import Got, Registry, Updates, listen
 from tunedeck.app.untrusted_text import code_span
-from tunedeck.backend.fields import (
+from tunedeck.backend.spec import JobSpec, SpecError, set_paths
+from tunedeck.backend.spec.fields import (
     FORM_FIELDS,
     section_shown,
     spec_from_values,
@@ -59,9 +60,8 @@ from tunedeck.backend.fields import (
     values_from_spec,
     visible,
 )
-from tunedeck.backend.implied import describe, implied
-from tunedeck.backend.problem import spelled
-from tunedeck.backend.spec import JobSpec, SpecError, set_paths
+from tunedeck.backend.spec.implied import describe, implied
+from tunedeck.backend.spec.problem import spelled
 
 LANGUAGES = {
     ".yaml": "yaml",

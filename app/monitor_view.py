@@ -21,10 +21,10 @@ from plotly.subplots import make_subplots
 from tunedeck.app.registry import Got, Updates
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_html
-from tunedeck.backend.monitor import GpuSample, Monitor, Sample
+from tunedeck.backend.machine.monitor import GpuSample, Monitor, Sample
 
 SPARK_SAMPLES = 120  # two minutes at one sample a second
-TICK_S = 1.0  # backend/monitor.py samples once a second
+TICK_S = 1.0  # backend/machine/monitor.py samples once a second
 SPARK_EVERY_S = 5.0  # the sparklines span two minutes: five seconds late is a 4% shift
 
 

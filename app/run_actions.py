@@ -5,9 +5,9 @@ from __future__ import annotations
 from tunedeck.app.run_index import RunsIndex
 from tunedeck.app.run_shown import RunShown
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.run_resume import resume_run
-from tunedeck.backend.run_stacks import StacksError, dump_stacks
-from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.runs.manager import RunError, RunManager
+from tunedeck.backend.runs.resume import resume_run
+from tunedeck.backend.runs.stacks import StacksError, dump_stacks
 
 
 def stop_run(manager: RunManager, index: RunsIndex, shown: RunShown) -> str:
@@ -31,7 +31,7 @@ def resume_shown(manager: RunManager, index: RunsIndex, shown: RunShown) -> tupl
 
 
 def stacks_notice(manager: RunManager, shown: RunShown) -> str:
-    """Ask every rank of the run in view for its stacks (backend/run_stacks.py); the notice says who answered."""
+    """Ask every rank of the run in view for its stacks (backend/runs/stacks.py); the notice says who answered."""
     if not shown.run:
         return "No run selected."
     try:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from tunedeck.app.run_index import STATE_MARKS, RunFacts
 from tunedeck.app.untrusted_text import as_html, as_text
-from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
-from tunedeck.backend.run_status import RunStatus
-from tunedeck.backend.smoke import smoke_verdict
+from tunedeck.backend.runs.folder import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.runs.smoke import smoke_verdict
+from tunedeck.backend.runs.status import RunStatus
 
 
 def progress_bar(fraction: float, text: str, state: str) -> dict:

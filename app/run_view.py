@@ -24,16 +24,16 @@ from tunedeck.app.run_state_line import progress_html, state_line
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.run_answers import answers_markdown, latest_answers
-from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
-from tunedeck.backend.run_lineage import Lineage
-from tunedeck.backend.run_notes import NAME_MAX_CHARS, NotesError, write_notes
-from tunedeck.backend.run_startup import breakdown, live_phase, read_phases
-from tunedeck.backend.run_status import DAMAGED
-from tunedeck.backend.run_summary import measured_peaks, report, summarize
-from tunedeck.backend.runs import RunError, RunManager
-from tunedeck.backend.smoke import start_smoke_run
-from tunedeck.backend.sweep import combinations, label, queue_sweep, sweep_specs
+from tunedeck.backend.runs.answers import answers_markdown, latest_answers
+from tunedeck.backend.runs.folder import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.runs.lineage import Lineage
+from tunedeck.backend.runs.manager import RunError, RunManager
+from tunedeck.backend.runs.notes import NAME_MAX_CHARS, NotesError, write_notes
+from tunedeck.backend.runs.smoke import start_smoke_run
+from tunedeck.backend.runs.startup import breakdown, live_phase, read_phases
+from tunedeck.backend.runs.status import DAMAGED
+from tunedeck.backend.runs.summary import measured_peaks, report, summarize
+from tunedeck.backend.runs.sweep import combinations, label, queue_sweep, sweep_specs
 
 # The state line, charts and log follow a live run every TICK_S (each Gradio event costs the browser far more
 # than its answer: an empty tick about 60 ms of Chromium's CPU); the progress bar follows it between ticks, and

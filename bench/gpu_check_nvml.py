@@ -3,7 +3,7 @@
 import sys
 import time
 
-from tunedeck.backend.monitor import Monitor
+from tunedeck.backend.machine.monitor import Monitor
 
 
 def main() -> int:
@@ -36,11 +36,11 @@ def main() -> int:
 
 
 def speed_on_this_gpu() -> int:
-    """The estimate's GPU comes from NVML: the CLI's and the page's (backend/hardware.py's gpu_name)."""
+    """The estimate's GPU comes from NVML: the CLI's and the page's (backend/estimate/hardware.py's gpu_name)."""
     from tunedeck.app.estimate_panel import EstimatePanel
     from tunedeck.app.registry import Registry
 
-    panel = EstimatePanel(Registry(), monitor=None)  # its machine facts are backend/hardware.py's, from NVML
+    panel = EstimatePanel(Registry(), monitor=None)  # its machine facts are backend/estimate/hardware.py's, from NVML
     name = panel.machine.gpu_name
     hardware = panel.hardware(panel.own_gpu_text)
     print(f"  NVML name {name!r}: the page predicts speed on {hardware.gpu} ({hardware.source or 'NVML'})")

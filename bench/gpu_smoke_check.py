@@ -21,9 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.preflight import gpu_indices
-from tunedeck.backend.smoke import smoke_spec
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.runs.preflight import gpu_indices
+from tunedeck.backend.runs.smoke import smoke_spec
 from tunedeck.backend.spec import load_presets, load_spec_file, resolve_spec
 
 

@@ -1,15 +1,17 @@
-"""The layers of the code, enforced: no module imports one from a layer above it or beside it.
+"""The layers of the code, enforced as a folder map: no module imports one from a layer above it or beside it.
 
-    0 core      spec*, untrusted, fields, validate, catalog, engine_facts, ...: the job and its rules
-    1 render    render/: the generated files         | estimate   memory*, advisor, estimate
-    2 runs      run*, supervisor, preflight, smoke, tail, monitor, demo, bundle_check, train,
-              and the after-training modules (worker*, checkpoints, evaluate, merge, ...)
-    3 cli       backend/cli*.py                      | app        the panel (app/)
-    4 tunedeck/__main__.py: the console script, the one place that composes both front ends
+    0 recipe/   the training recipe (ships in every bundle)  | machine/  NVML and psutil readings
+    1 spec/     the job spec, its vocabulary, presets, fields and implications
+    2 validate/ rules across fields   | estimate/ memory, speed, advisor   | data/ uploads, preview, demo
+    3 render/   the bundle's files
+    4 runs/     run folders, launching, following, Slurm, checkpoints
+    5 after/    try, evaluate, merge, push
+    6 cli/      the command line      | app/      the panel
+    7 tunedeck/__main__.py: the console script, the one place that composes both front ends
 
 Layers of the same rank are peers and do not import each other: the CLI and the panel are two
 front ends over the same API, render and estimate two readings of the same spec.
-backend/train.py ships alone in every bundle (train_sft.py) and backend/supervisor.py runs as a
+backend/recipe/train.py ships alone in every bundle (train_sft.py) and backend/runs/supervisor.py runs as a
 bare script, so they import nothing of tunedeck.
 
 Imports are read with ast, function-local ones included: the code imports heavy or optional
@@ -29,32 +31,25 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-# (layer, rank, module-name pattern); the first match places a module. A new module must be placed.
+# The folder map: (layer, rank, module-name pattern); the first match places a module, so a new module is placed
+# by the folder it is in. A new folder must be placed here.
+B = r"tunedeck\.backend"
 LAYERS = [
-    ("core", 0, r"tunedeck(\.backend)?"),
-    (
-        "core",
-        0,
-        r"tunedeck\.backend\.(spec\w*|untrusted|fields|validate\w*|catalog|engine_facts|vocabulary|applies|implied|problem|presets|flops)",
-    ),
-    ("render", 1, r"tunedeck\.backend\.render(\..+)?"),
-    ("estimate", 1, r"tunedeck\.backend\.(estimate|advisor|memory\w*|advisor\w*|fit|speed\w*)"),
-    (
-        "runs",
-        2,
-        r"tunedeck\.backend\.(runs?_\w+|runs|sweep|slurm_\w+|supervisor|preflight\w*|preview|truncation|smoke|tail|monitor|hardware|demo|data_uploads|data_sniff|bundle_check|bundle_data|train)",
-    ),
-    # After training (try, evaluate, merge): they read run folders, so they sit beside runs.
-    (
-        "runs",
-        2,
-        r"tunedeck\.backend\.(worker\w*|checkpoints|consolidate|evaluate|eval_results|eval_answers|eval_data|examples|merge|hub|model_load|prompting|generate)",
-    ),
-    ("cli", 3, r"tunedeck\.backend\.cli\w*"),
-    ("app", 3, r"tunedeck\.app(\..+)?"),
-    ("entry", 4, r"tunedeck\.__main__"),
+    ("root", 0, r"tunedeck(\.backend)?"),
+    ("recipe", 0, rf"{B}\.recipe(\..+)?"),  # ships in every bundle: imports nothing of tunedeck
+    ("machine", 0, rf"{B}\.machine(\..+)?"),  # this machine's GPUs and memory (NVML, psutil)
+    ("spec", 1, rf"{B}\.spec(\..+)?"),  # the job: its fields, vocabulary, presets and what a choice implies
+    ("validate", 2, rf"{B}\.validate(\..+)?"),  # rules across fields -> problems
+    ("estimate", 2, rf"{B}\.estimate(\..+)?"),  # memory, speed, the advisor
+    ("data", 2, rf"{B}\.data(\..+)?"),  # uploads, what a file is, the preview, the demo
+    ("render", 3, rf"{B}\.render(\..+)?"),  # the bundle's files
+    ("runs", 4, rf"{B}\.runs(\..+)?"),  # run folders, launching, following, Slurm, checkpoints
+    ("after", 5, rf"{B}\.after(\..+)?"),  # try, evaluate, merge, push: they read run folders
+    ("cli", 6, rf"{B}\.cli(\..+)?"),  # the command line
+    ("app", 6, r"tunedeck\.app(\..+)?"),  # the panel
+    ("entry", 7, r"tunedeck\.__main__"),
 ]
-STANDALONE = {"tunedeck.backend.train", "tunedeck.backend.supervisor", "tunedeck.backend.slurm_jobs"}
+STANDALONE = {"tunedeck.backend.recipe.train", "tunedeck.backend.runs.supervisor", "tunedeck.backend.runs.slurm_jobs"}
 
 
 # Issue 10: a reader takes a module in at one sitting. The exceptions cannot be split: train.py ships
@@ -62,8 +57,8 @@ STANDALONE = {"tunedeck.backend.train", "tunedeck.backend.supervisor", "tunedeck
 # each docstring says so at its top.
 MAX_LINES = 400
 LONG_ON_PURPOSE = {
-    "backend/train.py": "one long file on purpose",
-    "backend/supervisor.py": "One file on purpose",
+    "backend/recipe/train.py": "one long file on purpose",
+    "backend/runs/supervisor.py": "One file on purpose",
 }
 
 
@@ -166,7 +161,8 @@ def test_a_long_module_is_named(tmp_path):
     (tmp_path / "app" / "page.py").write_text("x = 1\n" * MAX_LINES)
     (tmp_path / "app" / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
     (tmp_path / "backend").mkdir()
-    (tmp_path / "backend" / "train.py").write_text("x = 1\n" * 2000)
+    (tmp_path / "backend" / "recipe").mkdir(parents=True)
+    (tmp_path / "backend" / "recipe" / "train.py").write_text("x = 1\n" * 2000)
     assert too_long(tmp_path) == ["app/big.py: 401 lines (at most 400: split it into modules with one job each)"]
 
 
@@ -177,7 +173,7 @@ def test_a_long_module_is_named(tmp_path):
             "tunedeck.backend.validate",
             "def f():\n    from tunedeck.backend.render.accelerate_yaml import render_accelerate_config\n",
             "tunedeck.backend.validate:{n} imports tunedeck.backend.render.accelerate_yaml "
-            "(core must not import render, a layer above it)",
+            "(validate must not import render, a layer above it)",
         ),
         (  # the CLI registering the panel's command by name
             "tunedeck.backend.cli",
@@ -186,8 +182,8 @@ def test_a_long_module_is_named(tmp_path):
         ),
         (  # the panel reaching into the CLI, relatively
             "tunedeck.app.page",
-            "from ..backend import cli_runs\n",
-            "tunedeck.app.page:{n} imports tunedeck.backend.cli_runs (app and cli are peers: neither imports the other)",
+            "from ..backend.cli import runs\n",
+            "tunedeck.app.page:{n} imports tunedeck.backend.cli.runs (app and cli are peers: neither imports the other)",
         ),
         (  # a generator reaching a run folder
             "tunedeck.backend.render.launch",
@@ -195,9 +191,9 @@ def test_a_long_module_is_named(tmp_path):
             "tunedeck.backend.render.launch:{n} imports tunedeck.backend.runs (render must not import runs, a layer above it)",
         ),
         (  # the bundle's entrypoint needing tunedeck
-            "tunedeck.backend.train",
+            "tunedeck.backend.recipe.train",
             "def f():\n    import tunedeck.backend.spec\n",
-            "tunedeck.backend.train:{n} imports tunedeck.backend.spec (tunedeck.backend.train runs without tunedeck)",
+            "tunedeck.backend.recipe.train:{n} imports tunedeck.backend.spec (tunedeck.backend.recipe.train runs without tunedeck)",
         ),
     ],
 )

@@ -91,7 +91,7 @@ def test_the_wheel_holds_the_package_data_and_only_tunedeck(wheel):
     assert zipfile.ZipFile(wheel).read(f"{info}/top_level.txt").decode().split() == ["tunedeck"]
     shipped_data = [*REPO.glob("presets/*.yaml"), *(p for p in REPO.glob("assets/**/*") if p.is_file())]
     assert shipped_data and REPO / "assets/demo/recipe.yaml" in shipped_data
-    for path in [*shipped_data, REPO / "constraints.txt", REPO / "__main__.py", REPO / "backend/train.py"]:
+    for path in [*shipped_data, REPO / "constraints.txt", REPO / "__main__.py", REPO / "backend/recipe/train.py"]:
         assert f"tunedeck/{path.relative_to(REPO)}" in names, path
     assert not any("/tests/" in n or n.startswith("tests/") for n in names)
     entry_points = zipfile.ZipFile(wheel).read(f"{info}/entry_points.txt").decode()

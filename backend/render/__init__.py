@@ -3,7 +3,7 @@
 render_bundle(spec) -> {file name: text}, in display order; zip_bundle(files) -> zip bytes.
 Each file comes from one small module here (accelerate_yaml, deepspeed_json,
 training_args, launch, slurm, requirements). Only spec and catalog are imported: no torch, no accelerate.
-A bundle that carries the job's local data (backend/bundle_data.py) has them in data/ besides its files:
+A bundle that carries the job's local data (backend/render/bundle_data.py) has them in data/ besides its files:
 zip_bundle and write_bundle copy them from this machine (carried.py: what a bundle carries).
 """
 
@@ -33,7 +33,7 @@ from tunedeck.backend.render.training_args import render_training_args
 from tunedeck.backend.spec import JobSpec, spec_to_yaml
 
 # The training entrypoint ships in every bundle under TRAIN_SCRIPT's name.
-TRAIN_ENTRYPOINT = Path(__file__).resolve().parent.parent / "train.py"
+TRAIN_ENTRYPOINT = Path(__file__).resolve().parent.parent / "recipe" / "train.py"
 
 
 @lru_cache(maxsize=1)
@@ -52,7 +52,7 @@ def render_bundle(spec: JobSpec, data: DataPlan | None = None) -> dict[str, str]
     """Every file of the job's bundle. Callers validate first: an invalid spec exports nothing.
 
     `data`: what the bundle carries of the job's local files and what it leaves (README.md lists them); the spec
-    is then the one the bundle runs, naming the carried files in data/ (backend/bundle_data.py)."""
+    is then the one the bundle runs, naming the carried files in data/ (backend/render/bundle_data.py)."""
     files = {
         JOB_FILE: spec_to_yaml(spec),
         ACCELERATE_CONFIG: render_accelerate_config(spec),

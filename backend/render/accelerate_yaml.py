@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import yaml
 
-from tunedeck.backend.engine_facts import fsdp_layer_cls
 from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.spec.engine_facts import fsdp_layer_cls
 
 DEEPSPEED_CONFIG_FILE = "ds_config.json"
 

@@ -2,8 +2,8 @@
 
 The training entrypoint passes them as `SFTConfig(**kwargs)` unchanged, so this file
 is exactly what runs. The two configs share the Trainer's arguments; a field only one of
-them takes applies only with its objective (backend/applies.py). A spec field that is an SFTConfig argument says so itself (SftField
-in backend/spec_sections.py) and is copied here by name where it applies (backend/applies.py);
+them takes applies only with its objective (backend/spec/applies.py). A spec field that is an SFTConfig argument says so itself (SftField
+in backend/spec/sections.py) and is copied here by name where it applies (backend/spec/applies.py);
 only the keys derived from several fields, or from where the job runs, are written by hand.
 
 It carries the CPU specifics too (measured, docs/notes/cpu-distributed.md): DDP on CPU needs
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import yaml
 
-from tunedeck.backend.applies import applies
 from tunedeck.backend.spec import FIELD_PATHS, JobSpec, flat_values, sft_name
+from tunedeck.backend.spec.applies import applies
 
 # TRL's SFTTrainer tokenises on the global main process first, then on each node's local main, while
 # every other rank waits in a barrier (trl/trainer/utils.py, global_then_local_main_first). That

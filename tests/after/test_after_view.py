@@ -12,11 +12,11 @@ from runs.helpers import fake_run
 
 from tunedeck.app.after_view import AfterView, next_turns
 from tunedeck.app.eval_display import EVAL_HEADERS
-from tunedeck.backend.checkpoints import AfterError
-from tunedeck.backend.eval_results import save_results
-from tunedeck.backend.examples import verdict
-from tunedeck.backend.prompting import SettingsError
-from tunedeck.backend.runs import RunManager
+from tunedeck.backend.after.eval_results import save_results
+from tunedeck.backend.after.examples import verdict
+from tunedeck.backend.after.prompting import SettingsError
+from tunedeck.backend.runs.checkpoints import AfterError
+from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.spec import resolve_spec, spec_to_dict
 
 from .helpers import CHAT_SYSTEM, gone

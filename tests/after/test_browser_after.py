@@ -1,7 +1,7 @@
 """The Try · Evaluate · Export tab in headless Chromium, over a copy of the session's trained demo run.
 
 One panel for the module, with a short worker idle timeout; the tests run in order and the last
-one stops the panel. Worker processes are the panel's children running tunedeck.backend.worker.
+one stops the panel. Worker processes are the panel's children running tunedeck.backend.after.worker.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def workers(server) -> list[int]:
     found = []
     for child in psutil.Process(server.proc.pid).children(recursive=True):
         try:
-            if "tunedeck.backend.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if "tunedeck.backend.after.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
                 found.append(child.pid)
         except psutil.NoSuchProcess:
             continue

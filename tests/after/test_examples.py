@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from tunedeck.backend import train
-from tunedeck.backend.checkpoints import AfterError
-from tunedeck.backend.evaluate import rouge_l
-from tunedeck.backend.examples import NoExamples, data_examples, pick, verdict
-from tunedeck.backend.prompting import answer_line, chat_messages, resolve_template, transcript, wrap_plain
+from tunedeck.backend.after.evaluate import rouge_l
+from tunedeck.backend.after.examples import NoExamples, data_examples, pick, verdict
+from tunedeck.backend.after.prompting import answer_line, chat_messages, resolve_template, transcript, wrap_plain
+from tunedeck.backend.recipe import train
+from tunedeck.backend.runs.checkpoints import AfterError
 
 
 def _write(path, rows) -> None:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tunedeck.backend import evaluate
+from tunedeck.backend.after import evaluate
 
 
 def test_prompt_only_rows_are_scored_against_their_answer_column_under_any_column_names(tmp_path):
@@ -51,6 +51,6 @@ def test_a_folder_of_split_files_is_evaluated_on_its_held_out_file(tmp_path):
     [(" 7 ", "7", True), ("3 + 4 = 7 #### 7", "7", True), ("\\boxed{1,200}", "1200", True), (" 8", "7", False)],
 )
 def test_an_exact_match_is_the_same_final_answer_as_grpos_reward_scores_it(answer, expected, same):
-    from tunedeck.backend.evaluate import exact_match
+    from tunedeck.backend.after.evaluate import exact_match
 
     assert exact_match(answer, expected) is same

@@ -13,12 +13,18 @@ import yaml
 from panel.fake_nvml import FakeNvml
 from runs.helpers import fake_run
 
-from tunedeck.backend import train
-from tunedeck.backend.eval_results import read_eval, save_results, table_rows
-from tunedeck.backend.prompting import GenerationSettings, SettingsError, StopTrimmer, resolve_template, wrap_plain
+from tunedeck.backend.after.eval_results import read_eval, save_results, table_rows
+from tunedeck.backend.after.prompting import (
+    GenerationSettings,
+    SettingsError,
+    StopTrimmer,
+    resolve_template,
+    wrap_plain,
+)
+from tunedeck.backend.after.worker_device import inference_gb, place
+from tunedeck.backend.recipe import train
 from tunedeck.backend.render.serve import render_serve_sh, vllm_max_lora_rank
 from tunedeck.backend.spec import load_presets, spec_to_dict
-from tunedeck.backend.worker_device import inference_gb, place
 
 from .helpers import tunedeck
 
@@ -216,7 +222,7 @@ def test_a_run_that_saved_nothing_yet_says_when_it_will(tmp_path):
 
 
 def test_side_by_side_streams_both_answers_and_reports_a_failure():
-    from tunedeck.backend.worker_client import side_by_side
+    from tunedeck.backend.after.worker_client import side_by_side
 
     def failing():
         yield "par"
@@ -230,7 +236,7 @@ def test_side_by_side_streams_both_answers_and_reports_a_failure():
 def test_leaving_side_by_side_early_closes_the_streams():
     import threading
 
-    from tunedeck.backend.worker_client import side_by_side
+    from tunedeck.backend.after.worker_client import side_by_side
 
     closed = threading.Event()
 
@@ -250,7 +256,7 @@ def test_leaving_side_by_side_early_closes_the_streams():
 def test_side_by_side_also_answers_while_a_stream_is_still_loading():
     import time
 
-    from tunedeck.backend.worker_client import side_by_side
+    from tunedeck.backend.after.worker_client import side_by_side
 
     def loading_then_answering():
         time.sleep(0.8)  # a model still loading: nothing to show yet

@@ -1,4 +1,4 @@
-"""FLOPs per token, the GPU peak table, and train.py's MFU records (backend/flops.py, backend/train.py)."""
+"""FLOPs per token, the GPU peak table, and train.py's MFU records (backend/spec/flops.py, backend/recipe/train.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from tunedeck.backend import catalog, flops, train
+from tunedeck.backend.recipe import train
+from tunedeck.backend.spec import catalog, flops
 
 
 def test_train_carries_the_shared_block_verbatim():
     train_text = flops.TRAIN_FILE.read_text(encoding="utf-8")
     own = flops.shared_block(flops.Path(flops.__file__).read_text(encoding="utf-8"))
-    assert flops.shared_block(train_text) == own, "run `python -m tunedeck.backend.flops --sync`"
+    assert flops.shared_block(train_text) == own, "run `python -m tunedeck.backend.spec.flops --sync`"
     drifted = train_text.replace('"bf16": 989', '"bf16": 990', 1)
     assert flops.shared_block(drifted) != own  # a one-number edit in train.py alone is caught
     assert flops.synced_train_text(drifted) == train_text  # and --sync repairs it

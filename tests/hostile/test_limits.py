@@ -11,8 +11,8 @@ import pytest
 
 from tunedeck.app.job_outputs import evaluate, issues_markdown
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.fields import FIELDS_BY_PATH, FORM_FIELDS, values_from_form, values_from_spec
 from tunedeck.backend.spec import FIELD_PATHS, JobSpec, SpecError, field_info, resolve_spec, set_paths
+from tunedeck.backend.spec.fields import FIELDS_BY_PATH, FORM_FIELDS, values_from_form, values_from_spec
 from tunedeck.backend.validate import CPU_RANK_BYTES, validate
 
 from .helpers import RAW_ERRORS, cli, error_fields

@@ -90,7 +90,7 @@ class PanelServer:
 
 def stop_live_runs(runs_dir: Path) -> None:
     """Stop every run still live in runs_dir and wait for it: a test module never leaves a run behind."""
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
 
     manager = RunManager(runs_dir)
     for run in manager.list_runs():
@@ -229,7 +229,7 @@ def wait_text(page, selector: str, text: str, timeout: float = 20_000) -> None:
 
 def wait_no_errors(page, timeout: float = 20_000) -> None:
     """Until the problems beside the form show no error: "No problems", or warnings only (a GPU job on this
-    machine, which has no GPU, always has one: Start here would refuse it, backend/preflight.py)."""
+    machine, which has no GPU, always has one: Start here would refuse it, backend/runs/preflight.py)."""
     page.wait_for_function(
         "() => { const e = document.querySelector('#job-issues'); "
         "return !!e && /No problems|warning/.test(e.innerText) && !e.innerText.includes('✗'); }",

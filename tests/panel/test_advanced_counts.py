@@ -8,8 +8,8 @@ from tunedeck.app.advanced_counts import AdvancedCounts
 from tunedeck.app.form import build_form
 from tunedeck.app.job_outputs import evaluate
 from tunedeck.app.registry import Registry
-from tunedeck.backend.fields import FORM_FIELDS, values_from_spec, visible
 from tunedeck.backend.spec import JobSpec, load_presets, set_paths
+from tunedeck.backend.spec.fields import FORM_FIELDS, values_from_spec, visible
 
 
 def shown_advanced(values, section: str) -> int:

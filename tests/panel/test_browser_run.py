@@ -118,7 +118,7 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
 
 
 def test_reloading_the_page_reattaches_to_a_live_run(page, server):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import resolve_spec, set_paths
 
     # Started outside the page (as `tunedeck train` would): the disk is the message bus.
@@ -143,7 +143,7 @@ def test_reloading_the_page_reattaches_to_a_live_run(page, server):
 
 
 def test_past_runs_reopen_and_overlay_two_loss_curves(page, server):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import resolve_spec, set_paths
 
     manager = RunManager(server.runs_dir)
@@ -205,7 +205,7 @@ def test_a_refused_start_says_why_and_launches_nothing(page, server):
 
 
 def test_start_refuses_while_the_files_shown_are_not_the_forms(page, server):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
 
     load(page, server)
     before = {p.name for p in server.runs_dir.iterdir()}
@@ -274,7 +274,7 @@ def test_a_page_left_open_asks_for_no_frames_while_nothing_changes(page, server)
 
 
 def test_queue_waits_for_the_run_ahead_and_stop_takes_it_out_of_the_queue(page, server):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import resolve_spec, set_paths
 
     manager = RunManager(server.runs_dir)
@@ -297,8 +297,8 @@ def test_queue_waits_for_the_run_ahead_and_stop_takes_it_out_of_the_queue(page, 
 
 
 def test_a_sweep_from_the_page_queues_one_named_run_per_value(page, server):
-    from tunedeck.backend.run_notes import read_notes
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
+    from tunedeck.backend.runs.notes import read_notes
 
     load(page, server)
     page.click("#sweep")  # its fold

@@ -6,7 +6,7 @@ import gradio as gr
 import pytest
 
 from tunedeck.app.errors import shown_as_message
-from tunedeck.backend.runs import RunError
+from tunedeck.backend.runs.manager import RunError
 from tunedeck.backend.spec import SpecError
 
 

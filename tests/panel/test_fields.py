@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.fields import (
+from tunedeck.backend.spec import FIELD_PATHS, JobSpec, SpecError, load_presets, set_paths
+from tunedeck.backend.spec.fields import (
     FIELDS_BY_PATH,
     FORM_FIELDS,
     applies,
@@ -13,7 +14,6 @@ from tunedeck.backend.fields import (
     values_from_form,
     values_from_spec,
 )
-from tunedeck.backend.spec import FIELD_PATHS, JobSpec, SpecError, load_presets, set_paths
 
 
 def visible(spec: JobSpec) -> set[str]:

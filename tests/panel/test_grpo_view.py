@@ -29,13 +29,13 @@ from tunedeck.app.charts import (
 from tunedeck.app.data_upload import OBJECTIVE_SAID
 from tunedeck.app.run_index import TABLE_HEADERS
 from tunedeck.app.run_view import RunShown
-from tunedeck.backend import train
-from tunedeck.backend.cli_follow import ProgressBar, follow
-from tunedeck.backend.run_folder import parse_line, read_records
-from tunedeck.backend.run_summary import facts_line, report, summarize, verdict
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.supervisor import write_status
-from tunedeck.backend.vocabulary import OBJECTIVE_FORMATS
+from tunedeck.backend.cli.follow import ProgressBar, follow
+from tunedeck.backend.recipe import train
+from tunedeck.backend.runs.folder import parse_line, read_records
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.summary import facts_line, report, summarize, verdict
+from tunedeck.backend.runs.supervisor import write_status
+from tunedeck.backend.spec.vocabulary import OBJECTIVE_FORMATS
 
 from .test_run_view import Drawn
 
@@ -154,7 +154,7 @@ def test_the_summary_says_the_reward_change_and_the_facts_the_objective_rewards_
 
 
 def read_records_of(records: list[dict]):
-    from tunedeck.backend.run_folder import RunRecords
+    from tunedeck.backend.runs.folder import RunRecords
 
     run = RunRecords()
     run.add([dict(START), *records])
@@ -265,8 +265,8 @@ def test_uploaded_prompts_say_what_grpo_does_with_them_and_the_bundle_names_grpo
 
 @pytest.mark.slow  # datasets and transformers in a subprocess-free preview: over 5 s of imports
 def test_the_preview_lists_prompts_as_the_model_reads_them_and_their_reference_answers(demo_home, tmp_path):
-    from tunedeck.backend.cli_preview import stats_line
-    from tunedeck.backend.preview import measured_seq_len, preview
+    from tunedeck.backend.cli.preview import stats_line
+    from tunedeck.backend.data.preview import measured_seq_len, preview
     from tunedeck.backend.spec import resolve_spec, set_paths
 
     spec = resolve_spec("demo-grpo")
@@ -309,7 +309,7 @@ def test_the_preview_lists_prompts_as_the_model_reads_them_and_their_reference_a
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
     """The demo-grpo preset trained once, as `tunedeck train demo-grpo` trains it."""
-    from tunedeck.backend.demo import ensure_demo_if_used
+    from tunedeck.backend.data.demo import ensure_demo_if_used
     from tunedeck.backend.spec import resolve_spec
 
     spec = resolve_spec("demo-grpo")
@@ -351,7 +351,7 @@ def test_a_real_grpo_runs_records_draw_its_reward_and_say_its_change(real_run, c
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_a_real_grpo_run_is_evaluated_on_its_held_out_prompts_against_their_reference_answers(real_run, demo_home):
-    from tunedeck.backend.evaluate import evaluate_run
+    from tunedeck.backend.after.evaluate import evaluate_run
 
     manager, run_id = real_run
     held_out = demo_home / "prompts" / "validation.jsonl"

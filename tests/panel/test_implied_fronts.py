@@ -1,5 +1,5 @@
 """One set of rules: a field that implies others sets them the same way in the page's form and in the CLI's --set
-(backend/implied.py), so `tunedeck export PRESET --set ...` writes the bundle the page shows for the same edit."""
+(backend/spec/implied.py), so `tunedeck export PRESET --set ...` writes the bundle the page shows for the same edit."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from tunedeck.app.job_events import JobShown
 from tunedeck.app.job_view import JobView
 from tunedeck.app.registry import Registry
 from tunedeck.backend.cli import main
-from tunedeck.backend.fields import FORM_FIELDS, values_from_spec
-from tunedeck.backend.implied import RULES
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import JobSpec, flat_values, load_presets, set_paths
+from tunedeck.backend.spec.fields import FORM_FIELDS, values_from_spec
+from tunedeck.backend.spec.implied import RULES
 
-# (preset, the fields a person changes): between them every rule of backend/implied.py fires at least once
+# (preset, the fields a person changes): between them every rule of backend/spec/implied.py fires at least once
 # (test_every_rule_is_covered), in both directions where a rule has two.
 EDITS = [
     ("7b-lora-ddp", {"method": "qlora"}),  # QLoRA loads a 4-bit NF4 base

@@ -8,7 +8,7 @@ import time
 import pynvml
 
 from panel.fake_nvml import FakeNvml, two_h100s
-from tunedeck.backend.monitor import Monitor
+from tunedeck.backend.machine.monitor import Monitor
 
 
 def test_without_a_gpu_the_monitor_says_so_and_still_samples_cpu_and_ram():

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from deepspeed.runtime.sequence_parallel import parallel_state_sp
 from deepspeed.utils import groups
 
-from tunedeck.backend import train
+from tunedeck.backend.recipe import train
 
 deepspeed.init_distributed(dist_backend="gloo")
 parallel_state_sp.initialize_sequence_parallel(2)  # as accelerate's Ulysses setup does (sp_size 2)

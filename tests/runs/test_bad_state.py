@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.runs.manager import RunError, RunManager
 
 from .helpers import fake_run, fill, tunedeck
 
@@ -79,7 +79,7 @@ def test_a_start_on_a_full_disk_is_a_clear_error_and_leaves_no_run_folder(small_
     manager = RunManager(disk)
     for leave in (0, 40_000):  # nothing fits; part of the run folder fits
         filler = fill(disk, leave)
-        # The preflight sees it first: no room for the checkpoints the job keeps (backend/preflight_launch.py).
+        # The preflight sees it first: no room for the checkpoints the job keeps (backend/runs/preflight_launch.py).
         with pytest.raises(RunError, match=r"output_dir: .* free, and the job keeps 2 checkpoint\(s\).*free space"):
             manager.start(demo_spec())
         assert [p.name for p in disk.iterdir() if not p.name.startswith(("filler", ".start.lock"))] == []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import train
+from tunedeck.backend.recipe import train
 from tunedeck.backend.spec import resolve_spec
 
 from .helpers import start_record

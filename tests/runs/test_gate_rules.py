@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend import train
+from tunedeck.backend.recipe import train
 from tunedeck.backend.spec import resolve_spec, spec_to_dict
 
 

@@ -132,7 +132,7 @@ def test_fsdp2_ranks_without_use_cpu_are_not_wrapped(tmp_path, demo_spec):
 
 def test_smoke_run_that_got_ddp_fails_the_gate(tmp_path):
     """The FSDP preset's smoke run with train_sft.py's FSDP2-on-CPU step taken out: accelerate gives it DDP, the gate stops it."""
-    from tunedeck.backend.smoke import smoke_spec
+    from tunedeck.backend.runs.smoke import smoke_spec
     from tunedeck.backend.spec import resolve_spec
 
     folder = bundle_for(tmp_path, smoke_spec(resolve_spec("13b-lora-fsdp")))

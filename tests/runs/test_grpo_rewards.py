@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from tunedeck.backend import supervisor, train
-from tunedeck.backend.run_status import from_status_file
+from tunedeck.backend.recipe import train
+from tunedeck.backend.runs import supervisor
+from tunedeck.backend.runs.status import from_status_file
 
 CALL = {  # how TRL calls a reward: its columns by name, two answers to one prompt here
     "prompts": ["Q: 2+2?", "Q: 2+2?"],

@@ -18,8 +18,10 @@ import psutil
 import pytest
 
 from runs.helpers import log_records, logs_tail, run_processes, status_json, tunedeck, wait_for
-from tunedeck.backend import cli_runs, supervisor, train
-from tunedeck.backend.runs import RunManager
+from tunedeck.backend.cli import runs as cli_runs
+from tunedeck.backend.recipe import train
+from tunedeck.backend.runs import supervisor
+from tunedeck.backend.runs.manager import RunManager
 
 
 class Hook:

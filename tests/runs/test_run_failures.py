@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tunedeck.backend.runs import RunManager
+from tunedeck.backend.runs.manager import RunManager
 
 from .helpers import log_records, logs_tail, run_processes, still_alive, tunedeck, wait_for
 

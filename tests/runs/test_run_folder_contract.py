@@ -1,4 +1,4 @@
-"""The run-folder contract (backend/run_folder.py) against the two writers that cannot import it.
+"""The run-folder contract (backend/runs/folder.py) against the two writers that cannot import it.
 
 train.py (shipped as train_sft.py) and the supervisor run without tunedeck, so they spell the
 run folder's file names and record keys themselves. These tests read their source and compare
@@ -17,8 +17,12 @@ from typing import get_args
 import pytest
 
 from tunedeck.app import charts
-from tunedeck.backend import run_folder, run_startup, run_status, supervisor, train
-from tunedeck.backend.run_folder import (
+from tunedeck.backend.recipe import train
+from tunedeck.backend.runs import folder as run_folder
+from tunedeck.backend.runs import startup as run_startup
+from tunedeck.backend.runs import status as run_status
+from tunedeck.backend.runs import supervisor
+from tunedeck.backend.runs.folder import (
     EndRecord,
     ErrorRecord,
     GateVerdict,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.supervisor import is_alive
-from tunedeck.backend.tail import JsonlTail
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.supervisor import is_alive
+from tunedeck.backend.runs.tail import JsonlTail
 
 from .helpers import (
     end_record,
@@ -106,7 +106,7 @@ def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, 
 MANAGER_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import resolve_spec, set_paths
     manager = RunManager(sys.argv[1])
     run_id = manager.start(set_paths(resolve_spec("demo"), {"training.max_steps": 150}))
@@ -143,7 +143,7 @@ def test_killed_manager_reattaches_and_every_step_is_logged_once(runs_dir, demo_
 def test_a_slow_rank_is_named_while_rank_0_waits_for_it(runs_dir, demo_home):
     """A slow node holds up the whole run before its first step: the page's progress line and `tunedeck train` name
     it, not only rank 0's phase."""
-    from tunedeck.backend.run_startup import phase_now, read_phases
+    from tunedeck.backend.runs.startup import phase_now, read_phases
 
     slow = {**os.environ, "TUNEDECK_FAULT": "rank=1,seconds=25,phase=loading the model"}  # rank 1 loads 25 s longer
     train = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""One run summary (backend/run_summary.py) in every front end: `tunedeck runs`, `runs show`, train's progress line, the panel."""
+"""One run summary (backend/runs/summary.py) in every front end: `tunedeck runs`, `runs show`, train's progress line, the panel."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import re
 import time
 
 from tunedeck.app.run_watch import RunWatch
-from tunedeck.backend.cli_follow import ProgressBar
-from tunedeck.backend.run_folder import RunRecords, parse_record, read_records
-from tunedeck.backend.run_summary import summarize, verdict
+from tunedeck.backend.cli.follow import ProgressBar
+from tunedeck.backend.runs.folder import RunRecords, parse_record, read_records
+from tunedeck.backend.runs.summary import summarize, verdict
 
 from .helpers import fake_run, tunedeck
 
@@ -103,8 +103,8 @@ def test_a_smoke_verdict_names_the_strategy_the_run_got(tmp_path):
 def test_a_starting_run_says_what_it_does_before_its_first_step(tmp_path):
     """train.py's StartupPhases writes startup.json; the progress line names the phase and its time, `runs show`
     and the page's summary how long each phase took once training began."""
-    from tunedeck.backend import train
-    from tunedeck.backend.run_startup import breakdown, phase_now, read_phases
+    from tunedeck.backend.recipe import train
+    from tunedeck.backend.runs.startup import breakdown, phase_now, read_phases
 
     phases = train.StartupPhases(tmp_path, rank=0)
     phases.enter("joining the other processes")
@@ -144,8 +144,8 @@ def test_a_starting_run_says_what_it_does_before_its_first_step(tmp_path):
 
 
 def test_a_run_joining_for_long_says_what_to_check(tmp_path):
-    from tunedeck.backend import train
-    from tunedeck.backend.run_startup import phase_now, read_phases
+    from tunedeck.backend.recipe import train
+    from tunedeck.backend.runs.startup import phase_now, read_phases
     from tunedeck.backend.spec import resolve_spec, spec_to_yaml
 
     spec = resolve_spec("7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8",
@@ -169,8 +169,8 @@ def test_a_run_joining_for_long_says_what_to_check(tmp_path):
 def test_a_run_waiting_for_other_ranks_names_the_one_behind(tmp_path):
     """Each rank writes its phases; once rank 0 has waited a while, the line names the rank furthest behind, with
     its host when it is another machine, or the ranks that never started."""
-    from tunedeck.backend import train
-    from tunedeck.backend.run_startup import phase_now
+    from tunedeck.backend.recipe import train
+    from tunedeck.backend.runs.startup import phase_now
     from tunedeck.backend.spec import resolve_spec, spec_to_yaml
 
     (tmp_path / "job.yaml").write_text(spec_to_yaml(resolve_spec("7b-lora-ddp", ["launch.num_processes=4"])))
@@ -209,7 +209,7 @@ def test_a_run_waiting_for_other_ranks_names_the_one_behind(tmp_path):
 def test_runs_lists_what_a_starting_run_does(tmp_path):
     import subprocess
 
-    from tunedeck.backend import train
+    from tunedeck.backend.recipe import train
 
     holder = subprocess.Popen(["sleep", "120"])  # a live process standing in for the run's supervisor
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tunedeck.backend.render.launch import TRAIN_SCRIPT
-from tunedeck.backend.smoke import smoke_spec
+from tunedeck.backend.runs.smoke import smoke_spec
 from tunedeck.backend.spec import resolve_spec
 
 from .helpers import end_record, log_records, logs_tail, start_record

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import flops
-from tunedeck.backend.run_startup import read_phases
-from tunedeck.backend.spec import load_presets
+from tunedeck.backend.runs.startup import read_phases
+from tunedeck.backend.spec import flops, load_presets
 
 from .helpers import log_records, logs_tail, repeated_warnings, start_record
 

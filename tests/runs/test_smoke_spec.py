@@ -1,4 +1,4 @@
-"""The smoke job (backend/smoke.py) without training: what it keeps, what it shrinks, the tiny models, the verdict."""
+"""The smoke job (backend/runs/smoke.py) without training: what it keeps, what it shrinks, the tiny models, the verdict."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from tunedeck.backend import catalog
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.smoke import (
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.smoke import (
     SmokeError,
     Verdict,
     is_smoke_job,
@@ -17,7 +16,7 @@ from tunedeck.backend.smoke import (
     smoke_verdict,
     start_smoke_run,
 )
-from tunedeck.backend.spec import load_presets, resolve_spec, spec_to_dict
+from tunedeck.backend.spec import catalog, load_presets, resolve_spec, spec_to_dict
 from tunedeck.backend.validate import validate
 
 KEPT = ["method", "lora", "quantization", "strategy"]

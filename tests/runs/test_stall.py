@@ -20,10 +20,11 @@ import pytest
 
 from tunedeck.app.run_actions import stacks_notice
 from tunedeck.app.run_shown import RunShown
-from tunedeck.backend import supervisor, train
-from tunedeck.backend.run_status import from_status_file
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.train import write_progress
+from tunedeck.backend.recipe import train
+from tunedeck.backend.recipe.train import write_progress
+from tunedeck.backend.runs import supervisor
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.status import from_status_file
 
 from .helpers import log_records, logs_tail, run_processes, start_record, still_alive, tunedeck, wait_for
 

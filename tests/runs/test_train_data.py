@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import train
+from tunedeck.backend.recipe import train
 
 FORMAT_SPECS = {
     "text": {"format": "text"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from tunedeck.backend import train
+from tunedeck.backend.recipe import train
 
 
 def test_evaluation_time_is_left_out_of_tokens_per_second(tmp_path, monkeypatch):

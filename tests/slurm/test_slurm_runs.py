@@ -103,7 +103,7 @@ def test_cli_trains_the_demo_on_both_nodes(cli_run):
 
 
 def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_cluster, shared_runs_dir, demo_spec):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
 
     manager = RunManager(shared_runs_dir / "requeue")
     spec = demo_spec(

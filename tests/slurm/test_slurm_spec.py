@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from tunedeck.backend.render import render_bundle, write_bundle
-from tunedeck.backend.slurm_jobs import expand_nodes
+from tunedeck.backend.runs.slurm_jobs import expand_nodes
 from tunedeck.backend.spec import SpecError, resolve_spec
 from tunedeck.backend.validate import validate
 

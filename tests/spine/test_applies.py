@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.applies import applies
-from tunedeck.backend.fields import FORM_FIELDS, visible
 from tunedeck.backend.render.training_args import SFT_ARGUMENTS, training_args_dict
 from tunedeck.backend.spec import flat_values, resolve_spec
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import FORM_FIELDS, visible
 from tunedeck.backend.validate import validate
 
 from .conftest import PRESET_IDS

@@ -18,12 +18,12 @@ from hostile.helpers import cli
 
 from tunedeck.app.data_upload import fill_from_upload
 from tunedeck.app.downloads import BundleWriter, zip_name_for
-from tunedeck.backend import train
-from tunedeck.backend.bundle_data import bundle_files
-from tunedeck.backend.fields import values_from_spec
+from tunedeck.backend.recipe import train
 from tunedeck.backend.render import render_bundle, write_bundle, zip_bundle
+from tunedeck.backend.render.bundle_data import bundle_files
 from tunedeck.backend.render.carried import DATA_CAP_BYTES, DATA_NAME
 from tunedeck.backend.spec import load_presets, resolve_spec, set_paths
+from tunedeck.backend.spec.fields import values_from_spec
 
 QA = [{"prompt": f"Q: {i} + 1\nA:", "completion": f" {i + 1}"} for i in range(40)]
 

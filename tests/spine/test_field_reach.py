@@ -1,7 +1,7 @@
 """Every spec field does something: it reaches a generated file, or train_sft.py reads it from job.yaml.
 
 A field is changed, one at a time, to other values that still validate, in jobs where it
-applies (backend/applies.py); the bundle is rendered again, and some file other than job.yaml
+applies (backend/spec/applies.py); the bundle is rendered again, and some file other than job.yaml
 and the README must change. A field that changes no file must be read by train_sft.py: train.py
 looks its section up and names the field, or hands the whole section to a library
 (`LoraConfig(**job.get("lora"))`). A field that does neither is a knob wired to nothing.
@@ -14,12 +14,12 @@ import ast
 import pytest
 from pydantic import Field
 
-from tunedeck.backend.applies import applies
-from tunedeck.backend.fields import FormField, build_fields
 from tunedeck.backend.render import TRAIN_ENTRYPOINT, render_bundle
 from tunedeck.backend.spec import JobSpec, SpecError, TrainingSpec, iter_fields, resolve_spec, set_dotted
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import FormField, build_fields
+from tunedeck.backend.spec.vocabulary import DATASET_FORMATS
 from tunedeck.backend.validate import has_errors, validate
-from tunedeck.backend.vocabulary import DATASET_FORMATS
 
 NOT_A_USE = {"job.yaml", "README.md"}  # the spec itself, and the words about it
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tunedeck.backend import train
-from tunedeck.backend.applies import applies
-from tunedeck.backend.data_uploads import dataset_changes
-from tunedeck.backend.fields import section_shown, values_from_spec
+from tunedeck.backend.data.uploads import dataset_changes
+from tunedeck.backend.recipe import train
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import SpecError, flat_values, resolve_spec, set_paths
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import section_shown, values_from_spec
+from tunedeck.backend.spec.vocabulary import REWARDS
 from tunedeck.backend.validate import has_errors, validate
-from tunedeck.backend.vocabulary import REWARDS
 
 GRPO = {"objective": "grpo", "dataset.format": "prompt-only", "training.per_device_train_batch_size": 8}
 
@@ -109,7 +109,7 @@ def test_the_rewards_tab_and_fields_show_for_grpo_only():
 def test_train_sft_py_implements_exactly_the_rewards_tunedeck_offers():
     assert set(train.REWARD_FUNCTIONS) == set(REWARDS)
     # train.py ships alone, so it keeps its own copy of the spec's way to name your own reward: the same one
-    from tunedeck.backend.spec_grpo import CUSTOM_REWARD
+    from tunedeck.backend.spec.grpo import CUSTOM_REWARD
 
     assert train.CUSTOM_REWARD.pattern == CUSTOM_REWARD.pattern
 

@@ -14,16 +14,18 @@ import yaml
 
 from tunedeck.app.charts import PREFERENCE_PANELS, metrics_figure
 from tunedeck.app.dataset_preview import preview_markdown
-from tunedeck.backend import evaluate, speed, train
-from tunedeck.backend.applies import applies
-from tunedeck.backend.data_uploads import dataset_changes
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.memory_job import Job, input_values
-from tunedeck.backend.preview import preview
+from tunedeck.backend.after import evaluate
+from tunedeck.backend.data.preview import preview
+from tunedeck.backend.data.uploads import dataset_changes
+from tunedeck.backend.estimate import speed
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import Job, input_values
+from tunedeck.backend.recipe import train
 from tunedeck.backend.render import render_bundle
-from tunedeck.backend.run_summary import facts_line, run_title
+from tunedeck.backend.runs.summary import facts_line, run_title
 from tunedeck.backend.spec import resolve_spec, set_paths
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import values_from_spec
 from tunedeck.backend.validate import has_errors, validate
 
 KTO = {"objective": "kto", "dataset.format": "unpaired-preference", "training.per_device_train_batch_size": 2}

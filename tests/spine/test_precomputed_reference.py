@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend import speed
-from tunedeck.backend.applies import applies
-from tunedeck.backend.bundle_check import check_bundle
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.memory_job import Job, input_values
+from tunedeck.backend.estimate import speed
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import Job, input_values
 from tunedeck.backend.render import render_bundle
-from tunedeck.backend.run_summary import facts_line
+from tunedeck.backend.render.bundle_check import check_bundle
+from tunedeck.backend.runs.summary import facts_line
 from tunedeck.backend.spec import resolve_spec, set_paths
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import values_from_spec
 from tunedeck.backend.validate import validate
 
 PRECOMPUTED = {"preference.precompute_ref_log_probs": True}

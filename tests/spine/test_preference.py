@@ -13,13 +13,14 @@ import pytest
 import yaml
 
 from tunedeck.app.charts import PREFERENCE_PANELS, metrics_figure
-from tunedeck.backend import evaluate, train
-from tunedeck.backend.applies import applies
-from tunedeck.backend.data_uploads import dataset_changes
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.memory import estimate
+from tunedeck.backend.after import evaluate
+from tunedeck.backend.data.uploads import dataset_changes
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.recipe import train
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import resolve_spec, set_paths
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import values_from_spec
 from tunedeck.backend.validate import has_errors, validate
 
 DPO = {"objective": "dpo", "dataset.format": "preference"}
@@ -111,7 +112,7 @@ def test_a_dpo_runs_charts_add_its_rewards_below_the_training_metrics():
 
 
 def test_the_preview_shows_each_pair_as_the_model_reads_it_and_measures_its_longer_side(demo_home):
-    from tunedeck.backend.preview import preview
+    from tunedeck.backend.data.preview import preview
 
     result = preview(resolve_spec("demo-dpo"), rows=1, limit=50)
     (row,) = result["rows"]
@@ -137,8 +138,8 @@ def test_evaluation_scores_how_often_a_model_prefers_the_chosen_answer(demo_home
 
 
 def test_a_dpo_step_costs_two_sequences_and_a_reference_forward_pass():
-    from tunedeck.backend import speed
-    from tunedeck.backend.memory_job import Job, input_values
+    from tunedeck.backend.estimate import speed
+    from tunedeck.backend.estimate.memory_job import Job, input_values
 
     h100 = speed.Hardware.named("H100")
 

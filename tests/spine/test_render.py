@@ -23,7 +23,7 @@ from tunedeck.backend.spec import resolve_spec, spec_from_yaml
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_PRESETS = ["70b-qlora-zero3", "7b-lora-ddp"]
-# train_sft.py is backend/train.py verbatim (checked below), not a generated file.
+# train_sft.py is backend/recipe/train.py verbatim (checked below), not a generated file.
 NOT_GOLDEN = {"train_sft.py"}
 
 

@@ -139,7 +139,7 @@ def test_panel_side_modules_import_no_heavy_library():
     """Fresh interpreter: import the panel-side modules, render and validate, then look at sys.modules."""
     code = """
 import json, sys
-import tunedeck.backend.spec, tunedeck.backend.validate, tunedeck.backend.render, tunedeck.backend.catalog, tunedeck.backend.cli, tunedeck.backend.cli_spec, tunedeck.backend.bundle_check
+import tunedeck.backend.spec, tunedeck.backend.validate, tunedeck.backend.render, tunedeck.backend.spec.catalog, tunedeck.backend.cli, tunedeck.backend.cli.spec, tunedeck.backend.render.bundle_check
 from tunedeck.backend.cli import build_parser
 from tunedeck.backend.spec import resolve_spec
 build_parser()

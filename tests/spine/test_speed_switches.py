@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from tunedeck.backend import train
+from tunedeck.backend.recipe import train
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import resolve_spec, spec_to_dict
 from tunedeck.backend.validate import validate

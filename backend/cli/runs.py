@@ -1,0 +1,399 @@
+"""Run commands: `tunedeck train SPEC` (headless, with a progress bar) and `tunedeck runs [show|stop]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
+from tunedeck.backend.cli.follow import follow
+from tunedeck.backend.runs.folder import ACTIVE_STATES, LOGS_DIR, read_records
+from tunedeck.backend.runs.notes import read_notes
+from tunedeck.backend.runs.startup import breakdown, phase_now, read_phases, starting_phase
+from tunedeck.backend.runs.summary import RunSummary, format_clock, report, summarize
+from tunedeck.backend.spec.untrusted import shown
+
+# Exit codes of `tunedeck train`: the training's own status.
+EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="run a job headless here, with a progress bar (Ctrl-C stops it gracefully)")
+    add_spec_arguments(p)
+    _add_runs_dir(p)
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="prove the job's exact path in about a minute: a tiny random-weight model of its architecture, a few "
+        "rows and steps, 2 CPU processes (or this machine's GPUs); ends with a verdict line",
+    )
+    p.add_argument(
+        "--queue",
+        action="store_true",
+        help="start it after the live runs that hold its GPUs (a CPU run: the other CPU runs) have ended, instead "
+        "of refusing; it waits queued, and Ctrl-C takes it out of the queue (a Slurm run queues in Slurm)",
+    )
+    p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser(
+        "runs",
+        help="list runs; `runs show ID`, `runs stop ID`, `runs resume ID`, `runs note ID`, `runs diff ID ID`, "
+        "`runs stacks ID`",
+    )
+    _add_runs_dir(p)
+    p.set_defaults(handler=cmd_runs_list)
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    show = actions.add_parser("show", help="a run's state, facts, last metrics and error")
+    show.add_argument("run_id", metavar="ID")
+    _add_runs_dir(show)
+    show.set_defaults(handler=cmd_runs_show)
+    stop = actions.add_parser("stop", help="stop a run: ranks finish their step and save a checkpoint")
+    stop.add_argument("run_id", metavar="ID")
+    stop.add_argument("--grace", type=float, default=60.0, metavar="S", help="seconds before a hard kill (default 60)")
+    stop.add_argument("--no-wait", action="store_true", help="return once the stop is requested")
+    _add_runs_dir(stop)
+    stop.set_defaults(handler=cmd_runs_stop)
+    resume = actions.add_parser(
+        "resume", help="continue a stopped or failed run from its newest checkpoint, as a new run (and follow it)"
+    )
+    resume.add_argument("run_id", metavar="ID")
+    _add_runs_dir(resume)
+    resume.set_defaults(handler=cmd_runs_resume)
+    note = actions.add_parser("note", help="set a run's name and notes (shown by `runs`, `runs show` and the panel)")
+    note.add_argument("run_id", metavar="ID")
+    note.add_argument("--name", help="one line (up to 80 characters)")
+    note.add_argument("--notes", help="free text")
+    _add_runs_dir(note)
+    note.set_defaults(handler=cmd_runs_note)
+    stacks = actions.add_parser(
+        "stacks", help="every rank's Python stack now (a live run here): where it is, what it waits for"
+    )
+    stacks.add_argument("run_id", metavar="ID")
+    _add_runs_dir(stacks)
+    stacks.set_defaults(handler=cmd_runs_stacks)
+    diff = actions.add_parser("diff", help="what two runs' jobs set differently (the fields that apply to either)")
+    diff.add_argument("run_id", metavar="ID")
+    diff.add_argument("other", metavar="OTHER")
+    _add_runs_dir(diff)
+    diff.set_defaults(handler=cmd_runs_diff)
+
+
+def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=argparse.SUPPRESS,
+        metavar="DIR",
+        help="folder of the run folders (default: ./runs)",
+    )
+
+
+def _manager(args, create: bool = False):
+    """The run manager of --runs-dir, or exit 2 when that is a file or cannot be created."""
+    from tunedeck.backend.runs.manager import RunError, RunManager
+
+    manager = RunManager(getattr(args, "runs_dir", Path("runs")))
+    try:
+        manager.check_folder(create=create)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return manager
+
+
+# ---------------------------------------------------------------- train
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from tunedeck.backend.runs.manager import RunError
+    from tunedeck.backend.runs.preflight import job_problems
+    from tunedeck.backend.validate import validate
+
+    spec = load_spec_or_exit(args)
+    manager = _manager(args, create=True)
+    # The model, data and checkpoint room as the run sees them; a smoke run's own job is checked at its start.
+    problems = validate(spec) if args.smoke else job_problems(spec, manager.runs_dir)
+    print_problems((p.level, p.field, p.message) for p in problems)
+    if any(p.level == "error" for p in problems):
+        print("nothing started: fix the errors above", file=sys.stderr)
+        return 2
+    _say_if_building_demo(spec)
+    try:
+        run_id = _start_smoke(manager, spec) if args.smoke else manager.start(spec, queue=args.queue)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"run {run_id}: {manager.status(run_id).title}")
+    print(f"folder {manager.run_dir(run_id)}", flush=True)
+    _say_where_it_notifies()
+    try:
+        status = follow(manager, run_id)
+    except RunError as exc:  # its folder was deleted while it ran, and now its processes are gone too
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CODES["failed"]
+    if status is None:
+        return EXIT_CODES["stopped"]  # left stopping in the background, as asked
+    if status.state == "failed":
+        print(f"failed: {status.error or 'see ' + str(manager.run_dir(run_id) / LOGS_DIR)}", file=sys.stderr)
+    else:
+        print(
+            f"{status.state} in {format_clock((status.ended_at or time.time()) - (status.started_at or time.time()))}"
+        )
+    if args.smoke:
+        from tunedeck.backend.runs.smoke import smoke_verdict
+
+        verdict = smoke_verdict(manager.run_dir(run_id))
+        print(verdict.line, file=sys.stdout if verdict.passed else sys.stderr)
+        return 0 if verdict.passed else EXIT_CODES["failed"]
+    return EXIT_CODES.get(status.state, 1)
+
+
+def _start_smoke(manager, spec) -> str:
+    """The job's smoke run; SmokeError becomes a RunError (printed, exit 2, nothing started)."""
+    from tunedeck.backend.runs.manager import RunError
+    from tunedeck.backend.runs.smoke import SmokeError, start_smoke_run
+
+    print("smoke run: the job's exact path on a tiny model of its architecture (the first one builds it)", flush=True)
+    try:
+        return start_smoke_run(manager, spec)
+    except SmokeError as exc:
+        raise RunError(str(exc)) from None
+
+
+def _say_where_it_notifies() -> None:
+    from tunedeck.backend.recipe.train import NOTIFY_ENV, notify_target
+
+    try:
+        target = notify_target()
+    except ValueError as exc:
+        print(f"warning: {exc}", file=sys.stderr, flush=True)
+        return
+    if target:
+        print(f"when it ends, how it ended is posted to {target[1]} ({NOTIFY_ENV})", flush=True)
+
+
+def _say_if_building_demo(spec) -> None:
+    from tunedeck.backend.data.demo import is_built
+    from tunedeck.backend.spec import demo_home
+
+    home = demo_home()
+    if str(home) in (spec.model.name_or_path + spec.dataset.path) and not is_built(home):
+        print(f"building the demo model and data in {home} (once, a few seconds)", flush=True)
+
+
+# ---------------------------------------------------------------- runs
+
+
+def _summary(manager, status) -> RunSummary | None:
+    """The summary of a run that has logged a step; None before its first log record."""
+    run = read_records(manager.run_dir(status.run_id))
+    return summarize(run, status.started_at, status.ended_at) if run.records else None
+
+
+def _starting(manager, status) -> str:
+    """The STEP column of a run before its first log record: what a live run is doing ("0 · loading the model")."""
+    phase = starting_phase(read_phases(manager.run_dir(status.run_id))) if status.state in ACTIVE_STATES else None
+    return f"0 · {phase}" if phase else "-"
+
+
+def cmd_runs_list(args: argparse.Namespace) -> int:
+    manager = _manager(args)
+    runs = manager.list_runs()
+    if not runs:
+        print(f"no runs in {manager.runs_dir}")
+        return 0
+    rows = [("ID", "NAME", "STATE", "WHERE", "STEP", "LOSS", "STARTED", "TITLE")]
+    for run in runs:
+        summary = _summary(manager, run)
+        rows.append(
+            (
+                run.run_id,
+                shown(read_notes(manager.run_dir(run.run_id)).name, limit=30) or "-",
+                f"{run.state} (stalled)" if run.stalled else run.state,
+                f"slurm:{run.slurm.get('job_id')}" if run.slurm else "local",
+                summary.steps if summary else _starting(manager, run),
+                (summary.measure if summary else "") or "-",  # a GRPO run's: its last reward
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at)) if run.started_at else "-",
+                run.title,
+            )
+        )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
+def cmd_runs_show(args: argparse.Namespace) -> int:
+    from tunedeck.backend.runs.manager import RunError
+
+    manager = _manager(args)
+    try:
+        status = manager.status(args.run_id)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run = read_records(manager.run_dir(args.run_id))
+    summary = summarize(run, status.started_at, status.ended_at, job=manager.job(args.run_id))
+    notes = read_notes(manager.run_dir(args.run_id))
+    print(f"run      {status.run_id}")
+    if notes.name:
+        print(f"name     {notes.name}")
+    print(f"title    {status.title}")
+    print(f"state    {status.state}" + (f" (exit code {status.exit_code})" if status.exit_code is not None else ""))
+    print(f"folder   {manager.run_dir(args.run_id)}")
+    if status.where:
+        label = "slurm" if status.slurm else "stalled" if status.stalled else "warning" if status.warning else "queue"
+        print(f"{label:<8} {status.where}")
+    if status.started_at:
+        end = status.ended_at or time.time()
+        print(
+            f"started  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(status.started_at))}, ran {format_clock(end - status.started_at)}"
+        )
+    if summary.facts:
+        print(f"got      {summary.facts}")
+    startup = breakdown(read_phases(manager.run_dir(args.run_id)))
+    if startup:
+        print(f"startup  {startup} before step 1")
+    if run.records:
+        loss = f", loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
+        print(f"progress {summary.step_text}{loss}")
+        print(f"summary  {report(run, status.started_at, status.ended_at).line()}")
+    elif status.state in ACTIVE_STATES and (doing := phase_now(manager.run_dir(args.run_id))):
+        print(f"progress step 0 · {doing}")  # what it does before step 1, and the ranks rank 0 waits for
+    if notes.notes:
+        print("notes:\n" + notes.notes)
+    if status.error:
+        print(("note:\n" if status.state in ACTIVE_STATES else "error:\n") + status.error)
+    _print_smoke_verdict(manager, status)
+    _print_speed(manager.run_dir(args.run_id), run)
+    return 0
+
+
+def _print_speed(run_dir, run) -> None:
+    """MFU as logged, and a finished GPU run's speed and memory beside their prediction."""
+    import statistics
+
+    from tunedeck.backend.runs.speed import compare_run
+
+    mfu = [r["mfu"] for r in run.records if "mfu" in r]
+    if mfu:
+        hfu = [r["hfu"] for r in run.records if "hfu" in r]
+        print(f"mfu      {statistics.median(mfu):.1%} median (hfu {statistics.median(hfu):.1%})")
+    elif run.start and run.start.get("mfu_note"):
+        print(f"mfu      {run.start['mfu_note']}")
+    comparison = compare_run(run_dir)
+    if comparison is not None:
+        print(f"speed    {comparison.line()}")
+
+
+def _print_smoke_verdict(manager, status) -> None:
+    from tunedeck.backend.runs.smoke import is_smoke_job, smoke_verdict
+
+    if status.state in ("finished", "failed") and is_smoke_job(manager.job(status.run_id)):
+        print(f"verdict  {smoke_verdict(manager.run_dir(status.run_id)).line}")
+
+
+def cmd_runs_stacks(args: argparse.Namespace) -> int:
+    from tunedeck.backend.runs.manager import RunError
+    from tunedeck.backend.runs.stacks import StacksError, dump_stacks
+
+    manager = _manager(args)
+    try:
+        stacks = dump_stacks(manager.status(args.run_id), manager.run_dir(args.run_id))
+    except (RunError, StacksError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for rank, text in sorted(stacks.items()):
+        print(f"=== rank {rank} (also in logs/rank{rank}.log)")
+        print(text.strip() or "(no answer: the process is stopped, or stuck where no signal reaches it)")
+    return 0
+
+
+def cmd_runs_stop(args: argparse.Namespace) -> int:
+    from tunedeck.backend.runs.manager import RunError
+    from tunedeck.backend.runs.status import deleted_path
+
+    manager = _manager(args)
+    try:
+        status = manager.stop(args.run_id, grace_s=args.grace)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if status.state not in ACTIVE_STATES:
+        print(f"run {args.run_id} is not running ({status.state})")
+        return 0
+    if args.no_wait:
+        print(f"stop requested for run {args.run_id}")
+        return 0
+    if status.folder_deleted:
+        gone = deleted_path(manager.run_dir(args.run_id))
+        print(
+            f"stopping run {args.run_id}: {gone} was deleted while it ran; its processes are asked to stop", flush=True
+        )
+    else:
+        print(f"stopping run {args.run_id}: the ranks finish their step and save a checkpoint", flush=True)
+    status = manager.wait(args.run_id, timeout=args.grace + 30)
+    print(f"run {args.run_id}: {status.state}" + (f" ({status.error})" if status.folder_deleted else ""))
+    return 0 if status.state in ("stopped", "finished", "failed") else 1
+
+
+def cmd_runs_resume(args: argparse.Namespace) -> int:
+    """Continue a stopped or failed run from its newest checkpoint (backend/runs/resume.py), then follow it."""
+    from tunedeck.backend.runs.manager import RunError
+    from tunedeck.backend.runs.resume import resume_run
+
+    manager = _manager(args)
+    try:
+        run_id, step = resume_run(manager, args.run_id)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"run {run_id}: continues run {args.run_id} from its checkpoint at step {step}")
+    print(f"folder {manager.run_dir(run_id)}", flush=True)
+    status = follow(manager, run_id)
+    if status is None:
+        return EXIT_CODES["stopped"]
+    print(f"{status.state}" + (f": {status.error}" if status.state == "failed" and status.error else ""))
+    return EXIT_CODES.get(status.state, 1)
+
+
+def cmd_runs_note(args: argparse.Namespace) -> int:
+    from tunedeck.backend.runs.manager import RunError
+    from tunedeck.backend.runs.notes import NotesError, write_notes
+
+    manager = _manager(args)
+    try:
+        run_dir = manager.run_dir(args.run_id)
+        old = read_notes(run_dir)
+        name = old.name if args.name is None else args.name
+        notes = write_notes(run_dir, name, old.notes if args.notes is None else args.notes)
+    except (RunError, NotesError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"run {args.run_id}: name {notes.name!r}" + (f", notes of {len(notes.notes)} characters" if notes.notes else "")
+    )
+    return 0
+
+
+def cmd_runs_diff(args: argparse.Namespace) -> int:
+    from tunedeck.backend.runs.compare import job_differences, shown_value
+    from tunedeck.backend.runs.manager import RunError
+
+    manager = _manager(args)
+    try:
+        jobs = [manager.job(manager.status(run_id).run_id) for run_id in (args.run_id, args.other)]
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    differences = job_differences(*jobs)
+    if not differences:
+        print(f"runs {args.run_id} and {args.other} ran the same job")
+        return 0
+    rows = [("FIELD", args.run_id, args.other), *((p, shown_value(a), shown_value(b)) for p, a, b in differences)]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for row in rows:
+        print(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}".rstrip())
+    return 0

@@ -1,0 +1,1 @@
+"""tunedeck.backend.runs.manager."""
