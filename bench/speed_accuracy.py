@@ -22,12 +22,15 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tunedeck.backend import catalog  # noqa: E402
 from tunedeck.backend.estimate.memory_job import Job, input_values  # noqa: E402
 from tunedeck.backend.estimate.speed import Hardware, predict, schedule_of  # noqa: E402
 from tunedeck.backend.estimate.speed_compute import FITTED, SpeedConstants  # noqa: E402
 from tunedeck.backend.estimate.speed_data import DataShape  # noqa: E402
-from tunedeck.backend.spec import JobSpec, set_paths  # noqa: E402
+from tunedeck.backend.spec import (  # noqa: E402
+    JobSpec,
+    catalog,
+    set_paths,
+)
 
 TABLE = ROOT / "tests" / "data" / "measured_throughput.yaml"
 STAND_IN = "meta-llama/Llama-2-7b-hf"  # a catalog model for rows given by `arch` (replaced before predicting)
