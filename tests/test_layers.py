@@ -1,7 +1,7 @@
 """The layers of the code, enforced as a folder map: no module imports one from a layer above it or beside it.
 
     0 recipe/   the training recipe (ships in every bundle)  | machine/  NVML and psutil readings
-    1 spec/     the job spec, its vocabulary, presets, fields and implications
+    1 spec/     the job spec, its fields, presets and implications (the vocabulary sits in recipe/)
     2 validate/ rules across fields   | estimate/ memory, speed, advisor   | data/ uploads, preview, demo
     3 render/   the bundle's files
     4 runs/     run folders, launching, following, Slurm, checkpoints

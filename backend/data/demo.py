@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from tunedeck.backend.spec import PACKAGE_DIR, demo_home
-from tunedeck.backend.spec.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 
 RECIPE_PATH = PACKAGE_DIR / "assets" / "demo" / "recipe.yaml"
 FORMATS = tuple(DATASET_FORMATS)
@@ -154,7 +154,7 @@ def make_examples(rng: random.Random, count: int, data: dict) -> list[dict]:
 
 
 def as_format(example: dict, fmt: str) -> dict:
-    """One example in one of the spec's dataset formats (backend/spec/vocabulary.py), under its default columns."""
+    """One example in one of the spec's dataset formats (backend/recipe/vocabulary.py), under its default columns."""
     question = f"{example['instruction']} {example['input']}"
     if fmt == "prompt-completion":
         return {"prompt": f"Q: {question}\nA:", "completion": f" {example['answer']}"}

@@ -20,7 +20,7 @@ from tunedeck.backend.estimate.memory import Estimate, estimate_values
 from tunedeck.backend.estimate.memory_job import Job, input_values
 from tunedeck.backend.estimate.speed import TIE_SHARE, Hardware, Schedule, SpeedEstimate, predict
 from tunedeck.backend.spec import JobSpec
-from tunedeck.backend.spec.vocabulary import STRATEGIES
+from tunedeck.backend.recipe.vocabulary import STRATEGIES
 
 # A strategy "fits" when its peak stays below this share of the GPU: the rest is headroom
 # for sequence-length outliers and fragmentation spikes.

@@ -7,7 +7,7 @@ activation checkpointing switch that belongs to FSDP.
 
 from __future__ import annotations
 
-from tunedeck.backend.spec.vocabulary import STRATEGIES
+from tunedeck.backend.recipe.vocabulary import STRATEGIES
 
 
 def strategy_key(v: dict) -> tuple:

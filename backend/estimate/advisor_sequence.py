@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tunedeck.backend.estimate.advisor_options import candidates, sequence_parallel
 from tunedeck.backend.spec import catalog
-from tunedeck.backend.spec.vocabulary import STRATEGIES
+from tunedeck.backend.recipe.vocabulary import STRATEGIES
 
 
 def sequence_sizes(v: dict) -> list[int]:

@@ -13,7 +13,7 @@ from typing import Any
 from tunedeck.backend.estimate.memory_software import Software, software_for
 from tunedeck.backend.spec import JobSpec, catalog, get_path
 from tunedeck.backend.spec.flops import REFERENCE_OBJECTIVES, sequences_per_row
-from tunedeck.backend.spec.vocabulary import STRATEGIES, Strategy
+from tunedeck.backend.recipe.vocabulary import STRATEGIES, Strategy
 
 GIB = 2**30
 
@@ -249,7 +249,7 @@ class Job:
 
     @property
     def strategy(self) -> Strategy:
-        """The strategy table's row of the job's kind (backend/spec/vocabulary.py)."""
+        """The strategy table's row of the job's kind (backend/recipe/vocabulary.py)."""
         return STRATEGIES[self.kind]
 
     @property

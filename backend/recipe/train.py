@@ -636,7 +636,7 @@ def prompts_within(dataset, tokenizer, limit: int, split_field: str):
 
 ROWS_CHECKED = 100
 # What each dataset.format reads: spec field -> (default column, what its values must be). This
-# script's copy of tunedeck's dataset-format table (backend/spec/vocabulary.py; tests/spine/test_vocabulary.py
+# script's copy of tunedeck's dataset-format table (backend/recipe/vocabulary.py; tests/spine/test_vocabulary.py
 # checks that they agree).
 FORMAT_COLUMNS = {
     "text": {"text_field": ("text", "text")},
@@ -911,7 +911,7 @@ def _first_row_format(dataset_cfg: dict, base: Path) -> tuple[str | None, list[s
 # ---------------------------------------------------------------- GRPO's rewards
 # Each scores a list of written answers (TRL's completions: text, or a list of messages for chat prompts) against
 # the rows' reference answers (the dataset's answer column, TRL passes every column by name). A row without a
-# reference answer gets None, which TRL leaves out of the mean. tunedeck describes them in backend/spec/vocabulary.py.
+# reference answer gets None, which TRL leaves out of the mean. tunedeck describes them in backend/recipe/vocabulary.py.
 
 ANSWER_MARK = "####"  # GSM8K's mark before the final answer
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
@@ -1515,7 +1515,7 @@ class GateError(JobError):
 
 ENGINE_NAMES = {"deepspeed": "DeepSpeed", "fsdp": "FSDP", "ddp": "DDP", "none": "no data-parallel wrapper"}
 # strategy.kind -> (engine, ZeRO stage): this script's copy of tunedeck's strategy table
-# (backend/spec/vocabulary.py; tests/spine/test_vocabulary.py checks that they agree).
+# (backend/recipe/vocabulary.py; tests/spine/test_vocabulary.py checks that they agree).
 STRATEGY_ENGINES = {
     "ddp": ("ddp", None),
     "zero1": ("deepspeed", 1),

@@ -33,7 +33,7 @@ from tunedeck.backend.runs.folder import read_records
 from tunedeck.backend.runs.summary import Verdict, verdict
 from tunedeck.backend.spec import PACKAGE_DIR, JobSpec, catalog, demo_home, set_paths
 from tunedeck.backend.spec.mix import mix_sources
-from tunedeck.backend.spec.vocabulary import column_fields
+from tunedeck.backend.recipe.vocabulary import column_fields
 
 STEPS = 3
 MIX_ROWS = 8  # of each dataset.mix source

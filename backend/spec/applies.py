@@ -1,7 +1,7 @@
 """When a field applies: one table that hides a field in the form and warns when it is set but ignored.
 
 A field with no rule here always applies. The rules read the strategy and dataset-format
-tables (backend/spec/vocabulary.py), so a new strategy kind or format gets its fields' rules from
+tables (backend/recipe/vocabulary.py), so a new strategy kind or format gets its fields' rules from
 its row. Like H2O LLM Studio's declared dependencies: the form (backend/spec/fields.py) hides what
 does not apply; validation (backend/validate_rules.py, `ignored_settings`) warns about a
 value that differs from the default where it does not apply; training_args.yaml copies an
@@ -18,7 +18,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from tunedeck.backend.spec.flops import REFERENCE_OBJECTIVES
-from tunedeck.backend.spec.vocabulary import STRATEGIES, Strategy, column_fields
+from tunedeck.backend.recipe.vocabulary import STRATEGIES, Strategy, column_fields
 
 Values = dict[str, Any]
 

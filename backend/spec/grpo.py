@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from tunedeck.backend.spec.sections import BASIC, SftField, SpecSection
-from tunedeck.backend.spec.vocabulary import REWARDS
+from tunedeck.backend.recipe.vocabulary import REWARDS
 
 # Your own reward: a Python file and the function in it, FILE.py:NAME (the file an absolute path, read where the job
 # trains). The function gets (prompts, completions, **columns) as TRL passes it and returns one float per completion.

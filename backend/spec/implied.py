@@ -23,7 +23,7 @@ from typing import Any
 
 from tunedeck.backend.spec.applies import Values
 from tunedeck.backend.spec.problem import spelled
-from tunedeck.backend.spec.vocabulary import STRATEGIES
+from tunedeck.backend.recipe.vocabulary import STRATEGIES
 
 
 @dataclass(frozen=True)

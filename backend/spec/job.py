@@ -1,6 +1,6 @@
 """The job spec's sections on how a job runs (strategy, launch) and the JobSpec as a whole.
 
-The strategy kinds and their properties come from the strategy table (backend/spec/vocabulary.py);
+The strategy kinds and their properties come from the strategy table (backend/recipe/vocabulary.py);
 launch's Slurm part (the #SBATCH lines) is in backend/spec/slurm.py; the sections on what is
 trained are in backend/spec/sections.py and backend/spec/training.py.
 """
@@ -28,7 +28,7 @@ from tunedeck.backend.spec.sections import (
 )
 from tunedeck.backend.spec.slurm import SlurmSpec
 from tunedeck.backend.spec.training import PreferenceSpec, TrainingSpec
-from tunedeck.backend.spec.vocabulary import STRATEGIES, Strategy
+from tunedeck.backend.recipe.vocabulary import STRATEGIES, Strategy
 
 StrategyKind = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -148,7 +148,7 @@ class StrategySpec(SpecSection):
 
     @property
     def facts(self) -> Strategy:
-        """The strategy table's row of this kind (backend/spec/vocabulary.py)."""
+        """The strategy table's row of this kind (backend/recipe/vocabulary.py)."""
         return STRATEGIES[self.kind]
 
     @property

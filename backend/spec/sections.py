@@ -9,7 +9,7 @@ side recognises the other.
 
 A field says where it goes: an `SftField` is a TRL SFTConfig argument, which
 training_args.yaml copies by name whenever the field applies (backend/spec/applies.py). The
-dataset formats and their column fields come from backend/spec/vocabulary.py.
+dataset formats and their column fields come from backend/recipe/vocabulary.py.
 
 These modules check what one field alone can check (types, ranges, choices, one line of
 visible text); rules across fields live in validate.py, reading and naming fields in
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from tunedeck.backend.spec.mix import entries_from_text, rows_key
 from tunedeck.backend.spec.untrusted import describe_char, unsafe_char
-from tunedeck.backend.spec.vocabulary import DATASET_FORMATS, column_fields
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, column_fields
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 DatasetFormatName = Literal[tuple(DATASET_FORMATS)]  # type: ignore[valid-type]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from tunedeck.backend.spec import JobSpec, catalog
 from tunedeck.backend.spec.flops import REFERENCE_OBJECTIVES
 from tunedeck.backend.spec.problem import Problem, error, warning
-from tunedeck.backend.spec.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 
 # ---------------------------------------------------------------- method and quantization
 

@@ -1,6 +1,6 @@
 """Validation rules of the strategy: offload, FSDP, and adapters on sharded strategies.
 
-What each strategy kind can shard and offload comes from the strategy table (backend/spec/vocabulary.py).
+What each strategy kind can shard and offload comes from the strategy table (backend/recipe/vocabulary.py).
 """
 
 from __future__ import annotations

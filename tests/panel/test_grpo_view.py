@@ -35,7 +35,7 @@ from tunedeck.backend.runs.folder import parse_line, read_records
 from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.runs.summary import facts_line, report, summarize, verdict
 from tunedeck.backend.runs.supervisor import write_status
-from tunedeck.backend.spec.vocabulary import OBJECTIVE_FORMATS
+from tunedeck.backend.recipe.vocabulary import OBJECTIVE_FORMATS
 
 from .test_run_view import Drawn
 

@@ -18,7 +18,7 @@ from tunedeck.backend.render import TRAIN_ENTRYPOINT, render_bundle
 from tunedeck.backend.spec import JobSpec, SpecError, TrainingSpec, iter_fields, resolve_spec, set_dotted
 from tunedeck.backend.spec.applies import applies
 from tunedeck.backend.spec.fields import FormField, build_fields
-from tunedeck.backend.spec.vocabulary import DATASET_FORMATS
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS
 from tunedeck.backend.validate import has_errors, validate
 
 NOT_A_USE = {"job.yaml", "README.md"}  # the spec itself, and the words about it

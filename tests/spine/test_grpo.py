@@ -18,7 +18,7 @@ from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import SpecError, flat_values, resolve_spec, set_paths
 from tunedeck.backend.spec.applies import applies
 from tunedeck.backend.spec.fields import section_shown, values_from_spec
-from tunedeck.backend.spec.vocabulary import REWARDS
+from tunedeck.backend.recipe.vocabulary import REWARDS
 from tunedeck.backend.validate import has_errors, validate
 
 GRPO = {"objective": "grpo", "dataset.format": "prompt-only", "training.per_device_train_batch_size": 8}

@@ -15,7 +15,7 @@ from tunedeck.backend.render.training_args import SFT_ARGUMENTS
 from tunedeck.backend.spec import JobSpec, flat_values, resolve_spec
 from tunedeck.backend.spec.applies import applies, when
 from tunedeck.backend.spec.catalog import lookup
-from tunedeck.backend.spec.vocabulary import OBJECTIVE_FORMATS, STRATEGIES
+from tunedeck.backend.recipe.vocabulary import OBJECTIVE_FORMATS, STRATEGIES
 from tunedeck.backend.validate import has_errors, validate
 
 from .conftest import PRESET_IDS, STRATEGY_KINDS

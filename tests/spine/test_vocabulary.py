@@ -19,7 +19,7 @@ from tunedeck.backend.recipe import train
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import DatasetSpec, resolve_spec
 from tunedeck.backend.spec.fields import FIELDS_BY_PATH
-from tunedeck.backend.spec.vocabulary import DATASET_FORMATS, STRATEGIES, column_fields
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, STRATEGIES, column_fields
 
 
 def test_the_training_script_knows_every_strategy_as_the_table_does():
