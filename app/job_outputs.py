@@ -35,7 +35,7 @@ from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
 from tunedeck.backend.spec.fields import FIELDS_BY_PATH, Values, spec_from_values
 from tunedeck.backend.spec.problem import refuses_start
 from tunedeck.backend.spec.untrusted import shown
-from tunedeck.backend.spec.vocabulary import STRATEGIES
+from tunedeck.backend.recipe.vocabulary import STRATEGIES
 from tunedeck.backend.validate import Problem, has_errors, validate
 
 UPLOAD_LIMIT_BYTES = 256 * 1024
