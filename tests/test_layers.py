@@ -138,6 +138,67 @@ def test_the_package_keeps_its_layers():
     assert layering_violations(sources) == []
 
 
+# Circles engineers are opening now (issue 33: evaluation's data and scoring helpers into one module);
+# the lead removes this entry when they land. Nothing else may be added here.
+ALLOWED_CIRCLES = [
+    {
+        "tunedeck.backend.after.evaluate",
+        "tunedeck.backend.after.eval_answers",
+        "tunedeck.backend.after.eval_results",
+        "tunedeck.backend.after.examples",
+    },
+]
+
+
+def import_circles(sources: dict[str, str]) -> list[list[str]]:
+    """Every group of modules that import each other round a circle (module-level and function-local imports
+    alike: a local import only hides a circle), each sorted; Tarjan's strongly connected components."""
+    known = set(sources)
+    edges = {
+        module: sorted({t for _, t in imported_modules(module, source, known) if t in known and t != module})
+        for module, source in sources.items()
+    }
+    # A module importing its own parent package is Python's doing, not a circle of ours.
+    edges = {module: [t for t in targets if not module.startswith(t + ".")] for module, targets in edges.items()}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for target in edges[module]:
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in order:
+            visit(module)
+    return sorted(circles)
+
+
+def test_no_import_circles():
+    circles = [circle for circle in import_circles(package_sources()) if set(circle) not in ALLOWED_CIRCLES]
+    assert circles == []
+
+
+def test_a_circle_through_a_local_import_is_found():
+    sources = package_sources()
+    sources["tunedeck.backend.runs.status"] += "def f():\n    from tunedeck.backend.runs.manager import RunManager\n"
+    circles = import_circles(sources)
+    assert any({"tunedeck.backend.runs.manager", "tunedeck.backend.runs.status"} <= set(c) for c in circles), circles
+
+
 def too_long(root: Path = REPO) -> list[str]:
     """Each module over MAX_LINES lines, as 'path: N lines', except those long on purpose."""
     found = []

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from tunedeck.backend.render.launch import JOB_FILE  # the bundle's name for it
 from tunedeck.backend.runs.supervisor import json_objects  # the supervisor's reading of the same lines
 from tunedeck.backend.runs.tail import LineTail
 
+RUN_ID_PATTERN = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")  # a run folder's name: time and random hex
 STATUS_FILE = "status.json"
 STOP_FILE = "stop.request"
 METRICS_FILE = "metrics.jsonl"

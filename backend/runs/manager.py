@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import fcntl
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -33,16 +32,22 @@ from pathlib import Path
 from tunedeck.backend.runs import folder as run_folder
 from tunedeck.backend.runs import slurm_runs, supervisor
 from tunedeck.backend.runs import status as run_status
-from tunedeck.backend.runs.folder import ACTIVE_STATES, STATUS_FILE, STOP_FILE, DamagedStatus, read_status_file
+from tunedeck.backend.runs.folder import (
+    ACTIVE_STATES,
+    RUN_ID_PATTERN,
+    STATUS_FILE,
+    STOP_FILE,
+    DamagedStatus,
+    read_status_file,
+)
 from tunedeck.backend.runs.launch import accelerate_command, inherited_env, launch_args, rank_env
 from tunedeck.backend.runs.slurm_jobs import SlurmUnavailable
-from tunedeck.backend.runs.status import RunStatus
+from tunedeck.backend.runs.status import RunError, RunStatus  # RunError: its home, which preflight imports too
 from tunedeck.backend.runs.summary import run_title
 from tunedeck.backend.runs.supervisor import is_alive, write_status
 from tunedeck.backend.spec import spec_to_dict
 from tunedeck.backend.spec.problem import refuses_start
 
-RUN_ID_PATTERN = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 DEFAULT_GRACE_S = 60.0
 QUEUED_GRACE_S = 30.0  # a queued run's folder is written before its supervisor starts and records itself
 
@@ -53,10 +58,6 @@ def queued_for_s(status: dict) -> float:
     if status.get("created_monotonic") is not None and status.get("created_in_boot") == supervisor.boot_id():
         return time.monotonic() - status["created_monotonic"]
     return time.time() - (status.get("created_at") or 0)
-
-
-class RunError(Exception):
-    """Why a run cannot be started, found or stopped; the message is for the user."""
 
 
 class RunManager:

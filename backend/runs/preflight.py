@@ -23,10 +23,10 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from tunedeck.backend.runs.folder import ACTIVE_STATES
-from tunedeck.backend.runs.manager import RunError, RunStatus
+from tunedeck.backend.runs.folder import ACTIVE_STATES, RUN_ID_PATTERN
 from tunedeck.backend.runs.preflight_inputs import input_problems
 from tunedeck.backend.runs.preflight_launch import launch_problems
+from tunedeck.backend.runs.status import RunError, RunStatus
 from tunedeck.backend.spec.problem import Problem, error, refused_here
 
 RUN_FOLDER = "<run-id>"  # relative paths in a job are taken from its run folder (train.py works there)
@@ -233,8 +233,6 @@ def resume_problems(spec, runs_dir: Path) -> list[Problem]:
     """Resuming needs an output folder that outlives a run: a relative one is inside the new, empty run folder."""
     if not spec.training.resume_from_checkpoint or Path(spec.output_dir).expanduser().is_absolute():
         return []
-    from tunedeck.backend.runs.manager import RUN_ID_PATTERN
-
     try:  # the newest run with checkpoints in that output folder, as an example
         folders = sorted((p for p in Path(runs_dir).iterdir() if RUN_ID_PATTERN.match(p.name)), reverse=True)
     except OSError:

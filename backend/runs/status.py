@@ -23,6 +23,10 @@ DAMAGED = "damaged"
 SUPERVISOR_SCRIPT = "supervisor.py"
 
 
+class RunError(Exception):
+    """Why a run cannot be started, found or stopped; the message is for the user."""
+
+
 @dataclass
 class RunStatus:
     run_id: str
