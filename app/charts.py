@@ -134,19 +134,30 @@ def loss_figure(
         steps, eval_loss = series(records, "eval_loss")
         if steps:
             x, y = downsample(steps, eval_loss)
-            data.append(_line(x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers",
-                              marker=dict(size=7)))  # fmt: skip
+            data.append(
+                _line(
+                    x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers", marker=dict(size=7)
+                )
+            )
     return _figure(data, copy.deepcopy(_validated_loss_layout(log_scale)))
 
 
 def _smoothed(data: list, steps: list, values: list, name: str, color: str, smoothing: float, **axes) -> None:
     """A series raw (faint) and EMA-smoothed (bold), or raw alone without smoothing."""
     faint = smoothing > 0
-    data.append(_line(*downsample(steps, values), name, dict(color=color, width=1 if faint else 2),
-                      opacity=0.3 if faint else 1.0, **axes))  # fmt: skip
+    data.append(
+        _line(
+            *downsample(steps, values),
+            name,
+            dict(color=color, width=1 if faint else 2),
+            opacity=0.3 if faint else 1.0,
+            **axes,
+        )
+    )
     if faint:
-        data.append(_line(*downsample(steps, ema(values, smoothing)), f"{name} smoothed", dict(color=color, width=2.5),
-                          **axes))  # fmt: skip
+        data.append(
+            _line(*downsample(steps, ema(values, smoothing)), f"{name} smoothed", dict(color=color, width=2.5), **axes)
+        )
 
 
 def reward_figure(
@@ -163,8 +174,9 @@ def reward_figure(
     if steps:
         _smoothed(data, steps, reward, f"{BEFORE} reward", BEFORE_COLOR, smoothing, xaxis="x", yaxis="y")
         x, y = downsample(*series(before, "loss"))
-        data.append(_line(x, y, f"{BEFORE} loss", dict(color=BEFORE_COLOR, width=1), showlegend=False, xaxis="x2",
-                          yaxis="y2"))  # fmt: skip
+        data.append(
+            _line(x, y, f"{BEFORE} loss", dict(color=BEFORE_COLOR, width=1), showlegend=False, xaxis="x2", yaxis="y2")
+        )
     for shown, ((label, records), color) in enumerate(zip(runs, COLORS)):
         top = dict(xaxis="x", yaxis="y")
         steps, reward = series(records, "reward")
@@ -178,18 +190,46 @@ def reward_figure(
             data.append(_line(x, y, name, dict(color=reward_color, width=1.5), **top))
             x, y = downsample(*reward_series(records, name, "eval_"))
             if x:
-                data.append(_line(x, y, f"eval {name}", dict(color=reward_color, dash="dot"), mode="lines+markers",
-                                  marker=dict(size=6), **top))  # fmt: skip
+                data.append(
+                    _line(
+                        x,
+                        y,
+                        f"eval {name}",
+                        dict(color=reward_color, dash="dot"),
+                        mode="lines+markers",
+                        marker=dict(size=6),
+                        **top,
+                    )
+                )
         x, y = downsample(*series(records, "eval_reward"))
         if x:
-            data.append(_line(x, y, f"{label} eval reward", dict(color=color, dash="dot"), mode="lines+markers",
-                              marker=dict(size=7), **top))  # fmt: skip
+            data.append(
+                _line(
+                    x,
+                    y,
+                    f"{label} eval reward",
+                    dict(color=color, dash="dot"),
+                    mode="lines+markers",
+                    marker=dict(size=7),
+                    **top,
+                )
+            )
         x, y = downsample(*series(records, "loss"))
         data.append(_line(x, y, f"{label} loss", dict(color=color, width=1), showlegend=False, xaxis="x2", yaxis="y2"))
         x, y = downsample(*series(records, "eval_loss"))
         if x:
-            data.append(_line(x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers",
-                              showlegend=False, xaxis="x2", yaxis="y2"))  # fmt: skip
+            data.append(
+                _line(
+                    x,
+                    y,
+                    f"{label} eval loss",
+                    dict(color=color, dash="dot"),
+                    mode="lines+markers",
+                    showlegend=False,
+                    xaxis="x2",
+                    yaxis="y2",
+                )
+            )
     return _figure(data, copy.deepcopy(_validated_reward_layout(log_scale)))
 
 
@@ -203,8 +243,17 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
         x, y = downsample(*series(records, key))
         axis = "" if col == 1 else str(col)
         if key == "mfu" and records and not y:  # train.py logs none without a known peak: say so, draw no axes
-            layout["annotations"].append(dict(text=NO_MFU, showarrow=False, x=0.5, y=0.5, xref=f"x{axis} domain",
-                                              yref=f"y{axis} domain", font=dict(color="#64748b")))  # fmt: skip
+            layout["annotations"].append(
+                dict(
+                    text=NO_MFU,
+                    showarrow=False,
+                    x=0.5,
+                    y=0.5,
+                    xref=f"x{axis} domain",
+                    yref=f"y{axis} domain",
+                    font=dict(color="#64748b"),
+                )
+            )
             for name in (f"xaxis{axis}", f"yaxis{axis}"):
                 layout[name] = {**layout[name], "visible": False}
         data.append(_line(x, y, title, dict(color=COLORS[0]), showlegend=False, xaxis=f"x{axis}", yaxis=f"y{axis}"))
@@ -216,8 +265,17 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
                 data.append(_line(*downsample(*series(records, key)), name, dict(color=color), **axes))
                 x, y = downsample(*series(records, f"eval_{key}"))
                 if x:
-                    data.append(_line(x, y, f"eval {name}", dict(color=color, dash="dot"), mode="lines+markers",
-                                      marker=dict(size=6), **axes))  # fmt: skip
+                    data.append(
+                        _line(
+                            x,
+                            y,
+                            f"eval {name}",
+                            dict(color=color, dash="dot"),
+                            mode="lines+markers",
+                            marker=dict(size=6),
+                            **axes,
+                        )
+                    )
     return _figure(data, layout)
 
 
@@ -253,14 +311,20 @@ def _validated_loss_layout(log_scale: bool) -> dict:
 @functools.cache
 def _validated_reward_layout(log_scale: bool) -> dict:
     # The legend at the right: a line per reward would wrap a legend above the chart over its title.
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.68, 0.32], vertical_spacing=0.12,
-                        subplot_titles=["", "Loss (near 0 in GRPO: the reward is the measure)"])  # fmt: skip
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        row_heights=[0.68, 0.32],
+        vertical_spacing=0.12,
+        subplot_titles=["", "Loss (near 0 in GRPO: the reward is the measure)"],
+    )
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_yaxes(type="log" if log_scale else "linear", row=2, col=1)
     fig.update_layout(
-        title="Reward (the answers' mean, summed over grpo.rewards; each reward's mean)", height=520,
+        title="Reward (the answers' mean, summed over grpo.rewards; each reward's mean)",
+        height=520,
         **{**_LAYOUT, "legend": dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02)},
-    )  # fmt: skip
+    )
     return fig.to_plotly_json()["layout"]
 
 

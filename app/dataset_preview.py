@@ -247,15 +247,35 @@ class DatasetPreview(DerivedView):
             return {self.measured: self.measure(spec, again)}
 
         inputs, outputs = [*view.form.components, self.wanted], [self.measured]
-        listen([self.wanted.change], measure, inputs=inputs, outputs=outputs, trigger_mode="always_last",
-               show_progress="hidden", **MEASURE_QUEUE)  # fmt: skip
-        listen([self.button.click], lambda got: measure(got, again=True), inputs=inputs, outputs=outputs,
-               show_progress="minimal", show_progress_on=[self.text], **MEASURE_QUEUE)  # fmt: skip
+        listen(
+            [self.wanted.change],
+            measure,
+            inputs=inputs,
+            outputs=outputs,
+            trigger_mode="always_last",
+            show_progress="hidden",
+            **MEASURE_QUEUE,
+        )
+        listen(
+            [self.button.click],
+            lambda got: measure(got, again=True),
+            inputs=inputs,
+            outputs=outputs,
+            show_progress="minimal",
+            show_progress_on=[self.text],
+            **MEASURE_QUEUE,
+        )
 
         def open_after_upload(got: Got) -> Updates:
             return {} if str(got[notice] or "").startswith("✗") else {self.section: gr.update(open=True)}
 
         uploaded.then(handler(open_after_upload), inputs={notice}, outputs=[self.section], show_progress="hidden")
         # Quiet, as every other edit: a full tracker would cover the whole form for a moment.
-        listen([self.measured.change], view.on_edit, inputs=view.inputs, outputs=view.outputs,
-               show_progress="hidden", **JOB_QUEUE)  # fmt: skip
+        listen(
+            [self.measured.change],
+            view.on_edit,
+            inputs=view.inputs,
+            outputs=view.outputs,
+            show_progress="hidden",
+            **JOB_QUEUE,
+        )

@@ -47,9 +47,20 @@ COST = "Cost"
 # The width of each column but the first; the Strategy column takes what they leave of 100%, so the table
 # fills its width with or without the Cost column and headers wrap at most at their words.
 WIDTHS = {
-    "GB per GPU": 7, "Load GB": 6, "Train GB": 6, "Peak in": 7, "Fits": 5, "Host RAM GB": 7, "NVMe GB": 6,
-    "Largest term": 11, "Speed": 5, "Step s": 6, "Tok/s/GPU": 8, "Hours": 5, COST: 5,
-}  # fmt: skip
+    "GB per GPU": 7,
+    "Load GB": 6,
+    "Train GB": 6,
+    "Peak in": 7,
+    "Fits": 5,
+    "Host RAM GB": 7,
+    "NVMe GB": 6,
+    "Largest term": 11,
+    "Speed": 5,
+    "Step s": 6,
+    "Tok/s/GPU": 8,
+    "Hours": 5,
+    COST: 5,
+}
 # What a price box takes (the bound `tunedeck estimate --price-per-gpu-hour` checks too).
 PRICE_MAX = 1e6
 

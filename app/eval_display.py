@@ -103,8 +103,10 @@ def eval_figure(data: dict) -> go.Figure:
                 marker_color=color,
             )
     figure.update_layout(
-        template="plotly_white", margin=dict(l=50, r=50, t=30, b=40), legend=dict(orientation="h", y=1.08),
-        yaxis=dict(title="loss"), yaxis2=dict(title="share of answers or pairs", overlaying="y", side="right",
-                                              range=[0, 1]),
-    )  # fmt: skip
+        template="plotly_white",
+        margin=dict(l=50, r=50, t=30, b=40),
+        legend=dict(orientation="h", y=1.08),
+        yaxis=dict(title="loss"),
+        yaxis2=dict(title="share of answers or pairs", overlaying="y", side="right", range=[0, 1]),
+    )
     return figure

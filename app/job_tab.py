@@ -67,10 +67,14 @@ class JobTab(Section):
             self.upload_data = add(
                 "job.upload_data",
                 gr.UploadButton(
-                    "⬆ Upload data", file_types=list(DATA_SUFFIXES), file_count="multiple", size="sm",
-                    elem_id="upload-data", min_width=100,
+                    "⬆ Upload data",
+                    file_types=list(DATA_SUFFIXES),
+                    file_count="multiple",
+                    size="sm",
+                    elem_id="upload-data",
+                    min_width=100,
                 ),
-            )  # fmt: skip
+            )
 
     def build(self, page: Page) -> None:
         initial = values_from_spec(self.initial)

@@ -116,9 +116,15 @@ class JobView:
             )
             self.downloads.build_button()  # guarded as Start is (app/job_downloads.py)
         with gr.Accordion("Sweep: one run per value, queued one after another", open=False, elem_id="sweep"):
-            self.vary = add("job.vary", gr.Textbox(label="Vary: a field per line, then = and its values",
-                                                   placeholder="training.learning_rate=1e-4,2e-4\nlora.r=8,16", lines=2,
-                                                   elem_id="sweep-vary"))  # fmt: skip
+            self.vary = add(
+                "job.vary",
+                gr.Textbox(
+                    label="Vary: a field per line, then = and its values",
+                    placeholder="training.learning_rate=1e-4,2e-4\nlora.r=8,16",
+                    lines=2,
+                    elem_id="sweep-vary",
+                ),
+            )
             self.sweep_preview = add("job.sweep_preview", gr.Markdown(elem_id="sweep-preview"))
             self.sweep = add("job.sweep", gr.Button("⇥ Queue the sweep", elem_id="queue-sweep", interactive=False))
         # Rules 2 and 3 of the module docstring: what the browser has applied, sent back with every event.

@@ -158,8 +158,11 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
 
         return on_click
 
-    launches = (("job.start", runs.start, "run"), ("job.queue", functools.partial(runs.start, queue=True), "queued run"),
-                ("job.smoke", runs.start_smoke, "smoke run"))  # fmt: skip
+    launches = (
+        ("job.start", runs.start, "run"),
+        ("job.queue", functools.partial(runs.start, queue=True), "queued run"),
+        ("job.smoke", runs.start_smoke, "smoke run"),
+    )
     for button_id, start, what in launches:
         button = page.ui[button_id]
         listen(
@@ -199,8 +202,21 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
             return {page.ui["job.sweep_preview"]: f"✗ {as_text(exc)}"}
 
     vary, sweep = page.ui["job.vary"], page.ui["job.sweep"]
-    listen([vary.input], on_vary, inputs=[vary], outputs=[page.ui["job.sweep_preview"]], show_progress="hidden",
-           trigger_mode="always_last")  # fmt: skip
-    listen([sweep.click], on_sweep, inputs=[*form, digest, job_shown, vary], outputs=[page.notice, runs.shown],
-           concurrency_id="launch", concurrency_limit=1, show_progress="minimal", show_progress_on=[sweep],
-           ).then(None, inputs=[page.notice], js=SHOW_RUN_JS)  # fmt: skip
+    listen(
+        [vary.input],
+        on_vary,
+        inputs=[vary],
+        outputs=[page.ui["job.sweep_preview"]],
+        show_progress="hidden",
+        trigger_mode="always_last",
+    )
+    listen(
+        [sweep.click],
+        on_sweep,
+        inputs=[*form, digest, job_shown, vary],
+        outputs=[page.notice, runs.shown],
+        concurrency_id="launch",
+        concurrency_limit=1,
+        show_progress="minimal",
+        show_progress_on=[sweep],
+    ).then(None, inputs=[page.notice], js=SHOW_RUN_JS)

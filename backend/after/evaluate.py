@@ -261,10 +261,16 @@ def answers(model, tokenizer, pairs: list[tuple[object, str | None]], say, cance
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         with torch.no_grad():
             generated = model.generate(
-                input_ids=ids, attention_mask=attention, do_sample=False, temperature=None, top_p=None, top_k=None,
+                input_ids=ids,
+                attention_mask=attention,
+                do_sample=False,
+                temperature=None,
+                top_p=None,
+                top_k=None,
                 max_new_tokens=new_tokens,
-                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            )  # fmt: skip
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
         out += tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
         say(start + len(batch), len(pairs))
     return out

@@ -139,13 +139,18 @@ def for_job(measured: dict, spec: JobSpec) -> dict:
     batch = spec.training.per_device_train_batch_size
     stats = length_stats(measured["lengths"], limit, batch, measured.get("answer_starts"))
     if grpo:  # the prompts' lengths: the limit is grpo.max_prompt_length, the answers are the model's to write
-        stats.update(limit_field="grpo.max_prompt_length", max_completion_length=spec.grpo.max_completion_length,
-                     num_generations=spec.grpo.num_generations)  # fmt: skip
+        stats.update(
+            limit_field="grpo.max_prompt_length",
+            max_completion_length=spec.grpo.max_completion_length,
+            num_generations=spec.grpo.num_generations,
+        )
     labels = measured.get("labels")
     if labels:  # KTO: whether the job's weights balance the good and bad answers
         p = spec.preference
-        labels = {**labels, "advice": weight_advice(labels["good"], labels["bad"], p.desirable_weight,
-                                                    p.undesirable_weight)}  # fmt: skip
+        labels = {
+            **labels,
+            "advice": weight_advice(labels["good"], labels["bad"], p.desirable_weight, p.undesirable_weight),
+        }
     return {
         **measured,
         "stats": stats,

@@ -51,10 +51,16 @@ def measure_key(spec: JobSpec) -> str:
     )
     model = spec.model
     return json.dumps(
-        [dataset, _stamp(spec.dataset.path), model.name_or_path, model.revision, model.trust_remote_code,
-         _stamp(model.name_or_path, ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"))],
+        [
+            dataset,
+            _stamp(spec.dataset.path),
+            model.name_or_path,
+            model.revision,
+            model.trust_remote_code,
+            _stamp(model.name_or_path, ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")),
+        ],
         sort_keys=True,
-    )  # fmt: skip
+    )
 
 
 def _stamp(source: str, inside: tuple[str, ...] | None = None) -> list | None:

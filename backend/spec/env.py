@@ -17,9 +17,20 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENTRY_START = re.compile(r",\s*(?=[A-Za-z_][A-Za-z0-9_]*=)")
 # Set by torchrun / accelerate launch / the run manager for each rank (launch.gpu_ids picks the GPUs).
 LAUNCHER_NAMES = frozenset(
-    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
-     "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "MACHINE_RANK", "MAIN_PROCESS_IP"}
-)  # fmt: skip
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        "MACHINE_RANK",
+        "MAIN_PROCESS_IP",
+    }
+)
 LAUNCHER_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "PARALLELISM_CONFIG_", "FSDP_")
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "CREDENTIAL")
 

@@ -129,9 +129,16 @@ def sequences_per_row(objective: str) -> int:
 
 
 def flops_per_token(
-    matmul_params, trainable_params, layers, attention_width, seq_len, full, checkpointing, layer_matmul_params=None,
+    matmul_params,
+    trainable_params,
+    layers,
+    attention_width,
+    seq_len,
+    full,
+    checkpointing,
+    layer_matmul_params=None,
     extra_forwards=0,
-):  # fmt: skip
+):
     """(model FLOPs, hardware FLOPs) per trained token of one training step (forward + backward).
 
     matmul_params: weights a token is multiplied by (decoder linears, routed experts, the head);
@@ -173,9 +180,16 @@ def arch_flops_per_token(
     """flops_per_token for a catalog.ModelArch."""
     matmul, layer_matmul = arch_matmul_params(arch)
     return flops_per_token(
-        matmul, trainable, arch.num_hidden_layers, arch.q_size, seq_len, full, checkpointing, layer_matmul,
+        matmul,
+        trainable,
+        arch.num_hidden_layers,
+        arch.q_size,
+        seq_len,
+        full,
+        checkpointing,
+        layer_matmul,
         extra_forwards,
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------- keeping train.py's copy in step
