@@ -45,7 +45,7 @@ def user_message(exc: BaseException, markdown: bool = False) -> str:
         return field_named(path) if path in FIELDS_BY_PATH else said(path or "job")
 
     if isinstance(exc, SpecError):
-        return "; ".join(f"{named(path)}: {said(msg)}" for path, msg in exc.problems)
+        return "; ".join(f"{named(p.field)}: {said(p.message)}" for p in exc.problems)
     problems = getattr(exc, "problems", None)  # Start's refusal (backend/runs/preflight.py: refusal)
     if type(exc).__name__ == "RunError" and problems:
         from tunedeck.backend.runs.preflight import refusal_text

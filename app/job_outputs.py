@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +118,7 @@ def evaluate(
     try:
         spec = spec_from_values(values)
     except SpecError as exc:
-        return JobResult(values, None, [Problem("error", path, msg) for path, msg in exc.problems])
+        return JobResult(values, None, list(exc.problems))
     issues = validate(spec)
     if here is not None and not has_errors(issues):  # the same rule as `tunedeck validate` and Start
         try:
@@ -228,6 +228,6 @@ def read_uploaded_spec(path: str | None) -> tuple[str, JobSpec | None]:
     try:
         spec = spec_from_yaml(text)
     except SpecError as exc:
-        lines = _problem_lines([Problem("error", p or "job", m) for p, m in exc.problems])
+        lines = _problem_lines([replace(p, field=p.field or "job") for p in exc.problems])
         return f"✗ **{name}** was not loaded; the form is unchanged:\n" + "\n".join(lines), None
     return f"Loaded **{name}**.", spec

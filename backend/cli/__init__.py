@@ -97,7 +97,7 @@ def load_spec_or_exit(args: argparse.Namespace):
             spec = with_implied(spec, {item.partition("=")[0].strip() for item in args.overrides})
         return spec
     except SpecError as exc:
-        print_problems([("error", path, msg) for path, msg in exc.problems])
+        print_problems([(p.level, p.field, p.message) for p in exc.problems])
         raise SystemExit(2) from None
 
 

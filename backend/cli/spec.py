@@ -193,7 +193,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         result = check_bundle(folder)
     except SpecError as exc:
-        print_problems([("error", f"job.yaml: {path}", msg) for path, msg in exc.problems])
+        print_problems([(p.level, f"job.yaml: {p.field}", p.message) for p in exc.problems])
         return 2
     except BundleCheckError as exc:
         print_problems([("error", "bundle", str(exc))])

@@ -68,7 +68,7 @@ def _checked_specs(base, grid: list[dict[str, str]], runs_dir) -> list | None:
         try:
             [spec] = sweep_specs(base, [values])
         except SpecError as exc:
-            print_problems(("error", path, message) for path, message in exc.problems)
+            print_problems((p.level, p.field, p.message) for p in exc.problems)
             failed = True
             continue
         for p in job_problems(spec, runs_dir):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import replace
 
 MAX_RUNS = 64  # more is a typo more often than a plan
 _VALUES = re.compile(r"\[[^\]]*\]|[^,]+")  # comma-separated; a [list, of, values] is one value
@@ -62,7 +63,7 @@ def sweep_specs(spec, grid: list[dict[str, str]]) -> list:
         try:
             specs.append(set_paths(spec, values))
         except SpecError as exc:
-            raise SpecError([(path, f"[{label(values)}] {message}") for path, message in exc.problems]) from None
+            raise SpecError([replace(p, message=f"[{label(values)}] {p.message}") for p in exc.problems]) from None
     return specs
 
 

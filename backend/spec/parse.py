@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from tunedeck.backend.spec.job import JobSpec
+from tunedeck.backend.spec.problem import Problem, error
 from tunedeck.backend.spec.sections import SFT_CONFIG
 from tunedeck.backend.spec.untrusted import YamlRefused, load_yaml, shown, unsafe_char
 
@@ -37,11 +38,11 @@ def spec_from_yaml(text: str) -> JobSpec:
     try:
         data = load_yaml(text)
     except YamlRefused as exc:
-        raise SpecError([(exc.path, exc.message)]) from None
+        raise SpecError([error(exc.path, exc.message)]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise SpecError([("", "a job spec is a YAML mapping (key: value lines) at the top level")])
+        raise SpecError([error("", "a job spec is a YAML mapping (key: value lines) at the top level")])
     return parse_spec(data)
 
 
@@ -49,7 +50,7 @@ def load_spec_file(path: str | Path) -> JobSpec:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:  # unreadable, or not a text file at all
-        raise SpecError([("", f"cannot read {path} as a UTF-8 YAML job spec: {exc}")]) from None
+        raise SpecError([error("", f"cannot read {path} as a UTF-8 YAML job spec: {exc}")]) from None
     return spec_from_yaml(text)
 
 
@@ -57,11 +58,12 @@ def load_spec_file(path: str | Path) -> JobSpec:
 
 
 class SpecError(ValueError):
-    """A spec that does not parse: a list of (dotted field path, message)."""
+    """A spec that does not parse: its problems, each an error naming its dotted field path ("" for the whole
+    spec), the same shape validation's and Start's problems have."""
 
-    def __init__(self, problems: list[tuple[str, str]]):
+    def __init__(self, problems: list[Problem]):
         self.problems = problems
-        super().__init__("; ".join(f"{path or 'spec'}: {msg}" for path, msg in problems))
+        super().__init__("; ".join(f"{p.field or 'spec'}: {p.message}" for p in problems))
 
 
 def _describe_pydantic_error(err: dict) -> tuple[str, str]:
@@ -89,9 +91,11 @@ def parse_spec(data: dict) -> JobSpec:
         for err in exc.errors(include_input=False, include_url=False):
             path, msg = _describe_pydantic_error(err)
             seen.setdefault(path, msg)  # one message per field: union members repeat themselves
-        problems = list(seen.items())
+        problems = [error(path, msg) for path, msg in seen.items()]
         if len(problems) > MAX_PROBLEMS:
-            problems = problems[:MAX_PROBLEMS] + [("", f"and {len(problems) - MAX_PROBLEMS} more problems like these")]
+            problems = problems[:MAX_PROBLEMS] + [
+                error("", f"and {len(problems) - MAX_PROBLEMS} more problems like these")
+            ]
         raise SpecError(problems) from None
 
 
@@ -163,7 +167,7 @@ def set_paths(spec: JobSpec | dict, assignments: dict[str, Any]) -> JobSpec:
     problems = []
     for path, value in assignments.items():
         if path not in FIELD_PATHS:
-            problems.append((shown(path), f"unknown field; known fields: {', '.join(_close_matches(path))}"))
+            problems.append(error(shown(path), f"unknown field; known fields: {', '.join(_close_matches(path))}"))
             continue
         if isinstance(value, str):
             value = _read_scalar(value, keep_text=_takes_text(path))
@@ -187,7 +191,7 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     for item in items:
         path, sep, value = item.partition("=")
         if not sep or not path.strip():
-            raise SpecError([(shown(item), "expected dotted.path=value, e.g. --set strategy.kind=zero2")])
+            raise SpecError([error(shown(item), "expected dotted.path=value, e.g. --set strategy.kind=zero2")])
         out[path.strip()] = value.strip()
     return out
 

@@ -24,6 +24,7 @@ from tunedeck.backend.spec.parse import (
     set_paths,
     spec_to_dict,
 )
+from tunedeck.backend.spec.problem import error
 
 # The package's own folder: the repository root in a checkout, site-packages/tunedeck when installed.
 # Presets, assets and constraints.txt ship in it as package data.
@@ -106,7 +107,7 @@ def resolve_spec(source: str, overrides: list[str] | None = None) -> JobSpec:
     elif Path(source).is_file():
         spec = load_spec_file(source)
     else:
-        raise SpecError([("", f"{source!r} is neither a preset ({', '.join(presets)}) nor an existing YAML file")])
+        raise SpecError([error("", f"{source!r} is neither a preset ({', '.join(presets)}) nor an existing YAML file")])
     if overrides:
         spec = set_paths(spec, parse_assignments(overrides))
     return spec

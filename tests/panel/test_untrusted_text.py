@@ -175,8 +175,11 @@ def test_errors_quoting_the_input_read_as_text_in_the_notice_and_the_toast():
 
     from tunedeck.app.errors import shown_as_message, user_message
     from tunedeck.backend.spec import SpecError
+    from tunedeck.backend.spec.problem import error as problem
 
-    error = SpecError([("training.learning_rate", f"not a number: {HOSTILE}"), (f"model.{IMG}", "unknown field")])
+    error = SpecError(
+        [problem("training.learning_rate", f"not a number: {HOSTILE}"), problem(f"model.{IMG}", "unknown field")]
+    )
     notice = rendered(f"✗ **Not started:** {user_message(error, markdown=True)}")
     assert notice.tags == ["p", "strong", "code"]  # the label's key as code, nothing of the input
     assert f"Learning rate (training.learning_rate): not a number: {HOSTILE}; model.{IMG}: unknown" in notice.words

@@ -72,7 +72,7 @@ def test_slurm_time_formats(value, seconds):
 def test_bad_slurm_values_name_their_field(assignment, field):
     with pytest.raises(SpecError) as refused:
         resolve_spec("demo", [assignment])
-    assert [path for path, _ in refused.value.problems] == [field]
+    assert [p.field for p in refused.value.problems] == [field]
 
 
 def test_main_process_ip_is_not_asked_for_on_slurm():
