@@ -36,6 +36,14 @@ class Strategy:
         return self.engine == "deepspeed"
 
     @property
+    def is_fsdp(self) -> bool:
+        return self.engine == "fsdp"
+
+    @property
+    def is_ddp(self) -> bool:
+        return self.engine == "ddp"
+
+    @property
     def shards_parameters(self) -> bool:
         return "parameters" in self.shards
 

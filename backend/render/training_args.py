@@ -49,7 +49,7 @@ def training_args_dict(spec: JobSpec) -> dict:
         # Non-reentrant checkpointing works with frozen inputs (LoRA), DDP and FSDP. Adapters on
         # ZeRO-3 are the exception: TRL's SFTTrainer forces reentrant there for correct gradients
         # (trl#2514), so the file says so rather than promise what does not run.
-        reentrant = spec.uses_adapter and s.zero_stage == 3
+        reentrant = spec.uses_adapter and spec.layout.is_zero3
         args["activation_checkpointing_kwargs"] = {"use_reentrant": reentrant}
     if not launch.use_cpu and spec.objective != "grpo":  # GRPO tokenises its prompts as it goes
         # GPU jobs only: CPU bundles (the demo, the tests) have small data, and their cores are the trainers.

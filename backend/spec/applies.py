@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from tunedeck.backend.spec.flops import REFERENCE_OBJECTIVES
 from tunedeck.backend.recipe.vocabulary import STRATEGIES, Strategy, column_fields
+from tunedeck.backend.spec.flops import REFERENCE_OBJECTIVES
 
 Values = dict[str, Any]
 
@@ -107,14 +107,14 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("training.dataloader_num_workers", _GPUS),
     ("training.per_device_eval_batch_size", _EVALUATION),
     ("training.eval_steps", _EVALUATION),
-    ("training.ddp_find_unused_parameters", _kinds(lambda s: s.engine == "ddp")),
+    ("training.ddp_find_unused_parameters", _kinds(lambda s: s.is_ddp)),
     ("strategy.kind", _ALWAYS),
     ("strategy.offload_optimizer", _kinds(lambda s: bool(s.offload_optimizer))),
     ("strategy.offload_params", _kinds(lambda s: bool(s.offload_params))),
     ("strategy.nvme_path", _NVME),
-    ("strategy.allgather_bucket_size", _kinds(lambda s: s.zero_stage in (1, 2))),
-    ("strategy.stage3_*", _kinds(lambda s: s.zero_stage == 3)),
-    ("strategy.fsdp_*", _kinds(lambda s: s.engine == "fsdp")),
+    ("strategy.allgather_bucket_size", _kinds(lambda s: s.is_deepspeed and not s.shards_parameters)),
+    ("strategy.stage3_*", _kinds(lambda s: s.is_deepspeed and s.shards_parameters)),
+    ("strategy.fsdp_*", _kinds(lambda s: s.is_fsdp)),
     ("strategy.*", _kinds(lambda s: s.is_deepspeed)),  # the remaining DeepSpeed knobs
     ("launch.gpu_ids", _GPUS),
     ("launch.machine_rank", _MACHINES_BY_HAND),

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tunedeck.backend.recipe.vocabulary import STRATEGIES
 from tunedeck.backend.spec.applies import Values
 from tunedeck.backend.spec.problem import spelled
-from tunedeck.backend.recipe.vocabulary import STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ def _sharded_4bit_dtypes(values: Values) -> Implied | None:
 
 
 def _fsdp_activation_checkpointing(values: Values) -> Implied | None:
-    fsdp = STRATEGIES.get(values.get("strategy.kind"))
-    on_fsdp = bool(fsdp and fsdp.engine == "fsdp")
+    strategy = STRATEGIES.get(values.get("strategy.kind"))
+    on_fsdp = bool(strategy and strategy.is_fsdp)
     if on_fsdp and values.get("method") == "full" and values.get("training.gradient_checkpointing"):
         return Implied(
             {"strategy.fsdp_activation_checkpointing": True, "training.gradient_checkpointing": False},
@@ -82,8 +82,8 @@ def _fsdp_activation_checkpointing(values: Values) -> Implied | None:
 
 
 def _fsdp_4bit_loads_on_every_rank(values: Values) -> Implied | None:
-    fsdp = STRATEGIES.get(values.get("strategy.kind"))
-    on_fsdp = bool(fsdp and fsdp.engine == "fsdp")
+    strategy = STRATEGIES.get(values.get("strategy.kind"))
+    on_fsdp = bool(strategy and strategy.is_fsdp)
     if on_fsdp and values.get("quantization.bits") == 4 and values.get("strategy.fsdp_cpu_ram_efficient_loading"):
         return Implied(
             {"strategy.fsdp_cpu_ram_efficient_loading": False},

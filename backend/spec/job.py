@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
+from tunedeck.backend.recipe.layout import Layout
+from tunedeck.backend.recipe.vocabulary import STRATEGIES, Strategy
 from tunedeck.backend.spec.env import entries_from_text, entry_name
 from tunedeck.backend.spec.grpo import GrpoSpec
 from tunedeck.backend.spec.sections import (
@@ -28,7 +30,6 @@ from tunedeck.backend.spec.sections import (
 )
 from tunedeck.backend.spec.slurm import SlurmSpec
 from tunedeck.backend.spec.training import PreferenceSpec, TrainingSpec
-from tunedeck.backend.recipe.vocabulary import STRATEGIES, Strategy
 
 StrategyKind = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -329,11 +330,16 @@ class JobSpec(SpecSection):
         return t.per_device_train_batch_size * self.data_parallel_size * t.gradient_accumulation_steps
 
     @property
+    def layout(self) -> Layout:
+        """How the job lays the model out over processes and machines (backend/recipe/layout.py)."""
+        return Layout.of({"strategy": dict(self.strategy), "launch": dict(self.launch)})
+
+    @property
     def sequence_parallel(self) -> int:
         """GPUs sharing each sequence: strategy.sequence_parallel where it applies (DeepSpeed), else 1."""
-        return self.strategy.sequence_parallel if self.strategy.is_deepspeed else 1
+        return self.layout.sequence_parallel
 
     @property
     def data_parallel_size(self) -> int:
         """Processes that each read their own rows: all of them, over the GPUs that share a sequence."""
-        return max(1, self.launch.num_processes // self.sequence_parallel)
+        return self.layout.data_parallel_size

@@ -18,8 +18,8 @@ from tunedeck.backend.spec.problem import Problem, error, warning
 def cpu(spec: JobSpec) -> Iterator[Problem]:
     if not spec.launch.use_cpu:
         return
-    engine, precision = spec.strategy.facts.engine, spec.training.precision
-    if engine == "fsdp" and spec.strategy.fsdp_version == 1:
+    layout, precision = spec.layout, spec.training.precision
+    if layout.is_fsdp and layout.fsdp_version == 1:
         # FSDP2 runs on CPU ranks: train_sft.py hands accelerate's FSDP2 path the gloo ranks (accelerate
         # alone would fall back to DDP). FSDP1 cannot: PyTorch needs an accelerator device for it.
         yield error(
@@ -28,7 +28,7 @@ def cpu(spec: JobSpec) -> Iterator[Problem]:
             "falls back to plain DDP): set strategy.fsdp_version=2, which runs on CPU processes, or use GPUs.",
             {"strategy.fsdp_version": 2},
         )
-    if engine == "fsdp" and spec.strategy.offload_params == "cpu":
+    if layout.is_fsdp and layout.offload_params == "cpu":
         # Measured: FSDP2's CPUOffloadPolicy pins host memory, which torch refuses without an accelerator.
         yield error(
             "strategy.offload_params",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 from tunedeck.backend.spec import JobSpec, catalog
 from tunedeck.backend.spec.flops import REFERENCE_OBJECTIVES
 from tunedeck.backend.spec.problem import Problem, error, warning
-from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 
 # ---------------------------------------------------------------- method and quantization
 
@@ -144,7 +144,7 @@ def precision(spec: JobSpec) -> Iterator[Problem]:
         )
     # DeepSpeed keeps fp32 master weights, and accelerate upcasts FSDP's trainable weights to fp32
     # under mixed precision; otherwise the optimizer steps the 16-bit weights themselves.
-    has_master_copy = spec.strategy.is_deepspeed or (spec.strategy.facts.engine == "fsdp" and precision != "fp32")
+    has_master_copy = spec.layout.is_deepspeed or (spec.layout.is_fsdp and precision != "fp32")
     already_refused = precision == "fp16" and dtype == "float16"
     if spec.method == "full" and dtype != "float32" and not has_master_copy and not already_refused:
         yield warning(

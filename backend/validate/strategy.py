@@ -36,7 +36,7 @@ def offload(spec: JobSpec) -> Iterator[Problem]:
             f"NVMe optimizer offload (ZeRO-Infinity) needs ZeRO-3; {kind} would silently offload to CPU RAM instead: "
             "set strategy.kind=zero3 or strategy.offload_optimizer=cpu.",
         )
-    if facts.engine == "fsdp":
+    if spec.layout.is_fsdp:
         if "nvme" in (s.offload_params, s.offload_optimizer):
             yield error(
                 "strategy.offload_params" if s.offload_params == "nvme" else "strategy.offload_optimizer",
@@ -85,8 +85,8 @@ def offload(spec: JobSpec) -> Iterator[Problem]:
 
 
 def fsdp(spec: JobSpec) -> Iterator[Problem]:
-    s = spec.strategy
-    if s.facts.engine != "fsdp":
+    s, layout = spec.strategy, spec.layout
+    if not layout.is_fsdp:
         if s.fsdp_activation_checkpointing:  # a set-but-ignored field, with what to use instead
             yield warning(
                 "strategy.fsdp_activation_checkpointing",
@@ -125,7 +125,7 @@ def fsdp(spec: JobSpec) -> Iterator[Problem]:
             "so host RAM is not saved: set strategy.fsdp_cpu_ram_efficient_loading=false so the job says what runs.",
             {"strategy.fsdp_cpu_ram_efficient_loading": False},
         )
-    if s.fsdp_sharding_strategy == "HYBRID_SHARD" and spec.launch.num_machines == 1:
+    if layout.hybrid and layout.machines == 1:
         yield warning(
             "strategy.fsdp_sharding_strategy",
             "HYBRID_SHARD replicates across machines; on one machine it is FULL_SHARD: set FULL_SHARD.",
@@ -134,15 +134,15 @@ def fsdp(spec: JobSpec) -> Iterator[Problem]:
 
 
 def adapter_strategy(spec: JobSpec) -> Iterator[Problem]:
-    t, kind, facts = spec.training, spec.strategy.kind, spec.strategy.facts
-    if spec.uses_adapter and facts.engine == "ddp" and t.ddp_find_unused_parameters:
+    t, kind, layout = spec.training, spec.strategy.kind, spec.layout
+    if spec.uses_adapter and layout.is_ddp and t.ddp_find_unused_parameters:
         yield warning(
             "training.ddp_find_unused_parameters",
             "with LoRA the frozen base has no gradients by design; searching for unused parameters every step "
             "only slows DDP: set training.ddp_find_unused_parameters=false.",
             {"training.ddp_find_unused_parameters": False},
         )
-    if spec.method == "lora" and facts.shards_parameters and spec.sequence_parallel == 1:  # DDP splits no sequence
+    if spec.method == "lora" and layout.shards_parameters and layout.sequence_parallel == 1:  # DDP splits no sequence
         arch = catalog.lookup(spec.model.name_or_path)
         if arch is not None:
             base_gb = arch.num_parameters * 2 / 1e9
