@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunedeck.backend.spec import sft_name
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, STRATEGIES
 from tunedeck.backend.spec.applies import when
 from tunedeck.backend.spec.fields import FORM_FIELDS, FormField, section_titles
-from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, STRATEGIES
+from tunedeck.backend.spec.parse import sft_name
 
 DOC_PATH = "docs/job-spec.md"
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from tunedeck.backend.spec import JobSpec, catalog
+from tunedeck.backend.spec import catalog
+from tunedeck.backend.spec.job import JobSpec
 
 # DeepSpeed's default offload_param.buffer_size (runtime/zero/offload_config.py), in elements.
 DEFAULT_NVME_BUFFER_SIZE = 100_000_000

@@ -20,8 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from tunedeck.backend.spec import JobSpec, flat_values, iter_fields, parse_spec, set_dotted
 from tunedeck.backend.spec.applies import Values, applies
+from tunedeck.backend.spec.job import JobSpec
+from tunedeck.backend.spec.parse import flat_values, iter_fields, parse_spec, set_dotted
 from tunedeck.backend.spec.sections import BASIC_KEY
 
 # Form sections in page order; a field goes to the first section whose prefixes match its path.
