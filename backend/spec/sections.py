@@ -19,16 +19,20 @@ spec_parse.py, untrusted YAML in untrusted.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic.config import JsonDict
 
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, column_fields
 from tunedeck.backend.spec.mix import entries_from_text, rows_key
 from tunedeck.backend.spec.untrusted import describe_char, unsafe_char
-from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, column_fields
 
 Dtype = Literal["bfloat16", "float16", "float32"]
-DatasetFormatName = Literal[tuple(DATASET_FORMATS)]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # a Literal built from the table is one pydantic checks at run time; the type checker reads str
+    DatasetFormatName = str
+else:
+    DatasetFormatName = Literal[tuple(DATASET_FORMATS)]
 
 # Upper bounds that no real job reaches, so that a form cannot ask for the absurd (an ETA of
 # 10^24 hours, a 5,000-digit seed the trainer refuses only after loading the model).
@@ -43,7 +47,7 @@ SFT_CONFIG = "sft_config"  # the json_schema_extra key that holds a field's SFTC
 # and a `description` (its one-line help); tests/panel/test_field_labels.py fails for a field without
 # either. A field marked basic is shown in its section's first view; the others fold into Advanced.
 BASIC_KEY = "basic"
-BASIC = {BASIC_KEY: True}  # json_schema_extra of a basic field: Field(..., json_schema_extra=BASIC)
+BASIC: JsonDict = {BASIC_KEY: True}  # json_schema_extra of a basic field: Field(..., json_schema_extra=BASIC)
 
 
 def SftField(default: Any, *, sft: str | None = None, basic: bool = False, **kwargs: Any) -> Any:
@@ -235,23 +239,20 @@ class _DatasetSource(SpecSection):
 # The column fields (text_field, prompt_field, ...) come from the dataset-format table, one per
 # column a format reads. create_model puts them after the source fields and DatasetSpec's own after
 # them: the form, job.yaml and the docs list fields in declaration order.
-_DatasetColumns = create_model(
-    "_DatasetColumns",
-    __base__=_DatasetSource,
-    **{
-        name: (
-            str,
-            Field(
-                column.default,
-                title=f"{name.removesuffix('_field').capitalize()} column",
-                description=f"Column holding {column.holds} (format {' or '.join(formats)}).",
-                # The chosen format's columns are few (the others are hidden): part of the first view.
-                json_schema_extra={**BASIC, **({SFT_CONFIG: column.sft} if column.sft else {})},
-            ),
-        )
-        for name, (column, formats) in column_fields().items()
-    },
-)  # type: ignore[call-overload]
+_COLUMNS: dict[str, Any] = {  # field name -> (type, Field): create_model's keyword arguments
+    name: (
+        str,
+        Field(
+            column.default,
+            title=f"{name.removesuffix('_field').capitalize()} column",
+            description=f"Column holding {column.holds} (format {' or '.join(formats)}).",
+            # The chosen format's columns are few (the others are hidden): part of the first view.
+            json_schema_extra={**BASIC, **({SFT_CONFIG: column.sft} if column.sft else {})},
+        ),
+    )
+    for name, (column, formats) in column_fields().items()
+}
+_DatasetColumns = create_model("_DatasetColumns", __base__=_DatasetSource, **_COLUMNS)
 
 
 class DatasetSpec(_DatasetColumns):  # type: ignore[misc, valid-type]
