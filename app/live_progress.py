@@ -2,7 +2,7 @@
 
 Every Gradio event costs the browser far more than its answer (an empty tick of the Run tab: about
 60 ms of Chromium's CPU, bench/bench_run_tab.py), and on a machine that also trains, that CPU is taken
-from the run. So the Run tab's Gradio timer ticks every 5 s (run_view.TICK_S) for the state line,
+from the run. So the Run tab's Gradio timer ticks every 5 s (run_shown.TICK_S) for the state line,
 charts and log, and the progress bar (step, elapsed time, ETA) follows the run through one
 server-sent event stream: the panel looks at the run every POLL_S and sends the bar when it changed,
 and the page writes it (a text and a width). A stream, not a poll: a fetch every half second cost

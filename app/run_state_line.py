@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunedeck.app.run_index import STATE_MARKS, RunFacts
+from tunedeck.app.run_watch import RunWatch
 from tunedeck.app.untrusted_text import as_html, as_text
 from tunedeck.backend.runs.folder import ACTIVE_STATES as ACTIVE
 from tunedeck.backend.runs.smoke import smoke_verdict
+from tunedeck.backend.runs.startup import breakdown, read_phases
 from tunedeck.backend.runs.status import RunStatus
+from tunedeck.backend.runs.summary import report
 
 
 def progress_bar(fraction: float, text: str, state: str) -> dict:
@@ -82,3 +85,21 @@ CSS = """
 .td-progress-fill { height: 100%; }
 .td-progress-text { font-size: 0.9em; margin-top: 4px; }
 """
+
+
+def results_line(watch: RunWatch, status: RunStatus) -> str:
+    """The summary's results (loss, speed, ...) and, after them, the startup phases that took a second or more."""
+    if not watch.records:
+        return ""
+    results = as_text(report(watch, status.started_at, status.ended_at).line())
+    startup = breakdown(read_phases(watch.run_dir), least_s=1.0)
+    return results + (f" · **before step 1:** {as_text(startup)}" if results and startup else "")
+
+
+def memory_line(peaks: dict) -> str:
+    """The peak GPU memory each rank measured, when no estimate is there to set it beside."""
+    if not peaks:
+        return ""
+    return "**Measured peak GPU memory per rank:** " + ", ".join(
+        f"rank {i}: {gb:.2f} GB" for i, gb in enumerate(peaks.get("allocated", []))
+    )

@@ -18,9 +18,9 @@ from tunedeck.app.charts import loss_figure, metrics_figure
 from tunedeck.app.live_progress import FOLLOW_LOG_JS, REFRESH_ID
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.run_actions import resume_shown, stacks_notice, stop_run
-from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, compared_line, run_choices, table_row
-from tunedeck.app.run_shown import RunShown
-from tunedeck.app.run_state_line import progress_html, state_line
+from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, compared_line, run_choices, table_row, unreadable_line
+from tunedeck.app.run_shown import TICK_S, RunShown, charts_every_s
+from tunedeck.app.run_state_line import memory_line, progress_html, results_line, state_line
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_text
@@ -30,28 +30,16 @@ from tunedeck.backend.runs.lineage import Lineage
 from tunedeck.backend.runs.manager import RunError, RunManager
 from tunedeck.backend.runs.notes import NAME_MAX_CHARS, NotesError, write_notes
 from tunedeck.backend.runs.smoke import start_smoke_run
-from tunedeck.backend.runs.startup import breakdown, live_phase, read_phases
+from tunedeck.backend.runs.startup import live_phase
 from tunedeck.backend.runs.status import DAMAGED
-from tunedeck.backend.runs.summary import measured_peaks, report, summarize
+from tunedeck.backend.runs.summary import measured_peaks, summarize
 from tunedeck.backend.runs.sweep import combinations, label, queue_sweep, sweep_specs
 
-# The state line, charts and log follow a live run every TICK_S (each Gradio event costs the browser far more
-# than its answer: an empty tick about 60 ms of Chromium's CPU); the progress bar follows it between ticks, and
-# a change of state is shown at once: the bar's stream presses the hidden refresh button (app/live_progress.py).
-TICK_S = 5.0
-# Redrawing the two Plotly charts is the browser's largest cost after that (about half of the tab's on a
-# synthetic live run: bench/bench_run_tab.py). A live run's new records redraw them at most every
-# charts_every_s(age): at each tick in a run's first minutes, then less often as the run grows (a redraw adds a
-# smaller share of the chart), every 30 s from its tenth minute, as TensorBoard reloads. A new run, an eval loss,
-# an ended run or a changed chart option redraw them at once.
-CHARTS_EVERY_S = TICK_S - 1  # under TICK_S: a timer's tick may come a little early
-CHARTS_EVERY_MAX_S = 30.0
-CHARTS_EVERY_SHARE = 0.05  # of the run's age
-
-
-def charts_every_s(age_s: float) -> float:
-    """How long a live run's charts stay as drawn, `age_s` seconds after it started."""
-    return min(CHARTS_EVERY_MAX_S, max(CHARTS_EVERY_S, CHARTS_EVERY_SHARE * age_s))
+# What a redraw may send, in the order of RunView.outputs (attributes the layout sets).
+OUTPUTS = (
+    "shown", "select", "overlay", "table", "status", "progress", "facts", "summary", "name", "notes", "error",
+    "compared", "loss_plot", "metrics_plot", "answers", "memory", "log", "stop", "resume", "stacks",
+)  # fmt: skip
 
 
 class RunView(Section):
@@ -144,11 +132,7 @@ class RunView(Section):
 
     @property
     def outputs(self) -> list:
-        return [
-            self.shown, self.select, self.overlay, self.table, self.status, self.progress, self.facts,
-            self.summary, self.name, self.notes, self.error, self.compared, self.loss_plot, self.metrics_plot,
-            self.answers, self.memory, self.log, self.stop, self.resume, self.stacks,
-        ]  # fmt: skip
+        return [getattr(self, name) for name in OUTPUTS]
 
     @property
     def details(self) -> list:
@@ -234,18 +218,22 @@ class RunView(Section):
             if shown.notes_run != run_id:  # the boxes are the user's while they type: filled once per run shown
                 shown.notes_run = run_id
                 out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
-            results = as_text(report(watch, status.started_at, status.ended_at).line()) if watch.records else ""
-            startup = breakdown(read_phases(watch.run_dir), least_s=1.0)  # the phases that took a second or more
-            results += f" · **before step 1:** {as_text(startup)}" if results and startup else ""
-            out.update({
-                self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
-                self.facts: as_text(summary.facts),
-                self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" if results else "",
-                self.error: gr.update(value=status.error or "", visible=bool(status.error)),
-                self.stop: gr.update(interactive=status.state in ("queued", "running")),
-                self.resume: gr.update(interactive=facts.checkpoint is not None),
-                self.stacks: gr.update(interactive=status.state in ("running", "stopping") and status.backend == "local"),
-            })  # fmt: skip
+            results = results_line(watch, status)
+            out.update(
+                {
+                    self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
+                    self.facts: as_text(" · ".join(filter(None, (summary.facts, unreadable_line(facts))))),
+                    self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}"
+                    if results
+                    else "",
+                    self.error: gr.update(value=status.error or "", visible=bool(status.error)),
+                    self.stop: gr.update(interactive=status.state in ("queued", "running")),
+                    self.resume: gr.update(interactive=facts.checkpoint is not None),
+                    self.stacks: gr.update(
+                        interactive=status.state in ("running", "stopping") and status.backend == "local"
+                    ),
+                }
+            )
         bar_sig = (run_id, status.state, None if status.state in ACTIVE else watch.records_version)
         if new_run or shown.bar_sig != bar_sig:  # a live run's bar moves with its stream (app/live_progress.py)
             shown.bar_sig = bar_sig
@@ -256,12 +244,14 @@ class RunView(Section):
             drawn_runs = [("this run", watch.records)] + ([(overlay, other.records)] if other else [])
             before = self.lineage.records_before(run_id, facts.job, watch, self._records)
             shown.charts_sig, shown.charts_at = plots, time.monotonic()
-            out.update({
-                self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale, before),
-                self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
-                self.answers: answers_markdown(latest_answers(self.manager.run_dir(run_id)), as_text),
-                self.memory: self._memory_markdown(run_id, watch),
-            })  # fmt: skip
+            out.update(
+                {
+                    self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale, before),
+                    self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
+                    self.answers: answers_markdown(latest_answers(self.manager.run_dir(run_id)), as_text),
+                    self.memory: self._memory_markdown(run_id, watch),
+                }
+            )
         if log_due:
             shown.log_sig = (run_id, watch.log_version)
             log_name, log_text = watch.log_text()
@@ -279,11 +269,7 @@ class RunView(Section):
                 return self.memory_hook(self.manager.job(run_id), peaks)
             except Exception as exc:  # noqa: BLE001 - the estimate is advice: never let it break the run view
                 return f"(memory estimate unavailable: {as_text(exc)})"
-        if not peaks:
-            return ""
-        return "**Measured peak GPU memory per rank:** " + ", ".join(
-            f"rank {i}: {gb:.2f} GB" for i, gb in enumerate(peaks.get("allocated", []))
-        )
+        return memory_line(peaks)
 
     def start(self, spec, queue: bool = False) -> tuple[str, RunShown]:
         """Launch `spec` (RunError says why not), with `queue` once the live runs holding its GPUs have ended;
