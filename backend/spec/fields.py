@@ -38,13 +38,16 @@ SECTIONS: list[tuple[str, tuple[str, ...]]] = [
 OTHER_SECTION = "Other"
 
 
+FieldKind = Literal["choice", "bool", "int", "float", "text"]
+
+
 @dataclass(frozen=True)
 class FormField:
     path: str
     section: str
     label: str  # the human label (the field's title); the raw key is only a secondary hint
     help: str  # one line (the field's description)
-    kind: Literal["choice", "bool", "int", "float", "text"]  # float is typed as text: "2e-4" works
+    kind: FieldKind  # float is typed as text: "2e-4" works
     choices: tuple = ()  # for "choice": the allowed values, None first when the field is optional
     optional: bool = False  # None is allowed (shown as an empty box or "(none)")
     accepts_int: bool = False  # a text box that may hold a number, e.g. Union[int, Literal["auto"]]
@@ -58,8 +61,8 @@ class FormField:
 
     def to_form(self, value: Any) -> Any:
         """Spec value -> what the widget holds."""
-        if value is None and self.kind in ("text", "float", "choice"):
-            return ""
+        if value is None:
+            return "" if self.kind in ("text", "float", "choice") else None
         if self.kind == "float":
             # Shortest text that reads back as the same float (0.0002, 1e-05, 0.000123456789):
             # "{:g}" would round to 6 digits, so the form would run another value than the spec's.
@@ -98,7 +101,7 @@ def _section_of(path: str) -> str:
     return OTHER_SECTION
 
 
-def _describe_type(annotation: Any) -> tuple[str, tuple, bool, bool]:
+def _describe_type(annotation: Any) -> tuple[FieldKind, tuple, bool, bool]:
     """(kind, choices, optional, accepts_int) for a field annotation."""
     origin = typing.get_origin(annotation)
     members = typing.get_args(annotation) if origin in (typing.Union, types.UnionType) else (annotation,)

@@ -36,7 +36,7 @@ Rule = Callable[[Values], Implied | None]
 
 
 def _sharded(values: Values) -> bool:
-    strategy = STRATEGIES.get(values.get("strategy.kind"))
+    strategy = STRATEGIES.get(values.get("strategy.kind", ""))
     return bool(strategy and strategy.shards_parameters)
 
 
@@ -66,7 +66,7 @@ def _sharded_4bit_dtypes(values: Values) -> Implied | None:
 
 
 def _fsdp_activation_checkpointing(values: Values) -> Implied | None:
-    strategy = STRATEGIES.get(values.get("strategy.kind"))
+    strategy = STRATEGIES.get(values.get("strategy.kind", ""))
     on_fsdp = bool(strategy and strategy.is_fsdp)
     if on_fsdp and values.get("method") == "full" and values.get("training.gradient_checkpointing"):
         return Implied(
@@ -82,7 +82,7 @@ def _fsdp_activation_checkpointing(values: Values) -> Implied | None:
 
 
 def _fsdp_4bit_loads_on_every_rank(values: Values) -> Implied | None:
-    strategy = STRATEGIES.get(values.get("strategy.kind"))
+    strategy = STRATEGIES.get(values.get("strategy.kind", ""))
     on_fsdp = bool(strategy and strategy.is_fsdp)
     if on_fsdp and values.get("quantization.bits") == 4 and values.get("strategy.fsdp_cpu_ram_efficient_loading"):
         return Implied(
@@ -93,7 +93,7 @@ def _fsdp_4bit_loads_on_every_rank(values: Values) -> Implied | None:
 
 
 def _ulysses_without_packing(values: Values) -> Implied | None:
-    strategy = STRATEGIES.get(values.get("strategy.kind"))
+    strategy = STRATEGIES.get(values.get("strategy.kind", ""))
     splits = bool(strategy and strategy.is_deepspeed) and (values.get("strategy.sequence_parallel") or 1) > 1
     if splits and values.get("model.attn_implementation") == "sdpa" and values.get("dataset.packing"):
         return Implied({"dataset.packing": False}, "under Ulysses, SDPA cannot keep packed rows apart")
@@ -101,7 +101,7 @@ def _ulysses_without_packing(values: Values) -> Implied | None:
 
 
 def _ulysses_off(values: Values) -> Implied | None:
-    strategy = STRATEGIES.get(values.get("strategy.kind"))
+    strategy = STRATEGIES.get(values.get("strategy.kind", ""))
     if (values.get("strategy.sequence_parallel") or 1) == 1:
         return None
     if not (strategy and strategy.is_deepspeed):

@@ -12,6 +12,7 @@ from typing import Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from tunedeck.backend.spec.job import JobSpec
 from tunedeck.backend.spec.problem import Problem, error
@@ -66,7 +67,7 @@ class SpecError(ValueError):
         super().__init__("; ".join(f"{p.field or 'spec'}: {p.message}" for p in problems))
 
 
-def _describe_pydantic_error(err: dict) -> tuple[str, str]:
+def _describe_pydantic_error(err: ErrorDetails) -> tuple[str, str]:
     # Union members add their type to the location ("target_modules.list[str]"): keep field names only.
     path = ".".join(str(p) for p in err["loc"] if isinstance(p, str) and p in _ALL_FIELD_NAMES)
     if err["type"] == "extra_forbidden":
@@ -213,7 +214,8 @@ def _read_scalar(text: str, keep_text: bool = False) -> Any:
 
 def _takes_text(path: str) -> bool:
     """The field is plain text (str or str | None), not a choice, number or list."""
-    annotation = field_info(path).annotation
+    info = field_info(path)
+    annotation = info.annotation if info else None
     return annotation is str or (get_origin(annotation) in (Union, UnionType) and str in get_args(annotation))
 
 

@@ -11,7 +11,8 @@ on a machine that has what is missing, and only Start here refuses (backend/runs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Literal
 
 
@@ -21,7 +22,7 @@ class Problem:
     field: str  # dotted path, e.g. "strategy.offload_params"
     message: str  # says the fix
     # {dotted path: spec value} that fixes it, when one change does; None when the person must choose.
-    fix: dict[str, Any] | None = field(default=None, hash=False)
+    fix: dict[str, Any] | None = dataclasses.field(default=None, hash=False)  # `field` is the attribute above
     refused_here: bool = False  # Start on this machine refuses it (a warning: the bundle runs elsewhere)
 
     def fix_text(self) -> str:

@@ -23,6 +23,8 @@ import unicodedata
 from typing import Any
 
 import yaml
+from yaml.parser import ParserError
+from yaml.scanner import ScannerError
 
 # C0 controls (NUL, TAB, LF, CR, ESC, ...), DEL and C1 controls (Unicode category Cc), the
 # line and paragraph separators (Zl, Zp: U+2028, U+2029), the bidirectional controls, and lone
@@ -83,7 +85,7 @@ def load_yaml(text: str) -> Any:
             if bad:
                 raise _bad_char(text, bad.start(), loader.path()) from None
             where = loader.path()
-            if not where and isinstance(exc, (yaml.scanner.ScannerError, yaml.parser.ParserError)):
+            if not where and isinstance(exc, (ScannerError, ParserError)):
                 where = loader.last_key
             raise YamlRefused(where, f"not valid YAML: {_one_line(exc)}") from None
         if node is None:
