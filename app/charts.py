@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tunedeck.app.untrusted_text import as_html
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.runs.folder import LogRecord, is_number
 
 MAX_POINTS = 2000
@@ -23,15 +24,15 @@ MAX_POINTS = 2000
 METRIC_PANELS = (
     ("learning_rate", "learning rate"), ("grad_norm", "grad norm"), ("tokens_per_second", "tokens / s"), ("mfu", "MFU"),
 )  # fmt: skip
-# A DPO or KTO run's second row: (LogRecord fields, title); each with its eval_ twin as markers when the run
-# evaluates. Told apart by what only each logs: DPO how often chosen wins, KTO its KL estimate.
+# A preference run's second row by its objective's chart family (backend/recipe/objectives_table.py): (LogRecord
+# fields, title); each with its eval_ twin as markers when the run evaluates.
 PREFERENCE_PANELS = {
-    "reward_accuracy": (
+    "pairs": (
         (("reward_accuracy",), "pairs where chosen wins"),
         (("reward_margin",), "reward margin (chosen - rejected)"),
         (("reward_chosen", "reward_rejected"), "rewards: chosen (blue), rejected (orange)"),
     ),
-    "kl": (
+    "unpaired": (
         (("reward_margin",), "reward margin (good - bad)"),
         (("reward_chosen", "reward_rejected"), "rewards: good (blue), bad (orange)"),
         (("kl",), "KL estimate (model vs reference)"),
@@ -281,11 +282,18 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
 
 def second_row(logged: set[str]) -> tuple:
     """The metrics chart's second row for a run that logged these keys: GRPO's answers (and its KL when it has a
-    reference), DPO's or KTO's rewards, or none (SFT)."""
-    if {"reward", "eval_reward"} & logged:
+    reference), a preference run's rewards, or none (SFT)."""
+    family = chart_family(logged)
+    if family == "answers":
         return GRPO_PANELS + ((GRPO_KL_PANEL,) if {"kl", "eval_kl"} & logged else ())
-    preference = next((key for key in PREFERENCE_PANELS if {key, f"eval_{key}"} & logged), None)
-    return PREFERENCE_PANELS[preference] if preference else ()
+    return PREFERENCE_PANELS.get(family or "", ())
+
+
+def chart_family(logged: set[str]) -> str | None:
+    """The chart family of the objective whose record keys the run logged most of (the first in the table's order
+    on a tie: objectives with the same keys share a family); None when it logged none of any (SFT)."""
+    best = max(OBJECTIVES.values(), key=lambda o: len(o.record_keys.keys() & logged))
+    return best.chart if best.record_keys.keys() & logged else None
 
 
 # A live run's charts are redrawn every few seconds: Plotly's validation of every trace and layout

@@ -49,6 +49,7 @@ from tunedeck.backend.estimate.speed_data import DataShape, full_rows
 from tunedeck.backend.estimate.speed_generation import generation_seconds
 from tunedeck.backend.estimate.speed_schedule import KNOWN_DATASET_ROWS, Schedule, dataset_rows, schedule_of
 from tunedeck.backend.estimate.speed_sequence import all_to_all_seconds, spans_machines
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.spec import flops
 
 # The schedule lives in speed_schedule.py; callers import it from here, with the prediction.
@@ -347,11 +348,15 @@ def _around_steps(job: Job, schedule: Schedule, flops_per_s: float, trainable: i
     forward = flops.arch_flops_per_token(arch, 0, job.seq_len, True, False)[0] / 3  # flops of one forward a token
     row_s = job.seq_len * forward / (flops_per_s * job.world)  # one forward of one row, the ranks together
     # A DPO evaluation reads each pair's two answers with the model and its reference; KTO's reads each answer and
-    # a mismatched one for its KL estimate, with both: four forward passes either way, two by the reference.
-    reference = flops.OBJECTIVE_PASSES[job.objective][0] * flops.sequences_per_row(job.objective)
-    # GRPO's writes grpo.num_generations answers to each held-out prompt and scores them: two forwards an answer as
-    # FLOPs (three with a KL reference); the decode's bandwidth bound is not added.
-    passes = {"sft": 1, "grpo": job.num_generations * (2 + job.kl_reference)}.get(job.objective, 4)
+    # a mismatched one for its KL estimate, with both: four forward passes either way, two by the reference; ORPO's
+    # and SimPO's read the pair's two with the model alone (objectives_table.Objective.eval_passes).
+    objective = OBJECTIVES[job.objective]
+    reference = objective.reference_passes * objective.sequences_per_row
+    passes = objective.eval_passes
+    if job.objective == "grpo":
+        # GRPO's writes grpo.num_generations answers to each held-out prompt and scores them: two forwards an answer
+        # as FLOPs (three with a KL reference); the decode's bandwidth bound is not added.
+        passes = job.num_generations * (2 + job.kl_reference)
     if job.precomputed_reference:  # scored once before training, the held-out rows too
         passes -= reference
     eval_s = passes * schedule.eval_passes * schedule.eval_rows * row_s

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import yaml
 
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.spec import FIELD_PATHS, JobSpec, flat_values, sft_name
 from tunedeck.backend.spec.applies import applies
 
@@ -43,6 +44,7 @@ def training_args_dict(spec: JobSpec) -> dict:
     """The copied arguments, then the ones derived from several fields or from where the job runs."""
     t, d, s, launch = spec.training, spec.dataset, spec.strategy, spec.launch
     args = copied_arguments(spec)
+    args.update(OBJECTIVES[spec.objective].fixed)  # what the objective sets itself (SimPO: CPO's simpo loss)
     args["bf16"] = t.precision == "bf16"
     args["fp16"] = t.precision == "fp16"
     if t.gradient_checkpointing:

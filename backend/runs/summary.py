@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.runs.folder import RunRecords, StartRecord, is_number
-from tunedeck.backend.spec.flops import REFERENCE_OBJECTIVES
 
 
 def format_clock(seconds: float) -> str:
@@ -106,10 +106,13 @@ def facts_line(start: StartRecord | None, job: dict | None = None) -> str:
             f"{100 * share:.{1 if share >= 0.001 else 3}f}% of parameters trainable ({trainable:,} of {total:,})"
         )
     parts += [start[key] for key in ("method", "model_class") if start.get(key)]
-    if start.get("objective") in REFERENCE_OBJECTIVES:
-        parts.append(f"{start['objective'].upper()}, reference: {start.get('reference') or '?'}")
-    elif start.get("objective") == "grpo":
+    objective = OBJECTIVES.get(start.get("objective") or "sft")
+    if objective and objective.name == "grpo":
         parts.append(grpo_facts(start, job))
+    elif objective and objective.needs_reference:
+        parts.append(f"{objective.title}, reference: {start.get('reference') or '?'}")
+    elif objective and objective.name != "sft":
+        parts.append(f"{objective.title}, no reference (reference-free)")
     return " · ".join(parts)
 
 

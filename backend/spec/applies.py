@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES, knob_readers, objectives_said
 from tunedeck.backend.recipe.vocabulary import STRATEGIES, Strategy, column_fields
-from tunedeck.backend.spec.flops import REFERENCE_OBJECTIVES
 
 Values = dict[str, Any]
 
@@ -71,11 +71,16 @@ _SLURM_GPUS = When(
 )
 _GPUS = When(("launch.use_cpu",), lambda v: not v.get("launch.use_cpu"), "on GPUs (launch.use_cpu=false)")
 _SFT = When(("objective",), lambda v: v.get("objective", "sft") == "sft", "with objective=sft")
-_DPO = When(("objective",), lambda v: v.get("objective") == "dpo", "with objective=dpo")
-_KTO = When(("objective",), lambda v: v.get("objective") == "kto", "with objective=kto")
-_GRPO = When(("objective",), lambda v: v.get("objective") == "grpo", "with objective=grpo")
-_NOT_GRPO = When(("objective",), lambda v: v.get("objective") != "grpo", "with objective=sft, dpo or kto")
-_PREFERENCE = When(("objective",), lambda v: v.get("objective") in REFERENCE_OBJECTIVES, "with objective=dpo or kto")
+
+
+def _objectives(names: list[str]) -> When:
+    return When(
+        ("objective",), lambda v: v.get("objective", "sft") in names, f"with objective={objectives_said(names)}"
+    )
+
+
+# GRPOConfig has no max_length (the prompts' limit is grpo.max_prompt_length, the answers' max_completion_length)
+_NOT_GRPO = _objectives([name for name in OBJECTIVES if name != "grpo"])
 _SFT_NOT_PACKING = When(
     ("objective", "dataset.packing"),
     lambda v: v.get("objective", "sft") == "sft" and not v.get("dataset.packing"),
@@ -98,11 +103,8 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     # KTO's KL estimate pairs each row with its neighbour in a fixed order (KTOConfig: sequential sampling)
     ("training.group_by_length", _SFT_NOT_PACKING),
     ("training.neftune_noise_alpha", _SFT),
-    ("preference.loss_type", _DPO),
-    ("preference.*_weight", _KTO),
-    ("preference.*", _PREFERENCE),
-    ("grpo.*", _GRPO),
-    # GRPOConfig has no max_length (the prompts' limit is grpo.max_prompt_length, the answers' max_completion_length)
+    # Each objective's knobs, with the objectives that read them (backend/recipe/objectives_table.py).
+    *[(knob, _objectives(names)) for knob, names in knob_readers().items()],
     ("dataset.max_seq_length", _NOT_GRPO),
     ("training.dataloader_num_workers", _GPUS),
     ("training.per_device_eval_batch_size", _EVALUATION),

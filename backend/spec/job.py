@@ -8,11 +8,12 @@ trained are in backend/spec/sections.py and backend/spec/training.py.
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
 from tunedeck.backend.recipe.layout import Layout
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES, objectives_described, section_described
 from tunedeck.backend.recipe.vocabulary import STRATEGIES, Strategy
 from tunedeck.backend.spec.env import entries_from_text, entry_name
 from tunedeck.backend.spec.grpo import GrpoSpec
@@ -31,7 +32,12 @@ from tunedeck.backend.spec.sections import (
 from tunedeck.backend.spec.slurm import SlurmSpec
 from tunedeck.backend.spec.training import PreferenceSpec, TrainingSpec
 
-StrategyKind = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # Literals built from the tables are ones pydantic checks at run time; the type checker reads str
+    StrategyKind = str
+    ObjectiveName = str
+else:
+    StrategyKind = Literal[tuple(STRATEGIES)]
+    ObjectiveName = Literal[tuple(OBJECTIVES)]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 _KINDS = "; ".join(f"{s.kind}: {s.title}" for s in STRATEGIES.values())
 
@@ -275,14 +281,11 @@ class JobSpec(SpecSection):
         json_schema_extra=BASIC,
         description="full (all weights train), lora (adapters on a 16-bit base), qlora (adapters on a 4-bit base).",
     )
-    objective: Literal["sft", "dpo", "kto", "grpo"] = Field(
+    objective: ObjectiveName = Field(
         "sft",
         title="Objective",
         json_schema_extra=BASIC,
-        description="sft (learn the answers in the data), dpo (learn to prefer the chosen answer of each pair over "
-        "the rejected one: dataset.format=preference) or kto (learn from answers rated good or bad one at a time: "
-        "dataset.format=unpaired-preference, or pairs) or grpo (write several answers per prompt and learn toward the "
-        "ones the rewards score higher: dataset.format=prompt-only).",
+        description=objectives_described(),
     )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapter (lora and qlora).")
     quantization: QuantizationSpec = Field(
@@ -291,7 +294,7 @@ class JobSpec(SpecSection):
     dataset: DatasetSpec = Field(default_factory=DatasetSpec, description="Training data.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation.")
     preference: PreferenceSpec = Field(
-        default_factory=PreferenceSpec, description="Preference training (objective=dpo or kto)."
+        default_factory=PreferenceSpec, description=f"Preference training ({section_described('preference')})."
     )
     grpo: GrpoSpec = Field(default_factory=GrpoSpec, description="Learning from rewards (objective=grpo).")
     strategy: StrategySpec = Field(default_factory=StrategySpec, description="How the work is split across GPUs.")

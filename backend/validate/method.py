@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES, REFERENCE_OBJECTIVES, objectives_said
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS
 from tunedeck.backend.spec import JobSpec, catalog
-from tunedeck.backend.spec.flops import REFERENCE_OBJECTIVES
 from tunedeck.backend.spec.problem import Problem, error, warning
 
 # ---------------------------------------------------------------- method and quantization
@@ -176,53 +176,27 @@ def precision(spec: JobSpec) -> Iterator[Problem]:
 
 
 def objective_and_format(spec: JobSpec) -> Iterator[Problem]:
-    """Each objective reads its own formats (vocabulary.OBJECTIVE_FORMATS): the data's format names the fix."""
-    fmt, objective = spec.dataset.format, spec.objective
-    if fmt in OBJECTIVE_FORMATS[objective]:
+    """Each objective reads its own formats (objectives_table.OBJECTIVES): the data's format names the fix. Rows
+    only other objectives read (pairs, labelled answers, prompts) ask for an objective that reads them; rows of
+    demonstrations ask for the objective's own format."""
+    fmt, objective = spec.dataset.format, OBJECTIVES[spec.objective]
+    if fmt in objective.formats:
         return
-    if fmt == "unpaired-preference":
+    readers = [o for o in OBJECTIVES.values() if fmt in o.formats]
+    if "sft" not in (o.name for o in readers):
+        titles = objectives_said([o.title for o in readers])
         yield error(
             "objective",
-            "answers rated good or bad one at a time (dataset.format=unpaired-preference) train with KTO: "
-            "set objective=kto, or pick the format of your data.",
-            {"objective": "kto"},
-        )
-    elif objective == "dpo":
-        yield error(
-            "dataset.format",
-            f"objective=dpo learns from preference pairs (a prompt, a chosen and a rejected answer), not {fmt} rows: "
-            "set dataset.format=preference and name its columns, or set objective=sft.",
-            {"dataset.format": "preference"},
-        )
-    elif objective == "grpo":
-        yield error(
-            "dataset.format",
-            f"objective=grpo learns from prompts (the model writes the answers, the rewards score them), not {fmt} "
-            "rows: set dataset.format=prompt-only and name its prompt and reference-answer columns, or set "
-            "objective=sft.",
-            {"dataset.format": "prompt-only"},
-        )
-    elif fmt == "prompt-only":
-        yield error(
-            "objective",
-            "prompts alone (dataset.format=prompt-only) train with GRPO, which writes and scores the answers: set "
-            "objective=grpo, or pick the format of your data.",
-            {"objective": "grpo"},
-        )
-    elif objective == "kto":
-        yield error(
-            "dataset.format",
-            f"objective=kto learns from answers labelled good or bad (a prompt, an answer and a true/false label) "
-            f"or from preference pairs, not {fmt} rows: set dataset.format=unpaired-preference and name its "
-            "columns, or set objective=sft.",
-            {"dataset.format": "unpaired-preference"},
+            f"{fmt} rows ({DATASET_FORMATS[fmt].summary.rsplit(', for ', 1)[0]}) train with {titles}: set "
+            f"objective={readers[0].name}, or pick the format of your data.",
+            {"objective": readers[0].name},
         )
     else:
         yield error(
-            "objective",
-            "preference pairs (dataset.format=preference) train with DPO (or KTO): set objective=dpo, "
-            "or pick the format of your data.",
-            {"objective": "dpo"},
+            "dataset.format",
+            f"objective={objective.name} learns from {objective.reads}, not {fmt} rows: set "
+            f"dataset.format={objective.formats[0]} and name its columns, or set objective=sft.",
+            {"dataset.format": objective.formats[0]},
         )
 
 

@@ -177,8 +177,8 @@ def test_a_kto_runs_charts_progress_line_and_title_say_kto():
     steps.append({"step": 3, "eval_loss": 0.3, "eval_reward_margin": 2.5, "eval_kl": 0.02})
     fig = metrics_figure(steps)
     titles = [a.text for a in fig.layout.annotations]
-    assert all(title in titles for _, title in PREFERENCE_PANELS["kl"])
-    assert not any(title in titles for _, title in PREFERENCE_PANELS["reward_accuracy"])
+    assert all(title in titles for _, title in PREFERENCE_PANELS["unpaired"])
+    assert not any(title in titles for _, title in PREFERENCE_PANELS["pairs"])
     assert {"kl", "eval kl", "reward margin", "eval reward margin"} <= {trace.name for trace in fig.data}
     job = yaml.safe_load(render_bundle(resolve_spec("demo-kto"))["job.yaml"])
     assert run_title(job) == "demo/model · lora kto · ddp · 2xCPU"

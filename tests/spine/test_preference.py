@@ -105,7 +105,7 @@ def test_a_dpo_runs_charts_add_its_rewards_below_the_training_metrics():
     steps.append({"step": 3, "eval_loss": 0.4, "eval_reward_accuracy": 0.75, "eval_reward_margin": 2.0})
     fig = metrics_figure(steps)
     titles = [a.text for a in fig.layout.annotations]
-    assert all(title in titles for _, title in PREFERENCE_PANELS["reward_accuracy"])
+    assert all(title in titles for _, title in PREFERENCE_PANELS["pairs"])
     names = {trace.name for trace in fig.data}
     assert {"reward accuracy", "eval reward accuracy", "reward chosen", "reward rejected"} <= names
     assert not any("reward" in (a.text or "") for a in metrics_figure([{"step": 1, "loss": 1.0}]).layout.annotations)
