@@ -22,13 +22,13 @@ from pathlib import Path
 from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.eval_display import answers_shown, evaluated_on, evaluation, newest_source, refused, seen_line
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.app.worker_tasks import in_background, progress_line
+from tunedeck.app.worker_tasks import in_background, progress_line, side_by_side
 from tunedeck.backend.after.eval_answers import answers_jsonl, newest_answers
 from tunedeck.backend.after.eval_data import eval_source, sample_training_rows, seen_in_training
 from tunedeck.backend.after.eval_results import read_eval
 from tunedeck.backend.after.examples import Example, data_examples, pick, verdict
 from tunedeck.backend.after.prompting import GenerationSettings, SettingsError, answer_line, transcript
-from tunedeck.backend.after.worker_client import WorkerError, WorkerPool, run_task, side_by_side
+from tunedeck.backend.after.worker_client import WorkerError, WorkerPool, run_task
 from tunedeck.backend.data.uploads import keep_upload
 from tunedeck.backend.render.serve import SERVE_FILE
 from tunedeck.backend.runs.checkpoints import AfterError, list_weights

@@ -18,7 +18,6 @@ import atexit
 import itertools
 import json
 import os
-import queue
 import subprocess
 import sys
 import tempfile
@@ -221,8 +220,17 @@ class ModelWorker(Worker):
     info: dict
 
     @classmethod
-    def open(cls, runs_dir, run_id: str, checkpoint: int | None = None, base: bool = False, *, taken=frozenset(),
-             idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, on_event=None) -> ModelWorker:  # fmt: skip
+    def open(
+        cls,
+        runs_dir,
+        run_id: str,
+        checkpoint: int | None = None,
+        base: bool = False,
+        *,
+        taken=frozenset(),
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        on_event=None,
+    ) -> ModelWorker:
         """Start a worker and load the model; WorkerError (or AfterError for a bad choice) when it cannot."""
         from tunedeck.backend.runs.checkpoints import select
         from tunedeck.backend.runs.manager import RunManager
@@ -349,47 +357,3 @@ class WorkerPool:
     def live(self) -> dict[tuple, ModelWorker]:
         with self._lock:
             return {k: w for k, w in self._workers.items() if w.alive}
-
-
-def side_by_side(streams: dict[str, Iterator[str]], every_s: float | None = None) -> Iterator[dict[str, str]]:
-    """Run answer streams at once (each worker answers in its own process); yield {name: text so far} per piece,
-    and also every `every_s` seconds without one (so a caller can show progress while models load).
-
-    A stream that fails ends with "[error: ...]" in its text; the others go on. Leaving early
-    closes every stream, which cancels the answers still being generated.
-    """
-    pieces: queue.Queue = queue.Queue()
-    leave = threading.Event()
-    texts = dict.fromkeys(streams, "")
-
-    def pump(name: str, stream: Iterator[str]) -> None:
-        try:
-            for piece in stream:
-                if leave.is_set():
-                    break
-                pieces.put((name, piece))
-        except Exception as exc:  # noqa: BLE001 - shown in that answer's text
-            pieces.put((name, f"\n[error: {exc}]"))
-        finally:
-            close = getattr(stream, "close", None)
-            if close:
-                close()
-            pieces.put((name, None))
-
-    for name, stream in streams.items():
-        threading.Thread(target=pump, args=(name, stream), name=f"answer-{name}", daemon=True).start()
-    running = set(streams)
-    try:
-        while running:
-            try:
-                name, piece = pieces.get(timeout=every_s)
-            except queue.Empty:
-                yield dict(texts)
-                continue
-            if piece is None:
-                running.discard(name)
-                continue
-            texts[name] += piece
-            yield dict(texts)
-    finally:
-        leave.set()

@@ -222,7 +222,7 @@ def test_a_run_that_saved_nothing_yet_says_when_it_will(tmp_path):
 
 
 def test_side_by_side_streams_both_answers_and_reports_a_failure():
-    from tunedeck.backend.after.worker_client import side_by_side
+    from tunedeck.app.worker_tasks import side_by_side
 
     def failing():
         yield "par"
@@ -236,7 +236,7 @@ def test_side_by_side_streams_both_answers_and_reports_a_failure():
 def test_leaving_side_by_side_early_closes_the_streams():
     import threading
 
-    from tunedeck.backend.after.worker_client import side_by_side
+    from tunedeck.app.worker_tasks import side_by_side
 
     closed = threading.Event()
 
@@ -256,7 +256,7 @@ def test_leaving_side_by_side_early_closes_the_streams():
 def test_side_by_side_also_answers_while_a_stream_is_still_loading():
     import time
 
-    from tunedeck.backend.after.worker_client import side_by_side
+    from tunedeck.app.worker_tasks import side_by_side
 
     def loading_then_answering():
         time.sleep(0.8)  # a model still loading: nothing to show yet
