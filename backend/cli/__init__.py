@@ -18,7 +18,8 @@ COMMAND_MODULES = [
     "tunedeck.backend.cli.sweep",  # sweep
     "tunedeck.backend.cli.estimate",  # estimate
     "tunedeck.backend.cli.preview",  # preview
-    "tunedeck.backend.cli.after",  # chat, eval, merge, push
+    "tunedeck.backend.cli.chat",  # chat
+    "tunedeck.backend.cli.after",  # eval, merge, push
 ]
 
 

@@ -1,8 +1,9 @@
-"""After training: `tunedeck chat RUN`, `tunedeck eval RUN`, `tunedeck merge RUN -o DIR`, `tunedeck push DIR`.
+"""After training: `tunedeck eval RUN`, `tunedeck merge RUN -o DIR`, `tunedeck push DIR`, and what they share
+with `tunedeck chat RUN` (backend/cli/chat.py): the run and its weights, the worker's progress, errors as one line.
 
 The model work happens in a worker process (backend/after/worker.py), as it does for the panel; this
 module only picks the run and its weights (so a wrong --checkpoint fails at once, before anything
-loads), prints progress to stderr and the answer or the results to stdout.
+loads), prints progress to stderr and the results to stdout.
 """
 
 from __future__ import annotations
@@ -15,40 +16,13 @@ from pathlib import Path
 
 from tunedeck.backend.cli.runs import _add_runs_dir, _manager
 
-CHAT_IDLE_TIMEOUT_S = 7 * 24 * 3600.0
-
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "chat", help="ask a run's fine-tuned model (or its base) and print the answer; interactive without --prompt"
-    )
-    _run_arguments(p)
-    p.add_argument(
-        "--prompt", help="the prompt; without it, read prompts from the terminal until /exit or end of input"
-    )
-    p.add_argument("--example", nargs="?", type=int, const=0, metavar="N",
-                   help="ask with example N of the run's data (held-out rows first; without N, one at random) and "
-                        "judge the answer against the data's")  # fmt: skip
-    p.add_argument("--base", action="store_true", help="answer with the base model alone (no adapter)")
-    p.add_argument("--system", metavar="TEXT", help="a system message sent before every prompt (the chat template "
-                   "only; with --example, instead of the example's own)")  # fmt: skip
-    p.add_argument("--template", choices=("auto", "chat", "alpaca", "plain"), default="auto",
-                   help="how the prompt is wrapped: auto follows the run's dataset.format (messages: the chat template; "
-                        "alpaca: its prompt; otherwise the text as typed)")  # fmt: skip
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default) answers greedily")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R")
-    p.add_argument(
-        "--stop", action="append", default=[], metavar="TEXT", help="end the answer before this text (repeatable)"
-    )
-    p.set_defaults(handler=cmd_chat)
-
     p = sub.add_parser(
         "eval",
         help="loss, perplexity, exact match and ROUGE-L of the base model and a run's adapter; saved in eval.json",
     )
-    _run_arguments(p)
+    add_run_arguments(p)
     p.add_argument("--all", action="store_true", help="also evaluate every checkpoint")
     p.add_argument(
         "--data",
@@ -63,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "merge", help="merge a run's LoRA adapter into its base and save a standalone model (+ serve.sh)"
     )
-    _run_arguments(p)
+    add_run_arguments(p)
     p.add_argument(
         "-o", "--output", dest="out_dir", type=Path, required=True, metavar="DIR", help="a new folder for the model"
     )
@@ -89,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_push)
 
 
-def _run_arguments(parser: argparse.ArgumentParser) -> None:
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_id", metavar="RUN", help="a run id, as `tunedeck runs` lists them")
     parser.add_argument(
         "--checkpoint", type=int, metavar="N", help="the checkpoint saved at step N (default: the final adapter)"
@@ -97,12 +71,12 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     _add_runs_dir(parser)
 
 
-def _fail(message: str, code: int = 2) -> int:
+def fail(message: str, code: int = 2) -> int:
     print(f"error: {message}", file=sys.stderr)
     return code
 
 
-def _resolve(args, base: bool = False):
+def resolve_run(args, base: bool = False):
     """(runs_dir, job, weights) of RUN and --checkpoint; AfterError when they do not exist."""
     from tunedeck.backend.runs.checkpoints import AfterError, select
     from tunedeck.backend.runs.manager import RunError
@@ -152,7 +126,7 @@ class Progress:
             self.drawn = False
 
 
-def _handled(run):
+def handled(run):
     """Run a command body; AfterError/SettingsError are exit 2, WorkerError exit 1, each one clear line."""
     from tunedeck.backend.after.prompting import SettingsError
     from tunedeck.backend.after.worker_client import WorkerError
@@ -161,128 +135,16 @@ def _handled(run):
     try:
         return run()
     except (AfterError, SettingsError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     except WorkerError as exc:
-        return _fail(str(exc), 130 if exc.cancelled else 1)
-
-
-# ---------------------------------------------------------------- chat
-
-
-def cmd_chat(args: argparse.Namespace) -> int:
-    return _handled(lambda: _chat(args))
-
-
-def _chat(args) -> int:
-    from tunedeck.backend.after.examples import verdict
-    from tunedeck.backend.after.prompting import GenerationSettings, transcript
-    from tunedeck.backend.after.worker_client import ModelWorker
-
-    settings = GenerationSettings(
-        args.max_new_tokens, args.temperature, args.top_p, args.repetition_penalty, tuple(args.stop)
-    )
-    runs_dir, job, weights = _resolve(args, args.base)
-    example = _example(runs_dir, job, args)
-    _check_system(args, job)
-    progress = Progress()
-    print(f"loading {weights.describe()} of run {args.run_id}", file=sys.stderr, flush=True)
-    # The session lasts as long as this command: no idle timeout to cut a slow typist off.
-    worker = ModelWorker.open(
-        runs_dir, args.run_id, args.checkpoint, args.base, on_event=progress, idle_timeout_s=CHAT_IDLE_TIMEOUT_S
-    )
-    progress.close()
-    try:
-        if example is not None:
-            system = example.system if args.system is None else args.system
-            context = system or example.turns  # a conversation shows as the Try box shows it
-            shown = [f"system: {system}"] * bool(system) + [
-                transcript(example.turns, example.prompt).rstrip("\n") if context else example.prompt
-            ]
-            print(f"{example.describe()}:", *shown, sep="\n", file=sys.stderr, flush=True)
-            answer = _answer(worker, example.prompt, settings, args.template, list(example.turns), system)
-            print(f"the data's answer: {example.expected}\n{verdict(answer, example.expected)}", file=sys.stderr)
-            return 0
-        if args.prompt is not None:
-            _answer(worker, args.prompt, settings, args.template, [], args.system or "")
-            return 0
-        return _interactive(worker, settings, args.template, args.system or "")
-    finally:
-        worker.release()
-
-
-def _answer(worker, prompt: str, settings, template: str, history: list, system: str = "") -> str:
-    from tunedeck.backend.after.prompting import answer_line
-
-    pieces = worker.generate(prompt, settings, template, history, system)
-    try:
-        while True:
-            print(next(pieces), end="", flush=True)
-    except StopIteration as done:
-        print(flush=True)
-        print(f"({answer_line(done.value)})", file=sys.stderr, flush=True)
-        return done.value["text"]
-    except KeyboardInterrupt:
-        pieces.close()  # the worker stops generating; the session goes on
-        print("\n(cancelled)", file=sys.stderr, flush=True)
-        return ""
-
-
-def _example(runs_dir, job: dict, args):
-    """The example --example names (None without it); --prompt and --example exclude each other."""
-    if args.example is None:
-        return None
-    if args.prompt is not None:
-        from tunedeck.backend.runs.checkpoints import AfterError
-
-        raise AfterError("--example: give --prompt or --example, not both")
-    from tunedeck.backend.after.examples import data_examples, pick
-
-    return pick(*data_examples(Path(runs_dir) / args.run_id, job), args.example or None)
-
-
-def _check_system(args, job: dict) -> None:
-    """--system needs the chat template: said before the model loads."""
-    from tunedeck.backend.after.prompting import resolve_template
-    from tunedeck.backend.runs.checkpoints import AfterError
-
-    fmt = (job.get("dataset") or {}).get("format", "")
-    if args.system is not None and resolve_template(args.template, fmt, has_chat_template=True) != "chat":
-        raise AfterError(
-            f"--system: the {fmt or 'run'} data's prompts are not wrapped in a chat template, which is where a "
-            "system message goes; add --template chat (the model's tokenizer must have one) or leave --system out"
-        )
-
-
-def _interactive(worker, settings, template: str, system: str = "") -> int:
-    chat = worker.info["template"] == "chat" if template == "auto" else template == "chat"
-    note = "the conversation is kept (chat template)" if chat else "each prompt stands alone (no chat template)"
-    print(
-        f"{worker.info['description']} on {worker.info['device']}; {note}. /reset forgets, /exit or Ctrl-D ends.",
-        file=sys.stderr,
-    )
-    history: list[tuple[str, str]] = []
-    while True:
-        try:
-            prompt = input("> " if sys.stdin.isatty() else "")
-        except EOFError:
-            return 0
-        if prompt.strip() in ("/exit", "/quit"):
-            return 0
-        if prompt.strip() == "/reset":
-            history.clear()
-            continue
-        if not prompt.strip():
-            continue
-        answer = _answer(worker, prompt.replace("\\n", "\n"), settings, template, history, system)
-        if chat:
-            history.append((prompt, answer))
+        return fail(str(exc), 130 if exc.cancelled else 1)
 
 
 # ---------------------------------------------------------------- eval
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    return _handled(lambda: _eval(args))
+    return handled(lambda: _eval(args))
 
 
 def _eval(args) -> int:
@@ -293,8 +155,8 @@ def _eval(args) -> int:
     from tunedeck.backend.runs.manager import RunManager
 
     if args.limit is not None and args.limit < 1:
-        return _fail("--limit: give a positive number of rows")
-    runs_dir, job, weights = _resolve(args)
+        return fail("--limit: give a positive number of rows")
+    runs_dir, job, weights = resolve_run(args)
     run_dir = RunManager(runs_dir).run_dir(args.run_id)
     names = [w.name for w in list_weights(run_dir, job)] if args.all else ["base", weights.name]
     data = str(Path(args.data).resolve()) if args.data else None
@@ -357,14 +219,14 @@ def _print_table(results: dict, data: str) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    return _handled(lambda: _merge(args))
+    return handled(lambda: _merge(args))
 
 
 def _merge(args) -> int:
     from tunedeck.backend.after.merge import check_output_dir
     from tunedeck.backend.after.worker_client import run_task
 
-    runs_dir, job, weights = _resolve(args)
+    runs_dir, job, weights = resolve_run(args)
     out_dir = check_output_dir(args.out_dir)  # before anything loads
     dtype = args.dtype or (job.get("model") or {}).get("dtype") or "bfloat16"
     if job.get("method") == "qlora":
@@ -392,8 +254,8 @@ def cmd_push(args: argparse.Namespace) -> int:
         try:
             token = args.token_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            return _fail(f"--token-file: cannot read {args.token_file} ({exc.strerror or exc})")
+            return fail(f"--token-file: cannot read {args.token_file} ({exc.strerror or exc})")
     token = token or os.environ.get("HF_TOKEN")
-    return _handled(
+    return handled(
         lambda: print(f"pushed to {push_folder(args.folder, args.repo_id, token, private=not args.public)}") or 0
     )
