@@ -15,13 +15,15 @@ import json
 import os
 from pathlib import Path
 
+from tunedeck.backend.after.examples import typed
+from tunedeck.backend.after.scoring import SCORES, order_key
+
 ANSWERS_DIR = "eval-answers"
 SHOW = {
     "all": "every example",
     "wrong": "where the last model is not exactly right",
     "differ": "where the models' answers differ",
 }
-SCORES = ("exact_match", "contains_match", "rouge_l")  # of each answer; null where the data has none
 ROWS_SHOWN = 500  # a longer evaluation shows its first rows; the download holds them all
 MARKS = {"exact": "✓", "contains": "≈", "wrong": "✗"}  # the data's answer; contains it; neither
 
@@ -45,8 +47,6 @@ def save_answers(run_dir: Path, name: str, rows: list[dict]) -> str | None:
 
 def newest_answers(run_dir: Path, data: dict) -> dict[str, list[dict]]:
     """{model: its answers} of the newest evaluation in eval.json's `data` that generated answers, in table order."""
-    from tunedeck.backend.after.eval_results import order_key
-
     results = {n: r for n, r in data.get("results", {}).items() if r.get("generated")}
     if not results:
         return {}
@@ -82,8 +82,6 @@ def cell(row: dict) -> str:
 
 def shown_prompt(prompt: object) -> str:
     """A prompt as the Try box takes it: a conversation's last user message, an alpaca row's instruction."""
-    from tunedeck.backend.after.examples import typed
-
     try:
         return typed(prompt)["prompt"]
     except Exception:  # noqa: BLE001 - a row the Try box cannot take is still shown, as the data has it

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from tunedeck.backend.after.eval_answers import save_answers
+from tunedeck.backend.after.scoring import order_key
 
 EVAL_FILE = "eval.json"
 VERSION = 1
@@ -66,15 +67,6 @@ def save_results(run_dir: Path, results: dict[str, dict]) -> dict:
     staging.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     os.replace(staging, path)
     return data
-
-
-def order_key(name: str) -> tuple:
-    """base first, then checkpoints by step, then final."""
-    if name == "base":
-        return (0, 0)
-    if name.startswith("checkpoint-") and name[len("checkpoint-") :].isdigit():
-        return (1, int(name[len("checkpoint-") :]))
-    return (2, 0)
 
 
 def table_rows(data: dict) -> list[list]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunedeck.backend.after.eval_data import NoEvalData
-from tunedeck.backend.after.evaluate import (
+from tunedeck.backend.after.scoring import (
     contains_match,
     eval_rows,
     exact_match,

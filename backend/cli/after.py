@@ -185,7 +185,7 @@ def _eval(args) -> int:
 
 
 def _print_table(results: dict, data: str) -> None:
-    from tunedeck.backend.after.eval_results import order_key
+    from tunedeck.backend.after.scoring import order_key
 
     def pct(value):
         return "-" if value is None else f"{100 * value:.1f}%"

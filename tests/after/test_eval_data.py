@@ -14,7 +14,7 @@ from runs.helpers import fake_run
 
 from tunedeck.app.after_view import AfterView
 from tunedeck.backend.after.eval_data import NoEvalData, eval_source, sample_training_rows, seen_in_training
-from tunedeck.backend.after.evaluate import eval_rows
+from tunedeck.backend.after.scoring import eval_rows
 from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.spec import resolve_spec, set_paths, spec_to_dict
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tunedeck.backend.after.evaluate import rouge_l
 from tunedeck.backend.after.examples import NoExamples, data_examples, pick, verdict
 from tunedeck.backend.after.prompting import answer_line, chat_messages, resolve_template, transcript, wrap_plain
+from tunedeck.backend.after.scoring import rouge_l
 from tunedeck.backend.recipe import train
 from tunedeck.backend.runs.checkpoints import AfterError
 

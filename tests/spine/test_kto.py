@@ -14,7 +14,7 @@ import yaml
 
 from tunedeck.app.charts import PREFERENCE_PANELS, metrics_figure
 from tunedeck.app.dataset_preview import preview_markdown
-from tunedeck.backend.after import evaluate
+from tunedeck.backend.after import scoring
 from tunedeck.backend.data.preview import preview
 from tunedeck.backend.data.uploads import dataset_changes
 from tunedeck.backend.estimate import speed
@@ -165,7 +165,7 @@ def test_evaluation_scores_the_answers_labelled_good(tmp_path):
     path.write_text("".join(json.dumps({"prompt": f"{n}+{n}=", "completion": c, "label": good}) + "\n"
                             for n, c, good in ((1, " 2", True), (2, " 5", False), (3, " 6", True))))  # fmt: skip
     cfg = {"format": "unpaired-preference", "path": str(path)}
-    assert evaluate._read_rows(cfg, "train", str(path), None) == [
+    assert scoring._read_rows(cfg, "train", str(path), None) == [
         {"prompt": "1+1=", "completion": " 2"},
         {"prompt": "3+3=", "completion": " 6"},
     ]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tunedeck.app.charts import PREFERENCE_PANELS, metrics_figure
-from tunedeck.backend.after import evaluate
+from tunedeck.backend.after import evaluate, scoring
 from tunedeck.backend.data.uploads import dataset_changes
 from tunedeck.backend.estimate.memory import estimate
 from tunedeck.backend.recipe import train
@@ -92,10 +92,10 @@ def test_the_trainer_and_evaluation_read_pairs_under_any_column_names(tmp_path):
     # Evaluation scores a pair's chosen answer; a file of prompts alone is answered, not scored.
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps(rows[0]) + "\n")
-    read = evaluate._read_rows({**cfg, "path": str(path)}, "train", str(path), None)
+    read = scoring._read_rows({**cfg, "path": str(path)}, "train", str(path), None)
     assert read == [{"prompt": "2+2=", "completion": " 4", "rejected": " 5"}]
     path.write_text(json.dumps({"q": "3+3="}) + "\n")
-    read = evaluate._read_rows({**cfg, "path": str(path)}, "train", str(path), None, answers_optional=True)
+    read = scoring._read_rows({**cfg, "path": str(path)}, "train", str(path), None, answers_optional=True)
     assert read == [{"prompt": "3+3=", "completion": None}]
 
 
