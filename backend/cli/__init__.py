@@ -14,7 +14,8 @@ import sys
 # The CLI's own commands, in `tunedeck --help` order.
 COMMAND_MODULES = [
     "tunedeck.backend.cli.spec",  # presets, schema, validate, export, check
-    "tunedeck.backend.cli.runs",  # train, runs
+    "tunedeck.backend.cli.train",  # train
+    "tunedeck.backend.cli.runs",  # runs
     "tunedeck.backend.cli.sweep",  # sweep
     "tunedeck.backend.cli.estimate",  # estimate
     "tunedeck.backend.cli.preview",  # preview

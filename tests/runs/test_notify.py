@@ -16,9 +16,9 @@ import time
 
 import psutil
 import pytest
-
 from runs.helpers import log_records, logs_tail, run_processes, status_json, tunedeck, wait_for
-from tunedeck.backend.cli import runs as cli_runs
+
+from tunedeck.backend.cli import train as cli_train
 from tunedeck.backend.recipe import train
 from tunedeck.backend.runs import supervisor
 from tunedeck.backend.runs.manager import RunManager
@@ -185,7 +185,7 @@ def test_a_url_with_a_user_and_password_posts_with_basic_auth_and_never_prints_t
     err = capsys.readouterr().err
     assert "warning: the notification to 127.0.0.1 failed: HTTP Error 401" in err
     assert "s3cret" not in err and "operator7" not in err
-    cli_runs._say_where_it_notifies()
+    cli_train._say_where_it_notifies()
     assert "s3cret" not in capsys.readouterr().out
 
 
@@ -235,10 +235,10 @@ def test_without_the_variable_nothing_is_sent_and_a_bad_url_or_a_refusing_endpoi
     monkeypatch.setenv(train.NOTIFY_ENV, "file:///etc/passwd")
     train.notify(tmp_path, "finished", None, 12.0)
     assert "warning: TUNEDECK_NOTIFY_URL is not an http(s) URL: no notification will be sent" in capsys.readouterr().err
-    cli_runs._say_where_it_notifies()  # what `tunedeck train` says before it starts the run
+    cli_train._say_where_it_notifies()  # what `tunedeck train` says before it starts the run
     assert "warning: TUNEDECK_NOTIFY_URL is not an http(s) URL: no notification will be sent" in capsys.readouterr().err
     monkeypatch.setenv(train.NOTIFY_ENV, hook.url)
-    cli_runs._say_where_it_notifies()
+    cli_train._say_where_it_notifies()
     out = capsys.readouterr().out
     assert out == "when it ends, how it ended is posted to 127.0.0.1 (TUNEDECK_NOTIFY_URL)\n"
 
