@@ -19,8 +19,8 @@ NOTES_MAX_CHARS = 4000
 class RunNotes(BaseModel):
     """notes.json: what people call a run and what they noted about it."""
 
-    name: str = Field("", max_length=NAME_MAX_CHARS)
-    notes: str = Field("", max_length=NOTES_MAX_CHARS)
+    name: str = Field(default="", max_length=NAME_MAX_CHARS)
+    notes: str = Field(default="", max_length=NOTES_MAX_CHARS)
 
 
 class NotesError(ValueError):

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from tunedeck.backend.spec.sections import BASIC, SftField, SpecSection
 from tunedeck.backend.recipe.vocabulary import REWARDS
+from tunedeck.backend.spec.sections import BASIC, SftField, SpecSection
 
 # Your own reward: a Python file and the function in it, FILE.py:NAME (the file an absolute path, read where the job
 # trains). The function gets (prompts, completions, **columns) as TRL passes it and returns one float per completion.
@@ -52,7 +52,7 @@ class GrpoSpec(SpecSection):
         "with it.",
     )
     max_prompt_length: int = Field(
-        512,
+        default=512,
         ge=8,
         le=1_048_576,
         title="Prompt length",
@@ -76,7 +76,7 @@ class GrpoSpec(SpecSection):
         "adapters off). 0, TRL's default, needs no reference model; 0.01-0.04 adds one (memory and a forward pass).",
     )
     rewards: Annotated[list[str], Field(min_length=1, max_length=16)] = Field(
-        ["exact_answer"],
+        default=["exact_answer"],
         title="Rewards",
         json_schema_extra=BASIC,
         description="What scores each answer (summed): exact_answer (the reference answer exactly), close_answer "

@@ -47,8 +47,8 @@ class PresetHardware(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     gpus: int = Field(ge=0, description="GPUs in all (launch.num_processes); 0 for a CPU job")
-    gpu: str | None = Field(None, description="a GPU the advisor knows (advisor.GPU_MEMORY_GB), e.g. A100-80GB")
-    gpu_mem_gb: float | None = Field(None, gt=0, description="memory of one such GPU in GB")
+    gpu: str | None = Field(default=None, description="a GPU the advisor knows (advisor.GPU_MEMORY_GB), e.g. A100-80GB")
+    gpu_mem_gb: float | None = Field(default=None, gt=0, description="memory of one such GPU in GB")
     ram_gb: float = Field(gt=0, description="host RAM per machine in GB")
 
     @property
@@ -64,7 +64,7 @@ class Preset(BaseModel):
     id: str
     title: str
     description: str
-    hardware: PresetHardware | None = Field(None, description="what the preset is meant for")
+    hardware: PresetHardware | None = Field(default=None, description="what the preset is meant for")
     spec: dict = Field(default_factory=dict, description="Partial spec merged over the defaults.")
 
     def build(self) -> JobSpec:

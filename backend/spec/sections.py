@@ -55,7 +55,7 @@ def SftField(default: Any, *, sft: str | None = None, basic: bool = False, **kwa
 
     training_args.yaml copies it there by that name whenever the field applies (render/training_args.py).
     """
-    return Field(default, json_schema_extra={SFT_CONFIG: sft or True, **(BASIC if basic else {})}, **kwargs)
+    return Field(default=default, json_schema_extra={SFT_CONFIG: sft or True, **(BASIC if basic else {})}, **kwargs)
 
 
 def unique_entries(entries: list[str], key_of: Callable[[str], Hashable], again: str) -> list[str]:
@@ -105,30 +105,30 @@ class SpecSection(BaseModel):
 
 class ModelSpec(SpecSection):
     name_or_path: str = Field(
-        "meta-llama/Llama-2-7b-hf",
+        default="meta-llama/Llama-2-7b-hf",
         min_length=1,
         title="Base model",
         json_schema_extra=BASIC,
         description="Hugging Face hub id or local folder of the base model (config.json, weights, tokenizer).",
     )
     dtype: Dtype = Field(
-        "bfloat16",
+        default="bfloat16",
         title="Weights dtype",
         json_schema_extra=BASIC,
         description="dtype the base weights are loaded in (from_pretrained dtype). bfloat16 needs an Ampere or newer GPU.",
     )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
-        "sdpa",
+        default="sdpa",
         title="Attention kernel",
         description="Attention kernel: sdpa (PyTorch built-in, works everywhere), flash_attention_2 (needs the flash-attn package and a 16-bit dtype), eager.",
     )
     trust_remote_code: bool = Field(
-        False,
+        default=False,
         title="Trust remote code",
         description="Run Python code shipped with the model repository. Only for repositories you trust.",
     )
     revision: str | None = Field(
-        None,
+        default=None,
         title="Model revision",
         description="Hub branch, tag or commit of the model; empty for the default branch.",
     )
@@ -136,7 +136,7 @@ class ModelSpec(SpecSection):
 
 class LoraSpec(SpecSection):
     r: int = Field(
-        16,
+        default=16,
         ge=1,
         le=1024,
         title="LoRA rank",
@@ -144,7 +144,7 @@ class LoraSpec(SpecSection):
         description="LoRA rank: size of the low-rank update. 8-64 is typical.",
     )
     lora_alpha: int = Field(
-        32,
+        default=32,
         ge=1,
         le=4096,
         title="LoRA alpha",
@@ -152,22 +152,26 @@ class LoraSpec(SpecSection):
         description="LoRA scaling numerator (update scaled by lora_alpha / r). Usually 2 x r.",
     )
     lora_dropout: float = Field(
-        0.05, ge=0.0, lt=1.0, title="LoRA dropout", description="Dropout on the LoRA input, 0 to <1. 0.05 is typical."
+        default=0.05,
+        ge=0.0,
+        lt=1.0,
+        title="LoRA dropout",
+        description="Dropout on the LoRA input, 0 to <1. 0.05 is typical.",
     )
     target_modules: Literal["all-linear"] | Annotated[list[str], Field(max_length=1000)] = Field(
-        "all-linear",
+        default="all-linear",
         title="Target modules",
         json_schema_extra=BASIC,
         description="Modules that get adapters: 'all-linear' or module names such as q_proj,k_proj,v_proj,o_proj.",
     )
     bias: Literal["none", "all", "lora_only"] = Field(
-        "none", title="Trained biases", description="Which biases are trained."
+        default="none", title="Trained biases", description="Which biases are trained."
     )
     use_dora: bool = Field(
-        False, title="DoRA", description="Weight-decomposed LoRA (DoRA): a little better, slower per step."
+        default=False, title="DoRA", description="Weight-decomposed LoRA (DoRA): a little better, slower per step."
     )
     use_rslora: bool = Field(
-        False,
+        default=False,
         title="rsLoRA",
         description="Rank-stabilised LoRA: scale the update by lora_alpha / sqrt(r) instead of lora_alpha / r, so "
         "high ranks keep learning (arXiv:2312.03732).",
@@ -184,26 +188,28 @@ class LoraSpec(SpecSection):
 
 class QuantizationSpec(SpecSection):
     bits: Literal[4, 8] | None = Field(
-        None,
+        default=None,
         title="Quantized base",
         json_schema_extra=BASIC,
         description="Load the base model quantized with bitsandbytes: 4 (QLoRA), 8, or empty for no quantization.",
     )
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = Field(
-        "nf4",
+        default="nf4",
         title="4-bit data type",
         description="4-bit data type. NF4 suits normally distributed weights (QLoRA paper).",
     )
     bnb_4bit_use_double_quant: bool = Field(
-        True,
+        default=True,
         title="Double quantization",
         description="Quantize the quantization constants too: saves about 0.37 bits per parameter.",
     )
     bnb_4bit_compute_dtype: Dtype = Field(
-        "bfloat16", title="4-bit compute dtype", description="dtype of the matmuls on dequantized 4-bit weights."
+        default="bfloat16",
+        title="4-bit compute dtype",
+        description="dtype of the matmuls on dequantized 4-bit weights.",
     )
     bnb_4bit_quant_storage: Literal["uint8", "bfloat16", "float16", "float32"] = Field(
-        "uint8",
+        default="uint8",
         title="4-bit storage dtype",
         description="Storage dtype of packed 4-bit weights. ZeRO-3 and FSDP need it equal to the compute dtype so they can shard it.",
     )
@@ -211,25 +217,28 @@ class QuantizationSpec(SpecSection):
 
 class _DatasetSource(SpecSection):
     path: str = Field(
-        "timdettmers/openassistant-guanaco",
+        default="timdettmers/openassistant-guanaco",
         min_length=1,
         title="Dataset",
         json_schema_extra=BASIC,
         description="Local JSON/JSONL/CSV/Parquet file or folder, or a Hugging Face hub dataset id.",
     )
     name: str | None = Field(
-        None, title="Hub configuration", description="Dataset configuration name on the hub, if it has several."
+        default=None, title="Hub configuration", description="Dataset configuration name on the hub, if it has several."
     )
     split: str = Field(
-        "train", min_length=1, title="Training split", description="Training split; slices work, e.g. train[:95%]."
+        default="train",
+        min_length=1,
+        title="Training split",
+        description="Training split; slices work, e.g. train[:95%].",
     )
     eval_split: str | None = Field(
-        None,
+        default=None,
         title="Evaluation split",
         description="Evaluation split, e.g. test or train[95%:]; empty for no evaluation.",
     )
     format: DatasetFormatName = Field(
-        "text",
+        default="text",
         title="Row format",
         json_schema_extra=BASIC,
         description="Record layout: " + "; ".join(f"{f.name}: {f.summary}" for f in DATASET_FORMATS.values()) + ".",
@@ -243,7 +252,7 @@ _COLUMNS: dict[str, Any] = {  # field name -> (type, Field): create_model's keyw
     name: (
         str,
         Field(
-            column.default,
+            default=column.default,
             title=f"{name.removesuffix('_field').capitalize()} column",
             description=f"Column holding {column.holds} (format {' or '.join(formats)}).",
             # The chosen format's columns are few (the others are hidden): part of the first view.

@@ -20,26 +20,28 @@ class SlurmSpec(SpecSection):
     """How the job is submitted to Slurm (launch.backend=slurm): the #SBATCH lines of slurm.sbatch."""
 
     partition: str | None = Field(
-        None,
+        default=None,
         title="Slurm partition",
         json_schema_extra=BASIC,
         description="Partition (queue) to submit to; empty: the cluster's default.",
     )
     account: str | None = Field(
-        None,
+        default=None,
         title="Slurm account",
         json_schema_extra=BASIC,
         description="Account charged for the job, where the cluster asks for one.",
     )
-    qos: str | None = Field(None, title="Slurm QOS", description="Quality of service, where the cluster uses them.")
+    qos: str | None = Field(
+        default=None, title="Slurm QOS", description="Quality of service, where the cluster uses them."
+    )
     time_limit: str | None = Field(
-        None,
+        default=None,
         title="Time limit",
         json_schema_extra=BASIC,
         description="Wall-clock limit in Slurm's format: minutes (90), HH:MM:SS or D-HH:MM:SS; empty: the partition's.",
     )
     signal_before_s: int = Field(
-        300,
+        default=300,
         ge=10,
         le=65535,
         title="Checkpoint before the limit (s)",
@@ -47,7 +49,7 @@ class SlurmSpec(SpecSection):
     )
     # 0 rather than empty for "not set": the form's number box has no empty value.
     gpus_per_node: int = Field(
-        0,
+        default=0,
         ge=0,
         le=1024,
         title="GPUs per node",
@@ -55,20 +57,22 @@ class SlurmSpec(SpecSection):
         description="GPUs per node to ask for; 0: the processes per machine (GPU runs).",
     )
     cpus_per_task: int = Field(
-        0,
+        default=0,
         ge=0,
         le=4096,
         title="CPUs per node",
         description="CPU cores per node for the node's ranks and data loading; 0: Slurm's default.",
     )
     mem: str | None = Field(
-        None,
+        default=None,
         title="Memory per node",
         description="Memory per node, e.g. 64G or 500M; 0 asks for all of each node's memory; empty: Slurm's default.",
     )
-    exclusive: bool = Field(True, title="Whole nodes", description="Take whole nodes (no other job shares them).")
+    exclusive: bool = Field(
+        default=True, title="Whole nodes", description="Take whole nodes (no other job shares them)."
+    )
     requeue: bool = Field(
-        False,
+        default=False,
         title="Requeue on preemption",
         json_schema_extra=BASIC,
         description="When Slurm preempts or requeues the job, it starts again and resumes from its newest checkpoint.",
