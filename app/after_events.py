@@ -15,7 +15,7 @@ from tunedeck.app.errors import user_message
 from tunedeck.app.eval_display import answers_widths
 from tunedeck.app.registry import Updates
 from tunedeck.app.untrusted_text import as_html
-from tunedeck.backend.runs.checkpoints import AfterError
+from tunedeck.backend.runs import AfterError
 
 log = logging.getLogger("tunedeck.panel")
 

@@ -23,7 +23,7 @@ from tunedeck.app.export_section import build_export, wire_export
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.section import Page, Section
 from tunedeck.app.try_section import CHAT_ONLY, EXAMPLE_OUT, build_try, no_example, wire_try
-from tunedeck.backend.after.worker_client import DEFAULT_IDLE_TIMEOUT_S, WorkerPool
+from tunedeck.backend.after import DEFAULT_IDLE_TIMEOUT_S, WorkerPool
 
 IDLE_ENV = "TUNEDECK_WORKER_IDLE_S"  # seconds a loaded model may sit unused before its worker ends
 CSS = """

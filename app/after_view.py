@@ -23,16 +23,28 @@ from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.eval_display import answers_shown, evaluated_on, evaluation, newest_source, refused, seen_line
 from tunedeck.app.untrusted_text import as_text, code_span
 from tunedeck.app.worker_tasks import in_background, progress_line, side_by_side
-from tunedeck.backend.after.eval_answers import answers_jsonl, newest_answers
-from tunedeck.backend.after.eval_data import eval_source, sample_training_rows, seen_in_training
-from tunedeck.backend.after.eval_results import read_eval
-from tunedeck.backend.after.examples import Example, data_examples, pick, verdict
-from tunedeck.backend.after.prompting import GenerationSettings, SettingsError, answer_line, transcript
-from tunedeck.backend.after.worker_client import WorkerError, WorkerPool, run_task
-from tunedeck.backend.data.uploads import keep_upload
+from tunedeck.backend.after import (
+    Example,
+    GenerationSettings,
+    SettingsError,
+    WorkerError,
+    WorkerPool,
+    answer_line,
+    answers_jsonl,
+    data_examples,
+    eval_source,
+    newest_answers,
+    pick,
+    read_eval,
+    run_task,
+    sample_training_rows,
+    seen_in_training,
+    transcript,
+    verdict,
+)
+from tunedeck.backend.data import keep_upload
 from tunedeck.backend.render.serve import SERVE_FILE
-from tunedeck.backend.runs.checkpoints import AfterError, list_weights
-from tunedeck.backend.runs.manager import RunError, RunManager
+from tunedeck.backend.runs import AfterError, RunError, RunManager, list_weights
 
 MERGED_DIR = "merged"  # under the run folder: where the page writes merged models
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -355,7 +367,7 @@ class AfterView:
         }
 
     def push(self, run_id: str, name: str, repo_id: str, token: str) -> dict:
-        from tunedeck.backend.after.hub import push_folder
+        from tunedeck.backend.after import push_folder
 
         folder = self.merge_dir(run_id, name)
         if not (folder / "config.json").is_file():

@@ -5,12 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.backend.data.uploads import UploadError, dataset_changes, keep_upload
+from tunedeck.backend.data import UploadError, dataset_changes, keep_upload
 from tunedeck.backend.render.bundle_data import plan_data
 from tunedeck.backend.render.carried import DATA_CAP_WORDS
-from tunedeck.backend.spec import JobSpec, SpecError
-from tunedeck.backend.spec.fields import Values, spec_from_values
-from tunedeck.backend.spec.untrusted import shown
+from tunedeck.backend.spec import JobSpec, SpecError, Values, shown, spec_from_values
 
 COLUMNS_LISTED = 20  # of the first row's columns (up to data_sniff.MAX_COLUMNS), in the notice
 

@@ -30,10 +30,8 @@ from tunedeck.app.job_events import JOB_QUEUE, DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates, handler, listen
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.backend.data.preview import for_job
-from tunedeck.backend.data.truncation import measure_key, why_not_measured
-from tunedeck.backend.spec import JobSpec, SpecError, spec_to_yaml
-from tunedeck.backend.spec.fields import spec_from_values, values_from_form
+from tunedeck.backend.data import for_job, measure_key, why_not_measured
+from tunedeck.backend.spec import JobSpec, SpecError, spec_from_values, spec_to_yaml, values_from_form
 
 PREVIEW_TIMEOUT_S = 300  # importing datasets and transformers on a busy 2-core machine takes a while
 ROWS_SHOWN = 3

@@ -32,10 +32,9 @@ from tunedeck.app.job_events import DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.estimate.hardware import machine_facts
-from tunedeck.backend.estimate.speed import Hardware, hardware_for
-from tunedeck.backend.runs.speed import Calibration, calibration
-from tunedeck.backend.spec.flops import gpu_row
+from tunedeck.backend.estimate import Hardware, hardware_for, machine_facts
+from tunedeck.backend.runs import Calibration, calibration
+from tunedeck.backend.spec import gpu_row
 
 
 @dataclass(frozen=True)

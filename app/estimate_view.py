@@ -15,21 +15,24 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from tunedeck.app.untrusted_text import as_html, as_text
-from tunedeck.backend.estimate.advisor import (
+from tunedeck.backend.estimate import (
     FIT_FRACTION,
+    LOAD_TERMS,
+    TERMS,
     Advice,
+    EstimateError,
+    Hardware,
     StrategyEstimate,
     advise,
+    dataset_rows,
+    estimate,
     format_gb,
     gpu_memory_gb,
+    hardware_for,
     limit_sentence,
+    schedule_of,
 )
-from tunedeck.backend.estimate.memory import TERMS, estimate
-from tunedeck.backend.estimate.memory_job import EstimateError
-from tunedeck.backend.estimate.memory_load import LOAD_TERMS
-from tunedeck.backend.estimate.speed import Hardware, dataset_rows, hardware_for, schedule_of
-from tunedeck.backend.spec import JobSpec, SpecError, parse_spec
-from tunedeck.backend.spec.untrusted import shown
+from tunedeck.backend.spec import JobSpec, SpecError, parse_spec, shown
 
 HEADERS = [
     "Strategy", "GB per GPU", "Load GB", "Train GB", "Peak in", "Fits",

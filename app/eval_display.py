@@ -9,10 +9,7 @@ import plotly.graph_objects as go
 
 from tunedeck.app.charts import waiting_figure
 from tunedeck.app.untrusted_text import as_html, as_text, code_span
-from tunedeck.backend.after.eval_answers import answers_table
-from tunedeck.backend.after.eval_data import EvalDataError, seen_warning
-from tunedeck.backend.after.eval_results import table_rows
-from tunedeck.backend.after.scoring import order_key
+from tunedeck.backend.after import EvalDataError, answers_table, order_key, seen_warning, table_rows
 
 ANSWER_CHARS = 240  # of an answer in its cell: up to 256 new tokens for a prompt without the data's answer
 EVAL_HEADERS = [

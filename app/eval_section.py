@@ -16,7 +16,7 @@ from tunedeck.app.after_events import shown, streamed, uploaded
 from tunedeck.app.after_view import USER_ERRORS, AfterView
 from tunedeck.app.eval_display import ANSWER_CHARS, EVAL_HEADERS, answers_widths, refused
 from tunedeck.app.registry import Got, Updates, listen
-from tunedeck.backend.after.eval_answers import SHOW
+from tunedeck.backend.after import SHOW
 
 ANSWERS_OUT = ("after.answers", "after.answers_note", "after.answers_file")
 TRAINING_ROWS = 50  # rows of the training file the page offers to evaluate on

@@ -14,7 +14,7 @@ from tunedeck.app.after_events import streamed
 from tunedeck.app.after_view import AfterView
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.runs.checkpoints import AfterError
+from tunedeck.backend.runs import AfterError
 
 DTYPES = ["bfloat16", "float16", "float32"]
 MERGE_IN = ("after.run", "after.merge_weights", "after.merge_name", "after.merge_dtype")

@@ -21,7 +21,7 @@ import gradio as gr
 from gradio.components import Component
 
 from tunedeck.app.registry import Got, Registry
-from tunedeck.backend.spec.fields import (
+from tunedeck.backend.spec import (
     FORM_FIELDS,
     FormField,
     Values,

@@ -23,19 +23,21 @@ from typing import Any
 from tunedeck.app.estimate_view import Unavailable, compute_advice
 from tunedeck.app.form_marks import problem_link
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.data.truncation import measured_facts, measured_lengths
-from tunedeck.backend.data.uploads import held_out_offer
-from tunedeck.backend.estimate.advisor import Advice
-from tunedeck.backend.estimate.fit import fit_problems
-from tunedeck.backend.estimate.speed import Hardware
-from tunedeck.backend.runs.manager import RunManager, RunStatus
-from tunedeck.backend.runs.preflight import needs_gpus_here, preflight
-from tunedeck.backend.runs.speed import Calibration
-from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
-from tunedeck.backend.spec.fields import FIELDS_BY_PATH, Values, spec_from_values
-from tunedeck.backend.spec.problem import refuses_start
-from tunedeck.backend.spec.untrusted import shown
+from tunedeck.backend.data import held_out_offer, measured_facts, measured_lengths
+from tunedeck.backend.estimate import Advice, Hardware, fit_problems
 from tunedeck.backend.recipe.vocabulary import STRATEGIES
+from tunedeck.backend.runs import Calibration, RunManager, RunStatus, needs_gpus_here
+from tunedeck.backend.runs import preflight_problems as preflight
+from tunedeck.backend.spec import (
+    FIELDS_BY_PATH,
+    JobSpec,
+    SpecError,
+    Values,
+    refuses_start,
+    shown,
+    spec_from_values,
+    spec_from_yaml,
+)
 from tunedeck.backend.validate import Problem, has_errors, validate
 
 UPLOAD_LIMIT_BYTES = 256 * 1024

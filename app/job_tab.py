@@ -24,12 +24,21 @@ from tunedeck.app.job_view import JOB_QUEUE, JobView
 from tunedeck.app.model_access import ModelAccessNote
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.data.uploads import SUFFIXES as DATA_SUFFIXES
+from tunedeck.backend.data import SUFFIXES as DATA_SUFFIXES
 from tunedeck.backend.render import render_bundle
-from tunedeck.backend.spec import JobSpec, Preset, load_presets, set_paths
-from tunedeck.backend.spec.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
-from tunedeck.backend.spec.implied import describe, implied
-from tunedeck.backend.spec.problem import spelled
+from tunedeck.backend.spec import (
+    FORM_FIELDS,
+    JobSpec,
+    Preset,
+    describe,
+    load_presets,
+    set_paths,
+    spec_from_values,
+    spelled,
+    values_from_form,
+    values_from_spec,
+)
+from tunedeck.backend.spec import apply_implied as implied
 
 # Presets in the order a newcomer reads them: the runnable demo, then growing model sizes.
 PRESET_ORDER = ("demo", "7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp")

@@ -51,17 +51,20 @@ from tunedeck.app.job_guard import RECOMPUTING
 from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
 from tunedeck.app.registry import Got, Registry, Updates, listen
 from tunedeck.app.untrusted_text import code_span
-from tunedeck.backend.spec import JobSpec, SpecError, set_paths
-from tunedeck.backend.spec.fields import (
+from tunedeck.backend.spec import (
     FORM_FIELDS,
+    JobSpec,
+    SpecError,
+    describe,
     section_shown,
+    set_paths,
     spec_from_values,
+    spelled,
     values_from_form,
     values_from_spec,
     visible,
 )
-from tunedeck.backend.spec.implied import describe, implied
-from tunedeck.backend.spec.problem import spelled
+from tunedeck.backend.spec import apply_implied as implied
 
 LANGUAGES = {
     ".yaml": "yaml",

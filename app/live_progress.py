@@ -26,9 +26,7 @@ from starlette.routing import Route
 
 from tunedeck.app.run_state_line import progress_bar
 from tunedeck.app.run_watch import RunWatches
-from tunedeck.backend.runs.manager import RunError, RunManager
-from tunedeck.backend.runs.startup import live_phase
-from tunedeck.backend.runs.summary import summarize
+from tunedeck.backend.runs import RunError, RunManager, live_phase, summarize
 
 PATH = "/tunedeck/run-progress"
 REFRESH_ID = "run-refresh"  # the Run tab's hidden button that the page presses (run_view.py)

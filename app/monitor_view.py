@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 from tunedeck.app.registry import Got, Updates
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_html
-from tunedeck.backend.machine.monitor import GpuSample, Monitor, Sample
+from tunedeck.backend.machine import GpuSample, Monitor, Sample
 
 SPARK_SAMPLES = 120  # two minutes at one sample a second
 TICK_S = 1.0  # backend/machine/monitor.py samples once a second

@@ -29,10 +29,8 @@ from tunedeck.app.run_view import RunView
 from tunedeck.app.section import Page
 from tunedeck.app.text_edits import FORWARD_EDITS_JS
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.machine.monitor import shared_monitor
-from tunedeck.backend.runs.manager import RunError, RunManager
-from tunedeck.backend.runs.smoke import SmokeError
-from tunedeck.backend.runs.sweep import SweepError, combinations, preview
+from tunedeck.backend.machine import shared_monitor
+from tunedeck.backend.runs import RunError, RunManager, SmokeError, SweepError, combinations, preview
 from tunedeck.backend.spec import JobSpec, SpecError
 
 CSS = (

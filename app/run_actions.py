@@ -5,9 +5,7 @@ from __future__ import annotations
 from tunedeck.app.run_index import RunsIndex
 from tunedeck.app.run_shown import RunShown
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.runs.manager import RunError, RunManager
-from tunedeck.backend.runs.resume import resume_run
-from tunedeck.backend.runs.stacks import StacksError, dump_stacks
+from tunedeck.backend.runs import RunError, RunManager, StacksError, dump_stacks, resume_run
 
 
 def stop_run(manager: RunManager, index: RunsIndex, shown: RunShown) -> str:

@@ -12,16 +12,23 @@ import time
 from dataclasses import dataclass, field
 
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.backend.runs.checkpoints import output_dir
-from tunedeck.backend.runs.compare import differences_line, job_differences
-from tunedeck.backend.runs.folder import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.runs import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.runs import (
+    DAMAGED,
+    RESUMABLE_STATES,
+    RunManager,
+    RunNotes,
+    RunStatus,
+    differences_line,
+    format_clock,
+    is_smoke_job,
+    job_differences,
+    newest_checkpoint,
+    output_dir,
+    read_notes,
+    summarize,
+)
 from tunedeck.backend.runs.folder import NOTES_FILE, read_job, read_records
-from tunedeck.backend.runs.manager import RunManager, RunStatus
-from tunedeck.backend.runs.notes import RunNotes, read_notes
-from tunedeck.backend.runs.resume import RESUMABLE_STATES, newest_checkpoint
-from tunedeck.backend.runs.smoke import is_smoke_job
-from tunedeck.backend.runs.status import DAMAGED
-from tunedeck.backend.runs.summary import format_clock, summarize
 
 RUNS_LIST_TTL_S = 2.0
 TABLE_HEADERS = ["run", "name", "state", "job", "loss", "started", "duration"]

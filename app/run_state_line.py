@@ -7,11 +7,8 @@ from pathlib import Path
 from tunedeck.app.run_index import STATE_MARKS, RunFacts
 from tunedeck.app.run_watch import RunWatch
 from tunedeck.app.untrusted_text import as_html, as_text
-from tunedeck.backend.runs.folder import ACTIVE_STATES as ACTIVE
-from tunedeck.backend.runs.smoke import smoke_verdict
-from tunedeck.backend.runs.startup import breakdown, read_phases
-from tunedeck.backend.runs.status import RunStatus
-from tunedeck.backend.runs.summary import report
+from tunedeck.backend.runs import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.runs import RunStatus, breakdown, read_phases, report, smoke_verdict
 
 
 def progress_bar(fraction: float, text: str, state: str) -> dict:

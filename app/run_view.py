@@ -24,16 +24,26 @@ from tunedeck.app.run_state_line import memory_line, progress_html, results_line
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.runs.answers import answers_markdown, latest_answers
-from tunedeck.backend.runs.folder import ACTIVE_STATES as ACTIVE
-from tunedeck.backend.runs.lineage import Lineage
-from tunedeck.backend.runs.manager import RunError, RunManager
-from tunedeck.backend.runs.notes import NAME_MAX_CHARS, NotesError, write_notes
-from tunedeck.backend.runs.smoke import start_smoke_run
-from tunedeck.backend.runs.startup import live_phase
-from tunedeck.backend.runs.status import DAMAGED
-from tunedeck.backend.runs.summary import measured_peaks, summarize
-from tunedeck.backend.runs.sweep import combinations, label, queue_sweep, sweep_specs
+from tunedeck.backend.runs import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.runs import (
+    DAMAGED,
+    NAME_MAX_CHARS,
+    Lineage,
+    NotesError,
+    RunError,
+    RunManager,
+    answers_markdown,
+    combinations,
+    label,
+    latest_answers,
+    live_phase,
+    measured_peaks,
+    queue_sweep,
+    start_smoke_run,
+    summarize,
+    sweep_specs,
+    write_notes,
+)
 
 # What a redraw may send, in the order of RunView.outputs (attributes the layout sets).
 OUTPUTS = (

@@ -16,7 +16,7 @@ from tunedeck.app.after_events import streamed
 from tunedeck.app.after_view import USER_ERRORS, AfterView
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.after.prompting import MAX_NEW_TOKENS, transcript
+from tunedeck.backend.after import MAX_NEW_TOKENS, transcript
 
 EXAMPLE_OUT = ("after.example_prompt", "after.expected", "after.example_note")
 CHAT_ONLY = ("after.system", "after.converse", "after.new_chat")  # shown for runs trained on conversations

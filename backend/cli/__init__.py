@@ -75,7 +75,7 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def machine_or_exit(args: argparse.Namespace):
     """The Machine for --gpu-mem/--cpu-mem (or this machine's facts), or print the bad flag and exit 2."""
-    from tunedeck.backend.estimate.hardware import MachineValueError, machine_facts
+    from tunedeck.backend.estimate import MachineValueError, machine_facts
 
     try:
         return machine_facts(args.gpu_mem, args.cpu_mem)
@@ -105,8 +105,8 @@ def load_spec_or_exit(args: argparse.Namespace):
 
 def with_implied(spec, changed: set[str]):
     """`spec` with what its `changed` fields imply, said on stderr."""
-    from tunedeck.backend.spec import flat_values, set_paths
-    from tunedeck.backend.spec.implied import describe, implied
+    from tunedeck.backend.spec import apply_implied as implied
+    from tunedeck.backend.spec import describe, flat_values, set_paths
 
     _, applied = implied(flat_values(spec), changed)
     if not applied:

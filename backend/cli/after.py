@@ -78,8 +78,7 @@ def fail(message: str, code: int = 2) -> int:
 
 def resolve_run(args, base: bool = False):
     """(runs_dir, job, weights) of RUN and --checkpoint; AfterError when they do not exist."""
-    from tunedeck.backend.runs.checkpoints import AfterError, select
-    from tunedeck.backend.runs.manager import RunError
+    from tunedeck.backend.runs import AfterError, RunError, select
 
     manager = _manager(args)
     try:
@@ -128,9 +127,8 @@ class Progress:
 
 def handled(run):
     """Run a command body; AfterError/SettingsError are exit 2, WorkerError exit 1, each one clear line."""
-    from tunedeck.backend.after.prompting import SettingsError
-    from tunedeck.backend.after.worker_client import WorkerError
-    from tunedeck.backend.runs.checkpoints import AfterError
+    from tunedeck.backend.after import SettingsError, WorkerError
+    from tunedeck.backend.runs import AfterError
 
     try:
         return run()
@@ -148,11 +146,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval(args) -> int:
-    from tunedeck.backend.after.eval_answers import ANSWERS_DIR
-    from tunedeck.backend.after.eval_data import eval_source
-    from tunedeck.backend.after.worker_client import run_task
-    from tunedeck.backend.runs.checkpoints import list_weights
-    from tunedeck.backend.runs.manager import RunManager
+    from tunedeck.backend.after import ANSWERS_DIR, eval_source, run_task
+    from tunedeck.backend.runs import RunManager, list_weights
 
     if args.limit is not None and args.limit < 1:
         return fail("--limit: give a positive number of rows")
@@ -185,7 +180,7 @@ def _eval(args) -> int:
 
 
 def _print_table(results: dict, data: str) -> None:
-    from tunedeck.backend.after.scoring import order_key
+    from tunedeck.backend.after import order_key
 
     def pct(value):
         return "-" if value is None else f"{100 * value:.1f}%"
@@ -223,8 +218,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _merge(args) -> int:
-    from tunedeck.backend.after.merge import check_output_dir
-    from tunedeck.backend.after.worker_client import run_task
+    from tunedeck.backend.after import check_output_dir, run_task
 
     runs_dir, job, weights = resolve_run(args)
     out_dir = check_output_dir(args.out_dir)  # before anything loads
@@ -247,7 +241,7 @@ def _merge(args) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from tunedeck.backend.after.hub import push_folder
+    from tunedeck.backend.after import push_folder
 
     token = None
     if args.token_file:

@@ -63,9 +63,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _chat(args) -> int:
-    from tunedeck.backend.after.examples import verdict
-    from tunedeck.backend.after.prompting import GenerationSettings, transcript
-    from tunedeck.backend.after.worker_client import ModelWorker
+    from tunedeck.backend.after import GenerationSettings, ModelWorker, transcript, verdict
 
     settings = GenerationSettings(
         args.max_new_tokens, args.temperature, args.top_p, args.repetition_penalty, tuple(args.stop)
@@ -99,7 +97,7 @@ def _chat(args) -> int:
 
 
 def _answer(worker, prompt: str, settings, template: str, history: list, system: str = "") -> str:
-    from tunedeck.backend.after.prompting import answer_line
+    from tunedeck.backend.after import answer_line
 
     pieces = worker.generate(prompt, settings, template, history, system)
     try:
@@ -120,18 +118,18 @@ def _example(runs_dir, job: dict, args):
     if args.example is None:
         return None
     if args.prompt is not None:
-        from tunedeck.backend.runs.checkpoints import AfterError
+        from tunedeck.backend.runs import AfterError
 
         raise AfterError("--example: give --prompt or --example, not both")
-    from tunedeck.backend.after.examples import data_examples, pick
+    from tunedeck.backend.after import data_examples, pick
 
     return pick(*data_examples(Path(runs_dir) / args.run_id, job), args.example or None)
 
 
 def _check_system(args, job: dict) -> None:
     """--system needs the chat template: said before the model loads."""
-    from tunedeck.backend.after.prompting import resolve_template
-    from tunedeck.backend.runs.checkpoints import AfterError
+    from tunedeck.backend.after import resolve_template
+    from tunedeck.backend.runs import AfterError
 
     fmt = (job.get("dataset") or {}).get("format", "")
     if args.system is not None and resolve_template(args.template, fmt, has_chat_template=True) != "chat":

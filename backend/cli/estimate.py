@@ -81,8 +81,7 @@ def _lengths(path: str | None) -> dict | None:
 
 def _hardware(args: argparse.Namespace):
     """The GPU and links the speed prediction assumes (--gpu, NVML, a --gpu-mem name, else the assumed GPU), with --price-per-gpu-hour."""
-    from tunedeck.backend.estimate.hardware import machine_facts
-    from tunedeck.backend.estimate.speed import Hardware, hardware_for
+    from tunedeck.backend.estimate import Hardware, hardware_for, machine_facts
 
     price = args.price_per_gpu_hour
     if price is not None and not 0 <= price < 1e6:
@@ -100,18 +99,15 @@ def _hardware(args: argparse.Namespace):
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from tunedeck.backend.data.demo import ensure_demo_if_used
-    from tunedeck.backend.data.preview import measured_seq_len
-    from tunedeck.backend.estimate.advisor import advise
-    from tunedeck.backend.estimate.memory_job import EstimateError
-    from tunedeck.backend.estimate.speed import dataset_rows, schedule_of
-    from tunedeck.backend.runs.speed import calibration
+    from tunedeck.backend.data import ensure_demo_if_used, measured_seq_len
+    from tunedeck.backend.estimate import EstimateError, advise, dataset_rows, schedule_of
+    from tunedeck.backend.runs import calibration
 
     spec = load_spec_or_exit(args)
     ensure_demo_if_used(spec)  # the demo model's architecture is read from its built config.json
     hardware = _hardware(args)
     if args.gpu and args.gpu_mem is None:  # --gpu names the memory too; --gpu-mem overrides it
-        from tunedeck.backend.spec.flops import gpu_row
+        from tunedeck.backend.spec import gpu_row
 
         args.gpu_mem = str(gpu_row(args.gpu)[2])
     machine = machine_or_exit(args)  # the same facts as `tunedeck validate` and the page
@@ -153,9 +149,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _print_report(spec, advice, gpu_source: str) -> None:
-    from tunedeck.backend.estimate.advisor import format_gb, limit_sentence
-    from tunedeck.backend.estimate.memory import TERMS
-    from tunedeck.backend.estimate.memory_load import LOAD_TERMS
+    from tunedeck.backend.estimate import LOAD_TERMS, TERMS, format_gb, limit_sentence
 
     out = sys.stdout.write
     current, gpu_gb = advice.current, advice.gpu_mem_gb

@@ -7,9 +7,18 @@ import signal
 import sys
 import time
 
-from tunedeck.backend.runs.folder import ACTIVE_STATES, LogRecord, MetricsReader, RunRecords
-from tunedeck.backend.runs.startup import TRAINING, behind_now, read_phases
-from tunedeck.backend.runs.summary import RunSummary, facts_line, summarize
+from tunedeck.backend.runs import (
+    ACTIVE_STATES,
+    TRAINING,
+    LogRecord,
+    MetricsReader,
+    RunRecords,
+    RunSummary,
+    behind_now,
+    facts_line,
+    read_phases,
+    summarize,
+)
 
 
 def follow(manager, run_id: str, also_stop: tuple[str, ...] = ()):

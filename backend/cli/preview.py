@@ -31,9 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from tunedeck.backend.data.demo import ensure_demo_if_used
-    from tunedeck.backend.data.preview import PreviewError, preview
-    from tunedeck.backend.data.truncation import truncation_problems
+    from tunedeck.backend.data import PreviewError, ensure_demo_if_used, truncation_problems
+    from tunedeck.backend.data import preview_rows as preview
 
     if not 0 <= args.rows <= 100:
         print_problems([("error", "--rows", f"{args.rows} rows: give 0 to 100")])
@@ -81,8 +80,8 @@ def local_data_problems(spec) -> list:
     (the input checks say why)."""
     from pathlib import Path
 
-    from tunedeck.backend.data.preview import PreviewError, preview
-    from tunedeck.backend.data.truncation import truncation_problems
+    from tunedeck.backend.data import PreviewError, truncation_problems
+    from tunedeck.backend.data import preview_rows as preview
 
     if not Path(spec.dataset.path).expanduser().exists():
         return []

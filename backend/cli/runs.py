@@ -9,11 +9,20 @@ import time
 from pathlib import Path
 
 from tunedeck.backend.cli.follow import follow
-from tunedeck.backend.runs.folder import ACTIVE_STATES, read_records
-from tunedeck.backend.runs.notes import read_notes
-from tunedeck.backend.runs.startup import breakdown, phase_now, read_phases, starting_phase
-from tunedeck.backend.runs.summary import RunSummary, format_clock, report, summarize
-from tunedeck.backend.spec.untrusted import shown
+from tunedeck.backend.runs import (
+    ACTIVE_STATES,
+    RunSummary,
+    breakdown,
+    format_clock,
+    phase_now,
+    read_notes,
+    read_phases,
+    read_records,
+    report,
+    starting_phase,
+    summarize,
+)
+from tunedeck.backend.spec import shown
 
 # Exit codes of `tunedeck train` (and of `runs resume`, which follows the run): the training's own status.
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130}
@@ -75,7 +84,7 @@ def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
 
 def _manager(args, create: bool = False):
     """The run manager of --runs-dir, or exit 2 when that is a file or cannot be created."""
-    from tunedeck.backend.runs.manager import RunError, RunManager
+    from tunedeck.backend.runs import RunError, RunManager
 
     manager = RunManager(getattr(args, "runs_dir", Path("runs")))
     try:
@@ -126,7 +135,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
-    from tunedeck.backend.runs.manager import RunError
+    from tunedeck.backend.runs import RunError
 
     manager = _manager(args)
     try:
@@ -175,7 +184,7 @@ def _print_speed(run_dir, run) -> None:
     """MFU as logged, and a finished GPU run's speed and memory beside their prediction."""
     import statistics
 
-    from tunedeck.backend.runs.speed import compare_run
+    from tunedeck.backend.runs import compare_run
 
     mfu = [r["mfu"] for r in run.records if "mfu" in r]
     if mfu:
@@ -189,15 +198,14 @@ def _print_speed(run_dir, run) -> None:
 
 
 def _print_smoke_verdict(manager, status) -> None:
-    from tunedeck.backend.runs.smoke import is_smoke_job, smoke_verdict
+    from tunedeck.backend.runs import is_smoke_job, smoke_verdict
 
     if status.state in ("finished", "failed") and is_smoke_job(manager.job(status.run_id)):
         print(f"verdict  {smoke_verdict(manager.run_dir(status.run_id)).line}")
 
 
 def cmd_runs_stacks(args: argparse.Namespace) -> int:
-    from tunedeck.backend.runs.manager import RunError
-    from tunedeck.backend.runs.stacks import StacksError, dump_stacks
+    from tunedeck.backend.runs import RunError, StacksError, dump_stacks
 
     manager = _manager(args)
     try:
@@ -212,8 +220,7 @@ def cmd_runs_stacks(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_stop(args: argparse.Namespace) -> int:
-    from tunedeck.backend.runs.manager import RunError
-    from tunedeck.backend.runs.status import deleted_path
+    from tunedeck.backend.runs import RunError, deleted_path
 
     manager = _manager(args)
     try:
@@ -241,8 +248,7 @@ def cmd_runs_stop(args: argparse.Namespace) -> int:
 
 def cmd_runs_resume(args: argparse.Namespace) -> int:
     """Continue a stopped or failed run from its newest checkpoint (backend/runs/resume.py), then follow it."""
-    from tunedeck.backend.runs.manager import RunError
-    from tunedeck.backend.runs.resume import resume_run
+    from tunedeck.backend.runs import RunError, resume_run
 
     manager = _manager(args)
     try:
@@ -260,8 +266,7 @@ def cmd_runs_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_note(args: argparse.Namespace) -> int:
-    from tunedeck.backend.runs.manager import RunError
-    from tunedeck.backend.runs.notes import NotesError, write_notes
+    from tunedeck.backend.runs import NotesError, RunError, write_notes
 
     manager = _manager(args)
     try:
@@ -279,8 +284,7 @@ def cmd_runs_note(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_diff(args: argparse.Namespace) -> int:
-    from tunedeck.backend.runs.compare import job_differences, shown_value
-    from tunedeck.backend.runs.manager import RunError
+    from tunedeck.backend.runs import RunError, job_differences, shown_value
 
     manager = _manager(args)
     try:

@@ -76,7 +76,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     if args.markdown:
-        from tunedeck.backend.spec.docs import spec_markdown
+        from tunedeck.backend.spec import spec_markdown
 
         sys.stdout.write(spec_markdown())
         return 0
@@ -99,10 +99,8 @@ def _check(spec, machine=None) -> tuple[list, bool]:
 
 def _fit(spec, machine) -> list:
     """Whether the job fits `machine` (backend/estimate/fit.py), as the page says it; nothing for an unknown model."""
-    from tunedeck.backend.data.demo import ensure_demo_if_used
-    from tunedeck.backend.estimate.advisor import advise
-    from tunedeck.backend.estimate.fit import fit_problems
-    from tunedeck.backend.estimate.memory_job import EstimateError
+    from tunedeck.backend.data import ensure_demo_if_used
+    from tunedeck.backend.estimate import EstimateError, advise, fit_problems
 
     if spec.launch.use_cpu:
         return []
@@ -115,7 +113,7 @@ def _fit(spec, machine) -> list:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from tunedeck.backend.cli.preview import local_data_problems, print_with_fixes
-    from tunedeck.backend.runs.preflight import preflight
+    from tunedeck.backend.runs import preflight_problems as preflight
     from tunedeck.backend.validate import describe_global_batch, has_errors
 
     spec = load_spec_or_exit(args)
@@ -150,7 +148,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tunedeck.backend.render import write_bundle
     from tunedeck.backend.render.bundle_data import bundle_files
-    from tunedeck.backend.spec.untrusted import shown
+    from tunedeck.backend.spec import shown
 
     spec = load_spec_or_exit(args)
     _, failed = _check(spec)

@@ -13,7 +13,7 @@ import sys
 
 from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
 from tunedeck.backend.cli.runs import EXIT_CODES, _add_runs_dir, _manager
-from tunedeck.backend.runs.sweep import SweepError, combinations, label, queue_sweep, sweep_specs
+from tunedeck.backend.runs import SweepError, combinations, label, queue_sweep, sweep_specs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tunedeck.backend.runs.manager import RunError
+    from tunedeck.backend.runs import RunError
 
     manager = _manager(args, create=True)
     try:
@@ -60,7 +60,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _checked_specs(base, grid: list[dict[str, str]], runs_dir) -> list | None:
     """Each combination's job, validated and checked; None (problems printed) if any has an error."""
-    from tunedeck.backend.runs.preflight import job_problems
+    from tunedeck.backend.runs import job_problems
     from tunedeck.backend.spec import SpecError
 
     specs, failed, warned = [], False, set()
@@ -99,8 +99,7 @@ def _follow_all(manager, queued: list[str], grid: list[dict[str, str]]) -> int:
 
 
 def _print_table(manager, queued: list[str], grid: list[dict[str, str]]) -> None:
-    from tunedeck.backend.runs.folder import read_records
-    from tunedeck.backend.runs.summary import format_clock, report, summarize
+    from tunedeck.backend.runs import format_clock, read_records, report, summarize
 
     def number(value):
         return "-" if value is None else f"{value:.4f}"

@@ -13,6 +13,22 @@ round-trips: spec -> YAML -> spec is the identity. The code lives by concern:
   presets.py        presets and the package's data folder, the demo's folder
 """
 
+from tunedeck.backend.spec.docs import spec_markdown
+from tunedeck.backend.spec.fields import (
+    FIELDS_BY_PATH,
+    FORM_FIELDS,
+    FormField,
+    Values,
+    section_shown,
+    section_titles,
+    spec_from_values,
+    values_from_form,
+    values_from_spec,
+    visible,
+)
+from tunedeck.backend.spec.flops import gpu_row
+from tunedeck.backend.spec.implied import describe
+from tunedeck.backend.spec.implied import implied as apply_implied
 from tunedeck.backend.spec.job import JobSpec, LaunchSpec, OffloadDevice, StrategyKind, StrategySpec
 from tunedeck.backend.spec.parse import (
     FIELD_PATHS,
@@ -42,6 +58,7 @@ from tunedeck.backend.spec.presets import (
     load_presets,
     resolve_spec,
 )
+from tunedeck.backend.spec.problem import Problem, refuses_start, spelled
 from tunedeck.backend.spec.sections import (
     MAX_ELEMENTS,
     MAX_STEPS,
@@ -53,9 +70,12 @@ from tunedeck.backend.spec.sections import (
     QuantizationSpec,
 )
 from tunedeck.backend.spec.training import PreferenceSpec, TrainingSpec
+from tunedeck.backend.spec.untrusted import shown
 
 __all__ = [
+    "FIELDS_BY_PATH",
     "FIELD_PATHS",
+    "FORM_FIELDS",
     "MAX_ELEMENTS",
     "MAX_PROBLEMS",
     "MAX_STEPS",
@@ -64,6 +84,7 @@ __all__ = [
     "PRESETS_DIR",
     "DatasetSpec",
     "Dtype",
+    "FormField",
     "JobSpec",
     "LaunchSpec",
     "LoraSpec",
@@ -71,27 +92,42 @@ __all__ = [
     "OffloadDevice",
     "PreferenceSpec",
     "Preset",
+    "Problem",
     "QuantizationSpec",
     "SpecError",
     "StrategyKind",
     "StrategySpec",
     "TrainingSpec",
+    "Values",
+    "apply_implied",
     "deep_merge",
     "demo_home",
+    "describe",
     "field_info",
     "flat_values",
     "get_path",
+    "gpu_row",
     "iter_fields",
     "load_presets",
     "load_spec_file",
     "parse_assignments",
     "parse_spec",
+    "refuses_start",
     "resolve_spec",
+    "section_shown",
+    "section_titles",
     "set_dotted",
     "set_paths",
     "sft_name",
+    "shown",
     "spec_from_dict",
+    "spec_from_values",
     "spec_from_yaml",
+    "spec_markdown",
     "spec_to_dict",
     "spec_to_yaml",
+    "spelled",
+    "values_from_form",
+    "values_from_spec",
+    "visible",
 ]  # fmt: skip
