@@ -50,7 +50,8 @@ def user_message(exc: BaseException, markdown: bool = False) -> str:
         from tunedeck.backend.runs import refusal_text
 
         problems = [replace(p, message=said(p.message)) for p in problems]
-        return refusal_text(problems, exc.head and said(exc.head), named)
+        head = getattr(exc, "head", None)
+        return refusal_text(problems, head and said(head), named)
     if type(exc).__name__ == "RunError" or isinstance(exc, (ValueError, FileNotFoundError, PermissionError)):
         return said(str(exc))
     return said(f"Unexpected {type(exc).__name__}: {exc}") + " (details are in the panel's console)"

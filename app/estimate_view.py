@@ -73,7 +73,7 @@ def table_headers(priced: bool) -> list[str]:
     return HEADERS + [h for h in SPEED_HEADERS if priced or h != COST]
 
 
-def column_widths(headers: list[str]) -> list[str]:
+def column_widths(headers: list[str]) -> list[str | int]:
     """One width per column of `headers`, summing to 100%."""
     rest = [WIDTHS[h] for h in headers[1:]]
     return [f"{100 - sum(rest)}%", *(f"{w}%" for w in rest)]

@@ -31,7 +31,7 @@ def answers_shown(answers: dict[str, list[dict]], show: str) -> dict:
     return {"after.answers": {"headers": headers, "data": rows}, "after.answers_note": line}
 
 
-def answers_widths(columns: int) -> list[str]:
+def answers_widths(columns: int) -> list[str | int]:
     """#, the prompt and the data's answer keep their width; the models' answers share the rest (without widths
     of its own, a long answer would squeeze the data's answer to a letter and push the next model out of sight)."""
     models = columns - 3

@@ -18,6 +18,7 @@ import psutil
 
 from tunedeck.backend.runs.folder import ACTIVE_STATES, STATUS_FILE
 from tunedeck.backend.runs.supervisor import boot_id
+from tunedeck.backend.spec.problem import Problem
 
 DAMAGED = "damaged"
 SUPERVISOR_SCRIPT = "supervisor.py"
@@ -25,6 +26,10 @@ SUPERVISOR_SCRIPT = "supervisor.py"
 
 class RunError(Exception):
     """Why a run cannot be started, found or stopped; the message is for the user."""
+
+    # Start's refusal (backend/runs/preflight.py: refusal) also keeps its problems, which the page names by label.
+    problems: list[Problem]
+    head: str | None = None
 
 
 @dataclass
