@@ -10,8 +10,7 @@ import time
 from tunedeck.backend.cli import add_spec_arguments, load_spec_or_exit, print_problems
 from tunedeck.backend.cli.follow import follow
 from tunedeck.backend.cli.runs import EXIT_CODES, _add_runs_dir, _manager
-from tunedeck.backend.runs.folder import LOGS_DIR
-from tunedeck.backend.runs.summary import format_clock
+from tunedeck.backend.runs import LOGS_DIR, format_clock
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from tunedeck.backend.runs.manager import RunError
-    from tunedeck.backend.runs.preflight import job_problems
+    from tunedeck.backend.runs import RunError, job_problems
     from tunedeck.backend.validate import validate
 
     spec = load_spec_or_exit(args)
@@ -69,7 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{status.state} in {format_clock((status.ended_at or time.time()) - (status.started_at or time.time()))}"
         )
     if args.smoke:
-        from tunedeck.backend.runs.smoke import smoke_verdict
+        from tunedeck.backend.runs import smoke_verdict
 
         verdict = smoke_verdict(manager.run_dir(run_id))
         print(verdict.line, file=sys.stdout if verdict.passed else sys.stderr)
@@ -79,8 +77,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _start_smoke(manager, spec) -> str:
     """The job's smoke run; SmokeError becomes a RunError (printed, exit 2, nothing started)."""
-    from tunedeck.backend.runs.manager import RunError
-    from tunedeck.backend.runs.smoke import SmokeError, start_smoke_run
+    from tunedeck.backend.runs import RunError, SmokeError, start_smoke_run
 
     print("smoke run: the job's exact path on a tiny model of its architecture (the first one builds it)", flush=True)
     try:
@@ -102,7 +99,7 @@ def _say_where_it_notifies() -> None:
 
 
 def _say_if_building_demo(spec) -> None:
-    from tunedeck.backend.data.demo import is_built
+    from tunedeck.backend.data import is_built
     from tunedeck.backend.spec import demo_home
 
     home = demo_home()

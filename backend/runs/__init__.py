@@ -16,6 +16,7 @@ from tunedeck.backend.runs.compare import differences_line, job_differences, sho
 from tunedeck.backend.runs.folder import (
     ACTIVE_STATES,
     LAUNCHER_LOG,
+    LOGS_DIR,
     NOTES_FILE,
     LogRecord,
     MetricsReader,
@@ -71,6 +72,7 @@ __all__ = [
     "ACTIVE_STATES",
     "DAMAGED",
     "LAUNCHER_LOG",
+    "LOGS_DIR",
     "NAME_MAX_CHARS",
     "NOTES_FILE",
     "RESUMABLE_STATES",
