@@ -64,7 +64,7 @@ def prepare(row: dict) -> Prepared:
     est = accuracy.row_estimate(row, NONE)
     b, lb = est.breakdown, est.load_breakdown
     job = Job.from_values(input_values(accuracy.row_spec(row), software=row["software"]))
-    wraps = job.software.wraps_from_cpu and job.engine == "fsdp"
+    wraps = job.software.wraps_from_cpu and job.layout.is_fsdp
     return Prepared(
         row=row,
         measured=accuracy.measured_gib(row),

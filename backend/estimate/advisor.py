@@ -17,10 +17,10 @@ from typing import Any
 from tunedeck.backend.estimate.advisor_options import candidates, sequence_parallel, strategy_key
 from tunedeck.backend.estimate.advisor_sequence import sequence_candidates, sequence_reason, sequence_sizes
 from tunedeck.backend.estimate.memory import Estimate, estimate_values
-from tunedeck.backend.estimate.memory_job import Job, input_values
+from tunedeck.backend.estimate.memory_job import Job, input_values, variant
 from tunedeck.backend.estimate.speed import TIE_SHARE, Hardware, Schedule, SpeedEstimate, predict
+from tunedeck.backend.recipe.layout import Layout
 from tunedeck.backend.spec import JobSpec
-from tunedeck.backend.recipe.vocabulary import STRATEGIES
 
 # A strategy "fits" when its peak stays below this share of the GPU: the rest is headroom
 # for sequence-length outliers and fragmentation spikes.
@@ -38,10 +38,17 @@ class StrategyEstimate:
     fits: bool
     current: bool = False  # the job as given already uses this strategy
     speed: SpeedEstimate | None = None  # predicted step time and throughput (backend/estimate/speed.py)
+    layout: Layout | None = None  # the option's layout (backend/recipe/layout.py): what it shards and offloads
 
     def to_dict(self) -> dict:
-        return {"strategy": self.strategy, "changes": self.changes, "fits": self.fits, "current": self.current,
-                **self.estimate.to_dict(), **speed_dict(self.speed)}  # fmt: skip
+        return {
+            "strategy": self.strategy,
+            "changes": self.changes,
+            "fits": self.fits,
+            "current": self.current,
+            **self.estimate.to_dict(),
+            **speed_dict(self.speed),
+        }
 
 
 SPEED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "hours", "cost")
@@ -116,7 +123,7 @@ def advise(
     """
     values = input_values(spec, loss)
     if seq_len is not None:
-        values["dataset.max_seq_length"] = min(seq_len, values["dataset.max_seq_length"])
+        values = variant(values, {"dataset.max_seq_length": min(seq_len, values["dataset.max_seq_length"])})
 
     def speed(v: dict) -> SpeedEstimate | None:
         if hardware is None or schedule is None:
@@ -198,16 +205,17 @@ def _compare(
     current = strategy_key(values)
     out = []
     for label, changes in options:
-        variant = {**values, **changes}
-        est = estimate_values(variant)
+        job = variant(values, changes)
+        est = estimate_values(job)
         out.append(
             StrategyEstimate(
                 strategy=label,
                 changes=changes,
                 estimate=est,
                 fits=fits(est, gpu_mem_gb, cpu_mem_gb),
-                current=strategy_key(variant) == current,
-                speed=speed(variant),
+                current=strategy_key(job) == current,
+                speed=speed(job),
+                layout=Layout.of_values(job),
             )
         )
     return out
@@ -270,16 +278,13 @@ def _recommend(
 
 def _tier(option: StrategyEstimate) -> tuple:
     """What sets an option's speed: what it trains, whether it shards the weights, what it offloads."""
-    c = option.changes
-    facts = STRATEGIES[c["strategy.kind"]]
-    shards = facts.shards_parameters and c.get("strategy.fsdp_sharding_strategy") != "SHARD_GRAD_OP"
-    hybrid = c.get("strategy.fsdp_sharding_strategy") == "HYBRID_SHARD"
+    c, layout = option.changes, option.layout
     return (
         c.get("method"),
         c.get("strategy.sequence_parallel", 1),
-        facts.engine == "ddp",
-        shards,
-        hybrid,
+        layout.is_ddp,
+        layout.gathers_per_layer,
+        layout.hybrid,
         c["strategy.offload_optimizer"],
         c["strategy.offload_params"],
     )
@@ -318,7 +323,7 @@ def _speed_reason(v: dict, chosen: StrategyEstimate, fitting: list[StrategyEstim
     text += "."
     if hw is not None and v["launch.num_machines"] > 1:
         link = hw.inter.replace("infiniband", "InfiniBand").replace("ethernet", "Ethernet")
-        if chosen.changes.get("strategy.fsdp_sharding_strategy") == "HYBRID_SHARD":
+        if chosen.layout.hybrid:
             text += (
                 f" Across machines on {link}, hybrid sharding keeps the weight gathers inside each machine "
                 "and sends only gradients between machines."
@@ -363,10 +368,9 @@ def _need(option: StrategyEstimate, gpu_mem_gb: float) -> str:
 def _reason(v: dict, chosen: StrategyEstimate, skipped: list[StrategyEstimate], gpu_mem_gb: float) -> str:
     """One sentence: what fits, what the faster option would need, and why this one."""
     est = chosen.estimate
-    facts = STRATEGIES[chosen.changes.get("strategy.kind", v["strategy.kind"])]
+    layout = chosen.layout
     method = chosen.changes.get("method", v["method"])
-    sharding = chosen.changes.get("strategy.fsdp_sharding_strategy")
-    per_sequence = sequence_parallel({**v, **chosen.changes})
+    per_sequence = sequence_parallel(variant(v, chosen.changes))
     if per_sequence > sequence_parallel(v):
         why = sequence_reason(v, per_sequence)
     elif method == "qlora" and v["method"] != "qlora":
@@ -376,11 +380,11 @@ def _reason(v: dict, chosen: StrategyEstimate, skipped: list[StrategyEstimate], 
     elif chosen.changes.get("strategy.offload_optimizer", "none") != "none":
         where = f"{est.cpu_gb:.0f} GB of CPU RAM" + (f" and {est.nvme_gb:.0f} GB of NVMe" if est.nvme_gb else "")
         why = f"offloading moves states to host memory ({where} per machine): slower steps, the last resort before quantizing"
-    elif facts.engine == "ddp" and method != "full":
+    elif layout.is_ddp and method != "full":
         why = "only the adapter's gradients cross the network, so plain data parallelism is fastest"
-    elif facts.engine == "ddp":
+    elif layout.is_ddp:
         why = "every GPU keeps everything and only gradients are all-reduced, the fastest setup"
-    elif not facts.shards_parameters or sharding == "SHARD_GRAD_OP":
+    elif not layout.gathers_per_layer:
         why = (
             "it shards optimizer states and gradients while every GPU keeps whole weights, "
             "the usual choice for full fine-tuning of 7-13B models"

@@ -7,18 +7,19 @@ activation checkpointing switch that belongs to FSDP.
 
 from __future__ import annotations
 
+from tunedeck.backend.estimate.memory_job import variant
+from tunedeck.backend.recipe.layout import Layout
 from tunedeck.backend.recipe.vocabulary import STRATEGIES
 
 
 def strategy_key(v: dict) -> tuple:
     """What makes two jobs the same option: the fields that apply to their strategy (backend/spec/applies.py)."""
-    kind = v["strategy.kind"]
-    facts = STRATEGIES[kind]
+    layout = Layout.of_values(v)
     return (
-        kind,
-        v["strategy.offload_optimizer"] if facts.offload_optimizer else "none",
-        v["strategy.offload_params"] if facts.offload_params else "none",
-        v["strategy.fsdp_sharding_strategy"] if facts.engine == "fsdp" else None,
+        layout.kind,
+        layout.offload_optimizer,
+        layout.offload_params,
+        layout.fsdp_sharding,
         v["method"],
         sequence_parallel(v),
     )
@@ -26,19 +27,18 @@ def strategy_key(v: dict) -> tuple:
 
 def sequence_parallel(v: dict) -> int:
     """GPUs per sequence where they apply (DeepSpeed, SFT: backend/estimate/memory_job.py reads them the same way), else 1."""
-    applies = STRATEGIES[v["strategy.kind"]].is_deepspeed and v["objective"] == "sft"
-    return v.get("strategy.sequence_parallel", 1) if applies else 1
+    return Layout.of_values(v).sequence_parallel if v["objective"] == "sft" else 1
 
 
 def _option(kind: str, opt: str = "none", params: str = "none", sharding: str | None = None) -> tuple[str, dict]:
     """(label, changes) of one strategy option; the label from the strategy table's name."""
     facts = STRATEGIES[kind]
     changes = {"strategy.kind": kind, "strategy.offload_optimizer": opt, "strategy.offload_params": params}
-    if facts.engine == "fsdp":
+    if facts.is_fsdp:
         changes["strategy.fsdp_sharding_strategy"] = sharding or "FULL_SHARD"
     label = facts.label + (f" {sharding}" if sharding else "")
     if opt != "none":
-        if facts.engine == "fsdp":  # FSDP offloads parameters, gradients and the optimizer step together
+        if facts.is_fsdp:  # FSDP offloads parameters, gradients and the optimizer step together
             label += " + CPU offload"
         elif "nvme" in (opt, params):
             label += " + NVMe offload"
@@ -100,7 +100,7 @@ def _at_sequence_parallel(v: dict, label: str, changes: dict) -> tuple[str, dict
     n = v.get("strategy.sequence_parallel", 1)
     if n == 1:
         return label, changes
-    if sequence_parallel({**v, **changes}) > 1:
+    if sequence_parallel(variant(v, changes)) > 1:
         return f"{label} + {n} GPUs/sequence", {**changes, "strategy.sequence_parallel": n}
     return label, {**changes, "strategy.sequence_parallel": 1}
 
@@ -124,8 +124,8 @@ def _checkpointing_for(v: dict, changes: dict) -> dict:
     A full fine-tune moved to FSDP takes FSDP's checkpointing: the Trainer's would all-gather
     every layer's weights again in the backward pass (validate.py warns about it).
     """
-    was_fsdp = STRATEGIES[v["strategy.kind"]].engine == "fsdp"
-    to_fsdp = STRATEGIES[changes["strategy.kind"]].engine == "fsdp"
+    was_fsdp = Layout.of_values(v).is_fsdp
+    to_fsdp = Layout.of_values(variant(v, changes)).is_fsdp
     if was_fsdp and v["strategy.fsdp_activation_checkpointing"] and not to_fsdp:
         return {"training.gradient_checkpointing": True, "strategy.fsdp_activation_checkpointing": False}
     if v["method"] == "full" and v["training.gradient_checkpointing"] and to_fsdp:

@@ -12,8 +12,9 @@ other trainers do not split sequences.
 from __future__ import annotations
 
 from tunedeck.backend.estimate.advisor_options import candidates, sequence_parallel
-from tunedeck.backend.spec import catalog
+from tunedeck.backend.estimate.memory_job import variant
 from tunedeck.backend.recipe.vocabulary import STRATEGIES
+from tunedeck.backend.spec import catalog
 
 
 def sequence_sizes(v: dict) -> list[int]:
@@ -37,7 +38,7 @@ def sequence_candidates(v: dict, n: int) -> list[tuple[str, dict]]:
     Each also sets what Ulysses needs of the job (validate_sequence.py's fixes): no eager attention (accelerate
     refuses it), and no packing under SDPA (Ulysses drops the mask that keeps packed rows apart).
     """
-    at_n = {**v, "strategy.sequence_parallel": n}
+    at_n = variant(v, {"strategy.sequence_parallel": n})
     needs: dict = {}
     if v["model.attn_implementation"] == "eager":
         needs["model.attn_implementation"] = "sdpa"

@@ -116,8 +116,11 @@ class Estimate:
         if phase == "load":
             return self.phases["load"] if measure == "device" else self._load_tensors
         tensors = self._train_tensors
-        return {"allocated": tensors, "reserved": tensors + self.breakdown["allocator"],
-                "device": self.phases["train"]}[measure]  # fmt: skip
+        return {
+            "allocated": tensors,
+            "reserved": tensors + self.breakdown["allocator"],
+            "device": self.phases["train"],
+        }[measure]
 
     def to_dict(self) -> dict:
         return {

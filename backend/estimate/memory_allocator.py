@@ -63,7 +63,7 @@ def allocator_bytes(
     overhead = constants.activations * step + constants.communication * communication
     if job.varying_shapes:
         overhead += constants.varying * loss
-    if job.software.wraps_from_cpu and job.engine == "fsdp":
+    if job.software.wraps_from_cpu and job.layout.is_fsdp:
         # The wrap's cached blocks serve the step's tensors first: what the step needs beyond them is the share.
         overhead = max(overhead, constants.wrap * job.root_unit_bytes - step)
     return overhead

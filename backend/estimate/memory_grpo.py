@@ -56,7 +56,7 @@ def generation_weight_bytes(job: Job) -> float:
 def gathered_for_generation(job: Job, terms: dict[str, float]) -> float:
     """ZeRO-3 (GRPOConfig.ds3_gather_for_generation, default True): the whole model less what the GPU already holds
     (its shard, counted under weights; none when the parameters are offloaded)."""
-    if job.zero_stage != 3:
+    if not job.layout.is_zero3:
         return 0.0
     return max(0.0, generation_weight_bytes(job) - terms.get("weights", 0.0))
 

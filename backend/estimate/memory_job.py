@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunedeck.backend.estimate.memory_software import Software, software_for
+from tunedeck.backend.recipe.layout import Layout
+from tunedeck.backend.recipe.vocabulary import Strategy
 from tunedeck.backend.spec import JobSpec, catalog, get_path
 from tunedeck.backend.spec.flops import REFERENCE_OBJECTIVES, sequences_per_row
-from tunedeck.backend.recipe.vocabulary import STRATEGIES, Strategy
 
 GIB = 2**30
 
@@ -68,17 +69,23 @@ def input_values(spec: JobSpec, loss: str | None = None, software: str = "tunede
     return values
 
 
+def variant(values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """The job of `values` (input_values) with some fields changed, e.g. into an advisor option: the one way
+    the estimate builds a variant. A change to a field the estimate does not read would change nothing:
+    ValueError naming it."""
+    unread = sorted(set(changes) - set(INPUT_PATHS))
+    if unread:
+        raise ValueError(f"the estimate does not read {', '.join(unread)}: add it to INPUT_PATHS")
+    return {**values, **changes}
+
+
 @dataclass
 class Job:
     arch: catalog.ModelArch
     method: str
     objective: str  # sft; dpo: two sequences (chosen, rejected) per row; dpo, kto: a reference; grpo: writes answers
     precomputed_reference: bool  # the reference's scores computed before training: no copy kept, no pass a step
-    kind: str
-    offload_optimizer: str
-    offload_params: str
-    world: int
-    machines: int
+    layout: Layout  # engine, what is sharded and offloaded, processes and machines (backend/recipe/layout.py)
     use_cpu: bool
     tokens: int  # per micro batch per GPU: with sequence parallelism, this GPU's share of the sequence
     seq_len: int
@@ -95,7 +102,6 @@ class Job:
     lora_dropout: float
     lora_targets: Any
     use_dora: bool
-    fsdp_sharding: str
     overlap_comm: bool
     reduce_bucket: int
     prefetch_bucket: int
@@ -109,7 +115,8 @@ class Job:
     completion_len: int = 0
     num_generations: int = 1
     kl_weight: float = 0.0
-    sequence_parallel: int = 1  # GPUs sharing each sequence (DeepSpeed Ulysses, SFT); 1: off
+    # GPUs sharing each sequence (DeepSpeed Ulysses): the layout's, for SFT only (the validation refuses the others)
+    sequence_parallel: int = 1
     packing: bool = True  # SFT rows packed into sequences of max_seq_length tokens
 
     @property
@@ -152,8 +159,7 @@ class Job:
         arch = catalog.lookup(v["model.name_or_path"])
         if arch is None:  # only reachable through a variant naming another model
             raise EstimateError("model.name_or_path", f"unknown model {v['model.name_or_path']!r}")
-        kind = v["strategy.kind"]
-        facts = STRATEGIES[kind]
+        layout = Layout.of_values(v)
         precision = v["training.precision"]
         bits = v["quantization.bits"] if v["method"] != "full" else None
         weight_bytes = _DTYPE_BYTES[v["model.dtype"]]
@@ -175,19 +181,14 @@ class Job:
         prefetch = v["strategy.stage3_prefetch_bucket_size"]
         # Ulysses (DeepSpeed, SFT only) shards every tensor outside attention along the sequence: each of the N
         # GPUs of a sequence holds and computes seq_len / N of its tokens (attention: all of them, heads / N).
-        sp = v.get("strategy.sequence_parallel", 1) if facts.is_deepspeed and v["objective"] == "sft" else 1
+        sp = layout.sequence_parallel if v["objective"] == "sft" else 1
         rows_tokens = v["training.per_device_train_batch_size"] * seq_len * sequences_per_row(v["objective"])
         return cls(
             arch=arch,
             method=v["method"],
             objective=v["objective"],
             precomputed_reference=v["preference.precompute_ref_log_probs"] and v["objective"] in REFERENCE_OBJECTIVES,
-            kind=kind,
-            # A strategy that cannot offload ignores the field (backend/spec/applies.py hides it).
-            offload_optimizer=v["strategy.offload_optimizer"] if facts.offload_optimizer else "none",
-            offload_params=v["strategy.offload_params"] if facts.offload_params else "none",
-            world=v["launch.num_processes"],
-            machines=v["launch.num_machines"],
+            layout=layout,
             use_cpu=v["launch.use_cpu"],
             # DPOTrainer runs each pair's chosen and rejected answers as one batch of twice the rows (both keep
             # activations); KTO's KL answer is scored without gradients.
@@ -198,7 +199,7 @@ class Job:
             precision=precision,
             optim=v["training.optim"],
             checkpointing=v["training.gradient_checkpointing"]
-            or (facts.engine == "fsdp" and v["strategy.fsdp_activation_checkpointing"]),
+            or (layout.is_fsdp and v["strategy.fsdp_activation_checkpointing"]),
             attn=v["model.attn_implementation"],
             bits=bits,
             double_quant=v["quantization.bnb_4bit_use_double_quant"],
@@ -207,7 +208,6 @@ class Job:
             lora_dropout=v["lora.lora_dropout"],
             lora_targets=v["lora.target_modules"],
             use_dora=v["lora.use_dora"],
-            fsdp_sharding=v["strategy.fsdp_sharding_strategy"],
             overlap_comm=v["strategy.overlap_comm"],
             # "auto" is what the transformers DeepSpeed integration fills in: hidden_size**2
             # and 0.9 * hidden_size**2 (HfDeepSpeedConfig / trainer_config_finalize).
@@ -231,15 +231,29 @@ class Job:
         return self.software.loss
 
     @property
+    def world(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def machines(self) -> int:
+        return self.layout.machines
+
+    @property
     def per_machine(self) -> int:
-        return max(1, self.world // self.machines)
+        return self.layout.processes_per_machine
 
     @property
     def shards(self) -> int:
-        """Ranks a sharded tensor is split over."""
-        if self.engine == "fsdp" and self.fsdp_sharding == "HYBRID_SHARD":
-            return self.per_machine  # shard inside a node, replicate across nodes
-        return self.world
+        """Ranks a sharded tensor is split over (HYBRID_SHARD: a machine's; it replicates across machines)."""
+        return self.layout.shard_group_size
+
+    @property
+    def offload_optimizer(self) -> str:
+        return self.layout.offload_optimizer
+
+    @property
+    def offload_params(self) -> str:
+        return self.layout.offload_params
 
     @property
     def trainable_params(self) -> int:
@@ -250,19 +264,7 @@ class Job:
     @property
     def strategy(self) -> Strategy:
         """The strategy table's row of the job's kind (backend/recipe/vocabulary.py)."""
-        return STRATEGIES[self.kind]
-
-    @property
-    def engine(self) -> str:
-        return self.strategy.engine
-
-    @property
-    def zero_stage(self) -> int | None:
-        return self.strategy.zero_stage
-
-    @property
-    def deepspeed(self) -> bool:
-        return self.strategy.is_deepspeed
+        return self.layout.strategy
 
     @property
     def compute_bytes(self) -> int:

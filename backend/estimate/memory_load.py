@@ -59,7 +59,7 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
         how = "every GPU first holds the whole quantized model"
         if job.strategy.shards_parameters:
             how += f", before {job.strategy.label} shards it, whatever the number of GPUs"
-    elif job.zero_stage == 3:
+    elif job.layout.is_zero3:
         on_gpu = job.offload_params == "none"
         terms = {
             "weights": job.arch.num_parameters * job.weight_bytes / job.world if on_gpu else 0.0,
@@ -70,7 +70,7 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
         if job.offload_params == "cpu":  # zero.Init places the partitions in host memory
             host += job.arch.num_parameters * job.weight_bytes / job.world * job.per_machine
         how = "zero.Init shards the weights as they load; rank 0 reads the whole checkpoint into host RAM"
-    elif job.engine == "fsdp":
+    elif job.layout.is_fsdp:
         element = _fsdp_cpu_bytes(job)
         shard = (job.arch.num_parameters * element + adapter) / job.shards
         on_gpu = job.offload_params == "none"
@@ -89,8 +89,8 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
         # (rank 0 reads its checkpoint once the model's is freed); otherwise every rank holds a whole copy in host
         # RAM beside the model's, which DDP and ZeRO-1/2 then move to the GPU whole and FSDP as a shard.
         whole = job.arch.num_parameters * job.weight_bytes
-        terms["reference"] = terms["weights"] if job.engine == "fsdp" or job.zero_stage == 3 else whole
-        host += 0.0 if job.zero_stage == 3 else whole * job.per_machine
+        terms["reference"] = terms["weights"] if job.layout.shards_parameters else whole
+        host += 0.0 if job.layout.is_zero3 else whole * job.per_machine
     terms["cuda_context"] = job.device_overhead
     return terms, host, how
 
@@ -98,7 +98,7 @@ def load_phase(job: Job) -> tuple[dict[str, float], float, str]:
 def loads_reference(job: Job) -> bool:
     """A full DPO or KTO loads a reference copy: unless its scores are computed before training, where FSDP alone
     still needs one (train.py: the model is sharded only when training starts)."""
-    return job.full_reference and (not job.precomputed_reference or job.engine == "fsdp")
+    return job.full_reference and (not job.precomputed_reference or job.layout.is_fsdp)
 
 
 def _fsdp_cpu_bytes(job: Job) -> int:

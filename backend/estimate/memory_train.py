@@ -90,7 +90,7 @@ def grads_freed_each_step(job: Job) -> bool:
     """Whether no gradient of the trained weights is alive when a step's backward starts: torch's optimizer (not
     DeepSpeed's, whose gradient partitions persist), one micro batch per optimizer step (accumulated gradients live
     across micro batches) and the gradients on the GPU."""
-    return job.method == "full" and not job.deepspeed and job.grad_accum == 1 and job.offload_params == "none"
+    return job.method == "full" and not job.layout.is_deepspeed and job.grad_accum == 1 and job.offload_params == "none"
 
 
 def zero_model_state_bytes(
@@ -145,8 +145,8 @@ def trained_states(job: Job, params: int) -> tuple[dict[str, float], tuple[float
     """weights/gradients/optimizer bytes per GPU of the trained parameters, and the
     (CPU RAM, NVMe) bytes per machine that offloading moves off the GPUs."""
     n = job.world
-    if job.deepspeed:
-        stage = job.zero_stage
+    if job.layout.is_deepspeed:
+        stage = job.layout.zero_stage
         state = _optimizer_state_bytes(job.optim, 4)  # DeepSpeed runs the optimizer on fp32 partitions
         if job.precision in ("bf16", "fp16"):
             # fp32 master weights next to the 16-bit ones (ZeRO §3.1, DeepSpeed's estimators).
@@ -176,11 +176,11 @@ def trained_states(job: Job, params: int) -> tuple[dict[str, float], tuple[float
     # DDP and FSDP: torch's optimizer on the parameters as they are stored.
     if job.method != "full":
         pbytes = job.software.adapter_bytes  # PEFT keeps adapter weights in fp32 (autocast_adapter_dtype=True)
-    elif job.engine == "fsdp" and job.precision in ("bf16", "fp16") and not job.software.pure_bf16:
+    elif job.layout.is_fsdp and job.precision in ("bf16", "fp16") and not job.software.pure_bf16:
         pbytes = 4  # accelerate upcasts trainable parameters to fp32 under FSDP mixed precision
     else:
         pbytes = job.weight_bytes
-    shards = job.shards if job.engine == "fsdp" else 1
+    shards = job.shards if job.layout.is_fsdp else 1
     states = {
         "weights": pbytes * params / shards,
         "gradients": pbytes * params / shards,
@@ -196,7 +196,7 @@ def trained_states(job: Job, params: int) -> tuple[dict[str, float], tuple[float
 def frozen_base_bytes(job: Job, notes: list) -> tuple[float, float]:
     """(parameter bytes that sharding and offload act on, replicated statistics) per GPU."""
     params, stats = frozen_base_params(job), quant_stats_bytes(job)
-    if job.zero_stage == 3 or (job.engine == "fsdp" and job.fsdp_sharding != "SHARD_GRAD_OP"):
+    if job.layout.gathers_per_layer:
         if job.bits and job.quant_storage == "uint8":
             notes.append("quantized weights stored as uint8 cannot be sharded: every GPU holds the whole base")
             return params, stats
@@ -221,7 +221,7 @@ def gathered_bytes(job: Job, at_loss: bool = False) -> float:
     (FULL_SHARD and HYBRID_SHARD reshard every layer after its forward: only the root unit is whole then)."""
     arch = job.arch
     compute = job.compute_bytes
-    if job.zero_stage == 3:
+    if job.layout.is_zero3:
         # DeepSpeed's estimator: the largest layer lives gathered in 16 bits, with its 16-bit
         # gradient when it trains (4 bytes per parameter). Its runtime keeps more where the forward turns into the
         # backward: PartitionedParameterCoordinator releases no parameter that is used again within
@@ -233,14 +233,14 @@ def gathered_bytes(job: Job, at_loss: bool = False) -> float:
         stored = frozen_base_params(job) if job.method != "full" else arch.num_parameters * compute
         element = _DTYPE_BYTES[job.quant_storage] if job.bits else compute  # 4-bit pairs packed in the storage dtype
         return max(estimator, min(job.reuse_distance * element, stored))
-    if job.engine != "fsdp":
+    if not job.layout.is_fsdp:
         return 0.0
     root = job.root_unit_bytes
     trained_grad = 4 * (job.trainable_params / arch.num_hidden_layers)  # one unit's unsharded fp32 gradient
-    if job.method == "full" and job.fsdp_sharding == "SHARD_GRAD_OP":
+    if job.method == "full" and job.layout.keeps_gathered:
         # Weights are not resharded after forward: every layer stays gathered until its backward.
         return arch.num_hidden_layers * unit_bytes(job) + root + trained_grad
-    if job.method != "full" and job.fsdp_sharding == "SHARD_GRAD_OP":
+    if job.method != "full" and job.layout.keeps_gathered:
         return root + trained_grad  # the frozen base is already counted whole under weights
     # FULL_SHARD / HYBRID_SHARD: the layer being computed and the prefetched next one; the root
     # unit (embeddings, lm_head) stays gathered through forward and backward.
@@ -250,16 +250,16 @@ def gathered_bytes(job: Job, at_loss: bool = False) -> float:
 
 
 def bucket_bytes(job: Job) -> float:
-    if job.world == 1 and job.engine == "ddp":
+    if job.layout.wrapper == "none":
         return 0.0
-    if job.engine == "ddp":
+    if job.layout.is_ddp:
         # DDP's reducer copies gradients into flat buckets as large as all trained gradients
         # (gradient_as_bucket_view is off in accelerate).
         grad_bytes = 4 if job.method != "full" else job.weight_bytes
         return job.trainable_params * grad_bytes
-    if job.deepspeed:
+    if job.layout.is_deepspeed:
         # The reduce bucket in 16-bit, doubled when communication overlaps the backward pass;
         # ZeRO-3 also prefetches the next parameters into a bucket.
-        prefetch = 2 * job.prefetch_bucket if job.zero_stage == 3 else 0
+        prefetch = 2 * job.prefetch_bucket if job.layout.is_zero3 else 0
         return (2 if job.overlap_comm else 1) * job.reduce_bucket * 2 + prefetch
     return 0.0

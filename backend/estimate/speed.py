@@ -294,18 +294,18 @@ def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int, trainable: int
     weights = frozen_base_params(job) if job.method == "qlora" else job.arch.num_parameters * job.compute_bytes
     rs = (n - 1) / n / ring  # seconds per byte of a reduce-scatter or all-gather over every rank
     backward = 2 / 3 * micro  # what gradient traffic can hide behind
-    engine, stage = job.engine, job.zero_stage
-    if engine == "ddp" or stage == 1:
+    layout = job.layout
+    if not layout.shards_gradients:  # DDP, ZeRO-1
         exposed = max(0.0, 2 * rs * grads - backward)
-        if stage == 1:
+        if layout.shards_optimizer:  # ZeRO-1
             exposed += rs * trainable * job.compute_bytes  # gathering the updated weights
-    elif stage == 2:
+    elif not layout.shards_parameters:  # ZeRO-2
         exposed = ga * max(0.0, rs * grads - backward) + rs * trainable * job.compute_bytes
-    elif engine == "deepspeed" or job.fsdp_sharding == "FULL_SHARD":
+    elif layout.gathers_per_layer and not layout.hybrid:  # ZeRO-3, FSDP FULL_SHARD
         gathers = ga * 2 * rs * weights  # forward and backward, every micro-step
-        reduce = (ga if engine == "deepspeed" else 1) * rs * grads  # FSDP skips it on no_sync micro-steps
+        reduce = (ga if layout.is_deepspeed else 1) * rs * grads  # FSDP skips it on no_sync micro-steps
         exposed = max(0.0, gathers + reduce - ga * micro)
-    elif job.fsdp_sharding == "SHARD_GRAD_OP":
+    elif layout.keeps_gathered:  # FSDP SHARD_GRAD_OP
         exposed = max(0.0, ga * rs * weights + rs * grads - ga * micro)
     else:  # HYBRID_SHARD: FULL_SHARD inside the machine, gradient shards all-reduced across machines
         local = (g - 1) / g / _bandwidth(hw, g, 1)[0] if g > 1 else 0.0
@@ -320,9 +320,9 @@ def _exposed_comms(job: Job, hw: Hardware, micro: float, ga: int, trainable: int
 def _gather_rate(job: Job, hw: Hardware) -> float:
     """Seconds per byte of an all-gather over the ranks the weights are sharded on (0 when they are not)."""
     n = job.shards
-    if n <= 1 or not (job.zero_stage == 3 or job.engine == "fsdp"):
+    if n <= 1 or not job.layout.shards_parameters:
         return 0.0
-    machines = 1 if job.engine == "fsdp" and job.fsdp_sharding == "HYBRID_SHARD" else job.machines
+    machines = 1 if job.layout.hybrid else job.machines
     return (n - 1) / n / _bandwidth(hw, job.per_machine, machines)[0]
 
 

@@ -117,7 +117,7 @@ def optimizer_seconds(job: Job, gpu: str | None, trainable: int) -> float:
     hbm = hbm_bytes_per_s(gpu)
     if hbm is None or job.offload_optimizer != "none":
         return 0.0
-    state_bytes = 4 if job.method != "full" or job.deepspeed or job.weight_bytes == 4 else job.weight_bytes
-    sharded = job.zero_stage is not None or job.engine == "fsdp"
+    state_bytes = 4 if job.method != "full" or job.layout.is_deepspeed or job.weight_bytes == 4 else job.weight_bytes
+    sharded = job.layout.shards_optimizer
     passes = OPTIMIZER_PASSES.get(job.optim, OPTIMIZER_PASSES["adamw_torch"])
     return trainable / (job.shards if sharded else 1) * passes * state_bytes / hbm

@@ -72,11 +72,11 @@ def generation_seconds(
     notes: list[str] = []
     gathered = frozen_base_params(job) if job.method == "qlora" else job.arch.num_parameters * job.compute_bytes
     once = 0.0
-    if job.zero_stage == 3:
+    if job.layout.is_zero3:
         once = gathered * gather_s_per_byte  # the whole model, once per generation
         if job.offload_params != "none":
             once += gathered / host_bytes_per_s
-    elif job.engine == "fsdp" and job.fsdp_sharding != "SHARD_GRAD_OP" and gather_s_per_byte:
+    elif job.layout.is_fsdp and job.layout.gathers_per_layer and gather_s_per_byte:
         gather = gathered * gather_s_per_byte  # every layer gathered again for each token written
         if gather > per_step:
             notes.append(

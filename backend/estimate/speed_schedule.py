@@ -83,10 +83,17 @@ def schedule_of(
     evals = steps // (t.eval_steps or t.logging_steps) if steps and eval_rows else 0
     saves = (steps // t.save_steps + 1) if steps else 0  # and the final save
     return Schedule(
-        grad_accum=t.gradient_accumulation_steps, steps=steps, steps_source=source,
-        eval_passes=evals, eval_rows=eval_rows, saves=saves, train_rows=rows or (steps or 0) * global_batch,
-        sequence_parallel=sp, data=data, origin=(spec, rows, rows_source, lengths),
-    )  # fmt: skip
+        grad_accum=t.gradient_accumulation_steps,
+        steps=steps,
+        steps_source=source,
+        eval_passes=evals,
+        eval_rows=eval_rows,
+        saves=saves,
+        train_rows=rows or (steps or 0) * global_batch,
+        sequence_parallel=sp,
+        data=data,
+        origin=(spec, rows, rows_source, lengths),
+    )
 
 
 def data_shape(spec, lengths: dict | None) -> DataShape | None:

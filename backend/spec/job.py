@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from tunedeck.backend.recipe.layout import Layout
+from tunedeck.backend.recipe.layout import FsdpSharding, Layout
 from tunedeck.backend.recipe.objectives_table import OBJECTIVES, objectives_described, section_described
 from tunedeck.backend.recipe.vocabulary import STRATEGIES, Strategy
 from tunedeck.backend.spec.env import entries_from_text, entry_name
@@ -126,7 +126,7 @@ class StrategySpec(SpecSection):
     fsdp_version: Literal[1, 2] = Field(
         2, title="FSDP version", description="FSDP implementation: 2 (per-parameter sharding, fully_shard) or 1."
     )
-    fsdp_sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"] = Field(
+    fsdp_sharding_strategy: FsdpSharding = Field(
         "FULL_SHARD",
         title="FSDP sharding",
         description="FSDP: FULL_SHARD (like ZeRO-3), SHARD_GRAD_OP (like ZeRO-2), HYBRID_SHARD (shard inside a node, replicate across nodes).",
