@@ -44,7 +44,7 @@ from tunedeck.backend.after import (
 )
 from tunedeck.backend.data import keep_upload
 from tunedeck.backend.render.serve import SERVE_FILE
-from tunedeck.backend.runs import AfterError, RunError, RunManager, list_weights
+from tunedeck.backend.runs import AfterError, RunError, RunManager, UnreadableJob, list_weights
 
 MERGED_DIR = "merged"  # under the run folder: where the page writes merged models
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -81,8 +81,8 @@ class AfterView:
         except RunError as exc:
             raise AfterError(str(exc)) from None
         job = self.manager.job(run_id)
-        if not job:
-            raise AfterError(f"run {run_id} has no readable job.yaml")
+        if isinstance(job, UnreadableJob):
+            raise AfterError(f"run {run_id}: {job.explained()}")
         return self.manager.run_dir(run_id), job
 
     def run_choices(self) -> list[tuple[str, str]]:
@@ -90,8 +90,8 @@ class AfterView:
         choices = []
         for run in self.manager.list_runs():
             job = self.manager.job(run.run_id)
-            if not job or job.get("method", "lora") not in ("lora", "qlora"):
-                continue  # damaged, or a full fine-tune: its output is already a standalone model
+            if isinstance(job, UnreadableJob) or job.method not in ("lora", "qlora"):
+                continue  # unreadable, or a full fine-tune: its output is already a standalone model
             saved = [w.name for w in list_weights(self.manager.run_dir(run.run_id), job)[1:]]
             if saved:
                 newest = "final adapter" if saved[-1] == "final" else f"{len(saved)} checkpoint{'s' * (len(saved) > 1)}"
@@ -215,7 +215,7 @@ class AfterView:
         source = data["results"][next(iter(answers))].get("data") or ""
         # Held out unless it is the training file itself ("train.jsonl [test]" is another split of it), a copy of
         # it, or rows sampled from it.
-        held_out = Path(source).name != Path(str((job.get("dataset") or {}).get("path") or "")).name
+        held_out = Path(source).name != Path(job.dataset.path).name
         held_out = held_out and not seen_in_training(run_dir, job, source)
         pairs = [(row["prompt"], row["expected"]) for row in rows]
         return _for_the_try_box(pick(pairs, source, held_out, number), conversing)
@@ -350,7 +350,7 @@ class AfterView:
             raise AfterError(f"merge name: {out_dir} already holds a merged model; choose another name")
         note = (
             " · QLoRA: merged into the base loaded in " + dtype + ", not into 4-bit weights"
-            if job.get("method") == "qlora"
+            if job.method == "qlora"
             else ""
         )
         args = {"run_id": run_id, "checkpoint": checkpoint, "out_dir": str(out_dir), "dtype": dtype}

@@ -33,8 +33,8 @@ from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates
 from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.estimate import Hardware, hardware_for, machine_facts
-from tunedeck.backend.runs import Calibration, calibration
-from tunedeck.backend.spec import gpu_row
+from tunedeck.backend.runs import Calibration, UnreadableJob, calibration
+from tunedeck.backend.spec import JobSpec, gpu_row
 
 
 @dataclass(frozen=True)
@@ -281,6 +281,8 @@ class EstimatePanel(DerivedView):
         return advice.recommendation.strategy, advice.recommendation.changes
 
 
-def measured_vs_predicted(job: dict, peaks: dict) -> str:
+def measured_vs_predicted(job: JobSpec | UnreadableJob, peaks: dict) -> str:
     """For the run view: measured peak per rank beside the prediction for the run's job."""
+    if isinstance(job, UnreadableJob):
+        return f"(memory estimate unavailable: {as_text(job.explained())})"
     return measured_markdown(job, peaks)

@@ -18,7 +18,7 @@ from tunedeck.app.charts import loss_figure, metrics_figure
 from tunedeck.app.live_progress import FOLLOW_LOG_JS, REFRESH_ID
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.run_actions import resume_shown, stacks_notice, stop_run
-from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, compared_line, run_choices, table_row
+from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, compared_line, run_choices, table_row, unreadable_line
 from tunedeck.app.run_shown import TICK_S, RunShown, charts_every_s
 from tunedeck.app.run_state_line import memory_line, progress_html, results_line, state_line
 from tunedeck.app.run_watch import RunWatches
@@ -232,7 +232,7 @@ class RunView(Section):
             out.update(
                 {
                     self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
-                    self.facts: as_text(summary.facts),
+                    self.facts: as_text(" · ".join(filter(None, (summary.facts, unreadable_line(facts))))),
                     self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}"
                     if results
                     else "",

@@ -19,11 +19,12 @@ import shutil
 from pathlib import Path
 
 from tunedeck.backend.runs.checkpoints import AfterError, Weights, consolidated_dir, output_dir
+from tunedeck.backend.spec import JobSpec
 
 SOURCE_FILE = "SOURCE.json"
 
 
-def adapter_folder(run_dir: Path, job: dict, weights: Weights, progress=None) -> Path:
+def adapter_folder(run_dir: Path, job: JobSpec, weights: Weights, progress=None) -> Path:
     """A folder PeftModel.from_pretrained loads: the checkpoint itself, or its consolidated copy."""
     if not weights.sharded:
         return weights.path
@@ -94,7 +95,7 @@ def _adapter_state(state: dict, weights: Weights) -> dict:
     return adapter
 
 
-def _adapter_config(run_dir: Path, job: dict, weights: Weights) -> dict:
+def _adapter_config(run_dir: Path, job: JobSpec, weights: Weights) -> dict:
     """adapter_config.json: the checkpoint's own, else the final save's, else rebuilt from job.yaml as train.py builds it."""
     for folder in (weights.path, output_dir(run_dir, job)):
         path = folder / "adapter_config.json"
@@ -105,7 +106,7 @@ def _adapter_config(run_dir: Path, job: dict, weights: Weights) -> dict:
     from tunedeck.backend.runs.checkpoints import base_model_path
 
     config = LoraConfig(
-        task_type="CAUSAL_LM", base_model_name_or_path=base_model_path(run_dir, job), **(job.get("lora") or {})
+        task_type="CAUSAL_LM", base_model_name_or_path=base_model_path(run_dir, job), **job.lora.model_dump()
     )
     return config.to_dict()
 

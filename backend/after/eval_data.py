@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from tunedeck.backend.runs.checkpoints import AfterError
+from tunedeck.backend.spec import JobSpec
 
 Words = Literal["cli", "page"]
 SAMPLES_DIR = "eval-data"  # under the run folder: the training rows sampled for an evaluation
@@ -66,9 +67,9 @@ def local(base: Path, path: str) -> Path:
     return candidate.resolve() if candidate.exists() else Path(path).expanduser()
 
 
-def training_file(run_dir: Path, job: dict) -> Path:
+def training_file(run_dir: Path, job: JobSpec) -> Path:
     """The run's training file: dataset.path, or, for a folder of split files, its train file."""
-    path = local(run_dir, str((job.get("dataset") or {}).get("path", "")))
+    path = local(run_dir, job.dataset.path)
     if path.is_dir():  # a folder of split files (the GRPO, DPO and KTO demos'): its train file
         path = next(iter(sorted(path.glob("train.*"))), path)
     return path
@@ -92,9 +93,9 @@ def held_out_file(train_file: Path) -> Path | None:
     return None
 
 
-def eval_source(run_dir: Path, job: dict, data_file: str | None = None) -> tuple[dict, str, str]:
+def eval_source(run_dir: Path, job: JobSpec, data_file: str | None = None) -> tuple[dict, str, str]:
     """(the dataset config that reads the evaluation data, its split, where it comes from in words)."""
-    dataset_cfg = dict(job.get("dataset") or {})
+    dataset_cfg = job.dataset.model_dump(mode="json")  # what the recipe's loaders read
     if data_file:
         path = local(Path.cwd(), data_file)
         if not path.is_file():
@@ -130,7 +131,7 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def seen_in_training(run_dir: Path, job: dict, source: str) -> str | None:
+def seen_in_training(run_dir: Path, job: JobSpec, source: str) -> str | None:
     """Why the model has seen the evaluation data `source` in training, in the page's words, or None."""
     path = Path(source)
     if path.parent == Path(run_dir).resolve() / SAMPLES_DIR:
@@ -150,15 +151,15 @@ def seen_warning(reason: str) -> str:
     )
 
 
-def sample_training_rows(run_dir: Path, job: dict, rows: int) -> Path:
+def sample_training_rows(run_dir: Path, job: JobSpec, rows: int) -> Path:
     """`rows` rows of the run's training split, sampled (the same each time), written as JSONL under the run
     folder; the evaluation reads them in the run's dataset format (their columns are the file's)."""
     from tunedeck.backend.recipe import train
 
     if rows < 1:
         raise AfterError("training rows: give a number of rows above 0, e.g. 50")
-    dataset_cfg = dict(job.get("dataset") or {})
-    dataset_cfg["path"] = str(local(run_dir, str(dataset_cfg.get("path", ""))))
+    dataset_cfg = job.dataset.model_dump(mode="json")  # what the recipe's loaders read
+    dataset_cfg["path"] = str(local(run_dir, job.dataset.path))
     try:
         dataset = train.load_split(dataset_cfg, dataset_cfg.get("split") or "train")
     except train.JobError as exc:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tunedeck.backend.after.scoring import eval_rows, has_answer, judged, order_key, question_and_answer
 from tunedeck.backend.runs.checkpoints import AfterError, Weights, list_weights
+from tunedeck.backend.spec import JobSpec
 
 BATCH_SIZE = 8
 EXTRA_NEW_TOKENS = 8  # answers may run this far past the longest expected one before they are cut
@@ -188,7 +189,7 @@ def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, ca
 
 
 def evaluate_run(
-    run_dir: Path, job: dict, names: list[str], device: str, data_file=None, limit=None, progress=None, cancel=None
+    run_dir: Path, job: JobSpec, names: list[str], device: str, data_file=None, limit=None, progress=None, cancel=None
 ) -> dict:
     """{"data": source, "results": {name: metrics}} for the named weights ("base", "final", "checkpoint-N")."""
     from tunedeck.backend.after.model_load import load_base, load_tokenizer, loaded_as, with_adapter
@@ -198,7 +199,7 @@ def evaluate_run(
     if missing:
         raise AfterError(f"the run has no {missing[0]} to evaluate (it has: {', '.join(every)})")
     rows, source = eval_rows(run_dir, job, data_file, limit)
-    max_length = int((job.get("dataset") or {}).get("max_seq_length") or 2048)
+    max_length = job.dataset.max_seq_length
     adapters = [every[n] for n in sorted(set(names), key=order_key) if not every[n].is_base]
     tokenizer = load_tokenizer(run_dir, job, adapters[-1] if adapters else every["base"])
     if progress:

@@ -25,6 +25,7 @@ from tunedeck.backend.after.scoring import (
 )
 from tunedeck.backend.recipe.train import ALPACA_PROMPT
 from tunedeck.backend.runs.checkpoints import AfterError
+from tunedeck.backend.spec import JobSpec
 
 ROWS_READ = 500  # the examples are drawn from the first rows of the data
 _ALPACA_HEAD, _ALPACA_TAIL = ALPACA_PROMPT.split("{instruction}")
@@ -77,7 +78,7 @@ def typed(prompt: object) -> dict:
     return {"prompt": text}
 
 
-def data_examples(run_dir: Path, job: dict) -> tuple[list[tuple[object, str]], str, bool]:
+def data_examples(run_dir: Path, job: JobSpec) -> tuple[list[tuple[object, str]], str, bool]:
     """(the (prompt, answer) pairs of the run's first data rows, their source, held out?)."""
     try:
         rows, source = eval_rows(run_dir, job, limit=ROWS_READ)

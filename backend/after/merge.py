@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tunedeck.backend.render.serve import ADAPTER_SUBDIR, SERVE_FILE, render_serve_sh
 from tunedeck.backend.runs.checkpoints import AfterError, Weights, base_model_path
+from tunedeck.backend.spec import JobSpec
 
 DTYPES = ("bfloat16", "float16", "float32")
 PROVENANCE_FILE = "tunedeck_merge.json"
@@ -87,26 +88,25 @@ def merge_run(
     return {**info, "out_dir": str(out_dir), "files": sorted(p.name for p in out_dir.iterdir())}
 
 
-def _provenance(run_dir: Path, job: dict, run_id: str, weights: Weights, dtype: str) -> dict:
+def _provenance(run_dir: Path, job: JobSpec, run_id: str, weights: Weights, dtype: str) -> dict:
     return {
         "run_id": run_id,
         "run_dir": str(run_dir),
         "weights": weights.name,
         "step": weights.step,
         "base_model": base_model_path(run_dir, job),
-        "method": job.get("method"),
+        "method": job.method,
         "merged_into": f"{dtype} base (not quantized)",
         "dtype": dtype,
         "merged_at": time.time(),
     }
 
 
-def _serve_script(run_dir: Path, job: dict, run_id: str, dtype: str) -> str:
-    lora = job.get("lora") or {}
+def _serve_script(run_dir: Path, job: JobSpec, run_id: str, dtype: str) -> str:
     return render_serve_sh(
         base_model=base_model_path(run_dir, job),
         served_name=f"tunedeck-{run_id}",
         dtype=dtype,
-        lora_rank=int(lora.get("r") or 16),
-        max_model_len=(job.get("dataset") or {}).get("max_seq_length"),
+        lora_rank=job.lora.r,
+        max_model_len=job.dataset.max_seq_length,
     )

@@ -12,15 +12,16 @@ from pathlib import Path
 from tunedeck.backend.after.consolidate import adapter_folder
 from tunedeck.backend.recipe import train
 from tunedeck.backend.runs.checkpoints import AfterError, Weights, base_model_path
+from tunedeck.backend.spec import JobSpec, spec_to_dict
 
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
-def load_tokenizer(run_dir: Path, job: dict, weights: Weights):
+def load_tokenizer(run_dir: Path, job: JobSpec, weights: Weights):
     """The tokenizer saved with the weights (it carries the run's chat template), else the base model's."""
 
     folder = weights.path if weights.path and any((weights.path / f).is_file() for f in TOKENIZER_FILES) else None
-    model_cfg = {**(job.get("model") or {}), "name_or_path": str(folder or base_model_path(run_dir, job))}
+    model_cfg = {**job.model.model_dump(mode="json"), "name_or_path": str(folder or base_model_path(run_dir, job))}
     try:
         tokenizer = train.load_tokenizer({"model": model_cfg})
     except (OSError, ValueError) as exc:
@@ -28,19 +29,18 @@ def load_tokenizer(run_dir: Path, job: dict, weights: Weights):
     return tokenizer  # FSDP checkpoints save none: the base's is the run's own then
 
 
-def load_base(run_dir: Path, job: dict, device: str, *, quantized: bool = True, dtype: str | None = None):
+def load_base(run_dir: Path, job: JobSpec, device: str, *, quantized: bool = True, dtype: str | None = None):
     """The base model on `device`: 4-bit/8-bit like the run when quantized, else in `dtype` (default the job's)."""
     from transformers import AutoModelForCausalLM
 
-    model_cfg = job.get("model") or {}
     path = base_model_path(run_dir, job)
     kwargs = {
-        "dtype": train.torch_dtype(dtype or model_cfg.get("dtype", "float32")),
-        "trust_remote_code": bool(model_cfg.get("trust_remote_code", False)),
+        "dtype": train.torch_dtype(dtype or job.model.dtype),
+        "trust_remote_code": job.model.trust_remote_code,
     }
-    if model_cfg.get("revision"):
-        kwargs["revision"] = model_cfg["revision"]
-    bnb = train.quantization_config(job) if quantized else None
+    if job.model.revision:
+        kwargs["revision"] = job.model.revision
+    bnb = train.quantization_config(spec_to_dict(job)) if quantized else None  # the recipe reads job.yaml's dict
     if bnb is not None:
         kwargs["quantization_config"] = bnb
         kwargs["device_map"] = {"": device}
@@ -93,7 +93,7 @@ def _refuse_prequantized(model, path: str, quantized: bool) -> None:
         )
 
 
-def with_adapter(base, run_dir: Path, job: dict, weights: Weights, progress=None, adapter_name: str = "default"):
+def with_adapter(base, run_dir: Path, job: JobSpec, weights: Weights, progress=None, adapter_name: str = "default"):
     """base wrapped in PEFT with the weights' adapter (consolidated first when sharded)."""
     from peft import PeftModel
 
@@ -105,7 +105,7 @@ def with_adapter(base, run_dir: Path, job: dict, weights: Weights, progress=None
     return PeftModel.from_pretrained(base, str(folder), adapter_name=adapter_name).eval()
 
 
-def load_model(run_dir: Path, job: dict, weights: Weights, device: str, progress=None):
+def load_model(run_dir: Path, job: JobSpec, weights: Weights, device: str, progress=None):
     """(model, tokenizer) ready to generate: the base, with the adapter unless weights is the base."""
     say = progress or (lambda *a: None)
     say("loading the tokenizer", 0, 3)

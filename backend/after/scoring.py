@@ -16,6 +16,7 @@ from pathlib import Path
 from tunedeck.backend.after.eval_data import eval_source, local
 from tunedeck.backend.recipe import train
 from tunedeck.backend.runs.checkpoints import AfterError
+from tunedeck.backend.spec import JobSpec
 
 SCORES = ("exact_match", "contains_match", "rouge_l")  # of each answer; null where the data has none
 # Where a row's answers are: a preference pair's is its chosen one (unpaired ones: the answers labelled good).
@@ -27,7 +28,7 @@ ANSWER_FIELDS = {
 
 
 def eval_rows(
-    run_dir: Path, job: dict, data_file: str | None = None, limit: int | None = None
+    run_dir: Path, job: JobSpec, data_file: str | None = None, limit: int | None = None
 ) -> tuple[list[dict], str]:
     """(rows in TRL's columns: prompt/completion, text or messages; where they came from). Which data:
     backend/after/eval_data.py (NoEvalData when the run has none)."""
@@ -35,11 +36,11 @@ def eval_rows(
     return _read_rows(dataset_cfg, split, source, limit, answers_optional=True), source
 
 
-def training_rows(run_dir: Path, job: dict, limit: int | None = None) -> tuple[list[dict], str]:
+def training_rows(run_dir: Path, job: JobSpec, limit: int | None = None) -> tuple[list[dict], str]:
     """(the first rows of the run's training split in TRL's columns; where they came from)."""
-    dataset_cfg = dict(job.get("dataset") or {})
-    dataset_cfg["path"] = str(local(run_dir, str(dataset_cfg.get("path", ""))))
-    split = dataset_cfg.get("split") or "train"
+    dataset_cfg = job.dataset.model_dump(mode="json")  # what the recipe's loaders read
+    dataset_cfg["path"] = str(local(run_dir, job.dataset.path))
+    split = job.dataset.split or "train"
     return _read_rows(dataset_cfg, split, dataset_cfg["path"], limit, "training data"), dataset_cfg["path"]
 
 

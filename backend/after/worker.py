@@ -88,6 +88,7 @@ class Worker:
 
     def _run(self, args: dict):
         from tunedeck.backend.runs.checkpoints import AfterError
+        from tunedeck.backend.runs.job_file import UnreadableJob
         from tunedeck.backend.runs.manager import RunError, RunManager
 
         manager = RunManager(args["runs_dir"])
@@ -97,8 +98,8 @@ class Worker:
         except RunError as exc:
             raise AfterError(str(exc)) from None
         job = manager.job(args["run_id"])
-        if not job:
-            raise AfterError(f"run {args['run_id']} has no readable job.yaml")
+        if isinstance(job, UnreadableJob):
+            raise AfterError(f"run {args['run_id']}: {job.explained()}")
         return run_dir, job
 
     def _weights(self, run_dir, job, args):
@@ -113,7 +114,7 @@ class Worker:
         run_dir, job = self._run(args)
         weights = self._weights(run_dir, job, args)
         self.model, self.tokenizer = load_model(run_dir, job, weights, args["device"], progress)
-        fmt = (job.get("dataset") or {}).get("format", "text")
+        fmt = job.dataset.format
         has_chat = bool(getattr(self.tokenizer, "chat_template", None))
         self.loaded = {
             "weights": weights.name,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tunedeck.backend.after.prompting import GenerationSettings
 from tunedeck.backend.after.worker_device import Placement, place
+from tunedeck.backend.spec import JobSpec
 
 DEFAULT_IDLE_TIMEOUT_S = 900.0
 LOG_TAIL_CHARS = 2000
@@ -199,8 +200,9 @@ class Worker:
         self._log.close()
 
 
-def _job(runs_dir: Path, run_id: str) -> dict:
+def _job(runs_dir: Path, run_id: str) -> JobSpec:
     from tunedeck.backend.runs.checkpoints import AfterError
+    from tunedeck.backend.runs.job_file import UnreadableJob
     from tunedeck.backend.runs.manager import RunError, RunManager
 
     manager = RunManager(runs_dir)
@@ -209,8 +211,8 @@ def _job(runs_dir: Path, run_id: str) -> dict:
     except RunError as exc:
         raise AfterError(str(exc)) from None
     job = manager.job(run_id)
-    if not job:
-        raise AfterError(f"run {run_id} has no readable job.yaml")
+    if isinstance(job, UnreadableJob):
+        raise AfterError(f"run {run_id}: {job.explained()}")
     return job
 
 
@@ -285,7 +287,9 @@ class ModelWorker(Worker):
             stream.close()  # abandoned early: cancels the answer in the worker
 
 
-def run_task(op: str, args: dict, job: dict, runs_dir, on_event=None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S):
+def run_task(
+    op: str, args: dict, job: JobSpec, runs_dir, on_event=None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+):
     """Start a worker, run one evaluate or merge request on the best device, and end the worker."""
     from tunedeck.backend.after.evaluate import BATCH_SIZE
 

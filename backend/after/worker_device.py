@@ -18,6 +18,7 @@ from tunedeck.backend.estimate.memory_job import (
     input_values,
     quant_stats_bytes,
 )
+from tunedeck.backend.spec import JobSpec
 
 GENERATED_TOKENS = 512
 HEADROOM = 1.15  # the allocator's fragmentation and what the estimate leaves out
@@ -31,14 +32,11 @@ class Placement:
     need_gb: float | None
 
 
-def inference_gb(job: dict, batch: int = 1) -> float | None:
+def inference_gb(job: JobSpec, batch: int = 1) -> float | None:
     """GiB a model of this job needs on one GPU to answer `batch` full-length prompts at once; None when its architecture is unknown."""
-    from tunedeck.backend.spec import SpecError, spec_from_dict
-
     try:
-        values = input_values(spec_from_dict(job))
-        est = Job.from_values(values)
-    except (SpecError, ValueError, KeyError, TypeError):
+        est = Job.from_values(input_values(job))
+    except (ValueError, KeyError, TypeError):
         return None
     arch = est.arch
     tokens = est.seq_len + GENERATED_TOKENS
@@ -86,7 +84,9 @@ def _free_gb(nvml) -> dict[int, float]:
         nvml.nvmlShutdown()
 
 
-def place(job: dict, runs_dir: Path, taken: set[int] | frozenset = frozenset(), nvml=None, batch: int = 1) -> Placement:
+def place(
+    job: JobSpec, runs_dir: Path, taken: set[int] | frozenset = frozenset(), nvml=None, batch: int = 1
+) -> Placement:
     """The GPU with the most free memory that fits and is free of runs and other workers, else the CPU with a warning."""
     free = _free_gb(nvml)
     if not free:

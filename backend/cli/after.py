@@ -78,7 +78,7 @@ def fail(message: str, code: int = 2) -> int:
 
 def resolve_run(args, base: bool = False):
     """(runs_dir, job, weights) of RUN and --checkpoint; AfterError when they do not exist."""
-    from tunedeck.backend.runs import AfterError, RunError, select
+    from tunedeck.backend.runs import AfterError, RunError, UnreadableJob, select
 
     manager = _manager(args)
     try:
@@ -86,8 +86,8 @@ def resolve_run(args, base: bool = False):
     except RunError as exc:
         raise AfterError(str(exc)) from None
     job = manager.job(args.run_id)
-    if not job:
-        raise AfterError(f"run {args.run_id} has no readable job.yaml")
+    if isinstance(job, UnreadableJob):
+        raise AfterError(f"run {args.run_id}: {job.explained()}")
     weights = select(manager.run_dir(args.run_id), job, args.run_id, args.checkpoint, base)
     return manager.runs_dir, job, weights
 
@@ -222,8 +222,8 @@ def _merge(args) -> int:
 
     runs_dir, job, weights = resolve_run(args)
     out_dir = check_output_dir(args.out_dir)  # before anything loads
-    dtype = args.dtype or (job.get("model") or {}).get("dtype") or "bfloat16"
-    if job.get("method") == "qlora":
+    dtype = args.dtype or job.model.dtype
+    if job.method == "qlora":
         print(
             "QLoRA run: the adapter is merged into the base loaded in " + dtype + ", not into 4-bit weights",
             file=sys.stderr,

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from tunedeck.backend.cli.after import Progress, add_run_arguments, handled, resolve_run
+from tunedeck.backend.spec import JobSpec
 
 # The session lasts as long as this command: no idle timeout to cut a slow typist off.
 CHAT_IDLE_TIMEOUT_S = 7 * 24 * 3600.0
@@ -113,7 +114,7 @@ def _answer(worker, prompt: str, settings, template: str, history: list, system:
         return ""
 
 
-def _example(runs_dir, job: dict, args):
+def _example(runs_dir, job: JobSpec, args):
     """The example --example names (None without it); --prompt and --example exclude each other."""
     if args.example is None:
         return None
@@ -126,12 +127,12 @@ def _example(runs_dir, job: dict, args):
     return pick(*data_examples(Path(runs_dir) / args.run_id, job), args.example or None)
 
 
-def _check_system(args, job: dict) -> None:
+def _check_system(args, job: JobSpec) -> None:
     """--system needs the chat template: said before the model loads."""
     from tunedeck.backend.after import resolve_template
     from tunedeck.backend.runs import AfterError
 
-    fmt = (job.get("dataset") or {}).get("format", "")
+    fmt = job.dataset.format
     if args.system is not None and resolve_template(args.template, fmt, has_chat_template=True) != "chat":
         raise AfterError(
             f"--system: the {fmt or 'run'} data's prompts are not wrapped in a chat template, which is where a "

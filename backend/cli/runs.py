@@ -12,8 +12,10 @@ from tunedeck.backend.cli.follow import follow
 from tunedeck.backend.runs import (
     ACTIVE_STATES,
     RunSummary,
+    UnreadableJob,
     breakdown,
     format_clock,
+    job_fields,
     phase_now,
     read_notes,
     read_phases,
@@ -114,6 +116,10 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
         print(f"no runs in {manager.runs_dir}")
         return 0
     rows = [("ID", "NAME", "STATE", "WHERE", "STEP", "LOSS", "STARTED", "TITLE")]
+
+    def unreadable(run) -> bool:
+        return isinstance(manager.job(run.run_id), UnreadableJob)
+
     for run in runs:
         summary = _summary(manager, run)
         rows.append(
@@ -125,7 +131,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
                 summary.steps if summary else _starting(manager, run),
                 (summary.measure if summary else "") or "-",  # a GRPO run's: its last reward
                 time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at)) if run.started_at else "-",
-                run.title,
+                run.title + (" (job.yaml not readable: see runs show)" if unreadable(run) else ""),
             )
         )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -144,7 +150,8 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     run = read_records(manager.run_dir(args.run_id))
-    summary = summarize(run, status.started_at, status.ended_at, job=manager.job(args.run_id))
+    job = manager.job(args.run_id)
+    summary = summarize(run, status.started_at, status.ended_at, job=job)
     notes = read_notes(manager.run_dir(args.run_id))
     print(f"run      {status.run_id}")
     if notes.name:
@@ -152,6 +159,8 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     print(f"title    {status.title}")
     print(f"state    {status.state}" + (f" (exit code {status.exit_code})" if status.exit_code is not None else ""))
     print(f"folder   {manager.run_dir(args.run_id)}")
+    if isinstance(job, UnreadableJob):
+        print(f"job      {shown(job.explained(), limit=600)}")
     if status.where:
         label = "slurm" if status.slurm else "stalled" if status.stalled else "warning" if status.warning else "queue"
         print(f"{label:<8} {status.where}")
@@ -288,7 +297,7 @@ def cmd_runs_diff(args: argparse.Namespace) -> int:
 
     manager = _manager(args)
     try:
-        jobs = [manager.job(manager.status(run_id).run_id) for run_id in (args.run_id, args.other)]
+        jobs = [job_fields(manager.run_dir(manager.status(run_id).run_id)) for run_id in (args.run_id, args.other)]
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -23,9 +23,9 @@ from tunedeck.backend.runs.folder import (
     RunRecords,
     is_number,
     rank_log,
-    read_job,
     read_records,
 )
+from tunedeck.backend.runs.job_file import UnreadableJob, job_fields, read_job
 from tunedeck.backend.runs.lineage import Lineage
 from tunedeck.backend.runs.manager import RunError, RunManager, RunStatus
 from tunedeck.backend.runs.notes import NAME_MAX_CHARS, NotesError, RunNotes, read_notes, write_notes
@@ -93,6 +93,7 @@ __all__ = [
     "StacksError",
     "SweepError",
     "TextTail",
+    "UnreadableJob",
     "answers_markdown",
     "behind_now",
     "breakdown",
@@ -107,6 +108,7 @@ __all__ = [
     "is_number",
     "is_smoke_job",
     "job_differences",
+    "job_fields",
     "job_problems",
     "label",
     "latest_answers",

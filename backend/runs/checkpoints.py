@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunedeck.backend.spec import JobSpec
+
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-([0-9]+)$")
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 CONSOLIDATED_DIR = "consolidated"  # under the run folder
@@ -53,14 +55,14 @@ class Weights:
         return what + sharded
 
 
-def output_dir(run_dir: Path, job: dict) -> Path:
+def output_dir(run_dir: Path, job: JobSpec) -> Path:
     """The run's output folder: output_dir from job.yaml, relative ones taken from the run folder."""
-    return (Path(run_dir) / Path(str(job.get("output_dir") or "output")).expanduser()).resolve()
+    return (Path(run_dir) / Path(job.output_dir).expanduser()).resolve()
 
 
-def base_model_path(run_dir: Path, job: dict) -> str:
+def base_model_path(run_dir: Path, job: JobSpec) -> str:
     """model.name_or_path as the run loaded it: a relative local folder is taken from the run folder."""
-    name = str((job.get("model") or {}).get("name_or_path") or "")
+    name = job.model.name_or_path
     if not name:
         raise AfterError("job.yaml has no model.name_or_path: the run's job is damaged")
     local = Path(run_dir) / Path(name).expanduser()
@@ -83,7 +85,7 @@ def layout_of(folder: Path) -> str | None:
     return None
 
 
-def list_weights(run_dir: Path, job: dict) -> list[Weights]:
+def list_weights(run_dir: Path, job: JobSpec) -> list[Weights]:
     """The base, then every checkpoint by step, then the final adapter (when saved)."""
     found = [Weights("base", None, None, "base")]
     out = output_dir(run_dir, job)
@@ -103,8 +105,8 @@ def list_weights(run_dir: Path, job: dict) -> list[Weights]:
     return found
 
 
-def check_adapter_run(job: dict, run_id: str) -> None:
-    method = job.get("method", "lora")
+def check_adapter_run(job: JobSpec, run_id: str) -> None:
+    method = job.method
     if method not in ADAPTER_METHODS:
         raise AfterError(
             f"run {run_id} trained the whole model (method {method}); trying, evaluating and merging cover LoRA "
@@ -112,7 +114,7 @@ def check_adapter_run(job: dict, run_id: str) -> None:
         )
 
 
-def select(run_dir: Path, job: dict, run_id: str, checkpoint: int | None = None, base: bool = False) -> Weights:
+def select(run_dir: Path, job: JobSpec, run_id: str, checkpoint: int | None = None, base: bool = False) -> Weights:
     """The weights a command asked for: the base, checkpoint-N, or the final adapter (else the newest checkpoint)."""
     check_adapter_run(job, run_id)
     every = list_weights(run_dir, job)
@@ -126,7 +128,7 @@ def select(run_dir: Path, job: dict, run_id: str, checkpoint: int | None = None,
             raise AfterError(f"--checkpoint: run {run_id} has no checkpoint {checkpoint} (its checkpoints: {steps})")
         return match
     if not saved:
-        every_n = (job.get("training") or {}).get("save_steps")
+        every_n = job.training.save_steps
         raise AfterError(
             f"run {run_id} has saved no adapter yet (nothing in {output_dir(run_dir, job)}): wait for its first "
             f"checkpoint (training.save_steps = {every_n}) or for the end of training"

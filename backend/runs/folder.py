@@ -32,11 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, TypedDict  # pydantic needs this TypedDict on Python < 3.12
 
-from tunedeck.backend.render.launch import JOB_FILE  # the bundle's name for it
 from tunedeck.backend.runs.supervisor import json_objects  # the supervisor's reading of the same lines
 from tunedeck.backend.runs.tail import LineTail
 
@@ -391,12 +389,3 @@ def last_written(run_dir: Path) -> float:
     """When the run last wrote anything: the end time of a run whose supervisor could not record it."""
     paths = [run_dir / name for name in (METRICS_FILE, ERRORS_FILE, LAUNCHER_LOG)]
     return max((path.stat().st_mtime for path in paths if path.is_file()), default=time.time())
-
-
-def read_job(run_dir: Path) -> dict:
-    """The run's job.yaml as a dict ({} when it is missing or damaged)."""
-    try:
-        job = yaml.safe_load((run_dir / JOB_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
-        return {}
-    return job if isinstance(job, dict) else {}

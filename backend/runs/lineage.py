@@ -15,14 +15,16 @@ from pathlib import Path
 
 from tunedeck.backend.runs.checkpoints import output_dir
 from tunedeck.backend.runs.folder import LogRecord, RunRecords
+from tunedeck.backend.runs.job_file import UnreadableJob
 from tunedeck.backend.runs.manager import RunError, RunManager
+from tunedeck.backend.spec import JobSpec
 
 MAX_CHAIN = 20  # resumes of resumes followed back, at most
 
 
-def resumes(job: dict) -> bool:
+def resumes(job: JobSpec | UnreadableJob) -> bool:
     """Whether a run's job continues from a checkpoint in its output folder."""
-    return bool((job.get("training") or {}).get("resume_from_checkpoint"))
+    return isinstance(job, JobSpec) and bool(job.training.resume_from_checkpoint)
 
 
 def forebears(manager: RunManager, run_id: str) -> list[str]:
@@ -33,7 +35,8 @@ def forebears(manager: RunManager, run_id: str) -> list[str]:
     def output_of(rid: str) -> Path | None:
         if rid not in outputs:
             try:
-                outputs[rid] = output_dir(manager.run_dir(rid), manager.job(rid))
+                job = manager.job(rid)
+                outputs[rid] = output_dir(manager.run_dir(rid), job) if isinstance(job, JobSpec) else None
             except (RunError, OSError, ValueError):
                 outputs[rid] = None
         return outputs[rid]
@@ -70,10 +73,12 @@ class Lineage:
         self._chains: dict[str, list[str]] = {}
         self._lock = threading.Lock()
 
-    def records_before(self, run_id: str, job: dict, run: RunRecords, read: Callable[[str], RunRecords]) -> list:
+    def records_before(
+        self, run_id: str, job: JobSpec | UnreadableJob | None, run: RunRecords, read: Callable[[str], RunRecords]
+    ) -> list:
         """The forebears' log records before `run` (the records of run `run_id`, whose job is `job`); [] for a run
-        that resumed nothing."""
-        if not resumes(job):
+        that resumed nothing (or whose job is not read yet)."""
+        if job is None or not resumes(job):
             return []
         with self._lock:
             chain = self._chains.get(run_id)

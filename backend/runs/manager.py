@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tunedeck.backend.runs import folder as run_folder
@@ -40,12 +41,13 @@ from tunedeck.backend.runs.folder import (
     DamagedStatus,
     read_status_file,
 )
+from tunedeck.backend.runs.job_file import UnreadableJob, read_job
 from tunedeck.backend.runs.launch import accelerate_command, inherited_env, launch_args, rank_env
 from tunedeck.backend.runs.slurm_jobs import SlurmUnavailable
 from tunedeck.backend.runs.status import RunError, RunStatus  # RunError: its home, which preflight imports too
 from tunedeck.backend.runs.summary import run_title
 from tunedeck.backend.runs.supervisor import is_alive, write_status
-from tunedeck.backend.spec import spec_to_dict
+from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.spec.problem import refuses_start
 
 DEFAULT_GRACE_S = 60.0
@@ -162,7 +164,7 @@ class RunManager:
         gpus: list[int] | None,
         env_changes: dict[str, str],
         backend: str = "local",
-        waits_for: list[str] = (),
+        waits_for: Sequence[str] = (),
     ) -> str:
         """Write the whole run folder under a hidden name, then rename it: a full disk leaves nothing behind."""
         from tunedeck.backend.render import render_bundle, write_bundle
@@ -175,7 +177,7 @@ class RunManager:
             # The environment tunedeck set on top of its own (PATH only gains the venv's bin).
             env = {k: v for k, v in env_changes.items() if k != "PATH"}
             stall = run_folder.stall_settings(spec.launch) if backend == "local" else None  # Slurm runs have none
-            status = run_folder.queued_status(run_id, run_title(spec_to_dict(spec)), argv, gpus, env, waits_for, stall)
+            status = run_folder.queued_status(run_id, run_title(spec), argv, gpus, env, waits_for, stall)
             queued_clock = {"created_monotonic": time.monotonic(), "created_in_boot": supervisor.boot_id()}
             write_status(staging, {**status, **queued_clock, "backend": backend})
             run_folder.write_reserve(staging)  # room for the final status if training fills the disk
@@ -393,6 +395,6 @@ class RunManager:
                 return run.run_id
         return None
 
-    def job(self, run_id: str) -> dict:
-        """The run's job.yaml as a dict ({} when it is missing or damaged)."""
-        return run_folder.read_job(self.run_dir(run_id))
+    def job(self, run_id: str) -> JobSpec | UnreadableJob:
+        """The run's job.yaml as its JobSpec, or why it does not read as one (missing, damaged, another version)."""
+        return read_job(self.run_dir(run_id))

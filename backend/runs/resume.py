@@ -18,9 +18,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunedeck.backend.runs.checkpoints import CHECKPOINT_PATTERN, output_dir
-from tunedeck.backend.runs.folder import ACTIVE_STATES, read_job
+from tunedeck.backend.runs.folder import ACTIVE_STATES
+from tunedeck.backend.runs.job_file import UnreadableJob, read_job
 from tunedeck.backend.runs.manager import RunError, RunManager
 from tunedeck.backend.runs.notes import NAME_MAX_CHARS, read_notes, write_notes
+from tunedeck.backend.spec import JobSpec
 
 RESUMABLE_STATES = ("stopped", "failed")
 
@@ -44,8 +46,8 @@ def resume_spec(manager: RunManager, run_id: str):
         raise RunError(f"run {run_id} is {status.state}: only a stopped or failed run can be resumed")
     run_dir = manager.run_dir(run_id)
     job = read_job(run_dir)
-    if not job:
-        raise RunError(f"run {run_id} has no readable job.yaml in {run_dir}: there is no job to continue")
+    if isinstance(job, UnreadableJob):
+        raise RunError(f"run {run_id} cannot be continued: {job.explained()}")
     output = output_dir(run_dir, job)
     found = newest_checkpoint(output)
     if found is None:
@@ -56,12 +58,13 @@ def resume_spec(manager: RunManager, run_id: str):
     for other in manager.list_runs():
         if (
             other.state in ACTIVE_STATES
-            and output_dir(manager.run_dir(other.run_id), manager.job(other.run_id)) == output
+            and isinstance(other_job := manager.job(other.run_id), JobSpec)
+            and output_dir(manager.run_dir(other.run_id), other_job) == output
         ):
             raise RunError(f"run {other.run_id} is already writing to {output}: stop it, or wait until it ends")
     try:
         spec = set_paths(job, {"training.resume_from_checkpoint": True, "output_dir": str(output)})
-    except SpecError as exc:
+    except SpecError as exc:  # a value set_paths refuses in this job
         raise RunError(f"run {run_id}'s job.yaml is not a valid job for this tunedeck: {exc}") from None
     return spec, found[0]
 

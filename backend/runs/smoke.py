@@ -29,11 +29,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tunedeck.backend.recipe.vocabulary import column_fields
 from tunedeck.backend.runs.folder import read_records
+from tunedeck.backend.runs.job_file import UnreadableJob
 from tunedeck.backend.runs.summary import Verdict, verdict
 from tunedeck.backend.spec import PACKAGE_DIR, JobSpec, catalog, demo_home, set_paths
 from tunedeck.backend.spec.mix import mix_sources
-from tunedeck.backend.recipe.vocabulary import column_fields
 
 STEPS = 3
 MIX_ROWS = 8  # of each dataset.mix source
@@ -192,10 +193,9 @@ def start_smoke_run(manager, spec: JobSpec) -> str:
     return manager.start(smoke)
 
 
-def is_smoke_job(job: dict) -> bool:
-    """A run's job.yaml (as a dict) is a smoke run's: its model is one of the tiny models."""
-    model = str((job.get("model") or {}).get("name_or_path", ""))
-    return Path(model).expanduser().parent == smoke_home()
+def is_smoke_job(job: JobSpec | UnreadableJob) -> bool:
+    """A run's job is a smoke run's: its model is one of the tiny models."""
+    return isinstance(job, JobSpec) and Path(job.model.name_or_path).expanduser().parent == smoke_home()
 
 
 # ---------------------------------------------------------------- the tiny model

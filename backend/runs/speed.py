@@ -12,17 +12,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tunedeck.backend.estimate.memory import estimate
 from tunedeck.backend.estimate.memory_job import EstimateError, Job, input_values
 from tunedeck.backend.estimate.speed import Hardware, predict, schedule_of
 from tunedeck.backend.estimate.speed_data import DataShape
-from tunedeck.backend.runs.folder import DamagedStatus, is_number, read_job, read_records, read_status_file
+from tunedeck.backend.runs.folder import DamagedStatus, is_number, read_records, read_status_file
+from tunedeck.backend.runs.job_file import read_job
 from tunedeck.backend.runs.startup import FIRST_STEP, read_phases
 from tunedeck.backend.runs.summary import format_clock
-from tunedeck.backend.spec import SpecError, parse_spec
+from tunedeck.backend.spec import JobSpec, SpecError
 from tunedeck.backend.spec.flops import gpu_row
 
 RUNS_CALIBRATED = 5  # the last runs a correction is taken from
@@ -55,7 +58,7 @@ class RunComparison:
         if self.measured_peak_gb:
             error = (self.measured_peak_gb - self.predicted_peak_gb) / self.predicted_peak_gb
             text += f"; peak {self.measured_peak_gb:.1f} GB allocated vs {self.predicted_peak_gb:.1f} ({error:+.0%})"
-        if self.startup_error is not None:
+        if self.startup_error is not None and self.measured_to_step1_s and self.predicted_to_step1_s:
             text += (
                 f"; step 1 began {format_clock(self.measured_to_step1_s)} after the launch vs "
                 f"{format_clock(self.predicted_to_step1_s)} predicted ({self.startup_error:+.0%})"
@@ -122,11 +125,13 @@ def _compare_files(run_dir: Path, stamps: tuple) -> RunComparison | None:
         return None
     row = gpu_row(run.start.get("gpu_name") or "")
     world = run.start.get("world_size") or 1
-    rates = [r["tokens_per_second"] for r in run.records if is_number(r.get("tokens_per_second"))]
+    rates = [rate for r in run.records if is_number(rate := r.get("tokens_per_second"))]
     if row is None or len(rates) < 2:
         return None
     try:
-        spec = parse_spec(read_job(run_dir))
+        spec = read_job(run_dir)
+        if not isinstance(spec, JobSpec):
+            return None  # a job of another version: nothing to predict it with
         job = Job.from_values(input_values(spec))
         schedule = schedule_of(spec, None)
         trained = _trained_rows(spec, run.records)
@@ -138,7 +143,7 @@ def _compare_files(run_dir: Path, stamps: tuple) -> RunComparison | None:
         return None
     if speed is None:
         return None
-    peaks = [max(r["gpu_peak_allocated_gb"]) for r in run.records if r.get("gpu_peak_allocated_gb")]
+    peaks = [max(peak) for r in run.records if (peak := r.get("gpu_peak_allocated_gb"))]
     return RunComparison(
         run_id=Path(run_dir).name,
         gpu=row[0],
@@ -152,7 +157,7 @@ def _compare_files(run_dir: Path, stamps: tuple) -> RunComparison | None:
     )
 
 
-def _trained_rows(spec, records: list[dict]) -> DataShape | None:
+def _trained_rows(spec, records: Sequence[Mapping[str, Any]]) -> DataShape | None:
     """The tokens a sequence of the run held on average, from its logged token count (TRL's num_tokens: the tokens
     trained by every rank, padding left out) over its steps and global batch; None when the logs do not say. The
     padding a run computed is not logged: packed (padding-free) and length-grouped rows have next to none."""

@@ -19,8 +19,10 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
-from tunedeck.backend.runs.folder import LOGS_DIR, RunRecords, read_job
+from tunedeck.backend.runs.folder import LOGS_DIR, RunRecords
+from tunedeck.backend.runs.job_file import UnreadableJob, read_job
 from tunedeck.backend.runs.summary import format_clock
+from tunedeck.backend.spec import JobSpec
 
 STARTUP_FILE = "startup.json"  # train.py's copy of the name: STARTUP_FILE
 RANK_STARTUP_FILE = "rank{rank}.startup.json"  # under logs/, every rank but 0; train.py's copy: RANK_STARTUP_FILE
@@ -73,15 +75,18 @@ def behind_now(run_dir: Path, phases: list[tuple[str, float]], now: float) -> st
     return ranks_behind(run_dir, phases, read_job(run_dir), now)
 
 
-def ranks_behind(run_dir: Path, phases: list[tuple[str, float]], job: dict, now: float) -> str | None:
+def ranks_behind(
+    run_dir: Path, phases: list[tuple[str, float]], job: JobSpec | UnreadableJob, now: float
+) -> str | None:
     """'rank 3 on gpu-b still loading the model for 2:10 (2 ranks behind)' or 'ranks 4-7 of 8 have not started':
     the ranks that have entered fewer phases than rank 0 (whose `phases` these are); None when none is behind.
 
     A rank with no file has not started only where every rank writes to this run folder: one machine, or Slurm
     (whose runs folder every node shares). Machines started by hand may run the bundle in a folder of their own."""
-    launch = job.get("launch") or {}
-    world = int(launch.get("num_processes") or 1)
-    sees_every_rank = int(launch.get("num_machines") or 1) == 1 or launch.get("backend") == "slurm"
+    if isinstance(job, UnreadableJob):
+        return None  # how many ranks there are is in the job
+    world = job.launch.num_processes
+    sees_every_rank = job.launch.num_machines == 1 or job.launch.backend == "slurm"
     host0 = _read_phases_file(run_dir / STARTUP_FILE)[0]
     behind, not_started = [], []
     for rank in range(1, world):
@@ -131,16 +136,16 @@ def current_phase(phases: list[tuple[str, float]], now: float) -> str | None:
     return None if phase is None else f"{phase} for {format_clock(max(0.0, now - phases[-1][1]))}"
 
 
-def join_hint(job: dict) -> str:
+def join_hint(job: JobSpec | UnreadableJob) -> str:
     """What keeps the process group from forming, for a run whose ranks have waited long: a machine not started
     (by hand), or one that cannot reach machine 0's port."""
-    launch = job.get("launch") or {}
-    machines, port = int(launch.get("num_machines") or 1), launch.get("main_process_port", 29500)
-    if machines == 1:
+    if isinstance(job, UnreadableJob) or job.launch.num_machines == 1:
         return "a process has not joined: its log under logs/ says why"
-    if launch.get("backend") == "slurm":
+    launch = job.launch
+    machines, port = launch.num_machines, launch.main_process_port
+    if launch.backend == "slurm":
         return f"the {machines} nodes must reach the first one on port {port} (launch.main_process_port)"
-    where = f"{launch.get('main_process_ip') or 'machine 0'}:{port}"
+    where = f"{launch.main_process_ip or 'machine 0'}:{port}"
     return f"each of the {machines} machines must run launch.sh with its own MACHINE_RANK and reach {where}"
 
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunedeck.backend.recipe.objectives_table import OBJECTIVES
-from tunedeck.backend.runs.folder import RunRecords, StartRecord, is_number
+from tunedeck.backend.runs.folder import RunRecords, StartRecord
+from tunedeck.backend.runs.job_file import UnreadableJob
+from tunedeck.backend.spec import JobSpec
 
 
 def format_clock(seconds: float) -> str:
@@ -32,16 +34,14 @@ def format_clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def run_title(job: dict) -> str:
+def run_title(job: JobSpec) -> str:
     """A job in one line, the title of its run: model · method (and DPO) · strategy · processes."""
-    model = str((job.get("model") or {}).get("name_or_path", "?"))
+    model = job.model.name_or_path
     if os.path.isabs(model) or model.startswith("."):
         model = "/".join(Path(model).parts[-2:])  # a local folder: its last two names say enough
-    strategy, launch = job.get("strategy") or {}, job.get("launch") or {}
-    where = "CPU" if launch.get("use_cpu") else "GPU"
-    objective = job.get("objective") or "sft"
-    method = f"{job.get('method', '?')}{'' if objective == 'sft' else f' {objective}'}"
-    return f"{model} · {method} · {strategy.get('kind', '?')} · {launch.get('num_processes', 1)}x{where}"
+    where = "CPU" if job.launch.use_cpu else "GPU"
+    method = f"{job.method}{'' if job.objective == 'sft' else f' {job.objective}'}"
+    return f"{model} · {method} · {job.strategy.kind} · {job.launch.num_processes}x{where}"
 
 
 # ---------------------------------------------------------------- what the run got
@@ -50,11 +50,9 @@ def run_title(job: dict) -> str:
 def strategy_label(start: StartRecord) -> str:
     """The strategy the run really got, from its start record: "DeepSpeed ZeRO-3", "FSDP2", "DDP"."""
     kind = start.get("distributed_type")
-    if start.get("zero_stage") is not None:
+    if (stage := start.get("zero_stage")) is not None:
         per_sequence = start.get("sequence_parallel") or 1
-        return f"DeepSpeed ZeRO-{start['zero_stage']}" + (
-            f" + {per_sequence} GPUs per sequence" if per_sequence > 1 else ""
-        )
+        return f"DeepSpeed ZeRO-{stage}" + (f" + {per_sequence} GPUs per sequence" if per_sequence > 1 else "")
     if kind == "DEEPSPEED":
         return "DeepSpeed"
     if kind == "FSDP" or start.get("fsdp"):
@@ -79,21 +77,20 @@ def _ranks(start: StartRecord, always_machines: bool = False) -> str:
     return text
 
 
-def grpo_facts(start: StartRecord, job: dict | None = None) -> str:
+def grpo_facts(start: StartRecord, job: JobSpec | UnreadableJob | None = None) -> str:
     """A GRPO run's objective: 'GRPO, rewards: exact_answer, close_answer · reference: none (grpo.beta 0)' (the
     rewards are the job's, job.yaml's grpo.rewards; your own reward by its file's name and function)."""
-    grpo = (job or {}).get("grpo") or {}
-    rewards = grpo.get("rewards")
-    rewards = [rewards] if isinstance(rewards, str) else rewards if isinstance(rewards, list) else []
-    text = "GRPO" + (f", rewards: {', '.join(Path(str(r)).name for r in rewards)}" if rewards else "")
-    beta = grpo.get("beta")
-    beta = f" (grpo.beta {beta:g})" if is_number(beta) else ""
-    if not start.get("reference"):  # train.py's reference_model: None without a KL weight
+    grpo = job.grpo if isinstance(job, JobSpec) else None  # no job, or one of another version: no rewards named
+    rewards = grpo.rewards if grpo else []
+    text = "GRPO" + (f", rewards: {', '.join(Path(r).name for r in rewards)}" if rewards else "")
+    beta = f" (grpo.beta {grpo.beta:g})" if grpo else ""
+    reference = start.get("reference")
+    if not reference:  # train.py's reference_model: None without a KL weight
         return f"{text} · reference: none{beta or ' (grpo.beta 0)'}"
-    return f"{text} · reference: {start['reference']}{beta}"
+    return f"{text} · reference: {reference}{beta}"
 
 
-def facts_line(start: StartRecord | None, job: dict | None = None) -> str:
+def facts_line(start: StartRecord | None, job: JobSpec | UnreadableJob | None = None) -> str:
     """The start record in one line, e.g. '2 ranks · DeepSpeed ZeRO-3 · 0.4% of parameters trainable (...) · qlora';
     a GRPO run's objective with its rewards, read from `job` (the run's job.yaml) when given."""
     if not start:
@@ -105,14 +102,14 @@ def facts_line(start: StartRecord | None, job: dict | None = None) -> str:
         parts.append(
             f"{100 * share:.{1 if share >= 0.001 else 3}f}% of parameters trainable ({trainable:,} of {total:,})"
         )
-    parts += [start[key] for key in ("method", "model_class") if start.get(key)]
+    parts += [said for said in (start.get("method"), start.get("model_class")) if said]
     objective = OBJECTIVES.get(start.get("objective") or "sft")
     if objective and objective.name == "grpo":
         parts.append(grpo_facts(start, job))
     elif objective and objective.needs_reference:
         parts.append(f"{objective.title}, reference: {start.get('reference') or '?'}")
     elif objective and objective.name != "sft":
-        parts.append(f"{objective.title}, no reference (reference-free)")
+        parts.append(f"{objective.title}, reference-free")
     return " · ".join(parts)
 
 
@@ -164,7 +161,7 @@ def summarize(
     started_at: float | None,
     ended_at: float | None,
     now: float | None = None,
-    job: dict | None = None,
+    job: JobSpec | UnreadableJob | None = None,
     phase: str | None = None,
 ) -> RunSummary:
     """The run's summary at `now` (default: now). The ETA is the pace the last log record states; `job` (the run's
@@ -243,7 +240,7 @@ class RunReport:
 
 def report(run: RunRecords, started_at: float | None, ended_at: float | None, now: float | None = None) -> RunReport:
     """The run's results at `now` (default: now); non-finite values are left out."""
-    losses = [(r["step"], r["loss"]) for r in run.records if "loss" in r and math.isfinite(r["loss"])]
+    losses = [(r["step"], r["loss"]) for r in run.records if "loss" in r and "step" in r and math.isfinite(r["loss"])]
     best = min(losses, key=lambda pair: pair[1], default=(None, None))
     evals = [r["eval_loss"] for r in run.records if "eval_loss" in r and math.isfinite(r["eval_loss"])]
     tokens = next((r["num_tokens"] for r in reversed(run.records) if "num_tokens" in r), None)
@@ -286,7 +283,7 @@ def verdict(run: RunRecords) -> Verdict:
     if end.get("status") != "finished":
         why = end.get("error") or end.get("status") or "the run ended without an end record"
         return Verdict(False, f"smoke test FAILED: {why}")
-    losses = [(record["step"], record["loss"]) for record in run.records if "loss" in record]
+    losses = [(record["step"], record["loss"]) for record in run.records if "loss" in record and "step" in record]
     bad = next(((step, loss) for step, loss in losses if not math.isfinite(loss)), None)
     if bad is not None:
         return Verdict(False, f"smoke test FAILED: the loss is not finite ({bad[1]}) at step {bad[0]}")

@@ -233,7 +233,7 @@ def test_a_chat_run_converses_each_model_seeing_its_own_earlier_turns(chat_run, 
                                   system=example["after.system"]))  # fmt: skip
         shown = [u["after.answer"] for u in framed if "after.answer" in u][-1]
         assert shown.startswith("> Subtract the numbers. 1 - 0\n1\n\n> Add the numbers. 9 + 0\n"), shown
-        row = json.loads(Path(view.manager.job(run_id)["dataset"]["path"]).read_text().splitlines()[1])["messages"]
+        row = json.loads(Path(view.manager.job(run_id).dataset.path).read_text().splitlines()[1])["messages"]
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(demo_home / "model")

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from tunedeck.backend.after import scoring
+from tunedeck.backend.spec import parse_spec
 
 
 def test_prompt_only_rows_are_scored_against_their_answer_column_under_any_column_names(tmp_path):
@@ -39,7 +40,7 @@ def test_a_folder_of_split_files_is_evaluated_on_its_held_out_file(tmp_path):
     folder.mkdir()
     for split, answer in (("train", "1"), ("validation", "2")):
         (folder / f"{split}.jsonl").write_text(json.dumps({"prompt": f"Q: {split}\nA:", "answer": answer}) + "\n")
-    job = {"dataset": {"path": str(folder), "format": "prompt-only", "split": "train", "eval_split": None}}
+    job = parse_spec({"dataset": {"path": str(folder), "format": "prompt-only", "split": "train", "eval_split": None}})
     rows, source = scoring.eval_rows(tmp_path, job)
     assert source == str(folder / "validation.jsonl")
     assert rows == [{"prompt": "Q: validation\nA:", "completion": "2"}]

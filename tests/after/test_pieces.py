@@ -24,7 +24,7 @@ from tunedeck.backend.after.prompting import (
 from tunedeck.backend.after.worker_device import inference_gb, place
 from tunedeck.backend.recipe import train
 from tunedeck.backend.render.serve import render_serve_sh, vllm_max_lora_rank
-from tunedeck.backend.spec import load_presets, spec_to_dict
+from tunedeck.backend.spec import JobSpec, load_presets, set_paths, spec_to_dict
 
 from .helpers import tunedeck
 
@@ -72,8 +72,8 @@ def test_alpaca_prompt_is_the_one_the_run_trained_on():
 # ---------------------------------------------------------------- where the model runs
 
 
-def preset_job(preset: str) -> dict:
-    return spec_to_dict(load_presets()[preset].build())
+def preset_job(preset: str) -> JobSpec:
+    return load_presets()[preset].build()
 
 
 def gpus(*free_gb) -> FakeNvml:
@@ -97,7 +97,7 @@ def test_inference_estimates_are_in_the_right_range():
     assert 13.5 < inference_gb(preset_job("7b-lora-ddp")) < 20  # 7B in bf16: 13.5 GB of weights, fits a 24 GB card
     # Evaluation scores 8 full-length sequences at once: their KV cache and logits count too.
     assert inference_gb(preset_job("7b-lora-ddp"), batch=8) > inference_gb(preset_job("7b-lora-ddp")) + 8
-    assert inference_gb({"model": {"name_or_path": "nobody/unknown-model"}}) is None
+    assert inference_gb(set_paths(JobSpec(), {"model.name_or_path": "nobody/unknown-model"})) is None
 
 
 def test_a_gpu_that_a_live_run_holds_is_skipped(tmp_path):
@@ -181,7 +181,7 @@ def test_push_without_network_says_so(tmp_path):
 
 def finished_run(runs_dir: Path, method: str = "lora") -> Path:
     folder = fake_run(runs_dir, RUN_ID, "finished", None)
-    (folder / "job.yaml").write_text(yaml.safe_dump({**preset_job("demo"), "method": method}))
+    (folder / "job.yaml").write_text(yaml.safe_dump({**spec_to_dict(preset_job("demo")), "method": method}))
     (folder / "output").mkdir()
     (folder / "output" / "adapter_model.safetensors").write_bytes(b"")
     return folder

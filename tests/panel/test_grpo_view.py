@@ -36,6 +36,7 @@ from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.runs.summary import facts_line, report, summarize, verdict
 from tunedeck.backend.runs.supervisor import write_status
 from tunedeck.backend.recipe.vocabulary import OBJECTIVE_FORMATS
+from tunedeck.backend.spec import JobSpec, spec_to_yaml
 
 from .test_run_view import Drawn
 
@@ -85,12 +86,13 @@ def grpo_records(kl: bool = False) -> list[dict]:
     return [log_record(step, kl=kl) for step in (1, 5, 10, 15, 20)] + [log_record(20, eval_=True, kl=kl)]
 
 
-def grpo_job(beta: float = 0.0) -> dict:
+def grpo_job(beta: float = 0.0) -> JobSpec:
+    """The demo GRPO job as its run folder's job.yaml reads back (backend/runs/job_file.py)."""
     from tunedeck.backend.render import render_bundle
-    from tunedeck.backend.spec import resolve_spec, set_paths
+    from tunedeck.backend.spec import parse_spec, resolve_spec, set_paths
 
     spec = set_paths(resolve_spec("demo-grpo"), {"grpo.beta": beta})
-    return yaml.safe_load(render_bundle(spec)["job.yaml"])
+    return parse_spec(yaml.safe_load(render_bundle(spec)["job.yaml"]))
 
 
 def test_the_reward_chart_comes_first_with_a_line_per_reward_and_the_loss_below_it():
@@ -147,7 +149,9 @@ def test_the_summary_says_the_reward_change_and_the_facts_the_objective_rewards_
     assert facts_line(with_reference, grpo_job(0.04)).endswith(
         "GRPO, rewards: exact_answer, close_answer · reference: adapters off (grpo.beta 0.04)"
     )
-    custom = {"grpo": {"rewards": ["exact_answer", "/home/me/rewards.py:score"], "beta": 0.0}}
+    from tunedeck.backend.spec import set_paths
+
+    custom = set_paths(grpo_job(), {"grpo.rewards": ["exact_answer", "/home/me/rewards.py:score"]})
     assert "GRPO, rewards: exact_answer, rewards.py:score ·" in facts_line(START, custom)
     run.end = {"event": "end", "status": "finished"}
     assert verdict(run).line.endswith("loss 0.001 -> 0.001, reward 0.400 -> 2.000 over 5 steps")
@@ -173,14 +177,14 @@ def test_following_a_grpo_run_prints_its_reward_in_each_step():
     assert lines[-1] == "step 20/20  eval_loss 0.0010 · reward 2.000 · 40% of prompts scored alike"
 
 
-def grpo_run_folder(runs_dir: Path, records: list[dict], job: dict) -> None:
+def grpo_run_folder(runs_dir: Path, records: list[dict], job) -> None:
     run_dir = runs_dir / RUN_ID
     (run_dir / "logs").mkdir(parents=True)
     now = time.time()
     write_status(run_dir, {"run_id": RUN_ID, "state": "finished", "title": "demo/model-sft · lora grpo · ddp · 2xCPU",
                            "created_at": now - 60, "started_at": now - 50, "ended_at": now - 10, "exit_code": 0,
                            "error": None})  # fmt: skip
-    (run_dir / "job.yaml").write_text(yaml.safe_dump(job))
+    (run_dir / "job.yaml").write_text(spec_to_yaml(job))
     lines = [START, *records, {"event": "end", "status": "finished", "runtime_s": 40.0}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     (run_dir / "logs" / "rank0.log").write_text("training...\n")

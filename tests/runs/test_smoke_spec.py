@@ -37,7 +37,7 @@ def test_smoke_job_keeps_the_path_and_shrinks_the_size(preset, demo_home):
     assert (smoke.launch.use_cpu, smoke.launch.num_processes, smoke.launch.num_machines) == (True, 2, 1)
     assert (smoke.training.max_steps, smoke.training.save_steps, smoke.output_dir) == (3, 3, "output")
     assert smoke.model.name_or_path.startswith(str(smoke_home()))
-    assert is_smoke_job(after) and not is_smoke_job(before)
+    assert is_smoke_job(smoke) and not is_smoke_job(spec)
     assert not [p for p in validate(smoke) if p.level == "error"]
     # The FSDP wrap class resolves the same way for the tiny model as for the real one.
     arch, tiny = catalog.lookup(spec.model.name_or_path), catalog.lookup(smoke.model.name_or_path)

@@ -23,7 +23,7 @@ from tunedeck.backend.estimate.memory_job import Job, input_values
 from tunedeck.backend.recipe import train
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.runs.summary import facts_line, run_title
-from tunedeck.backend.spec import resolve_spec, set_paths
+from tunedeck.backend.spec import parse_spec, resolve_spec, set_paths
 from tunedeck.backend.spec.applies import applies
 from tunedeck.backend.spec.fields import values_from_spec
 from tunedeck.backend.validate import has_errors, validate
@@ -180,7 +180,7 @@ def test_a_kto_runs_charts_progress_line_and_title_say_kto():
     assert all(title in titles for _, title in PREFERENCE_PANELS["unpaired"])
     assert not any(title in titles for _, title in PREFERENCE_PANELS["pairs"])
     assert {"kl", "eval kl", "reward margin", "eval reward margin"} <= {trace.name for trace in fig.data}
-    job = yaml.safe_load(render_bundle(resolve_spec("demo-kto"))["job.yaml"])
+    job = parse_spec(yaml.safe_load(render_bundle(resolve_spec("demo-kto"))["job.yaml"]))
     assert run_title(job) == "demo/model · lora kto · ddp · 2xCPU"
     start = {"world_size": 2, "objective": "kto", "reference": "adapters off"}
     assert facts_line(start).endswith("KTO, reference: adapters off")
