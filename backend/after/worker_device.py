@@ -18,6 +18,7 @@ from tunedeck.backend.estimate.memory_job import (
     input_values,
     quant_stats_bytes,
 )
+from tunedeck.backend.machine.nvml import gpu_memory
 from tunedeck.backend.spec import JobSpec
 
 GENERATED_TOKENS = 512
@@ -66,22 +67,7 @@ def held_gpus(runs_dir: Path) -> dict[int, str]:
 
 def _free_gb(nvml) -> dict[int, float]:
     """Free memory of every GPU (NVML), or {} without a GPU or driver."""
-    if nvml is None:
-        try:
-            import pynvml as nvml
-        except ImportError:
-            return {}
-    try:
-        nvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - pynvml.NVMLError (no driver) and its library-not-found subclass alike
-        return {}
-    try:
-        return {
-            i: nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).free / GIB
-            for i in range(nvml.nvmlDeviceGetCount())
-        }
-    finally:
-        nvml.nvmlShutdown()
+    return {gpu.index: gpu.free_gb for gpu in gpu_memory(nvml)}
 
 
 def place(

@@ -19,6 +19,8 @@ from typing import Any
 
 import psutil
 
+from tunedeck.backend.machine.nvml import load
+
 
 @dataclass(frozen=True)
 class GpuProcess:
@@ -48,18 +50,12 @@ class Sample:
     gpus: tuple[GpuSample, ...] = field(default_factory=tuple)
 
 
-def _load_pynvml():
-    import pynvml
-
-    return pynvml
-
-
 class Monitor:
     """Samples every `interval_s` seconds into a ring buffer of `history` samples."""
 
     def __init__(self, interval_s: float = 1.0, history: int = 300, nvml: Any = None):
         self.interval_s = interval_s
-        self._nvml = nvml if nvml is not None else _load_pynvml()
+        self._nvml = nvml if nvml is not None else load()  # held open while it samples: stop() shuts it down
         self._buffer: deque[Sample] = deque(maxlen=history)
         self._lock = threading.Lock()
         self._stop = threading.Event()

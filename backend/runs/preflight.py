@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from tunedeck.backend.machine.nvml import gpu_indices  # a name of this module too: tests stand in for it
 from tunedeck.backend.runs.folder import ACTIVE_STATES, RUN_ID_PATTERN
 from tunedeck.backend.runs.preflight_inputs import input_problems
 from tunedeck.backend.runs.preflight_launch import launch_problems
@@ -131,20 +132,6 @@ def machine_problems(runs_dir: Path) -> list[Problem]:
 
 
 # ---------------------------------------------------------------- GPUs
-
-
-def gpu_indices() -> list[int]:
-    """Indices of this machine's NVIDIA GPUs (NVML), or [] without a GPU or driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - pynvml.NVMLError and ImportError alike: no usable GPU
-        return []
-    try:
-        return list(range(pynvml.nvmlDeviceGetCount()))
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def gpu_problems(
