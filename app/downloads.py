@@ -25,7 +25,8 @@ from pathlib import Path
 KEEP_BUNDLES = 64  # old bundle folders beyond this are deleted, oldest first
 KEEP_BYTES = 2**30  # and beyond this many bytes in all: a zip may carry up to 50 MiB of data
 KEEP_DATA_ZIPS = 4  # the carried data, zipped once per version of the files (see _data_zip)
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# A plain name, or one folder and a plain name (the recipe package: tunedeck_recipe/__init__.py).
+_SAFE_NAME = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,99}/)?[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")
 
 
 def bundle_digest(files: dict[str, str]) -> str:
@@ -76,8 +77,8 @@ class BundleWriter:
     def _write_files(folder: Path, files: dict[str, str]) -> list[Path]:
         paths = [folder / "files" / name for name in files]
         if not all(path.exists() for path in paths):
-            (folder / "files").mkdir(parents=True, exist_ok=True)
             for path, text in zip(paths, files.values()):
+                path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text, encoding="utf-8")
         folder.touch()
         return paths

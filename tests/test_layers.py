@@ -11,8 +11,8 @@
 
 Layers of the same rank are peers and do not import each other: the CLI and the panel are two
 front ends over the same API, render and estimate two readings of the same spec.
-backend/recipe/train.py ships alone in every bundle (train_sft.py) and backend/runs/supervisor.py runs as a
-bare script, so they import nothing of tunedeck.
+backend/recipe/ ships in every bundle (tunedeck_recipe/ beside train_sft.py), so its modules import only each
+other, relatively; backend/runs/supervisor.py runs as a bare script, so it imports nothing of tunedeck.
 
 Imports are read with ast, function-local ones included: the code imports heavy or optional
 parts inside functions, and those are dependencies all the same. A string that is exactly a
@@ -53,15 +53,14 @@ LAYERS = [
     ("app", 6, r"tunedeck\.app(\..+)?"),  # the panel
     ("entry", 7, r"tunedeck\.__main__"),
 ]
-STANDALONE = {"tunedeck.backend.recipe.train", "tunedeck.backend.runs.supervisor", "tunedeck.backend.runs.slurm_jobs"}
+STANDALONE = {"tunedeck.backend.runs.supervisor", "tunedeck.backend.runs.slurm_jobs"}
+RECIPE = "tunedeck.backend.recipe"  # ships in every bundle: its modules import only each other
 
 
-# Issue 10: a reader takes a module in at one sitting. The exceptions cannot be split: train.py ships
-# alone in every bundle (train_sft.py), and the supervisor runs as a script with nothing but psutil;
-# each docstring says so at its top.
+# Issue 10: a reader takes a module in at one sitting. The exception cannot be split: the supervisor runs as a
+# script with nothing but psutil; its docstring says so at its top.
 MAX_LINES = 400
 LONG_ON_PURPOSE = {
-    "backend/recipe/train.py": "one long file on purpose",
     "backend/runs/supervisor.py": "One file on purpose",
 }
 # Issue 33: the items rewriting these modules (the recipe package, the Layout, the typed run side) remove their
@@ -71,7 +70,6 @@ SKIPS_LEFT_TO_OTHER_ITEMS = {
     "backend/estimate/memory.py",
     "backend/estimate/speed_schedule.py",
     "backend/recipe/objectives_table.py",
-    "backend/recipe/train.py",
     "backend/recipe/vocabulary.py",
     "backend/runs/folder.py",
     "backend/runs/supervisor.py",
@@ -135,6 +133,11 @@ def layering_violations(sources: dict[str, str]) -> list[str]:
             if target == module or module.startswith(target + "."):
                 continue  # itself, or its own parent package (imported by Python anyway)
             where = f"{module}:{line} imports {target}"
+            if module.startswith(RECIPE + ".") and not target.startswith(RECIPE + "."):
+                problems.append(
+                    f"{where} (the recipe runs in bundles without tunedeck: it imports only its own modules)"
+                )
+                continue
             if module in STANDALONE:
                 problems.append(f"{where} ({module} runs without tunedeck)")
                 continue
@@ -253,8 +256,8 @@ def test_a_long_module_is_named(tmp_path):
     (tmp_path / "app" / "page.py").write_text("x = 1\n" * MAX_LINES)
     (tmp_path / "app" / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
     (tmp_path / "backend").mkdir()
-    (tmp_path / "backend" / "recipe").mkdir(parents=True)
-    (tmp_path / "backend" / "recipe" / "train.py").write_text("x = 1\n" * 2000)
+    (tmp_path / "backend" / "runs").mkdir(parents=True)
+    (tmp_path / "backend" / "runs" / "supervisor.py").write_text("x = 1\n" * 2000)
     assert too_long(tmp_path) == [
         "app/big.py: 401 lines as `ruff format` writes it (at most 400: split it into modules with one job each)"
     ]
@@ -360,9 +363,10 @@ def test_a_skip_off_a_table_is_named(tmp_path):
             "tunedeck.backend.render.launch:{n} imports tunedeck.backend.runs (render must not import runs, a layer above it)",
         ),
         (  # the bundle's entrypoint needing tunedeck
-            "tunedeck.backend.recipe.train",
+            "tunedeck.backend.recipe.train_sft",
             "def f():\n    import tunedeck.backend.spec\n",
-            "tunedeck.backend.recipe.train:{n} imports tunedeck.backend.spec (tunedeck.backend.recipe.train runs without tunedeck)",
+            "tunedeck.backend.recipe.train_sft:{n} imports tunedeck.backend.spec "
+            "(the recipe runs in bundles without tunedeck: it imports only its own modules)",
         ),
     ],
 )
@@ -380,19 +384,77 @@ def test_a_new_module_must_be_placed_in_a_layer():
     ]
 
 
-def test_rendering_reads_the_training_script_once():
-    """The panel renders the bundle on every change: the generators read no file per call."""
+def test_rendering_reads_the_recipe_once():
+    """The panel renders the bundle on every change: the generators read no file per call (the recipe's
+    modules once each)."""
     code = (
         "import sys\n"
+        "from pathlib import Path\n"
         "from tunedeck.backend.render import render_bundle\n"
         "from tunedeck.backend.spec import resolve_spec\n"
         "spec = resolve_spec('7b-lora-ddp')\n"
         "opened = []\n"
-        "sys.addaudithook(lambda event, args: event == 'open' and str(args[0]).endswith('train.py') and opened.append(args[0]))\n"
+        "recipe = str(Path(sys.modules['tunedeck.backend.recipe'].__file__).parent)\n"
+        "sys.addaudithook(lambda event, args: event == 'open' and str(args[0]).startswith(recipe) and opened.append(args[0]))\n"
         "for _ in range(3):\n"
         "    assert 'train_sft.py' in render_bundle(spec)\n"
-        "print(len(opened))\n"
+        "print(max(map(opened.count, opened), default=0))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) <= 1
+
+
+# What a recipe module may import where: it runs in bundles without tunedeck, and tunedeck's panel reads its tables
+# without the training stack (tests/panel/test_imports.py).
+TRAINING_STACK = {"yaml", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "deepspeed", "bitsandbytes"}
+
+
+def recipe_import_problems(name: str, source: str, siblings: set[str]) -> list[str]:
+    """Each import of a recipe module that is not the standard library, a sibling imported relatively, or (inside
+    a function) the training stack, as 'name:line what (why)'."""
+    tree = ast.parse(source)
+    at_import = {id(node) for node in tree.body}  # module level: run as the module is imported
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            if node.level != 1 or (node.module or "").split(".")[0] not in siblings:
+                problems.append(f"{name}:{node.lineno} from {'.' * node.level}{node.module or ''} (not a sibling)")
+            continue
+        if isinstance(node, ast.Import):
+            tops = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            tops = [(node.module or "").split(".")[0]]
+        else:
+            continue
+        for top in tops:
+            if top in sys.stdlib_module_names or top == "__future__":
+                continue
+            if top in TRAINING_STACK and id(node) not in at_import:
+                continue
+            why = "at import: import it inside the function that needs it" if top in TRAINING_STACK else "not allowed"
+            problems.append(f"{name}:{node.lineno} {top} ({why})")
+    return problems
+
+
+def test_the_recipe_imports_the_standard_library_its_siblings_relatively_and_the_training_stack_lazily():
+    folder = REPO / "backend" / "recipe"
+    siblings = {path.stem for path in folder.glob("*.py")}
+    problems = [
+        p for path in sorted(folder.glob("*.py")) for p in recipe_import_problems(path.name, path.read_text(), siblings)
+    ]
+    assert problems == []
+
+
+def test_a_recipe_import_that_would_break_a_bundle_is_named():
+    source = (
+        "import os\nimport torch\nfrom tunedeck.backend.spec import JobSpec\nfrom .records import X\n"
+        "from ..spec import Y\nfrom .nowhere import Z\n\n\ndef f():\n    import trl\n    import pandas\n"
+    )
+    assert recipe_import_problems("m.py", source, {"records"}) == [
+        "m.py:2 torch (at import: import it inside the function that needs it)",
+        "m.py:3 tunedeck (not allowed)",
+        "m.py:5 from ..spec (not a sibling)",
+        "m.py:6 from .nowhere (not a sibling)",
+        "m.py:11 pandas (not allowed)",
+    ]

@@ -154,15 +154,15 @@ def seen_warning(reason: str) -> str:
 def sample_training_rows(run_dir: Path, job: JobSpec, rows: int) -> Path:
     """`rows` rows of the run's training split, sampled (the same each time), written as JSONL under the run
     folder; the evaluation reads them in the run's dataset format (their columns are the file's)."""
-    from tunedeck.backend.recipe import train
+    from tunedeck.backend import recipe
 
     if rows < 1:
         raise AfterError("training rows: give a number of rows above 0, e.g. 50")
     dataset_cfg = job.dataset.model_dump(mode="json")  # what the recipe's loaders read
     dataset_cfg["path"] = str(local(run_dir, job.dataset.path))
     try:
-        dataset = train.load_split(dataset_cfg, dataset_cfg.get("split") or "train")
-    except train.JobError as exc:
+        dataset = recipe.load_split(dataset_cfg, dataset_cfg.get("split") or "train")
+    except recipe.JobError as exc:
         raise AfterError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise AfterError(f"cannot read the training data {dataset_cfg['path']}: {exc}") from None

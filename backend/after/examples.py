@@ -23,7 +23,7 @@ from tunedeck.backend.after.scoring import (
     rouge_l,
     training_rows,
 )
-from tunedeck.backend.recipe.train import ALPACA_PROMPT
+from tunedeck.backend.recipe import ALPACA_PROMPT
 from tunedeck.backend.runs.checkpoints import AfterError
 from tunedeck.backend.spec import JobSpec
 

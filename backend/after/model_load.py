@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tunedeck.backend import recipe
 from tunedeck.backend.after.consolidate import adapter_folder
-from tunedeck.backend.recipe import train
 from tunedeck.backend.runs.checkpoints import AfterError, Weights, base_model_path
 from tunedeck.backend.spec import JobSpec, spec_to_dict
 
@@ -23,7 +23,7 @@ def load_tokenizer(run_dir: Path, job: JobSpec, weights: Weights):
     folder = weights.path if weights.path and any((weights.path / f).is_file() for f in TOKENIZER_FILES) else None
     model_cfg = {**job.model.model_dump(mode="json"), "name_or_path": str(folder or base_model_path(run_dir, job))}
     try:
-        tokenizer = train.load_tokenizer({"model": model_cfg})
+        tokenizer = recipe.load_tokenizer({"model": model_cfg})
     except (OSError, ValueError) as exc:
         raise AfterError(f"cannot load the tokenizer of {model_cfg['name_or_path']}: {exc}") from None
     return tokenizer  # FSDP checkpoints save none: the base's is the run's own then
@@ -35,12 +35,12 @@ def load_base(run_dir: Path, job: JobSpec, device: str, *, quantized: bool = Tru
 
     path = base_model_path(run_dir, job)
     kwargs = {
-        "dtype": train.torch_dtype(dtype or job.model.dtype),
+        "dtype": recipe.torch_dtype(dtype or job.model.dtype),
         "trust_remote_code": job.model.trust_remote_code,
     }
     if job.model.revision:
         kwargs["revision"] = job.model.revision
-    bnb = train.quantization_config(spec_to_dict(job)) if quantized else None  # the recipe reads job.yaml's dict
+    bnb = recipe.quantization_config(spec_to_dict(job)) if quantized else None  # the recipe reads job.yaml's dict
     if bnb is not None:
         kwargs["quantization_config"] = bnb
         kwargs["device_map"] = {"": device}

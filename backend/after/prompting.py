@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from tunedeck.backend.recipe.train import ALPACA_PROMPT
+from tunedeck.backend.recipe import ALPACA_PROMPT
 
 TEMPLATES = ("auto", "chat", "alpaca", "plain")
 MAX_NEW_TOKENS = 4096

@@ -13,8 +13,8 @@ import functools
 import re
 from pathlib import Path
 
+from tunedeck.backend import recipe
 from tunedeck.backend.after.eval_data import eval_source, local
-from tunedeck.backend.recipe import train
 from tunedeck.backend.runs.checkpoints import AfterError
 from tunedeck.backend.spec import JobSpec
 
@@ -54,14 +54,14 @@ def _read_rows(
 ) -> list[dict]:
     """The rows in TRL's columns; with `answers_optional`, a file of prompts alone gives rows whose completion is None."""
     try:
-        dataset = train.load_split(dataset_cfg, split)
+        dataset = recipe.load_split(dataset_cfg, split)
         answer_columns = _missing_answer_columns(dataset, dataset_cfg) if answers_optional else []
         for answer_column in answer_columns:
             dataset = dataset.add_column(answer_column, [""] * len(dataset))
-        dataset = train.to_trl_format(dataset, dataset_cfg, "text")
+        dataset = recipe.to_trl_format(dataset, dataset_cfg, "text")
         if "label" in dataset.column_names:  # answers labelled good or bad
             dataset = dataset.filter(lambda row: row["label"]).remove_columns("label")
-    except train.JobError as exc:
+    except recipe.JobError as exc:
         raise AfterError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise AfterError(f"cannot read the {what} {source}: {exc}") from None
@@ -82,9 +82,9 @@ def _missing_answer_columns(dataset, dataset_cfg: dict) -> list[str]:
     if fmt not in ANSWER_FIELDS:
         return []
     prompt_field = "instruction_field" if fmt == "alpaca" else "prompt_field"
-    answers = [train.column(dataset_cfg, field) for field in ANSWER_FIELDS[fmt]]
+    answers = [recipe.column(dataset_cfg, field) for field in ANSWER_FIELDS[fmt]]
     present = dataset.column_names
-    if train.column(dataset_cfg, prompt_field) not in present or any(a in present for a in answers):
+    if recipe.column(dataset_cfg, prompt_field) not in present or any(a in present for a in answers):
         return []
     return answers
 
@@ -114,7 +114,7 @@ def question_and_answer(row: dict) -> tuple[object, str | None] | None:
 def exact_match(answer: str, expected: str) -> bool:
     """The same final answer (after the last '####', inside the last \\boxed{}, or all of it; numbers as numbers),
     as GRPO's exact_answer reward scores it: "so 7 #### 7" answers "7"."""
-    return train.exact_answer([answer], answer=[expected]) == [1.0]
+    return recipe.exact_answer([answer], answer=[expected]) == [1.0]
 
 
 def contains_match(answer: str, expected: str) -> bool:

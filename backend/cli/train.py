@@ -87,7 +87,7 @@ def _start_smoke(manager, spec) -> str:
 
 
 def _say_where_it_notifies() -> None:
-    from tunedeck.backend.recipe.train import NOTIFY_ENV, notify_target
+    from tunedeck.backend.recipe import NOTIFY_ENV, notify_target
 
     try:
         target = notify_target()

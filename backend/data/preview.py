@@ -83,13 +83,13 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
     """{"rows": [texts as the model sees them], "stats": length_stats, "tokenizer": ..., "counted": ...}."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the local cache only: a preview never downloads
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    from tunedeck.backend.recipe import train
+    from tunedeck.backend import recipe
 
     job = spec.model_dump(mode="json")
     dataset_cfg = job["dataset"]
     try:
-        data = train.load_split(dataset_cfg, dataset_cfg.get("split") or "train")
-    except train.JobError as exc:
+        data = recipe.load_split(dataset_cfg, dataset_cfg.get("split") or "train")
+    except recipe.JobError as exc:
         raise PreviewError("dataset.path", str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; the page needs the sentence
         raise PreviewError(
@@ -102,8 +102,8 @@ def preview(spec: JobSpec, rows: int = 3, limit: int = ROWS_MEASURED) -> dict:
     labels = label_counts(data, dataset_cfg, spec) if dataset_cfg["format"] == "unpaired-preference" else None
     data = data.select(range(min(limit, total_rows)))
     try:
-        data = train.to_trl_format(data, dataset_cfg, "text")
-    except train.JobError as exc:
+        data = recipe.to_trl_format(data, dataset_cfg, "text")
+    except recipe.JobError as exc:
         text = str(exc)
         raise PreviewError(text.split(":", 1)[0], text) from None
     tokenizer, tokenizer_note = _tokenizer(job)
@@ -170,10 +170,10 @@ def _token_counts(texts: list[str], tokenizer) -> list[int]:
 
 def label_counts(data, dataset_cfg: dict, spec: JobSpec) -> dict:
     """Good and bad answers of the whole split, and whether KTO's weights balance them (weight_advice)."""
-    from tunedeck.backend.recipe import train
+    from tunedeck.backend import recipe
 
-    column = train.column(dataset_cfg, "label_field")
-    values = [train.as_label(v) for v in data[column]] if column in data.column_names else []
+    column = recipe.column(dataset_cfg, "label_field")
+    values = [recipe.as_label(v) for v in data[column]] if column in data.column_names else []
     good, bad = values.count(True), values.count(False)
     p = spec.preference
     return {"good": good, "bad": bad, "advice": weight_advice(good, bad, p.desirable_weight, p.undesirable_weight)}
@@ -199,9 +199,9 @@ def _tokenizer(job: dict):
     """(tokenizer or None, what was used, in words)."""
     name = job["model"]["name_or_path"]
     try:
-        from tunedeck.backend.recipe import train
+        from tunedeck.backend import recipe
 
-        return train.load_tokenizer(job), f"the tokenizer of {name}"
+        return recipe.load_tokenizer(job), f"the tokenizer of {name}"
     except Exception:  # noqa: BLE001 - not on this machine (offline), gated, or no tokenizer files
         return None, (
             f"estimated at {CHARS_PER_TOKEN} characters per token: the tokenizer of {name} is not on this machine "

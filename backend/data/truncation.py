@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tunedeck.backend.data.preview import CHARS_PER_TOKEN, for_job, measured_seq_len
-from tunedeck.backend.recipe.train import looks_local
+from tunedeck.backend.recipe import looks_local
 from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.spec.problem import Problem, warning
 

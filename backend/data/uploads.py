@@ -22,10 +22,10 @@ import shutil
 from pathlib import Path
 
 from tunedeck.backend.data.sniff import BLOCK, NotData, TextScan, check_start, scan_for
-from tunedeck.backend.recipe.train import DATA_FILE_BUILDERS
+from tunedeck.backend.recipe import DATA_FILE_BUILDERS
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 from tunedeck.backend.spec.problem import Problem
 from tunedeck.backend.spec.untrusted import shown
-from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 
 DATASETS_DIR = "datasets"
 SUFFIXES = tuple(DATA_FILE_BUILDERS)  # what train_sft.py reads as dataset.path

@@ -13,7 +13,6 @@ import io
 import os
 import shutil
 import zipfile
-from functools import lru_cache
 from pathlib import Path
 
 from tunedeck.backend.render.accelerate_yaml import DEEPSPEED_CONFIG_FILE, render_accelerate_config
@@ -27,23 +26,11 @@ from tunedeck.backend.render.launch import (
     TRAINING_ARGS_FILE,
     render_launch_sh,
 )
+from tunedeck.backend.render.recipe_files import ENTRY_SCRIPT, RECIPE_PACKAGE, recipe_files
 from tunedeck.backend.render.requirements import REQUIREMENTS_FILE, render_requirements, tested_versions
 from tunedeck.backend.render.slurm import SLURM_FILE, render_slurm_sbatch
 from tunedeck.backend.render.training_args import render_training_args
 from tunedeck.backend.spec import JobSpec, spec_to_yaml
-
-# The training entrypoint ships in every bundle under TRAIN_SCRIPT's name.
-TRAIN_ENTRYPOINT = Path(__file__).resolve().parent.parent / "recipe" / "train.py"
-
-
-@lru_cache(maxsize=1)
-def train_script() -> str | None:
-    """train.py's text, read once: the panel renders a bundle on every change."""
-    try:
-        return TRAIN_ENTRYPOINT.read_text(encoding="utf-8")
-    except OSError:
-        return None
-
 
 EXECUTABLE_FILES = frozenset({"launch.sh"})
 
@@ -62,12 +49,15 @@ def render_bundle(spec: JobSpec, data: DataPlan | None = None) -> dict[str, str]
     files[TRAINING_ARGS_FILE] = render_training_args(spec)
     files["launch.sh"] = render_launch_sh(spec)
     files[SLURM_FILE] = render_slurm_sbatch(spec)
-    script = train_script()
-    if script is not None:
-        files[TRAIN_SCRIPT] = script
+    package = recipe_files()  # the recipe, under tunedeck_recipe/, which train_sft.py runs
+    if package:
+        files[TRAIN_SCRIPT] = ENTRY_SCRIPT
     files[REQUIREMENTS_FILE] = render_requirements(spec, tested_versions())
-    files["README.md"] = render_bundle_readme(spec, list(files) + ["README.md"], data)
-    return files
+    names = [*files, "README.md"]  # what README.md lists: the recipe's folder right after its entry script
+    if package:
+        names.insert(names.index(TRAIN_SCRIPT) + 1, f"{RECIPE_PACKAGE}/")
+    files["README.md"] = render_bundle_readme(spec, names, data)
+    return {**files, **package}
 
 
 def zip_bundle(files: dict[str, str], data: dict[str, Path] | None = None) -> bytes:
@@ -114,6 +104,7 @@ def write_bundle(files: dict[str, str], directory: Path, data: dict[str, Path] |
     written = []
     for name, text in files.items():
         path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)  # tunedeck_recipe/
         path.write_text(text, encoding="utf-8")
         if name in EXECUTABLE_FILES:
             path.chmod(0o755)

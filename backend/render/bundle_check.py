@@ -144,7 +144,7 @@ def _check_with_libraries(directory: Path, spec) -> BundleCheck:
 
 
 def _read_training_args(directory: Path) -> dict:
-    from tunedeck.backend.recipe.train import JobError, read_yaml  # the entrypoint's own reader: light, no torch
+    from tunedeck.backend.recipe import JobError, read_yaml  # the entrypoint's own reader: light, no torch
 
     try:
         return read_yaml(directory / TRAINING_ARGS_FILE, TRAINING_ARGS_FILE)
@@ -195,7 +195,7 @@ def _dry_launch(directory: Path, spec) -> tuple[str, Any, dict[str, str]]:
 
 def _build_sft_config(training_args: dict, job: dict):
     """The objective's TRL config (SFTConfig; DPOConfig, KTOConfig, GRPOConfig by objective), as train_sft.py builds it."""
-    from tunedeck.backend.recipe.train import objective_classes  # light: trl is imported only when called
+    from tunedeck.backend.recipe import objective_classes  # light: trl is imported only when called
 
     config_class, _ = objective_classes(job)
     try:

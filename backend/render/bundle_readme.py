@@ -19,6 +19,8 @@ _FILE_ROLES = {
     "launch.sh": "the exact `accelerate launch` command",
     "slurm.sbatch": "the same job on a Slurm cluster: `sbatch slurm.sbatch` runs launch.sh once per node",
     "train_sft.py": "the training script (TRL {trainer}: the job's objective is {objective}); needs only the Hugging Face stack",
+    "tunedeck_recipe/": "the training recipe train_sft.py runs, a Python package of one module per job (its "
+    "train_sft.py says what a run does and writes); needs only the Hugging Face stack",
     "requirements.txt": "the training stack at the versions tunedeck was tested with",
     "README.md": "this file",
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tunedeck.backend.recipe.train import ANSWERS_FILE, last_record
+from tunedeck.backend.recipe import ANSWERS_FILE, last_record
 
 TAIL_BYTES = 512 * 1024  # a record holds at most 2 prompts x their answers x 2,000 characters each
 SHOWN_CHARS = 300  # of an answer in the table (the file keeps 2,000)

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from tunedeck.backend.recipe import train
+from tunedeck.backend import recipe
 from tunedeck.backend.spec.problem import Problem, error, warning
 
 INPUT_CACHE_SIZE = 64
@@ -54,7 +54,7 @@ def _take_missing(job: dict, base: Path, elsewhere: str) -> list[Problem]:
         found.append(warning(field, f"{source} does not exist on this machine; it must exist on {elsewhere}{relative}"))
 
     model = str(job["model"].get("name_or_path") or "")
-    if model and train.looks_local(model) and not _here(base, model).exists():
+    if model and recipe.looks_local(model) and not _here(base, model).exists():
         gone("model.name_or_path", model, model)
         job["model"]["name_or_path"] = ""
     dataset = job["dataset"]
@@ -64,7 +64,7 @@ def _take_missing(job: dict, base: Path, elsewhere: str) -> list[Problem]:
         dataset["path"] = ""
     kept = []
     for entry in dataset.get("mix") or []:
-        path = train.MIX_ENTRY.fullmatch(str(entry).strip())
+        path = recipe.MIX_ENTRY.fullmatch(str(entry).strip())
         if path and _data_path(path["path"].strip()) and not _here(base, path["path"].strip()).exists():
             gone("dataset.mix", f"{str(entry).strip()!r}: {path['path'].strip()}", path["path"].strip())
         else:
@@ -72,7 +72,7 @@ def _take_missing(job: dict, base: Path, elsewhere: str) -> list[Problem]:
     dataset["mix"] = kept
     rewards = (job.get("grpo") or {}).get("rewards") if job.get("objective") == "grpo" else None
     for entry in rewards or []:  # reward files are absolute paths
-        custom = train.CUSTOM_REWARD.match(str(entry))
+        custom = recipe.CUSTOM_REWARD.match(str(entry))
         if custom and not Path(custom["file"]).exists():
             gone("grpo.rewards", custom["file"], custom["file"])
     return found
@@ -84,12 +84,12 @@ def _here(base: Path, source: str) -> Path:
 
 def _data_path(source: str) -> bool:
     """Whether a dataset source names a local file or folder (else a hub id: nothing to check here)."""
-    return train.looks_local(source) or Path(source).suffix.lower() in train.DATA_FILE_BUILDERS
+    return recipe.looks_local(source) or Path(source).suffix.lower() in recipe.DATA_FILE_BUILDERS
 
 
 def _checked(job: dict, base: Path) -> list[tuple[str, str]]:
-    """train.input_problems, kept by the stat of every path it reads: a data file's rows are read once per version."""
-    read = (  # what train.input_problems reads of the job
+    """recipe.input_problems, kept by the stat of every path it reads: a data file's rows are read once per version."""
+    read = (  # what recipe.input_problems reads of the job
         job["model"].get("name_or_path"),
         job["dataset"],
         job.get("objective"),
@@ -105,7 +105,7 @@ def _checked(job: dict, base: Path) -> list[tuple[str, str]]:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    found = train.input_problems(job, base)
+    found = recipe.input_problems(job, base)
     with _cache_lock:
         _cache[key] = found
         while len(_cache) > INPUT_CACHE_SIZE:
@@ -118,10 +118,10 @@ def _stats(job: dict, base: Path) -> tuple:
     model = _here(base, str(job["model"].get("name_or_path") or ""))
     paths = [model, model / "config.json", _here(base, str(job["dataset"].get("path") or ""))]
     for entry in job["dataset"].get("mix") or []:
-        if match := train.MIX_ENTRY.fullmatch(str(entry).strip()):
+        if match := recipe.MIX_ENTRY.fullmatch(str(entry).strip()):
             paths.append(_here(base, match["path"].strip()))
     for entry in (job.get("grpo") or {}).get("rewards") or []:
-        if custom := train.CUSTOM_REWARD.match(str(entry)):
+        if custom := recipe.CUSTOM_REWARD.match(str(entry)):
             paths.append(Path(custom["file"]))
     liger = bool((job.get("training") or {}).get("use_liger_kernel")) and importlib.util.find_spec("liger_kernel")
     return (*map(_stat, paths), bool(liger))

@@ -575,20 +575,30 @@ def supervise(run_dir: Path) -> int:
 
 
 def post_how_it_ended(run_dir: Path, state: str, error: str | None, runtime_s: float) -> None:
-    """train.py's notify (its message, its bounded POST), of the state just recorded."""
+    """The recipe's notify (its message, its bounded POST), of the state just recorded."""
     if not os.environ.get(NOTIFY_ENV, "").strip():
         return
-    import importlib.util
-
     try:
-        spec = importlib.util.spec_from_file_location(
-            "tunedeck_train_script", Path(__file__).resolve().parent.parent / "recipe" / "train.py"
-        )
-        script = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(script)
-        script.notify(run_dir, state, error, runtime_s)
+        recipe_module("notifications").notify(run_dir, state, error, runtime_s)
     except Exception as exc:  # noqa: BLE001 - the run's own record is written; a notification never fails it
         print(f"supervisor: no notification sent: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+
+def recipe_module(name: str):
+    """A module of the recipe package (backend/recipe/, standard library only at import), loaded by its path as the
+    bundle's train_sft.py loads it by its folder: this script runs alone (python supervisor.py), not as tunedeck."""
+    import importlib
+    import importlib.util
+
+    if "tunedeck_recipe" not in sys.modules:
+        folder = Path(__file__).resolve().parent.parent / "recipe"
+        spec = importlib.util.spec_from_file_location(
+            "tunedeck_recipe", folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["tunedeck_recipe"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"tunedeck_recipe.{name}")
 
 
 def _wait_for_runs_ahead(run_dir: Path, ahead: list[str], stop_signal: threading.Event) -> bool:

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from tunedeck.backend import recipe
 from tunedeck.backend.after.examples import NoExamples, data_examples, pick, verdict
 from tunedeck.backend.after.prompting import answer_line, chat_messages, resolve_template, transcript, wrap_plain
 from tunedeck.backend.after.scoring import rouge_l
-from tunedeck.backend.recipe import train
 from tunedeck.backend.runs.checkpoints import AfterError
 from tunedeck.backend.spec import JobSpec, parse_spec
 
@@ -31,7 +31,7 @@ def test_an_alpaca_example_wrapped_by_the_try_box_is_the_prompt_the_run_trained_
     _write(tmp_path / "data" / "train.jsonl", rows)
     job = _job(tmp_path / "data" / "train.jsonl", "alpaca")
     dataset = job.dataset.model_dump(mode="json")  # as the recipe reads job.yaml
-    trained = train.to_trl_format(train.load_split(dataset, "train"), dataset, "text")
+    trained = recipe.to_trl_format(recipe.load_split(dataset, "train"), dataset, "text")
     pairs, _, _ = data_examples(tmp_path, job)
     template = resolve_template("auto", "alpaca", has_chat_template=False)
     for number, row in enumerate(trained, start=1):

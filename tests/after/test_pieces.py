@@ -13,6 +13,7 @@ import yaml
 from panel.fake_nvml import FakeNvml
 from runs.helpers import fake_run
 
+from tunedeck.backend import recipe
 from tunedeck.backend.after.eval_results import read_eval, save_results, table_rows
 from tunedeck.backend.after.prompting import (
     GenerationSettings,
@@ -22,7 +23,6 @@ from tunedeck.backend.after.prompting import (
     wrap_plain,
 )
 from tunedeck.backend.after.worker_device import inference_gb, place
-from tunedeck.backend.recipe import train
 from tunedeck.backend.render.serve import render_serve_sh, vllm_max_lora_rank
 from tunedeck.backend.spec import JobSpec, load_presets, set_paths, spec_to_dict
 
@@ -63,7 +63,7 @@ def test_templates_follow_the_runs_dataset_format():
 def test_alpaca_prompt_is_the_one_the_run_trained_on():
     from datasets import Dataset
 
-    trained = train.to_trl_format(
+    trained = recipe.to_trl_format(
         Dataset.from_list([{"instruction": " Add 2 and 3. ", "output": "5"}]), {"format": "alpaca"}, "text"
     )
     assert wrap_plain("alpaca", "Add 2 and 3.") == trained[0]["prompt"]

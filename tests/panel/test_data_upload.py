@@ -63,7 +63,7 @@ def test_a_training_file_and_its_held_out_file_become_the_splits_of_one_folder(t
 
 @pytest.mark.slow  # imports the datasets library
 def test_the_datasets_library_reads_the_kept_folder_as_train_and_validation(tmp_path):
-    from tunedeck.backend.recipe.train import load_split
+    from tunedeck.backend.recipe import load_split
 
     spec, _ = _fill([_jsonl(tmp_path / "train.jsonl", QA), _jsonl(tmp_path / "test.jsonl", QA[:8])], tmp_path / "runs")
     config = spec.dataset.model_dump()

@@ -29,13 +29,13 @@ from tunedeck.app.charts import (
 from tunedeck.app.data_upload import OBJECTIVE_SAID
 from tunedeck.app.run_index import TABLE_HEADERS
 from tunedeck.app.run_view import RunShown
+from tunedeck.backend import recipe
 from tunedeck.backend.cli.follow import ProgressBar, follow
-from tunedeck.backend.recipe import train
+from tunedeck.backend.recipe.vocabulary import OBJECTIVE_FORMATS
 from tunedeck.backend.runs.folder import parse_line, read_records
 from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.runs.summary import facts_line, report, summarize, verdict
 from tunedeck.backend.runs.supervisor import write_status
-from tunedeck.backend.recipe.vocabulary import OBJECTIVE_FORMATS
 from tunedeck.backend.spec import JobSpec, spec_to_yaml
 
 from .test_run_view import Drawn
@@ -74,7 +74,7 @@ def log_record(step: int, eval_: bool = False, kl: bool = False) -> dict:
         record["eval_loss"] = logs["eval_loss"]
     else:
         record.update(loss=logs["loss"], learning_rate=1e-3, grad_norm=0.5, tokens_per_second=5000.0)
-    record.update(train.grpo_record(logs))
+    record.update(recipe.grpo_record(logs))
     if kl:
         record[f"{'eval_' if eval_ else ''}kl"] = logs[f"{'eval_' if eval_ else ''}kl"]
     parsed = parse_line(json.dumps(record))
@@ -195,7 +195,7 @@ def test_the_run_tab_shows_the_reward_chart_first_and_the_reward_in_its_summary(
     grpo_run_folder(tmp_path, grpo_records(), grpo_job())
     phases = [("importing the libraries", 100.0), ("joining the other processes", 108.2), ("loading the model", 108.4),
               ("building the trainer", 108.6), ("the first step", 109.9), ("training", 110.5)]  # fmt: skip
-    (tmp_path / RUN_ID / train.STARTUP_FILE).write_text(
+    (tmp_path / RUN_ID / recipe.STARTUP_FILE).write_text(
         json.dumps({"phases": [{"phase": p, "at": t} for p, t in phases]})
     )
     drawn = Drawn(RunManager(tmp_path)).render(RunShown())
@@ -223,7 +223,7 @@ def test_the_run_tab_shows_what_the_model_writes_best_first_with_its_rewards(tmp
     exact = [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
     latest = {"prompt": prompts, "completion": answers, "rewards": {"exact_answer": exact},
               "advantages": [0.7, -1.4, 0.7, 0.7, 0.7, -1.4, 0.0, 0.0, 0.0]}  # fmt: skip
-    train.write_answers(tmp_path / RUN_ID, 5, latest)
+    recipe.write_answers(tmp_path / RUN_ID, 5, latest)
     shown = drawn.render(RunShown())["answers"]
     assert shown.startswith("#### What the model writes (step 5)")
     assert "Q: 3 + 3" not in shown  # two prompts a step

@@ -17,7 +17,7 @@ from typing import get_args
 import pytest
 
 from tunedeck.app import charts
-from tunedeck.backend.recipe import train
+from tunedeck.backend import recipe
 from tunedeck.backend.runs import folder as run_folder
 from tunedeck.backend.runs import startup as run_startup
 from tunedeck.backend.runs import status as run_status
@@ -37,7 +37,13 @@ from tunedeck.backend.runs.folder import (
     read_records,
 )
 
-TRAIN = Path(inspect.getsourcefile(train)).read_text(encoding="utf-8")
+# The recipe's modules as one text (their __future__ lines left out: they may only open a file).
+TRAIN = "\n".join(
+    line
+    for path in sorted(Path(inspect.getsourcefile(recipe)).parent.glob("*.py"))
+    for line in path.read_text(encoding="utf-8").splitlines()
+    if line != "from __future__ import annotations"
+)
 SUPERVISOR = Path(inspect.getsourcefile(supervisor)).read_text(encoding="utf-8")
 
 
@@ -216,7 +222,7 @@ def test_train_writes_the_files_of_the_contract():
     }  # fmt: skip
     rank_log = Path(run_folder.rank_log(7)).name.replace("7", "{}")
     assert rank_log in _fstrings(ast.parse(TRAIN))  # logs / f"rank{rank}.log"
-    assert train.INCOMPLETE_DIR == run_folder.INCOMPLETE_DIR
+    assert recipe.INCOMPLETE_DIR == run_folder.INCOMPLETE_DIR
 
 
 def test_train_end_statuses_are_the_contracts():
@@ -238,12 +244,12 @@ def test_train_end_statuses_are_the_contracts():
 def test_supervisor_names_the_files_of_the_contract():
     for name in ("STATUS_FILE", "STOP_FILE", "METRICS_FILE", "ERRORS_FILE", "LAUNCHER_LOG", "RESERVE_FILE"):
         assert getattr(supervisor, name) == getattr(run_folder, name), name
-    assert train.STOP_FILE == run_folder.STOP_FILE  # the ranks read the stop request too
-    assert train.PROGRESS_FILE == supervisor.PROGRESS_FILE == run_folder.PROGRESS_FILE  # rank 0 writes, it reads
-    assert train.STARTUP_FILE == run_startup.STARTUP_FILE  # rank 0 writes its phases before step 1; the panel reads
-    assert train.RANK_STARTUP_FILE == run_startup.RANK_STARTUP_FILE  # and the other ranks theirs, under logs/
-    assert supervisor.STALL_GAP_FACTOR == train.STALL_GAP_FACTOR  # it marks a stall when the ranks see one
-    assert supervisor.NOTIFY_ENV == train.NOTIFY_ENV  # it posts for a rank 0 killed before it could
+    assert recipe.STOP_FILE == run_folder.STOP_FILE  # the ranks read the stop request too
+    assert recipe.PROGRESS_FILE == supervisor.PROGRESS_FILE == run_folder.PROGRESS_FILE  # rank 0 writes, it reads
+    assert recipe.STARTUP_FILE == run_startup.STARTUP_FILE  # rank 0 writes its phases before step 1; the panel reads
+    assert recipe.RANK_STARTUP_FILE == run_startup.RANK_STARTUP_FILE  # and the other ranks theirs, under logs/
+    assert supervisor.STALL_GAP_FACTOR == recipe.STALL_GAP_FACTOR  # it marks a stall when the ranks see one
+    assert supervisor.NOTIFY_ENV == recipe.NOTIFY_ENV  # it posts for a rank 0 killed before it could
     # "see logs/rank3.log" in a failure's headline
     assert any(run_folder.rank_log(7).replace("7", "{}") in f for f in _fstrings(ast.parse(SUPERVISOR)))
 

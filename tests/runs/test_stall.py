@@ -20,8 +20,8 @@ import pytest
 
 from tunedeck.app.run_actions import stacks_notice
 from tunedeck.app.run_shown import RunShown
-from tunedeck.backend.recipe import train
-from tunedeck.backend.recipe.train import write_progress
+from tunedeck.backend import recipe
+from tunedeck.backend.recipe import write_progress
 from tunedeck.backend.runs import supervisor
 from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.runs.status import from_status_file
@@ -160,12 +160,12 @@ def test_a_step_of_many_micro_batches_longer_than_the_limit_is_no_stall(runs_dir
 
 
 def test_each_ranks_watchdog_writes_its_stacks_once_a_stall_outlasts_the_limit_and_never_during_a_save(tmp_path, capfd):
-    watchdog = train.StallWatchdog({"launch": {"stall_minutes": 0.03}}, tmp_path)  # 1.8 s
+    watchdog = recipe.StallWatchdog({"launch": {"stall_minutes": 0.03}}, tmp_path)  # 1.8 s
     watchdog.start(step=7)
     try:
-        train.CHECKPOINT_SAVING.set()  # a save longer than the limit
+        recipe.CHECKPOINT_SAVING.set()  # a save longer than the limit
         time.sleep(3.5)
-        train.CHECKPOINT_SAVING.clear()
+        recipe.CHECKPOINT_SAVING.clear()
         time.sleep(1.0)  # the wait starts again when the save ends
         assert HEADER not in capfd.readouterr().err
         time.sleep(2.5)
@@ -176,5 +176,5 @@ def test_each_ranks_watchdog_writes_its_stacks_once_a_stall_outlasts_the_limit_a
         assert HEADER not in capfd.readouterr().err  # once a stall
     finally:
         watchdog.done.set()
-        train.CHECKPOINT_SAVING.clear()
+        recipe.CHECKPOINT_SAVING.clear()
     assert not (tmp_path / "errors.jsonl").exists()  # without stop_when_stalled the run goes on

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
+from tunedeck.backend import recipe
 from tunedeck.backend.estimate.speed_schedule import dataset_rows
-from tunedeck.backend.recipe import train
 from tunedeck.backend.runs.preflight import preflight
 from tunedeck.backend.spec import SpecError, resolve_spec
 from tunedeck.backend.spec.fields import FIELDS_BY_PATH
@@ -29,12 +29,12 @@ from tunedeck.backend.spec.mix import MIX_ENTRY, MixSource, parse_entry
 )  # fmt: skip
 def test_entries_name_source_configuration_split_and_rows(entry, source):
     assert parse_entry(entry) == source
-    assert train.mix_sources({"mix": [entry]})[0][1:] == (
+    assert recipe.mix_sources({"mix": [entry]})[0][1:] == (
         {"mix": [entry], "path": source.path, "name": source.config},
         source.split,
         source.rows,
     )  # train_sft.py reads the same (it ships alone, with its own copy of the pattern)
-    assert train.MIX_ENTRY.pattern == MIX_ENTRY.pattern
+    assert recipe.MIX_ENTRY.pattern == MIX_ENTRY.pattern
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,12 @@ import ast
 import pytest
 from pydantic import Field
 
-from tunedeck.backend.render import TRAIN_ENTRYPOINT, render_bundle
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS
+from tunedeck.backend.render import render_bundle
+from tunedeck.backend.render.recipe_files import recipe_files
 from tunedeck.backend.spec import JobSpec, SpecError, TrainingSpec, iter_fields, resolve_spec, set_dotted
 from tunedeck.backend.spec.applies import applies
 from tunedeck.backend.spec.fields import FormField, build_fields
-from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS
 from tunedeck.backend.validate import has_errors, validate
 
 NOT_A_USE = {"job.yaml", "README.md"}  # the spec itself, and the words about it
@@ -103,7 +104,7 @@ def other_values(field: FormField, value):
 def unreached_fields(model: type[JobSpec] = JobSpec, only: set[str] | None = None) -> dict[str, str]:
     """{field: why} for each field of `model` (or of `only`) that no tried change shows in a generated
     file, and that train.py does not read either."""
-    source = TRAIN_ENTRYPOINT.read_text(encoding="utf-8")
+    source = "\n".join(recipe_files().values())
     bases = [model.model_validate(resolve_spec(preset, overrides).model_dump()) for preset, overrides in BASES]
     rendered = [_used_files(base) for base in bases]
     out = {}
@@ -187,4 +188,4 @@ def test_a_field_wired_to_nothing_is_found():
     ],
 )
 def test_what_the_training_script_reads(path, reads):
-    assert read_by_train_script(path, TRAIN_ENTRYPOINT.read_text(encoding="utf-8")) is reads
+    assert read_by_train_script(path, "\n".join(recipe_files().values())) is reads

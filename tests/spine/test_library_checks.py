@@ -11,11 +11,11 @@ import json
 
 import pytest
 
+from tunedeck.backend.recipe.vocabulary import OBJECTIVE_FORMATS, STRATEGIES
 from tunedeck.backend.render.training_args import SFT_ARGUMENTS
 from tunedeck.backend.spec import JobSpec, flat_values, resolve_spec
 from tunedeck.backend.spec.applies import applies, when
 from tunedeck.backend.spec.catalog import lookup
-from tunedeck.backend.recipe.vocabulary import OBJECTIVE_FORMATS, STRATEGIES
 from tunedeck.backend.validate import has_errors, validate
 
 from .conftest import PRESET_IDS, STRATEGY_KINDS
@@ -204,7 +204,7 @@ def test_the_checks_refuse_broken_files(file, edit, words, export, check):
 def test_every_declared_argument_is_one_of_its_objectives_config():
     import dataclasses
 
-    from tunedeck.backend.recipe.train import objective_classes
+    from tunedeck.backend.recipe import objective_classes
 
     defaults = flat_values(JobSpec())
     for objective in OBJECTIVE_FORMATS:

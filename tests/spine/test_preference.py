@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from tunedeck.app.charts import PREFERENCE_PANELS, metrics_figure
+from tunedeck.backend import recipe
 from tunedeck.backend.after import evaluate, scoring
 from tunedeck.backend.data.uploads import dataset_changes
 from tunedeck.backend.estimate.memory import estimate
-from tunedeck.backend.recipe import train
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import resolve_spec, set_paths
 from tunedeck.backend.spec.applies import applies
@@ -85,10 +85,10 @@ def test_the_trainer_and_evaluation_read_pairs_under_any_column_names(tmp_path):
 
     rows = [{"q": "2+2=", "good": " 4", "bad": " 5", "extra": 1}]
     cfg = {"format": "preference", "prompt_field": "q", "chosen_field": "good", "rejected_field": "bad"}
-    converted = train.to_trl_format(Dataset.from_list(rows), cfg, "text")
+    converted = recipe.to_trl_format(Dataset.from_list(rows), cfg, "text")
     assert converted.column_names == ["prompt", "chosen", "rejected"] and converted[0]["chosen"] == " 4"
-    with pytest.raises(train.JobError, match=r"dataset.rejected_field: column 'rejected'"):
-        train.to_trl_format(Dataset.from_list(rows), {**cfg, "rejected_field": ""}, "text")
+    with pytest.raises(recipe.JobError, match=r"dataset.rejected_field: column 'rejected'"):
+        recipe.to_trl_format(Dataset.from_list(rows), {**cfg, "rejected_field": ""}, "text")
     # Evaluation scores a pair's chosen answer; a file of prompts alone is answered, not scored.
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps(rows[0]) + "\n")

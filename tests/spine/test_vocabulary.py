@@ -14,30 +14,30 @@ import typing
 import pytest
 import yaml
 
+from tunedeck.backend import recipe
 from tunedeck.backend.data.demo import RECIPE_PATH, as_format, make_examples
-from tunedeck.backend.recipe import train
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, STRATEGIES, column_fields
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import DatasetSpec, resolve_spec
 from tunedeck.backend.spec.fields import FIELDS_BY_PATH
-from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, STRATEGIES, column_fields
 
 
 def test_the_training_script_knows_every_strategy_as_the_table_does():
-    assert {kind: (s.engine, s.zero_stage) for kind, s in STRATEGIES.items()} == train.STRATEGY_ENGINES
+    assert {kind: (s.engine, s.zero_stage) for kind, s in STRATEGIES.items()} == recipe.STRATEGY_ENGINES
 
 
 @pytest.mark.parametrize("kind", STRATEGIES)
 def test_the_gate_expects_the_tables_engine(kind):
     job = {"strategy": {"kind": kind}, "launch": {"num_processes": 2}}
-    expected = train.expected_run(job)
+    expected = recipe.expected_run(job)
     assert (expected["engine"], expected["zero_stage"]) == (STRATEGIES[kind].engine, STRATEGIES[kind].zero_stage)
 
 
 def test_the_training_script_reads_every_format_as_the_table_does():
     assert {
         name: {c.field: (c.default, c.kind) for c in fmt.columns} for name, fmt in DATASET_FORMATS.items()
-    } == train.FORMAT_COLUMNS
-    assert {c.kind for fmt in DATASET_FORMATS.values() for c in fmt.columns} <= set(train.KIND_NEEDS)
+    } == recipe.FORMAT_COLUMNS
+    assert {c.kind for fmt in DATASET_FORMATS.values() for c in fmt.columns} <= set(recipe.KIND_NEEDS)
 
 
 def test_the_spec_offers_the_tables_choices_and_columns():
@@ -62,9 +62,9 @@ def test_each_format_reaches_trl_as_the_table_says(name):
     # The demo writes the format under its default columns; train_sft.py turns it into what SFTTrainer reads.
     from datasets import Dataset
 
-    recipe = yaml.safe_load(RECIPE_PATH.read_text(encoding="utf-8"))["data"]
-    rows = [as_format(example, name) for example in make_examples(random.Random(0), 4, recipe)]
+    demo_recipe = yaml.safe_load(RECIPE_PATH.read_text(encoding="utf-8"))["data"]
+    rows = [as_format(example, name) for example in make_examples(random.Random(0), 4, demo_recipe)]
     fmt = DATASET_FORMATS[name]
     assert set(rows[0]) == {c.default for c in fmt.columns}
-    converted = train.to_trl_format(Dataset.from_list(rows), {"format": name}, "text")
+    converted = recipe.to_trl_format(Dataset.from_list(rows), {"format": name}, "text")
     assert tuple(converted.column_names) == fmt.trl_columns
