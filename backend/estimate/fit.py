@@ -12,6 +12,8 @@ CPU jobs are checked against this machine's RAM by validate_launch.py instead.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from tunedeck.backend.estimate.advisor import FIT_FRACTION, Advice, format_gb
 from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.spec.problem import Problem
@@ -38,7 +40,7 @@ def fit_problems(spec: JobSpec, advice: Advice) -> list[Problem]:
     return []
 
 
-def _problem(level: str, what: str, advice: Advice) -> Problem:
+def _problem(level: Literal["error", "warning"], what: str, advice: Advice) -> Problem:
     rec = advice.recommendation
     if rec.strategy is None:
         return Problem(level, FIELD, f"The job as set {what}. {rec.reason}")

@@ -288,7 +288,8 @@ def dequant_bytes_per_param(job: Job) -> int:
 
 def quantized_bytes_per_param(job: Job) -> float:
     """Bytes per quantized weight held as a parameter (the packed values only)."""
-    return {4: 0.5, 8: 1.0}.get(job.bits, float(job.weight_bytes))
+    packed = {4: 0.5, 8: 1.0}.get(job.bits) if job.bits else None
+    return float(job.weight_bytes) if packed is None else packed
 
 
 def quant_stats_bytes(job: Job) -> float:

@@ -146,7 +146,7 @@ def trained_states(job: Job, params: int) -> tuple[dict[str, float], tuple[float
     (CPU RAM, NVMe) bytes per machine that offloading moves off the GPUs."""
     n = job.world
     if job.layout.is_deepspeed:
-        stage = job.layout.zero_stage
+        stage = job.layout.zero_stage or 0  # (a DeepSpeed layout always has its stage)
         state = _optimizer_state_bytes(job.optim, 4)  # DeepSpeed runs the optimizer on fp32 partitions
         if job.precision in ("bf16", "fp16"):
             # fp32 master weights next to the 16-bit ones (ZeRO §3.1, DeepSpeed's estimators).
