@@ -36,9 +36,9 @@ class StrategyEstimate:
     changes: dict[str, Any]  # dotted path -> value that turns the current job into this strategy
     estimate: Estimate
     fits: bool
+    layout: Layout  # the option's layout (backend/recipe/layout.py): what it shards and offloads
     current: bool = False  # the job as given already uses this strategy
     speed: SpeedEstimate | None = None  # predicted step time and throughput (backend/estimate/speed.py)
-    layout: Layout | None = None  # the option's layout (backend/recipe/layout.py): what it shards and offloads
 
     def to_dict(self) -> dict:
         return {
@@ -293,18 +293,19 @@ def _tier(option: StrategyEstimate) -> tuple:
 def _as_fast(option: StrategyEstimate, chosen: StrategyEstimate) -> bool:
     if _tier(option) == _tier(chosen):
         return True
-    timed = option.speed is not None and chosen.speed is not None
-    return timed and option.speed.pace <= chosen.speed.pace * (1 + TIE_SHARE)
+    if option.speed is None or chosen.speed is None:
+        return False
+    return option.speed.pace <= chosen.speed.pace * (1 + TIE_SHARE)
 
 
 def _fastest(fitting: list[StrategyEstimate]) -> StrategyEstimate:
     """The shortest predicted time per token (speed.py's pace: a step with more GPUs per sequence reads fewer rows);
     within TIE_SHARE of it, the guides' order. Without predictions, that order."""
-    timed = [o for o in fitting if o.speed is not None]
+    timed = [(o.speed.pace, o) for o in fitting if o.speed is not None]
     if not timed:
         return fitting[0]
-    best = min(o.speed.pace for o in timed)
-    return next(o for o in timed if o.speed.pace <= best * (1 + TIE_SHARE))
+    best = min(pace for pace, _ in timed)
+    return next(o for pace, o in timed if pace <= best * (1 + TIE_SHARE))
 
 
 def _speed_reason(v: dict, chosen: StrategyEstimate, fitting: list[StrategyEstimate], hw: Hardware | None) -> str:
@@ -312,14 +313,17 @@ def _speed_reason(v: dict, chosen: StrategyEstimate, fitting: list[StrategyEstim
     if chosen.speed is None:
         return ""
     text = f" Predicted {chosen.speed.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
-    others = sorted((o for o in fitting if o is not chosen and o.speed is not None), key=lambda o: o.speed.pace)
+    others = sorted(
+        ((o.speed.pace, o) for o in fitting if o is not chosen and o.speed is not None), key=lambda timed: timed[0]
+    )
     if others:
-        ratio = others[0].speed.pace / chosen.speed.pace
+        pace, other = others[0]
+        ratio = pace / chosen.speed.pace
         if ratio < 1 + TIE_SHARE:
             decides = "the job's own choice stays" if chosen.current else "the guides' order decides"
-            text += f", as fast as {others[0].strategy} (within {TIE_SHARE:.0%}: {decides})"
+            text += f", as fast as {other.strategy} (within {TIE_SHARE:.0%}: {decides})"
         else:
-            text += f", {ratio:.2f}x the speed of {others[0].strategy} (the next fastest that fits)"
+            text += f", {ratio:.2f}x the speed of {other.strategy} (the next fastest that fits)"
     text += "."
     if hw is not None and v["launch.num_machines"] > 1:
         link = hw.inter.replace("infiniband", "InfiniBand").replace("ethernet", "Ethernet")
