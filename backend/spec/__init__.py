@@ -1,16 +1,19 @@
-"""The job spec's public face: one import for everything a caller needs of the spec.
+"""The job spec's face: what the panel, the CLI and the layers above import of the spec, by name
+(`from tunedeck.backend.spec import JobSpec`), never from its modules.
 
 A JobSpec is one typed, validated description of a fine-tuning job; presets, forms, uploaded
 YAML and the CLI all produce one, and every generated file is a pure function of one. A spec
-round-trips: spec -> YAML -> spec is the identity. The code lives by concern:
+round-trips: spec -> YAML -> spec is the identity. The code lives by concern (the strategy and
+dataset-format tables sit in the recipe, backend/recipe/vocabulary.py, which ships in every bundle):
 
-  vocabulary.py     the strategy kinds and the dataset formats (one table each)
-  spec_sections.py  what is trained: model, LoRA, quantization, dataset
-  spec_training.py  the training section: epochs, learning rate, batches, checkpoints
-  spec_job.py       how it runs: strategy and launch; the JobSpec as a whole
-  spec_slurm.py     launch.slurm: the #SBATCH lines, in Slurm's formats
-  spec_parse.py     YAML and dicts in and out, `--set`, the field registry, SpecError
-  presets.py        presets and the package's data folder, the demo's folder
+  sections.py, training.py, grpo.py, mix.py, slurm.py, env.py   the sections of a job
+  job.py          how it runs: strategy and launch; the JobSpec as a whole
+  parse.py        YAML and dicts in and out, `--set`, the field registry, SpecError
+  presets.py      presets and the package's data folder, the demo's folder
+  problem.py      a problem of a job: level, field, message with the fix
+  applies.py, implied.py, fields.py   when a field applies, what a choice implies, the form's view of a field
+  catalog.py, model_arch.py, flops.py, engine_facts.py   what is known of models and GPUs
+  untrusted.py    text people hand us, read with limits; docs.py: docs/job-spec.md, generated
 """
 
 from tunedeck.backend.spec.docs import spec_markdown
