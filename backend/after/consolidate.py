@@ -27,14 +27,14 @@ SOURCE_FILE = "SOURCE.json"
 def adapter_folder(run_dir: Path, job: JobSpec, weights: Weights, progress=None) -> Path:
     """A folder PeftModel.from_pretrained loads: the checkpoint itself, or its consolidated copy."""
     if not weights.sharded:
-        return weights.path
+        return weights.folder
     target = consolidated_dir(run_dir, weights)
     stamp = _source_stamp(weights)
     if _read_stamp(target) == stamp:
         return target
     if progress:
         progress(f"consolidating the {weights.layout} shards of {weights.name}", 0, 1)
-    state = _deepspeed_state(weights.path) if weights.layout == "deepspeed" else _fsdp_state(weights.path, target)
+    state = _deepspeed_state(weights.folder) if weights.layout == "deepspeed" else _fsdp_state(weights.folder, target)
     adapter = _adapter_state(state, weights)
     _write_adapter(target, adapter, _adapter_config(run_dir, job, weights), stamp)
     if progress:
@@ -43,7 +43,7 @@ def adapter_folder(run_dir: Path, job: JobSpec, weights: Weights, progress=None)
 
 
 def _source_stamp(weights: Weights) -> dict:
-    marker = weights.path / ("latest" if weights.layout == "deepspeed" else "pytorch_model_fsdp_0/.metadata")
+    marker = weights.folder / ("latest" if weights.layout == "deepspeed" else "pytorch_model_fsdp_0/.metadata")
     return {"source": str(weights.path), "layout": weights.layout, "mtime_ns": marker.stat().st_mtime_ns}
 
 
@@ -58,7 +58,10 @@ def _deepspeed_state(folder: Path) -> dict:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     # Trainable parameters only: the frozen base is not in the optimizer's fp32 partitions.
-    return get_fp32_state_dict_from_zero_checkpoint(str(folder), exclude_frozen_parameters=True)
+    state = get_fp32_state_dict_from_zero_checkpoint(str(folder), exclude_frozen_parameters=True)
+    if state is None:  # typed Optional upstream; a checkpoint without ZeRO states
+        raise AfterError(f"{folder}: no DeepSpeed ZeRO states to consolidate")
+    return state
 
 
 def _fsdp_state(folder: Path, target: Path) -> dict:
@@ -97,7 +100,7 @@ def _adapter_state(state: dict, weights: Weights) -> dict:
 
 def _adapter_config(run_dir: Path, job: JobSpec, weights: Weights) -> dict:
     """adapter_config.json: the checkpoint's own, else the final save's, else rebuilt from job.yaml as train.py builds it."""
-    for folder in (weights.path, output_dir(run_dir, job)):
+    for folder in (weights.folder, output_dir(run_dir, job)):
         path = folder / "adapter_config.json"
         if path.is_file():
             return json.loads(path.read_text(encoding="utf-8"))

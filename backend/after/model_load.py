@@ -8,6 +8,7 @@ same 4-bit base it was trained against. Merging asks for the base in 16 or 32 bi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 from tunedeck.backend import recipe
 from tunedeck.backend.after.consolidate import adapter_folder
@@ -50,7 +51,9 @@ def load_base(run_dir: Path, job: JobSpec, device: str, *, quantized: bool = Tru
         raise AfterError(f"cannot load the base model {path}: {exc}") from None
     _refuse_prequantized(model, path, quantized)
     if bnb is None:
-        model.to(device)
+        # PreTrainedModel.to is wrapped by functools.wraps(torch.nn.Module.to), which typeshed types as a function
+        # taking self explicitly: a type checker reads the device as `self`. The call itself is transformers' own.
+        cast(Any, model).to(device)
     elif device == "cpu":
         _keep_cpu_4bit_layout(model)
     return model.eval()

@@ -86,7 +86,7 @@ def place(
     usable = {i: gb for i, gb in free.items() if i not in held and i not in taken}
     fitting = {i: gb for i, gb in usable.items() if gb >= need}
     if fitting:
-        gpu = max(fitting, key=fitting.get)
+        gpu = max(fitting, key=lambda i: fitting[i])  # the most free memory
         return Placement("cuda:0", gpu, None, need)
     reasons = [f"GPU {i} is held by run {held[i]}" for i in sorted(free) if i in held]
     reasons += [f"GPU {i} serves another model" for i in sorted(free) if i in taken and i not in held]

@@ -44,6 +44,13 @@ class Weights:
         return self.layout == "base"
 
     @property
+    def folder(self) -> Path:
+        """The folder holding it; the base has none (it loads by the job's model name)."""
+        if self.path is None:
+            raise AfterError(f"{self.name}: the base model has no folder of its own; pick an adapter")
+        return self.path
+
+    @property
     def sharded(self) -> bool:
         return self.layout in ("deepspeed", "fsdp")
 
@@ -97,7 +104,7 @@ def list_weights(run_dir: Path, job: JobSpec) -> list[Weights]:
     for entry in entries:
         match = CHECKPOINT_PATTERN.match(entry.name)
         layout = layout_of(entry) if match and entry.is_dir() else None
-        if layout:
+        if match and layout:
             steps.append(Weights(entry.name, entry, int(match.group(1)), layout))
     found += sorted(steps, key=lambda w: w.step)
     if any((out / name).is_file() for name in ADAPTER_FILES):
