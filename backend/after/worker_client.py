@@ -22,8 +22,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 from tunedeck.backend.after.prompting import GenerationSettings
 from tunedeck.backend.after.worker_device import Placement, place
@@ -75,6 +76,9 @@ class Worker:
             bufsize=1,
             start_new_session=True,  # a Ctrl-C meant for the panel or the CLI reaches the worker as a cancel, not a signal
         )
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None  # both are pipes (PIPE above); Popen types them Optional
+        self.stdin, self.stdout = stdin, stdout
         try:
             hello = self._read()
             if hello.get("event") != "hello":
@@ -92,15 +96,15 @@ class Worker:
         return self.proc.poll() is None
 
     def _read(self) -> dict:
-        line = self.proc.stdout.readline()
+        line = self.stdout.readline()
         if not line:
             raise self._ended("the worker process ended")
         return json.loads(line)
 
     def _send(self, message: dict) -> None:
         try:
-            self.proc.stdin.write(json.dumps(message) + "\n")
-            self.proc.stdin.flush()
+            self.stdin.write(json.dumps(message) + "\n")
+            self.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             raise self._ended("the worker process is gone") from None
 
@@ -121,7 +125,7 @@ class Worker:
             return ""
         return f"; its last output:\n{text}" if text else ""
 
-    def events(self, op: str, args: dict | None = None) -> Iterator[dict]:
+    def events(self, op: str, args: dict | None = None) -> Generator[dict, None, Any]:
         """Send one request; yield its progress/token/warning events; return (StopIteration.value) its result.
 
         Closing the generator early cancels the request and waits for the worker to settle.
@@ -183,8 +187,8 @@ class Worker:
         if self.alive:
             self.cancel()
             try:
-                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
-                self.proc.stdin.close()
+                self.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.stdin.close()
             except (BrokenPipeError, OSError, ValueError):
                 pass
             try:
@@ -192,7 +196,7 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stdin):
+        for stream in (self.stdout, self.stdin):
             try:
                 stream.close()
             except (OSError, ValueError):
