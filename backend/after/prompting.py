@@ -9,6 +9,7 @@ A prompt is wrapped the way the run trained:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from tunedeck.backend.recipe import ALPACA_PROMPT
@@ -142,6 +143,6 @@ def answer_line(summary: dict) -> str:
     return f"{tokens} token{'s' * (tokens != 1)} in {seconds:.2f} s{rate} · {ending}{prompt}"
 
 
-def transcript(turns: list, prompt: str | None = None) -> str:
+def transcript(turns: Iterable[tuple[str, str]], prompt: str | None = None) -> str:
     """A conversation as the Try box shows it: each user turn after "> ", its answer under it, then the new prompt."""
     return "".join(f"> {user}\n{answer}\n\n" for user, answer in turns) + ("" if prompt is None else f"> {prompt}\n")

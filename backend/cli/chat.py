@@ -87,7 +87,8 @@ def _chat(args) -> int:
             ]
             print(f"{example.describe()}:", *shown, sep="\n", file=sys.stderr, flush=True)
             answer = _answer(worker, example.prompt, settings, args.template, list(example.turns), system)
-            print(f"the data's answer: {example.expected}\n{verdict(answer, example.expected)}", file=sys.stderr)
+            if example.expected is not None:  # (an example picked from the data always has its answer)
+                print(f"the data's answer: {example.expected}\n{verdict(answer, example.expected)}", file=sys.stderr)
             return 0
         if args.prompt is not None:
             _answer(worker, args.prompt, settings, args.template, [], args.system or "")

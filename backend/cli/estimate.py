@@ -109,7 +109,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.gpu and args.gpu_mem is None:  # --gpu names the memory too; --gpu-mem overrides it
         from tunedeck.backend.spec import gpu_row
 
-        args.gpu_mem = str(gpu_row(args.gpu)[2])
+        row = gpu_row(args.gpu)
+        if row is not None:  # an unknown name: machine_or_exit below says so
+            args.gpu_mem = str(row[2])
     machine = machine_or_exit(args)  # the same facts as `tunedeck validate` and the page
     gpu_source = f"{hardware.gpu} (--gpu)" if args.gpu and machine.gpu_source == "given" else machine.gpu_source
     lengths = _lengths(args.lengths)
