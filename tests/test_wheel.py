@@ -28,16 +28,19 @@ from panel.browser import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parent.parent
-NOT_SOURCES = shutil.ignore_patterns(
-    ".*", "build", "dist", "*.egg-info", "__pycache__", "tests", "runs", "test-artifacts"
-)
+ANYWHERE = shutil.ignore_patterns(".*", "*.egg-info", "__pycache__")
+TOP_LEVEL = {"build", "dist", "tests", "runs", "test-artifacts"}  # at the top only: backend/runs/ is a package
+
+
+def not_sources(folder: str, names: list[str]) -> set[str]:
+    return ANYWHERE(folder, names) | (TOP_LEVEL & set(names) if Path(folder) == REPO else set())
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """The wheel, built from a copy of the checkout (a build in place could ship stale build/ files)."""
     work = tmp_path_factory.mktemp("wheel")
-    shutil.copytree(REPO, work / "src", ignore=NOT_SOURCES)
+    shutil.copytree(REPO, work / "src", ignore=not_sources)
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     built = subprocess.run([*pip_wheel, "-w", work / "dist", work / "src"], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]

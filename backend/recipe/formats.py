@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .job import JobError
+from .vocabulary import DATASET_FORMATS
 
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 
@@ -153,36 +154,8 @@ def _text(value) -> str:
     return value
 
 
-# What each dataset.format reads: spec field -> (default column, what its values must be). This
-# script's copy of tunedeck's dataset-format table (backend/recipe/vocabulary.py; tests/spine/test_vocabulary.py
-# checks that they agree).
-FORMAT_COLUMNS = {
-    "text": {"text_field": ("text", "text")},
-    "prompt-completion": {
-        "prompt_field": ("prompt", "text or chat"),
-        "completion_field": ("completion", "text or chat"),
-    },
-    "messages": {"messages_field": ("messages", "chat")},
-    "alpaca": {
-        "instruction_field": ("instruction", "text"),
-        "input_field": ("input", "optional text"),
-        "output_field": ("output", "text"),
-    },
-    "preference": {
-        "prompt_field": ("prompt", "text or chat"),
-        "chosen_field": ("chosen", "text or chat"),
-        "rejected_field": ("rejected", "text or chat"),
-    },
-    "unpaired-preference": {
-        "prompt_field": ("prompt", "text or chat"),
-        "completion_field": ("completion", "text or chat"),
-        "label_field": ("label", "label"),
-    },
-    "prompt-only": {
-        "prompt_field": ("prompt", "text or chat"),
-        "answer_field": ("answer", "optional text"),
-    },
-}
+# What each dataset.format reads: spec field -> (default column, what its values must be), from the format table.
+FORMAT_COLUMNS = {name: {c.field: (c.default, c.kind) for c in fmt.columns} for name, fmt in DATASET_FORMATS.items()}
 
 CHAT_EXAMPLE = '[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]'
 

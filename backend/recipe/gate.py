@@ -17,6 +17,7 @@ import os
 from .job import JobError
 from .models import peft_config
 from .ranks import _world_size, gather_from_ranks, node_name
+from .vocabulary import STRATEGIES
 
 
 class GateError(JobError):
@@ -26,15 +27,8 @@ class GateError(JobError):
 ENGINE_NAMES = {"deepspeed": "DeepSpeed", "fsdp": "FSDP", "ddp": "DDP", "none": "no data-parallel wrapper"}
 
 
-# strategy.kind -> (engine, ZeRO stage): this script's copy of tunedeck's strategy table
-# (backend/recipe/vocabulary.py; tests/spine/test_vocabulary.py checks that they agree).
-STRATEGY_ENGINES = {
-    "ddp": ("ddp", None),
-    "zero1": ("deepspeed", 1),
-    "zero2": ("deepspeed", 2),
-    "zero3": ("deepspeed", 3),
-    "fsdp": ("fsdp", None),
-}
+# strategy.kind -> (engine, ZeRO stage), from the strategy table.
+STRATEGY_ENGINES = {kind: (strategy.engine, strategy.zero_stage) for kind, strategy in STRATEGIES.items()}
 
 
 def expected_run(job: dict) -> dict:

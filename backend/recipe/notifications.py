@@ -11,7 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .records import last_record
+from .records import METRICS_FILE, last_record
 
 NOTIFY_ENV = "TUNEDECK_NOTIFY_URL"
 
@@ -46,7 +46,7 @@ def notify(run_dir: Path, status: str, error: str | None, runtime_s: float) -> N
     if target is None:
         return
     url, host = target
-    last = _last_loss_record(run_dir / "metrics.jsonl")
+    last = _last_loss_record(run_dir / METRICS_FILE)
     body = notification(run_dir.name, status, error, runtime_s, last, webhook_service(url))
     problem = post_within(url, body, NOTIFY_DEADLINE_S)
     if problem:  # the URL's path may hold its secret: only its host is named

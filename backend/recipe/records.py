@@ -26,7 +26,7 @@ def redirect_output(run_dir: Path, rank: int):
     Returns a text stream on the original terminal for rank 0 when it is one (someone ran
     launch.sh by hand), so they still see progress; otherwise None.
     """
-    logs = run_dir / "logs"
+    logs = run_dir / LOGS_DIR
     logs.mkdir(parents=True, exist_ok=True)
     terminal = None
     if rank == 0 and os.isatty(2):
@@ -44,7 +44,7 @@ def redirect_output(run_dir: Path, rank: int):
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     show_each_warning_once()
     if terminal:
-        print(f"rank 0 logs to {logs / 'rank0.log'}, metrics to {run_dir / 'metrics.jsonl'}", file=terminal)
+        print(f"rank 0 logs to {logs / 'rank0.log'}, metrics to {run_dir / METRICS_FILE}", file=terminal)
     return terminal
 
 
@@ -91,6 +91,9 @@ def _json_default(value):
     return str(value)
 
 
+METRICS_FILE = "metrics.jsonl"  # rank 0's records: start, a log per logging step, end
+ERRORS_FILE = "errors.jsonl"  # a line per rank that failed
+LOGS_DIR = "logs"  # each rank's log, and every rank's but 0's startup phases
 STOP_FILE = "stop.request"  # the run folder's stop request (backend/runs/folder.py)
 
 PROGRESS_FILE = "progress.json"  # rank 0's last finished step (backend/runs/folder.py)
@@ -128,7 +131,7 @@ class StartupPhases:
         if rank == 0:
             self.path = run_dir / STARTUP_FILE
         elif rank > 0:
-            self.path = run_dir / "logs" / RANK_STARTUP_FILE.format(rank=rank)
+            self.path = run_dir / LOGS_DIR / RANK_STARTUP_FILE.format(rank=rank)
         self.phases: list[dict] = []
         self._slow = _parse_slow_phase(os.environ.get(FAULT_ENV), rank)
 

@@ -71,7 +71,7 @@ from .notifications import notify
 from .objectives import REFERENCE_OBJECTIVES, fsdp_launch, objective_classes, trainer_class
 from .ranks import global_rank
 from .recorder import make_callback
-from .records import JsonlWriter, StartupPhases, StopRequest, redirect_output
+from .records import ERRORS_FILE, METRICS_FILE, JsonlWriter, StartupPhases, StopRequest, redirect_output
 from .rewards import reward_functions
 from .watchdog import IMPORTING_REWARDS, watched_phase
 
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
     stop = StopRequest(run_dir)
     stop.install()
     terminal = redirect_output(run_dir, rank)
-    metrics = JsonlWriter(run_dir / "metrics.jsonl") if rank == 0 else None
+    metrics = JsonlWriter(run_dir / METRICS_FILE) if rank == 0 else None
     started = time.monotonic()
     status, error = "failed", None
     try:
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
         else:
             error, trace = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__), traceback.format_exc()
             traceback.print_exc()
-        JsonlWriter(run_dir / "errors.jsonl").write(
+        JsonlWriter(run_dir / ERRORS_FILE).write(
             {"rank": rank, "time": time.time(), "error": error, "traceback": trace}
         )
     if metrics:

@@ -3,9 +3,8 @@
 Every layer reads these two tables: the spec (the allowed values, the dataset's column
 fields), the form and validation (which fields apply, backend/spec/applies.py), the generators
 (accelerate's distributed type, the bundle README), the memory model and the advisor, the
-demo and the smoke run. backend/recipe/train.py ships alone in bundles, so it keeps its own small
-copy (STRATEGY_ENGINES, FORMAT_COLUMNS) that tests/spine/test_vocabulary.py checks against
-these tables. docs/architecture.md says what else a new strategy kind or format touches.
+demo and the smoke run, and the recipe itself in every run (its gate's engines, the columns it reads: it ships
+in every bundle with this module). docs/architecture.md says what else a new strategy kind or format touches.
 
 No imports from tunedeck: this is the bottom of the core layer.
 """
@@ -74,7 +73,7 @@ STRATEGIES: dict[str, Strategy] = {
     )
 }  # fmt: skip
 
-# What a column's values must be; train.py's KIND_NEEDS says each in words.
+# What a column's values must be; the recipe's KIND_NEEDS (formats.py) says each in words.
 ColumnKind = Literal["text", "optional text", "text or chat", "chat", "label"]
 
 
@@ -182,7 +181,7 @@ def column_fields() -> dict[str, tuple[Column, list[str]]]:
 
 
 # GRPO's built-in rewards (grpo.rewards), each scoring one written answer against the row's reference answer
-# (dataset.answer_field). train.py, which ships alone, implements them under the same names (REWARD_FUNCTIONS;
+# (dataset.answer_field). The recipe implements them under the same names (rewards.py: REWARD_FUNCTIONS;
 # tests/spine/test_vocabulary.py checks that they agree). A reward may also be your own function: FILE.py:NAME.
 REWARDS: dict[str, str] = {
     "exact_answer": "1 when the final answer (after the last '####', inside the last \\boxed{}, or the whole answer) "

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from .ranks import global_rank
-from .records import JsonlWriter, StartupPhases
+from .records import ERRORS_FILE, JsonlWriter, StartupPhases
 
-STALL_GAP_FACTOR = 3  # a gap this many times the longest seen (an evaluation) is no stall; the supervisor's too
+STALL_GAP_FACTOR = 3  # a gap this many times the longest seen (an evaluation) is no stall (the supervisor's rule)
 
 
 class StallWatchdog:
@@ -26,7 +26,7 @@ class StallWatchdog:
         launch = job.get("launch") or {}
         self.after_s = float(launch.get("stall_minutes", 10) or 0) * 60
         self.stop = bool(launch.get("stop_when_stalled"))
-        self.errors = run_dir / "errors.jsonl"
+        self.errors = run_dir / ERRORS_FILE
         self.phase = phase  # a startup phase watched as steps are (watched_phase), or None: the steps
         self.step, self.beat_at, self.longest_gap = 0, time.monotonic(), 0.0
         self.dumped = False
@@ -89,7 +89,7 @@ def watched_phase(job: dict, run_dir: Path, startup: StartupPhases, phase: str):
 
 IMPORTING_REWARDS = "importing the reward functions"
 
-WATCHED_PHASES = (IMPORTING_REWARDS,)  # the supervisor's copy: WATCHED_PHASES
+WATCHED_PHASES = (IMPORTING_REWARDS,)  # the supervisor reads these as steps too
 
 STALLED_EXIT = 3
 

@@ -35,22 +35,17 @@ from typing import Annotated, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, TypedDict  # pydantic needs this TypedDict on Python < 3.12
 
+from tunedeck.backend.recipe.records import ERRORS_FILE, LOGS_DIR, METRICS_FILE, STOP_FILE  # the recipe's names
 from tunedeck.backend.runs.supervisor import json_objects  # the supervisor's reading of the same lines
 from tunedeck.backend.runs.tail import LineTail
 
 RUN_ID_PATTERN = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")  # a run folder's name: time and random hex
 STATUS_FILE = "status.json"
-STOP_FILE = "stop.request"
-METRICS_FILE = "metrics.jsonl"
-ERRORS_FILE = "errors.jsonl"
-LOGS_DIR = "logs"
 LAUNCHER_LOG = f"{LOGS_DIR}/launcher.log"
 SUPERVISOR_LOG = f"{LOGS_DIR}/supervisor.log"
 RESERVE_FILE = ".disk-reserve"
 RESERVE_BYTES = 64 * 1024  # a status.json with a 20-line error is under 8 KiB
-INCOMPLETE_DIR = ".incomplete"  # under output_dir: a checkpoint being written
 NOTES_FILE = "notes.json"
-PROGRESS_FILE = "progress.json"  # rank 0's last finished step: the supervisor tells a stalled run by it
 
 
 def rank_log(rank: int) -> str:

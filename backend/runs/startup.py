@@ -19,13 +19,12 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
+from tunedeck.backend.recipe.records import RANK_STARTUP_FILE, STARTUP_FILE
 from tunedeck.backend.runs.folder import LOGS_DIR, RunRecords
 from tunedeck.backend.runs.job_file import UnreadableJob, read_job
 from tunedeck.backend.runs.summary import format_clock
 from tunedeck.backend.spec import JobSpec
 
-STARTUP_FILE = "startup.json"  # train.py's copy of the name: STARTUP_FILE
-RANK_STARTUP_FILE = "rank{rank}.startup.json"  # under logs/, every rank but 0; train.py's copy: RANK_STARTUP_FILE
 BEHIND_AFTER_S = 10  # rank 0 in a phase this long: the ranks behind it are named (not read at every poll before)
 EARLIER_ATTEMPT_S = 60  # a rank's phases begun this long before rank 0's are a requeued job's earlier attempt
 JOINING = "joining the other processes"  # the process group forms: every rank waits for the others

@@ -47,12 +47,32 @@ from pathlib import Path
 
 import psutil
 
+
+def recipe_module(name: str):
+    """A module of the recipe package (backend/recipe/, standard library only at import), loaded by its path as the
+    bundle's train_sft.py loads it by its folder: this script runs alone (python supervisor.py), not as tunedeck."""
+    import importlib
+    import importlib.util
+
+    if "tunedeck_recipe" not in sys.modules:
+        folder = Path(__file__).resolve().parent.parent / "recipe"
+        spec = importlib.util.spec_from_file_location(
+            "tunedeck_recipe", folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["tunedeck_recipe"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"tunedeck_recipe.{name}")
+
+
+# The run folder's names, the stall rule and the notification's variable, as the recipe writes and reads them.
+_records, _watchdog = recipe_module("records"), recipe_module("watchdog")
+STOP_FILE, METRICS_FILE, ERRORS_FILE = _records.STOP_FILE, _records.METRICS_FILE, _records.ERRORS_FILE
+PROGRESS_FILE, STARTUP_FILE = _records.PROGRESS_FILE, _records.STARTUP_FILE
+STALL_GAP_FACTOR, WATCHED_PHASES = _watchdog.STALL_GAP_FACTOR, _watchdog.WATCHED_PHASES
+NOTIFY_ENV = recipe_module("notifications").NOTIFY_ENV
 STATUS_FILE = "status.json"
-STOP_FILE = "stop.request"
-METRICS_FILE = "metrics.jsonl"
 LAUNCHER_LOG = "logs/launcher.log"
-ERRORS_FILE = "errors.jsonl"  # train.py: one line per failed rank
-PROGRESS_FILE = "progress.json"  # train.py: rank 0's last finished step
 RESERVE_FILE = ".disk-reserve"  # room kept for the final status.json on a disk that fills up
 DEFAULT_GRACE_S = 60.0
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -64,16 +84,19 @@ QUEUE_POLL_S = 1.0  # how often a queued run looks whether the runs ahead of it 
 FAILURE_GRACE_S = 5.0
 SUMMARY_GRACE_S = 10.0
 ERROR_LINES = 20
-NOTIFY_ENV = "TUNEDECK_NOTIFY_URL"  # train.py's NOTIFY_ENV
 STALL_CHECK_S = 1.0
-STALL_GAP_FACTOR = 3  # a gap this many times the longest seen (an evaluation) is no stall: train.py's too
-STARTUP_FILE = "startup.json"  # train.py: rank 0's phases before its first step
-WATCHED_PHASES = ("importing the reward functions",)  # train.py's: startup phases of your code, watched as steps
 ENDED_STATES = ("finished", "failed", "stopped")
 
 
 # ---------------------------------------------------------------- status.json
 
+
+# The run folder's names, the stall rule and the notification's variable, as the recipe writes and reads them.
+_records, _watchdog = recipe_module("records"), recipe_module("watchdog")
+STOP_FILE, METRICS_FILE, ERRORS_FILE = _records.STOP_FILE, _records.METRICS_FILE, _records.ERRORS_FILE
+PROGRESS_FILE, STARTUP_FILE = _records.PROGRESS_FILE, _records.STARTUP_FILE
+STALL_GAP_FACTOR, WATCHED_PHASES = _watchdog.STALL_GAP_FACTOR, _watchdog.WATCHED_PHASES
+NOTIFY_ENV = recipe_module("notifications").NOTIFY_ENV
 
 def write_status(run_dir: Path, status: dict) -> None:
     """Atomic replace: a reader never sees a half-written file."""
@@ -582,23 +605,6 @@ def post_how_it_ended(run_dir: Path, state: str, error: str | None, runtime_s: f
         recipe_module("notifications").notify(run_dir, state, error, runtime_s)
     except Exception as exc:  # noqa: BLE001 - the run's own record is written; a notification never fails it
         print(f"supervisor: no notification sent: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-
-
-def recipe_module(name: str):
-    """A module of the recipe package (backend/recipe/, standard library only at import), loaded by its path as the
-    bundle's train_sft.py loads it by its folder: this script runs alone (python supervisor.py), not as tunedeck."""
-    import importlib
-    import importlib.util
-
-    if "tunedeck_recipe" not in sys.modules:
-        folder = Path(__file__).resolve().parent.parent / "recipe"
-        spec = importlib.util.spec_from_file_location(
-            "tunedeck_recipe", folder / "__init__.py", submodule_search_locations=[str(folder)]
-        )
-        package = importlib.util.module_from_spec(spec)
-        sys.modules["tunedeck_recipe"] = package
-        spec.loader.exec_module(package)
-    return importlib.import_module(f"tunedeck_recipe.{name}")
 
 
 def _wait_for_runs_ahead(run_dir: Path, ahead: list[str], stop_signal: threading.Event) -> bool:

@@ -1,21 +1,21 @@
 """dataset.mix: more datasets mixed into the training rows, each in the job's format and columns or in another
-SFT format its columns name (train.py's in_job_format converts it).
+SFT format its columns name (the recipe's in_job_format converts it).
 
 An entry is SOURCE[@CONFIG][:SPLIT][#ROWS]: a local file or folder, or a hub dataset id, with the
 hub configuration, the split (default train; slices work) and how many rows to take (fewer than the
 source has: a seeded sample; more: the source repeated, then sampled; none: all of them), like
 ms-swift's `dataset#N`. The rows join the main dataset's training rows, which the trainer shuffles;
-evaluation stays on the main dataset's eval_split. train.py (shipped alone) keeps a copy of the
-pattern; tests/spine/test_dataset_mix.py checks they agree.
+evaluation stays on the main dataset's eval_split. The pattern is the recipe's (backend/recipe/data.py), which
+reads the entries in every run.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
-MIX_ENTRY = re.compile(r"(?P<path>[^@#]+?)(?:@(?P<config>[^:#]+))?(?::(?P<split>[^#]+))?(?:#(?P<rows>[0-9]+))?")
+from tunedeck.backend.recipe.data import MIX_ENTRY
+
 MAX_ROWS = 100_000_000
 
 

@@ -161,14 +161,14 @@ def train_records(source: str) -> dict[str, set[str]]:
 
 
 def train_files(source: str) -> set[str]:
-    """What train.py names in the run folder: `run_dir / "<name>"`."""
+    """What the recipe names in the run folder: `run_dir / "<name>"`, or `run_dir / NAME` by a constant."""
     return {
-        _str(n.right)
+        _str(n.right) or n.right.id
         for n in ast.walk(ast.parse(source))
         if isinstance(n, ast.BinOp)
         and isinstance(n.op, ast.Div)
         and getattr(n.left, "id", None) == "run_dir"
-        and _str(n.right)
+        and (_str(n.right) or isinstance(n.right, ast.Name))
     }
 
 
@@ -216,13 +216,15 @@ def test_grpos_keys_renamed_in_train_alone_fail_the_contract():
 
 
 def test_train_writes_the_files_of_the_contract():
-    assert train_files(TRAIN) == {run_folder.METRICS_FILE, run_folder.ERRORS_FILE, run_folder.LOGS_DIR}
-    assert train_files(TRAIN.replace('"errors.jsonl"', '"failures.jsonl"')) != {
-        run_folder.METRICS_FILE, run_folder.ERRORS_FILE, run_folder.LOGS_DIR
-    }  # fmt: skip
+    """The recipe names each file of the run folder by a constant of its records module, which the readers import."""
+    named = train_files(TRAIN)
+    assert {"METRICS_FILE", "ERRORS_FILE", "LOGS_DIR", "STOP_FILE", "PROGRESS_FILE", "STARTUP_FILE"} <= named
+    assert all(isinstance(getattr(recipe.records, name, None), str) for name in named), named  # no literal name
+    assert "errors.jsonl" in train_files(TRAIN.replace("run_dir / ERRORS_FILE", 'run_dir / "errors.jsonl"'))
+    shared = ("METRICS_FILE", "ERRORS_FILE", "LOGS_DIR", "STOP_FILE")
+    assert [getattr(run_folder, name) for name in shared] == [getattr(recipe.records, name) for name in shared]
     rank_log = Path(run_folder.rank_log(7)).name.replace("7", "{}")
     assert rank_log in _fstrings(ast.parse(TRAIN))  # logs / f"rank{rank}.log"
-    assert recipe.INCOMPLETE_DIR == run_folder.INCOMPLETE_DIR
 
 
 def test_train_end_statuses_are_the_contracts():
@@ -245,7 +247,7 @@ def test_supervisor_names_the_files_of_the_contract():
     for name in ("STATUS_FILE", "STOP_FILE", "METRICS_FILE", "ERRORS_FILE", "LAUNCHER_LOG", "RESERVE_FILE"):
         assert getattr(supervisor, name) == getattr(run_folder, name), name
     assert recipe.STOP_FILE == run_folder.STOP_FILE  # the ranks read the stop request too
-    assert recipe.PROGRESS_FILE == supervisor.PROGRESS_FILE == run_folder.PROGRESS_FILE  # rank 0 writes, it reads
+    assert recipe.PROGRESS_FILE == supervisor.PROGRESS_FILE  # rank 0 writes, it reads
     assert recipe.STARTUP_FILE == run_startup.STARTUP_FILE  # rank 0 writes its phases before step 1; the panel reads
     assert recipe.RANK_STARTUP_FILE == run_startup.RANK_STARTUP_FILE  # and the other ranks theirs, under logs/
     assert supervisor.STALL_GAP_FACTOR == recipe.STALL_GAP_FACTOR  # it marks a stall when the ranks see one
