@@ -91,13 +91,6 @@ ENDED_STATES = ("finished", "failed", "stopped")
 # ---------------------------------------------------------------- status.json
 
 
-# The run folder's names, the stall rule and the notification's variable, as the recipe writes and reads them.
-_records, _watchdog = recipe_module("records"), recipe_module("watchdog")
-STOP_FILE, METRICS_FILE, ERRORS_FILE = _records.STOP_FILE, _records.METRICS_FILE, _records.ERRORS_FILE
-PROGRESS_FILE, STARTUP_FILE = _records.PROGRESS_FILE, _records.STARTUP_FILE
-STALL_GAP_FACTOR, WATCHED_PHASES = _watchdog.STALL_GAP_FACTOR, _watchdog.WATCHED_PHASES
-NOTIFY_ENV = recipe_module("notifications").NOTIFY_ENV
-
 def write_status(run_dir: Path, status: dict) -> None:
     """Atomic replace: a reader never sees a half-written file."""
     tmp = run_dir / f".{STATUS_FILE}.{os.getpid()}.tmp"
