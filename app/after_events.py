@@ -9,6 +9,7 @@ import traceback
 from pathlib import Path
 
 import gradio as gr
+from gradio.utils import get_upload_folder
 
 from tunedeck.app.after_view import USER_ERRORS
 from tunedeck.app.errors import user_message
@@ -54,7 +55,7 @@ def uploaded(path: str | None) -> str | None:
     """An evaluation file the page names: only where Gradio keeps this panel's uploads."""
     if not path:
         return None
-    folder = Path(gr.utils.get_upload_folder()).resolve()
+    folder = Path(get_upload_folder()).resolve()
     if not Path(path).resolve().is_relative_to(folder):
         raise AfterError("Evaluation data: upload the file with the file box (the page reads no other path)")
     return path

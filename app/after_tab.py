@@ -132,6 +132,6 @@ class AfterTab(Section):
         wire_export(ui, view)
 
         def on_unload(request: gr.Request) -> None:  # this browser tab closed: its models go, unless shared
-            view.release_session(request.session_hash, shared_too=False)
+            view.release_session(request.session_hash or "", shared_too=False)
 
         page.blocks.unload(on_unload)

@@ -60,8 +60,9 @@ def fill_from_upload(
             "No held-out file: no evaluation during training. Upload one together with the training file, or "
             "press **Fix** beside its warning in the problems list to hold out rows of this one."
         )
-    listed = ", ".join(as_text(shown(c)) for c in (columns or [])[:COLUMNS_LISTED])
-    if len(columns or []) > COLUMNS_LISTED:
+    columns = columns or []
+    listed = ", ".join(as_text(shown(c)) for c in columns[:COLUMNS_LISTED])
+    if len(columns) > COLUMNS_LISTED:
         listed += f" and {len(columns) - COLUMNS_LISTED:,} more"
     if found:
         said.append(f"Row format **{found}** (its columns: {listed}).")

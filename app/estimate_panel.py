@@ -232,9 +232,10 @@ class EstimatePanel(DerivedView):
             out[self.recommendation] = shown.recommendation
         if shown.applicable != old.applicable:
             out[self.apply] = gr.update(interactive=shown.applicable)
-        if shown.table != old.table:
+        if shown.table != old.table and headers is not None:  # (a table only where there is advice)
             out[self.table] = gr.update(value=rows, headers=headers, column_widths=column_widths(headers))
-        if shown.chart != old.chart:  # the rows' labels are the picker's choices: a new price keeps the pick
+        # The rows' labels are the picker's choices: a new price keeps the pick.
+        if shown.chart != old.chart and advice is not None:
             out[self.figure] = estimate_figure(advice)
             out[self.pick] = gr.update(choices=option_choices(advice), value=None)
         if shown != old:

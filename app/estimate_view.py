@@ -336,7 +336,8 @@ def _speed_markdown(advice: Advice) -> str:
         text += f", about {s.hours:.1f} h to finish ({as_text(s.steps_source)})"
     price = hw.price_per_gpu_hour
     if price is not None and s.cost is not None:
-        gpus = round(s.cost / (s.hours * price)) if s.cost else None  # the cost is hours x price x every GPU
+        # The cost is hours x price x every GPU.
+        gpus = round(s.cost / (s.hours * price)) if s.cost and s.hours else None
         every = f" × {gpus} GPUs" if gpus and gpus > 1 else ""
         text += f"; **about {s.cost:,.2f} in all** at {price:g} per GPU-hour{every}"
     elif price is not None:

@@ -178,12 +178,10 @@ def _problem_lines(issues: list[Problem]) -> list[str]:
 
 def batch_markdown(values: Values) -> str:
     """Global batch = per-device batch x processes x accumulation, stated with its factors."""
-    per_device = values.get("training.per_device_train_batch_size")
-    processes = values.get("launch.num_processes")
-    accumulation = values.get("training.gradient_accumulation_steps")
-    # The bound is above each factor's own (4096, 65536, 4096): a value past it is an error anyway,
-    # and a product of 5,000-digit numbers cannot even be printed.
-    if not all(isinstance(v, int) and 0 < v <= 2**20 for v in (per_device, processes, accumulation)):
+    per_device = _factor(values.get("training.per_device_train_batch_size"))
+    processes = _factor(values.get("launch.num_processes"))
+    accumulation = _factor(values.get("training.gradient_accumulation_steps"))
+    if per_device is None or processes is None or accumulation is None:
         return "**Global batch:** (fix the batch fields to see it)"
     per_sequence = _gpus_per_sequence(values)
     readers = f"{processes} processes"
@@ -201,11 +199,23 @@ def batch_markdown(values: Values) -> str:
     )
 
 
+def _factor(value: Any) -> int | None:
+    """A batch factor the line can state: an int in 1..2**20, else None. The bound is above each factor's own (4096,
+    65536, 4096): a value past it is an error anyway, and a product of 5,000-digit numbers cannot even be printed."""
+    return value if isinstance(value, int) and 0 < value <= 2**20 else None
+
+
 def _gpus_per_sequence(values: Values) -> int:
     """strategy.sequence_parallel where it applies and divides the processes (else validation says why), or 1."""
     per_sequence, processes = values.get("strategy.sequence_parallel"), values.get("launch.num_processes")
-    strategy = STRATEGIES.get(values.get("strategy.kind"))
-    if strategy and strategy.is_deepspeed and isinstance(per_sequence, int) and 1 < per_sequence <= processes:
+    strategy = STRATEGIES.get(values.get("strategy.kind", ""))
+    if (
+        strategy
+        and strategy.is_deepspeed
+        and isinstance(per_sequence, int)
+        and isinstance(processes, int)
+        and 1 < per_sequence <= processes
+    ):
         return per_sequence if processes % per_sequence == 0 else 1
     return 1
 

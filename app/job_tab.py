@@ -161,7 +161,7 @@ class JobTab(Section):
         return applied(spec, strategy, changes)
 
 
-def applied(spec: JobSpec, strategy: str, changes: dict) -> tuple[JobSpec, str]:
+def applied(spec: JobSpec, strategy: str | None, changes: dict) -> tuple[JobSpec, str]:
     """The job with `changes` and what they imply (the rules an edit in the form follows), and the notice that
     lists both: applying FSDP to a QLoRA job leaves no warning for Apply to cause."""
     _, also = implied({**values_from_spec(spec), **changes}, set(changes))

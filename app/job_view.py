@@ -39,6 +39,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import PurePath
+from typing import Literal
 
 import gradio as gr
 
@@ -48,7 +49,7 @@ from tunedeck.app.form_marks import MAX_FIXES, field_looks, fix_choices, tab_lab
 from tunedeck.app.job_downloads import BundleDownloads
 from tunedeck.app.job_events import JOB_QUEUE, DerivedView, JobEvent, JobShown
 from tunedeck.app.job_guard import RECOMPUTING
-from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
+from tunedeck.app.job_outputs import JobResult, ThisMachine, batch_markdown, evaluate, issues_markdown
 from tunedeck.app.registry import Got, Registry, Updates, listen
 from tunedeck.app.untrusted_text import code_span
 from tunedeck.backend.spec import (
@@ -66,7 +67,7 @@ from tunedeck.backend.spec import (
 )
 from tunedeck.backend.spec import apply_implied as implied
 
-LANGUAGES = {
+LANGUAGES: dict[str, Literal["yaml", "json", "shell", "python", "markdown"]] = {  # gr.Code's names
     ".yaml": "yaml",
     ".yml": "yaml",
     ".json": "json",
@@ -81,7 +82,7 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def language_of(name: str) -> str | None:
+def language_of(name: str) -> Literal["yaml", "json", "shell", "python", "markdown"] | None:
     return LANGUAGES.get(PurePath(name).suffix)
 
 
@@ -93,7 +94,7 @@ class JobView:
         self.downloads = BundleDownloads(ui, writer)
         self.derived: list[DerivedView] = []
         self.notice = None  # the page's notice line (set before wire): says what an edit set for the person
-        self.here = None  # this machine's checks (job_outputs.ThisMachine): what Start refuses on, shown live
+        self.here: ThisMachine | None = None  # this machine's checks: what Start refuses on, shown live
 
     # ------------------------------------------------------------ layout
 

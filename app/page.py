@@ -12,6 +12,7 @@ import functools
 from pathlib import Path
 
 import gradio as gr
+import gradio.themes
 
 from tunedeck.app import after_tab, keyboard, monitor_view, run_state_line
 from tunedeck.app.errors import user_message
@@ -71,15 +72,25 @@ CSS = (
 )
 
 
-def page_theme() -> gr.themes.Base:
+class PanelBlocks(gr.Blocks):
+    """The page's Blocks, carrying the Registry of its components and what launch() adds to Gradio's (app/serving.py)."""
+
+    tunedeck_ui: Registry
+    tunedeck_css: str
+    tunedeck_js: str
+    tunedeck_routes: list
+    tunedeck_theme: gradio.themes.Base
+
+
+def page_theme() -> gradio.themes.Base:
     """Gradio's Soft theme with its indigo one shade darker: the stock indigo-500 of labels, selected
     tabs and white-on-primary buttons reads at 3.6-4.5:1, below WCAG AA's 4.5:1 (tests/panel/test_browser_form.py
     measures every text of the page)."""
-    indigo = gr.themes.colors.indigo
-    shades = [indigo.c50, indigo.c100, indigo.c200, indigo.c300, indigo.c500, indigo.c600, indigo.c700, indigo.c800]
-    darker = gr.themes.Color(*shades, indigo.c900, indigo.c950, indigo.c950, name="indigo-darker")
+    indigo = gradio.themes.colors.indigo
+    shades = (indigo.c50, indigo.c100, indigo.c200, indigo.c300, indigo.c500, indigo.c600, indigo.c700, indigo.c800)
+    darker = gradio.themes.Color(*shades, indigo.c900, indigo.c950, indigo.c950, name="indigo-darker")
     # The subdued grey of help text and slider bounds is about 2.5:1 on white: gray-600 is 7.5:1.
-    return gr.themes.Soft(primary_hue=darker).set(
+    return gradio.themes.Soft(primary_hue=darker).set(
         body_text_color_subdued="*neutral_600",
         body_text_color_subdued_dark="*neutral_300",
         block_info_text_color="*neutral_600",
@@ -87,7 +98,7 @@ def page_theme() -> gr.themes.Base:
     )
 
 
-def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | None = None) -> gr.Blocks:
+def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | None = None) -> PanelBlocks:
     """The page; downloads are written under `work_dir` (default: a temp folder of their own).
 
     The Blocks carries `tunedeck_ui` (the Registry: every component by id), and the theme, CSS, JS and
@@ -112,9 +123,10 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
     ]
 
     page = Page(Registry())
-    with gr.Blocks(title="tunedeck") as blocks:
+    with PanelBlocks(title="tunedeck") as blocks:
         gr.Markdown("# tunedeck · distributed fine-tuning control panel", elem_id="title")
-        gr.Markdown(start_line(by_id.get(preset_id), Here.of(shared_monitor())), elem_id="start-here")
+        preset = by_id[preset_id] if preset_id else None
+        gr.Markdown(start_line(preset, Here.of(shared_monitor())), elem_id="start-here")
         page.build(sections)
         page.wire(blocks, sections)
         wire_start(page, job, runs)

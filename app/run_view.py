@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
@@ -45,6 +47,10 @@ from tunedeck.backend.runs import (
     write_notes,
 )
 
+if TYPE_CHECKING:
+    from tunedeck.backend.runs import UnreadableJob
+    from tunedeck.backend.spec import JobSpec
+
 # What a redraw may send, in the order of RunView.outputs (attributes the layout sets).
 OUTPUTS = (
     "shown", "select", "overlay", "table", "status", "progress", "facts", "summary", "name", "notes", "error",
@@ -60,7 +66,8 @@ class RunView(Section):
         self.index = RunsIndex(manager)
         self.watches = RunWatches()
         self.lineage = Lineage(manager)  # a resumed run's forebears, whose loss its chart draws before its own
-        self.memory_hook = None  # optional: (spec dict, measured peaks) -> markdown, set by the estimate view
+        # optional: (the run's job, measured peaks) -> markdown, set by the estimate view
+        self.memory_hook: Callable[[JobSpec | UnreadableJob, dict], str] | None = None
 
     def build(self, page: Page) -> None:
         add = page.ui.add
@@ -193,7 +200,7 @@ class RunView(Section):
             out[self.overlay] = gr.update(choices=[("(none)", "")] + choices, value=overlay or "")
             out[self.table] = [table_row(r, self.index.facts(r)) for r in runs]
             shown.runs_sig = runs_sig
-        if status is None:
+        if status is None or run_id is None:  # (no status without a run)
             shown.shown_run = None
             return
         watch, other = self._records(run_id), None
@@ -251,7 +258,7 @@ class RunView(Section):
         if charts_due:
             if new_run or drawn[0] != plots[0]:  # another run or overlay: what the overlaid run did differently
                 out[self.compared] = compared_line(self.manager, run_id, other and overlay)
-            drawn_runs = [("this run", watch.records)] + ([(overlay, other.records)] if other else [])
+            drawn_runs = [("this run", watch.records)] + ([(overlay, other.records)] if other and overlay else [])
             before = self.lineage.records_before(run_id, facts.job, watch, self._records)
             shown.charts_sig, shown.charts_at = plots, time.monotonic()
             out.update(

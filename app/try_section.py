@@ -135,7 +135,7 @@ def wire_try(ui, view: AfterView) -> None:
         for updates in view.answer(
             *args,
             settings,
-            session=request.session_hash,
+            session=request.session_hash or "",  # Gradio gives none outside a browser session
             expected=expected,
             history=turns if conversing else None,
             system=(value["after.system"] or "") if chat else "",
@@ -223,6 +223,6 @@ def wire_try(ui, view: AfterView) -> None:
     listen([ui["after.new_chat"].click], on_new_chat, [], new_chat_out, show_progress="hidden")
 
     def on_release(got: Got, request: gr.Request) -> Updates:
-        return {ui[k]: v for k, v in view.release_session(request.session_hash).items()}
+        return {ui[k]: v for k, v in view.release_session(request.session_hash or "").items()}
 
     listen([ui["after.release"].click], on_release, [run], [ui["after.status"]])

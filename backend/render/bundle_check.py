@@ -163,6 +163,7 @@ def _load_accelerate_config(directory: Path):
 
 def _dry_launch(directory: Path, spec) -> tuple[str, Any, dict[str, str]]:
     """Resolve launch.sh's command line as `accelerate launch` does, up to the point of starting processes."""
+    from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils import launch as launch_utils
 
@@ -179,7 +180,7 @@ def _dry_launch(directory: Path, spec) -> tuple[str, Any, dict[str, str]]:
         try:
             # The same dispatch as accelerate.commands.launch.launch_command.
             if args.use_deepspeed and not args.cpu:
-                fields = list(defaults.deepspeed_config.keys()) if defaults else []
+                fields = list(defaults.deepspeed_config or {}) if isinstance(defaults, ClusterConfig) else []
                 if mp_from_config:
                     fields.append("mixed_precision")
                 args.deepspeed_fields_from_accelerate_config = ",".join(fields)

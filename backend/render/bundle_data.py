@@ -101,7 +101,9 @@ def plan_data(spec: JobSpec) -> DataPlan:
 
 def carried_spec(spec: JobSpec, plan: DataPlan) -> JobSpec:
     """The job as the bundle runs it: each carried source named by its path in the bundle (./data/...)."""
-    moved = {_key(_on_this_machine(item.source)): item.job_path for item in plan.carried}
+    moved = {  # (a carried source is always a path on this machine)
+        _key(here): item.job_path for item in plan.carried if (here := _on_this_machine(item.source)) is not None
+    }
 
     def where(source: str) -> str:
         here = _on_this_machine(source)

@@ -43,7 +43,7 @@ def answers_markdown(record: dict | None, as_text: Callable[[str], str]) -> str:
     if not record or not record.get("groups"):
         return ""
     lines = [
-        f"#### What the model writes (step {as_text(record.get('step'))})",
+        f"#### What the model writes (step {as_text(str(record.get('step')))})",
         "The answers of the last logging step to two prompts, best first, each reward's score and its advantage "
         "(above 0: made more likely).",
     ]

@@ -20,7 +20,7 @@ RunManager.start refuses on the errors, before a run folder exists.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from tunedeck.backend.machine.nvml import gpu_indices  # a name of this module too: tests stand in for it
@@ -176,7 +176,7 @@ def gpu_problems(
     return []
 
 
-def claim_gpus(spec, runs: list[RunStatus], ahead: list[RunStatus] = ()) -> list[int] | None:
+def claim_gpus(spec, runs: list[RunStatus], ahead: Sequence[RunStatus] = ()) -> list[int] | None:
     """The GPUs the run will use; refuses GPUs that a live run holds, unless it is queued after that run
     (`ahead`). None for CPU runs."""
     if spec.launch.use_cpu:
@@ -236,7 +236,7 @@ def resume_problems(spec, runs_dir: Path) -> list[Problem]:
     ]
 
 
-def check_resume(spec, runs_dir: Path, runs: list[RunStatus] = ()) -> None:
+def check_resume(spec, runs_dir: Path, runs: Sequence[RunStatus] = ()) -> None:
     """RunError when resuming has nothing to resume from (resume_problems)."""
     problems = resume_problems(spec, runs_dir)
     if problems:

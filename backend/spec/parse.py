@@ -74,7 +74,7 @@ def _describe_pydantic_error(err: ErrorDetails) -> tuple[str, str]:
         path = ".".join(shown(p) for p in err["loc"])  # the input's own key: may hold anything
         return path, "unknown field; check its spelling (`tunedeck schema` lists every field)"
     # A check of ours raised ValueError: its message without pydantic's "Value error, " prefix.
-    msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+    msg = str(err.get("ctx", {}).get("error")) if err["type"] == "value_error" else err["msg"]
     field = field_info(path)
     if field is not None and field.description:
         msg = f"{msg}. ({field.description})"

@@ -15,7 +15,7 @@ does not apply is ignored, and the job says so.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 
 from tunedeck.backend.spec import JobSpec, field_info, flat_values
 from tunedeck.backend.spec.applies import applies, when
@@ -59,13 +59,14 @@ def validate(spec: JobSpec) -> list[Problem]:
     return sorted(problems, key=lambda p: p.level != "error")
 
 
-def ignored_settings(spec: JobSpec, named: set[str] = frozenset()) -> list[Problem]:
+def ignored_settings(spec: JobSpec, named: Set[str] = frozenset()) -> list[Problem]:
     """A warning for each field that differs from its default where it does not apply (unless a rule
     already named that field, with more to say)."""
     values = flat_values(spec)
     out = []
     for path, value in values.items():
-        default = field_info(path).get_default(call_default_factory=True)
+        info = field_info(path)  # every path of flat_values is a field
+        default = info.get_default(call_default_factory=True) if info else None
         if path in named or value == default or applies(path, values):
             continue
         rule = when(path)
