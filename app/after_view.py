@@ -43,7 +43,7 @@ from tunedeck.backend.after import (
     verdict,
 )
 from tunedeck.backend.data import keep_upload
-from tunedeck.backend.render.serve import SERVE_FILE
+from tunedeck.backend.render import SERVE_FILE
 from tunedeck.backend.runs import AfterError, RunError, RunManager, UnreadableJob, list_weights
 
 MERGED_DIR = "merged"  # under the run folder: where the page writes merged models

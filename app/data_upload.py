@@ -6,8 +6,7 @@ from pathlib import Path
 
 from tunedeck.app.untrusted_text import as_text, code_span
 from tunedeck.backend.data import UploadError, dataset_changes, keep_upload
-from tunedeck.backend.render.bundle_data import plan_data
-from tunedeck.backend.render.carried import DATA_CAP_WORDS
+from tunedeck.backend.render import DATA_CAP_WORDS, plan_data
 from tunedeck.backend.spec import JobSpec, SpecError, Values, shown, spec_from_values
 
 COLUMNS_LISTED = 20  # of the first row's columns (up to data_sniff.MAX_COLUMNS), in the notice

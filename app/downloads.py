@@ -47,7 +47,7 @@ class BundleWriter:
     def write(self, files: dict[str, str], zip_name: str = "tunedeck-bundle.zip") -> tuple[Path, list[Path]]:
         """Write the files and their zip; returns (zip path, file paths in bundle order). The zip carries the job's
         local data (the module's docstring); the files alone are those given."""
-        from tunedeck.backend.render.bundle_data import carry
+        from tunedeck.backend.render import carry
 
         _check_names([*files, zip_name])
         zipped, plan = carry(files)

@@ -146,8 +146,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tunedeck.backend.render import write_bundle
-    from tunedeck.backend.render.bundle_data import bundle_files
+    from tunedeck.backend.render import bundle_files, write_bundle
     from tunedeck.backend.spec import shown
 
     spec = load_spec_or_exit(args)
@@ -181,7 +180,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from tunedeck.backend.render.bundle_check import BundleCheckError, check_bundle
+    from tunedeck.backend.render import BundleCheckError, check_bundle
     from tunedeck.backend.spec import SpecError
 
     folder = Path(args.bundle)

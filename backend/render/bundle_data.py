@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from tunedeck.backend.recipe import CUSTOM_REWARD, DATA_FILE_BUILDERS, MIX_ENTRY
-from tunedeck.backend.render import render_bundle
+from tunedeck.backend.render.bundle import render_bundle
 from tunedeck.backend.render.carried import (
     DATA_CAP_BYTES,
     DATA_CAP_WORDS,
