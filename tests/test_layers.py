@@ -384,6 +384,162 @@ def test_a_new_module_must_be_placed_in_a_layer():
     ]
 
 
+# Issue 33: the panel and the CLI use a backend package through its face, the names its __init__ lists in __all__
+# (`from tunedeck.backend.spec import JobSpec`), never through its modules: a package can then move code between its
+# modules without touching either front end. backend/ itself holds packages, and a few modules at most.
+FRONT_ENDS = ("tunedeck.app", "tunedeck.backend.cli")
+FACE = re.compile(r"tunedeck\.backend\.\w+")
+MAX_LOOSE_BACKEND_MODULES = 8
+
+
+def face_names(source: str) -> set[str]:
+    """The names a package's __init__ lists in `__all__`, as written."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "__all__" for target in node.targets):
+            return {element.value for element in node.value.elts if isinstance(element, ast.Constant)}
+    return set()
+
+
+def source_path(module: str, known: set[str]) -> str:
+    parts = module.split(".")[1:]
+    return "/".join(parts) + ("/__init__.py" if any(name.startswith(module + ".") for name in known) else ".py")
+
+
+def face_violations(sources: dict[str, str]) -> list[str]:
+    """Each import in app/ and backend/cli/ (function-local ones and module names in strings included) that reaches
+    past a backend package's face, as 'path:line what (the face to use)'."""
+    known = set(sources)
+    problems = []
+    for module, source in sorted(sources.items()):
+        if not any(module == end or module.startswith(end + ".") for end in FRONT_ENDS):
+            continue
+        own = FACE.match(module).group() if module.startswith("tunedeck.backend.") else None
+        path = source_path(module, known)
+        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                reached = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                if FACE.fullmatch(base) and base != own and base in known:
+                    names = face_names(sources[base])
+                    for alias in node.names:
+                        if f"{base}.{alias.name}" in known:
+                            reached = [f"{base}.{alias.name}"]
+                        elif alias.name not in names:
+                            problems.append(
+                                f"{path}:{node.lineno} imports {alias.name} from {base}, whose face does not name it "
+                                f"(add it to __all__ in {source_path(base, known)})"
+                            )
+                            continue
+                        else:
+                            continue
+                        problems += _past_face(path, node.lineno, reached, own, known)
+                    continue
+                reached = [base]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known:
+                reached = [node.value]
+            else:
+                continue
+            problems += _past_face(path, node.lineno, reached, own, known)
+    return sorted(problems, key=lambda problem: (problem.split(":")[0], int(problem.split(":")[1].split()[0])))
+
+
+def _past_face(path: str, line: int, modules: list[str], own: str | None, known: set[str]) -> list[str]:
+    found = []
+    for target in modules:
+        face = FACE.match(target)
+        if face and target != face.group() and face.group() != own and face.group() in known:
+            found.append(
+                f"{path}:{line} imports {target} (the panel and the CLI import package faces only: "
+                f"from {face.group()} import ...)"
+            )
+    return found
+
+
+# Left to the recipe package's item (issue 33, item 1): its face names another OBJECTIVES (objectives.py's, not the
+# Objective table's) and not the vocabulary's STRATEGIES. Delete each entry as the face names what these import.
+FACES_LEFT_TO_OTHER_ITEMS = {
+    ("app/charts.py", "tunedeck.backend.recipe.objectives_table"),
+    ("app/job_outputs.py", "tunedeck.backend.recipe.vocabulary"),
+}
+
+
+def test_the_front_ends_import_package_faces_only():
+    sources = package_sources()
+    assert {"tunedeck.app.page", "tunedeck.backend.cli", "tunedeck.backend.spec"} <= set(sources)
+    left = {(path, target) for path, target in FACES_LEFT_TO_OTHER_ITEMS}
+    problems = [p for p in face_violations(sources) if (p.split(":")[0], p.split(" ")[2]) not in left]
+    assert problems == []
+
+
+def test_an_import_past_a_face_is_named(tmp_path):
+    files = {
+        "backend/spec/__init__.py": 'from tunedeck.backend.spec.fields import FORM_FIELDS\n\n__all__ = ["FORM_FIELDS"]\n',
+        "backend/spec/fields.py": "FORM_FIELDS = []\nJOB = 1\n",
+        "backend/runs/__init__.py": "__all__ = []\n",
+        "backend/runs/manager.py": "class RunManager: ...\n",
+        "backend/cli/__init__.py": "from tunedeck.backend.cli import runs\nfrom tunedeck.backend.spec import FORM_FIELDS\n",
+        "backend/cli/runs.py": "from ..spec.fields import FORM_FIELDS\nCOMMANDS = ['tunedeck.backend.cli.runs']\n",
+        "app/page.py": (
+            "import importlib\n"
+            "from tunedeck.backend.spec import FORM_FIELDS\n"
+            "from tunedeck.backend.spec.fields import JOB\n"
+            "def f():\n"
+            "    from tunedeck.backend.runs.manager import RunManager\n"
+            "    return importlib.import_module('tunedeck.backend.runs.manager')\n"
+            "from tunedeck.backend.runs import manager\n"
+            "from tunedeck.backend.spec import JOB\n"
+            "import tunedeck.backend.spec.fields\n"
+        ),
+    }
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    face = "(the panel and the CLI import package faces only: from tunedeck.backend.{} import ...)"
+    assert face_violations(package_sources(tmp_path)) == [
+        f"app/page.py:3 imports tunedeck.backend.spec.fields {face.format('spec')}",
+        f"app/page.py:5 imports tunedeck.backend.runs.manager {face.format('runs')}",
+        f"app/page.py:6 imports tunedeck.backend.runs.manager {face.format('runs')}",
+        f"app/page.py:7 imports tunedeck.backend.runs.manager {face.format('runs')}",
+        "app/page.py:8 imports JOB from tunedeck.backend.spec, whose face does not name it "
+        "(add it to __all__ in backend/spec/__init__.py)",
+        f"app/page.py:9 imports tunedeck.backend.spec.fields {face.format('spec')}",
+        f"backend/cli/runs.py:1 imports tunedeck.backend.spec.fields {face.format('spec')}",
+    ]
+
+
+def loose_backend_modules(root: Path = REPO) -> list[str]:
+    """A problem if backend/ holds more than MAX_LOOSE_BACKEND_MODULES modules directly, outside its packages."""
+    loose = sorted(file.name for file in (root / "backend").glob("*.py"))
+    if len(loose) <= MAX_LOOSE_BACKEND_MODULES:
+        return []
+    return [
+        f"backend/ holds {len(loose)} modules directly ({', '.join(loose)}; at most {MAX_LOOSE_BACKEND_MODULES}): "
+        "move each into the package of its role and place new packages in LAYERS"
+    ]
+
+
+def test_backend_holds_packages_and_few_modules():
+    assert loose_backend_modules() == []
+
+
+def test_too_many_loose_backend_modules_are_named(tmp_path):
+    (tmp_path / "backend" / "spec").mkdir(parents=True)
+    (tmp_path / "backend" / "spec" / "fields.py").write_text("")
+    for name in ["__init__", *(f"m{i}" for i in range(MAX_LOOSE_BACKEND_MODULES - 1))]:
+        (tmp_path / "backend" / f"{name}.py").write_text("")
+    assert loose_backend_modules(tmp_path) == []
+    (tmp_path / "backend" / "extra.py").write_text("")
+    assert loose_backend_modules(tmp_path) == [
+        "backend/ holds 9 modules directly (__init__.py, extra.py, m0.py, m1.py, m2.py, m3.py, m4.py, m5.py, m6.py; "
+        "at most 8): move each into the package of its role and place new packages in LAYERS"
+    ]
+
+
 def test_rendering_reads_the_recipe_once():
     """The panel renders the bundle on every change: the generators read no file per call (the recipe's
     modules once each)."""
