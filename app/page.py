@@ -26,6 +26,7 @@ from tunedeck.app.job_view import JOB_QUEUE
 from tunedeck.app.live_progress import POLL_JS, progress_route
 from tunedeck.app.monitor_view import MonitorView
 from tunedeck.app.registry import Got, Registry, Updates, handler, listen, unique
+from tunedeck.app.run_actions import start_run, start_smoke, start_sweep
 from tunedeck.app.run_view import RunView
 from tunedeck.app.section import Page
 from tunedeck.app.text_edits import FORWARD_EDITS_JS
@@ -169,9 +170,9 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
         return on_click
 
     launches = (
-        ("job.start", runs.start, "run"),
-        ("job.queue", functools.partial(runs.start, queue=True), "queued run"),
-        ("job.smoke", runs.start_smoke, "smoke run"),
+        ("job.start", functools.partial(start_run, runs.manager, runs.index), "run"),
+        ("job.queue", functools.partial(start_run, runs.manager, runs.index, queue=True), "queued run"),
+        ("job.smoke", functools.partial(start_smoke, runs.manager, runs.index), "smoke run"),
     )
     for button_id, start, what in launches:
         button = page.ui[button_id]
@@ -195,7 +196,7 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
     def on_sweep(got: Got) -> Updates:
         try:
             spec = spec_as_shown([got[c] for c in form], got[digest], got[job_shown])
-            queued, shown = runs.queue_sweep(spec, got[vary])
+            queued, shown = start_sweep(runs.manager, runs.index, spec, got[vary])
         except (SpecError, RunError, SweepError, NotShownYet) as exc:
             return {page.notice: f"✗ **Not started:** {user_message(exc, markdown=True)}"}
         listed = ", ".join(f"`{run_id}`" for run_id in queued)

@@ -35,15 +35,10 @@ from tunedeck.backend.runs import (
     RunError,
     RunManager,
     answers_markdown,
-    combinations,
-    label,
     latest_answers,
     live_phase,
     measured_peaks,
-    queue_sweep,
-    start_smoke_run,
     summarize,
-    sweep_specs,
     write_notes,
 )
 
@@ -287,26 +282,6 @@ class RunView(Section):
             except Exception as exc:  # noqa: BLE001 - the estimate is advice: never let it break the run view
                 return f"(memory estimate unavailable: {as_text(exc)})"
         return memory_line(peaks)
-
-    def start(self, spec, queue: bool = False) -> tuple[str, RunShown]:
-        """Launch `spec` (RunError says why not), with `queue` once the live runs holding its GPUs have ended;
-        the view then follows the new run."""
-        run_id = self.manager.start(spec, queue=queue)
-        self.index.runs(fresh=True)
-        return run_id, RunShown(run=run_id, follow=False)
-
-    def queue_sweep(self, spec, vary: str) -> tuple[list[str], RunShown]:
-        """One run of `spec` per combination of the Vary box's values, queued one after another; follows the first."""
-        grid = combinations([line for line in vary.splitlines() if line.strip()])
-        queued = queue_sweep(self.manager, sweep_specs(spec, grid), [label(values) for values in grid])
-        self.index.runs(fresh=True)
-        return queued, RunShown(run=queued[0], follow=False)
-
-    def start_smoke(self, spec) -> tuple[str, RunShown]:
-        """Launch the smoke run of `spec` (SmokeError or RunError say why not); the view then follows it."""
-        run_id = start_smoke_run(self.manager, spec)
-        self.index.runs(fresh=True)
-        return run_id, RunShown(run=run_id, follow=False)
 
     def wire(self, page: Page) -> None:
         """Run picker, chart options, Stop, Resume, name and notes; the page's tick and load redraw what changed."""
