@@ -36,8 +36,8 @@ from pathlib import Path
 
 import yaml
 
-from tunedeck.backend.spec import PACKAGE_DIR, demo_home
 from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
+from tunedeck.backend.spec import PACKAGE_DIR, demo_home
 
 RECIPE_PATH = PACKAGE_DIR / "assets" / "demo" / "recipe.yaml"
 FORMATS = tuple(DATASET_FORMATS)
