@@ -66,9 +66,6 @@ LONG_ON_PURPOSE = {
 # Issue 33: the items rewriting these modules (the recipe package, the Layout, the typed run side) remove their
 # `# fmt: skip` markers off tables; delete each entry as its module is done.
 SKIPS_LEFT_TO_OTHER_ITEMS = {
-    "backend/estimate/advisor.py",
-    "backend/estimate/memory.py",
-    "backend/estimate/speed_schedule.py",
     "backend/recipe/objectives_table.py",
     "backend/recipe/vocabulary.py",
     "backend/runs/folder.py",
