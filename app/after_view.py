@@ -45,6 +45,7 @@ from tunedeck.backend.after import (
 from tunedeck.backend.data import keep_upload
 from tunedeck.backend.render import SERVE_FILE
 from tunedeck.backend.runs import AfterError, RunError, RunManager, UnreadableJob, list_weights
+from tunedeck.backend.spec import JobSpec
 
 MERGED_DIR = "merged"  # under the run folder: where the page writes merged models
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -68,12 +69,14 @@ class AfterView:
         self.components: dict = {}
         self._held: dict[str, set[Model]] = {}  # browser session -> the models it loaded
         self._held_lock = threading.Lock()
-        self._examples: dict[str, tuple] = {}  # run id -> its data's (prompt, answer) pairs, source, held out?
+        self._examples: dict[
+            str, tuple[list[tuple[object, str]], str, bool]
+        ] = {}  # run id -> its data's (prompt, answer) pairs, source, held out?
         self._downloads = downloads or BundleWriter()  # the answers file offered for download
 
     # ------------------------------------------------------------ choices
 
-    def _run(self, run_id: str) -> tuple[Path, dict]:
+    def _run(self, run_id: str) -> tuple[Path, JobSpec]:
         if not run_id:
             raise AfterError("pick a run first")
         try:
@@ -194,7 +197,7 @@ class AfterView:
 
     def converses(self, run_id: str) -> bool:
         """Whether the run trained on conversations (messages data, through the chat template)."""
-        return bool(run_id) and (self._run(run_id)[1].get("dataset") or {}).get("format") == "messages"
+        return bool(run_id) and self._run(run_id)[1].dataset.format == "messages"
 
     def example(self, run_id: str, number: int | None = None, conversing: bool = True) -> dict:
         """A prompt from the run's data (held out first) for the prompt box, and the data's answer beside it;
@@ -246,7 +249,7 @@ class AfterView:
         events.put({"event": "loaded", "key": key, "worker": worker})
         conversing = turns is not None and worker.info.get("template") == "chat"
         # The page learns where the model runs before its first token; in a conversation, the turns so far.
-        yield transcript(turns, prompt) if conversing else ""
+        yield transcript(turns, prompt) if conversing and turns is not None else ""
         summary = yield from worker.generate(prompt, settings, history=turns if conversing else None, system=system)
         events.put({"event": "answered", "key": key, "summary": summary})
         return summary

@@ -44,7 +44,7 @@ def check_output_dir(out_dir: Path) -> Path:
 
 
 def merge_run(
-    run_dir: Path, job: dict, run_id: str, weights: Weights, out_dir: Path, dtype: str, device: str, progress=None
+    run_dir: Path, job: JobSpec, run_id: str, weights: Weights, out_dir: Path, dtype: str, device: str, progress=None
 ) -> dict:
     """Merge and save; returns what was written (out_dir, files, dtype, ...)."""
     from tunedeck.backend.after.model_load import load_base, load_tokenizer, with_adapter

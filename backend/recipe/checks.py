@@ -69,7 +69,7 @@ def _rows(path: Path, limit: int):
         if suffix == ".json" and head.startswith("["):
             try:
                 items = json.load(f)
-            except ValueError as exc:
+            except json.JSONDecodeError as exc:
                 raise JobError(
                     f"dataset.path: {path} line {exc.lineno} is not valid JSON ({exc.msg}): fix the file"
                 ) from None
@@ -81,7 +81,7 @@ def _rows(path: Path, limit: int):
                 continue
             try:
                 row = json.loads(line)
-            except ValueError as exc:
+            except json.JSONDecodeError as exc:
                 raise JobError(
                     f"dataset.path: {path} line {number} is not valid JSON ({exc.msg}): fix or remove "
                     "that line; each line must be one JSON object"

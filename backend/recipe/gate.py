@@ -124,7 +124,7 @@ def _process_problems(expected: dict, facts: dict) -> list[str]:
         return []
     got, why = str(got_ranks), ""
     if got_machines != asked_machines:
-        got += f" on {_count(got_machines, 'machine')} ({', '.join(sorted(set(nodes)))})"
+        got += f" on {_count(got_machines, 'machine')} ({', '.join(sorted(set(nodes or [])))})"
         why = ": start launch.sh once on every machine, each with its own MACHINE_RANK"
     if got_ranks == 1 and asked_ranks > 1:
         why = (

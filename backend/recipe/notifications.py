@@ -81,7 +81,7 @@ def notification(
     if last:
         text += f" · step {last['step']}/{last.get('max_steps', '?')} · loss {last['loss']:.4f}"
     text += f" · {error[:500]}" if error else ""
-    text = WEBHOOK_ESCAPES.get(service, str)(text)
+    text = WEBHOOK_ESCAPES.get(service or "", str)(text)
     body = {
         "text": text,  # Slack, Teams and most webhooks show "text"; Discord shows "content"
         "content": text[:2000],  # Discord's limit

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import io
 import json
 import os
 import signal
@@ -37,8 +38,9 @@ def redirect_output(run_dir: Path, rank: int):
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
+    for stream in (sys.stdout, sys.stderr):  # typed TextIO; the interpreter's own streams are TextIOWrappers
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True)
     faulthandler.enable()  # a crash in C code still leaves a Python stack in the log
     # Where is a stuck rank? `kill -USR1 PID` (or tunedeck, when the run stalls) writes every thread's stack here.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

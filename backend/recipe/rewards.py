@@ -11,6 +11,7 @@ import inspect
 import math
 import numbers
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from .job import JobError
@@ -48,7 +49,7 @@ def _number(text: str) -> float | None:
         return None
 
 
-def _per_answer(score):
+def _per_answer(score: Callable[[str, str], float]) -> Callable[..., list[float | None]]:
     """A reward as TRL calls it, from score(final answer, reference's final answer); None for a row without one."""
 
     @functools.wraps(score)  # TRL names a reward by its function's name
@@ -73,8 +74,10 @@ def exact_answer(got: str, want: str) -> float:
 def close_answer(got: str, want: str) -> float:
     """Partial credit: a number off by d scores 1/(1+d) (a non-number 0); other answers the share of their words in
     the right place."""
-    if _number(want) is not None:
-        return 0.0 if _number(got) is None else 1.0 / (1.0 + abs(_number(got) - _number(want)))
+    target = _number(want)
+    if target is not None:
+        number = _number(got)
+        return 0.0 if number is None else 1.0 / (1.0 + abs(number - target))
     words, wanted = got.split(), want.split()
     return sum(a == b for a, b in zip(words, wanted)) / max(len(words), len(wanted), 1)
 
@@ -113,7 +116,9 @@ def reward_functions(job: dict) -> list:
             functions.append(checked_reward(REWARD_FUNCTIONS[entry], f"the reward {entry} (grpo.rewards[{index}])"))
             continue
         found = CUSTOM_REWARD.match(entry)
-        spec = importlib.util.spec_from_file_location(f"reward_{Path(found['file']).stem}", found["file"])
+        spec = found and importlib.util.spec_from_file_location(f"reward_{Path(found['file']).stem}", found["file"])
+        if found is None or spec is None or spec.loader is None:  # validation refused such an entry before the run
+            raise JobError(f"grpo.rewards[{index}]: {entry} is neither a built-in reward nor FILE.py:FUNCTION")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         name = f"the reward {found['function']} (grpo.rewards[{index}]: {entry})"

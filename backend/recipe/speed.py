@@ -102,7 +102,7 @@ def flops_per_token(
     full,
     checkpointing,
     layer_matmul_params=None,
-    extra_forwards=0,
+    extra_forwards: float = 0,
 ):
     """(model FLOPs, hardware FLOPs) per trained token of one training step (forward + backward).
 
@@ -147,7 +147,8 @@ def speed_facts(trainer, trainable: int, total: int, objective: str = "sft") -> 
     elif args.fp16:
         dtype = "fp16"
     else:
-        dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(getattr(model, "dtype", None))
+        loaded = getattr(model, "dtype", None)
+        dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(loaded) if loaded is not None else None
         dtype = dtype or ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
     gpu = torch.cuda.get_device_name(args.device) if torch.cuda.is_available() and args.device.type == "cuda" else None
     facts = {

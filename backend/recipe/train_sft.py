@@ -150,7 +150,7 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--job", type=Path, default=Path("job.yaml"), help="job spec YAML (default job.yaml)")
     parser.add_argument(
         "--training-args",

@@ -43,7 +43,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Set
 from pathlib import Path
+from typing import TypeGuard
 
 import psutil
 
@@ -59,6 +61,8 @@ def recipe_module(name: str):
         spec = importlib.util.spec_from_file_location(
             "tunedeck_recipe", folder / "__init__.py", submodule_search_locations=[str(folder)]
         )
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no recipe package at {folder}")
         package = importlib.util.module_from_spec(spec)
         sys.modules["tunedeck_recipe"] = package
         spec.loader.exec_module(package)
@@ -66,9 +70,14 @@ def recipe_module(name: str):
 
 
 # The run folder's names, the stall rule and the notification's variable, as the recipe writes and reads them.
-_records, _watchdog = recipe_module("records"), recipe_module("watchdog")
-STOP_FILE, METRICS_FILE, ERRORS_FILE = _records.STOP_FILE, _records.METRICS_FILE, _records.ERRORS_FILE
-PROGRESS_FILE, STARTUP_FILE = _records.PROGRESS_FILE, _records.STARTUP_FILE
+# (_records below is this module's reader of errors.jsonl: the recipe's module goes by another name.)
+_recipe_records, _watchdog = recipe_module("records"), recipe_module("watchdog")
+STOP_FILE, METRICS_FILE, ERRORS_FILE = (
+    _recipe_records.STOP_FILE,
+    _recipe_records.METRICS_FILE,
+    _recipe_records.ERRORS_FILE,
+)
+PROGRESS_FILE, STARTUP_FILE = _recipe_records.PROGRESS_FILE, _recipe_records.STARTUP_FILE
 STALL_GAP_FACTOR, WATCHED_PHASES = _watchdog.STALL_GAP_FACTOR, _watchdog.WATCHED_PHASES
 NOTIFY_ENV = recipe_module("notifications").NOTIFY_ENV
 STATUS_FILE = "status.json"
@@ -160,7 +169,7 @@ def since_boot(proc: psutil.Process) -> float:
     return proc.create_time() - psutil.boot_time()
 
 
-def is_alive(identity: dict | None) -> bool:
+def is_alive(identity: dict | None) -> TypeGuard[dict]:
     """Whether the process recorded (process_identity) is still the one running."""
     if not identity or not identity.get("pid"):
         return False
@@ -216,13 +225,13 @@ def end_record(run_dir: Path) -> dict | None:
 #   exitcode  : -9 (pid: 11024)  (SIGKILL)
 ELASTIC_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
 SIGNAL_NAMES = {sig.value: sig.name for sig in signal.Signals}
-SIGNAL_CAUSES = {
+SIGNAL_CAUSES: dict[int, str] = {
     signal.SIGKILL: "out of memory (the kernel's OOM killer: see `dmesg`) or killed by hand",
     **dict.fromkeys((signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT), "a crash in native code: its log has the stack"),
 }
 
 
-def killed_rank(run_dir: Path, ours: set[int] = frozenset()) -> tuple[int, int] | None:
+def killed_rank(run_dir: Path, ours: Set[int] = frozenset()) -> tuple[int, int] | None:
     """(rank, signal) of a rank killed by a signal it cannot catch, from the launcher's failure summary.
 
     A rank killed this way writes nothing itself, and the others then fail with a lost
@@ -252,12 +261,10 @@ def _rank_errors(run_dir: Path) -> list[dict]:
         return []
 
 
-def first_failure(run_dir: Path, ours: set[int] = frozenset()) -> str | None:
+def first_failure(run_dir: Path, ours: Set[int] = frozenset()) -> str | None:
     """Why the run failed: a rank killed by a signal, else the rank that failed first (train.py's
     errors.jsonl), else the launcher log's tail."""
-    failures = sorted(
-        _rank_errors(run_dir), key=lambda f: f.get("time") if isinstance(f.get("time"), (int, float)) else 0
-    )
+    failures = sorted(_rank_errors(run_dir), key=lambda f: at if isinstance(at := f.get("time"), (int, float)) else 0)
     killed = killed_rank(run_dir, ours)
     if killed:
         rank, signum = killed
@@ -316,7 +323,7 @@ def short_of_its_end(run_dir: Path) -> str | None:
 
 
 def final_state(
-    run_dir: Path, exit_code: int | None, stop_requested: bool, ours: set[int] = frozenset()
+    run_dir: Path, exit_code: int | None, stop_requested: bool, ours: Set[int] = frozenset()
 ) -> tuple[str, str | None]:
     """(state, error) of a run whose launcher has exited: what the run's own records say it got, not its exit code.
     A run "finished" only when rank 0 wrote so in its end record, at its last step."""
@@ -572,7 +579,12 @@ def supervise(run_dir: Path) -> int:
                         child.send_signal(signal.SIGTERM)
             if time.monotonic() > stop_deadline:
                 _kill_run(launcher)
-            elif signalled and not _children(launcher.pid) and time.monotonic() > stop_since + 5:
+            elif (
+                signalled
+                and stop_since is not None
+                and not _children(launcher.pid)
+                and time.monotonic() > stop_since + 5
+            ):
                 launcher.terminate()  # the ranks are gone but the launcher lingers
         time.sleep(POLL_S)
     exit_code = launcher.returncode

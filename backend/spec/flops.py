@@ -47,7 +47,7 @@ def arch_matmul_params(arch) -> tuple[int, int]:
 
 
 def arch_flops_per_token(
-    arch, trainable: int, seq_len: int, full: bool, checkpointing: bool, extra_forwards: int = 0
+    arch, trainable: int, seq_len: int, full: bool, checkpointing: bool, extra_forwards: float = 0
 ) -> tuple[float, float]:
     """flops_per_token for a catalog.ModelArch."""
     matmul, layer_matmul = arch_matmul_params(arch)
