@@ -1,26 +1,23 @@
 """What each job.objective trains with: TRL's config and trainer classes, the forward passes it adds per token, and
-what its trainer logs, as the log records name it. A new objective is a row in each table here.
+what its trainer logs, as the log records name it, all read from its row of the Objective table
+(objectives_table.py): a new objective is a row there. What is GRPO's own (each reward's mean, the reward warning)
+is here too.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 from .job import JobError
+from .objectives_table import OBJECTIVES as TABLE
+from .objectives_table import REFERENCE_OBJECTIVES as REFERENCE_OBJECTIVES  # the objectives that score a reference
 from .rewards import unscored_warning
 
-# Per trained token, the forward passes without gradients of an objective (TRL's trainers), by its reference and
-# by the model itself, and the sequences of a row its token count covers: DPO's reference scores the chosen and
-# the rejected answer (two sequences a row, both counted); KTO's reference scores the answer and a mismatched
-# answer for the KL estimate, which the model scores too (the KL answers are not counted as tokens). GRPO's model
-# writes its answers first, a forward a token (with the KV cache; the prompt once); a KL weight (grpo.beta > 0)
-# adds a reference pass, counted by extra_forwards, not here: without one GRPO has no reference.
-OBJECTIVE_PASSES = {"sft": (0, 0, 1), "dpo": (1, 0, 2), "kto": (2, 1, 1), "grpo": (0, 1, 1)}
-
-
-# The objectives that always score against a reference (the base with the adapters off, or a frozen copy of it).
-REFERENCE_OBJECTIVES = tuple(objective for objective, (reference, _, _) in OBJECTIVE_PASSES.items() if reference)
+# Per trained token, the forward passes without gradients of an objective, by its reference and by the model
+# itself, and the sequences of a row its token count covers (objectives_table.py says why for each).
+OBJECTIVE_PASSES = {name: (o.reference_passes, o.own_passes, o.sequences_per_row) for name, o in TABLE.items()}
 
 
 def extra_forwards(objective: str, precomputed: bool = False, kl_reference: bool = False) -> int:
@@ -34,42 +31,16 @@ def sequences_per_row(objective: str) -> int:
     return OBJECTIVE_PASSES[objective][2]
 
 
-def _both_splits(pairs) -> dict:
-    """{record key: logged key} of the training rows, and under eval_ of the held-out ones."""
-    return {f"{prefix}{key}": f"{prefix}{logged}" for prefix in ("", "eval_") for key, logged in pairs}
-
-
-# Log record key -> what DPOTrainer and KTOTrainer log (eval_ before both for the held-out rows): the implicit
-# rewards beta * log(policy / reference) of the chosen (KTO: good) and rejected (bad) answers, their margin, how
-# often chosen wins (DPO), and KTO's estimate of the KL divergence between the model and its reference.
-PREFERENCE_LOGS = _both_splits(
-    (
-        ("reward_chosen", "rewards/chosen"),
-        ("reward_rejected", "rewards/rejected"),
-        ("reward_margin", "rewards/margins"),
-        ("reward_accuracy", "rewards/accuracies"),
-        ("kl", "kl"),
-    )
-)
-
-
-# Log record key -> what GRPOTrainer logs: the mean and spread of the answers' summed rewards, their mean length
-# in tokens, the share cut at grpo.max_completion_length, and the share of prompts whose answers all scored the
-# same (nothing to learn from them).
-GRPO_LOGS = _both_splits(
-    (
-        ("reward", "reward"),
-        ("reward_std", "reward_std"),
-        ("completion_length", "completions/mean_length"),
-        ("completions_clipped", "completions/clipped_ratio"),
-        ("groups_without_signal", "frac_reward_zero_std"),
-    )
-)
+def objective_record(objective: str | None, logs: dict) -> dict:
+    """The objective's keys of a log record (its row's record keys: rewards, KL, ORPO's odds ratio, GRPO's answers),
+    of the training rows and (eval_) the held-out ones, from what its trainer logged."""
+    keys = TABLE[objective or "sft"].record_keys
+    return {key: logs[logged] for key, logged in keys.items() if logged in logs}
 
 
 def grpo_record(logs: dict) -> dict:
-    """GRPO's keys of a log record: GRPO_LOGS, and each reward's mean under "rewards" ("eval_rewards")."""
-    record = {key: logs[logged] for key, logged in GRPO_LOGS.items() if logged in logs}
+    """GRPO's own keys of a log record: each reward's mean under "rewards" ("eval_rewards")."""
+    record = {}
     for prefix in ("", "eval_"):
         start, end = f"{prefix}rewards/", "/mean"
         rewards = {
@@ -82,25 +53,19 @@ def grpo_record(logs: dict) -> dict:
     return record
 
 
-# What each job.objective trains with: TRL's config and trainer classes.
-OBJECTIVES = {
-    "sft": ("SFTConfig", "SFTTrainer"),
-    "dpo": ("DPOConfig", "DPOTrainer"),
-    "kto": ("KTOConfig", "KTOTrainer"),
-    "grpo": ("GRPOConfig", "GRPOTrainer"),
-}
+# What each job.objective trains with: TRL's config and trainer classes (their module: objectives_table.py).
+OBJECTIVES = {name: (o.config, o.trainer) for name, o in TABLE.items()}
 
 
 def objective_classes(job: dict) -> tuple[type, type]:
-    """(config class, trainer class) of the job's objective: SFT on demonstrations, DPO on preference pairs, KTO on
-    answers labelled good or bad."""
-    import trl
-
+    """(config class, trainer class) of the job's objective, from TRL's module of its row (TRL 1.16 keeps ORPO's and
+    CPO's, SimPO's, in trl.experimental)."""
     objective = job.get("objective") or "sft"
-    if objective not in OBJECTIVES:
-        raise JobError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
-    config, trainer = OBJECTIVES[objective]
-    return getattr(trl, config), getattr(trl, trainer)
+    if objective not in TABLE:
+        raise JobError(f"objective: {objective!r} is not one of {', '.join(TABLE)}")
+    row = TABLE[objective]
+    module = importlib.import_module(row.trl_module)
+    return getattr(module, row.config), getattr(module, row.trainer)
 
 
 def trainer_class(base):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .describe import describe_run, gpu_peaks_gb
 from .gate import gate_error, shared_gate_problems
-from .objectives import PREFERENCE_LOGS, grpo_record
+from .objectives import grpo_record, objective_record
 from .ranks import _any_rank, _world_size, global_rank
 from .records import FAULT_ENV, JsonlWriter, StartupPhases, StopRequest, _parse_fault, write_progress
 from .rewards import write_answers
@@ -167,20 +167,8 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             for key in ("eval_loss", "eval_mean_token_accuracy"):
                 if key in logs:
                     record[key] = logs[key]
-            record.update(grpo_record(logs))
-            # DPO's and KTO's, of the training rows and of the held-out ones
-            for key in ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "kl"):
-                if PREFERENCE_LOGS[key] in logs:
-                    record[key] = logs[PREFERENCE_LOGS[key]]
-            for key in (
-                "eval_reward_chosen",
-                "eval_reward_rejected",
-                "eval_reward_margin",
-                "eval_reward_accuracy",
-                "eval_kl",
-            ):
-                if PREFERENCE_LOGS[key] in logs:
-                    record[key] = logs[PREFERENCE_LOGS[key]]
+            record.update(objective_record(job.get("objective"), logs))  # rewards, KL, ORPO's odds ratio, GRPO's
+            record.update(grpo_record(logs))  # GRPO: each reward's mean
             if peaks:
                 record["gpu_peak_allocated_gb"], record["gpu_peak_reserved_gb"] = peaks
             metrics.write(record)

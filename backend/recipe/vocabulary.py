@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+# What a job learns from, and the dataset formats of each objective: the Objective table's.
+from .objectives_table import OBJECTIVE_FORMATS as OBJECTIVE_FORMATS
+
 Engine = Literal["ddp", "deepspeed", "fsdp"]
 Offload = Literal["cpu", "nvme"]
 
@@ -158,17 +161,6 @@ DATASET_FORMATS: dict[str, DatasetFormat] = {
         ),
     )
 }  # fmt: skip
-
-# What a job learns from, and the dataset formats of each: demonstrations (SFT), preference pairs (DPO),
-# answers rated good or bad (KTO, which also reads pairs: TRL splits each into a good and a bad answer), prompts
-# whose answers the model writes itself and rewards score (GRPO).
-PREFERENCE_FORMATS = ("preference", "unpaired-preference")
-OBJECTIVE_FORMATS: dict[str, tuple[str, ...]] = {
-    "sft": tuple(name for name in DATASET_FORMATS if name not in (*PREFERENCE_FORMATS, "prompt-only")),
-    "dpo": ("preference",),
-    "kto": ("unpaired-preference", "preference"),
-    "grpo": ("prompt-only",),
-}
 
 
 def column_fields() -> dict[str, tuple[Column, list[str]]]:

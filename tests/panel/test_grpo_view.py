@@ -31,7 +31,8 @@ from tunedeck.app.run_index import TABLE_HEADERS
 from tunedeck.app.run_view import RunShown
 from tunedeck.backend import recipe
 from tunedeck.backend.cli.follow import ProgressBar, follow
-from tunedeck.backend.recipe.vocabulary import OBJECTIVE_FORMATS
+from tunedeck.backend.recipe.objectives import objective_record
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 from tunedeck.backend.runs.folder import parse_line, read_records
 from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.runs.summary import facts_line, report, summarize, verdict
@@ -74,7 +75,8 @@ def log_record(step: int, eval_: bool = False, kl: bool = False) -> dict:
         record["eval_loss"] = logs["eval_loss"]
     else:
         record.update(loss=logs["loss"], learning_rate=1e-3, grad_norm=0.5, tokens_per_second=5000.0)
-    record.update(recipe.grpo_record(logs))
+    record.update(objective_record("grpo", logs))  # its row's keys (backend/recipe/objectives_table.py)
+    record.update(recipe.grpo_record(logs))  # each reward's mean
     if kl:
         record[f"{'eval_' if eval_ else ''}kl"] = logs[f"{'eval_' if eval_ else ''}kl"]
     parsed = parse_line(json.dumps(record))
@@ -258,7 +260,9 @@ def test_uploaded_prompts_say_what_grpo_does_with_them_and_the_bundle_names_grpo
     from tunedeck.backend.render import render_bundle
     from tunedeck.backend.spec import resolve_spec
 
-    assert set(OBJECTIVE_SAID) == set(OBJECTIVE_FORMATS)
+    # An upload switches to the first objective that reads its format (backend/data/uploads.py): each is said.
+    switched_to = {next(o for o, formats in OBJECTIVE_FORMATS.items() if f in formats) for f in DATASET_FORMATS}
+    assert set(OBJECTIVE_SAID) == switched_to
     assert "GRPO" in OBJECTIVE_SAID["grpo"] and "`answer`" in OBJECTIVE_SAID["grpo"]
     readme = render_bundle(resolve_spec("demo-grpo"))["README.md"]
     assert "- `train_sft.py`: the training script (TRL GRPOTrainer: the job's objective is grpo)" in readme

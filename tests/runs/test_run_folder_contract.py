@@ -11,8 +11,9 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 
@@ -112,20 +113,20 @@ def _fstrings(tree: ast.AST) -> list[str]:
     ]
 
 
-def grpo_keys(tree: ast.AST) -> set[str]:
-    """The keys of GRPO's log records: GRPO_LOGS's (a dict built from literals: evaluated), and grpo_record's
-    `record[f"{prefix}rewards"]` for each prefix of its loop."""
-    built = next(
-        n.value
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "GRPO_LOGS"
-    )
-    # Literals and comprehensions, through train.py's own helpers (their definitions are run first).
-    called = {n.func.id for n in ast.walk(built) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    namespace: dict = {}
-    for helper in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in called):
-        exec(compile(ast.Module([helper], []), "train.py", "exec"), namespace)
-    keys = set(eval(compile(ast.Expression(built), "GRPO_LOGS", "eval"), namespace))
+def objective_keys(tree: ast.AST) -> set[str]:
+    """The keys of the objectives' log records: each row's record keys in the Objective table (its definitions, run
+    from the source), and GRPO's grpo_record's `record[f"{prefix}rewards"]` for each prefix of its loop."""
+    table = ("Objective", "SFT_FORMATS", "REWARDS", "WINS")
+    nodes = [
+        n
+        for n in tree.body
+        if (isinstance(n, ast.ClassDef) and n.name in table)
+        or (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) in table)
+        or (isinstance(n, ast.AnnAssign) and getattr(n.target, "id", None) == "OBJECTIVES")  # the table itself
+    ]
+    namespace: dict = {"dataclass": dataclass, "Any": Any}
+    exec(compile(ast.Module(nodes, []), "objectives_table.py", "exec"), namespace)
+    keys = {key for row in namespace["OBJECTIVES"].values() for key in row.record_keys}
     function = _function(tree, "grpo_record")
     for loop in (n for n in ast.walk(function) if isinstance(n, ast.For) and isinstance(n.iter, ast.Tuple)):
         prefixes = [_str(e) for e in loop.iter.elts]
@@ -145,7 +146,7 @@ def train_records(source: str) -> dict[str, set[str]]:
         if isinstance(n, ast.Assign) and any(_str(t.slice) == "gate" for t in _stores(n, "record"))
     )  # record["gate"] = {...}
     on_log = _function(tree, "on_log")
-    grpo = any(getattr(n.func, "id", None) == "grpo_record" for n in ast.walk(on_log) if isinstance(n, ast.Call))
+    calls = {getattr(n.func, "id", None) for n in ast.walk(on_log) if isinstance(n, ast.Call)}
     return {
         "start": _returned_dict(_function(tree, "describe_run"))
         | _returned_dict(_function(tree, "load_peaks"))
@@ -154,7 +155,7 @@ def train_records(source: str) -> dict[str, set[str]]:
         "gate": _dicts(gate)[0],
         "log": _stored_keys(on_log)
         | set().union(*_dicts(_function(tree, "utilisation")), *_dicts(_function(tree, "_pace")))
-        | (grpo_keys(tree) if grpo else set()),  # record.update(grpo_record(logs))
+        | (objective_keys(tree) if {"objective_record", "grpo_record"} <= calls else set()),
         "end": next(keys for keys in _dicts(main) if "event" in keys),
         "error": next(keys for keys in _dicts(main) if "rank" in keys),
     }
@@ -203,10 +204,10 @@ def test_a_key_renamed_in_train_alone_fails_the_contract():
     assert record_mismatches(dropped) == {"log": (set(), {"grad_norm"})}
 
 
-def test_grpos_keys_renamed_in_train_alone_fail_the_contract():
-    assert {"reward", "rewards", "eval_rewards", "groups_without_signal", "eval_completion_length"} <= grpo_keys(
-        ast.parse(TRAIN)
-    )
+def test_an_objectives_keys_renamed_in_train_alone_fail_the_contract():
+    keys = objective_keys(ast.parse(TRAIN))
+    assert {"reward", "rewards", "eval_rewards", "groups_without_signal", "eval_completion_length"} <= keys
+    assert {"reward_accuracy", "eval_kl"} <= keys  # DPO's, KTO's
     renamed = TRAIN.replace('("completion_length", "completions/mean_length")', '("length", "completions/mean_length")')
     assert record_mismatches(renamed) == {
         "log": ({"length", "eval_length"}, {"completion_length", "eval_completion_length"})

@@ -13,6 +13,9 @@ from fnmatch import fnmatchcase
 import pytest
 
 from tunedeck.app.charts import GRPO_PANELS, PREFERENCE_PANELS, chart_family, second_row
+from tunedeck.backend.estimate import speed
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import Job, input_values
 from tunedeck.backend.recipe.objectives_table import OBJECTIVES, REFERENCE_OBJECTIVES, knob_readers
 from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS
 from tunedeck.backend.render import render_bundle
@@ -86,6 +89,22 @@ def test_the_speed_and_memory_passes_are_the_rows():
         assert flops.sequences_per_row(o.name) == o.sequences_per_row
 
 
+def test_a_full_fine_tune_holds_a_reference_copy_and_runs_its_passes_only_where_the_row_has_one():
+    def compute_s(spec) -> float:
+        job = Job.from_values(input_values(spec))
+        return speed.predict(job, speed.Hardware.named("H100"), speed.schedule_of(spec, 10_000)).parts["compute"]
+
+    dpo = job("dpo", **{"method": "full", "strategy.kind": "zero2"})
+    for o in ROWS:
+        if o.section != "preference":
+            continue
+        full = job(o.name, **{"method": "full", "strategy.kind": "zero2"})
+        assert (estimate(full).breakdown["reference"] > 13) == o.needs_reference, o.name  # GiB: a 16-bit 7B copy
+        if o.sequences_per_row == 2:  # pairs, as DPO's: a token's forward, backward and recomputation (4) + passes
+            passes = o.reference_passes + o.own_passes
+            assert compute_s(full) / compute_s(dpo) == pytest.approx((4 + passes) / 5, abs=0.02), o.name
+
+
 def test_each_rows_record_keys_are_log_record_fields_and_draw_its_chart_family():
     fields = set(LogRecord.__annotations__)
     families = {**PREFERENCE_PANELS, "answers": GRPO_PANELS}
@@ -108,3 +127,13 @@ def test_the_facts_line_names_each_objective_and_its_reference():
             assert "SFT" not in line
         elif o.name != "grpo":
             assert o.title in line and (("reference: adapters off" in line) == o.needs_reference), line
+
+
+def test_the_recipe_records_each_rows_keys_and_trains_with_its_classes():
+    from tunedeck.backend.recipe.objectives import OBJECTIVES as CLASSES
+    from tunedeck.backend.recipe.objectives import objective_record
+
+    for o in ROWS:
+        logged = dict.fromkeys(o.record_keys.values(), 1.0) | {"rewards/other": 2.0}
+        assert objective_record(o.name, logged) == dict.fromkeys(o.record_keys, 1.0), o.name
+        assert CLASSES[o.name] == (o.config, o.trainer)
