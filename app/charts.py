@@ -37,6 +37,11 @@ PREFERENCE_PANELS = {
         (("reward_chosen", "reward_rejected"), "rewards: good (blue), bad (orange)"),
         (("kl",), "KL estimate (model vs reference)"),
     ),
+    "odds": (  # ORPO: the chosen answer's NLL, and how much likelier the model finds it than the rejected one
+        (("reward_accuracy",), "pairs where chosen wins"),
+        (("log_odds_ratio",), "log odds ratio (chosen vs rejected)"),
+        (("nll_loss",), "NLL loss of the chosen answers"),
+    ),
 }
 # A GRPO run's second row (the answers it wrote), chosen by what only GRPO logs; its KL when grpo.beta > 0.
 GRPO_PANELS = (

@@ -91,11 +91,22 @@ OBJECTIVES: dict[str, Objective] = {
         ),
         Objective(
             "grpo", "GRPO", "write several answers per prompt and learn toward the ones the rewards score higher",
-            "prompts (the model writes the answers, the rewards score them)", "trl", "GRPOConfig", "GRPOTrainer", ("prompt-only",), 0, 1, 1, "grpo", ("grpo.*",), (),
+            "prompts (the model writes the answers, the rewards score them)", "trl", "GRPOConfig", "GRPOTrainer",
+            ("prompt-only",), 0, 1, 1, "grpo", ("grpo.*",), (),
             (("reward", "reward"), ("reward_std", "reward_std"), ("completion_length", "completions/mean_length"),
              ("completions_clipped", "completions/clipped_ratio"), ("groups_without_signal", "frac_reward_zero_std"),
              ("kl", "kl")),
             "answers",
+        ),
+        # ORPO (Hong et al. 2024): the chosen answer's NLL plus beta times the log odds ratio of chosen over rejected.
+        Objective(
+            "orpo", "ORPO", "learn the chosen answer of each pair and to prefer it over the rejected one, without "
+            "a reference", "preference pairs (a prompt, a chosen and a rejected answer)",
+            "trl.experimental.orpo", "ORPOConfig", "ORPOTrainer", ("preference",), 0, 0, 2, "preference",
+            ("preference.beta",), (),
+            REWARDS + WINS + (("nll_loss", "nll_loss"), ("log_odds_ratio", "log_odds_ratio"),
+                              ("log_odds_chosen", "log_odds_chosen")),
+            "odds",
         ),
     )
 }  # fmt: skip

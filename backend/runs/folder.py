@@ -148,6 +148,12 @@ class LogRecord(TypedDict, total=False):
     eval_reward_accuracy: float
     kl: float  # KTO's KL estimate; GRPO's KL to its reference (grpo.beta > 0)
     eval_kl: float
+    nll_loss: float  # ORPO: the chosen answers' NLL (its SFT part)
+    log_odds_ratio: float  # ORPO: log of the odds of chosen over rejected, its preference term before beta
+    log_odds_chosen: float  # ORPO: the mean log odds of the chosen answers
+    eval_nll_loss: float
+    eval_log_odds_ratio: float
+    eval_log_odds_chosen: float
     reward: float  # the answers' mean reward, summed over grpo.rewards
     reward_std: float  # the spread of the answers' rewards
     rewards: dict[str, float]  # each reward's mean by its grpo.rewards name: {"exact_answer": 0.3, ...}

@@ -169,16 +169,17 @@ class TrainingSpec(SpecSection):
 
 
 class PreferenceSpec(SpecSection):
-    """Preference training's settings (objective=dpo or kto): TRL DPOConfig's and KTOConfig's arguments of the same
-    names (backend/spec/applies.py says which objective reads each)."""
+    """Preference training's settings: the arguments of the same names of the preference objectives' TRL configs
+    (backend/recipe/objectives_table.py says which objective reads each)."""
 
     beta: float = SftField(
         0.1,
         gt=0,
         le=100,
         title="Beta",
-        description="How far the trained model may move from the reference (the base; with adapters, the base "
-        "with the adapters off): higher keeps it closer. 0.1 is DPO's and KTO's usual value.",
+        description="DPO, KTO: how far the trained model may move from the reference (the base; with adapters, the "
+        "base with the adapters off): higher keeps it closer; 0.1 is usual. ORPO: the weight of its preference term "
+        "(the log odds ratio) beside the chosen answers' loss; 0.1 is usual.",
     )
     loss_type: Literal["sigmoid", "ipo", "hinge", "robust", "apo_zero", "apo_down"] = SftField(
         "sigmoid",

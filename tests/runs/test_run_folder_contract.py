@@ -207,7 +207,7 @@ def test_a_key_renamed_in_train_alone_fails_the_contract():
 def test_an_objectives_keys_renamed_in_train_alone_fail_the_contract():
     keys = objective_keys(ast.parse(TRAIN))
     assert {"reward", "rewards", "eval_rewards", "groups_without_signal", "eval_completion_length"} <= keys
-    assert {"reward_accuracy", "eval_kl"} <= keys  # DPO's, KTO's
+    assert {"reward_accuracy", "eval_kl", "log_odds_ratio", "eval_nll_loss"} <= keys  # DPO's, KTO's, ORPO's
     renamed = TRAIN.replace('("completion_length", "completions/mean_length")', '("length", "completions/mean_length")')
     assert record_mismatches(renamed) == {
         "log": ({"length", "eval_length"}, {"completion_length", "eval_completion_length"})
