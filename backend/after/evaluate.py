@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from tunedeck.backend.after.scoring import eval_rows, has_answer, judged, order_key, question_and_answer
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.runs.checkpoints import AfterError, Weights, list_weights
 from tunedeck.backend.spec import JobSpec
 
@@ -105,11 +106,16 @@ def mean_loss(losses: list[tuple[float, int]]) -> tuple[float, int]:
     return sum(loss for loss, _ in losses) / tokens, tokens
 
 
-def chosen_preferred(model, tokenizer, pairs: list[dict], chosen: list[tuple[float, int]], max_length, say, cancel):
-    """The share of preference pairs where the model gives the chosen answer the higher log-probability (summed over
-    its tokens, as DPO's rewards are): 0.5 is no preference."""
+def chosen_preferred(
+    model, tokenizer, pairs: list[dict], chosen: list[tuple[float, int]], max_length, say, cancel, per_token=False
+):
+    """The share of preference pairs where the model gives the chosen answer the higher log-probability, summed over
+    its tokens as DPO's rewards are, or per token as ORPO's and SimPO's (per_token: the objective's answer_score,
+    backend/recipe/objectives_table.py): 0.5 is no preference."""
     rejected_rows = [{**p, "completion": p["rejected"]} for p in pairs]
     rejected = completion_losses(model, tokenizer, rejected_rows, max_length, say, cancel)
+    if per_token:
+        return sum(c / max(nc, 1) < r / max(nr, 1) for (c, nc), (r, nr) in zip(chosen, rejected)) / len(pairs)
     return sum(c < r for (c, _), (r, _) in zip(chosen, rejected)) / len(pairs)
 
 
@@ -149,8 +155,10 @@ def answers(model, tokenizer, pairs: list[tuple[object, str | None]], say, cance
     return out
 
 
-def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, cancel=None, label: str = "") -> dict:
-    """The metrics of one model on the rows."""
+def score(
+    model, tokenizer, rows: list[dict], max_length: int, progress=None, cancel=None, label: str = "", per_token=False
+) -> dict:
+    """The metrics of one model on the rows (per_token: pairs compared by mean log-probability, see chosen_preferred)."""
     started = time.monotonic()
     say = (
         (lambda stage: lambda done, total: progress(f"{label}: {stage}", done, total))
@@ -170,7 +178,9 @@ def score(model, tokenizer, rows: list[dict], max_length: int, progress=None, ca
     ranked = [(row, lost) for row, lost in zip(scored, losses) if row.get("rejected") is not None]
     if ranked:
         pairs, chosen = [row for row, _ in ranked], [lost for _, lost in ranked]
-        result["preferred"] = chosen_preferred(model, tokenizer, pairs, chosen, max_length, say("pairs"), cancel)
+        result["preferred"] = chosen_preferred(
+            model, tokenizer, pairs, chosen, max_length, say("pairs"), cancel, per_token
+        )
     pairs = [qa for qa in map(question_and_answer, rows) if qa is not None]
     result.update(exact_match=None, contains_match=None, rouge_l=None, generated=0, answers=[])
     if pairs:
@@ -200,6 +210,7 @@ def evaluate_run(
         raise AfterError(f"the run has no {missing[0]} to evaluate (it has: {', '.join(every)})")
     rows, source = eval_rows(run_dir, job, data_file, limit)
     max_length = job.dataset.max_seq_length
+    per_token = OBJECTIVES[job.objective].answer_score == "mean"  # as the objective's trainer weighs an answer
     adapters = [every[n] for n in sorted(set(names), key=order_key) if not every[n].is_base]
     tokenizer = load_tokenizer(run_dir, job, adapters[-1] if adapters else every["base"])
     if progress:
@@ -207,13 +218,13 @@ def evaluate_run(
     model = load_base(run_dir, job, device)
     results = {}
     if "base" in names:
-        results["base"] = score(model, tokenizer, rows, max_length, progress, cancel, label="base")
+        results["base"] = score(model, tokenizer, rows, max_length, progress, cancel, "base", per_token)
     for index, weights in enumerate(adapters):
         _check(cancel)
         model = with_adapter(model, run_dir, job, weights, progress, adapter_name=f"a{index}")
         if index:
             model.delete_adapter(f"a{index - 1}")  # one adapter in memory at a time
-        results[weights.name] = score(model, tokenizer, rows, max_length, progress, cancel, label=weights.name)
+        results[weights.name] = score(model, tokenizer, rows, max_length, progress, cancel, weights.name, per_token)
         results[weights.name]["step"] = weights.step
     stamp = time.time()
     for result in results.values():

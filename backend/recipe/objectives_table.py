@@ -47,6 +47,9 @@ class Objective:
     fixed: tuple[tuple[str, Any], ...]  # TRL config arguments it sets itself (training_args.yaml)
     logs: tuple[tuple[str, str], ...]  # log record key -> what its trainer logs (eval_ before both when held out)
     chart: str | None  # the Run tab's chart family for its log keys (app/charts.py)
+    # How its trainer weighs an answer: "sum" of its tokens' log-probabilities (DPO, KTO), or their "mean" (ORPO,
+    # SimPO: length-normalised); Evaluate's chosen-preferred share compares the pair's answers the same way.
+    answer_score: str = "sum"
 
     @property
     def needs_reference(self) -> bool:
@@ -106,7 +109,7 @@ OBJECTIVES: dict[str, Objective] = {
             ("preference.beta",), (),
             REWARDS + WINS + (("nll_loss", "nll_loss"), ("log_odds_ratio", "log_odds_ratio"),
                               ("log_odds_chosen", "log_odds_chosen")),
-            "odds",
+            "odds", "mean",
         ),
     )
 }  # fmt: skip
