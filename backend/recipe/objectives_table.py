@@ -111,6 +111,15 @@ OBJECTIVES: dict[str, Objective] = {
                               ("log_odds_chosen", "log_odds_chosen")),
             "odds", "mean",
         ),
+        # SimPO (Meng et al. 2024): TRL's CPO trainer with its simpo loss and no NLL term (cpo_alpha 0): beta times
+        # the chosen answer's mean log-probability less the rejected one's, by a margin of preference.simpo_gamma.
+        Objective(
+            "simpo", "SimPO", "learn to prefer the chosen answer of each pair by a margin of mean log-probability, "
+            "without a reference", "preference pairs (a prompt, a chosen and a rejected answer)",
+            "trl.experimental.cpo", "CPOConfig", "CPOTrainer", ("preference",), 0, 0, 2, "preference",
+            ("preference.beta", "preference.simpo_gamma"), (("loss_type", "simpo"), ("cpo_alpha", 0.0)),
+            REWARDS + WINS, "pairs", "mean",
+        ),
     )
 }  # fmt: skip
 

@@ -179,7 +179,8 @@ class PreferenceSpec(SpecSection):
         title="Beta",
         description="DPO, KTO: how far the trained model may move from the reference (the base; with adapters, the "
         "base with the adapters off): higher keeps it closer; 0.1 is usual. ORPO: the weight of its preference term "
-        "(the log odds ratio) beside the chosen answers' loss; 0.1 is usual.",
+        "(the log odds ratio) beside the chosen answers' loss; 0.1 is usual. SimPO: the scale of its reward (the "
+        "answer's mean log-probability); its paper uses 2 to 2.5, higher than the others.",
     )
     loss_type: Literal["sigmoid", "ipo", "hinge", "robust", "apo_zero", "apo_down"] = SftField(
         "sigmoid",
@@ -201,6 +202,14 @@ class PreferenceSpec(SpecSection):
         le=100,
         title="Bad-answer weight",
         description="KTO: the weight of the answers labelled bad (see the good-answer weight).",
+    )
+    simpo_gamma: float = SftField(
+        0.5,
+        ge=0,
+        le=100,
+        title="SimPO margin",
+        description="SimPO: the reward margin the chosen answer should win by (gamma, in the units of beta's "
+        "reward); its paper keeps gamma/beta about 0.5, e.g. 1.0 with beta 2. TRL's default is 0.5.",
     )
     precompute_ref_log_probs: bool = SftField(
         False,

@@ -40,7 +40,7 @@ def preferred_shares(runs_dir: Path, run_id: str, run_dir: Path) -> tuple[float,
     return results["base"]["preferred"], results["final"]["preferred"]
 
 
-@pytest.mark.parametrize("objective", ["orpo"])
+@pytest.mark.parametrize("objective", ["orpo", "simpo"])
 def test_demo_learns_to_prefer_the_chosen_answers_without_a_reference(objective, runs_dir):
     held_out = {"dataset.eval_split": "validation", "training.eval_steps": STEPS}
     run_id, run_dir = train_preset(runs_dir, f"demo-{objective}", held_out)

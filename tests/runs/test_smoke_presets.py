@@ -50,6 +50,7 @@ PROOF = {
     "demo-kto": {**DDP, "method": "lora", "objective": "kto", "reference": "adapters off"},
     "demo-grpo": {**DDP, "method": "lora", "objective": "grpo", "reference": None},
     "demo-orpo": {**DDP, "method": "lora", "objective": "orpo", "reference": None},
+    "demo-simpo": {**DDP, "method": "lora", "objective": "simpo", "reference": None},
 }
 
 
@@ -109,6 +110,7 @@ OBJECTIVE_DATA = {
     "kto": ("objective=kto", "dataset.format=unpaired-preference", "training.per_device_train_batch_size=2"),
     "grpo": ("objective=grpo", "dataset.format=prompt-only"),
     "orpo": ("objective=orpo", "dataset.format=preference"),
+    "simpo": ("objective=simpo", "dataset.format=preference"),
 }
 
 
@@ -170,6 +172,10 @@ def test_preference_smoke_runs_on_each_engine_with_its_reference(path, tmp_path)
 REFERENCE_FREE_PATHS = {
     "orpo-full-zero3": ("7b-full-zero2", ("strategy.kind=zero3",), deepspeed(3)),
     "orpo-lora-fsdp": ("13b-lora-fsdp", (), FSDP2),
+    "simpo-full-fsdp": ("7b-full-zero2", ("strategy.kind=fsdp",), {"fsdp_version": 2}),
+    # TRL's experimental trainers (ORPO, CPO) run peft's prepare_model_for_kbit_training on a 4-bit base
+    # (trl/experimental/cpo/cpo_trainer.py): the norms, embeddings and head (7 tensors here) turn float32.
+    "simpo-qlora-zero3": ("70b-qlora-zero3", (), {**deepspeed(3), "frozen_dtypes": {"float32": 7, "bfloat16": 14}}),
 }
 
 

@@ -42,6 +42,7 @@ BASES = [
     ("7b-lora-ddp", ["objective=dpo", "dataset.format=preference"]),
     ("7b-lora-ddp", ["objective=grpo", "dataset.format=prompt-only", "training.per_device_train_batch_size=8"]),
     ("demo-kto", []),
+    ("demo-simpo", []),
 ]
 
 
