@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tunedeck.backend.recipe.vocabulary import STRATEGIES
 from tunedeck.backend.render import render_bundle, write_bundle
 from tunedeck.backend.spec import JobSpec, load_presets
-from tunedeck.backend.recipe.vocabulary import STRATEGIES
 
 PRESET_IDS = sorted(load_presets())
 STRATEGY_KINDS = list(STRATEGIES)

@@ -14,9 +14,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, STRATEGIES
 from tunedeck.backend.render import render_bundle, write_bundle
 from tunedeck.backend.spec import JobSpec, set_paths, spec_to_yaml
-from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, STRATEGIES
 from tunedeck.backend.validate import has_errors, validate
 
 DTYPES = ["bfloat16", "float16", "float32"]
