@@ -21,10 +21,10 @@ from pathlib import Path
 
 from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.eval_display import answers_shown, evaluated_on, evaluation, newest_source, refused, seen_line
+from tunedeck.app.try_turns import answer_status, for_the_try_box, next_turns
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.app.worker_tasks import in_background, progress_line, side_by_side
+from tunedeck.app.worker_tasks import in_background, side_by_side
 from tunedeck.backend.after import (
-    Example,
     GenerationSettings,
     SettingsError,
     WorkerError,
@@ -177,9 +177,9 @@ class AfterView:
         }
         workers, answered, status = {}, {}, ""
         for texts in side_by_side(streams, every_s=0.25):
-            status = self._answer_status(events, workers, answered, models) or status
+            status = answer_status(events, workers, answered, models) or status
             yield {**texts, "after.status": status}
-        self._answer_status(events, workers, answered, models)
+        answer_status(events, workers, answered, models)
         if answered:
             infos = {key: workers[key].info for key in models if key in answered}
             lines = [
@@ -204,7 +204,7 @@ class AfterView:
         of a conversation, its system message and (when `conversing`) its earlier turns: a new conversation."""
         if run_id not in self._examples:
             self._examples[run_id] = data_examples(*self._run(run_id))
-        return _for_the_try_box(pick(*self._examples[run_id], number), conversing)
+        return for_the_try_box(pick(*self._examples[run_id], number), conversing)
 
     def evaluated_example(self, run_id: str, number: int, conversing: bool = True) -> dict:
         """Example `number` (the answers table's #) of the newest evaluation, for the Try box as example() gives
@@ -221,26 +221,7 @@ class AfterView:
         held_out = Path(source).name != Path(job.dataset.path).name
         held_out = held_out and not seen_in_training(run_dir, job, source)
         pairs = [(row["prompt"], row["expected"]) for row in rows]
-        return _for_the_try_box(pick(pairs, source, held_out, number), conversing)
-
-    @staticmethod
-    def _answer_status(events: queue.Queue, workers: dict, answered: dict, models: dict) -> str:
-        """Take the workers' events: loading progress, then where each model runs; keep each answer's summary."""
-        status = ""
-        while not events.empty():
-            event = events.get()
-            if event.get("event") == "loaded":
-                workers[event["key"]] = event["worker"]
-            elif event.get("event") == "answered":
-                answered[event["key"]] = event["summary"]
-            elif not workers and progress_line(event):
-                status = "loading: " + as_text(progress_line(event))  # it names the base model's path
-        if workers:
-            infos = [workers[key].info for key in models if key in workers]
-            warnings = [i["warning"] for i in infos if i.get("warning")]
-            status = as_text(", ".join(f"{i['description']} on {i['device']}" for i in infos))
-            status += f" · ⚠ {as_text(warnings[0])}" if warnings else ""
-        return status
+        return for_the_try_box(pick(pairs, source, held_out, number), conversing)
 
     def _load_then_answer(
         self, key: str, model: Model, prompt: str, settings, events: queue.Queue, turns: list | None, system: str
@@ -380,23 +361,3 @@ class AfterView:
         except AfterError as exc:  # its messages name the CLI's flag; the page's box is "Hub repo id"
             raise AfterError(str(exc).replace("--repo-id:", "Hub repo id:", 1)) from None
         return {"after.merge_status": f"pushed to {as_text(url)}"}
-
-
-def next_turns(history: dict[str, list], prompt: str, answers: dict[str, str], models) -> dict[str, list]:
-    """Each model's conversation after this prompt: the turn added where a chat model answered; where a model
-    failed, its conversation as it was (the next prompt goes on from there); none for a model without a template."""
-    turns = {key: [*history.get(key, []), (prompt, text)] for key, text in answers.items()}
-    return {**{key: list(history[key]) for key in models if key in history and key not in answers}, **turns}
-
-
-def _for_the_try_box(example: Example, conversing: bool) -> dict:
-    sent = "**Answer** sends it as the run trained on it."
-    if example.turns and not conversing:
-        sent = "Keep the conversation is off: **Answer** sends its last message without the earlier turns."
-    return {
-        "after.prompt": example.prompt,
-        "after.expected": example.expected,
-        "after.example_note": f"{as_text(example.describe())}: {sent}",  # it names the data file
-        "after.system": example.system,
-        "turns": list(example.turns) if conversing else [],  # the conversation before the prompt
-    }

@@ -6,16 +6,9 @@ lives by concern: memory*.py (the memory model, term by term), speed*.py (the st
 strategies compared), fit.py (fits-or-not as problems), hardware.py (the machine a job is checked against).
 """
 
-from tunedeck.backend.estimate.advisor import (
-    FIT_FRACTION,
-    Advice,
-    StrategyEstimate,
-    advise,
-    format_gb,
-    gpu_memory_gb,
-    limit_sentence,
-)
+from tunedeck.backend.estimate.advisor import Advice, StrategyEstimate, advise
 from tunedeck.backend.estimate.fit import fit_problems
+from tunedeck.backend.estimate.gpu_fit import FIT_FRACTION, format_gb, gpu_memory_gb, limit_sentence
 from tunedeck.backend.estimate.hardware import Machine, MachineValueError, machine_facts
 from tunedeck.backend.estimate.memory import TERMS, estimate
 from tunedeck.backend.estimate.memory_job import EstimateError

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from tunedeck.backend.estimate.advisor import FIT_FRACTION, Advice, format_gb
+from tunedeck.backend.estimate.advisor import Advice
+from tunedeck.backend.estimate.gpu_fit import FIT_FRACTION, format_gb
 from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.spec.problem import Problem
 

@@ -41,7 +41,7 @@ def machine_facts(gpu: str | float | None = None, ram: float | None = None, *, m
     `gpu` is '24', 'A100-80GB' or 'RTX 4090' (advisor.gpu_memory_gb); `ram` is in GB. A value
     that is not one raises MachineValueError saying what is accepted.
     """
-    from tunedeck.backend.estimate.advisor import gpu_memory_gb
+    from tunedeck.backend.estimate.gpu_fit import gpu_memory_gb
     from tunedeck.backend.machine.monitor import Monitor
 
     given_gpu = None

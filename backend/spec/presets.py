@@ -47,7 +47,7 @@ class PresetHardware(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     gpus: int = Field(ge=0, description="GPUs in all (launch.num_processes); 0 for a CPU job")
-    gpu: str | None = Field(default=None, description="a GPU the advisor knows (advisor.GPU_MEMORY_GB), e.g. A100-80GB")
+    gpu: str | None = Field(default=None, description="a GPU the advisor knows (gpu_fit.GPU_MEMORY_GB), e.g. A100-80GB")
     gpu_mem_gb: float | None = Field(default=None, gt=0, description="memory of one such GPU in GB")
     ram_gb: float = Field(gt=0, description="host RAM per machine in GB")
 

@@ -10,8 +10,9 @@ import pytest
 import yaml
 from runs.helpers import fake_run
 
-from tunedeck.app.after_view import AfterView, next_turns
+from tunedeck.app.after_view import AfterView
 from tunedeck.app.eval_display import EVAL_HEADERS
+from tunedeck.app.try_turns import next_turns
 from tunedeck.backend.after.eval_results import save_results
 from tunedeck.backend.after.examples import verdict
 from tunedeck.backend.after.prompting import SettingsError

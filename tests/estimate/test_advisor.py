@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tunedeck.backend.estimate.advisor import advise, gpu_memory_gb
+from tunedeck.backend.estimate.advisor import advise
+from tunedeck.backend.estimate.gpu_fit import gpu_memory_gb
 from tunedeck.backend.estimate.memory import estimate
 from tunedeck.backend.estimate.memory_job import EstimateError
 from tunedeck.backend.spec import JobSpec, load_presets, set_paths
