@@ -21,7 +21,7 @@ from .data import (
     prompts_within,
 )
 from .formats import ALPACA_PROMPT, FORMAT_COLUMNS, KIND_NEEDS, as_label, column, to_trl_format
-from .gate import STRATEGY_ENGINES, GateError, check_processes, expected_run, expected_trainable, gate_problems
+from .gate import GateError, check_processes, expected_run, expected_trainable, gate_problems
 from .job import JobError, read_yaml
 from .models import load_tokenizer, peft_config, quantization_config, torch_dtype
 from .notifications import NOTIFY_ENV, notify, notify_target, webhook_service
@@ -56,7 +56,7 @@ from .watchdog import CHECKPOINT_SAVING, IMPORTING_REWARDS, STALL_GAP_FACTOR, St
 __all__ = [
     "ALPACA_PROMPT", "ANSWERS_FILE", "CHECKPOINT_SAVING", "CUSTOM_REWARD", "DATA_FILE_BUILDERS", "FORMAT_COLUMNS",
     "IMPORTING_REWARDS", "INCOMPLETE_DIR", "KIND_NEEDS", "MIX_ENTRY", "NOTIFY_ENV", "OBJECTIVES", "PROGRESS_FILE",
-    "RANK_STARTUP_FILE", "REWARD_FUNCTIONS", "STALL_GAP_FACTOR", "STARTUP_FILE", "STOP_FILE", "STRATEGY_ENGINES",
+    "RANK_STARTUP_FILE", "REWARD_FUNCTIONS", "STALL_GAP_FACTOR", "STARTUP_FILE", "STOP_FILE",
     "GateError", "JobError", "JsonlWriter", "RewardError", "StallWatchdog", "StartupPhases", "StopRequest",
     "as_label", "check_processes", "close_answer", "column", "dataset_problems", "exact_answer", "expected_run",
     "expected_trainable", "gate_problems", "grpo_record", "input_problems", "last_record", "load_datasets",

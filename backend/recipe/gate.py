@@ -15,6 +15,7 @@ import math
 import os
 
 from .job import JobError
+from .layout import Layout
 from .models import peft_config
 from .ranks import _world_size, gather_from_ranks, node_name
 from .vocabulary import STRATEGIES
@@ -27,22 +28,20 @@ class GateError(JobError):
 ENGINE_NAMES = {"deepspeed": "DeepSpeed", "fsdp": "FSDP", "ddp": "DDP", "none": "no data-parallel wrapper"}
 
 
-# strategy.kind -> (engine, ZeRO stage), from the strategy table.
-STRATEGY_ENGINES = {kind: (strategy.engine, strategy.zero_stage) for kind, strategy in STRATEGIES.items()}
-
-
 def expected_run(job: dict) -> dict:
-    """What the job asks for, in the terms of the start record."""
-    launch, strategy = job.get("launch") or {}, job.get("strategy") or {}
-    kind, processes = strategy.get("kind", "ddp"), int(launch.get("num_processes", 1))
-    engine, stage = STRATEGY_ENGINES.get(kind, ("ddp", None))
+    """What the job asks for, in the terms of the start record: the job's Layout (layout.py), which the spec's
+    validation, the bundle's files and the estimate read too."""
+    kind = (job.get("strategy") or {}).get("kind", "ddp")
+    if kind not in STRATEGIES:
+        raise JobError(f"strategy.kind: {kind!r} is not one of {', '.join(STRATEGIES)}")
+    layout = Layout.of(job)
     return {
-        "world_size": processes,
-        "machines": int(launch.get("num_machines", 1)),
-        "engine": "none" if engine == "ddp" and processes == 1 else engine,
-        "zero_stage": stage,
-        "sequence_parallel": int(strategy.get("sequence_parallel", 1)) if engine == "deepspeed" else 1,
-        "fsdp_version": int(strategy.get("fsdp_version", 2)) if engine == "fsdp" else None,
+        "world_size": layout.world_size,
+        "machines": layout.machines,
+        "engine": layout.wrapper,
+        "zero_stage": layout.zero_stage,
+        "sequence_parallel": layout.sequence_parallel,
+        "fsdp_version": layout.fsdp_version,
         "bits": (job.get("quantization") or {}).get("bits"),
         "trainable_params": None,  # train() adds expected_trainable(job)
         "lora_scaling": lora_scaling(job),
