@@ -11,6 +11,7 @@ import copy
 import functools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -57,7 +58,7 @@ NO_MFU = "MFU is not defined here:<br>no known peak throughput<br>(a CPU run, or
 COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
 # A resumed run's forebears (backend/runs/lineage.py), before its own curve: the shown run's hue, lighter.
 BEFORE, BEFORE_COLOR = "before resume", "#a5b4fc"
-_LAYOUT = dict(
+_LAYOUT: dict[str, Any] = dict(  # Plotly layout keywords of every chart
     margin=dict(l=50, r=20, t=40, b=40),
     template="plotly_white",
     legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
@@ -90,7 +91,7 @@ def series(records: Sequence[LogRecord], key: str) -> tuple[list, list]:
     xs, ys = [], []
     for r in records:
         value = r.get(key)
-        if is_number(value) and math.isfinite(value) and r.get("step") is not None:
+        if is_number(value) and math.isfinite(value) and "step" in r:
             xs.append(r["step"])
             ys.append(value)
     return xs, ys
@@ -104,7 +105,7 @@ def reward_series(records: Sequence[LogRecord], name: str, prefix: str = "") -> 
     xs, ys = [], []
     for r in records:
         value = (r.get(f"{prefix}rewards") or {}).get(name)
-        if is_number(value) and math.isfinite(value) and r.get("step") is not None:
+        if is_number(value) and math.isfinite(value) and "step" in r:
             xs.append(r["step"])
             ys.append(value)
     return xs, ys
@@ -265,7 +266,7 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
         data.append(_line(x, y, title, dict(color=COLORS[0]), showlegend=False, xaxis=f"x{axis}", yaxis=f"y{axis}"))
     if below:
         for panel, (keys, _) in enumerate(below, start=len(METRIC_PANELS) + 1):
-            axes = dict(showlegend=False, xaxis=f"x{panel}", yaxis=f"y{panel}")
+            axes: dict[str, Any] = dict(showlegend=False, xaxis=f"x{panel}", yaxis=f"y{panel}")
             for key, color in zip(keys, COLORS):
                 name = key.replace("_", " ")
                 data.append(_line(*downsample(*series(records, key)), name, dict(color=color), **axes))

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .describe import describe_run, gpu_peaks_gb
 from .gate import gate_error, shared_gate_problems
@@ -27,7 +28,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
         """Writes the start/log records and turns a stop request into save-and-stop at a step boundary."""
 
         def __init__(self):
-            self.trainer = None
+            self.trainer: Any = None  # the Trainer, once train() has built it
             self.load_peaks: dict = {}  # train() fills it in right after the model loaded
             self.dataset_rows: dict = {}  # and this: the training rows each source gave (dataset.path, dataset.mix)
             self.stopped_early = False

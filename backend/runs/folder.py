@@ -30,10 +30,10 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal, TypeGuard, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from typing_extensions import NotRequired, TypedDict  # pydantic needs this TypedDict on Python < 3.12
+from typing_extensions import NotRequired, Required, TypedDict  # pydantic needs this TypedDict on Python < 3.12
 
 from tunedeck.backend.recipe.records import ERRORS_FILE, LOGS_DIR, METRICS_FILE, STOP_FILE  # the recipe's names
 from tunedeck.backend.runs.supervisor import json_objects  # the supervisor's reading of the same lines
@@ -82,7 +82,7 @@ class FlopsInputs(TypedDict, total=False):
 class StartRecord(TypedDict, total=False):
     """What the run got, read from the live objects after setup (train.py's describe_run)."""
 
-    event: Literal["start"]
+    event: Required[Literal["start"]]  # every record names its kind (parse_record reads it first)
     time: float
     world_size: int
     nodes: list[str]  # rank i runs on nodes[i]
@@ -123,7 +123,7 @@ class StartRecord(TypedDict, total=False):
 class LogRecord(TypedDict, total=False):
     """One logging step: training (loss ...) or evaluation (eval_loss ...)."""
 
-    event: Literal["log"]
+    event: Required[Literal["log"]]
     time: float
     step: int
     max_steps: int
@@ -176,7 +176,7 @@ EndStatus = Literal["finished", "stopped", "failed"]
 
 
 class EndRecord(TypedDict, total=False):
-    event: Literal["end"]
+    event: Required[Literal["end"]]
     time: float
     status: EndStatus
     runtime_s: float
@@ -197,7 +197,7 @@ _RECORDS = {"start": TypeAdapter(StartRecord), "log": TypeAdapter(LogRecord), "e
 _RECORD = TypeAdapter(Annotated[Record, Field(discriminator="event")])
 
 
-def is_number(value) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """A JSON number (not a bool): what a metrics field must be before it is drawn or formatted."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -212,7 +212,7 @@ def parse_line(line: bytes | str) -> Record | None:
 
 def parse_record(raw: dict) -> Record | None:
     """A metrics.jsonl object as its typed record, fields of the wrong type dropped; None when it holds none."""
-    adapter = _RECORDS.get(raw.get("event"))
+    adapter = _RECORDS.get(str(raw.get("event")))
     while adapter is not None:
         try:
             return _placed(adapter.validate_python(raw, strict=True))

@@ -44,28 +44,28 @@ _KINDS = "; ".join(f"{s.kind}: {s.title}" for s in STRATEGIES.values())
 
 class StrategySpec(SpecSection):
     kind: StrategyKind = Field(
-        "ddp", title="Strategy", json_schema_extra=BASIC, description=f"How GPUs share the work: {_KINDS}."
+        default="ddp", title="Strategy", json_schema_extra=BASIC, description=f"How GPUs share the work: {_KINDS}."
     )
     offload_optimizer: OffloadDevice = Field(
-        "none",
+        default="none",
         title="Offload optimizer",
         json_schema_extra=BASIC,
         description="Move optimizer states off the GPU (ZeRO-1/2/3: cpu or nvme; FSDP: with parameters only).",
     )
     offload_params: OffloadDevice = Field(
-        "none",
+        default="none",
         title="Offload parameters",
         json_schema_extra=BASIC,
         description="Move parameters off the GPU between uses (ZeRO-3: cpu or nvme; FSDP: cpu). Slow: last resort.",
     )
     nvme_path: str | None = Field(
-        None,
+        default=None,
         title="NVMe folder",
         json_schema_extra=BASIC,
         description="Fast local disk folder for NVMe offload, e.g. /local_nvme.",
     )
     sequence_parallel: int = Field(
-        1,
+        default=1,
         ge=1,
         le=64,
         title="GPUs per sequence",
@@ -75,80 +75,84 @@ class StrategySpec(SpecSection):
         "all-to-all. 1: off. The global batch is divided by it.",
     )
     overlap_comm: bool = Field(
-        True, title="Overlap communication", description="DeepSpeed: overlap gradient reduction with the backward pass."
+        default=True,
+        title="Overlap communication",
+        description="DeepSpeed: overlap gradient reduction with the backward pass.",
     )
     contiguous_gradients: bool = Field(
-        True,
+        default=True,
         title="Contiguous gradients",
         description="DeepSpeed: copy gradients to one buffer to avoid fragmentation.",
     )
     reduce_bucket_size: Elements | Literal["auto"] = Field(
-        "auto",
+        default="auto",
         title="Reduce bucket size",
         description="DeepSpeed: elements per gradient reduction bucket; auto = hidden_size^2.",
     )
     allgather_bucket_size: int = Field(
-        500_000_000,
+        default=500_000_000,
         ge=1,
         le=MAX_ELEMENTS,
         title="All-gather bucket size",
         description="DeepSpeed ZeRO-1/2: elements per parameter all-gather bucket.",
     )
     stage3_prefetch_bucket_size: Elements | Literal["auto"] = Field(
-        "auto",
+        default="auto",
         title="Prefetch bucket size",
         description="ZeRO-3: parameters prefetched ahead of use; auto = 0.9 x hidden_size^2.",
     )
     stage3_param_persistence_threshold: Annotated[int, Field(ge=0, le=MAX_ELEMENTS)] | Literal["auto"] = Field(
-        "auto",
+        default="auto",
         title="Persistence threshold",
         description="ZeRO-3: parameters smaller than this stay unsharded; auto = 10 x hidden_size.",
     )
     stage3_max_live_parameters: int = Field(
-        1_000_000_000,
+        default=1_000_000_000,
         ge=1,
         le=MAX_ELEMENTS,
         title="Max live parameters",
         description="ZeRO-3: most parameters resident on a GPU at once.",
     )
     stage3_max_reuse_distance: int = Field(
-        1_000_000_000,
+        default=1_000_000_000,
         ge=0,
         le=MAX_ELEMENTS,
         title="Max reuse distance",
         description="ZeRO-3: keep a parameter if it is reused within this many parameters.",
     )
     stage3_gather_16bit_weights_on_model_save: bool = Field(
-        True,
+        default=True,
         title="Save gathered 16-bit weights",
         description="ZeRO-3: gather full 16-bit weights when saving, so the saved model loads without DeepSpeed.",
     )
     fsdp_version: Literal[1, 2] = Field(
-        2, title="FSDP version", description="FSDP implementation: 2 (per-parameter sharding, fully_shard) or 1."
+        default=2,
+        title="FSDP version",
+        description="FSDP implementation: 2 (per-parameter sharding, fully_shard) or 1.",
     )
     fsdp_sharding_strategy: FsdpSharding = Field(
-        "FULL_SHARD",
+        default="FULL_SHARD",
         title="FSDP sharding",
         description="FSDP: FULL_SHARD (like ZeRO-3), SHARD_GRAD_OP (like ZeRO-2), HYBRID_SHARD (shard inside a node, replicate across nodes).",
     )
     fsdp_transformer_layer_cls_to_wrap: str | None = Field(
-        None,
+        default=None,
         title="Layer class to wrap",
         description="FSDP: decoder layer class to wrap, e.g. LlamaDecoderLayer; empty takes it from the model's architecture.",
     )
     fsdp_activation_checkpointing: bool = Field(
-        False,
+        default=False,
         title="FSDP activation checkpointing",
         json_schema_extra=BASIC,
         description="FSDP: checkpoint activations inside FSDP (use instead of training.gradient_checkpointing).",
     )
     fsdp_state_dict_type: Literal["FULL_STATE_DICT", "SHARDED_STATE_DICT"] = Field(
-        "SHARDED_STATE_DICT",
+        default="SHARDED_STATE_DICT",
         title="Checkpoint layout",
         description="FSDP: checkpoint layout; sharded saves fast, full is one file per model.",
     )
     fsdp_cpu_ram_efficient_loading: bool = Field(
-        True,
+        default=True,
         title="RAM-efficient loading",
         description="FSDP: rank 0's weights are broadcast to the other ranks when sharding (they skip initialising their own). With transformers 5 every rank still reads the checkpoint into host RAM; ignored for 4-bit models.",
     )
@@ -169,16 +173,16 @@ class StrategySpec(SpecSection):
 
 class LaunchSpec(SpecSection):
     backend: Literal["local", "slurm"] = Field(
-        "local",
+        default="local",
         title="Where to run",
         json_schema_extra=BASIC,
         description="Where the run goes: local (this machine, or launch.sh on each machine) or slurm (submitted with sbatch).",
     )
     num_machines: int = Field(
-        1, ge=1, le=4096, title="Machines", json_schema_extra=BASIC, description="Nodes taking part in the run."
+        default=1, ge=1, le=4096, title="Machines", json_schema_extra=BASIC, description="Nodes taking part in the run."
     )
     num_processes: int = Field(
-        1,
+        default=1,
         ge=1,
         le=65536,
         title="Processes (GPUs)",
@@ -186,13 +190,13 @@ class LaunchSpec(SpecSection):
         description="Processes (GPUs) in total across all machines.",
     )
     gpu_ids: str = Field(
-        "all",
+        default="all",
         title="GPUs to use",
         json_schema_extra=BASIC,
         description="GPUs to use on each machine: all, or a list such as 0,1,2,3.",
     )
     machine_rank: int = Field(
-        0,
+        default=0,
         ge=0,
         le=4095,
         title="This machine's rank",
@@ -200,26 +204,30 @@ class LaunchSpec(SpecSection):
         description="Rank of this machine, 0 to num_machines-1 (0 is the main node).",
     )
     main_process_ip: str | None = Field(
-        None,
+        default=None,
         title="Main node address",
         json_schema_extra=BASIC,
         description="Address of the main node (machine rank 0); needed with several machines.",
     )
     main_process_port: int = Field(
-        29500, ge=1, le=65535, title="Main node port", description="Port of the main node's rendezvous."
+        default=29500, ge=1, le=65535, title="Main node port", description="Port of the main node's rendezvous."
     )
     rdzv_backend: Literal["static", "c10d"] = Field(
-        "static", title="Rendezvous", description="Rendezvous: static (fixed ranks) or c10d (elastic, for schedulers)."
+        default="static",
+        title="Rendezvous",
+        description="Rendezvous: static (fixed ranks) or c10d (elastic, for schedulers).",
     )
-    same_network: bool = Field(True, title="Same network", description="All machines are on the same local network.")
+    same_network: bool = Field(
+        default=True, title="Same network", description="All machines are on the same local network."
+    )
     use_cpu: bool = Field(
-        False,
+        default=False,
         title="CPU only",
         json_schema_extra=BASIC,
         description="Train on CPU processes (gloo backend), for machines without a GPU: the demo and tests.",
     )
     stall_minutes: float = Field(
-        10.0,
+        default=10.0,
         ge=0,
         le=10080,
         title="Stalled after (minutes)",
@@ -228,7 +236,7 @@ class LaunchSpec(SpecSection):
         "marked stalled; 0: never.",
     )
     stop_when_stalled: bool = Field(
-        False,
+        default=False,
         title="Stop a stalled run",
         description="End a stalled run as failed (its processes end, its GPUs are freed) instead of waiting; "
         "keep stall_minutes above your longest step.",
@@ -276,13 +284,13 @@ class LaunchSpec(SpecSection):
 class JobSpec(SpecSection):
     model: ModelSpec = Field(default_factory=ModelSpec, description="Base model.")
     method: Literal["full", "lora", "qlora"] = Field(
-        "lora",
+        default="lora",
         title="Fine-tuning method",
         json_schema_extra=BASIC,
         description="full (all weights train), lora (adapters on a 16-bit base), qlora (adapters on a 4-bit base).",
     )
     objective: ObjectiveName = Field(
-        "sft",
+        default="sft",
         title="Objective",
         json_schema_extra=BASIC,
         description=objectives_described(),

@@ -76,7 +76,7 @@ class TrainingSpec(SpecSection):
         description="Recompute activations in the backward pass: much less memory, about 30% slower.",
     )
     precision: Literal["bf16", "fp16", "fp32"] = Field(
-        "bf16",
+        default="bf16",
         title="Mixed precision",
         json_schema_extra=BASIC,
         description="Mixed precision of training: bf16 (Ampere or newer), fp16 (older GPUs, loss scaling), fp32 (CPU).",
@@ -115,7 +115,7 @@ class TrainingSpec(SpecSection):
         description="Keep at most this many checkpoints; empty keeps all.",
     )
     eval_steps: Steps | None = Field(
-        None,
+        default=None,
         title="Evaluate every",
         description="Evaluate every this many steps (needs an eval split); empty uses logging_steps.",
     )
@@ -130,7 +130,7 @@ class TrainingSpec(SpecSection):
         description="Let DDP search for parameters without gradients. False for LoRA (frozen base), faster.",
     )
     group_by_length: bool = Field(
-        True,
+        default=True,
         title="Group by length",
         description="Without packing: batch rows of similar length together (transformers' "
         "train_sampling_strategy=group_by_length), so a batch pads to less.",
@@ -162,7 +162,7 @@ class TrainingSpec(SpecSection):
         "alpha / sqrt(tokens x hidden size): 5 is the paper's usual value; empty for none. Supervised fine-tuning.",
     )
     resume_from_checkpoint: bool = Field(
-        False,
+        default=False,
         title="Resume from checkpoint",
         description="Continue from the newest checkpoint in the output folder, if there is one.",
     )
