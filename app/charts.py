@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tunedeck.app.untrusted_text import as_html
-from tunedeck.backend.recipe.objectives_table import OBJECTIVES
+from tunedeck.backend.recipe import OBJECTIVES
 from tunedeck.backend.runs import LogRecord, is_number
 
 MAX_POINTS = 2000

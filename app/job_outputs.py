@@ -25,7 +25,7 @@ from tunedeck.app.form_marks import problem_link
 from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.data import held_out_offer, measured_facts, measured_lengths
 from tunedeck.backend.estimate import Advice, Hardware, fit_problems
-from tunedeck.backend.recipe.vocabulary import STRATEGIES
+from tunedeck.backend.recipe import STRATEGIES
 from tunedeck.backend.runs import Calibration, RunManager, RunStatus, needs_gpus_here
 from tunedeck.backend.runs import preflight_problems as preflight
 from tunedeck.backend.spec import (

@@ -44,8 +44,8 @@ from panel.browser import (  # noqa: E402
     wait_text,
 )
 
-from tunedeck.backend.runs.folder import read_records  # noqa: E402
 from tunedeck.backend.runs.manager import RUN_ID_PATTERN  # noqa: E402
+from tunedeck.backend.runs.records import read_records  # noqa: E402
 from tunedeck.backend.runs.supervisor import process_identity, write_status  # noqa: E402
 
 BUNDLE_FILES = ("job.yaml", "accelerate_config.yaml", "training_args.yaml", "train_sft.py", "launch.sh")

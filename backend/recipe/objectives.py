@@ -53,10 +53,6 @@ def grpo_record(logs: dict) -> dict:
     return record
 
 
-# What each job.objective trains with: TRL's config and trainer classes (their module: objectives_table.py).
-OBJECTIVES = {name: (o.config, o.trainer) for name, o in TABLE.items()}
-
-
 def objective_classes(job: dict) -> tuple[type, type]:
     """(config class, trainer class) of the job's objective, from TRL's module of its row (TRL 1.16 keeps ORPO's and
     CPO's, SimPO's, in trl.experimental)."""

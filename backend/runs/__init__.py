@@ -13,24 +13,14 @@ from typing import TYPE_CHECKING
 from tunedeck.backend.runs.answers import answers_markdown, latest_answers
 from tunedeck.backend.runs.checkpoints import AfterError, list_weights, output_dir, select
 from tunedeck.backend.runs.compare import differences_line, job_differences, shown_value
-from tunedeck.backend.runs.folder import (
-    ACTIVE_STATES,
-    LAUNCHER_LOG,
-    LOGS_DIR,
-    NOTES_FILE,
-    LogRecord,
-    MetricsReader,
-    RunRecords,
-    is_number,
-    rank_log,
-    read_records,
-)
+from tunedeck.backend.runs.folder import ACTIVE_STATES, LAUNCHER_LOG, LOGS_DIR, NOTES_FILE, rank_log
 from tunedeck.backend.runs.job_file import UnreadableJob, job_fields, read_job
 from tunedeck.backend.runs.lineage import Lineage
 from tunedeck.backend.runs.manager import RunError, RunManager, RunStatus
 from tunedeck.backend.runs.notes import NAME_MAX_CHARS, NotesError, RunNotes, read_notes, write_notes
 from tunedeck.backend.runs.preflight import job_problems, needs_gpus_here, refusal_text
 from tunedeck.backend.runs.preflight import preflight as preflight_problems
+from tunedeck.backend.runs.records import LogRecord, MetricsReader, RunRecords, is_number, read_records
 from tunedeck.backend.runs.resume import RESUMABLE_STATES, newest_checkpoint, resume_run
 from tunedeck.backend.runs.speed import Calibration, calibration, compare_run
 from tunedeck.backend.runs.stacks import StacksError, dump_stacks

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tunedeck.backend.runs.checkpoints import output_dir
-from tunedeck.backend.runs.folder import LogRecord, RunRecords
 from tunedeck.backend.runs.job_file import UnreadableJob
 from tunedeck.backend.runs.manager import RunError, RunManager
+from tunedeck.backend.runs.records import LogRecord, RunRecords
 from tunedeck.backend.spec import JobSpec
 
 MAX_CHAIN = 20  # resumes of resumes followed back, at most

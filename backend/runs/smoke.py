@@ -30,8 +30,8 @@ import sys
 from pathlib import Path
 
 from tunedeck.backend.recipe.vocabulary import column_fields
-from tunedeck.backend.runs.folder import read_records
 from tunedeck.backend.runs.job_file import UnreadableJob
+from tunedeck.backend.runs.records import read_records
 from tunedeck.backend.runs.summary import Verdict, verdict
 from tunedeck.backend.spec import PACKAGE_DIR, JobSpec, catalog, demo_home, set_paths
 from tunedeck.backend.spec.mix import mix_sources

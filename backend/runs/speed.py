@@ -21,8 +21,9 @@ from tunedeck.backend.estimate.memory import estimate
 from tunedeck.backend.estimate.memory_job import EstimateError, Job, input_values
 from tunedeck.backend.estimate.speed import Hardware, predict, schedule_of
 from tunedeck.backend.estimate.speed_data import DataShape
-from tunedeck.backend.runs.folder import DamagedStatus, is_number, read_records, read_status_file
+from tunedeck.backend.runs.folder import DamagedStatus, read_status_file
 from tunedeck.backend.runs.job_file import read_job
+from tunedeck.backend.runs.records import is_number, read_records
 from tunedeck.backend.runs.startup import FIRST_STEP, read_phases
 from tunedeck.backend.runs.summary import format_clock
 from tunedeck.backend.spec import JobSpec, SpecError

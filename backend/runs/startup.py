@@ -20,8 +20,9 @@ from itertools import pairwise
 from pathlib import Path
 
 from tunedeck.backend.recipe.records import RANK_STARTUP_FILE, STARTUP_FILE
-from tunedeck.backend.runs.folder import LOGS_DIR, RunRecords
+from tunedeck.backend.runs.folder import LOGS_DIR
 from tunedeck.backend.runs.job_file import UnreadableJob, read_job
+from tunedeck.backend.runs.records import RunRecords
 from tunedeck.backend.runs.summary import format_clock
 from tunedeck.backend.spec import JobSpec
 

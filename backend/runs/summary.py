@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunedeck.backend.recipe.objectives_table import OBJECTIVES
-from tunedeck.backend.runs.folder import RunRecords, StartRecord
 from tunedeck.backend.runs.job_file import UnreadableJob
+from tunedeck.backend.runs.records import RunRecords, StartRecord
 from tunedeck.backend.spec import JobSpec
 
 

@@ -453,8 +453,11 @@ class StallWatch:
         if not self.stalled and now - self.seen_at > limit:
             self.stalled = True
             _note(self.run_dir, stalled={"step": self.step, "since": progress.get("time"), "limit_s": limit})
-            print(f"supervisor: no step after step {self.step} for {now - self.seen_at:.0f} s: stalled",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"supervisor: no step after step {self.step} for {now - self.seen_at:.0f} s: stalled",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 # ---------------------------------------------------------------- supervising
@@ -525,9 +528,11 @@ def supervise(run_dir: Path) -> int:
                 status["argv"],  # in the run's environment: the manager started us with it, less the webhook
                 cwd=run_dir,
                 env={name: value for name, value in os.environ.items() if name != NOTIFY_ENV},  # we post, not rank 0
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C or signal meant for us does not reach the run
-            )  # fmt: skip
+            )
     except OSError as exc:
         record_end(run_dir, state="failed", ended_at=time.time(), error=f"could not start {status['argv'][0]}: {exc}")
         return 1

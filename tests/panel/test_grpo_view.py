@@ -33,8 +33,8 @@ from tunedeck.backend import recipe
 from tunedeck.backend.cli.follow import ProgressBar, follow
 from tunedeck.backend.recipe.objectives import objective_record
 from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
-from tunedeck.backend.runs.folder import parse_line, read_records
 from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.records import parse_line, read_records
 from tunedeck.backend.runs.summary import facts_line, report, summarize, verdict
 from tunedeck.backend.runs.supervisor import write_status
 from tunedeck.backend.spec import JobSpec, spec_to_yaml
@@ -160,7 +160,7 @@ def test_the_summary_says_the_reward_change_and_the_facts_the_objective_rewards_
 
 
 def read_records_of(records: list[dict]):
-    from tunedeck.backend.runs.folder import RunRecords
+    from tunedeck.backend.runs.records import RunRecords
 
     run = RunRecords()
     run.add([dict(START), *records])

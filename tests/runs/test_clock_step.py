@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from tunedeck.backend.runs.folder import read_records
 from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.records import read_records
 from tunedeck.backend.runs.summary import summarize
 
 from .helpers import log_records, logs_tail, wait_for

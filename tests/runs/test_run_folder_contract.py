@@ -20,23 +20,12 @@ import pytest
 from tunedeck.app import charts
 from tunedeck.backend import recipe
 from tunedeck.backend.runs import folder as run_folder
+from tunedeck.backend.runs import records as run_records
 from tunedeck.backend.runs import startup as run_startup
 from tunedeck.backend.runs import status as run_status
 from tunedeck.backend.runs import supervisor
-from tunedeck.backend.runs.folder import (
-    EndRecord,
-    ErrorRecord,
-    GateVerdict,
-    LogRecord,
-    ProcessIdentity,
-    Progress,
-    Stalled,
-    StallSettings,
-    StartRecord,
-    StatusFile,
-    StopRequest,
-    read_records,
-)
+from tunedeck.backend.runs.folder import ProcessIdentity, Progress, Stalled, StallSettings, StatusFile, StopRequest
+from tunedeck.backend.runs.records import EndRecord, ErrorRecord, GateVerdict, LogRecord, StartRecord, read_records
 
 # The recipe's modules as one text (their __future__ lines left out: they may only open a file).
 TRAIN = "\n".join(
@@ -238,7 +227,7 @@ def test_train_end_statuses_are_the_contracts():
         and isinstance(n.targets[0], ast.Tuple)
         and getattr(n.targets[0].elts[0], "id", None) == "status"
     }
-    assert returned | preset == set(get_args(run_folder.EndStatus)) == {"finished", "stopped", "failed"}
+    assert returned | preset == set(get_args(run_records.EndStatus)) == {"finished", "stopped", "failed"}
 
 
 # ---------------------------------------------------------------- the supervisor

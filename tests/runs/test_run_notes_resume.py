@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from tunedeck.backend.runs.folder import RunRecords
 from tunedeck.backend.runs.manager import RunError, RunManager
 from tunedeck.backend.runs.notes import NotesError, read_notes, write_notes
+from tunedeck.backend.runs.records import RunRecords
 from tunedeck.backend.runs.resume import resume_spec
 from tunedeck.backend.runs.summary import report
 from tunedeck.backend.spec import resolve_spec, spec_to_yaml

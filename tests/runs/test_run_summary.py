@@ -9,7 +9,7 @@ import time
 
 from tunedeck.app.run_watch import RunWatch
 from tunedeck.backend.cli.follow import ProgressBar
-from tunedeck.backend.runs.folder import RunRecords, parse_record, read_records
+from tunedeck.backend.runs.records import RunRecords, parse_record, read_records
 from tunedeck.backend.runs.summary import summarize, verdict
 
 from .helpers import fake_run, tunedeck

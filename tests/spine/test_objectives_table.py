@@ -20,7 +20,7 @@ from tunedeck.backend.recipe.objectives_table import OBJECTIVES, REFERENCE_OBJEC
 from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.render.training_args import training_args_dict
-from tunedeck.backend.runs.folder import LogRecord
+from tunedeck.backend.runs.records import LogRecord
 from tunedeck.backend.runs.summary import facts_line
 from tunedeck.backend.spec import FIELD_PATHS, JobSpec, flat_values, flops, resolve_spec, set_paths
 from tunedeck.backend.spec.applies import applies
@@ -130,10 +130,11 @@ def test_the_facts_line_names_each_objective_and_its_reference():
 
 
 def test_the_recipe_records_each_rows_keys_and_trains_with_its_classes():
-    from tunedeck.backend.recipe.objectives import OBJECTIVES as CLASSES
-    from tunedeck.backend.recipe.objectives import objective_record
+    from tunedeck.backend.recipe.objectives import objective_classes, objective_record
 
     for o in ROWS:
         logged = dict.fromkeys(o.record_keys.values(), 1.0) | {"rewards/other": 2.0}
         assert objective_record(o.name, logged) == dict.fromkeys(o.record_keys, 1.0), o.name
-        assert CLASSES[o.name] == (o.config, o.trainer)
+        config, trainer = objective_classes({"objective": o.name})  # imported from the row's TRL module
+        assert (config.__name__, trainer.__name__) == (o.config, o.trainer)
+        assert trainer.__module__.startswith(o.trl_module), (trainer.__module__, o.trl_module)
