@@ -78,7 +78,8 @@ def test_the_cli_sets_what_the_page_sets(view, preset, changes, tmp_path, capsys
     assert main(["export", preset, *sets, "-o", str(tmp_path)]) == 0
     said = capsys.readouterr().err
     assert "Set for you:" in said  # on stderr, as the page's notice says it
-    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == page
+    written = {p.relative_to(tmp_path).as_posix(): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
+    assert written == page  # the recipe package's files too (tunedeck_recipe/...)
 
     assert main(["export", preset, *sets, "--no-implied", "-o", str(tmp_path / "as-given")]) in (0, 2)
     assert "Set for you:" not in capsys.readouterr().err
