@@ -78,7 +78,7 @@ lint() {
   # to it, so that `import tunedeck.backend...` resolves to the files being checked.
   mkdir -p .venv/typecheck
   ln -sfn ../.. .venv/typecheck/tunedeck
-  .venv/bin/basedpyright
+  .venv/bin/basedpyright --project pyproject.toml  # this file, not a pyrightconfig.json in a folder above
   # The guides (mkdocs.yml): --strict fails on a broken link or anchor or a page left out of the nav. Each build
   # writes to a folder of its own, so that two lints at once in one checkout do not clean each other's output;
   # its INFO lines are shown only when it fails. NO_MKDOCS_2_WARNING: mkdocs-material's end-of-life banner.
