@@ -57,8 +57,11 @@ def smoke_line(run_dir, state: str) -> str:
     return f"**{'✓' if verdict.passed else '✗'} {as_text(verdict.line)}**"
 
 
-def state_line(status: RunStatus, facts: RunFacts, step: int, run_id: str, run_dir: Path) -> str:
-    """The line under the run picker: state, run id, name, title, where, then what the state means."""
+def state_line(
+    status: RunStatus, facts: RunFacts, step: int, run_id: str, run_dir: Path, health: list[str] = ()
+) -> str:
+    """The line under the run picker: state, run id, name, title, where, then what the state means, then what the
+    training-health guard saw and did (backend/runs/summary.py's health_lines)."""
     name = f" · **{as_text(facts.notes.name)}**" if facts.notes.name else ""
     line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}`{name} · {as_text(status.title)}"
     if status.state == "failed" and status.exit_code not in (None, 0):
@@ -70,6 +73,9 @@ def state_line(status: RunStatus, facts: RunFacts, step: int, run_id: str, run_d
         line += f"\n\n{hint}"
     if facts.smoke:
         line += "\n\n" + smoke_line(run_dir, status.state)
+    said = [f"**{as_text(text)}**" if not text.startswith("  ") else as_text(text.strip()) for text in health]
+    if said:
+        line += "\n\n" + "  \n".join(said)
     return line
 
 

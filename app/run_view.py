@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import gradio as gr
 
-from tunedeck.app.charts import loss_figure, metrics_figure
+from tunedeck.app.charts import health_marks, loss_figure, metrics_figure
 from tunedeck.app.live_progress import FOLLOW_LOG_JS, REFRESH_ID
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.run_actions import resume_shown, stacks_notice, stop_run
@@ -35,6 +35,7 @@ from tunedeck.backend.runs import (
     RunError,
     RunManager,
     answers_markdown,
+    health_lines,
     latest_answers,
     live_phase,
     measured_peaks,
@@ -233,7 +234,9 @@ class RunView(Section):
             results = results_line(watch, status)
             out.update(
                 {
-                    self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
+                    self.status: state_line(
+                        status, facts, summary.step, run_id, self.manager.run_dir(run_id), health_lines(watch)
+                    ),
                     self.facts: as_text(" · ".join(filter(None, (summary.facts, unreadable_line(facts))))),
                     self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}"
                     if results
@@ -258,7 +261,7 @@ class RunView(Section):
             shown.charts_sig, shown.charts_at = plots, time.monotonic()
             out.update(
                 {
-                    self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale, before),
+                    self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale, before, health_marks(watch.health)),
                     self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
                     self.answers: answers_markdown(latest_answers(self.manager.run_dir(run_id)), as_text),
                     self.memory: self._memory_markdown(run_id, watch),

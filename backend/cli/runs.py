@@ -15,6 +15,7 @@ from tunedeck.backend.runs import (
     UnreadableJob,
     breakdown,
     format_clock,
+    health_lines,
     job_fields,
     phase_now,
     read_notes,
@@ -180,6 +181,10 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         print(f"summary  {report(run, status.started_at, status.ended_at).line()}")
     elif status.state in ACTIVE_STATES and (doing := phase_now(manager.run_dir(args.run_id))):
         print(f"progress step 0 · {doing}")  # what it does before step 1, and the ranks rank 0 waits for
+    for line in health_lines(run):
+        print(f"health   {line}")
+    for attempt in status.attempts:
+        print(f"attempt  ended {attempt.get('end', '?')}: {attempt.get('reason', '')}")
     if notes.notes:
         print("notes:\n" + notes.notes)
     if status.error:

@@ -5,6 +5,7 @@ the service reads it and bounded in time.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -47,7 +48,8 @@ def notify(run_dir: Path, status: str, error: str | None, runtime_s: float) -> N
         return
     url, host = target
     last = _last_loss_record(run_dir / METRICS_FILE)
-    body = notification(run_dir.name, status, error, runtime_s, last, webhook_service(url))
+    health = last_record(run_dir / METRICS_FILE, lambda record: record.get("event") == "health")
+    body = notification(run_dir.name, status, error, runtime_s, last, webhook_service(url), health)
     problem = post_within(url, body, NOTIFY_DEADLINE_S)
     if problem:  # the URL's path may hold its secret: only its host is named
         print(f"warning: the notification to {host} failed: {problem}", file=sys.stderr, flush=True)
@@ -71,15 +73,25 @@ def webhook_service(url: str) -> str | None:
 
 
 def notification(
-    run: str, status: str, error: str | None, runtime_s: float, last: dict | None, service: str | None
+    run: str,
+    status: str,
+    error: str | None,
+    runtime_s: float,
+    last: dict | None,
+    service: str | None,
+    health: dict | None = None,
 ) -> dict:
     """The JSON a webhook gets: one line of text, and the facts as fields. The text carries the run's error, which
     may hold anything (a data file's name, a reward's output): it is escaped as the service reads it, so that no
     `<!channel>`, `@everyone` or link in it pings a channel or hides where it leads."""
     minutes, seconds = divmod(int(runtime_s), 60)
     text = f"tunedeck run {run} {status} after {minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+    loss = last["loss"] if last and math.isfinite(last["loss"]) else None  # JSON has no NaN
     if last:
         text += f" · step {last['step']}/{last.get('max_steps', '?')} · loss {last['loss']:.4f}"
+    # The health guard's finding (training.health): a run that finished with it is suspect; a stop says it itself.
+    unhealthy = str(health.get("line")) if health and health.get("action") == "warned" else None
+    text += f" · {unhealthy}" if unhealthy else ""
     text += f" · {error[:500]}" if error else ""
     text = WEBHOOK_ESCAPES.get(service or "", str)(text)
     body = {
@@ -89,7 +101,8 @@ def notification(
         "state": status,
         "step": last and last["step"],
         "max_steps": last and last.get("max_steps"),
-        "loss": last and last["loss"],
+        "loss": loss,
+        "unhealthy": unhealthy,
         "error": error,
         "runtime_s": round(runtime_s, 1),
     }

@@ -13,10 +13,12 @@ from typing import Any
 
 from .describe import describe_run, gpu_peaks_gb
 from .gate import gate_error, shared_gate_problems
+from .health_actions import HealthActions
 from .objectives import grpo_record, objective_record
 from .ranks import _any_rank, _world_size, global_rank
 from .records import FAULT_ENV, JsonlWriter, StartupPhases, StopRequest, _parse_fault, write_progress
 from .rewards import write_answers
+from .rollback import current_rollback, scale_learning_rate
 from .speed import speed_facts, utilisation
 from .watchdog import FORWARDS_TOLD_EVERY_S, StallWatchdog
 
@@ -45,6 +47,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self._forwards, self._forwards_told = 0, 0.0  # forward passes, and when progress.json last said so
             self._step = 0
             self.startup = StartupPhases(Path.cwd(), rank=-1)  # train() gives rank 0's; this one writes nothing
+            self.health = HealthActions(job, metrics, terminal)
 
         def _progress(self, step: int, saving: bool = False) -> None:
             self._step = step
@@ -71,6 +74,18 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self._last_log, self._last_step = (time.monotonic(), 0), state.global_step
             record = {**describe_run(self.trainer, job), **self.load_peaks}
             record["dataset_rows"] = self.dataset_rows
+            self.health = HealthActions(job, metrics, terminal, state.global_step)
+            rollback = current_rollback()
+            if rollback:  # this attempt continues a roll-back: the learning rate it scales, the data it skipped
+                scale = float(rollback.get("lr_scale", 1.0))
+                scale_learning_rate(kwargs.get("optimizer"), kwargs.get("lr_scheduler"), args.learning_rate, scale)
+                record["rollback"] = {
+                    "rollbacks": rollback.get("rollbacks"),
+                    "checkpoint_step": rollback.get("checkpoint_step"),
+                    "bad_step": rollback.get("bad_step"),
+                    "lr_scale": scale,
+                    "skipped_steps": getattr(self.trainer, "skipped_steps", 0),
+                }
             self._per_sequence = record["sequence_parallel"]
             self.speed = speed_facts(
                 self.trainer, record["trainable_params"], record["total_params"], record["objective"]
@@ -140,6 +155,8 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             if "loss" not in logs and "eval_loss" not in logs:
                 return  # the trainer's closing summary; the end record covers it
             peaks = gpu_peaks_gb()  # collective: every rank takes part
+            if "loss" in logs:
+                self.health.on_log(args, state, control, logs)  # collective too
             if not metrics:
                 return
             record = {"event": "log", "time": time.time(), "step": state.global_step, "max_steps": state.max_steps}

@@ -64,7 +64,9 @@ from .checkpoints import resume_checkpoint, with_atomic_checkpoints
 from .checks import input_problems
 from .data import load_datasets
 from .describe import load_peaks
+from .faults import with_loss_fault
 from .gate import check_processes, expected_run, expected_trainable
+from .health import Unhealthy
 from .job import JobError, read_yaml
 from .models import load_model, load_tokenizer, peft_config
 from .notifications import notify
@@ -73,6 +75,7 @@ from .ranks import global_rank
 from .recorder import make_callback
 from .records import ERRORS_FILE, METRICS_FILE, JsonlWriter, StartupPhases, StopRequest, redirect_output
 from .rewards import reward_functions
+from .rollback import ROLLBACK_EXIT, current_rollback, with_rollback_window
 from .watchdog import IMPORTING_REWARDS, watched_phase
 
 
@@ -119,7 +122,9 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     # reference there when the scores are computed before training.
     scoring = ", then scoring every row with the reference" if precomputed else ""
     startup.enter(("tokenizing the data" if job.get("objective") != "grpo" else "building the trainer") + scoring)
-    trainer = with_atomic_checkpoints(trainer_class(trainer_base))(
+    rollback = current_rollback()  # an attempt after a roll-back: its checkpoint, the data window it skips
+    trainer_type = with_loss_fault(with_atomic_checkpoints(trainer_class(trainer_base)))
+    trainer = with_rollback_window(trainer_type, int((rollback or {}).get("skip_steps", 0)))(
         **extra,
         model=model,
         args=args,
@@ -136,7 +141,7 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
         trainer.ref_model = None
     recorder.trainer = trainer
     startup.enter("preparing the model and optimizer")  # DeepSpeed or FSDP wraps it; DeepSpeed may compile ops
-    trainer.train(resume_from_checkpoint=resume_checkpoint(args, job))
+    trainer.train(resume_from_checkpoint=rollback["checkpoint"] if rollback else resume_checkpoint(args, job))
     if recorder.stopped_early:
         return "stopped"
     if trainer.is_fsdp_enabled:
@@ -174,11 +179,14 @@ def main(argv=None) -> int:
     terminal = redirect_output(run_dir, rank)
     metrics = JsonlWriter(run_dir / METRICS_FILE) if rank == 0 else None
     started = time.monotonic()
-    status, error = "failed", None
+    status, error, health = "failed", None, None
     try:
         job = read_yaml(job_path, "job spec")
         training_args = read_yaml(args_path, "training arguments")
         status = train(job, training_args, metrics, stop, terminal, StartupPhases(run_dir, rank))
+    except Unhealthy as exc:  # the health guard stopped the run, or ends this attempt for a roll-back
+        status, error, health = ("rollback" if exc.action == "rollback" else "failed"), str(exc), exc.symptom
+        print(f"error: {error}" if status == "failed" else str(exc), file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 - every failure must end the run's record
         if isinstance(exc, JobError):  # the user's input: the message says it all
             error, trace = str(exc), None
@@ -197,6 +205,7 @@ def main(argv=None) -> int:
                 "status": status,
                 "runtime_s": time.monotonic() - started,
                 "error": error,
+                **({"health": vars(health)} if health else {}),
             }
         )
     if terminal:
@@ -204,7 +213,7 @@ def main(argv=None) -> int:
     _close_process_group(clean=status != "failed")  # first: the other ranks never wait on a webhook
     if rank == 0:  # after the end record, and bounded in time (under tunedeck's supervisor, it posts instead)
         notify(run_dir, status, error, time.monotonic() - started)
-    return 0 if status != "failed" else 1
+    return {"failed": 1, "rollback": ROLLBACK_EXIT}.get(status, 0)
 
 
 def _close_process_group(clean: bool) -> None:

@@ -64,6 +64,9 @@ def training_args_dict(spec: JobSpec) -> dict:
     if spec.sequence_parallel > 1:
         args["pad_to_multiple_of"] = sequence_padding(spec)
     args["logging_first_step"] = True  # a first point on the loss chart right away
+    # The Trainer logs a NaN or Inf step's loss as the window's mean by default: the health guard
+    # (training.health) and the chart must see it as it is.
+    args["logging_nan_inf_filter"] = False
     args["save_strategy"] = "steps"
     if d.eval_split:
         args["eval_strategy"] = "steps"

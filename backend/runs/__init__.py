@@ -20,7 +20,7 @@ from tunedeck.backend.runs.manager import RunError, RunManager, RunStatus
 from tunedeck.backend.runs.notes import NAME_MAX_CHARS, NotesError, RunNotes, read_notes, write_notes
 from tunedeck.backend.runs.preflight import job_problems, needs_gpus_here, refusal_text
 from tunedeck.backend.runs.preflight import preflight as preflight_problems
-from tunedeck.backend.runs.records import LogRecord, MetricsReader, RunRecords, is_number, read_records
+from tunedeck.backend.runs.records import HealthRecord, LogRecord, MetricsReader, RunRecords, is_number, read_records
 from tunedeck.backend.runs.resume import RESUMABLE_STATES, newest_checkpoint, resume_run
 from tunedeck.backend.runs.speed import Calibration, calibration, compare_run
 from tunedeck.backend.runs.stacks import StacksError, dump_stacks
@@ -34,7 +34,15 @@ from tunedeck.backend.runs.startup import (
     starting_phase,
 )
 from tunedeck.backend.runs.status import DAMAGED, deleted_path
-from tunedeck.backend.runs.summary import RunSummary, facts_line, format_clock, measured_peaks, report, summarize
+from tunedeck.backend.runs.summary import (
+    RunSummary,
+    facts_line,
+    format_clock,
+    health_lines,
+    measured_peaks,
+    report,
+    summarize,
+)
 from tunedeck.backend.runs.sweep import SweepError, combinations, label, preview, queue_sweep, sweep_specs
 from tunedeck.backend.runs.tail import TextTail
 
@@ -69,6 +77,7 @@ __all__ = [
     "TRAINING",
     "AfterError",
     "Calibration",
+    "HealthRecord",
     "Lineage",
     "LogRecord",
     "MetricsReader",
@@ -95,6 +104,7 @@ __all__ = [
     "dump_stacks",
     "facts_line",
     "format_clock",
+    "health_lines",
     "is_number",
     "is_smoke_job",
     "job_differences",

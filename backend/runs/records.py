@@ -40,6 +40,16 @@ class FlopsInputs(TypedDict, total=False):
     sequences_per_row: int  # sequences a row's token count covers (DPO: chosen and rejected)
 
 
+class RollbackFacts(TypedDict, total=False):
+    """An attempt after a roll-back (recipe/health.py): where it resumed and what it changed."""
+
+    rollbacks: int  # this is the n-th
+    checkpoint_step: int
+    bad_step: int  # the step whose log showed the blow-up first
+    lr_scale: float  # of the job's learning rate
+    skipped_steps: int  # optimizer steps of data skipped after the checkpoint
+
+
 class StartRecord(TypedDict, total=False):
     """What the run got, read from the live objects after setup (train.py's describe_run)."""
 
@@ -69,6 +79,7 @@ class StartRecord(TypedDict, total=False):
     neftune_noise_alpha: float | None  # NEFTune's alpha on the live input embeddings (None: off)
     max_steps: int
     resumed_from_step: int | None
+    rollback: RollbackFacts  # only after a roll-back
     load_gpu_peak_allocated_gb: list[float] | None  # per rank, right after loading
     load_host_peak_rss_gb: list[float]
     gate: GateVerdict
@@ -133,7 +144,26 @@ class LogRecord(TypedDict, total=False):
     gpu_peak_reserved_gb: list[float]
 
 
-EndStatus = Literal["finished", "stopped", "failed"]
+class HealthRecord(TypedDict, total=False):
+    """The training-health guard saw a symptom (recipe/health.py), and what the run did about it."""
+
+    event: Required[Literal["health"]]
+    time: float
+    step: int  # the logging step it was confirmed at
+    text: str  # "grad norm NaN", "loss 41.2 > 2x its running mean 0.8 for 4 logged steps"
+    line: str  # "⚠ unhealthy: grad norm NaN at step 30"
+    last_good_step: int
+    hints: list[str]  # likely causes seen in practice
+    policy: str  # training.health.policy
+    action: str  # warned | stopped | rolled back
+    why_not: str  # a roll-back asked for but not done: why
+    checkpoint_step: int  # rolled back: to this checkpoint
+    skip_steps: int  # and this many steps of data skipped
+    lr_scale: float  # with the learning rate scaled so
+    rollbacks: int  # the n-th roll-back
+
+
+EndStatus = Literal["finished", "stopped", "failed", "rollback"]  # rollback: an attempt ended to roll back
 
 
 class EndRecord(TypedDict, total=False):
@@ -142,6 +172,7 @@ class EndRecord(TypedDict, total=False):
     status: EndStatus
     runtime_s: float
     error: str | None
+    health: dict  # the symptom that ended it (training.health), as the guard saw it
 
 
 class ErrorRecord(TypedDict, total=False):
@@ -153,8 +184,13 @@ class ErrorRecord(TypedDict, total=False):
     traceback: str | None
 
 
-Record = StartRecord | LogRecord | EndRecord
-_RECORDS = {"start": TypeAdapter(StartRecord), "log": TypeAdapter(LogRecord), "end": TypeAdapter(EndRecord)}
+Record = StartRecord | LogRecord | EndRecord | HealthRecord
+_RECORDS = {
+    "start": TypeAdapter(StartRecord),
+    "log": TypeAdapter(LogRecord),
+    "end": TypeAdapter(EndRecord),
+    "health": TypeAdapter(HealthRecord),
+}
 _RECORD = TypeAdapter(Annotated[Record, Field(discriminator="event")])
 
 
@@ -205,21 +241,48 @@ class RunRecords:
     """What metrics.jsonl has said so far."""
 
     start: StartRecord | None = None
-    records: list[LogRecord] = field(default_factory=list)  # the log records, in order
+    records: list[LogRecord] = field(default_factory=list)  # the log records, in order, of the steps that stand
     end: EndRecord | None = None
     evals: int = 0  # the log records that carry an eval loss
+    health: list[HealthRecord] = field(default_factory=list)  # the guard's findings, in order
+    superseded: list[LogRecord] = field(default_factory=list)  # steps trained again after a roll-back or requeue
 
     def add(self, new: list[Record]) -> bool:
-        """Take new records in; True when there were any."""
+        """Take new records in; True when there were any. A later attempt's start record (a roll-back, a requeued
+        job) resumes from a checkpoint: the steps logged after it are trained again, and its records replace them,
+        so the curve continues from the checkpoint."""
         for record in new:
             if record["event"] == "start":
-                self.start = record
+                self._resume_at(record.get("resumed_from_step"))
+                self.start, self.end = record, None
             elif record["event"] == "end":
                 self.end = record
+            elif record["event"] == "health":
+                self.health.append(record)
             else:
                 self.records.append(record)
                 self.evals += "eval_loss" in record
         return bool(new)
+
+    def _resume_at(self, step: int | None) -> None:
+        if self.start is None:
+            return
+        step = step or 0
+        again = [record for record in self.records if record.get("step", 0) > step]
+        if again:
+            self.superseded += again
+            self.records = [record for record in self.records if record.get("step", 0) <= step]
+            self.evals = sum("eval_loss" in record for record in self.records)
+
+    @property
+    def unhealthy(self) -> HealthRecord | None:
+        """The guard's latest finding, unless a roll-back healed it (an attempt after it logged a healthy step)."""
+        if not self.health:
+            return None
+        last = self.health[-1]
+        if last.get("action") == "rolled back" and self.start and self.start.get("rollback"):
+            return None
+        return last
 
     @property
     def last(self) -> LogRecord | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -49,6 +49,7 @@ class RunStatus:
     waits_for: list[str] | None = None  # a queued run: the runs ahead of it, which it starts after
     stalled: dict | None = None  # a live run with no training step for too long (run_folder.Stalled)
     warning: str | None = None  # the run's own latest warning (a reward that scored no answer of a step)
+    attempts: list[dict] = field(default_factory=list)  # earlier attempts of a run started again (a roll-back)
 
     @property
     def where(self) -> str:
@@ -117,6 +118,7 @@ def from_status_file(run_id: str, data: dict) -> RunStatus:
         waits_for=data.get("waits_for"),
         stalled=data.get("stalled") if isinstance(data.get("stalled"), dict) else None,
         warning=data.get("warning") if isinstance(data.get("warning"), str) else None,
+        attempts=[a for a in data.get("attempts") or [] if isinstance(a, dict)],
     )
 
 

@@ -186,6 +186,24 @@ def summarize(
     )
 
 
+def health_lines(run: RunRecords) -> list[str]:
+    """What the training-health guard saw and did (training.health): each roll-back, then a symptom the run
+    trains on with (warn) and its likely causes. A symptom that stopped the run is its error, said there."""
+    lines = []
+    for record in run.health:
+        if record.get("action") == "rolled back":
+            lines.append(
+                f"↺ roll-back {record.get('rollbacks', '')}: {record.get('line', 'unhealthy')} → resumed from the "
+                f"checkpoint at step {record.get('checkpoint_step')}, learning rate x{record.get('lr_scale', 1):g}, "
+                f"{record.get('skip_steps', 0)} steps of data skipped"
+            )
+    last = run.unhealthy
+    if last and last.get("action") == "warned":
+        lines.append(f"{last.get('line', '⚠ unhealthy')} · trains on (training.health.policy=warn)")
+        lines += [f"  hint: {hint}" for hint in last.get("hints", [])[:3]]
+    return lines
+
+
 def measured_peaks(run: RunRecords) -> dict[str, list[float]]:
     """Highest GPU memory per rank seen so far (GB): {'allocated': [...], 'reserved': [...]}."""
     peaks: dict[str, list[float]] = {}

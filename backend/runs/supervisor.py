@@ -80,6 +80,7 @@ STOP_FILE, METRICS_FILE, ERRORS_FILE = (
 PROGRESS_FILE, STARTUP_FILE = _recipe_records.PROGRESS_FILE, _recipe_records.STARTUP_FILE
 STALL_GAP_FACTOR, WATCHED_PHASES = _watchdog.STALL_GAP_FACTOR, _watchdog.WATCHED_PHASES
 NOTIFY_ENV = recipe_module("notifications").NOTIFY_ENV
+ROLLBACK_ENV, ROLLBACK_FILE = recipe_module("rollback").ROLLBACK_ENV, recipe_module("rollback").ROLLBACK_FILE
 STATUS_FILE = "status.json"
 LAUNCHER_LOG = "logs/launcher.log"
 RESERVE_FILE = ".disk-reserve"  # room kept for the final status.json on a disk that fills up
@@ -334,6 +335,8 @@ def final_state(
         return "finished", None
     if stop_requested:
         return "stopped", None
+    if end and isinstance(end.get("health"), dict) and isinstance(end.get("error"), str):
+        return "failed", end["error"]  # the health guard stopped it: its line says what it saw, and the hints
     if exit_code == 0 and trained == "stopped":  # a SIGTERM from outside (Slurm's time limit): saved and stopped
         return "stopped", None
     if exit_code == 0:  # every rank exited 0, yet rank 0 did not record the end of its training
@@ -522,12 +525,61 @@ def supervise(run_dir: Path) -> int:
         record_end(run_dir, state="stopped", ended_at=time.time(), exit_code=None)
         return 0
     _become_subreaper()
+    started_at, attempts, extra_env = time.time(), [], {}
+    while True:
+        outcome = _attempt(run_dir, status, stop_signal, extra_env, started_at)
+        if outcome is None:
+            return 1  # could not start or record the launcher: recorded as failed already
+        exit_code, stopping, killed = outcome
+        rollback = _rollback_asked(run_dir) if not stopping else None
+        if rollback is None:
+            break
+        # The health guard ended this attempt to roll back: start the next one from its checkpoint.
+        attempts.append({"ended_at": time.time(), "end": "rolled back", **rollback})
+        _note(run_dir, attempts=attempts)
+        extra_env = {ROLLBACK_ENV: str(run_dir / ROLLBACK_FILE)}
+    state, error = final_state(run_dir, exit_code, stopping, killed)
+    problem = record_end(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
+    post_how_it_ended(
+        run_dir, state, error, time.time() - started_at
+    )  # after the end is recorded: bounded, never first
+    if problem and run_dir.is_dir():
+        # The manager settles the run from metrics.jsonl and errors.jsonl once it sees us gone.
+        print(f"supervisor: the run ended {state}, but {problem}", file=sys.stderr, flush=True)
+        return 1
+    return 0  # recorded, or its folder was deleted: nothing to record into
+
+
+def _rollback_asked(run_dir: Path) -> dict | None:
+    """What the attempt that just ended asked to roll back to (rank 0's end record says rollback, and its
+    rollback.json is there), or None."""
+    end = end_record(run_dir)
+    if not end or end.get("status") != "rollback":
+        return None
+    try:
+        plan = json.loads((run_dir / ROLLBACK_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(plan, dict):
+        return None
+    symptom = plan.get("symptom") if isinstance(plan.get("symptom"), dict) else {}
+    return {
+        "reason": f"{symptom.get('text', 'unhealthy')} at step {symptom.get('step', plan.get('bad_step'))}",
+        **{key: plan.get(key) for key in ("bad_step", "checkpoint_step", "skip_steps", "lr_scale", "rollbacks")},
+    }
+
+
+def _attempt(
+    run_dir: Path, status: dict, stop_signal: threading.Event, extra_env: dict, started_at: float
+) -> tuple[int | None, bool, set[int]] | None:
+    """One start of the launcher, watched until it exits: (exit code, stop requested, pids we killed); None when it
+    could not start or be recorded (the end is recorded then)."""
     try:
         with open(run_dir / LAUNCHER_LOG, "ab") as log:
             launcher = subprocess.Popen(
                 status["argv"],  # in the run's environment: the manager started us with it, less the webhook
                 cwd=run_dir,
-                env={name: value for name, value in os.environ.items() if name != NOTIFY_ENV},  # we post, not rank 0
+                env={name: value for name, value in os.environ.items() if name != NOTIFY_ENV} | extra_env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -535,8 +587,7 @@ def supervise(run_dir: Path) -> int:
             )
     except OSError as exc:
         record_end(run_dir, state="failed", ended_at=time.time(), error=f"could not start {status['argv'][0]}: {exc}")
-        return 1
-    started_at = time.time()
+        return None
     try:
         update_status(
             run_dir,
@@ -554,7 +605,7 @@ def supervise(run_dir: Path) -> int:
             exit_code=launcher.returncode,
             error=f"could not record the launcher: {exc}",
         )
-        return 1
+        return None
     stop_since = stop_deadline = failed_since = None
     signalled: set[int] = set()
     killed: set[int] = set()  # ranks we killed: never reported as the cause of a failure
@@ -592,19 +643,9 @@ def supervise(run_dir: Path) -> int:
             ):
                 launcher.terminate()  # the ranks are gone but the launcher lingers
         time.sleep(POLL_S)
-    exit_code = launcher.returncode
     kill_tree(_children(os.getpid(), recursive=True))  # nothing of the run outlives it (the launcher is reaped already)
-    state, error = final_state(run_dir, exit_code, stop_deadline is not None, killed)
     watch.carry_warning()  # one the run gave in its last second
-    problem = record_end(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
-    post_how_it_ended(
-        run_dir, state, error, time.time() - started_at
-    )  # after the end is recorded: bounded, never first
-    if problem and run_dir.is_dir():
-        # The manager settles the run from metrics.jsonl and errors.jsonl once it sees us gone.
-        print(f"supervisor: the run ended {state}, but {problem}", file=sys.stderr, flush=True)
-        return 1
-    return 0  # recorded, or its folder was deleted: nothing to record into
+    return launcher.returncode, stop_deadline is not None, killed
 
 
 def post_how_it_ended(run_dir: Path, state: str, error: str | None, runtime_s: float) -> None:

@@ -64,6 +64,16 @@ _SLURM = When(("launch.backend",), lambda v: v.get("launch.backend") == "slurm",
 _STALL_WATCHED = When(
     ("launch.stall_minutes",), lambda v: (v.get("launch.stall_minutes") or 0) > 0, "with launch.stall_minutes > 0"
 )
+_HEALTH_WATCHED = When(
+    ("training.health.policy",),
+    lambda v: v.get("training.health.policy", "warn") != "off",
+    "with training.health.policy other than off",
+)
+_ROLLBACK = When(
+    ("training.health.policy",),
+    lambda v: v.get("training.health.policy") == "rollback",
+    "with training.health.policy=rollback",
+)
 _SLURM_GPUS = When(
     ("launch.backend", "launch.use_cpu"),
     lambda v: v.get("launch.backend") == "slurm" and not v.get("launch.use_cpu"),
@@ -125,6 +135,10 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("launch.rdzv_backend", _MACHINES),
     ("launch.same_network", _MACHINES),
     ("launch.stop_when_stalled", _STALL_WATCHED),
+    ("training.health.policy", _ALWAYS),
+    ("training.health.lr_scale", _ROLLBACK),
+    ("training.health.max_rollbacks", _ROLLBACK),
+    ("training.health.*", _HEALTH_WATCHED),
     ("launch.slurm.gpus_per_node", _SLURM_GPUS),
     ("launch.slurm.*", _SLURM),
 ]

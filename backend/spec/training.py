@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from tunedeck.backend.spec.health import HealthSpec
 from tunedeck.backend.spec.sections import BASIC, MAX_STEPS, SftField, SpecSection, Steps
 
 
@@ -165,6 +166,11 @@ class TrainingSpec(SpecSection):
         default=False,
         title="Resume from checkpoint",
         description="Continue from the newest checkpoint in the output folder, if there is one.",
+    )
+    health: HealthSpec = Field(
+        default_factory=HealthSpec,
+        title="Training health",
+        description="What the run does when its loss or gradient norm goes NaN, to zero, or spikes.",
     )
 
 

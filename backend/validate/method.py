@@ -241,6 +241,13 @@ def training(spec: JobSpec) -> Iterator[Problem]:
             "a large micro batch without accumulation costs activation memory: keep the per-device batch at 1-4 and "
             "raise training.gradient_accumulation_steps for the same global batch.",
         )
+    if t.health.policy == "rollback" and 0 < t.max_steps <= t.save_steps:
+        yield warning(
+            "training.health.policy",
+            f"a roll-back resumes from a checkpoint saved before the blow-up, and with training.save_steps "
+            f"{t.save_steps} none is saved within {t.max_steps} steps: lower save_steps (a run without one stops "
+            "instead).",
+        )
     for column in DATASET_FORMATS[d.format].columns:
         if column.required and not getattr(d, column.field).strip():
             yield error(f"dataset.{column.field}", f"format {d.format} reads this column: give its name.")

@@ -24,12 +24,12 @@ def test_advanced_counts_only_the_fields_shown_and_sends_a_label_only_when_its_c
         form = build_form({f.path: f.to_form(v) for f, v in zip(FORM_FIELDS, values_from_spec(JobSpec()).values())}, ui)
         counts = AdvancedCounts(ui, form)
     advanced = {title: sum(f.section == title and not f.basic for f in FORM_FIELDS) for title in form.advanced}
-    assert advanced["Training"] == 25  # what the label said whatever the job (SimPO added preference.simpo_gamma)
+    assert advanced["Training"] == 32  # whatever the job (SimPO added preference.simpo_gamma, issue 34 training.health.*)
 
     values = values_from_spec(demo)
     first = counts.update(evaluate(values), {counts.shown: {}})
     labels = {title: first[accordion]["label"] for title, accordion in form.advanced.items()}
-    assert labels["Training"] == f"Advanced ({shown_advanced(values, 'Training')})" == "Advanced (15)"
+    assert labels["Training"] == f"Advanced ({shown_advanced(values, 'Training')})" == "Advanced (20)"
     assert first[form.advanced["Strategy"]]["visible"] is False  # DDP: none of its Advanced fields applies
     assert all(labels[t] == f"Advanced ({shown_advanced(values, t)})" for t in form.advanced)
 
