@@ -155,8 +155,13 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             if "loss" not in logs and "eval_loss" not in logs:
                 return  # the trainer's closing summary; the end record covers it
             peaks = gpu_peaks_gb()  # collective: every rank takes part
-            if "loss" in logs:
+            if metrics:
+                self._write_log(args, state, logs, peaks)
+            if "loss" in logs:  # after the log record: the chart shows the step that set it off
                 self.health.on_log(args, state, control, logs)  # collective too
+
+        def _write_log(self, args, state, logs: dict, peaks) -> None:
+            """Rank 0: the log record of this logging step."""
             if not metrics:
                 return
             record = {"event": "log", "time": time.time(), "step": state.global_step, "max_steps": state.max_steps}
