@@ -185,6 +185,7 @@ def test_evaluate_says_in_its_status_line_what_to_do_without_held_out_rows(page,
     open_after(page, server)
     page.locator("#after-run input").click()
     page.locator(f'#after-run li[role=option][aria-label^="{run_id}"]').click()
+    settle(page)  # the pick's own answer (it says "not evaluated yet") comes before Evaluate's, as a person waits
     wait_text(page, "#after-eval-status", "not evaluated yet")
     page.click("#after-evaluate")
     wait_text(page, "#after-eval-status", "This run kept no held-out rows")
