@@ -16,9 +16,10 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tunedeck.app.chart_marks import with_marks
 from tunedeck.app.untrusted_text import as_html
 from tunedeck.backend.recipe import OBJECTIVES
-from tunedeck.backend.runs import HealthRecord, LogRecord, is_number
+from tunedeck.backend.runs import LogRecord, is_number
 
 MAX_POINTS = 2000
 # The small charts beside the loss: (LogRecord field, title).
@@ -148,51 +149,7 @@ def loss_figure(
                     x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers", marker=dict(size=7)
                 )
             )
-    layout = copy.deepcopy(_validated_loss_layout(log_scale))
-    if marks:
-        layout["shapes"] = [
-            dict(
-                type="line",
-                xref="x",
-                yref="paper",
-                x0=step,
-                x1=step,
-                y0=0,
-                y1=1,
-                line=dict(color=MARK_COLOR, dash="dash"),
-            )
-            for step, _ in marks
-        ]
-        layout["annotations"] = [
-            dict(
-                x=step,
-                y=1,
-                xref="x",
-                yref="paper",
-                text=as_html(text),
-                showarrow=False,
-                yanchor="bottom",
-                font=dict(color=MARK_COLOR),
-            )
-            for step, text in marks
-        ]
-    return _figure(data, layout)
-
-
-MARK_COLOR = "#b45309"  # amber: a warning, not a failure
-
-
-def health_marks(health: Sequence[HealthRecord]) -> list[tuple[int, str]]:
-    """(step, label) of each finding of the training-health guard: where it rolled back, stopped or warned."""
-    marks = []
-    for record in health:
-        if "step" not in record:
-            continue
-        if record.get("action") == "rolled back":
-            marks.append((record["step"], f"↺ roll-back to step {record.get('checkpoint_step')}"))
-        else:
-            marks.append((record["step"], f"⚠ {record.get('text', 'unhealthy')}"))
-    return marks
+    return _figure(data, with_marks(copy.deepcopy(_validated_loss_layout(log_scale)), marks))
 
 
 def _smoothed(data: list, steps: list, values: list, name: str, color: str, smoothing: float, **axes) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from tunedeck.app.run_index import STATE_MARKS, RunFacts
@@ -58,7 +59,7 @@ def smoke_line(run_dir, state: str) -> str:
 
 
 def state_line(
-    status: RunStatus, facts: RunFacts, step: int, run_id: str, run_dir: Path, health: list[str] = ()
+    status: RunStatus, facts: RunFacts, step: int, run_id: str, run_dir: Path, health: Sequence[str] = ()
 ) -> str:
     """The line under the run picker: state, run id, name, title, where, then what the state means, then what the
     training-health guard saw and did (backend/runs/summary.py's health_lines)."""

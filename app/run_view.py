@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import gradio as gr
 
-from tunedeck.app.charts import health_marks, loss_figure, metrics_figure
+from tunedeck.app.chart_marks import health_marks
+from tunedeck.app.charts import loss_figure, metrics_figure
 from tunedeck.app.live_progress import FOLLOW_LOG_JS, REFRESH_ID
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.run_actions import resume_shown, stacks_notice, stop_run

@@ -205,6 +205,7 @@ def _fault_parts(text: str | None) -> dict[str, str]:
     return {**parts, "phase": phase} if phase else parts
 
 
+ROLLBACK_FILE = "rollback.json"  # a roll-back of the health guard: where the next attempt resumes (rollback.py)
 ANSWERS_FILE = "answers.jsonl"  # rank 0, GRPO: what the model just wrote, scored
 
 

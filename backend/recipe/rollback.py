@@ -13,9 +13,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .health import Symptom, settings_of
+from .records import ROLLBACK_FILE
 
 ROLLBACK_ENV = "TUNEDECK_ROLLBACK"  # set by the supervisor for an attempt after a roll-back: rollback.json's path
-ROLLBACK_FILE = "rollback.json"
 ROLLBACK_EXIT = 3  # a rank's exit code when its attempt ends for a roll-back (1: failed)
 
 

@@ -185,7 +185,9 @@ def main(argv=None) -> int:
         training_args = read_yaml(args_path, "training arguments")
         status = train(job, training_args, metrics, stop, terminal, StartupPhases(run_dir, rank))
     except Unhealthy as exc:  # the health guard stopped the run, or ends this attempt for a roll-back
-        status, error, health = ("rollback" if exc.action == "rollback" else "failed"), str(exc), exc.symptom
+        status, error, health = "failed", str(exc), exc.symptom
+        if exc.action == "rollback":
+            status = "rollback"
         print(f"error: {error}" if status == "failed" else str(exc), file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 - every failure must end the run's record
         if isinstance(exc, JobError):  # the user's input: the message says it all
@@ -205,7 +207,7 @@ def main(argv=None) -> int:
                 "status": status,
                 "runtime_s": time.monotonic() - started,
                 "error": error,
-                **({"health": vars(health)} if health else {}),
+                "health": vars(health) if health else None,  # the guard's symptom, when it ended the run
             }
         )
     if terminal:

@@ -117,6 +117,7 @@ class StatusFile(BaseModel):
     stall: StallSettings | None = None  # when the supervisor calls the run stalled (launch.stall_minutes)
     stalled: Stalled | None = None  # the supervisor's finding while no step comes; None again once one does
     warning: str | None = None  # the run's own latest warning, from progress.json (the supervisor carries it)
+    attempts: list[dict] | None = None  # earlier attempts of the run, each ended by a roll-back (the supervisor's)
 
 
 class DamagedStatus(Exception):

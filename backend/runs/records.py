@@ -172,7 +172,7 @@ class EndRecord(TypedDict, total=False):
     status: EndStatus
     runtime_s: float
     error: str | None
-    health: dict  # the symptom that ended it (training.health), as the guard saw it
+    health: dict | None  # the symptom that ended it (training.health), as the guard saw it
 
 
 class ErrorRecord(TypedDict, total=False):

@@ -80,7 +80,7 @@ STOP_FILE, METRICS_FILE, ERRORS_FILE = (
 PROGRESS_FILE, STARTUP_FILE = _recipe_records.PROGRESS_FILE, _recipe_records.STARTUP_FILE
 STALL_GAP_FACTOR, WATCHED_PHASES = _watchdog.STALL_GAP_FACTOR, _watchdog.WATCHED_PHASES
 NOTIFY_ENV = recipe_module("notifications").NOTIFY_ENV
-ROLLBACK_ENV, ROLLBACK_FILE = recipe_module("rollback").ROLLBACK_ENV, recipe_module("rollback").ROLLBACK_FILE
+ROLLBACK_ENV, ROLLBACK_FILE = recipe_module("rollback").ROLLBACK_ENV, _recipe_records.ROLLBACK_FILE
 STATUS_FILE = "status.json"
 LAUNCHER_LOG = "logs/launcher.log"
 RESERVE_FILE = ".disk-reserve"  # room kept for the final status.json on a disk that fills up
@@ -562,7 +562,8 @@ def _rollback_asked(run_dir: Path) -> dict | None:
         return None
     if not isinstance(plan, dict):
         return None
-    symptom = plan.get("symptom") if isinstance(plan.get("symptom"), dict) else {}
+    symptom = plan.get("symptom")
+    symptom = symptom if isinstance(symptom, dict) else {}
     return {
         "reason": f"{symptom.get('text', 'unhealthy')} at step {symptom.get('step', plan.get('bad_step'))}",
         **{key: plan.get(key) for key in ("bad_step", "checkpoint_step", "skip_steps", "lr_scale", "rollbacks")},

@@ -24,7 +24,9 @@ def test_advanced_counts_only_the_fields_shown_and_sends_a_label_only_when_its_c
         form = build_form({f.path: f.to_form(v) for f, v in zip(FORM_FIELDS, values_from_spec(JobSpec()).values())}, ui)
         counts = AdvancedCounts(ui, form)
     advanced = {title: sum(f.section == title and not f.basic for f in FORM_FIELDS) for title in form.advanced}
-    assert advanced["Training"] == 32  # whatever the job (SimPO added preference.simpo_gamma, issue 34 training.health.*)
+    assert (
+        advanced["Training"] == 32
+    )  # whatever the job (SimPO added preference.simpo_gamma, issue 34 training.health.*)
 
     values = values_from_spec(demo)
     first = counts.update(evaluate(values), {counts.shown: {}})

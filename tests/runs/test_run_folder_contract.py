@@ -134,7 +134,7 @@ def train_records(source: str) -> dict[str, set[str]]:
         for n in ast.walk(begin)
         if isinstance(n, ast.Assign) and any(_str(t.slice) == "gate" for t in _stores(n, "record"))
     )  # record["gate"] = {...}
-    on_log = _function(tree, "on_log")
+    on_log = _function(tree, "_write_log")  # on_log's record
     calls = {getattr(n.func, "id", None) for n in ast.walk(on_log) if isinstance(n, ast.Call)}
     return {
         "start": _returned_dict(_function(tree, "describe_run"))
@@ -227,7 +227,13 @@ def test_train_end_statuses_are_the_contracts():
         and isinstance(n.targets[0], ast.Tuple)
         and getattr(n.targets[0].elts[0], "id", None) == "status"
     }
-    assert returned | preset == set(get_args(run_records.EndStatus)) == {"finished", "stopped", "failed"}
+    rollback = {  # main: `status = "rollback"` when the health guard ends this attempt for a roll-back
+        _str(n.value)
+        for n in ast.walk(_function(tree, "main"))
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "status" and _str(n.value)
+    }
+    statuses = returned | preset | rollback
+    assert statuses == set(get_args(run_records.EndStatus)) == {"finished", "stopped", "failed", "rollback"}
 
 
 # ---------------------------------------------------------------- the supervisor
@@ -257,9 +263,11 @@ def supervisor_keys(source: str) -> dict[str, set[str]]:
         for k in n.keywords
         if k.arg and k.arg not in ("tries", "retry_s")
     }
-    status |= _read_keys(_function(tree, "supervise")) | set().union(*_dicts(_function(tree, "record_end")))
+    attempt = _function(tree, "_attempt")  # one start of the launcher, watched
+    status |= _read_keys(_function(tree, "supervise")) | _read_keys(attempt)
+    status |= set().union(*_dicts(_function(tree, "record_end")))
     # process_identity's dict, and the launcher's {**identity, "pgid": ...}
-    identity = _returned_dict(_function(tree, "process_identity")) | set().union(*_dicts(_function(tree, "supervise")))
+    identity = _returned_dict(_function(tree, "process_identity")) | set().union(*_dicts(attempt))
     watch = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "StallWatch")
     check = _function(watch, "check")
     phase = _function(watch, "_check_phase")

@@ -53,6 +53,7 @@ def read_by_train_script(path: str, source: str) -> bool:
     section, _, name = path.rpartition(".")
     if not section:
         return name in strings
+    section = section.rpartition(".")[2]  # training.health: its own key, looked up in the training section
     return section in _sections_passed_whole(tree) or (section in _sections_looked_up(tree) and name in strings)
 
 
@@ -185,7 +186,8 @@ def test_a_field_wired_to_nothing_is_found():
         ("model.revision", True),  # looked up in the model section
         ("dataset.prompt_field", True),
         ("training.warmup_ratio_unused", False),
-        ("strategy.overlap_comm", False),  # ds_config.json's, not train.py's
+        ("strategy.allgather_bucket_size", False),  # ds_config.json's, not train.py's
+        ("training.health.lr_scale", True),  # the health guard's own section
     ],
 )
 def test_what_the_training_script_reads(path, reads):
