@@ -335,6 +335,9 @@ class RunView(Section):
             inputs=[self.name, self.notes, *self.inputs],
             outputs=[page.notice, *self.outputs],
             show_progress="hidden",
+            # Gradio's default ("once") drops a trigger while the last is pending: leaving the name box for the
+            # notes box and the notes box soon after lost the notes. The last edit is always saved.
+            trigger_mode="always_last",
         )
         listen(
             [self.select.input],

@@ -14,6 +14,7 @@ from panel.browser import (
     HeldEvent,
     PanelServer,
     event_index,
+    event_indexes,
     field,
     fill,
     open_tab,
@@ -105,10 +106,13 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
     processes = run_processes(run_dir)  # the launcher and both ranks, while they run
     assert len(processes) >= 3
     # The end is shown when the stream says it, not at the next tick: the page presses the hidden refresh button.
+    # The ticks are held meanwhile (a busy server), so that only the stream's refresh can show it.
     refresh, events = event_index(server.url, "click", "run-refresh"), []
+    ticks_held = HeldEvent(page, event_indexes(server.url, "tick"))
     page.on("request", lambda r: "queue/join" in r.url and events.append(json.loads(r.post_data or "{}")))
     page.click("#stop-run")
     wait_text(page, "#run-state", "stopped", timeout=120_000)
+    ticks_held.release()
     assert json.loads((run_dir / "status.json").read_text())["state"] == "stopped"
     assert refresh in [e.get("fn_index") for e in events], "the stop was shown by a tick, not by the stream's refresh"
     wait_for(
