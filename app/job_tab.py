@@ -22,6 +22,8 @@ from tunedeck.app.job_events import JobEvent
 from tunedeck.app.job_outputs import ThisMachine, read_uploaded_spec
 from tunedeck.app.job_view import JOB_QUEUE, JobView
 from tunedeck.app.model_access import ModelAccessNote
+from tunedeck.app.oom_offer import job_with_offer
+from tunedeck.app.run_shown import RunShown
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.data import SUFFIXES as DATA_SUFFIXES
@@ -134,7 +136,22 @@ class JobTab(Section):
         view.wire_fill(self.estimate.apply.click, self.apply, notice)
         view.wire_fill(self.estimate.apply_pick.click, self.apply_picked, notice, reads=(self.estimate.pick,))
         self.preview.wire(view, uploaded, notice)
+        if "run.next_strategy" in page.ui:  # the Run tab's offer after a run ran out of memory
+            shown = page.ui["run.shown"]
+            view.wire_fill(
+                page.ui["run.next_strategy"].click, lambda event: self.next_strategy(event.got[shown]), notice, (shown,)
+            )
+            page.ui["run.next_strategy"].click(None, js="() => document.getElementById('tab-job-button')?.click()")
         page.on_load(view.on_load, inputs=view.inputs, outputs=view.outputs, **JOB_QUEUE)
+
+    def next_strategy(self, shown: RunShown):
+        """The Run tab's "Load the job with ...": the run's own job with the advisor's next strategy after it ran out
+        of memory (app/oom_offer.py)."""
+        job, said, changes = job_with_offer(self.runs_dir, shown)
+        if job is None:
+            return None, said
+        spec, notice = applied(job, said, changes)
+        return spec, f"Loaded the job of run `{shown.run}`. {notice} Check the estimate, then press **Start run**."
 
     def apply(self, event: JobEvent):
         """Apply: the recommendation's changes for the job the form holds."""

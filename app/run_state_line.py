@@ -62,7 +62,7 @@ def state_line(
     status: RunStatus, facts: RunFacts, step: int, run_id: str, run_dir: Path, health: Sequence[str] = ()
 ) -> str:
     """The line under the run picker: state, run id, name, title, where, then what the state means, then what the
-    training-health guard saw and did (backend/runs/summary.py's health_lines)."""
+    training-health guard saw and did (backend/runs/summary.py's health_lines) and the run's attempts."""
     name = f" · **{as_text(facts.notes.name)}**" if facts.notes.name else ""
     line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}`{name} · {as_text(status.title)}"
     if status.state == "failed" and status.exit_code not in (None, 0):
@@ -74,7 +74,7 @@ def state_line(
         line += f"\n\n{hint}"
     if facts.smoke:
         line += "\n\n" + smoke_line(run_dir, status.state)
-    said = [f"**{as_text(text)}**" if not text.startswith("  ") else as_text(text.strip()) for text in health]
+    said = [f"**{as_text(text)}**" if not text.startswith("  ") else as_text(text.strip()) for text in health if text]
     if said:
         line += "\n\n" + "  \n".join(said)
     return line

@@ -19,6 +19,7 @@ import gradio as gr
 from tunedeck.app.chart_marks import health_marks
 from tunedeck.app.charts import loss_figure, metrics_figure
 from tunedeck.app.live_progress import FOLLOW_LOG_JS, REFRESH_ID
+from tunedeck.app.oom_offer import BUTTON, next_updates
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.run_actions import resume_shown, stacks_notice, stop_run
 from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, compared_line, run_choices, table_row, unreadable_line
@@ -35,23 +36,25 @@ from tunedeck.backend.runs import (
     NotesError,
     RunError,
     RunManager,
+    UnreadableJob,
     answers_markdown,
     health_lines,
     latest_answers,
     live_phase,
     measured_peaks,
+    restart_cost,
     summarize,
     write_notes,
 )
 
 if TYPE_CHECKING:
-    from tunedeck.backend.runs import UnreadableJob
     from tunedeck.backend.spec import JobSpec
 
 # What a redraw may send, in the order of RunView.outputs (attributes the layout sets).
 OUTPUTS = (
     "shown", "select", "overlay", "table", "status", "progress", "facts", "summary", "name", "notes", "error",
-    "compared", "loss_plot", "metrics_plot", "answers", "memory", "log", "stop", "resume", "stacks",
+    "next_line", "next_strategy", "compared", "loss_plot", "metrics_plot", "answers", "memory", "log", "stop",
+    "resume", "stacks",
 )  # fmt: skip
 
 
@@ -113,6 +116,12 @@ class RunView(Section):
         self.error = add(
             "run.error", gr.Code(label="Error", language="shell", visible=False, elem_id="run-error", interactive=False)
         )
+        with gr.Row(equal_height=True):  # a run that ran out of memory: the advisor's next strategy, one click away
+            self.next_line = add("run.next_line", gr.Markdown(elem_id="run-next-line"))
+            self.next_strategy = add(
+                "run.next_strategy",
+                gr.Button(BUTTON, visible=False, elem_id="run-next-strategy", scale=0),
+            )
         with gr.Row():
             self.smoothing = add(
                 "run.smoothing",
@@ -152,7 +161,10 @@ class RunView(Section):
     def details(self) -> list:
         """The outputs a tick of a live run sends again when anything about the run changed: only the changed ones
         go (RunShown.unchanged)."""
-        return [self.status, self.facts, self.summary, self.error, self.stop, self.resume, self.stacks, self.memory]
+        return [
+            *(self.status, self.facts, self.summary, self.error, self.next_line, self.next_strategy),
+            *(self.stop, self.resume, self.stacks, self.memory),
+        ]
 
     @property
     def inputs(self) -> list:
@@ -233,23 +245,18 @@ class RunView(Section):
                 shown.notes_run = run_id
                 out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
             results = results_line(watch, status)
-            out.update(
-                {
-                    self.status: state_line(
-                        status, facts, summary.step, run_id, self.manager.run_dir(run_id), health_lines(watch)
-                    ),
-                    self.facts: as_text(" · ".join(filter(None, (summary.facts, unreadable_line(facts))))),
-                    self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}"
-                    if results
-                    else "",
-                    self.error: gr.update(value=status.error or "", visible=bool(status.error)),
-                    self.stop: gr.update(interactive=status.state in ("queued", "running")),
-                    self.resume: gr.update(interactive=facts.checkpoint is not None),
-                    self.stacks: gr.update(
-                        interactive=status.state in ("running", "stopping") and status.backend == "local"
-                    ),
-                }
+            said = [*health_lines(watch), *status.attempt_lines(), restart_cost(watch, status.attempts) or ""]
+            live = status.state in ("running", "stopping") and status.backend == "local"
+            out[self.status] = state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id), said)
+            out[self.facts] = as_text(" · ".join(filter(None, (summary.facts, unreadable_line(facts)))))
+            out[self.summary] = f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" * bool(
+                results
             )
+            out[self.error] = gr.update(value=status.error or "", visible=bool(status.error))
+            out[self.next_line], out[self.next_strategy] = next_updates(status, facts.job)
+            out[self.stop] = gr.update(interactive=status.state in ("queued", "running"))
+            out[self.resume] = gr.update(interactive=facts.checkpoint is not None)
+            out[self.stacks] = gr.update(interactive=live)  # Stacks: a live run's ranks on this machine
         bar_sig = (run_id, status.state, None if status.state in ACTIVE else watch.records_version)
         if new_run or shown.bar_sig != bar_sig:  # a live run's bar moves with its stream (app/live_progress.py)
             shown.bar_sig = bar_sig

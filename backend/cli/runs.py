@@ -22,6 +22,7 @@ from tunedeck.backend.runs import (
     read_phases,
     read_records,
     report,
+    restart_cost,
     starting_phase,
     summarize,
 )
@@ -163,7 +164,8 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     if isinstance(job, UnreadableJob):
         print(f"job      {shown(job.explained(), limit=600)}")
     if status.where:
-        label = "slurm" if status.slurm else "stalled" if status.stalled else "warning" if status.warning else "queue"
+        kinds = (("slurm", status.slurm), ("stalled", status.stalled), ("restart", status.restarting))
+        label = next((name for name, on in (*kinds, ("warning", status.warning)) if on), "queue")
         print(f"{label:<8} {status.where}")
     if status.started_at:
         end = status.ended_at or time.time()
@@ -183,8 +185,11 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         print(f"progress step 0 · {doing}")  # what it does before step 1, and the ranks rank 0 waits for
     for line in health_lines(run):
         print(f"health   {line}")
-    for attempt in status.attempts:
-        print(f"attempt  ended {attempt.get('end', '?')}: {attempt.get('reason', '')}")
+    for line in status.attempt_lines():
+        print(f"attempt  {line.removeprefix('attempt ')}" if line.startswith("attempt ") else f"failure  {line}")
+    if cost := restart_cost(run, status.attempts):
+        print(f"restarts {cost}")
+    _print_next_strategy(manager.run_dir(args.run_id), status, job)
     if notes.notes:
         print("notes:\n" + notes.notes)
     if status.error:
@@ -192,6 +197,23 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     _print_smoke_verdict(manager, status)
     _print_speed(manager.run_dir(args.run_id), run)
     return 0
+
+
+def _print_next_strategy(run_dir: Path, status, job) -> None:
+    """A run that ran out of memory: the advisor's next strategy, and the command that runs it."""
+    import shlex
+
+    from tunedeck.backend.estimate import next_after_oom
+
+    if not status.failure or status.failure.get("kind") != "oom" or isinstance(job, UnreadableJob):
+        return
+    offer = next_after_oom(job)
+    if offer is None:
+        print("next     the advisor has no strategy that needs less memory: lower the micro-batch or max_seq_length")
+        return
+    sets = " ".join(f"--set {shlex.quote(item)}" for item in offer.cli_sets())
+    print(f"next     {offer.line}:")
+    print(f"         tunedeck train {shlex.quote(str(run_dir / 'job.yaml'))} {sets}")
 
 
 def _print_speed(run_dir, run) -> None:

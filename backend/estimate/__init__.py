@@ -7,6 +7,7 @@ strategies compared), fit.py (fits-or-not as problems), hardware.py (the machine
 """
 
 from tunedeck.backend.estimate.advisor import Advice, StrategyEstimate, advise
+from tunedeck.backend.estimate.after_oom import NextStrategy, next_after_oom
 from tunedeck.backend.estimate.fit import fit_problems
 from tunedeck.backend.estimate.gpu_fit import FIT_FRACTION, format_gb, gpu_memory_gb, limit_sentence
 from tunedeck.backend.estimate.hardware import Machine, MachineValueError, machine_facts
@@ -24,6 +25,7 @@ __all__ = [
     "Hardware",
     "Machine",
     "MachineValueError",
+    "NextStrategy",
     "StrategyEstimate",
     "advise",
     "dataset_rows",
@@ -34,5 +36,6 @@ __all__ = [
     "hardware_for",
     "limit_sentence",
     "machine_facts",
+    "next_after_oom",
     "schedule_of",
 ]

@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+from .failures import ATTEMPT_ENV
 from .job import JobError
 from .records import write_progress
 from .watchdog import CHECKPOINT_SAVING
@@ -98,8 +99,8 @@ def requeued() -> bool:
 def resume_checkpoint(args, job: dict) -> str | None:
     """The newest checkpoint in output_dir when resuming was asked for, else None (a fresh start)."""
     wanted = args.resume_from_checkpoint or (job.get("training") or {}).get("resume_from_checkpoint")
-    if not wanted and requeued():
-        wanted = True  # Slurm started this job again (preempted or requeued): go on from where it stopped
+    if not wanted and (requeued() or os.environ.get(ATTEMPT_ENV)):
+        wanted = True  # started again (Slurm requeued it, or the supervisor after a failure): go on from there
     if not wanted:
         return None
     if isinstance(wanted, str) and wanted.lower() not in ("true", "last"):

@@ -64,7 +64,7 @@ from .checkpoints import resume_checkpoint, with_atomic_checkpoints
 from .checks import input_problems
 from .data import load_datasets
 from .describe import load_peaks
-from .faults import with_loss_fault
+from .faults import with_faults
 from .gate import check_processes, expected_run, expected_trainable
 from .health import Unhealthy
 from .job import JobError, read_yaml
@@ -123,7 +123,7 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     scoring = ", then scoring every row with the reference" if precomputed else ""
     startup.enter(("tokenizing the data" if job.get("objective") != "grpo" else "building the trainer") + scoring)
     rollback = current_rollback()  # an attempt after a roll-back: its checkpoint, the data window it skips
-    trainer_type = with_loss_fault(with_atomic_checkpoints(trainer_class(trainer_base)))
+    trainer_type = with_faults(with_atomic_checkpoints(trainer_class(trainer_base)))
     trainer = with_rollback_window(trainer_type, int((rollback or {}).get("skip_steps", 0)))(
         **extra,
         model=model,

@@ -41,6 +41,7 @@ from tunedeck.backend.runs.summary import (
     health_lines,
     measured_peaks,
     report,
+    restart_cost,
     summarize,
 )
 from tunedeck.backend.runs.sweep import SweepError, combinations, label, preview, queue_sweep, sweep_specs
@@ -129,6 +130,7 @@ __all__ = [
     "read_records",
     "refusal_text",
     "report",
+    "restart_cost",
     "resume_run",
     "select",
     "shown_value",

@@ -85,6 +85,39 @@ def stall_settings(launch) -> StallSettings:  # what the supervisor reads of a j
     return StallSettings(after_s=launch.stall_minutes * 60)
 
 
+class RestartSettings(TypedDict):
+    max: int  # new attempts after failures a new attempt can cure (launch.max_restarts; 0: none)
+    backoff_s: float  # the wait before the first, doubled for each one after it (launch.restart_backoff_s)
+
+
+def restart_settings(launch) -> RestartSettings:  # what the supervisor reads of a job's launch.max_restarts
+    return RestartSettings(max=launch.max_restarts, backoff_s=launch.restart_backoff_s)
+
+
+class Attempt(TypedDict, total=False):
+    """An attempt of a run that was started again: ended by a roll-back (training.health) or by a failure that a new
+    attempt can cure (backend/recipe/failures.py); the last attempt of such a run is listed too."""
+
+    attempt: int  # 1, 2, ...
+    started_at: float
+    ended_at: float
+    end: str  # "rolled back", or the failure's class: comm, unknown, oom, data, config, ...
+    reason: str  # what was seen
+    step: int | None  # the last step rank 0 finished in it
+    retried: bool  # a new attempt followed (a failure's)
+
+
+class Failure(TypedDict):
+    kind: str  # the class of the failure that ended the run (backend/recipe/failures.py)
+    reason: str
+    not_retried: str  # why no new attempt was made
+
+
+class Restarting(TypedDict):
+    at: float  # when the next attempt starts (epoch seconds)
+    after: str  # the class of the failure it follows
+
+
 class Stalled(TypedDict):
     step: int  # the last step rank 0 finished
     since: float  # when it finished it (epoch seconds)
@@ -117,7 +150,10 @@ class StatusFile(BaseModel):
     stall: StallSettings | None = None  # when the supervisor calls the run stalled (launch.stall_minutes)
     stalled: Stalled | None = None  # the supervisor's finding while no step comes; None again once one does
     warning: str | None = None  # the run's own latest warning, from progress.json (the supervisor carries it)
-    attempts: list[dict] | None = None  # earlier attempts of the run, each ended by a roll-back (the supervisor's)
+    restarts: RestartSettings | None = None  # when the supervisor starts a failed run again (launch.max_restarts)
+    attempts: list[Attempt] | None = None  # the attempts of a run started again (the supervisor's)
+    restarting: Restarting | None = None  # between two attempts: when the next one starts
+    failure: Failure | None = None  # a failed run: the class of its failure, and why it was not started again
 
 
 class DamagedStatus(Exception):
@@ -142,9 +178,16 @@ def read_status_file(run_dir: Path) -> dict:
 
 
 def queued_status(
-    run_id: str, title: str, argv: list[str], gpu_ids: list[int] | None, env: dict, waits_for=(), stall=None
+    run_id: str,
+    title: str,
+    argv: list[str],
+    gpu_ids: list[int] | None,
+    env: dict,
+    waits_for=(),
+    launch=None,
 ) -> dict:
-    """The status.json of a run folder about to be handed to its supervisor."""
+    """The status.json of a run folder about to be handed to its supervisor; with the job's `launch` section, the
+    supervisor's stall watch and restarts (a run on this machine: a Slurm job has its own, slurm.sbatch)."""
     status = StatusFile(
         run_id=run_id,
         state="queued",
@@ -158,7 +201,8 @@ def queued_status(
         argv=argv,
         env=env,
         waits_for=list(waits_for),
-        stall=stall,
+        stall=stall_settings(launch) if launch else None,
+        restarts=restart_settings(launch) if launch else None,
     )
     return status.model_dump(exclude_unset=True)
 

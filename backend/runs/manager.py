@@ -176,8 +176,8 @@ class RunManager:
             (staging / run_folder.LOGS_DIR).mkdir()
             # The environment tunedeck set on top of its own (PATH only gains the venv's bin).
             env = {k: v for k, v in env_changes.items() if k != "PATH"}
-            stall = run_folder.stall_settings(spec.launch) if backend == "local" else None  # Slurm runs have none
-            status = run_folder.queued_status(run_id, run_title(spec), argv, gpus, env, waits_for, stall)
+            launch = spec.launch if backend == "local" else None  # the supervisor's stall watch and restarts
+            status = run_folder.queued_status(run_id, run_title(spec), argv, gpus, env, waits_for, launch)
             queued_clock = {"created_monotonic": time.monotonic(), "created_in_boot": supervisor.boot_id()}
             write_status(staging, {**status, **queued_clock, "backend": backend})
             run_folder.write_reserve(staging)  # room for the final status if training fills the disk

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +50,21 @@ class RunStatus:
     waits_for: list[str] | None = None  # a queued run: the runs ahead of it, which it starts after
     stalled: dict | None = None  # a live run with no training step for too long (run_folder.Stalled)
     warning: str | None = None  # the run's own latest warning (a reward that scored no answer of a step)
-    attempts: list[dict] = field(default_factory=list)  # earlier attempts of a run started again (a roll-back)
+    attempts: list[dict] = field(default_factory=list)  # the attempts of a run started again (run_folder.Attempt)
+    restarting: dict | None = None  # between two attempts: when the next starts (run_folder.Restarting)
+    failure: dict | None = None  # a failed run: its failure's class and why it was not retried (run_folder.Failure)
+
+    def attempt_lines(self) -> list[str]:
+        """A line per attempt of a run started again (by a roll-back or after a failure), and the class of the
+        failure that ended the run with why it was not started again."""
+        lines = []
+        for a in self.attempts:
+            at = f" at step {a['step']}" if isinstance(a.get("step"), int) else ""
+            then = " → started again from its newest checkpoint" if a.get("retried") else ""
+            lines.append(f"attempt {a.get('attempt', '?')} ended {a.get('end', '?')}{at}: {a.get('reason', '')}{then}")
+        if self.failure and self.state == "failed":
+            lines.append(f"✗ {self.failure.get('kind')}: not started again: {self.failure.get('not_retried')}")
+        return lines
 
     @property
     def where(self) -> str:
@@ -68,6 +83,10 @@ class RunStatus:
                 else f"no training step for over {gap} after step {self.stalled.get('step')}"
             )
             return f"⚠ stalled: {what} · each rank writes its Python stack to its log (logs/rank<N>.log)"
+        if self.restarting and self.state == "running":
+            wait = max(0.0, float(self.restarting.get("at") or 0) - time.time())
+            after = self.restarting.get("after")
+            return f"↻ starts again from its newest checkpoint in {wait:.0f} s, after a {after} failure"
         if self.warning and not self.slurm:
             return f"⚠ {self.warning}"
         if not self.slurm:
@@ -119,6 +138,8 @@ def from_status_file(run_id: str, data: dict) -> RunStatus:
         stalled=data.get("stalled") if isinstance(data.get("stalled"), dict) else None,
         warning=data.get("warning") if isinstance(data.get("warning"), str) else None,
         attempts=[a for a in data.get("attempts") or [] if isinstance(a, dict)],
+        restarting=data.get("restarting") if isinstance(data.get("restarting"), dict) else None,
+        failure=data.get("failure") if isinstance(data.get("failure"), dict) else None,
     )
 
 

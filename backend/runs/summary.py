@@ -204,6 +204,24 @@ def health_lines(run: RunRecords) -> list[str]:
     return lines
 
 
+def restart_cost(run: RunRecords, attempts: list[dict]) -> str | None:
+    """What the restarts after failures cost a run: the steps trained again, and the time from each failure to the
+    next attempt's first logged step (the wait before it, the start, the checkpoint's load)."""
+    restarts = [a for a in attempts if a.get("retried") and isinstance(a.get("ended_at"), (int, float))]
+    if not restarts:
+        return None
+    waits = []
+    for attempt in restarts:
+        ended = attempt["ended_at"]
+        times = (t for r in run.records if isinstance(t := r.get("time"), (int, float)))
+        first = next((t for t in times if t > ended), None)
+        if first is not None:
+            waits.append(first - ended)
+    again = len({r.get("step") for r in run.superseded})
+    waited = f" · {format_clock(sum(waits))} from the failure to the next attempt's first step" if waits else ""
+    return f"{len(restarts)} restart{'s' * (len(restarts) > 1)} after failures · {again} steps trained again{waited}"
+
+
 def measured_peaks(run: RunRecords) -> dict[str, list[float]]:
     """Highest GPU memory per rank seen so far (GB): {'allocated': [...], 'reserved': [...]}."""
     peaks: dict[str, list[float]] = {}

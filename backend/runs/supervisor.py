@@ -37,7 +37,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -80,6 +79,7 @@ STOP_FILE, METRICS_FILE, ERRORS_FILE = (
 PROGRESS_FILE, STARTUP_FILE = _recipe_records.PROGRESS_FILE, _recipe_records.STARTUP_FILE
 STALL_GAP_FACTOR, WATCHED_PHASES = _watchdog.STALL_GAP_FACTOR, _watchdog.WATCHED_PHASES
 NOTIFY_ENV = recipe_module("notifications").NOTIFY_ENV
+_failures = recipe_module("failures")  # how an attempt ended, and whether another one can help
 ROLLBACK_ENV, ROLLBACK_FILE = recipe_module("rollback").ROLLBACK_ENV, _recipe_records.ROLLBACK_FILE
 STATUS_FILE = "status.json"
 LAUNCHER_LOG = "logs/launcher.log"
@@ -214,22 +214,38 @@ def _tail_text(path: Path, size: int = 65536) -> str:
         return ""
 
 
-def end_record(run_dir: Path) -> dict | None:
-    """The training's own {"event": "end"} record from metrics.jsonl, if it wrote one."""
-    records = json_objects(_tail_text(run_dir / METRICS_FILE).splitlines())
+def end_record(run_dir: Path, since: int = 0) -> dict | None:
+    """The training's own {"event": "end"} record from metrics.jsonl, if it wrote one (after byte `since`: the
+    current attempt's)."""
+    records = _records_since(run_dir, since)
     return next((record for record in reversed(records) if record.get("event") == "end"), None)
 
 
-# torch.distributed.elastic's summary in the launcher log (ChildFailedError, in
-# torch/distributed/elastic/multiprocessing/errors/__init__.py), one block per failed rank:
-#   rank      : 1 (local_rank: 1)
-#   exitcode  : -9 (pid: 11024)  (SIGKILL)
-ELASTIC_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+def _records_since(run_dir: Path, since: int) -> list[dict]:
+    """metrics.jsonl's records after byte `since`, at most its last 64 KiB."""
+    path = run_dir / METRICS_FILE
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(since, _size(path) - 65536))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return json_objects(text.splitlines())
+
+
 SIGNAL_NAMES = {sig.value: sig.name for sig in signal.Signals}
 SIGNAL_CAUSES: dict[int, str] = {
     signal.SIGKILL: "out of memory (the kernel's OOM killer: see `dmesg`) or killed by hand",
     **dict.fromkeys((signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT), "a crash in native code: its log has the stack"),
 }
+ATTEMPT_MARK = "==> tunedeck: attempt "  # a line of the launcher log before each attempt's launcher starts
+
+
+def launcher_text(run_dir: Path) -> str:
+    """The launcher log's tail, from the current attempt's first line on."""
+    text = _tail_text(run_dir / LAUNCHER_LOG)
+    at = text.rfind(ATTEMPT_MARK)
+    return text[at:] if at >= 0 else text
 
 
 def killed_rank(run_dir: Path, ours: Set[int] = frozenset()) -> tuple[int, int] | None:
@@ -241,18 +257,7 @@ def killed_rank(run_dir: Path, ours: Set[int] = frozenset()) -> tuple[int, int] 
     into a graceful stop: a rank that ended by SIGTERM is never the cause, nor one that we
     killed ourselves (`ours`: pids).
     """
-    text = _tail_text(run_dir / LAUNCHER_LOG)
-    summary = text[text.rfind("Failures:") :]
-    root_at = summary.find("Root Cause")
-    killed = [
-        (match.start() < root_at, int(match.group(1)), -int(match.group(2)))
-        for match in ELASTIC_FAILURE.finditer(summary)
-        if int(match.group(2)) < 0 and -int(match.group(2)) != signal.SIGTERM and int(match.group(3)) not in ours
-    ]
-    if not killed:
-        return None
-    _, rank, signum = min(killed)  # the root cause's block first
-    return rank, signum
+    return _failures.killed_rank(launcher_text(run_dir), frozenset(ours))
 
 
 def _rank_errors(run_dir: Path) -> list[dict]:
@@ -281,7 +286,7 @@ def first_failure(run_dir: Path, ours: Set[int] = frozenset()) -> str | None:
         if len(trace) > ERROR_LINES:
             trace = ["  ...", *trace[-ERROR_LINES:]]
         return "\n".join([f"rank {first.get('rank')} failed first: {first.get('error')}", *trace])
-    lines = [line for line in _tail_text(run_dir / LAUNCHER_LOG).splitlines() if line.strip()][-ERROR_LINES:]
+    lines = [line for line in launcher_text(run_dir).splitlines() if line.strip()][-ERROR_LINES:]
     return "\n".join(lines) or None
 
 
@@ -324,11 +329,12 @@ def short_of_its_end(run_dir: Path) -> str | None:
 
 
 def final_state(
-    run_dir: Path, exit_code: int | None, stop_requested: bool, ours: Set[int] = frozenset()
+    run_dir: Path, exit_code: int | None, stop_requested: bool, ours: Set[int] = frozenset(), since: int = 0
 ) -> tuple[str, str | None]:
     """(state, error) of a run whose launcher has exited: what the run's own records say it got, not its exit code.
-    A run "finished" only when rank 0 wrote so in its end record, at its last step."""
-    end = end_record(run_dir)
+    A run "finished" only when rank 0 wrote so in its end record, at its last step (records after byte `since`:
+    the last attempt's)."""
+    end = end_record(run_dir, since)
     trained = end.get("status") if end else None
     short = short_of_its_end(run_dir) if trained in (None, "finished") else None
     if trained == "finished" and not short:
@@ -526,20 +532,43 @@ def supervise(run_dir: Path) -> int:
         return 0
     _become_subreaper()
     started_at, attempts, extra_env = time.time(), [], {}
+    max_restarts, backoff_s = _restart_policy(status.get("restarts"))
     while True:
-        outcome = _attempt(run_dir, status, stop_signal, extra_env, started_at)
+        since = _size(run_dir / METRICS_FILE)  # this attempt's records begin here
+        attempt_started, kills_before = time.time(), _failures.oom_kills()
+        outcome = _attempt(run_dir, status, stop_signal, extra_env, started_at, len(attempts) + 1)
         if outcome is None:
             return 1  # could not start or record the launcher: recorded as failed already
         exit_code, stopping, killed = outcome
-        rollback = _rollback_asked(run_dir) if not stopping else None
-        if rollback is None:
+        rollback = _rollback_asked(run_dir, since) if not stopping else None
+        if rollback is not None:
+            # The health guard ended this attempt to roll back: start the next one from its checkpoint.
+            attempts.append({"attempt": len(attempts) + 1, "ended_at": time.time(), "end": "rolled back", **rollback})
+            _note(run_dir, attempts=attempts)
+            extra_env = {ROLLBACK_ENV: str(run_dir / ROLLBACK_FILE)}
+            continue
+        state, error = final_state(run_dir, exit_code, stopping, killed, since)
+        if state != "failed":
             break
-        # The health guard ended this attempt to roll back: start the next one from its checkpoint.
-        attempts.append({"ended_at": time.time(), "end": "rolled back", **rollback})
-        _note(run_dir, attempts=attempts)
-        extra_env = {ROLLBACK_ENV: str(run_dir / ROLLBACK_FILE)}
-    state, error = final_state(run_dir, exit_code, stopping, killed)
-    problem = record_end(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error)
+        failure = _classify(run_dir, since, stopping, killed, _failures.oom_kills() - kills_before)
+        why_not = _failures.retry_allowed(failure, attempts, max_restarts)
+        step, _ = steps_done(run_dir)
+        ended = {"attempt": len(attempts) + 1, "started_at": attempt_started, "ended_at": time.time()}
+        ended |= {"end": failure.kind, "reason": failure.reason, "step": step, "retried": why_not is None}
+        if why_not is not None:
+            _note(run_dir, failure={"kind": failure.kind, "reason": failure.reason, "not_retried": why_not})
+            if attempts:  # a run started again lists every attempt, the last one too
+                _note(run_dir, attempts=[*attempts, ended])
+            break
+        attempts.append(ended)
+        wait_s = _failures.backoff_seconds(backoff_s, len(attempts) - 1)
+        _note(run_dir, attempts=attempts, restarting={"at": time.time() + wait_s, "after": failure.kind})
+        if stop_signal.wait(wait_s) or (run_dir / STOP_FILE).exists():
+            state, error = "stopped", None
+            break
+        _set_aside(run_dir / ERRORS_FILE, len(attempts))  # the next attempt's failure watch starts clean
+        extra_env = {_failures.ATTEMPT_ENV: str(len(attempts) + 1)}
+    problem = record_end(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error, restarting=None)
     post_how_it_ended(
         run_dir, state, error, time.time() - started_at
     )  # after the end is recorded: bounded, never first
@@ -550,10 +579,47 @@ def supervise(run_dir: Path) -> int:
     return 0  # recorded, or its folder was deleted: nothing to record into
 
 
-def _rollback_asked(run_dir: Path) -> dict | None:
+def _restart_policy(restarts: dict | None) -> tuple[int, float]:
+    """(new attempts allowed, the first wait in seconds) from status.json's restarts (none: no restarts)."""
+    restarts = restarts if isinstance(restarts, dict) else {}
+    try:
+        return int(restarts.get("max", 0)), float(restarts.get("backoff_s", 0.0))
+    except (TypeError, ValueError):
+        return 0, 0.0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _set_aside(path: Path, attempt: int) -> None:
+    """errors.jsonl of an attempt that is started again, kept as errors.attempt-N.jsonl."""
+    with contextlib.suppress(OSError):
+        path.rename(path.with_name(f"{path.stem}.attempt-{attempt}{path.suffix}"))
+
+
+def _classify(run_dir: Path, since: int, stopping: bool, killed: set[int], oom_kills: int):
+    """How the attempt whose records begin at byte `since` of metrics.jsonl ended (recipe's failures.classify)."""
+    records = _records_since(run_dir, since)
+    errors = sorted(_rank_errors(run_dir), key=lambda f: at if isinstance(at := f.get("time"), (int, float)) else 0)
+    return _failures.classify(
+        errors=errors,
+        launcher_text=launcher_text(run_dir),
+        end=next((r for r in reversed(records) if r.get("event") == "end"), None),
+        stop_requested=stopping,
+        trained=any(r.get("event") == "log" for r in records),
+        oom_kills=oom_kills,
+        ours=frozenset(killed),
+    )
+
+
+def _rollback_asked(run_dir: Path, since: int) -> dict | None:
     """What the attempt that just ended asked to roll back to (rank 0's end record says rollback, and its
     rollback.json is there), or None."""
-    end = end_record(run_dir)
+    end = end_record(run_dir, since)
     if not end or end.get("status") != "rollback":
         return None
     try:
@@ -571,12 +637,14 @@ def _rollback_asked(run_dir: Path) -> dict | None:
 
 
 def _attempt(
-    run_dir: Path, status: dict, stop_signal: threading.Event, extra_env: dict, started_at: float
+    run_dir: Path, status: dict, stop_signal: threading.Event, extra_env: dict, started_at: float, number: int
 ) -> tuple[int | None, bool, set[int]] | None:
     """One start of the launcher, watched until it exits: (exit code, stop requested, pids we killed); None when it
     could not start or be recorded (the end is recorded then)."""
     try:
         with open(run_dir / LAUNCHER_LOG, "ab") as log:
+            log.write(f"{ATTEMPT_MARK}{number}\n".encode())
+            log.flush()
             launcher = subprocess.Popen(
                 status["argv"],  # in the run's environment: the manager started us with it, less the webhook
                 cwd=run_dir,
@@ -593,6 +661,7 @@ def _attempt(
         update_status(
             run_dir,
             state="running",
+            restarting=None,
             started_at=started_at,
             launcher={**process_identity(launcher.pid), "pgid": launcher.pid},
         )

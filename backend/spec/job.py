@@ -241,6 +241,22 @@ class LaunchSpec(SpecSection):
         description="End a stalled run as failed (its processes end, its GPUs are freed) instead of waiting; "
         "keep stall_minutes above your longest step.",
     )
+    max_restarts: int = Field(
+        default=2,
+        ge=0,
+        le=100,
+        title="Restarts after a failure",
+        description="How often a failed run starts again by itself, from its newest checkpoint, when a new attempt "
+        "can cure the failure: a lost rank or connection, a timeout (unknown causes once). Out of memory, data and "
+        "configuration errors are never retried. 0: never.",
+    )
+    restart_backoff_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        title="Wait before a restart (s)",
+        description="Seconds before the first restart, doubled for each one after it (at most 10 minutes).",
+    )
     env: Annotated[list[str], Field(max_length=64)] = Field(
         default_factory=list,
         title="Environment variables",

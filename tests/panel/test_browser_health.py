@@ -130,7 +130,7 @@ def test_rollback_resumes_before_the_blow_up_with_half_the_learning_rate_and_fin
         "health   ↺ roll-back 1: ⚠ unhealthy: loss NaN at step 30 → resumed from the checkpoint at step 20, "
         "learning rate x0.5, 10 steps of data skipped" in show
     )
-    assert "attempt  ended rolled back: loss NaN at step 30" in show
+    assert "attempt  1 ended rolled back: loss NaN at step 30" in show
     open_run(page, server, run_dir.name)
     wait_text(page, "#run-state", "↺ roll-back 1: ⚠ unhealthy: loss NaN at step 30 → resumed from the checkpoint")
     page.wait_for_function("() => document.querySelector('#loss-chart .js-plotly-plot')")

@@ -275,7 +275,7 @@ def test_a_finished_and_a_failed_run_each_post_once_how_they_ended(hook, runs_di
     assert body["text"].endswith(f" · step 3/3 · loss {body['loss']:.4f}")
 
     monkeypatch.setenv("TUNEDECK_FAULT", "rank=0,step=2")
-    failed = manager.start(demo_spec({"training.max_steps": 50}))
+    failed = manager.start(demo_spec({"training.max_steps": 50, "launch.max_restarts": 0}))  # one end, one post
     assert manager.wait(failed, timeout=180).state == "failed"
     body = hook.wait(2)[-1][2]
     assert len(hook.received) == 2 and (body["run"], body["state"]) == (failed, "failed")
@@ -288,7 +288,8 @@ def test_a_finished_and_a_failed_run_each_post_once_how_they_ended(hook, runs_di
 def test_a_run_whose_rank_0_was_killed_is_posted_by_its_supervisor(hook, runs_dir, demo_spec, monkeypatch):
     monkeypatch.setenv(recipe.NOTIFY_ENV, hook.url)
     manager = RunManager(runs_dir)
-    run_id = manager.start(demo_spec({"training.max_steps": 2000, "training.save_steps": 1000}))
+    spec = demo_spec({"training.max_steps": 2000, "training.save_steps": 1000, "launch.max_restarts": 0})
+    run_id = manager.start(spec)  # not started again: its one end is posted
     run_dir = manager.run_dir(run_id)
     wait_for(lambda: log_records(run_dir), 180, what=f"training\n{logs_tail(run_dir)}")
     ranks = {p.environ().get("RANK"): p for p in run_processes(run_dir)[0].children()}

@@ -24,7 +24,15 @@ from tunedeck.backend.runs import records as run_records
 from tunedeck.backend.runs import startup as run_startup
 from tunedeck.backend.runs import status as run_status
 from tunedeck.backend.runs import supervisor
-from tunedeck.backend.runs.folder import ProcessIdentity, Progress, Stalled, StallSettings, StatusFile, StopRequest
+from tunedeck.backend.runs.folder import (
+    ProcessIdentity,
+    Progress,
+    RestartSettings,
+    Stalled,
+    StallSettings,
+    StatusFile,
+    StopRequest,
+)
 from tunedeck.backend.runs.records import EndRecord, ErrorRecord, GateVerdict, LogRecord, StartRecord, read_records
 
 # The recipe's modules as one text (their __future__ lines left out: they may only open a file).
@@ -278,6 +286,7 @@ def supervisor_keys(source: str) -> dict[str, set[str]]:
         "end": _read_keys(_function(tree, "end_record")) | _read_keys(_function(tree, "final_state")),
         "error": _read_keys(_function(tree, "first_failure")),
         "stall": _read_keys(_function(watch, "__init__")),
+        "restarts": _read_keys(_function(tree, "_restart_policy")),
         "progress": _read_keys(_function(watch, "_read"))
         | _read_keys(check)
         | _read_keys(_function(watch, "carry_warning")),
@@ -292,6 +301,7 @@ SUPERVISOR_TYPES = {
     "end": EndRecord,
     "error": ErrorRecord,
     "stall": StallSettings,
+    "restarts": RestartSettings,
     "progress": Progress,
     "stalled": Stalled,
 }
@@ -318,6 +328,7 @@ def test_supervisor_reads_and_writes_only_keys_of_the_contract():
         and {"stalled", "warning"} <= found["status"]
     )
     assert found["stalled"] == {"step", "since", "limit_s", "phase"}
+    assert found["restarts"] == {"max", "backoff_s"} and {"attempts", "restarting", "failure"} <= found["status"]
     assert unknown_supervisor_keys(SUPERVISOR) == {}
 
 

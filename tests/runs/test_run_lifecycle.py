@@ -82,9 +82,10 @@ def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, 
     assert re.match(r'rank [01] failed first: ValueError: Unknown split "validation"', status.error), status.error
     assert status_json(manager.run_dir(missing))["error"] == status.error
 
-    # One rank raises mid-training; the other is blocked in a collective and must not hang the run.
+    # One rank raises mid-training; the other is blocked in a collective and must not hang the run. A failure of no
+    # known class is started again once (at once here), and fails the same way.
     monkeypatch.setenv("TUNEDECK_FAULT", "rank=1,step=2")
-    faulty = manager.start(demo_spec({"training.max_steps": 50}))
+    faulty = manager.start(demo_spec({"training.max_steps": 50, "launch.restart_backoff_s": 0}))
     status = manager.wait(faulty, timeout=120)
     run_dir = manager.run_dir(faulty)
     assert status.state == "failed" and status.exit_code != 0, f"{status}\n{logs_tail(run_dir)}"
@@ -94,6 +95,12 @@ def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, 
     failed_at = min(json.loads(line)["time"] for line in (run_dir / "errors.jsonl").read_text().splitlines())
     assert status.ended_at - failed_at < 15, "the failure took too long to be reported"
     assert processes_working_in(run_dir) == []
+    assert [(a["attempt"], a["end"], a["retried"]) for a in status.attempts] == [
+        (1, "unknown", True),
+        (2, "unknown", False),
+    ]
+    assert status.failure and status.failure["not_retried"] == "an unknown failure is retried once"
+    assert (run_dir / "errors.attempt-1.jsonl").exists()  # the first attempt's errors, set aside
     monkeypatch.delenv("TUNEDECK_FAULT")
 
     # The manager keeps working: the failed runs are listed and a new run trains.
