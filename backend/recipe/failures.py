@@ -26,7 +26,8 @@ import json
 import re
 import signal
 import sys
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 RETRIED = {"comm": True, "preempted": True, "unknown": True}  # unknown: once (see retry_allowed)
@@ -234,13 +235,16 @@ def classify_cli(argv: list[str] | None = None) -> int:
         stop_requested=(args.run_dir / STOP_FILE).exists(),
         trained=any(r.get("event") == "log" for r in this_attempt),
     )
-    earlier = [a for a in _json_lines(args.attempts) if isinstance(a, dict)] if args.attempts.exists() else []
+    earlier = _json_lines(args.attempts)
     why_not = retry_allowed(failure, earlier, args.max_restarts)
     steps = [r["step"] for r in this_attempt if r.get("event") == "log" and isinstance(r.get("step"), int)]
-    attempt = {**asdict(failure), "end": failure.kind, "step": max(steps, default=None), "retry": why_not is None}
+    attempt = {"attempt": len(earlier) + 1, "ended_at": time.time(), "end": failure.kind, "reason": failure.reason}
+    attempt |= {"step": max(steps, default=None), "retried": why_not is None}
+    if why_not is not None:
+        attempt["not_retried"] = why_not
     with open(args.attempts, "a", encoding="utf-8") as out:
         out.write(json.dumps(attempt) + "\n")
-    print(json.dumps({**attempt, "why_not": why_not}))
+    print(json.dumps(attempt))
     return 0 if why_not is None else 1
 
 

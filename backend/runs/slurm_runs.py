@@ -26,6 +26,7 @@ from tunedeck.backend.runs.folder import LAUNCHER_LOG, STOP_FILE
 from tunedeck.backend.runs.slurm_jobs import SlurmUnavailable
 
 BACKEND = "slurm"
+ATTEMPTS_FILE = "attempts.jsonl"  # slurm.sbatch's record of each failure it classified (render/slurm.py)
 # Why Slurm ended a job that did not finish, in words a user acts on.
 ENDED_BY_SLURM = {
     "TIMEOUT": "Slurm ended the job at its time limit (launch.slurm.time_limit): resume it with "
@@ -77,9 +78,20 @@ def follow(run_dir: Path, data: dict) -> dict:
     except SlurmUnavailable as exc:
         # Nothing to decide on: keep the recorded state and say why it may be stale.
         return {**data, "slurm": {**recorded, "reason": f"Slurm does not answer: {exc}"}}
+    attempts = _attempts(run_dir)
+    data = {**data, "attempts": attempts} if attempts else data
     if job is not None and job.live:
         return _live(run_dir, data, recorded, job)
     return _ended(run_dir, data, recorded, job)
+
+
+def _attempts(run_dir: Path) -> list[dict]:
+    """attempts.jsonl: the job's failures as slurm.sbatch classified them, and whether it was requeued for each."""
+    try:
+        lines = (run_dir / ATTEMPTS_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    return supervisor.json_objects(lines)
 
 
 def _live(run_dir: Path, data: dict, recorded: dict, job: slurm_jobs.SlurmJob) -> dict:
@@ -119,6 +131,13 @@ def _ended(run_dir: Path, data: dict, recorded: dict, job: slurm_jobs.SlurmJob |
         "exit_code": job.exit_code if job else None,
         "slurm": slurm,
     }
+    last = (data.get("attempts") or [{}])[-1]
+    if state == "failed" and last.get("end") and not last.get("retried"):  # what slurm.sbatch made of it
+        ended["failure"] = {
+            "kind": last["end"],
+            "reason": last.get("reason", ""),
+            "not_retried": last.get("not_retried"),
+        }
     problem = supervisor.record_end(run_dir, tries=2, retry_s=0, **ended)
     if problem:
         ended["error"] = f"{error or ''}\n(this end is not recorded in status.json: {problem})".strip()

@@ -108,10 +108,10 @@ def test_the_sbatch_classifier_reads_the_run_folder_and_keeps_the_attempts(tmp_p
     first = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
     said = json.loads(first.stdout)
-    assert said["kind"] == "comm" and said["step"] == 7 and said["retry"]
+    assert (said["attempt"], said["end"], said["step"], said["retried"]) == (1, "comm", 7, True)
     second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert second.returncode == 1 and "launch.max_restarts=1" in json.loads(second.stdout)["why_not"]
-    assert [json.loads(line)["retry"] for line in attempts.read_text().splitlines()] == [True, False]
+    assert second.returncode == 1 and "launch.max_restarts=1" in json.loads(second.stdout)["not_retried"]
+    assert [json.loads(line)["retried"] for line in attempts.read_text().splitlines()] == [True, False]
 
 
 def test_the_kernels_oom_kills_are_read_from_the_memory_cgroup_v1_or_v2(tmp_path):
