@@ -120,7 +120,7 @@ class RunView(Section):
             self.next_line = add("run.next_line", gr.Markdown(elem_id="run-next-line"))
             self.next_strategy = add(
                 "run.next_strategy",
-                gr.Button(BUTTON, visible=False, elem_id="run-next-strategy", scale=0),
+                gr.Button(BUTTON, visible=False, elem_id="run-next-strategy", scale=0, min_width=300),
             )
         with gr.Row():
             self.smoothing = add(

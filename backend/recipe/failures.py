@@ -218,6 +218,7 @@ def classify_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--launcher-log", type=Path, required=True, help="the launcher's output (slurm-JOBID.out)")
     parser.add_argument("--attempts", type=Path, required=True, help="the attempts so far (a JSON list; updated)")
     parser.add_argument("--max-restarts", type=int, required=True)
+    parser.add_argument("--no-requeue", action="store_true", help="the job was submitted with --no-requeue")
     args = parser.parse_args(argv)
     errors = sorted(_json_lines(args.run_dir / ERRORS_FILE), key=lambda e: e.get("time") or 0)
     records = _json_lines(args.run_dir / METRICS_FILE)
@@ -237,6 +238,8 @@ def classify_cli(argv: list[str] | None = None) -> int:
     )
     earlier = _json_lines(args.attempts)
     why_not = retry_allowed(failure, earlier, args.max_restarts)
+    if why_not is None and args.no_requeue:
+        why_not = "the job cannot go back into Slurm's queue: launch.slurm.requeue is off"
     steps = [r["step"] for r in this_attempt if r.get("event") == "log" and isinstance(r.get("step"), int)]
     attempt = {"attempt": len(earlier) + 1, "ended_at": time.time(), "end": failure.kind, "reason": failure.reason}
     attempt |= {"step": max(steps, default=None), "retried": why_not is None}

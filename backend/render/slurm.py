@@ -56,7 +56,7 @@ def restart_lines(spec: JobSpec) -> list[str]:
     launch = spec.launch
     classify = (
         '"${PYTHON:-python3}" -m tunedeck_recipe.failures . --launcher-log "$log" --attempts attempts.jsonl '
-        f"--max-restarts {launch.max_restarts if launch.slurm.requeue else 0}"
+        f"--max-restarts {launch.max_restarts}" + ("" if launch.slurm.requeue else " --no-requeue")
     )
     doubled = f"({int(launch.restart_backoff_s)} << ${{SLURM_RESTART_COUNT:-0}})"
     wait = f'sleep "$(( {doubled} > 600 ? 600 : {doubled} ))"'

@@ -245,7 +245,7 @@ def launcher_text(run_dir: Path) -> str:
     """The launcher log's tail, from the current attempt's first line on."""
     text = _tail_text(run_dir / LAUNCHER_LOG)
     at = text.rfind(ATTEMPT_MARK)
-    return text[at:] if at >= 0 else text
+    return text[text.find("\n", at) + 1 :] if at >= 0 else text  # after the mark's own line
 
 
 def killed_rank(run_dir: Path, ours: Set[int] = frozenset()) -> tuple[int, int] | None:
@@ -563,7 +563,7 @@ def supervise(run_dir: Path) -> int:
         attempts.append(ended)
         wait_s = _failures.backoff_seconds(backoff_s, len(attempts) - 1)
         _note(run_dir, attempts=attempts, restarting={"at": time.time() + wait_s, "after": failure.kind})
-        if stop_signal.wait(wait_s) or (run_dir / STOP_FILE).exists():
+        if _stopped_while_waiting(run_dir, stop_signal, wait_s):
             state, error = "stopped", None
             break
         _set_aside(run_dir / ERRORS_FILE, len(attempts))  # the next attempt's failure watch starts clean
@@ -586,6 +586,16 @@ def _restart_policy(restarts: dict | None) -> tuple[int, float]:
         return int(restarts.get("max", 0)), float(restarts.get("backoff_s", 0.0))
     except (TypeError, ValueError):
         return 0, 0.0
+
+
+def _stopped_while_waiting(run_dir: Path, stop_signal: threading.Event, wait_s: float) -> bool:
+    """Wait `wait_s` before the next attempt; True as soon as a stop is asked for (stop.request, or SIGTERM)."""
+    deadline = time.monotonic() + wait_s
+    while not (stop_signal.is_set() or (run_dir / STOP_FILE).exists()):
+        if time.monotonic() >= deadline:
+            return False
+        stop_signal.wait(min(POLL_S, max(0.0, deadline - time.monotonic())))
+    return True
 
 
 def _size(path: Path) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from panel.browser import EVENTS_TAP_JS, PanelServer, fill, plot_points, settle, wait_text
+from panel.browser import EVENTS_TAP_JS, PanelServer, fill, plot_points, settle, text_of, wait_text
 from runs.helpers import wait_for
 
 from .helpers import gone
@@ -273,7 +273,11 @@ def test_workers_end_when_the_tab_closes_after_idle_timeout_and_with_the_panel(b
     assert time.monotonic() - started >= IDLE_S - 3  # ended by its timeout, not at once
 
     page.click("#after-ask")  # 3. the same prompt again: the model loads again; the panel exits: no orphan
-    pids = wait_for(lambda: workers(server), 120, what="a worker loaded again")
+    pids = wait_for(
+        lambda: workers(server),
+        120,
+        what=lambda: f"a worker loaded again; the status line says {text_of(page, '#after-status')!r}",
+    )
     wait_text(page, "#after-status", "the final adapter on cpu", timeout=240_000)
     assert not torch_loaded(server.proc.pid)
     context.close()

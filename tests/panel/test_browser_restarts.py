@@ -143,8 +143,8 @@ def test_an_oom_is_not_started_again_and_its_next_strategy_is_one_click_away(pag
     assert button.is_visible() and button.inner_text().strip() == "Load the job with QLoRA + DDP"
     page.screenshot(path=str(ARTIFACTS / "run-view-oom.png"), full_page=True)
     button.click()
-    wait_text(page, "#notice", f"Loaded the job of run `{status.run_id}`. Applied **QLoRA + DDP**")
-    assert "`method` → `qlora`" in text_of(page, "#notice")
+    wait_text(page, "#notice", f"Loaded the job of run {status.run_id}. Applied QLoRA + DDP")
+    assert "method → qlora" in text_of(page, "#notice")
     page.wait_for_function("document.querySelector('#tab-job-button').getAttribute('aria-selected') === 'true'")
     show_file(page, "job.yaml")
     wait_file_text(page, "method: qlora")  # the files Start would run: the run's job, with the next strategy

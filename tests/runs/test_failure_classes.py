@@ -112,6 +112,9 @@ def test_the_sbatch_classifier_reads_the_run_folder_and_keeps_the_attempts(tmp_p
     second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert second.returncode == 1 and "launch.max_restarts=1" in json.loads(second.stdout)["not_retried"]
     assert [json.loads(line)["retried"] for line in attempts.read_text().splitlines()] == [True, False]
+    attempts.unlink()
+    off = subprocess.run([*argv, "--no-requeue"], capture_output=True, text=True, timeout=60)
+    assert off.returncode == 1 and "launch.slurm.requeue is off" in json.loads(off.stdout)["not_retried"]
 
 
 def test_the_kernels_oom_kills_are_read_from_the_memory_cgroup_v1_or_v2(tmp_path):
