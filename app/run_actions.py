@@ -56,7 +56,7 @@ def resume_shown(manager: RunManager, index: RunsIndex, shown: RunShown) -> tupl
     """Continue the run in view from its newest checkpoint, as a new run; the view then follows it."""
     if not shown.run:
         raise RunError("no run selected")
-    new_id, step = resume_run(manager, shown.run)
+    new_id, step, _ = resume_run(manager, shown.run)
     index.runs(fresh=True)
     return f"Resumed run `{shown.run}` as run `{new_id}`, from its checkpoint at step {step}.", RunShown(
         run=new_id, follow=False

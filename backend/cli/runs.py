@@ -55,6 +55,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "resume", help="continue a stopped or failed run from its newest checkpoint, as a new run (and follow it)"
     )
     resume.add_argument("run_id", metavar="ID")
+    resume.add_argument(
+        "--num-processes",
+        type=int,
+        metavar="N",
+        help="continue on N processes (GPUs) instead: gradient accumulation is re-solved so the global batch stays",
+    )
+    resume.add_argument("--num-machines", type=int, metavar="M", help="continue on M machines instead")
     _add_runs_dir(resume)
     resume.set_defaults(handler=cmd_runs_resume)
     note = actions.add_parser("note", help="set a run's name and notes (shown by `runs`, `runs show` and the panel)")
@@ -284,15 +291,17 @@ def cmd_runs_stop(args: argparse.Namespace) -> int:
 
 def cmd_runs_resume(args: argparse.Namespace) -> int:
     """Continue a stopped or failed run from its newest checkpoint (backend/runs/resume.py), then follow it."""
-    from tunedeck.backend.runs import RunError, resume_run
+    from tunedeck.backend.runs import RunError, Shape, resume_run
 
     manager = _manager(args)
     try:
-        run_id, step = resume_run(manager, args.run_id)
+        run_id, step, said = resume_run(manager, args.run_id, Shape(args.num_processes, args.num_machines))
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"run {run_id}: continues run {args.run_id} from its checkpoint at step {step}")
+    print(
+        f"run {run_id}: continues run {args.run_id} from its checkpoint at step {step}" + (f", {said}" if said else "")
+    )
     print(f"folder {manager.run_dir(run_id)}", flush=True)
     status = follow(manager, run_id)
     if status is None:

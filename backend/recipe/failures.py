@@ -12,6 +12,7 @@ the kernel's OOM kills, and only the classes a new attempt can cure are retried,
                strategy needs less memory                                                   never
     data       the data pipeline failed on a row: it fails there again                      never
     config     the job could not start (a path, a field, a library): it fails the same way   never
+    disk       the disk filled up: it stays full until someone frees it                      never
     unhealthy  the training-health guard stopped it (training.health.policy=stop)           never
     stopped    someone asked it to stop                                                     never
 
@@ -39,6 +40,7 @@ ATTEMPT_ENV = "TUNEDECK_ATTEMPT"  # an attempt after the first (2, 3, ...): it r
 #   exitcode  : -9 (pid: 11024)  (SIGKILL)
 ELASTIC_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
 
+DISK_FULL_TEXT = re.compile(r"No space left on device|Disk quota exceeded|the disk holding .* is full")
 OOM_TEXT = re.compile(
     r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|can't allocate memory|std::bad_alloc|"
     r"\bMemoryError\b|Cannot allocate memory",
@@ -100,18 +102,23 @@ def classify(
     trained: bool = True,
     oom_kills: int = 0,
     ours: frozenset[int] = frozenset(),
+    disk_full: bool = False,
 ) -> Failure:
     """The class of an attempt that did not finish.
 
     errors: errors.jsonl's records (the ranks that failed, first first); launcher_text: the launcher's output;
     end: rank 0's end record, if any; trained: whether a training step was finished in this attempt; oom_kills:
-    the kernel's OOM kills in the run's memory cgroup during the attempt.
+    the kernel's OOM kills in the run's memory cgroup during the attempt; disk_full: the run's disk has no room left
+    now (a rank may have had none to say so).
     """
     status = (end or {}).get("status")
     if stop_requested or status == "stopped":
         return Failure("stopped", "it was asked to stop")
     if end and isinstance(end.get("health"), dict):
         return Failure("unhealthy", str(end.get("error") or "the training-health guard stopped it"))
+    said = "\n".join(str(e.get("error") or "") for e in errors) + "\n" + launcher_text[-4096:]
+    if disk_full or DISK_FULL_TEXT.search(said):  # it stays full until someone frees it: a new attempt fails too
+        return Failure("disk", "the disk is full: " + (_last_matching_line(said, DISK_FULL_TEXT) or "no room left"))
     killed = killed_rank(launcher_text, ours)
     if killed is not None:
         rank, signum = killed

@@ -21,6 +21,7 @@ from tunedeck.backend.runs.notes import NAME_MAX_CHARS, NotesError, RunNotes, re
 from tunedeck.backend.runs.preflight import job_problems, needs_gpus_here, refusal_text
 from tunedeck.backend.runs.preflight import preflight as preflight_problems
 from tunedeck.backend.runs.records import HealthRecord, LogRecord, MetricsReader, RunRecords, is_number, read_records
+from tunedeck.backend.runs.reshape import Shape, reshaped
 from tunedeck.backend.runs.resume import RESUMABLE_STATES, newest_checkpoint, resume_run
 from tunedeck.backend.runs.speed import Calibration, calibration, compare_run
 from tunedeck.backend.runs.stacks import StacksError, dump_stacks
@@ -89,6 +90,7 @@ __all__ = [
     "RunRecords",
     "RunStatus",
     "RunSummary",
+    "Shape",
     "SmokeError",
     "StacksError",
     "SweepError",
@@ -130,6 +132,7 @@ __all__ = [
     "read_records",
     "refusal_text",
     "report",
+    "reshaped",
     "restart_cost",
     "resume_run",
     "select",

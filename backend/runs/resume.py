@@ -1,6 +1,6 @@
 """Resume: a stopped or failed run goes on from the newest checkpoint in its own output folder, as a new run.
 
-    resume_run(manager, run_id) -> (new run id, checkpoint step)
+    resume_run(manager, run_id[, Shape(num_processes, num_machines)]) -> (new run id, checkpoint step, shape said)
 
 A new run, not the same folder again: a run folder has one life (status.json goes from
 queued to one end; metrics.jsonl holds one start and one end record; the logs are that
@@ -22,6 +22,7 @@ from tunedeck.backend.runs.folder import ACTIVE_STATES
 from tunedeck.backend.runs.job_file import UnreadableJob, read_job
 from tunedeck.backend.runs.manager import RunError, RunManager
 from tunedeck.backend.runs.notes import NAME_MAX_CHARS, read_notes, write_notes
+from tunedeck.backend.runs.reshape import AS_IT_WAS, Shape, reshaped
 from tunedeck.backend.spec import JobSpec
 
 RESUMABLE_STATES = ("stopped", "failed")
@@ -37,8 +38,9 @@ def newest_checkpoint(output: Path) -> tuple[int, Path] | None:
     return max(found, default=None)
 
 
-def resume_spec(manager: RunManager, run_id: str):
-    """(the job that continues run `run_id`, the step of the checkpoint it starts from); RunError says why not."""
+def resume_spec(manager: RunManager, run_id: str, shape: Shape = AS_IT_WAS):
+    """(the job that continues run `run_id`, the step of the checkpoint it starts from, what the new shape changed:
+    backend/runs/reshape.py); RunError says why not."""
     from tunedeck.backend.spec import SpecError, set_paths
 
     status = manager.status(run_id)
@@ -66,12 +68,14 @@ def resume_spec(manager: RunManager, run_id: str):
         spec = set_paths(job, {"training.resume_from_checkpoint": True, "output_dir": str(output)})
     except SpecError as exc:  # a value set_paths refuses in this job
         raise RunError(f"run {run_id}'s job.yaml is not a valid job for this tunedeck: {exc}") from None
-    return spec, found[0]
+    spec, said = reshaped(spec, shape.num_processes, shape.num_machines)
+    return spec, found[0], said
 
 
-def resume_run(manager: RunManager, run_id: str) -> tuple[str, int]:
-    """Start the run that continues `run_id` from its newest checkpoint; returns (new run id, checkpoint step)."""
-    spec, step = resume_spec(manager, run_id)
+def resume_run(manager: RunManager, run_id: str, shape: Shape = AS_IT_WAS) -> tuple[str, int, str]:
+    """Start the run that continues `run_id` from its newest checkpoint (on another number of processes with
+    `shape`); returns (new run id, checkpoint step, what the new shape changed)."""
+    spec, step, said = resume_spec(manager, run_id, shape)
     new_id = manager.start(spec)
     old = read_notes(manager.run_dir(run_id))
     name = old.name.removesuffix(" (resumed)") + " (resumed)" if old.name else f"resumes {run_id}"  # once, in a chain
@@ -79,4 +83,4 @@ def resume_run(manager: RunManager, run_id: str) -> tuple[str, int]:
         write_notes(manager.run_dir(new_id), name[:NAME_MAX_CHARS], f"Continues run {run_id} from checkpoint-{step}.")
     except ValueError:
         pass  # the lineage note is a courtesy: the run itself started
-    return new_id, step
+    return new_id, step, said

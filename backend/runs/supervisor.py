@@ -37,6 +37,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,6 +146,15 @@ def record_end(run_dir: Path, tries: int = 10, retry_s: float = 3.0, **changes) 
             elif attempt + 1 < tries:
                 time.sleep(retry_s)  # something else on this disk may free space
     return problem
+
+
+def disk_is_full(run_dir: Path) -> bool:
+    """Less than 1 MiB free where the run writes (the recipe's rule for a save cut short): a rank that failed
+    then may have had no room to say why."""
+    try:
+        return shutil.disk_usage(run_dir).free < 2**20
+    except OSError:
+        return False
 
 
 def disk_full_message(run_dir: Path, error: str | None) -> str:
@@ -359,7 +369,8 @@ def final_state(
         )
     headline = f"the launcher exited with code {exit_code}" if exit_code is not None else "the run's processes are gone"
     error = first_failure(run_dir, ours) or headline
-    if "No space left on device" in error:  # OSError's own wording of ENOSPC, in a rank's error or the launcher log
+    # ENOSPC's own words, or the disk as it is now when the ranks had no room to say it (a rank's own words first)
+    if "No space left on device" in error or (disk_is_full(run_dir) and "is full" not in error):
         error = disk_full_message(run_dir, error)
     return "failed", error
 
@@ -623,6 +634,7 @@ def _classify(run_dir: Path, since: int, stopping: bool, killed: set[int], oom_k
         trained=any(r.get("event") == "log" for r in records),
         oom_kills=oom_kills,
         ours=frozenset(killed),
+        disk_full=disk_is_full(run_dir),
     )
 
 

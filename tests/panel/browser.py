@@ -181,6 +181,18 @@ def fill(box, value: str) -> None:
     box.fill(str(value))
 
 
+def open_run(page, url: str, run_id: str, timeout: float = 60_000) -> None:
+    """A fresh page's Run tab showing `run_id`, picked from the Run box as a person does; settled."""
+    page.set_default_timeout(timeout)
+    page.goto(url)
+    page.click("#tab-run-button")
+    wait_text(page, "#runs-table", run_id, timeout)
+    page.locator("#run-select input").click()
+    page.locator(f'#run-select li[role=option][aria-label*="{run_id} · "]').click()  # not a run named after it
+    wait_text(page, "#run-state", run_id, timeout)
+    settle(page)
+
+
 def choose(page, path: str, option: str) -> None:
     """Pick an option of a dropdown field."""
     from tunedeck.app.form import element_id

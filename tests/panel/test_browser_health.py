@@ -12,7 +12,7 @@ import os
 import pytest
 from runs.helpers import logs_tail, read_metrics, tunedeck
 
-from panel.browser import ARTIFACTS, PanelServer, settle, stop_live_runs, text_of, wait_text
+from panel.browser import ARTIFACTS, PanelServer, open_run, stop_live_runs, text_of, wait_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -56,17 +56,6 @@ def losses(records) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if r["event"] == "log" and "loss" in r}
 
 
-def open_run(page, server, run_id: str) -> None:
-    page.set_default_timeout(60_000)
-    page.goto(server.url)
-    page.click("#tab-run-button")
-    wait_text(page, "#runs-table", run_id, 60_000)
-    page.locator("#run-select input").click()
-    page.locator(f'#run-select li[role=option][aria-label*="{run_id} · "]').click()
-    wait_text(page, "#run-state", run_id, 60_000)
-    settle(page)
-
-
 def chart_marks(page) -> list[str]:
     """The loss chart's annotations (the health guard's marks), as drawn."""
     return page.evaluate(
@@ -82,7 +71,7 @@ def test_warn_marks_the_run_and_trains_on(page, server, runs):
     assert (found["step"], found["text"], found["action"]) == (30, "loss NaN", "warned")
     assert math.isnan(losses(read_metrics(run_dir))[60])  # it trained on, broken: that is what warn does
     assert "health   ⚠ unhealthy: loss NaN at step 30 · trains on (training.health.policy=warn)" in show
-    open_run(page, server, run_dir.name)
+    open_run(page, server.url, run_dir.name)
     wait_text(page, "#run-state", "⚠ unhealthy: loss NaN at step 30 · trains on")
     assert "hint: a learning rate too high" in text_of(page, "#run-state")
     page.wait_for_function("() => document.querySelector('#loss-chart .js-plotly-plot')")
@@ -97,7 +86,7 @@ def test_stop_ends_the_run_as_failed_naming_the_symptom_and_keeps_the_checkpoint
     assert sorted(p.name for p in (run_dir / "output").glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-20"]
     assert max(losses(read_metrics(run_dir))) == 30  # it stopped at the step that showed it
     assert "error:\n⚠ unhealthy: loss NaN at step 30" in show
-    open_run(page, server, run_dir.name)
+    open_run(page, server.url, run_dir.name)
     wait_text(page, "#run-error", "⚠ unhealthy: loss NaN at step 30")
     wait_text(page, "#run-state", "continues from its checkpoint at step 20")
 
@@ -131,7 +120,7 @@ def test_rollback_resumes_before_the_blow_up_with_half_the_learning_rate_and_fin
         "learning rate x0.5, 10 steps of data skipped" in show
     )
     assert "attempt  1 ended rolled back: loss NaN at step 30" in show
-    open_run(page, server, run_dir.name)
+    open_run(page, server.url, run_dir.name)
     wait_text(page, "#run-state", "↺ roll-back 1: ⚠ unhealthy: loss NaN at step 30 → resumed from the checkpoint")
     page.wait_for_function("() => document.querySelector('#loss-chart .js-plotly-plot')")
     assert chart_marks(page) == ["↺ roll-back to step 20"]

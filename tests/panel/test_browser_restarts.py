@@ -6,6 +6,7 @@ one click loads it into the Job tab). Each is checked in its records, in `tunede
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
@@ -14,7 +15,7 @@ from runs.helpers import log_records, logs_tail, read_metrics, run_processes, tu
 from panel.browser import (
     ARTIFACTS,
     PanelServer,
-    settle,
+    open_run,
     show_file,
     stop_live_runs,
     text_of,
@@ -31,7 +32,7 @@ STEPS = {
     "launch.restart_backoff_s": 1,
 }
 FAULTS = {"killed": None, "data": "data=12", "oom": "rank=0,oom=12"}
-KILL_AFTER_STEP = 14  # between two checkpoints (10 and 20): the steps after 10 are trained again
+KILL_AFTER_STEP = 14  # after the checkpoint at step 10: the steps after the newest checkpoint are trained again
 
 
 @pytest.fixture(scope="module")
@@ -71,32 +72,24 @@ def runs(server):
     return done
 
 
-def open_run(page, server, run_id: str) -> None:
-    page.set_default_timeout(60_000)
-    page.goto(server.url)
-    page.click("#tab-run-button")
-    wait_text(page, "#runs-table", run_id, 60_000)
-    page.locator("#run-select input").click()
-    page.locator(f'#run-select li[role=option][aria-label*="{run_id} · "]').click()
-    wait_text(page, "#run-state", run_id, 60_000)
-    settle(page)
-
-
 def test_a_rank_killed_mid_run_starts_again_from_its_newest_checkpoint_and_finishes(page, server, runs):
     status, run_dir, show, killed_at = runs["killed"]
     assert status.state == "finished", f"{status}\n{logs_tail(run_dir)}"
     [first] = status.attempts  # the attempt that finished is the run's own end
     assert (first["attempt"], first["end"], first["retried"]) == (1, "comm", True)
     assert first["reason"] == "rank 1 was lost: killed by SIGKILL from outside the run"
-    assert killed_at <= first["step"] < 20 and status.failure is None
+    assert first["step"] >= killed_at >= KILL_AFTER_STEP and status.failure is None
     records = read_metrics(run_dir)
     starts = [r for r in records if r["event"] == "start"]
-    assert len(starts) == 2 and starts[1]["resumed_from_step"] == 10  # the newest checkpoint before the kill
+    checkpoint = first["step"] // 10 * 10  # the newest checkpoint before the kill (one every 10 steps)
+    assert len(starts) == 2 and starts[1]["resumed_from_step"] == checkpoint >= 10, (starts, first)
     logs = [r for r in records if r["event"] == "log" and "loss" in r]
     assert logs[-1]["step"] == 40
     # The curve continues: the steps trained again after the checkpoint have the losses they had the first time.
     at = records.index(starts[1])
-    before = {r["step"]: r["loss"] for r in records[:at] if r["event"] == "log" and "loss" in r and r["step"] > 10}
+    before = {
+        r["step"]: r["loss"] for r in records[:at] if r["event"] == "log" and "loss" in r and r["step"] > checkpoint
+    }
     again = {r["step"]: r["loss"] for r in records[at:] if r["event"] == "log" and "loss" in r}
     shared = sorted(set(before) & set(again))
     assert shared, (before, again)
@@ -107,10 +100,11 @@ def test_a_rank_killed_mid_run_starts_again_from_its_newest_checkpoint_and_finis
         f"attempt  1 ended comm at step {first['step']}: rank 1 was lost: killed by SIGKILL from outside the run "
         "→ started again from its newest checkpoint"
     ) in show, show
-    assert f"restarts 1 restart after failures · {len(shared)} steps trained again · 0:0" in show, show
+    cost = rf"restarts 1 restart after failures · {len(shared)} steps trained again · \d+:\d\d from the failure"
+    assert re.search(cost, show), show  # how long the new start took: seconds here, more under load
     assert "state    finished" in show
 
-    open_run(page, server, status.run_id)
+    open_run(page, server.url, status.run_id)
     state = text_of(page, "#run-state")
     assert "attempt 1 ended comm" in state and "started again from its newest checkpoint" in state, state
     assert "1 restart after failures" in state
@@ -136,7 +130,7 @@ def test_an_oom_is_not_started_again_and_its_next_strategy_is_one_click_away(pag
     assert "next     QLoRA + DDP (method=qlora, quantization.bits=4) is estimated at" in show, show
     assert f"tunedeck train {run_dir / 'job.yaml'} --set method=qlora --set quantization.bits=4" in show
 
-    open_run(page, server, status.run_id)
+    open_run(page, server.url, status.run_id)
     wait_text(page, "#run-next-line", "Out of memory, so not started again.")
     assert "QLoRA + DDP" in text_of(page, "#run-next-line")
     button = page.locator("#run-next-strategy")

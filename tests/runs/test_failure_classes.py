@@ -61,6 +61,8 @@ def test_a_rank_killed_from_outside_is_a_lost_rank_unless_the_kernel_killed_it_f
         ("UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0", TRACE, "data"),
         ("KeyError: 'messages'", TRACE + '\n  File "/x/torch/utils/data/_utils/fetch.py", line 55, in fetch', "data"),
         ("ZeroDivisionError: division by zero", TRACE, "unknown"),
+        ("OSError: [Errno 28] No space left on device", TRACE, "disk"),
+        ("output_dir: the disk holding /runs/x/output is full: checkpoint-8 did not fit", None, "disk"),
     ],
 )  # fmt: skip
 def test_what_the_failing_rank_wrote_says_the_class(text, trace, kind):
