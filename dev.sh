@@ -3,7 +3,8 @@
 #   bash dev.sh demo       set up .venv, build the demo model/data, open the panel on the demo preset
 #   bash dev.sh test       set up .venv (and Chromium for the browser tests), lint, run the whole test suite
 #   bash dev.sh test-fast  lint, then every test but the multi-process runs, the browser and the slow (2 minutes)
-#   bash dev.sh lint       ruff check, ruff format --check (`.venv/bin/ruff format .` fixes the format), mkdocs build --strict
+#   bash dev.sh lint       ruff check, ruff format --check (`.venv/bin/ruff format .` fixes the format), the type checker
+#                          (basedpyright, basic mode), mkdocs build --strict
 # Extra arguments go to the panel (demo) or to pytest (test, test-fast).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -72,6 +73,12 @@ setup_slurm() {
 lint() {
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .
+  # The type checker ([tool.basedpyright] in pyproject.toml: app/ and backend/, basic mode, 0 errors). The repository
+  # root is the package `tunedeck` (installed by a finder that pyright cannot read): .venv/typecheck/tunedeck links
+  # to it, so that `import tunedeck.backend...` resolves to the files being checked.
+  mkdir -p .venv/typecheck
+  ln -sfn ../.. .venv/typecheck/tunedeck
+  .venv/bin/basedpyright --project pyproject.toml  # this file, not a pyrightconfig.json in a folder above
   # The guides (mkdocs.yml): --strict fails on a broken link or anchor or a page left out of the nav. Each build
   # writes to a folder of its own, so that two lints at once in one checkout do not clean each other's output;
   # its INFO lines are shown only when it fails. NO_MKDOCS_2_WARNING: mkdocs-material's end-of-life banner.

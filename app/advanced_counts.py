@@ -13,7 +13,7 @@ from tunedeck.app.form import Form, advanced_label, advanced_shown
 from tunedeck.app.job_events import DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates
-from tunedeck.backend.fields import FIELDS_BY_PATH
+from tunedeck.backend.spec import FIELDS_BY_PATH
 
 
 class AdvancedCounts(DerivedView):

@@ -9,13 +9,14 @@ import traceback
 from pathlib import Path
 
 import gradio as gr
+from gradio.utils import get_upload_folder
 
 from tunedeck.app.after_view import USER_ERRORS
 from tunedeck.app.errors import user_message
 from tunedeck.app.eval_display import answers_widths
 from tunedeck.app.registry import Updates
 from tunedeck.app.untrusted_text import as_html
-from tunedeck.backend.checkpoints import AfterError
+from tunedeck.backend.runs import AfterError
 
 log = logging.getLogger("tunedeck.panel")
 
@@ -54,7 +55,7 @@ def uploaded(path: str | None) -> str | None:
     """An evaluation file the page names: only where Gradio keeps this panel's uploads."""
     if not path:
         return None
-    folder = Path(gr.utils.get_upload_folder()).resolve()
+    folder = Path(get_upload_folder()).resolve()
     if not Path(path).resolve().is_relative_to(folder):
         raise AfterError("Evaluation data: upload the file with the file box (the page reads no other path)")
     return path

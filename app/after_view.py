@@ -1,6 +1,6 @@
 """What the Try / Evaluate / Export tab does (app/after_tab.py lays it out): chat with a run, score it, merge it.
 
-The heavy work happens in worker processes (backend/worker_client.py); this module picks the
+The heavy work happens in worker processes (backend/after/worker_client.py); this module picks the
 run's weights, streams answers side by side, shows progress, and confines what the page may
 name on disk: merged models go to <run>/merged/<name>/, uploads are read where Gradio put them.
 Handlers take plain values and return (or yield, for streams) {component id: value} for the ids
@@ -21,18 +21,31 @@ from pathlib import Path
 
 from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.eval_display import answers_shown, evaluated_on, evaluation, newest_source, refused, seen_line
+from tunedeck.app.try_turns import answer_status, for_the_try_box, next_turns
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.app.worker_tasks import in_background, progress_line
-from tunedeck.backend.checkpoints import AfterError, list_weights
-from tunedeck.backend.data_uploads import keep_upload
-from tunedeck.backend.eval_answers import answers_jsonl, newest_answers
-from tunedeck.backend.eval_data import eval_source, sample_training_rows, seen_in_training
-from tunedeck.backend.eval_results import read_eval
-from tunedeck.backend.examples import Example, data_examples, pick, verdict
-from tunedeck.backend.prompting import GenerationSettings, SettingsError, answer_line, transcript
-from tunedeck.backend.render.serve import SERVE_FILE
-from tunedeck.backend.runs import RunError, RunManager
-from tunedeck.backend.worker_client import WorkerError, WorkerPool, run_task, side_by_side
+from tunedeck.app.worker_tasks import in_background, side_by_side
+from tunedeck.backend.after import (
+    GenerationSettings,
+    SettingsError,
+    WorkerError,
+    WorkerPool,
+    answer_line,
+    answers_jsonl,
+    data_examples,
+    eval_source,
+    newest_answers,
+    pick,
+    read_eval,
+    run_task,
+    sample_training_rows,
+    seen_in_training,
+    transcript,
+    verdict,
+)
+from tunedeck.backend.data import keep_upload
+from tunedeck.backend.render import SERVE_FILE
+from tunedeck.backend.runs import AfterError, RunError, RunManager, UnreadableJob, list_weights
+from tunedeck.backend.spec import JobSpec
 
 MERGED_DIR = "merged"  # under the run folder: where the page writes merged models
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -56,12 +69,14 @@ class AfterView:
         self.components: dict = {}
         self._held: dict[str, set[Model]] = {}  # browser session -> the models it loaded
         self._held_lock = threading.Lock()
-        self._examples: dict[str, tuple] = {}  # run id -> its data's (prompt, answer) pairs, source, held out?
+        self._examples: dict[
+            str, tuple[list[tuple[object, str]], str, bool]
+        ] = {}  # run id -> its data's (prompt, answer) pairs, source, held out?
         self._downloads = downloads or BundleWriter()  # the answers file offered for download
 
     # ------------------------------------------------------------ choices
 
-    def _run(self, run_id: str) -> tuple[Path, dict]:
+    def _run(self, run_id: str) -> tuple[Path, JobSpec]:
         if not run_id:
             raise AfterError("pick a run first")
         try:
@@ -69,8 +84,8 @@ class AfterView:
         except RunError as exc:
             raise AfterError(str(exc)) from None
         job = self.manager.job(run_id)
-        if not job:
-            raise AfterError(f"run {run_id} has no readable job.yaml")
+        if isinstance(job, UnreadableJob):
+            raise AfterError(f"run {run_id}: {job.explained()}")
         return self.manager.run_dir(run_id), job
 
     def run_choices(self) -> list[tuple[str, str]]:
@@ -78,8 +93,8 @@ class AfterView:
         choices = []
         for run in self.manager.list_runs():
             job = self.manager.job(run.run_id)
-            if not job or job.get("method", "lora") not in ("lora", "qlora"):
-                continue  # damaged, or a full fine-tune: its output is already a standalone model
+            if isinstance(job, UnreadableJob) or job.method not in ("lora", "qlora"):
+                continue  # unreadable, or a full fine-tune: its output is already a standalone model
             saved = [w.name for w in list_weights(self.manager.run_dir(run.run_id), job)[1:]]
             if saved:
                 newest = "final adapter" if saved[-1] == "final" else f"{len(saved)} checkpoint{'s' * (len(saved) > 1)}"
@@ -162,9 +177,9 @@ class AfterView:
         }
         workers, answered, status = {}, {}, ""
         for texts in side_by_side(streams, every_s=0.25):
-            status = self._answer_status(events, workers, answered, models) or status
+            status = answer_status(events, workers, answered, models) or status
             yield {**texts, "after.status": status}
-        self._answer_status(events, workers, answered, models)
+        answer_status(events, workers, answered, models)
         if answered:
             infos = {key: workers[key].info for key in models if key in answered}
             lines = [
@@ -182,14 +197,14 @@ class AfterView:
 
     def converses(self, run_id: str) -> bool:
         """Whether the run trained on conversations (messages data, through the chat template)."""
-        return bool(run_id) and (self._run(run_id)[1].get("dataset") or {}).get("format") == "messages"
+        return bool(run_id) and self._run(run_id)[1].dataset.format == "messages"
 
     def example(self, run_id: str, number: int | None = None, conversing: bool = True) -> dict:
         """A prompt from the run's data (held out first) for the prompt box, and the data's answer beside it;
         of a conversation, its system message and (when `conversing`) its earlier turns: a new conversation."""
         if run_id not in self._examples:
             self._examples[run_id] = data_examples(*self._run(run_id))
-        return _for_the_try_box(pick(*self._examples[run_id], number), conversing)
+        return for_the_try_box(pick(*self._examples[run_id], number), conversing)
 
     def evaluated_example(self, run_id: str, number: int, conversing: bool = True) -> dict:
         """Example `number` (the answers table's #) of the newest evaluation, for the Try box as example() gives
@@ -203,29 +218,10 @@ class AfterView:
         source = data["results"][next(iter(answers))].get("data") or ""
         # Held out unless it is the training file itself ("train.jsonl [test]" is another split of it), a copy of
         # it, or rows sampled from it.
-        held_out = Path(source).name != Path(str((job.get("dataset") or {}).get("path") or "")).name
+        held_out = Path(source).name != Path(job.dataset.path).name
         held_out = held_out and not seen_in_training(run_dir, job, source)
         pairs = [(row["prompt"], row["expected"]) for row in rows]
-        return _for_the_try_box(pick(pairs, source, held_out, number), conversing)
-
-    @staticmethod
-    def _answer_status(events: queue.Queue, workers: dict, answered: dict, models: dict) -> str:
-        """Take the workers' events: loading progress, then where each model runs; keep each answer's summary."""
-        status = ""
-        while not events.empty():
-            event = events.get()
-            if event.get("event") == "loaded":
-                workers[event["key"]] = event["worker"]
-            elif event.get("event") == "answered":
-                answered[event["key"]] = event["summary"]
-            elif not workers and progress_line(event):
-                status = "loading: " + as_text(progress_line(event))  # it names the base model's path
-        if workers:
-            infos = [workers[key].info for key in models if key in workers]
-            warnings = [i["warning"] for i in infos if i.get("warning")]
-            status = as_text(", ".join(f"{i['description']} on {i['device']}" for i in infos))
-            status += f" · ⚠ {as_text(warnings[0])}" if warnings else ""
-        return status
+        return for_the_try_box(pick(pairs, source, held_out, number), conversing)
 
     def _load_then_answer(
         self, key: str, model: Model, prompt: str, settings, events: queue.Queue, turns: list | None, system: str
@@ -234,7 +230,7 @@ class AfterView:
         events.put({"event": "loaded", "key": key, "worker": worker})
         conversing = turns is not None and worker.info.get("template") == "chat"
         # The page learns where the model runs before its first token; in a conversation, the turns so far.
-        yield transcript(turns, prompt) if conversing else ""
+        yield transcript(turns, prompt) if conversing and turns is not None else ""
         summary = yield from worker.generate(prompt, settings, history=turns if conversing else None, system=system)
         events.put({"event": "answered", "key": key, "summary": summary})
         return summary
@@ -338,7 +334,7 @@ class AfterView:
             raise AfterError(f"merge name: {out_dir} already holds a merged model; choose another name")
         note = (
             " · QLoRA: merged into the base loaded in " + dtype + ", not into 4-bit weights"
-            if job.get("method") == "qlora"
+            if job.method == "qlora"
             else ""
         )
         args = {"run_id": run_id, "checkpoint": checkpoint, "out_dir": str(out_dir), "dtype": dtype}
@@ -355,7 +351,7 @@ class AfterView:
         }
 
     def push(self, run_id: str, name: str, repo_id: str, token: str) -> dict:
-        from tunedeck.backend.hub import push_folder
+        from tunedeck.backend.after import push_folder
 
         folder = self.merge_dir(run_id, name)
         if not (folder / "config.json").is_file():
@@ -365,23 +361,3 @@ class AfterView:
         except AfterError as exc:  # its messages name the CLI's flag; the page's box is "Hub repo id"
             raise AfterError(str(exc).replace("--repo-id:", "Hub repo id:", 1)) from None
         return {"after.merge_status": f"pushed to {as_text(url)}"}
-
-
-def next_turns(history: dict[str, list], prompt: str, answers: dict[str, str], models) -> dict[str, list]:
-    """Each model's conversation after this prompt: the turn added where a chat model answered; where a model
-    failed, its conversation as it was (the next prompt goes on from there); none for a model without a template."""
-    turns = {key: [*history.get(key, []), (prompt, text)] for key, text in answers.items()}
-    return {**{key: list(history[key]) for key in models if key in history and key not in answers}, **turns}
-
-
-def _for_the_try_box(example: Example, conversing: bool) -> dict:
-    sent = "**Answer** sends it as the run trained on it."
-    if example.turns and not conversing:
-        sent = "Keep the conversation is off: **Answer** sends its last message without the earlier turns."
-    return {
-        "after.prompt": example.prompt,
-        "after.expected": example.expected,
-        "after.example_note": f"{as_text(example.describe())}: {sent}",  # it names the data file
-        "after.system": example.system,
-        "turns": list(example.turns) if conversing else [],  # the conversation before the prompt
-    }

@@ -1,7 +1,7 @@
 """Plotly figures of a run's metrics: loss (with EMA smoothing, eval loss, overlay), lr, grad norm, tokens/s, MFU,
 for a DPO or KTO run its rewards, and for a GRPO run its reward above the loss and its answers below the metrics.
 
-Figures are built from a run's log records (backend/run_folder.py's LogRecord), downsampled
+Figures are built from a run's log records (backend/runs/folder.py's LogRecord), downsampled
 to at most MAX_POINTS per series, so a week-long run draws as fast as a demo.
 """
 
@@ -11,30 +11,38 @@ import copy
 import functools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tunedeck.app.chart_marks import with_marks
 from tunedeck.app.untrusted_text import as_html
-from tunedeck.backend.run_folder import LogRecord, is_number
+from tunedeck.backend.recipe import OBJECTIVES
+from tunedeck.backend.runs import LogRecord, is_number
 
 MAX_POINTS = 2000
 # The small charts beside the loss: (LogRecord field, title).
 METRIC_PANELS = (
     ("learning_rate", "learning rate"), ("grad_norm", "grad norm"), ("tokens_per_second", "tokens / s"), ("mfu", "MFU"),
 )  # fmt: skip
-# A DPO or KTO run's second row: (LogRecord fields, title); each with its eval_ twin as markers when the run
-# evaluates. Told apart by what only each logs: DPO how often chosen wins, KTO its KL estimate.
+# A preference run's second row by its objective's chart family (backend/recipe/objectives_table.py): (LogRecord
+# fields, title); each with its eval_ twin as markers when the run evaluates.
 PREFERENCE_PANELS = {
-    "reward_accuracy": (
+    "pairs": (
         (("reward_accuracy",), "pairs where chosen wins"),
         (("reward_margin",), "reward margin (chosen - rejected)"),
         (("reward_chosen", "reward_rejected"), "rewards: chosen (blue), rejected (orange)"),
     ),
-    "kl": (
+    "unpaired": (
         (("reward_margin",), "reward margin (good - bad)"),
         (("reward_chosen", "reward_rejected"), "rewards: good (blue), bad (orange)"),
         (("kl",), "KL estimate (model vs reference)"),
+    ),
+    "odds": (  # ORPO: the chosen answer's NLL, and how much likelier the model finds it than the rejected one
+        (("reward_accuracy",), "pairs where chosen wins"),
+        (("log_odds_ratio",), "log odds ratio (chosen vs rejected)"),
+        (("nll_loss",), "NLL loss of the chosen answers"),
     ),
 }
 # A GRPO run's second row (the answers it wrote), chosen by what only GRPO logs; its KL when grpo.beta > 0.
@@ -49,9 +57,9 @@ SHARES = ("completions_clipped", "groups_without_signal")  # 0-1, drawn as %
 REWARD_COLORS = ("#16a34a", "#db2777", "#0891b2", "#ca8a04", "#7c3aed", "#dc2626", "#65a30d", "#0d9488")
 NO_MFU = "MFU is not defined here:<br>no known peak throughput<br>(a CPU run, or a GPU not in<br>the table of peaks)"
 COLORS = ("#4f46e5", "#ea580c")  # shown run, overlaid run
-# A resumed run's forebears (backend/run_lineage.py), before its own curve: the shown run's hue, lighter.
+# A resumed run's forebears (backend/runs/lineage.py), before its own curve: the shown run's hue, lighter.
 BEFORE, BEFORE_COLOR = "before resume", "#a5b4fc"
-_LAYOUT = dict(
+_LAYOUT: dict[str, Any] = dict(  # Plotly layout keywords of every chart
     margin=dict(l=50, r=20, t=40, b=40),
     template="plotly_white",
     legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
@@ -84,7 +92,7 @@ def series(records: Sequence[LogRecord], key: str) -> tuple[list, list]:
     xs, ys = [], []
     for r in records:
         value = r.get(key)
-        if is_number(value) and math.isfinite(value) and r.get("step") is not None:
+        if is_number(value) and math.isfinite(value) and "step" in r:
             xs.append(r["step"])
             ys.append(value)
     return xs, ys
@@ -98,7 +106,7 @@ def reward_series(records: Sequence[LogRecord], name: str, prefix: str = "") -> 
     xs, ys = [], []
     for r in records:
         value = (r.get(f"{prefix}rewards") or {}).get(name)
-        if is_number(value) and math.isfinite(value) and r.get("step") is not None:
+        if is_number(value) and math.isfinite(value) and "step" in r:
             xs.append(r["step"])
             ys.append(value)
     return xs, ys
@@ -114,10 +122,12 @@ def loss_figure(
     smoothing: float = 0.6,
     log_scale: bool = False,
     before: Sequence[LogRecord] = (),
+    marks: Sequence[tuple[int, str]] = (),
 ) -> go.Figure:
     """Loss per step for one run, or two overlaid: raw (faint), EMA-smoothed (bold), eval loss (markers); a resumed
-    run's forebears' loss (`before`) lighter before it; a note in place of empty axes (plotly's default frame reads
-    -1..6) while no loss has been logged."""
+    run's forebears' loss (`before`) lighter before it; `marks` (health_marks: a roll-back, a symptom) as dashed
+    lines at their steps; a note in place of empty axes (plotly's default frame reads -1..6) while no loss has been
+    logged."""
     if not any(series(records, key)[0] for _, records in [*runs, ("", before)] for key in ("loss", "eval_loss")):
         return waiting_figure(NO_STEP_YET)
     if is_grpo(runs[0][1]) or is_grpo(before):
@@ -134,19 +144,30 @@ def loss_figure(
         steps, eval_loss = series(records, "eval_loss")
         if steps:
             x, y = downsample(steps, eval_loss)
-            data.append(_line(x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers",
-                              marker=dict(size=7)))  # fmt: skip
-    return _figure(data, copy.deepcopy(_validated_loss_layout(log_scale)))
+            data.append(
+                _line(
+                    x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers", marker=dict(size=7)
+                )
+            )
+    return _figure(data, with_marks(copy.deepcopy(_validated_loss_layout(log_scale)), marks))
 
 
 def _smoothed(data: list, steps: list, values: list, name: str, color: str, smoothing: float, **axes) -> None:
     """A series raw (faint) and EMA-smoothed (bold), or raw alone without smoothing."""
     faint = smoothing > 0
-    data.append(_line(*downsample(steps, values), name, dict(color=color, width=1 if faint else 2),
-                      opacity=0.3 if faint else 1.0, **axes))  # fmt: skip
+    data.append(
+        _line(
+            *downsample(steps, values),
+            name,
+            dict(color=color, width=1 if faint else 2),
+            opacity=0.3 if faint else 1.0,
+            **axes,
+        )
+    )
     if faint:
-        data.append(_line(*downsample(steps, ema(values, smoothing)), f"{name} smoothed", dict(color=color, width=2.5),
-                          **axes))  # fmt: skip
+        data.append(
+            _line(*downsample(steps, ema(values, smoothing)), f"{name} smoothed", dict(color=color, width=2.5), **axes)
+        )
 
 
 def reward_figure(
@@ -163,8 +184,9 @@ def reward_figure(
     if steps:
         _smoothed(data, steps, reward, f"{BEFORE} reward", BEFORE_COLOR, smoothing, xaxis="x", yaxis="y")
         x, y = downsample(*series(before, "loss"))
-        data.append(_line(x, y, f"{BEFORE} loss", dict(color=BEFORE_COLOR, width=1), showlegend=False, xaxis="x2",
-                          yaxis="y2"))  # fmt: skip
+        data.append(
+            _line(x, y, f"{BEFORE} loss", dict(color=BEFORE_COLOR, width=1), showlegend=False, xaxis="x2", yaxis="y2")
+        )
     for shown, ((label, records), color) in enumerate(zip(runs, COLORS)):
         top = dict(xaxis="x", yaxis="y")
         steps, reward = series(records, "reward")
@@ -178,18 +200,46 @@ def reward_figure(
             data.append(_line(x, y, name, dict(color=reward_color, width=1.5), **top))
             x, y = downsample(*reward_series(records, name, "eval_"))
             if x:
-                data.append(_line(x, y, f"eval {name}", dict(color=reward_color, dash="dot"), mode="lines+markers",
-                                  marker=dict(size=6), **top))  # fmt: skip
+                data.append(
+                    _line(
+                        x,
+                        y,
+                        f"eval {name}",
+                        dict(color=reward_color, dash="dot"),
+                        mode="lines+markers",
+                        marker=dict(size=6),
+                        **top,
+                    )
+                )
         x, y = downsample(*series(records, "eval_reward"))
         if x:
-            data.append(_line(x, y, f"{label} eval reward", dict(color=color, dash="dot"), mode="lines+markers",
-                              marker=dict(size=7), **top))  # fmt: skip
+            data.append(
+                _line(
+                    x,
+                    y,
+                    f"{label} eval reward",
+                    dict(color=color, dash="dot"),
+                    mode="lines+markers",
+                    marker=dict(size=7),
+                    **top,
+                )
+            )
         x, y = downsample(*series(records, "loss"))
         data.append(_line(x, y, f"{label} loss", dict(color=color, width=1), showlegend=False, xaxis="x2", yaxis="y2"))
         x, y = downsample(*series(records, "eval_loss"))
         if x:
-            data.append(_line(x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers",
-                              showlegend=False, xaxis="x2", yaxis="y2"))  # fmt: skip
+            data.append(
+                _line(
+                    x,
+                    y,
+                    f"{label} eval loss",
+                    dict(color=color, dash="dot"),
+                    mode="lines+markers",
+                    showlegend=False,
+                    xaxis="x2",
+                    yaxis="y2",
+                )
+            )
     return _figure(data, copy.deepcopy(_validated_reward_layout(log_scale)))
 
 
@@ -203,31 +253,56 @@ def metrics_figure(records: Sequence[LogRecord]) -> go.Figure:
         x, y = downsample(*series(records, key))
         axis = "" if col == 1 else str(col)
         if key == "mfu" and records and not y:  # train.py logs none without a known peak: say so, draw no axes
-            layout["annotations"].append(dict(text=NO_MFU, showarrow=False, x=0.5, y=0.5, xref=f"x{axis} domain",
-                                              yref=f"y{axis} domain", font=dict(color="#64748b")))  # fmt: skip
+            layout["annotations"].append(
+                dict(
+                    text=NO_MFU,
+                    showarrow=False,
+                    x=0.5,
+                    y=0.5,
+                    xref=f"x{axis} domain",
+                    yref=f"y{axis} domain",
+                    font=dict(color="#64748b"),
+                )
+            )
             for name in (f"xaxis{axis}", f"yaxis{axis}"):
                 layout[name] = {**layout[name], "visible": False}
         data.append(_line(x, y, title, dict(color=COLORS[0]), showlegend=False, xaxis=f"x{axis}", yaxis=f"y{axis}"))
     if below:
         for panel, (keys, _) in enumerate(below, start=len(METRIC_PANELS) + 1):
-            axes = dict(showlegend=False, xaxis=f"x{panel}", yaxis=f"y{panel}")
+            axes: dict[str, Any] = dict(showlegend=False, xaxis=f"x{panel}", yaxis=f"y{panel}")
             for key, color in zip(keys, COLORS):
                 name = key.replace("_", " ")
                 data.append(_line(*downsample(*series(records, key)), name, dict(color=color), **axes))
                 x, y = downsample(*series(records, f"eval_{key}"))
                 if x:
-                    data.append(_line(x, y, f"eval {name}", dict(color=color, dash="dot"), mode="lines+markers",
-                                      marker=dict(size=6), **axes))  # fmt: skip
+                    data.append(
+                        _line(
+                            x,
+                            y,
+                            f"eval {name}",
+                            dict(color=color, dash="dot"),
+                            mode="lines+markers",
+                            marker=dict(size=6),
+                            **axes,
+                        )
+                    )
     return _figure(data, layout)
 
 
 def second_row(logged: set[str]) -> tuple:
     """The metrics chart's second row for a run that logged these keys: GRPO's answers (and its KL when it has a
-    reference), DPO's or KTO's rewards, or none (SFT)."""
-    if {"reward", "eval_reward"} & logged:
+    reference), a preference run's rewards, or none (SFT)."""
+    family = chart_family(logged)
+    if family == "answers":
         return GRPO_PANELS + ((GRPO_KL_PANEL,) if {"kl", "eval_kl"} & logged else ())
-    preference = next((key for key in PREFERENCE_PANELS if {key, f"eval_{key}"} & logged), None)
-    return PREFERENCE_PANELS[preference] if preference else ()
+    return PREFERENCE_PANELS.get(family or "", ())
+
+
+def chart_family(logged: set[str]) -> str | None:
+    """The chart family of the objective whose record keys the run logged most of (the first in the table's order
+    on a tie: objectives with the same keys share a family); None when it logged none of any (SFT)."""
+    best = max(OBJECTIVES.values(), key=lambda o: len(o.record_keys.keys() & logged))
+    return best.chart if best.record_keys.keys() & logged else None
 
 
 # A live run's charts are redrawn every few seconds: Plotly's validation of every trace and layout
@@ -253,14 +328,20 @@ def _validated_loss_layout(log_scale: bool) -> dict:
 @functools.cache
 def _validated_reward_layout(log_scale: bool) -> dict:
     # The legend at the right: a line per reward would wrap a legend above the chart over its title.
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.68, 0.32], vertical_spacing=0.12,
-                        subplot_titles=["", "Loss (near 0 in GRPO: the reward is the measure)"])  # fmt: skip
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        row_heights=[0.68, 0.32],
+        vertical_spacing=0.12,
+        subplot_titles=["", "Loss (near 0 in GRPO: the reward is the measure)"],
+    )
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_yaxes(type="log" if log_scale else "linear", row=2, col=1)
     fig.update_layout(
-        title="Reward (the answers' mean, summed over grpo.rewards; each reward's mean)", height=520,
+        title="Reward (the answers' mean, summed over grpo.rewards; each reward's mean)",
+        height=520,
         **{**_LAYOUT, "legend": dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02)},
-    )  # fmt: skip
+    )
     return fig.to_plotly_json()["layout"]
 
 

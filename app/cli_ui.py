@@ -66,7 +66,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         print(f"tunedeck ui: unknown preset {args.preset!r}; see `tunedeck presets`", file=sys.stderr)
         return 2
     # The Demo (CPU) button is always on the page, and its estimate reads the built model's config.
-    from tunedeck.backend.demo import ensure_demo
+    from tunedeck.backend.data import ensure_demo
 
     print("tunedeck ui: making sure the demo model and dataset are built (once, about a minute)...", flush=True)
     print(f"tunedeck ui: demo assets in {ensure_demo()}", flush=True)
@@ -119,7 +119,7 @@ def _first_preset() -> str:
     """The preset the page opens on without --preset (app/first_screen.py), said on the console."""
     from tunedeck.app.first_screen import Here, first_preset
     from tunedeck.app.job_tab import ordered_presets
-    from tunedeck.backend.monitor import shared_monitor
+    from tunedeck.backend.machine import shared_monitor
 
     here = Here.of(shared_monitor())
     preset = first_preset(ordered_presets(), here)

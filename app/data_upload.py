@@ -1,16 +1,13 @@
-"""The page's ⬆ Upload data: the files go where runs read them (backend/data_uploads.py) and the job points at them."""
+"""The page's ⬆ Upload data: the files go where runs read them (backend/data/uploads.py) and the job points at them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.backend.bundle_data import plan_data
-from tunedeck.backend.data_uploads import UploadError, dataset_changes, keep_upload
-from tunedeck.backend.fields import Values, spec_from_values
-from tunedeck.backend.render.carried import DATA_CAP_WORDS
-from tunedeck.backend.spec import JobSpec, SpecError
-from tunedeck.backend.untrusted import shown
+from tunedeck.backend.data import UploadError, dataset_changes, keep_upload
+from tunedeck.backend.render import DATA_CAP_WORDS, plan_data
+from tunedeck.backend.spec import JobSpec, SpecError, Values, shown, spec_from_values
 
 COLUMNS_LISTED = 20  # of the first row's columns (up to data_sniff.MAX_COLUMNS), in the notice
 
@@ -62,8 +59,9 @@ def fill_from_upload(
             "No held-out file: no evaluation during training. Upload one together with the training file, or "
             "press **Fix** beside its warning in the problems list to hold out rows of this one."
         )
-    listed = ", ".join(as_text(shown(c)) for c in (columns or [])[:COLUMNS_LISTED])
-    if len(columns or []) > COLUMNS_LISTED:
+    columns = columns or []
+    listed = ", ".join(as_text(shown(c)) for c in columns[:COLUMNS_LISTED])
+    if len(columns) > COLUMNS_LISTED:
         listed += f" and {len(columns) - COLUMNS_LISTED:,} more"
     if found:
         said.append(f"Row format **{found}** (its columns: {listed}).")

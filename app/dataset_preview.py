@@ -3,11 +3,11 @@ max_seq_length cuts; measured again by itself whenever what it depends on change
 
 Reading the data and tokenizing need datasets and transformers, which the panel never imports
 (tests/panel/test_imports.py): a measurement is `python -m tunedeck preview JOB --json --lengths` in a subprocess
-(backend/preview.py), 6-8 s on a 2-core machine, nearly all of it imports. Its rows and each row's token length
+(backend/data/preview.py), 6-8 s on a 2-core machine, nearly all of it imports. Its rows and each row's token length
 stay in MEASUREMENTS, shared by every browser of this panel, under what they depend on (truncation.measure_key:
 the data, its format and columns, the tokenizer). Every job event reads the measurement again for the job as set
 (preview.for_job: milliseconds for 5,000 rows), so a change of max_seq_length, packing or the batch redraws the
-numbers, the truncation warning (backend/truncation.py) and the memory estimate (which uses the longest measured
+numbers, the truncation warning (backend/data/truncation.py) and the memory estimate (which uses the longest measured
 row) without measuring again, and any other field costs nothing. When the data or the tokenizer change, the job
 event asks for a measurement (`wanted`); it runs outside the job queue, so edits go on meanwhile, and when it
 lands (`measured`) the job is evaluated again.
@@ -30,10 +30,8 @@ from tunedeck.app.job_events import JOB_QUEUE, DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates, handler, listen
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.backend.fields import spec_from_values, values_from_form
-from tunedeck.backend.preview import for_job
-from tunedeck.backend.spec import JobSpec, SpecError, spec_to_yaml
-from tunedeck.backend.truncation import measure_key, why_not_measured
+from tunedeck.backend.data import for_job, measure_key, why_not_measured
+from tunedeck.backend.spec import JobSpec, SpecError, spec_from_values, spec_to_yaml, values_from_form
 
 PREVIEW_TIMEOUT_S = 300  # importing datasets and transformers on a busy 2-core machine takes a while
 ROWS_SHOWN = 3
@@ -247,15 +245,35 @@ class DatasetPreview(DerivedView):
             return {self.measured: self.measure(spec, again)}
 
         inputs, outputs = [*view.form.components, self.wanted], [self.measured]
-        listen([self.wanted.change], measure, inputs=inputs, outputs=outputs, trigger_mode="always_last",
-               show_progress="hidden", **MEASURE_QUEUE)  # fmt: skip
-        listen([self.button.click], lambda got: measure(got, again=True), inputs=inputs, outputs=outputs,
-               show_progress="minimal", show_progress_on=[self.text], **MEASURE_QUEUE)  # fmt: skip
+        listen(
+            [self.wanted.change],
+            measure,
+            inputs=inputs,
+            outputs=outputs,
+            trigger_mode="always_last",
+            show_progress="hidden",
+            **MEASURE_QUEUE,
+        )
+        listen(
+            [self.button.click],
+            lambda got: measure(got, again=True),
+            inputs=inputs,
+            outputs=outputs,
+            show_progress="minimal",
+            show_progress_on=[self.text],
+            **MEASURE_QUEUE,
+        )
 
         def open_after_upload(got: Got) -> Updates:
             return {} if str(got[notice] or "").startswith("✗") else {self.section: gr.update(open=True)}
 
         uploaded.then(handler(open_after_upload), inputs={notice}, outputs=[self.section], show_progress="hidden")
         # Quiet, as every other edit: a full tracker would cover the whole form for a moment.
-        listen([self.measured.change], view.on_edit, inputs=view.inputs, outputs=view.outputs,
-               show_progress="hidden", **JOB_QUEUE)  # fmt: skip
+        listen(
+            [self.measured.change],
+            view.on_edit,
+            inputs=view.inputs,
+            outputs=view.outputs,
+            show_progress="hidden",
+            **JOB_QUEUE,
+        )

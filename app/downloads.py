@@ -5,7 +5,7 @@ sub-folder named by the content's hash: the same job is written once, concurrent
 sessions never clash, and no name from the page ever becomes a path.
 
 Each file alone is the file the page shows: what Start runs on this machine. The zip is the
-bundle as it travels (backend/bundle_data.py): the job's small local data files (an upload,
+bundle as it travels (backend/render/bundle_data.py): the job's small local data files (an upload,
 a data file or folder on this machine) ride in its data/ folder, its job.yaml names them
 there, and its README.md lists what stays on this machine.
 """
@@ -25,7 +25,8 @@ from pathlib import Path
 KEEP_BUNDLES = 64  # old bundle folders beyond this are deleted, oldest first
 KEEP_BYTES = 2**30  # and beyond this many bytes in all: a zip may carry up to 50 MiB of data
 KEEP_DATA_ZIPS = 4  # the carried data, zipped once per version of the files (see _data_zip)
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# A plain name, or one folder and a plain name (the recipe package: tunedeck_recipe/__init__.py).
+_SAFE_NAME = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,99}/)?[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")
 
 
 def bundle_digest(files: dict[str, str]) -> str:
@@ -46,7 +47,7 @@ class BundleWriter:
     def write(self, files: dict[str, str], zip_name: str = "tunedeck-bundle.zip") -> tuple[Path, list[Path]]:
         """Write the files and their zip; returns (zip path, file paths in bundle order). The zip carries the job's
         local data (the module's docstring); the files alone are those given."""
-        from tunedeck.backend.bundle_data import carry
+        from tunedeck.backend.render import carry
 
         _check_names([*files, zip_name])
         zipped, plan = carry(files)
@@ -76,8 +77,8 @@ class BundleWriter:
     def _write_files(folder: Path, files: dict[str, str]) -> list[Path]:
         paths = [folder / "files" / name for name in files]
         if not all(path.exists() for path in paths):
-            (folder / "files").mkdir(parents=True, exist_ok=True)
             for path, text in zip(paths, files.values()):
+                path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text, encoding="utf-8")
         folder.touch()
         return paths

@@ -22,7 +22,7 @@ log = logging.getLogger("tunedeck.panel")
 def field_named(path: str) -> str:
     """A field as the page names it: its form label, with its key as a hint ("Learning rate
     (`training.learning_rate`)"); the key alone where the form has no such field (--runs-dir, this machine)."""
-    from tunedeck.backend.fields import FIELDS_BY_PATH
+    from tunedeck.backend.spec import FIELDS_BY_PATH
 
     form_field = FIELDS_BY_PATH.get(path)
     return f"{form_field.label} (`{path}`)" if form_field is not None else (path or "job")
@@ -34,8 +34,7 @@ def user_message(exc: BaseException, markdown: bool = False) -> str:
     `markdown`: for a Markdown surface (the page's notice): the exception's own words, which may quote the input,
     shown as text (app/untrusted_text.py) and the form's keys as code; else plain text (a toast escapes it as HTML).
     """
-    from tunedeck.backend.fields import FIELDS_BY_PATH
-    from tunedeck.backend.spec import SpecError
+    from tunedeck.backend.spec import FIELDS_BY_PATH, SpecError
 
     if markdown and getattr(exc, "markdown", False):  # Markdown already, the input in code spans (app/job_guard.py)
         return str(exc)
@@ -45,13 +44,14 @@ def user_message(exc: BaseException, markdown: bool = False) -> str:
         return field_named(path) if path in FIELDS_BY_PATH else said(path or "job")
 
     if isinstance(exc, SpecError):
-        return "; ".join(f"{named(path)}: {said(msg)}" for path, msg in exc.problems)
-    problems = getattr(exc, "problems", None)  # Start's refusal (backend/preflight.py: refusal)
+        return "; ".join(f"{named(p.field)}: {said(p.message)}" for p in exc.problems)
+    problems = getattr(exc, "problems", None)  # Start's refusal (backend/runs/preflight.py: refusal)
     if type(exc).__name__ == "RunError" and problems:
-        from tunedeck.backend.preflight import refusal_text
+        from tunedeck.backend.runs import refusal_text
 
         problems = [replace(p, message=said(p.message)) for p in problems]
-        return refusal_text(problems, exc.head and said(exc.head), named)
+        head = getattr(exc, "head", None)
+        return refusal_text(problems, head and said(head), named)
     if type(exc).__name__ == "RunError" or isinstance(exc, (ValueError, FileNotFoundError, PermissionError)):
         return said(str(exc))
     return said(f"Unexpected {type(exc).__name__}: {exc}") + " (details are in the panel's console)"

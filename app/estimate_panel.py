@@ -32,10 +32,9 @@ from tunedeck.app.job_events import DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.flops import gpu_row
-from tunedeck.backend.hardware import machine_facts
-from tunedeck.backend.run_speed import Calibration, calibration
-from tunedeck.backend.speed import Hardware, hardware_for
+from tunedeck.backend.estimate import Hardware, hardware_for, machine_facts
+from tunedeck.backend.runs import Calibration, UnreadableJob, calibration
+from tunedeck.backend.spec import JobSpec, gpu_row
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class EstimatePanel(DerivedView):
     def __init__(self, ui: Registry, monitor, runs_dir: Path | None = None):
         self.ui = ui
         self.machine = machine_facts(monitor=monitor)  # the facts `tunedeck validate` uses too
-        self.runs_dir = runs_dir  # where finished runs are, to compare speed predictions with (backend/run_speed.py)
+        self.runs_dir = runs_dir  # where finished runs are, to compare speed predictions with (backend/runs/speed.py)
 
     def build_advice(self) -> None:
         """GPU size, the recommendation and its Apply button (right column)."""
@@ -233,9 +232,10 @@ class EstimatePanel(DerivedView):
             out[self.recommendation] = shown.recommendation
         if shown.applicable != old.applicable:
             out[self.apply] = gr.update(interactive=shown.applicable)
-        if shown.table != old.table:
+        if shown.table != old.table and headers is not None:  # (a table only where there is advice)
             out[self.table] = gr.update(value=rows, headers=headers, column_widths=column_widths(headers))
-        if shown.chart != old.chart:  # the rows' labels are the picker's choices: a new price keeps the pick
+        # The rows' labels are the picker's choices: a new price keeps the pick.
+        if shown.chart != old.chart and advice is not None:
             out[self.figure] = estimate_figure(advice)
             out[self.pick] = gr.update(choices=option_choices(advice), value=None)
         if shown != old:
@@ -282,6 +282,8 @@ class EstimatePanel(DerivedView):
         return advice.recommendation.strategy, advice.recommendation.changes
 
 
-def measured_vs_predicted(job: dict, peaks: dict) -> str:
+def measured_vs_predicted(job: JobSpec | UnreadableJob, peaks: dict) -> str:
     """For the run view: measured peak per rank beside the prediction for the run's job."""
+    if isinstance(job, UnreadableJob):
+        return f"(memory estimate unavailable: {as_text(job.explained())})"
     return measured_markdown(job, peaks)

@@ -15,21 +15,24 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from tunedeck.app.untrusted_text import as_html, as_text
-from tunedeck.backend.advisor import (
+from tunedeck.backend.estimate import (
     FIT_FRACTION,
+    LOAD_TERMS,
+    TERMS,
     Advice,
+    EstimateError,
+    Hardware,
     StrategyEstimate,
     advise,
+    dataset_rows,
+    estimate,
     format_gb,
     gpu_memory_gb,
+    hardware_for,
     limit_sentence,
+    schedule_of,
 )
-from tunedeck.backend.memory import TERMS, estimate
-from tunedeck.backend.memory_job import EstimateError
-from tunedeck.backend.memory_load import LOAD_TERMS
-from tunedeck.backend.spec import JobSpec, SpecError, parse_spec
-from tunedeck.backend.speed import Hardware, dataset_rows, hardware_for, schedule_of
-from tunedeck.backend.untrusted import shown
+from tunedeck.backend.spec import JobSpec, SpecError, parse_spec, shown
 
 HEADERS = [
     "Strategy", "GB per GPU", "Load GB", "Train GB", "Peak in", "Fits",
@@ -41,15 +44,26 @@ ORDER_NOTE = (
     "(without a prediction, the guides' order: no sharding, then weight sharding, then offload, then 4-bit); "
     "the recommendation is the fastest that fits."
 )
-# The predicted speed of each strategy (backend/speed.py), after the memory columns; Cost only once a price is given.
+# The predicted speed of each strategy (backend/estimate/speed.py), after the memory columns; Cost only once a price is given.
 SPEED_HEADERS = ["Step s", "Tok/s/GPU", "Hours", "Cost"]  # short: the table must read at 1280 px
 COST = "Cost"
 # The width of each column but the first; the Strategy column takes what they leave of 100%, so the table
 # fills its width with or without the Cost column and headers wrap at most at their words.
 WIDTHS = {
-    "GB per GPU": 7, "Load GB": 6, "Train GB": 6, "Peak in": 7, "Fits": 5, "Host RAM GB": 7, "NVMe GB": 6,
-    "Largest term": 11, "Speed": 5, "Step s": 6, "Tok/s/GPU": 8, "Hours": 5, COST: 5,
-}  # fmt: skip
+    "GB per GPU": 7,
+    "Load GB": 6,
+    "Train GB": 6,
+    "Peak in": 7,
+    "Fits": 5,
+    "Host RAM GB": 7,
+    "NVMe GB": 6,
+    "Largest term": 11,
+    "Speed": 5,
+    "Step s": 6,
+    "Tok/s/GPU": 8,
+    "Hours": 5,
+    COST: 5,
+}
 # What a price box takes (the bound `tunedeck estimate --price-per-gpu-hour` checks too).
 PRICE_MAX = 1e6
 
@@ -59,7 +73,7 @@ def table_headers(priced: bool) -> list[str]:
     return HEADERS + [h for h in SPEED_HEADERS if priced or h != COST]
 
 
-def column_widths(headers: list[str]) -> list[str]:
+def column_widths(headers: list[str]) -> list[str | int]:
     """One width per column of `headers`, summing to 100%."""
     rest = [WIDTHS[h] for h in headers[1:]]
     return [f"{100 - sum(rest)}%", *(f"{w}%" for w in rest)]
@@ -322,7 +336,8 @@ def _speed_markdown(advice: Advice) -> str:
         text += f", about {s.hours:.1f} h to finish ({as_text(s.steps_source)})"
     price = hw.price_per_gpu_hour
     if price is not None and s.cost is not None:
-        gpus = round(s.cost / (s.hours * price)) if s.cost else None  # the cost is hours x price x every GPU
+        # The cost is hours x price x every GPU.
+        gpus = round(s.cost / (s.hours * price)) if s.cost and s.hours else None
         every = f" × {gpus} GPUs" if gpus and gpus > 1 else ""
         text += f"; **about {s.cost:,.2f} in all** at {price:g} per GPU-hour{every}"
     elif price is not None:

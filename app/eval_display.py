@@ -9,9 +9,7 @@ import plotly.graph_objects as go
 
 from tunedeck.app.charts import waiting_figure
 from tunedeck.app.untrusted_text import as_html, as_text, code_span
-from tunedeck.backend.eval_answers import answers_table
-from tunedeck.backend.eval_data import EvalDataError, seen_warning
-from tunedeck.backend.eval_results import order_key, table_rows
+from tunedeck.backend.after import EvalDataError, answers_table, order_key, seen_warning, table_rows
 
 ANSWER_CHARS = 240  # of an answer in its cell: up to 256 new tokens for a prompt without the data's answer
 EVAL_HEADERS = [
@@ -33,7 +31,7 @@ def answers_shown(answers: dict[str, list[dict]], show: str) -> dict:
     return {"after.answers": {"headers": headers, "data": rows}, "after.answers_note": line}
 
 
-def answers_widths(columns: int) -> list[str]:
+def answers_widths(columns: int) -> list[str | int]:
     """#, the prompt and the data's answer keep their width; the models' answers share the rest (without widths
     of its own, a long answer would squeeze the data's answer to a letter and push the next model out of sight)."""
     models = columns - 3
@@ -42,7 +40,7 @@ def answers_widths(columns: int) -> list[str]:
 
 def refused(exc: Exception) -> str:
     """The Evaluate status line for what stopped an evaluation: the page's words where the error has them
-    (backend/eval_data.py: EvalDataError), as text."""
+    (backend/after/eval_data.py: EvalDataError), as text."""
     said = exc.said("page") if isinstance(exc, EvalDataError) else str(exc)
     return f"✗ {as_text(said)}"
 
@@ -103,8 +101,10 @@ def eval_figure(data: dict) -> go.Figure:
                 marker_color=color,
             )
     figure.update_layout(
-        template="plotly_white", margin=dict(l=50, r=50, t=30, b=40), legend=dict(orientation="h", y=1.08),
-        yaxis=dict(title="loss"), yaxis2=dict(title="share of answers or pairs", overlaying="y", side="right",
-                                              range=[0, 1]),
-    )  # fmt: skip
+        template="plotly_white",
+        margin=dict(l=50, r=50, t=30, b=40),
+        legend=dict(orientation="h", y=1.08),
+        yaxis=dict(title="loss"),
+        yaxis2=dict(title="share of answers or pairs", overlaying="y", side="right", range=[0, 1]),
+    )
     return figure

@@ -3,7 +3,7 @@
 What stops an evaluation is said in its own status line, in the page's words and with the fix
 (a run without held-out rows: pick or upload an evaluation file, or evaluate on rows of its
 training file), not in a toast; an evaluation file that is the training file is a warning there
-as soon as it is picked (backend/eval_data.py).
+as soon as it is picked (backend/after/eval_data.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tunedeck.app.after_events import shown, streamed, uploaded
 from tunedeck.app.after_view import USER_ERRORS, AfterView
 from tunedeck.app.eval_display import ANSWER_CHARS, EVAL_HEADERS, answers_widths, refused
 from tunedeck.app.registry import Got, Updates, listen
-from tunedeck.backend.eval_answers import SHOW
+from tunedeck.backend.after import SHOW
 
 ANSWERS_OUT = ("after.answers", "after.answers_note", "after.answers_file")
 TRAINING_ROWS = 50  # rows of the training file the page offers to evaluate on
@@ -25,35 +25,77 @@ TRAINING_ROWS = 50  # rows of the training file the page offers to evaluate on
 def build_evaluate(add) -> None:
     gr.Markdown("### Evaluate", elem_id="after-eval-title")
     with gr.Row():
-        add("after.eval_scope", gr.Radio([("final adapter and base", "final"), ("base and every checkpoint", "all")],
-                                         value="final", label="Models", elem_id="after-eval-scope"))  # fmt: skip
-        add("after.eval_data", gr.File(label="Evaluation data, or prompts alone to answer (default: the run's eval split)",
-                                       type="filepath",
-                                       file_types=[".jsonl", ".json", ".csv", ".parquet"], height=130, scale=2,
-                                       elem_id="after-eval-data"))  # fmt: skip
+        add(
+            "after.eval_scope",
+            gr.Radio(
+                [("final adapter and base", "final"), ("base and every checkpoint", "all")],
+                value="final",
+                label="Models",
+                elem_id="after-eval-scope",
+            ),
+        )
+        add(
+            "after.eval_data",
+            gr.File(
+                label="Evaluation data, or prompts alone to answer (default: the run's eval split)",
+                type="filepath",
+                file_types=[".jsonl", ".json", ".csv", ".parquet"],
+                height=130,
+                scale=2,
+                elem_id="after-eval-data",
+            ),
+        )
         with gr.Column(min_width=160):
-            add("after.eval_limit", gr.Number(0, label="examples (0: all)", precision=0, minimum=0,
-                                              elem_id="after-eval-limit"))  # fmt: skip
+            add(
+                "after.eval_limit",
+                gr.Number(0, label="examples (0: all)", precision=0, minimum=0, elem_id="after-eval-limit"),
+            )
             add("after.evaluate", gr.Button("Evaluate", variant="primary", elem_id="after-evaluate"))
         with gr.Column(min_width=160):
-            add("after.training_rows", gr.Number(TRAINING_ROWS, label="rows of the training file (seen in training)",
-                                                 precision=0, minimum=1, elem_id="after-training-rows"))  # fmt: skip
+            add(
+                "after.training_rows",
+                gr.Number(
+                    TRAINING_ROWS,
+                    label="rows of the training file (seen in training)",
+                    precision=0,
+                    minimum=1,
+                    elem_id="after-training-rows",
+                ),
+            )
             add("after.evaluate_training", gr.Button("Evaluate on training rows", elem_id="after-evaluate-training"))
     add("after.eval_status", gr.Markdown(elem_id="after-eval-status"))
     with gr.Row():
         add("after.eval_table", gr.Dataframe(headers=EVAL_HEADERS, interactive=False, elem_id="after-eval-table"))
         add("after.eval_chart", gr.Plot(label="loss and exact match", show_label=False, elem_id="after-eval-chart"))
     with gr.Row(equal_height=True):
-        add("after.answers_show", gr.Radio([(label, key) for key, label in SHOW.items()], value="all",
-                                           label="Each answer of the last evaluation", scale=4,
-                                           elem_id="after-answers-show"))  # fmt: skip
-        add("after.answers_file", gr.DownloadButton("⬇ Answers (.jsonl)", interactive=False, scale=1,
-                                                    elem_id="after-answers-file"))  # fmt: skip
+        add(
+            "after.answers_show",
+            gr.Radio(
+                [(label, key) for key, label in SHOW.items()],
+                value="all",
+                label="Each answer of the last evaluation",
+                scale=4,
+                elem_id="after-answers-show",
+            ),
+        )
+        add(
+            "after.answers_file",
+            gr.DownloadButton("⬇ Answers (.jsonl)", interactive=False, scale=1, elem_id="after-answers-file"),
+        )
     add("after.answers_note", gr.Markdown(elem_id="after-answers-note"))
     # A long answer is cut in its cell (the download has it whole); shown() gives each column its width.
-    add("after.answers", gr.Dataframe(headers=["#", "prompt", "the data's answer"], interactive=False, wrap=True,
-                                      max_height=420, max_chars=ANSWER_CHARS, column_widths=answers_widths(3),
-                                      elem_id="after-answers"))  # fmt: skip
+    add(
+        "after.answers",
+        gr.Dataframe(
+            headers=["#", "prompt", "the data's answer"],
+            interactive=False,
+            wrap=True,
+            max_height=420,
+            max_chars=ANSWER_CHARS,
+            column_widths=answers_widths(3),
+            elem_id="after-answers",
+        ),
+    )
 
 
 def wire_evaluate(ui, view: AfterView) -> None:
@@ -61,8 +103,13 @@ def wire_evaluate(ui, view: AfterView) -> None:
 
     def evaluating(got: Got, **source) -> Iterator[Updates]:
         limit = got[ui["after.eval_limit"]]
-        for updates in view.evaluate(got[run], got[ui["after.eval_scope"]], limit=int(limit) if limit else None,
-                                     show=got[ui["after.answers_show"]], **source):  # fmt: skip
+        for updates in view.evaluate(
+            got[run],
+            got[ui["after.eval_scope"]],
+            limit=int(limit) if limit else None,
+            show=got[ui["after.answers_show"]],
+            **source,
+        ):
             yield shown(ui, updates)
 
     @streamed
@@ -82,8 +129,15 @@ def wire_evaluate(ui, view: AfterView) -> None:
     ids = ("after.eval_scope", "after.eval_data", "after.eval_limit", "after.answers_show", "after.training_rows")
     eval_in = {run, *(ui[i] for i in ids)}
     for button, handler in (("after.evaluate", on_evaluate), ("after.evaluate_training", on_evaluate_training)):
-        gr.on([ui[button].click], handler, inputs=eval_in, outputs=eval_out, show_progress="minimal",
-              show_progress_on=[ui[button]], concurrency_id="after-evaluate")  # fmt: skip
+        gr.on(
+            [ui[button].click],
+            handler,
+            inputs=eval_in,
+            outputs=eval_out,
+            show_progress="minimal",
+            show_progress_on=[ui[button]],
+            concurrency_id="after-evaluate",
+        )
 
     def on_eval_data(got: Got) -> Updates:  # a file just picked: is it the training file?
         try:
@@ -96,5 +150,10 @@ def wire_evaluate(ui, view: AfterView) -> None:
     def on_answers_show(got: Got) -> Updates:  # another filter of the same answers
         return shown(ui, view.answers_view(got[run], got[ui["after.answers_show"]])) if got[run] else {}
 
-    listen([ui["after.answers_show"].input], on_answers_show, [run, ui["after.answers_show"]],
-           [ui["after.answers"], ui["after.answers_note"], ui["after.answers_file"]], show_progress="hidden")  # fmt: skip
+    listen(
+        [ui["after.answers_show"].input],
+        on_answers_show,
+        [run, ui["after.answers_show"]],
+        [ui["after.answers"], ui["after.answers_note"], ui["after.answers_file"]],
+        show_progress="hidden",
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
-from tunedeck.backend.hardware import Machine, machine_facts
+from tunedeck.backend.estimate import Machine, machine_facts
 from tunedeck.backend.spec import Preset
 
 DEMO = "demo"  # the preset that trains on the CPU in about a minute
@@ -42,7 +42,7 @@ class Here:
 def runs_here(preset: Preset, here: Here) -> bool:
     """Whether the preset's job, as written, runs on this machine's GPUs (a CPU preset: never by this rule)."""
     from tunedeck.app.estimate_view import compute_advice
-    from tunedeck.backend.advisor import Advice
+    from tunedeck.backend.estimate import Advice
 
     hw = preset.hardware
     if not here.gpus or hw is None or not hw.gpus:

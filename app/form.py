@@ -13,13 +13,15 @@ draws as an outline, and its problem in place of its help; its section's tab cou
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import gradio as gr
+from gradio.components import Component
 
 from tunedeck.app.registry import Got, Registry
-from tunedeck.backend.fields import (
+from tunedeck.backend.spec import (
     FORM_FIELDS,
     FormField,
     Values,
@@ -53,8 +55,17 @@ def info_text(field: FormField, says: str | None = None) -> str:
     return f"{says or field.help} `{field.path}`"
 
 
-def _component(field: FormField, value: Any) -> gr.components.Component:
-    common = dict(label=field.label, info=info_text(field), elem_id=element_id(field.path), interactive=True)
+class _Common(TypedDict):
+    """What every field's component gets, whatever its widget."""
+
+    label: str
+    info: str
+    elem_id: str
+    interactive: bool
+
+
+def _component(field: FormField, value: Any) -> Component:
+    common = _Common(label=field.label, info=info_text(field), elem_id=element_id(field.path), interactive=True)
     if field.kind == "bool":
         return gr.Checkbox(value=value, **common)
     if field.kind == "choice":
@@ -75,7 +86,7 @@ def field_id(path: str) -> str:
 
 @dataclass
 class Form:
-    components: list[gr.components.Component]  # in FORM_FIELDS order
+    components: list[Component]  # in FORM_FIELDS order
     section_tabs: dict[str, gr.Tab]
     advanced: dict[str, gr.Accordion] = field(default_factory=dict)  # section title -> its Advanced accordion
 
@@ -97,7 +108,7 @@ def jump_targets() -> dict[str, list]:
     }
 
 
-def advanced_shown(values: Values, marked: set[str] = frozenset()) -> dict[str, int]:
+def advanced_shown(values: Values, marked: Set[str] = frozenset()) -> dict[str, int]:
     """{section title: how many of its Advanced fields show for this job}: as job_view shows a field, one that
     applies or holds a value where it does not (fields.visible), or has a problem (`marked`)."""
     counts: dict[str, int] = {}
@@ -120,7 +131,7 @@ def _grid(ui: Registry, fields: list[FormField], initial: dict[str, Any], out: d
 
 def build_form(initial: dict[str, Any], ui: Registry) -> Form:
     """Render the form inside the current Blocks context; `initial` holds widget values by path."""
-    components: dict[str, gr.components.Component] = {}
+    components: dict[str, Component] = {}
     tabs: dict[str, gr.Tab] = {}
     accordions: dict[str, gr.Accordion] = {}
     counts = advanced_shown(values_from_form([initial.get(f.path) for f in FORM_FIELDS]))

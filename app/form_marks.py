@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from tunedeck.app.form import element_id, info_text, jump_targets
 from tunedeck.app.untrusted_text import as_info
-from tunedeck.backend.fields import FIELDS_BY_PATH, section_titles
-from tunedeck.backend.problem import Problem
+from tunedeck.backend.spec import FIELDS_BY_PATH, Problem, section_titles
 
 MAX_FIXES = 6  # Fix buttons on the page; a job with more fixable problems shows the first ones
 

@@ -16,9 +16,7 @@ from tunedeck.app.job_guard import DOWNLOAD_JS, NotShownYet, spec_as_shown
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates, handler, listen, unique
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.bundle_data import carry
-from tunedeck.backend.render import render_bundle
-from tunedeck.backend.render.carried import DataPlan
+from tunedeck.backend.render import DataPlan, carry, render_bundle
 from tunedeck.backend.spec import SpecError
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from tunedeck.app.form_marks import FieldLook
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Updates
-from tunedeck.backend.fields import Values
+from tunedeck.backend.spec import Values
 
 # Rule 1 of app/job_view.py: one first-in-first-out lane for every event that touches the job outputs.
 JOB_QUEUE = {"concurrency_id": "job-view", "concurrency_limit": 1}

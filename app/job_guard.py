@@ -13,10 +13,8 @@ from __future__ import annotations
 from tunedeck.app.downloads import bundle_digest
 from tunedeck.app.job_events import JobShown
 from tunedeck.app.untrusted_text import code_span
-from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values, values_from_form
-from tunedeck.backend.problem import spelled
 from tunedeck.backend.render import render_bundle
-from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.spec import FIELDS_BY_PATH, JobSpec, Values, spec_from_values, spelled, values_from_form
 
 
 class NotShownYet(ValueError):

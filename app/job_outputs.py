@@ -5,10 +5,10 @@ batch and the memory advice all come from the same JobSpec, so they can never di
 and the strategies are compared once per keystroke (the one `Advice` that the estimate's
 text, table, chart and Apply read). Pure Python (no Gradio), so it is tested directly.
 
-The problems include everything Start would refuse on (backend/preflight.py, for `here`, this
+The problems include everything Start would refuse on (backend/runs/preflight.py, for `here`, this
 machine): a local model folder or data file that does not exist, no GPU for a GPU job, ... so
 "No problems" is never shown beside a job that Start refuses. They cost stat calls, not reads:
-a data file's first rows are read once per version of the file (backend/preflight_inputs.py).
+a data file's first rows are read once per version of the file (backend/runs/preflight_inputs.py).
 """
 
 from __future__ import annotations
@@ -16,27 +16,29 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tunedeck.app.estimate_view import Unavailable, compute_advice
 from tunedeck.app.form_marks import problem_link
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.advisor import Advice
-from tunedeck.backend.data_uploads import held_out_offer
-from tunedeck.backend.fields import FIELDS_BY_PATH, Values, spec_from_values
-from tunedeck.backend.fit import fit_problems
-from tunedeck.backend.preflight import needs_gpus_here, preflight
-from tunedeck.backend.problem import refuses_start
-from tunedeck.backend.run_speed import Calibration
-from tunedeck.backend.runs import RunManager, RunStatus
-from tunedeck.backend.spec import JobSpec, SpecError, spec_from_yaml
-from tunedeck.backend.speed import Hardware
-from tunedeck.backend.truncation import measured_facts, measured_lengths
-from tunedeck.backend.untrusted import shown
+from tunedeck.backend.data import held_out_offer, measured_facts, measured_lengths
+from tunedeck.backend.estimate import Advice, Hardware, fit_problems
+from tunedeck.backend.recipe import STRATEGIES
+from tunedeck.backend.runs import Calibration, RunManager, RunStatus, needs_gpus_here
+from tunedeck.backend.runs import preflight_problems as preflight
+from tunedeck.backend.spec import (
+    FIELDS_BY_PATH,
+    JobSpec,
+    SpecError,
+    Values,
+    refuses_start,
+    shown,
+    spec_from_values,
+    spec_from_yaml,
+)
 from tunedeck.backend.validate import Problem, has_errors, validate
-from tunedeck.backend.vocabulary import STRATEGIES
 
 UPLOAD_LIMIT_BYTES = 256 * 1024
 _PLAIN_FIELD = re.compile(r"[A-Za-z0-9_.]+")  # every spec field; an unknown key from a file may hold anything
@@ -50,7 +52,7 @@ class ThisMachine:
 
     def __init__(self, runs_dir: Path, monitor: Any):
         self.runs_dir = Path(runs_dir).resolve()
-        self.monitor = monitor  # backend/monitor.py's Monitor: NVML's GPUs, found once
+        self.monitor = monitor  # backend/machine/monitor.py's Monitor: NVML's GPUs, found once
         self._runs: tuple[float, list[RunStatus]] = (-1e9, [])
         self._lock = threading.Lock()
 
@@ -64,7 +66,7 @@ class ThisMachine:
             return self._runs[1]
 
     def problems(self, spec: JobSpec) -> list[Problem]:
-        """What Start would refuse on beyond the job's rules, checked on this machine (backend/preflight.py)."""
+        """What Start would refuse on beyond the job's rules, checked on this machine (backend/runs/preflight.py)."""
         gpus = self.gpus()
         runs = self.runs() if needs_gpus_here(spec) and gpus else None
         offer = held_out_offer(spec, self.runs_dir)  # an upload with nothing held out: its Fix holds rows out
@@ -106,7 +108,7 @@ def evaluate(
     here: ThisMachine | None = None,
 ) -> JobResult:
     """Everything the page derives from the form's values; the memory advice for a GPU of `gpu_text`
-    and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/fit.py).
+    and host RAM of `ram_text` (empty: not checked), and whether the job fits them (backend/estimate/fit.py).
     `measured`: the dataset preview's measurements by what they depend on (app/dataset_preview.py), used while
     one is this job's data's;
     `correction`: the speed correction from your runs, 1 when not applied; `hardware`: the GPU speed is
@@ -118,7 +120,7 @@ def evaluate(
     try:
         spec = spec_from_values(values)
     except SpecError as exc:
-        return JobResult(values, None, [Problem("error", path, msg) for path, msg in exc.problems])
+        return JobResult(values, None, list(exc.problems))
     issues = validate(spec)
     if here is not None and not has_errors(issues):  # the same rule as `tunedeck validate` and Start
         try:
@@ -132,8 +134,8 @@ def evaluate(
         files = {}
         issues.append(Problem("error", "", f"the files could not be generated: {type(exc).__name__}: {exc}"))
     seq_len, cut = measured_facts(spec, measured)  # the preview's lengths, while they are this job's data
-    issues += cut  # rows cut at max_seq_length (backend/truncation.py)
-    lengths = measured_lengths(spec, measured)  # and how its rows fill a batch (backend/speed_data.py)
+    issues += cut  # rows cut at max_seq_length (backend/data/truncation.py)
+    lengths = measured_lengths(spec, measured)  # and how its rows fill a batch (backend/estimate/speed_data.py)
     advice = (
         None if gpu_text is None else compute_advice(spec, gpu_text, ram_text, hardware, seq_len, correction, lengths)
     )
@@ -176,12 +178,10 @@ def _problem_lines(issues: list[Problem]) -> list[str]:
 
 def batch_markdown(values: Values) -> str:
     """Global batch = per-device batch x processes x accumulation, stated with its factors."""
-    per_device = values.get("training.per_device_train_batch_size")
-    processes = values.get("launch.num_processes")
-    accumulation = values.get("training.gradient_accumulation_steps")
-    # The bound is above each factor's own (4096, 65536, 4096): a value past it is an error anyway,
-    # and a product of 5,000-digit numbers cannot even be printed.
-    if not all(isinstance(v, int) and 0 < v <= 2**20 for v in (per_device, processes, accumulation)):
+    per_device = _factor(values.get("training.per_device_train_batch_size"))
+    processes = _factor(values.get("launch.num_processes"))
+    accumulation = _factor(values.get("training.gradient_accumulation_steps"))
+    if per_device is None or processes is None or accumulation is None:
         return "**Global batch:** (fix the batch fields to see it)"
     per_sequence = _gpus_per_sequence(values)
     readers = f"{processes} processes"
@@ -199,11 +199,23 @@ def batch_markdown(values: Values) -> str:
     )
 
 
+def _factor(value: Any) -> int | None:
+    """A batch factor the line can state: an int in 1..2**20, else None. The bound is above each factor's own (4096,
+    65536, 4096): a value past it is an error anyway, and a product of 5,000-digit numbers cannot even be printed."""
+    return value if isinstance(value, int) and 0 < value <= 2**20 else None
+
+
 def _gpus_per_sequence(values: Values) -> int:
     """strategy.sequence_parallel where it applies and divides the processes (else validation says why), or 1."""
     per_sequence, processes = values.get("strategy.sequence_parallel"), values.get("launch.num_processes")
-    strategy = STRATEGIES.get(values.get("strategy.kind"))
-    if strategy and strategy.is_deepspeed and isinstance(per_sequence, int) and 1 < per_sequence <= processes:
+    strategy = STRATEGIES.get(values.get("strategy.kind", ""))
+    if (
+        strategy
+        and strategy.is_deepspeed
+        and isinstance(per_sequence, int)
+        and isinstance(processes, int)
+        and 1 < per_sequence <= processes
+    ):
         return per_sequence if processes % per_sequence == 0 else 1
     return 1
 
@@ -228,6 +240,6 @@ def read_uploaded_spec(path: str | None) -> tuple[str, JobSpec | None]:
     try:
         spec = spec_from_yaml(text)
     except SpecError as exc:
-        lines = _problem_lines([Problem("error", p or "job", m) for p, m in exc.problems])
+        lines = _problem_lines([replace(p, field=p.field or "job") for p in exc.problems])
         return f"✗ **{name}** was not loaded; the form is unchanged:\n" + "\n".join(lines), None
     return f"Loaded **{name}**.", spec

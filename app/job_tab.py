@@ -22,14 +22,25 @@ from tunedeck.app.job_events import JobEvent
 from tunedeck.app.job_outputs import ThisMachine, read_uploaded_spec
 from tunedeck.app.job_view import JOB_QUEUE, JobView
 from tunedeck.app.model_access import ModelAccessNote
+from tunedeck.app.oom_offer import job_with_offer
+from tunedeck.app.run_shown import RunShown
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.data_uploads import SUFFIXES as DATA_SUFFIXES
-from tunedeck.backend.fields import FORM_FIELDS, spec_from_values, values_from_form, values_from_spec
-from tunedeck.backend.implied import describe, implied
-from tunedeck.backend.problem import spelled
+from tunedeck.backend.data import SUFFIXES as DATA_SUFFIXES
 from tunedeck.backend.render import render_bundle
-from tunedeck.backend.spec import JobSpec, Preset, load_presets, set_paths
+from tunedeck.backend.spec import (
+    FORM_FIELDS,
+    JobSpec,
+    Preset,
+    describe,
+    load_presets,
+    set_paths,
+    spec_from_values,
+    spelled,
+    values_from_form,
+    values_from_spec,
+)
+from tunedeck.backend.spec import apply_implied as implied
 
 # Presets in the order a newcomer reads them: the runnable demo, then growing model sizes.
 PRESET_ORDER = ("demo", "7b-lora-ddp", "7b-full-zero2", "13b-lora-fsdp", "70b-qlora-zero3", "70b-qlora-fsdp")
@@ -67,10 +78,14 @@ class JobTab(Section):
             self.upload_data = add(
                 "job.upload_data",
                 gr.UploadButton(
-                    "⬆ Upload data", file_types=list(DATA_SUFFIXES), file_count="multiple", size="sm",
-                    elem_id="upload-data", min_width=100,
+                    "⬆ Upload data",
+                    file_types=list(DATA_SUFFIXES),
+                    file_count="multiple",
+                    size="sm",
+                    elem_id="upload-data",
+                    min_width=100,
                 ),
-            )  # fmt: skip
+            )
 
     def build(self, page: Page) -> None:
         initial = values_from_spec(self.initial)
@@ -121,7 +136,22 @@ class JobTab(Section):
         view.wire_fill(self.estimate.apply.click, self.apply, notice)
         view.wire_fill(self.estimate.apply_pick.click, self.apply_picked, notice, reads=(self.estimate.pick,))
         self.preview.wire(view, uploaded, notice)
+        if "run.next_strategy" in page.ui:  # the Run tab's offer after a run ran out of memory
+            shown = page.ui["run.shown"]
+            view.wire_fill(
+                page.ui["run.next_strategy"].click, lambda event: self.next_strategy(event.got[shown]), notice, (shown,)
+            )
+            page.ui["run.next_strategy"].click(None, js="() => document.getElementById('tab-job-button')?.click()")
         page.on_load(view.on_load, inputs=view.inputs, outputs=view.outputs, **JOB_QUEUE)
+
+    def next_strategy(self, shown: RunShown):
+        """The Run tab's "Load the job with ...": the run's own job with the advisor's next strategy after it ran out
+        of memory (app/oom_offer.py)."""
+        job, said, changes = job_with_offer(self.runs_dir, shown)
+        if job is None:
+            return None, said
+        spec, notice = applied(job, said, changes)
+        return spec, f"Loaded the job of run `{shown.run}`. {notice} Check the estimate, then press **Start run**."
 
     def apply(self, event: JobEvent):
         """Apply: the recommendation's changes for the job the form holds."""
@@ -148,7 +178,7 @@ class JobTab(Section):
         return applied(spec, strategy, changes)
 
 
-def applied(spec: JobSpec, strategy: str, changes: dict) -> tuple[JobSpec, str]:
+def applied(spec: JobSpec, strategy: str | None, changes: dict) -> tuple[JobSpec, str]:
     """The job with `changes` and what they imply (the rules an edit in the form follows), and the notice that
     lists both: applying FSDP to a QLoRA job leaves no warning for Apply to cause."""
     _, also = implied({**values_from_spec(spec), **changes}, set(changes))

@@ -29,7 +29,7 @@ job's files under the preset's form (7 of 20 fresh panels, issue 8). Three rules
    mismatch, naming the fields it has not shown yet, and has them recomputed (app/job_guard.py).
 
 Two kinds of events change fields for the person, and both are fills (rule 2): an edit whose
-choice implies other fields (backend/implied.py: choosing QLoRA sets 4-bit NF4) writes them
+choice implies other fields (backend/spec/implied.py: choosing QLoRA sets 4-bit NF4) writes them
 and says so in the notice, and a Fix button applies its problem's fix (Problem.fix).
 """
 
@@ -39,6 +39,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import PurePath
+from typing import Literal
 
 import gradio as gr
 
@@ -48,22 +49,25 @@ from tunedeck.app.form_marks import MAX_FIXES, field_looks, fix_choices, tab_lab
 from tunedeck.app.job_downloads import BundleDownloads
 from tunedeck.app.job_events import JOB_QUEUE, DerivedView, JobEvent, JobShown
 from tunedeck.app.job_guard import RECOMPUTING
-from tunedeck.app.job_outputs import JobResult, batch_markdown, evaluate, issues_markdown
+from tunedeck.app.job_outputs import JobResult, ThisMachine, batch_markdown, evaluate, issues_markdown
 from tunedeck.app.registry import Got, Registry, Updates, listen
 from tunedeck.app.untrusted_text import code_span
-from tunedeck.backend.fields import (
+from tunedeck.backend.spec import (
     FORM_FIELDS,
+    JobSpec,
+    SpecError,
+    describe,
     section_shown,
+    set_paths,
     spec_from_values,
+    spelled,
     values_from_form,
     values_from_spec,
     visible,
 )
-from tunedeck.backend.implied import describe, implied
-from tunedeck.backend.problem import spelled
-from tunedeck.backend.spec import JobSpec, SpecError, set_paths
+from tunedeck.backend.spec import apply_implied as implied
 
-LANGUAGES = {
+LANGUAGES: dict[str, Literal["yaml", "json", "shell", "python", "markdown"]] = {  # gr.Code's names
     ".yaml": "yaml",
     ".yml": "yaml",
     ".json": "json",
@@ -78,7 +82,7 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def language_of(name: str) -> str | None:
+def language_of(name: str) -> Literal["yaml", "json", "shell", "python", "markdown"] | None:
     return LANGUAGES.get(PurePath(name).suffix)
 
 
@@ -90,7 +94,7 @@ class JobView:
         self.downloads = BundleDownloads(ui, writer)
         self.derived: list[DerivedView] = []
         self.notice = None  # the page's notice line (set before wire): says what an edit set for the person
-        self.here = None  # this machine's checks (job_outputs.ThisMachine): what Start refuses on, shown live
+        self.here: ThisMachine | None = None  # this machine's checks: what Start refuses on, shown live
 
     # ------------------------------------------------------------ layout
 
@@ -116,9 +120,15 @@ class JobView:
             )
             self.downloads.build_button()  # guarded as Start is (app/job_downloads.py)
         with gr.Accordion("Sweep: one run per value, queued one after another", open=False, elem_id="sweep"):
-            self.vary = add("job.vary", gr.Textbox(label="Vary: a field per line, then = and its values",
-                                                   placeholder="training.learning_rate=1e-4,2e-4\nlora.r=8,16", lines=2,
-                                                   elem_id="sweep-vary"))  # fmt: skip
+            self.vary = add(
+                "job.vary",
+                gr.Textbox(
+                    label="Vary: a field per line, then = and its values",
+                    placeholder="training.learning_rate=1e-4,2e-4\nlora.r=8,16",
+                    lines=2,
+                    elem_id="sweep-vary",
+                ),
+            )
             self.sweep_preview = add("job.sweep_preview", gr.Markdown(elem_id="sweep-preview"))
             self.sweep = add("job.sweep", gr.Button("⇥ Queue the sweep", elem_id="queue-sweep", interactive=False))
         # Rules 2 and 3 of the module docstring: what the browser has applied, sent back with every event.

@@ -2,7 +2,7 @@
 
 Every Gradio event costs the browser far more than its answer (an empty tick of the Run tab: about
 60 ms of Chromium's CPU, bench/bench_run_tab.py), and on a machine that also trains, that CPU is taken
-from the run. So the Run tab's Gradio timer ticks every 5 s (run_view.TICK_S) for the state line,
+from the run. So the Run tab's Gradio timer ticks every 5 s (run_shown.TICK_S) for the state line,
 charts and log, and the progress bar (step, elapsed time, ETA) follows the run through one
 server-sent event stream: the panel looks at the run every POLL_S and sends the bar when it changed,
 and the page writes it (a text and a width). A stream, not a poll: a fetch every half second cost
@@ -26,9 +26,7 @@ from starlette.routing import Route
 
 from tunedeck.app.run_state_line import progress_bar
 from tunedeck.app.run_watch import RunWatches
-from tunedeck.backend.run_startup import live_phase
-from tunedeck.backend.run_summary import summarize
-from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.runs import RunError, RunManager, live_phase, summarize
 
 PATH = "/tunedeck/run-progress"
 REFRESH_ID = "run-refresh"  # the Run tab's hidden button that the page presses (run_view.py)

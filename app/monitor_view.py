@@ -21,10 +21,10 @@ from plotly.subplots import make_subplots
 from tunedeck.app.registry import Got, Updates
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_html
-from tunedeck.backend.monitor import GpuSample, Monitor, Sample
+from tunedeck.backend.machine import GpuSample, Monitor, Sample
 
 SPARK_SAMPLES = 120  # two minutes at one sample a second
-TICK_S = 1.0  # backend/monitor.py samples once a second
+TICK_S = 1.0  # backend/machine/monitor.py samples once a second
 SPARK_EVERY_S = 5.0  # the sparklines span two minutes: five seconds late is a 4% shift
 
 
@@ -109,7 +109,7 @@ def sparklines(history: list[Sample]) -> go.Figure:
     rows = (len(titles) + 1) // 2
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, vertical_spacing=0.5 / max(rows, 1))
     seconds = [s.time - history[-1].time for s in history] if history else []
-    series = [
+    series: list[list[float | None]] = [  # None: a GPU the sample did not see
         [s.cpu_percent for s in history],
         [100 * s.ram_used_gb / s.ram_total_gb for s in history],
     ]
@@ -175,7 +175,7 @@ class MonitorView(Section):
         sample = self.monitor.latest()
         if sample is not None and sample.time == shown.sample_time:
             return {}
-        drawn = {self.gauges: monitor_html(self.monitor, sample) + self._cluster_html()}
+        drawn: Updates = {self.gauges: monitor_html(self.monitor, sample) + self._cluster_html()}
         sparks_at = shown.sparks_at
         if not sparks_at or time.monotonic() - sparks_at >= SPARK_EVERY_S:
             drawn[self.history], sparks_at = sparklines(self.monitor.history()), time.monotonic()

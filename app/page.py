@@ -12,6 +12,7 @@ import functools
 from pathlib import Path
 
 import gradio as gr
+import gradio.themes
 
 from tunedeck.app import after_tab, keyboard, monitor_view, run_state_line
 from tunedeck.app.errors import user_message
@@ -25,15 +26,14 @@ from tunedeck.app.job_view import JOB_QUEUE
 from tunedeck.app.live_progress import POLL_JS, progress_route
 from tunedeck.app.monitor_view import MonitorView
 from tunedeck.app.registry import Got, Registry, Updates, handler, listen, unique
+from tunedeck.app.run_actions import start_run, start_smoke, start_sweep
 from tunedeck.app.run_view import RunView
 from tunedeck.app.section import Page
 from tunedeck.app.text_edits import FORWARD_EDITS_JS
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.monitor import shared_monitor
-from tunedeck.backend.runs import RunError, RunManager
-from tunedeck.backend.smoke import SmokeError
+from tunedeck.backend.machine import shared_monitor
+from tunedeck.backend.runs import RunError, RunManager, SmokeError, SweepError, combinations, preview
 from tunedeck.backend.spec import JobSpec, SpecError
-from tunedeck.backend.sweep import SweepError, combinations, preview
 
 CSS = (
     """
@@ -73,15 +73,25 @@ CSS = (
 )
 
 
-def page_theme() -> gr.themes.Base:
+class PanelBlocks(gr.Blocks):
+    """The page's Blocks, carrying the Registry of its components and what launch() adds to Gradio's (app/serving.py)."""
+
+    tunedeck_ui: Registry
+    tunedeck_css: str
+    tunedeck_js: str
+    tunedeck_routes: list
+    tunedeck_theme: gradio.themes.Base
+
+
+def page_theme() -> gradio.themes.Base:
     """Gradio's Soft theme with its indigo one shade darker: the stock indigo-500 of labels, selected
     tabs and white-on-primary buttons reads at 3.6-4.5:1, below WCAG AA's 4.5:1 (tests/panel/test_browser_form.py
     measures every text of the page)."""
-    indigo = gr.themes.colors.indigo
-    shades = [indigo.c50, indigo.c100, indigo.c200, indigo.c300, indigo.c500, indigo.c600, indigo.c700, indigo.c800]
-    darker = gr.themes.Color(*shades, indigo.c900, indigo.c950, indigo.c950, name="indigo-darker")
+    indigo = gradio.themes.colors.indigo
+    shades = (indigo.c50, indigo.c100, indigo.c200, indigo.c300, indigo.c500, indigo.c600, indigo.c700, indigo.c800)
+    darker = gradio.themes.Color(*shades, indigo.c900, indigo.c950, indigo.c950, name="indigo-darker")
     # The subdued grey of help text and slider bounds is about 2.5:1 on white: gray-600 is 7.5:1.
-    return gr.themes.Soft(primary_hue=darker).set(
+    return gradio.themes.Soft(primary_hue=darker).set(
         body_text_color_subdued="*neutral_600",
         body_text_color_subdued_dark="*neutral_300",
         block_info_text_color="*neutral_600",
@@ -89,7 +99,7 @@ def page_theme() -> gr.themes.Base:
     )
 
 
-def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | None = None) -> gr.Blocks:
+def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | None = None) -> PanelBlocks:
     """The page; downloads are written under `work_dir` (default: a temp folder of their own).
 
     The Blocks carries `tunedeck_ui` (the Registry: every component by id), and the theme, CSS, JS and
@@ -114,9 +124,10 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
     ]
 
     page = Page(Registry())
-    with gr.Blocks(title="tunedeck") as blocks:
+    with PanelBlocks(title="tunedeck") as blocks:
         gr.Markdown("# tunedeck · distributed fine-tuning control panel", elem_id="title")
-        gr.Markdown(start_line(by_id.get(preset_id), Here.of(shared_monitor())), elem_id="start-here")
+        preset = by_id[preset_id] if preset_id else None
+        gr.Markdown(start_line(preset, Here.of(shared_monitor())), elem_id="start-here")
         page.build(sections)
         page.wire(blocks, sections)
         wire_start(page, job, runs)
@@ -158,8 +169,11 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
 
         return on_click
 
-    launches = (("job.start", runs.start, "run"), ("job.queue", functools.partial(runs.start, queue=True), "queued run"),
-                ("job.smoke", runs.start_smoke, "smoke run"))  # fmt: skip
+    launches = (
+        ("job.start", functools.partial(start_run, runs.manager, runs.index), "run"),
+        ("job.queue", functools.partial(start_run, runs.manager, runs.index, queue=True), "queued run"),
+        ("job.smoke", functools.partial(start_smoke, runs.manager, runs.index), "smoke run"),
+    )
     for button_id, start, what in launches:
         button = page.ui[button_id]
         listen(
@@ -182,7 +196,7 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
     def on_sweep(got: Got) -> Updates:
         try:
             spec = spec_as_shown([got[c] for c in form], got[digest], got[job_shown])
-            queued, shown = runs.queue_sweep(spec, got[vary])
+            queued, shown = start_sweep(runs.manager, runs.index, spec, got[vary])
         except (SpecError, RunError, SweepError, NotShownYet) as exc:
             return {page.notice: f"✗ **Not started:** {user_message(exc, markdown=True)}"}
         listed = ", ".join(f"`{run_id}`" for run_id in queued)
@@ -199,8 +213,21 @@ def wire_start(page: Page, job: JobTab, runs: RunView) -> None:
             return {page.ui["job.sweep_preview"]: f"✗ {as_text(exc)}"}
 
     vary, sweep = page.ui["job.vary"], page.ui["job.sweep"]
-    listen([vary.input], on_vary, inputs=[vary], outputs=[page.ui["job.sweep_preview"]], show_progress="hidden",
-           trigger_mode="always_last")  # fmt: skip
-    listen([sweep.click], on_sweep, inputs=[*form, digest, job_shown, vary], outputs=[page.notice, runs.shown],
-           concurrency_id="launch", concurrency_limit=1, show_progress="minimal", show_progress_on=[sweep],
-           ).then(None, inputs=[page.notice], js=SHOW_RUN_JS)  # fmt: skip
+    listen(
+        [vary.input],
+        on_vary,
+        inputs=[vary],
+        outputs=[page.ui["job.sweep_preview"]],
+        show_progress="hidden",
+        trigger_mode="always_last",
+    )
+    listen(
+        [sweep.click],
+        on_sweep,
+        inputs=[*form, digest, job_shown, vary],
+        outputs=[page.notice, runs.shown],
+        concurrency_id="launch",
+        concurrency_limit=1,
+        show_progress="minimal",
+        show_progress_on=[sweep],
+    ).then(None, inputs=[page.notice], js=SHOW_RUN_JS)

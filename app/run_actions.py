@@ -1,13 +1,46 @@
-"""The Run tab's buttons on the run in view: Stop, Resume, and Stacks (every rank's Python stack, now)."""
+"""What the page's buttons do to runs: Start, Queue, Sweep and Smoke test launch one (the Run tab then follows it),
+and on the run in view Stop, Resume, and Stacks (every rank's Python stack, now)."""
 
 from __future__ import annotations
 
 from tunedeck.app.run_index import RunsIndex
 from tunedeck.app.run_shown import RunShown
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.run_resume import resume_run
-from tunedeck.backend.run_stacks import StacksError, dump_stacks
-from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.runs import (
+    RunError,
+    RunManager,
+    StacksError,
+    combinations,
+    dump_stacks,
+    label,
+    queue_sweep,
+    resume_run,
+    start_smoke_run,
+    sweep_specs,
+)
+
+
+def start_run(manager: RunManager, index: RunsIndex, spec, queue: bool = False) -> tuple[str, RunShown]:
+    """Launch `spec` (RunError says why not), with `queue` once the live runs holding its GPUs have ended;
+    the Run tab then follows the new run."""
+    run_id = manager.start(spec, queue=queue)
+    index.runs(fresh=True)
+    return run_id, RunShown(run=run_id, follow=False)
+
+
+def start_sweep(manager: RunManager, index: RunsIndex, spec, vary: str) -> tuple[list[str], RunShown]:
+    """One run of `spec` per combination of the Vary box's values, queued one after another; follows the first."""
+    grid = combinations([line for line in vary.splitlines() if line.strip()])
+    queued = queue_sweep(manager, sweep_specs(spec, grid), [label(values) for values in grid])
+    index.runs(fresh=True)
+    return queued, RunShown(run=queued[0], follow=False)
+
+
+def start_smoke(manager: RunManager, index: RunsIndex, spec) -> tuple[str, RunShown]:
+    """Launch the smoke run of `spec` (SmokeError or RunError say why not); the Run tab then follows it."""
+    run_id = start_smoke_run(manager, spec)
+    index.runs(fresh=True)
+    return run_id, RunShown(run=run_id, follow=False)
 
 
 def stop_run(manager: RunManager, index: RunsIndex, shown: RunShown) -> str:
@@ -23,7 +56,7 @@ def resume_shown(manager: RunManager, index: RunsIndex, shown: RunShown) -> tupl
     """Continue the run in view from its newest checkpoint, as a new run; the view then follows it."""
     if not shown.run:
         raise RunError("no run selected")
-    new_id, step = resume_run(manager, shown.run)
+    new_id, step, _ = resume_run(manager, shown.run)
     index.runs(fresh=True)
     return f"Resumed run `{shown.run}` as run `{new_id}`, from its checkpoint at step {step}.", RunShown(
         run=new_id, follow=False
@@ -31,7 +64,7 @@ def resume_shown(manager: RunManager, index: RunsIndex, shown: RunShown) -> tupl
 
 
 def stacks_notice(manager: RunManager, shown: RunShown) -> str:
-    """Ask every rank of the run in view for its stacks (backend/run_stacks.py); the notice says who answered."""
+    """Ask every rank of the run in view for its stacks (backend/runs/stacks.py); the notice says who answered."""
     if not shown.run:
         return "No run selected."
     try:

@@ -9,23 +9,36 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.backend.checkpoints import output_dir
-from tunedeck.backend.run_compare import differences_line, job_differences
-from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
-from tunedeck.backend.run_folder import NOTES_FILE, read_job, read_records
-from tunedeck.backend.run_notes import RunNotes, read_notes
-from tunedeck.backend.run_resume import RESUMABLE_STATES, newest_checkpoint
-from tunedeck.backend.run_status import DAMAGED
-from tunedeck.backend.run_summary import format_clock, summarize
-from tunedeck.backend.runs import RunManager, RunStatus
-from tunedeck.backend.smoke import is_smoke_job
+from tunedeck.backend.runs import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.runs import (
+    DAMAGED,
+    NOTES_FILE,
+    RESUMABLE_STATES,
+    RunManager,
+    RunNotes,
+    RunStatus,
+    UnreadableJob,
+    differences_line,
+    format_clock,
+    is_smoke_job,
+    job_differences,
+    job_fields,
+    newest_checkpoint,
+    output_dir,
+    read_job,
+    read_notes,
+    read_records,
+    summarize,
+)
+from tunedeck.backend.spec import JobSpec
 
 RUNS_LIST_TTL_S = 2.0
 TABLE_HEADERS = ["run", "name", "state", "job", "loss", "started", "duration"]
 SMOKE_MARK = "smoke test · "
+UNREADABLE_MARK = " · job.yaml not readable"
 STATE_MARKS = {
     "queued": "⋯",  # in the fonts a bare Linux machine has (an hourglass emoji is not)
     "running": "▶",
@@ -45,7 +58,7 @@ class RunFacts:
     loss: float | None  # the last training loss of an ended run (a live run's moves: its progress line has it)
     checkpoint: int | None  # the step of the newest checkpoint a stopped or failed run can resume from
     notes: RunNotes
-    job: dict = field(default_factory=dict)  # the run's job.yaml ({} when missing or damaged)
+    job: JobSpec | UnreadableJob | None = None  # the run's job, or why its job.yaml does not read as one
     measure: str = ""  # the loss column's text: the last loss, or a GRPO run's last reward ('reward 0.846')
 
 
@@ -84,7 +97,7 @@ class RunsIndex:
         if run.state not in ACTIVE:
             summary = summarize(read_records(run_dir), run.started_at, run.ended_at)
             loss, measure = summary.last_loss, summary.measure
-        if run.state in RESUMABLE_STATES and job:
+        if run.state in RESUMABLE_STATES and isinstance(job, JobSpec):
             found = newest_checkpoint(output_dir(run_dir, job))
             checkpoint = found[0] if found else None
         facts = RunFacts(
@@ -124,12 +137,21 @@ def run_choices(index: RunsIndex, runs: list[RunStatus]) -> list[tuple[str, str]
 def table_row(run: RunStatus, facts: RunFacts) -> list:
     loss = facts.measure or (f"{facts.loss:.4f}" if facts.loss is not None else "")
     title = SMOKE_MARK * facts.smoke + run.title
+    if isinstance(facts.job, UnreadableJob):  # the run view says why (unreadable_line)
+        title += UNREADABLE_MARK
     return [run.run_id, facts.notes.name, run.state, title, loss, _when(run.started_at), _duration(run)]
+
+
+def unreadable_line(facts: RunFacts) -> str:
+    """Why the run's job.yaml does not read as a job of this version, as text; "" when it reads."""
+    return f"⚠ {facts.job.explained()}" if isinstance(facts.job, UnreadableJob) else ""
 
 
 def compared_line(manager: RunManager, run_id: str, other: str | None) -> str:
     """What the overlaid run set differently from the run in view (nothing without an overlay)."""
     if not other:
         return ""
-    differences = differences_line(job_differences(manager.job(run_id), manager.job(other)))
+    differences = differences_line(
+        job_differences(job_fields(manager.run_dir(run_id)), job_fields(manager.run_dir(other)))
+    )
     return f"**Overlaid run {code_span(other)}** (this run's value → its own): {as_text(differences)}"

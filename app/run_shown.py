@@ -1,10 +1,29 @@
-"""What one browser's Run tab shows, so that a redraw sends only what changed (app/run_view.py)."""
+"""What one browser's Run tab shows, so that a redraw sends only what changed (app/run_view.py), and how often a
+live run is redrawn."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from tunedeck.app.registry import Updates
+
+# The state line, charts and log follow a live run every TICK_S (each Gradio event costs the browser far more
+# than its answer: an empty tick about 60 ms of Chromium's CPU); the progress bar follows it between ticks, and
+# a change of state is shown at once: the bar's stream presses the hidden refresh button (app/live_progress.py).
+TICK_S = 5.0
+# Redrawing the two Plotly charts is the browser's largest cost after that (about half of the tab's on a
+# synthetic live run: bench/bench_run_tab.py). A live run's new records redraw them at most every
+# charts_every_s(age): at each tick in a run's first minutes, then less often as the run grows (a redraw adds a
+# smaller share of the chart), every 30 s from its tenth minute, as TensorBoard reloads. A new run, an eval loss,
+# an ended run or a changed chart option redraw them at once.
+CHARTS_EVERY_S = TICK_S - 1  # under TICK_S: a timer's tick may come a little early
+CHARTS_EVERY_MAX_S = 30.0
+CHARTS_EVERY_SHARE = 0.05  # of the run's age
+
+
+def charts_every_s(age_s: float) -> float:
+    """How long a live run's charts stay as drawn, `age_s` seconds after it started."""
+    return min(CHARTS_EVERY_MAX_S, max(CHARTS_EVERY_S, CHARTS_EVERY_SHARE * age_s))
 
 
 @dataclass

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from tunedeck.app.run_index import STATE_MARKS, RunFacts
+from tunedeck.app.run_watch import RunWatch
 from tunedeck.app.untrusted_text import as_html, as_text
-from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
-from tunedeck.backend.run_status import RunStatus
-from tunedeck.backend.smoke import smoke_verdict
+from tunedeck.backend.runs import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.runs import RunStatus, breakdown, read_phases, report, smoke_verdict
 
 
 def progress_bar(fraction: float, text: str, state: str) -> dict:
@@ -57,8 +58,11 @@ def smoke_line(run_dir, state: str) -> str:
     return f"**{'✓' if verdict.passed else '✗'} {as_text(verdict.line)}**"
 
 
-def state_line(status: RunStatus, facts: RunFacts, step: int, run_id: str, run_dir: Path) -> str:
-    """The line under the run picker: state, run id, name, title, where, then what the state means."""
+def state_line(
+    status: RunStatus, facts: RunFacts, step: int, run_id: str, run_dir: Path, health: Sequence[str] = ()
+) -> str:
+    """The line under the run picker: state, run id, name, title, where, then what the state means, then what the
+    training-health guard saw and did (backend/runs/summary.py's health_lines) and the run's attempts."""
     name = f" · **{as_text(facts.notes.name)}**" if facts.notes.name else ""
     line = f"**{STATE_MARKS.get(status.state, '')} {status.state}** · run `{run_id}`{name} · {as_text(status.title)}"
     if status.state == "failed" and status.exit_code not in (None, 0):
@@ -70,6 +74,9 @@ def state_line(status: RunStatus, facts: RunFacts, step: int, run_id: str, run_d
         line += f"\n\n{hint}"
     if facts.smoke:
         line += "\n\n" + smoke_line(run_dir, status.state)
+    said = [f"**{as_text(text)}**" if not text.startswith("  ") else as_text(text.strip()) for text in health if text]
+    if said:
+        line += "\n\n" + "  \n".join(said)
     return line
 
 
@@ -82,3 +89,21 @@ CSS = """
 .td-progress-fill { height: 100%; }
 .td-progress-text { font-size: 0.9em; margin-top: 4px; }
 """
+
+
+def results_line(watch: RunWatch, status: RunStatus) -> str:
+    """The summary's results (loss, speed, ...) and, after them, the startup phases that took a second or more."""
+    if not watch.records:
+        return ""
+    results = as_text(report(watch, status.started_at, status.ended_at).line())
+    startup = breakdown(read_phases(watch.run_dir), least_s=1.0)
+    return results + (f" · **before step 1:** {as_text(startup)}" if results and startup else "")
+
+
+def memory_line(peaks: dict) -> str:
+    """The peak GPU memory each rank measured, when no estimate is there to set it beside."""
+    if not peaks:
+        return ""
+    return "**Measured peak GPU memory per rank:** " + ", ".join(
+        f"rank {i}: {gb:.2f} GB" for i, gb in enumerate(peaks.get("allocated", []))
+    )

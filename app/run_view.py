@@ -10,48 +10,52 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
+from tunedeck.app.chart_marks import health_marks
 from tunedeck.app.charts import loss_figure, metrics_figure
 from tunedeck.app.live_progress import FOLLOW_LOG_JS, REFRESH_ID
+from tunedeck.app.oom_offer import BUTTON, next_updates
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.run_actions import resume_shown, stacks_notice, stop_run
-from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, compared_line, run_choices, table_row
-from tunedeck.app.run_shown import RunShown
-from tunedeck.app.run_state_line import progress_html, state_line
+from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, compared_line, run_choices, table_row, unreadable_line
+from tunedeck.app.run_shown import TICK_S, RunShown, charts_every_s
+from tunedeck.app.run_state_line import memory_line, progress_html, results_line, state_line
 from tunedeck.app.run_watch import RunWatches
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.run_answers import answers_markdown, latest_answers
-from tunedeck.backend.run_folder import ACTIVE_STATES as ACTIVE
-from tunedeck.backend.run_lineage import Lineage
-from tunedeck.backend.run_notes import NAME_MAX_CHARS, NotesError, write_notes
-from tunedeck.backend.run_startup import breakdown, live_phase, read_phases
-from tunedeck.backend.run_status import DAMAGED
-from tunedeck.backend.run_summary import measured_peaks, report, summarize
-from tunedeck.backend.runs import RunError, RunManager
-from tunedeck.backend.smoke import start_smoke_run
-from tunedeck.backend.sweep import combinations, label, queue_sweep, sweep_specs
+from tunedeck.backend.runs import ACTIVE_STATES as ACTIVE
+from tunedeck.backend.runs import (
+    DAMAGED,
+    NAME_MAX_CHARS,
+    Lineage,
+    NotesError,
+    RunError,
+    RunManager,
+    UnreadableJob,
+    answers_markdown,
+    health_lines,
+    latest_answers,
+    live_phase,
+    measured_peaks,
+    restart_cost,
+    summarize,
+    write_notes,
+)
 
-# The state line, charts and log follow a live run every TICK_S (each Gradio event costs the browser far more
-# than its answer: an empty tick about 60 ms of Chromium's CPU); the progress bar follows it between ticks, and
-# a change of state is shown at once: the bar's stream presses the hidden refresh button (app/live_progress.py).
-TICK_S = 5.0
-# Redrawing the two Plotly charts is the browser's largest cost after that (about half of the tab's on a
-# synthetic live run: bench/bench_run_tab.py). A live run's new records redraw them at most every
-# charts_every_s(age): at each tick in a run's first minutes, then less often as the run grows (a redraw adds a
-# smaller share of the chart), every 30 s from its tenth minute, as TensorBoard reloads. A new run, an eval loss,
-# an ended run or a changed chart option redraw them at once.
-CHARTS_EVERY_S = TICK_S - 1  # under TICK_S: a timer's tick may come a little early
-CHARTS_EVERY_MAX_S = 30.0
-CHARTS_EVERY_SHARE = 0.05  # of the run's age
+if TYPE_CHECKING:
+    from tunedeck.backend.spec import JobSpec
 
-
-def charts_every_s(age_s: float) -> float:
-    """How long a live run's charts stay as drawn, `age_s` seconds after it started."""
-    return min(CHARTS_EVERY_MAX_S, max(CHARTS_EVERY_S, CHARTS_EVERY_SHARE * age_s))
+# What a redraw may send, in the order of RunView.outputs (attributes the layout sets).
+OUTPUTS = (
+    "shown", "select", "overlay", "table", "status", "progress", "facts", "summary", "name", "notes", "error",
+    "next_line", "next_strategy", "compared", "loss_plot", "metrics_plot", "answers", "memory", "log", "stop",
+    "resume", "stacks",
+)  # fmt: skip
 
 
 class RunView(Section):
@@ -62,7 +66,8 @@ class RunView(Section):
         self.index = RunsIndex(manager)
         self.watches = RunWatches()
         self.lineage = Lineage(manager)  # a resumed run's forebears, whose loss its chart draws before its own
-        self.memory_hook = None  # optional: (spec dict, measured peaks) -> markdown, set by the estimate view
+        # optional: (the run's job, measured peaks) -> markdown, set by the estimate view
+        self.memory_hook: Callable[[JobSpec | UnreadableJob, dict], str] | None = None
 
     def build(self, page: Page) -> None:
         add = page.ui.add
@@ -111,6 +116,12 @@ class RunView(Section):
         self.error = add(
             "run.error", gr.Code(label="Error", language="shell", visible=False, elem_id="run-error", interactive=False)
         )
+        with gr.Row(equal_height=True):  # a run that ran out of memory: the advisor's next strategy, one click away
+            self.next_line = add("run.next_line", gr.Markdown(elem_id="run-next-line"))
+            self.next_strategy = add(
+                "run.next_strategy",
+                gr.Button(BUTTON, visible=False, elem_id="run-next-strategy", scale=0, min_width=300),
+            )
         with gr.Row():
             self.smoothing = add(
                 "run.smoothing",
@@ -144,17 +155,16 @@ class RunView(Section):
 
     @property
     def outputs(self) -> list:
-        return [
-            self.shown, self.select, self.overlay, self.table, self.status, self.progress, self.facts,
-            self.summary, self.name, self.notes, self.error, self.compared, self.loss_plot, self.metrics_plot,
-            self.answers, self.memory, self.log, self.stop, self.resume, self.stacks,
-        ]  # fmt: skip
+        return [getattr(self, name) for name in OUTPUTS]
 
     @property
     def details(self) -> list:
         """The outputs a tick of a live run sends again when anything about the run changed: only the changed ones
         go (RunShown.unchanged)."""
-        return [self.status, self.facts, self.summary, self.error, self.stop, self.resume, self.stacks, self.memory]
+        return [
+            *(self.status, self.facts, self.summary, self.error, self.next_line, self.next_strategy),
+            *(self.stop, self.resume, self.stacks, self.memory),
+        ]
 
     @property
     def inputs(self) -> list:
@@ -199,7 +209,7 @@ class RunView(Section):
             out[self.overlay] = gr.update(choices=[("(none)", "")] + choices, value=overlay or "")
             out[self.table] = [table_row(r, self.index.facts(r)) for r in runs]
             shown.runs_sig = runs_sig
-        if status is None:
+        if status is None or run_id is None:  # (no status without a run)
             shown.shown_run = None
             return
         watch, other = self._records(run_id), None
@@ -234,18 +244,19 @@ class RunView(Section):
             if shown.notes_run != run_id:  # the boxes are the user's while they type: filled once per run shown
                 shown.notes_run = run_id
                 out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
-            results = as_text(report(watch, status.started_at, status.ended_at).line()) if watch.records else ""
-            startup = breakdown(read_phases(watch.run_dir), least_s=1.0)  # the phases that took a second or more
-            results += f" · **before step 1:** {as_text(startup)}" if results and startup else ""
-            out.update({
-                self.status: state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id)),
-                self.facts: as_text(summary.facts),
-                self.summary: f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" if results else "",
-                self.error: gr.update(value=status.error or "", visible=bool(status.error)),
-                self.stop: gr.update(interactive=status.state in ("queued", "running")),
-                self.resume: gr.update(interactive=facts.checkpoint is not None),
-                self.stacks: gr.update(interactive=status.state in ("running", "stopping") and status.backend == "local"),
-            })  # fmt: skip
+            results = results_line(watch, status)
+            said = [*health_lines(watch), *status.attempt_lines(), restart_cost(watch, status.attempts) or ""]
+            live = status.state in ("running", "stopping") and status.backend == "local"
+            out[self.status] = state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id), said)
+            out[self.facts] = as_text(" · ".join(filter(None, (summary.facts, unreadable_line(facts)))))
+            out[self.summary] = f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" * bool(
+                results
+            )
+            out[self.error] = gr.update(value=status.error or "", visible=bool(status.error))
+            out[self.next_line], out[self.next_strategy] = next_updates(status, facts.job)
+            out[self.stop] = gr.update(interactive=status.state in ("queued", "running"))
+            out[self.resume] = gr.update(interactive=facts.checkpoint is not None)
+            out[self.stacks] = gr.update(interactive=live)  # Stacks: a live run's ranks on this machine
         bar_sig = (run_id, status.state, None if status.state in ACTIVE else watch.records_version)
         if new_run or shown.bar_sig != bar_sig:  # a live run's bar moves with its stream (app/live_progress.py)
             shown.bar_sig = bar_sig
@@ -253,15 +264,17 @@ class RunView(Section):
         if charts_due:
             if new_run or drawn[0] != plots[0]:  # another run or overlay: what the overlaid run did differently
                 out[self.compared] = compared_line(self.manager, run_id, other and overlay)
-            drawn_runs = [("this run", watch.records)] + ([(overlay, other.records)] if other else [])
+            drawn_runs = [("this run", watch.records)] + ([(overlay, other.records)] if other and overlay else [])
             before = self.lineage.records_before(run_id, facts.job, watch, self._records)
             shown.charts_sig, shown.charts_at = plots, time.monotonic()
-            out.update({
-                self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale, before),
-                self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
-                self.answers: answers_markdown(latest_answers(self.manager.run_dir(run_id)), as_text),
-                self.memory: self._memory_markdown(run_id, watch),
-            })  # fmt: skip
+            out.update(
+                {
+                    self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale, before, health_marks(watch.health)),
+                    self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
+                    self.answers: answers_markdown(latest_answers(self.manager.run_dir(run_id)), as_text),
+                    self.memory: self._memory_markdown(run_id, watch),
+                }
+            )
         if log_due:
             shown.log_sig = (run_id, watch.log_version)
             log_name, log_text = watch.log_text()
@@ -279,31 +292,7 @@ class RunView(Section):
                 return self.memory_hook(self.manager.job(run_id), peaks)
             except Exception as exc:  # noqa: BLE001 - the estimate is advice: never let it break the run view
                 return f"(memory estimate unavailable: {as_text(exc)})"
-        if not peaks:
-            return ""
-        return "**Measured peak GPU memory per rank:** " + ", ".join(
-            f"rank {i}: {gb:.2f} GB" for i, gb in enumerate(peaks.get("allocated", []))
-        )
-
-    def start(self, spec, queue: bool = False) -> tuple[str, RunShown]:
-        """Launch `spec` (RunError says why not), with `queue` once the live runs holding its GPUs have ended;
-        the view then follows the new run."""
-        run_id = self.manager.start(spec, queue=queue)
-        self.index.runs(fresh=True)
-        return run_id, RunShown(run=run_id, follow=False)
-
-    def queue_sweep(self, spec, vary: str) -> tuple[list[str], RunShown]:
-        """One run of `spec` per combination of the Vary box's values, queued one after another; follows the first."""
-        grid = combinations([line for line in vary.splitlines() if line.strip()])
-        queued = queue_sweep(self.manager, sweep_specs(spec, grid), [label(values) for values in grid])
-        self.index.runs(fresh=True)
-        return queued, RunShown(run=queued[0], follow=False)
-
-    def start_smoke(self, spec) -> tuple[str, RunShown]:
-        """Launch the smoke run of `spec` (SmokeError or RunError say why not); the view then follows it."""
-        run_id = start_smoke_run(self.manager, spec)
-        self.index.runs(fresh=True)
-        return run_id, RunShown(run=run_id, follow=False)
+        return memory_line(peaks)
 
     def wire(self, page: Page) -> None:
         """Run picker, chart options, Stop, Resume, name and notes; the page's tick and load redraw what changed."""
@@ -353,6 +342,9 @@ class RunView(Section):
             inputs=[self.name, self.notes, *self.inputs],
             outputs=[page.notice, *self.outputs],
             show_progress="hidden",
+            # Gradio's default ("once") drops a trigger while the last is pending: leaving the name box for the
+            # notes box and the notes box soon after lost the notes. The last edit is always saved.
+            trigger_mode="always_last",
         )
         listen(
             [self.select.input],

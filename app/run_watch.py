@@ -15,8 +15,7 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
-from tunedeck.backend.run_folder import LAUNCHER_LOG, MetricsReader, RunRecords, rank_log
-from tunedeck.backend.tail import TextTail
+from tunedeck.backend.runs import LAUNCHER_LOG, MetricsReader, RunRecords, TextTail, rank_log
 
 LOG_LINES = 200  # rank-0 log lines kept for the page
 MIN_REFRESH_S = 0.25  # sessions ticking together read the files once

@@ -11,6 +11,7 @@ import ipaddress
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
@@ -74,8 +75,8 @@ def launch(
     port: int,
     credentials: list[tuple[str, str]] | None,
     block: bool = True,
-    allowed_hosts: list[str] = (),
-    trusted_proxies: list[str] = (),
+    allowed_hosts: Sequence[str] = (),
+    trusted_proxies: Sequence[str] = (),
 ):
     """Serve `page`; no tracebacks in responses (show_error=False), small uploads only.
 
@@ -85,7 +86,7 @@ def launch(
     compared in constant time. X-Forwarded-For is believed only from `trusted_proxies`: uvicorn believes it
     from any loopback peer by default, so one client rotating it looked like many to the sign-in throttle.
     """
-    import gradio as gr
+    import gradio.themes
     from starlette.middleware import Middleware
 
     from tunedeck.app.auth_gate import SignInGate, password_checker
@@ -117,7 +118,7 @@ def launch(
         max_file_size=MAX_UPLOAD,
         footer_links=[],
         prevent_thread_lock=True,
-        theme=getattr(page, "tunedeck_theme", None) or gr.themes.Soft(),
+        theme=getattr(page, "tunedeck_theme", None) or gradio.themes.Soft(),
         css=getattr(page, "tunedeck_css", None),
         js=getattr(page, "tunedeck_js", None),
         quiet=True,

@@ -28,7 +28,7 @@ import html
 import re
 import sys
 
-from tunedeck.backend.untrusted import shown
+from tunedeck.backend.spec import shown
 
 MARKUP = re.compile(r"[\\`*\[\]<>&#|~$@]|(?<![^\W_])_|_(?![^\W_])|(?<=[Ww]{3})\.|:(?=//)")
 LINE_START = re.compile(r"^(\d*)([-+=.)])")  # "- a", "+ a", "1. a", "1) a": list items; "===", "---": headings

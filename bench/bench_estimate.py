@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tunedeck.backend.advisor import advise
-from tunedeck.backend.memory import estimate
+from tunedeck.backend.estimate.advisor import advise
+from tunedeck.backend.estimate.memory import estimate
 from tunedeck.backend.spec import load_presets
 
 

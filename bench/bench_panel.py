@@ -44,9 +44,9 @@ from panel.browser import (  # noqa: E402
     wait_text,
 )
 
-from tunedeck.backend.run_folder import read_records  # noqa: E402
-from tunedeck.backend.runs import RUN_ID_PATTERN  # noqa: E402
-from tunedeck.backend.supervisor import process_identity, write_status  # noqa: E402
+from tunedeck.backend.runs.manager import RUN_ID_PATTERN  # noqa: E402
+from tunedeck.backend.runs.records import read_records  # noqa: E402
+from tunedeck.backend.runs.supervisor import process_identity, write_status  # noqa: E402
 
 BUNDLE_FILES = ("job.yaml", "accelerate_config.yaml", "training_args.yaml", "train_sft.py", "launch.sh")
 PROGRESS_JS = "([s, t]) => { const e = document.querySelector(s); return !!e && e.innerText.includes(t); }"

@@ -32,11 +32,11 @@ from tunedeck.app.form import build_form  # noqa: E402
 from tunedeck.app.job_events import JobShown  # noqa: E402
 from tunedeck.app.job_view import JobView  # noqa: E402
 from tunedeck.app.registry import Registry  # noqa: E402
-from tunedeck.backend.demo import ensure_demo  # noqa: E402
-from tunedeck.backend.fields import FORM_FIELDS, values_from_spec  # noqa: E402
+from tunedeck.backend.data.demo import ensure_demo  # noqa: E402
+from tunedeck.backend.data.truncation import measure_key  # noqa: E402
 from tunedeck.backend.render import render_bundle  # noqa: E402
 from tunedeck.backend.spec import resolve_spec, set_paths  # noqa: E402
-from tunedeck.backend.truncation import measure_key  # noqa: E402
+from tunedeck.backend.spec.fields import FORM_FIELDS, values_from_spec  # noqa: E402
 
 
 def page(spec, folder: Path) -> tuple[JobView, DatasetPreview]:

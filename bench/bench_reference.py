@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tunedeck.backend.demo import ensure_demo
+from tunedeck.backend.data.demo import ensure_demo
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import resolve_spec
 

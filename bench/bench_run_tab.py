@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_panel import cores_used, cpu_seconds  # noqa: E402
 from panel.browser import CHROMIUM, CHROMIUM_FLAGS, PanelServer, wait_text  # noqa: E402
 
-from tunedeck.backend.run_folder import rank_log  # noqa: E402
-from tunedeck.backend.supervisor import process_identity, write_status  # noqa: E402
+from tunedeck.backend.runs.folder import rank_log  # noqa: E402
+from tunedeck.backend.runs.supervisor import process_identity, write_status  # noqa: E402
 
 STEPS = 1_000_000  # the run never ends while measured
 RECORD_EVERY_S = 1 / 15  # the demo's pace on this machine

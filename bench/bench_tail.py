@@ -1,4 +1,4 @@
-"""Incremental tail (backend/tail.py) vs re-reading the whole metrics file on every tick.
+"""Incremental tail (backend/runs/tail.py) vs re-reading the whole metrics file on every tick.
 
 The panel polls a run's metrics.jsonl about once a second. This measures one tick,
 side by side, for files of growing length: JsonlTail reads only the bytes appended
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tunedeck.backend.tail import JsonlTail
+from tunedeck.backend.runs.tail import JsonlTail
 
 
 def record(step: int) -> str:

@@ -3,11 +3,11 @@ and on the third it never saw.
 
     .venv/bin/python bench/estimate_accuracy.py
 
-Reads tests/data/measured_peaks.yaml, predicts every run with backend/memory.py, and prints prediction vs
+Reads tests/data/measured_peaks.yaml, predicts every run with backend/estimate/memory.py, and prints prediction vs
 measurement per run, then the mean absolute error, the largest error and the largest under-prediction (a
 prediction below the measurement is an out-of-memory the estimate did not warn of) of the fit rows and of the
 held-out rows. Each run is compared on what its source measured: allocated tensors, the allocator's reserved
-pool, or the whole device as nvidia-smi shows it; with the software that trained it (backend/memory_software.py);
+pool, or the whole device as nvidia-smi shows it; with the software that trained it (backend/estimate/memory_software.py);
 and over the phases its software went through: the whole run (load and training, the default), the training step
 alone where its loader never held the whole model on one GPU, or the load alone where the source measured that.
 
@@ -27,9 +27,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tunedeck.backend.memory import Estimate, estimate  # noqa: E402
-from tunedeck.backend.memory_allocator import FITTED, AllocatorConstants  # noqa: E402
-from tunedeck.backend.memory_job import GIB  # noqa: E402
+from tunedeck.backend.estimate.memory import Estimate, estimate  # noqa: E402
+from tunedeck.backend.estimate.memory_allocator import FITTED, AllocatorConstants  # noqa: E402
+from tunedeck.backend.estimate.memory_job import GIB  # noqa: E402
 from tunedeck.backend.spec import JobSpec, set_paths  # noqa: E402
 
 TABLE = ROOT / "tests" / "data" / "measured_peaks.yaml"

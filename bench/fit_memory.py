@@ -4,7 +4,7 @@
 
 Every other term of backend/memory*.py is counted from the job and the code of the software that trains it. What
 PyTorch's caching allocator reserves beyond its tensors is not: it depends on how freed blocks fragment.
-AllocatorConstants (backend/memory_allocator.py) holds it as a share of the step's activations and loss tensors, a
+AllocatorConstants (backend/estimate/memory_allocator.py) holds it as a share of the step's activations and loss tensors, a
 further share when the step's shapes change every step, a share of the communication buffers (FSDP's gathered units,
 gradient buckets) and the blocks an FSDP 1 wrap from rank 0's CPU copy leaves. `fit` takes the fit rows only
 (bench/estimate_accuracy.py's `split`, fixed before fitting) and searches a grid of the four for the least weighted
@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import estimate_accuracy as accuracy
 
-from tunedeck.backend.memory import LOAD_TENSOR_TERMS, TENSOR_TERMS
-from tunedeck.backend.memory_allocator import FITTED, AllocatorConstants
-from tunedeck.backend.memory_job import GIB, Job, input_values
+from tunedeck.backend.estimate.memory import LOAD_TENSOR_TERMS, TENSOR_TERMS
+from tunedeck.backend.estimate.memory_allocator import FITTED, AllocatorConstants
+from tunedeck.backend.estimate.memory_job import GIB, Job, input_values
 
 UNDER_WEIGHT = 3.0
 GRID = {  # each constant's candidates
@@ -64,7 +64,7 @@ def prepare(row: dict) -> Prepared:
     est = accuracy.row_estimate(row, NONE)
     b, lb = est.breakdown, est.load_breakdown
     job = Job.from_values(input_values(accuracy.row_spec(row), software=row["software"]))
-    wraps = job.software.wraps_from_cpu and job.engine == "fsdp"
+    wraps = job.software.wraps_from_cpu and job.layout.is_fsdp
     return Prepared(
         row=row,
         measured=accuracy.measured_gib(row),
@@ -127,7 +127,7 @@ def main() -> int:
     fitted = fit(fit_rows)
     print(f"fitted on {len(fit_rows)} rows ({len(held)} held out): {fitted}")
     if fitted != FITTED:
-        print(f"backend/memory_allocator.py holds {FITTED}: set FITTED = {fitted!r}")
+        print(f"backend/estimate/memory_allocator.py holds {FITTED}: set FITTED = {fitted!r}")
     return 0
 
 

@@ -5,7 +5,7 @@
 The rows are tests/data/measured_throughput.yaml; the split is bench/speed_accuracy.py's `split` (within each
 publisher, every third row by the SHA-256 of its id), fixed before fitting. `fit` takes the fit rows only and
 minimises the mean squared log error of the predicted useful tokens/s (a run 2x too fast weighs as one 2x too
-slow) over the seven constants of backend/speed_compute.py's SpeedConstants, by Nelder-Mead on their logarithms
+slow) over the seven constants of backend/estimate/speed_compute.py's SpeedConstants, by Nelder-Mead on their logarithms
 (the efficiencies' logits within BOUNDS) from the constants in force. The constants it prints are what FITTED
 holds; the report after them is bench/speed_accuracy.py's, with the refitted constants.
 """
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import speed_accuracy as accuracy
 
-from tunedeck.backend.speed_compute import FITTED, SpeedConstants
+from tunedeck.backend.estimate.speed_compute import FITTED, SpeedConstants
 
 NAMES = [f.name for f in dataclasses.fields(SpeedConstants)]
 RESTARTS = 3

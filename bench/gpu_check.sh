@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What only a GPU can show, in one short run (a lent H200 gives 15 minutes in all, its start included):
-#   1. the NVML monitor's real code path (backend/monitor.py) reads the GPU and sees memory move;
+#   1. the NVML monitor's real code path (backend/machine/monitor.py) reads the GPU and sees memory move;
 #   2. a real tunedeck run of the demo in bf16 (LoRA) alone on the GPU: its tokens/s and MFU/HFU against the
-#      GPU's peak from backend/flops.py's table, which names this GPU;
+#      GPU's peak from backend/spec/flops.py's table, which names this GPU;
 #   3. side by side (each its own process, runs folder and rendezvous port; the peaks are per process):
 #      measured peak memory of real LoRA / full training steps vs tunedeck's estimate; the demo in 4-bit
 #      (QLoRA, bitsandbytes) and under FSDP2 (the final adapter must be saved); DPO with a full fine-tune
@@ -45,7 +45,7 @@ gpu_run() {
 }
 
 step "NVML monitor (real pynvml)" python3 bench/gpu_check_nvml.py
-step "demo assets" python3 -m tunedeck.backend.demo
+step "demo assets" python3 -m tunedeck.backend.data.demo
 step "demo (bf16) alone on the GPU" gpu_run bf16 demo
 cat "$out/logs/bf16.log"
 

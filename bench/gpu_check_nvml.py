@@ -3,7 +3,7 @@
 import sys
 import time
 
-from tunedeck.backend.monitor import Monitor
+from tunedeck.backend.machine.monitor import Monitor
 
 
 def main() -> int:
@@ -32,15 +32,35 @@ def main() -> int:
     print(f"  after a 4 GiB allocation: +{grew_mb:.0f} MiB; processes listed by NVML: {pids}; samples: {len(history)}")
     ok = grew_mb >= 4000 and len(history) >= 3 and monitor.total_gpu_memory_gb() > 10
     print(("PASS" if ok else "FAIL") + f" nvml: {len(before.gpus)} GPU(s), allocation seen: {grew_mb >= 4000}")
-    return (0 if ok else 1) | speed_on_this_gpu()
+    return (0 if ok else 1) | helpers_agree(before) | speed_on_this_gpu()
+
+
+def helpers_agree(sample) -> int:
+    """Start's GPU list and the Try/Evaluate placement read NVML through backend/machine/nvml.py: the same GPUs and
+    memory the monitor reads, while the monitor holds its own NVML session open (each shuts down only its own)."""
+    from tunedeck.backend.after.worker_device import _free_gb
+    from tunedeck.backend.machine.nvml import gpu_memory
+    from tunedeck.backend.runs.preflight import gpu_indices
+
+    indices, memory, free = gpu_indices(), gpu_memory(), _free_gb(None)
+    totals = [round(g.total_gb * 1024) for g in memory]
+    print(f"  helpers: GPUs {indices}, total MiB {totals}, free GiB {[round(f, 1) for f in free.values()]}")
+    ok = (
+        indices == [g.index for g in sample.gpus]
+        and totals == [round(g.memory_total_mb) for g in sample.gpus]
+        and sorted(free) == indices
+        and all(0 < f <= g.total_gb for f, g in zip(free.values(), memory))
+    )
+    print(("PASS" if ok else "FAIL") + f" nvml helpers: {len(indices)} GPU(s), the monitor's")
+    return 0 if ok else 1
 
 
 def speed_on_this_gpu() -> int:
-    """The estimate's GPU comes from NVML: the CLI's and the page's (backend/hardware.py's gpu_name)."""
+    """The estimate's GPU comes from NVML: the CLI's and the page's (backend/estimate/hardware.py's gpu_name)."""
     from tunedeck.app.estimate_panel import EstimatePanel
     from tunedeck.app.registry import Registry
 
-    panel = EstimatePanel(Registry(), monitor=None)  # its machine facts are backend/hardware.py's, from NVML
+    panel = EstimatePanel(Registry(), monitor=None)  # its machine facts are backend/estimate/hardware.py's, from NVML
     name = panel.machine.gpu_name
     hardware = panel.hardware(panel.own_gpu_text)
     print(f"  NVML name {name!r}: the page predicts speed on {hardware.gpu} ({hardware.source or 'NVML'})")

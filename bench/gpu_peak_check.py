@@ -15,9 +15,8 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from tunedeck.backend import catalog
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.spec import JobSpec, set_paths
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.spec import JobSpec, catalog, set_paths
 
 CASES = [
     (

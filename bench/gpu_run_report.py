@@ -1,11 +1,11 @@
 """After a GPU run: print what the start record says it got and the measured peaks; PASS if it finished
-on CUDA, saved its adapter (or its model), and logged MFU against the GPU's peak from the table (backend/flops.py)."""
+on CUDA, saved its adapter (or its model), and logged MFU against the GPU's peak from the table (backend/spec/flops.py)."""
 
 import json
 import sys
 from pathlib import Path
 
-from tunedeck.backend.run_startup import breakdown, read_phases
+from tunedeck.backend.runs.startup import breakdown, read_phases
 
 
 def main(runs_dir: str) -> int:

@@ -21,27 +21,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.preflight import gpu_indices
-from tunedeck.backend.smoke import smoke_spec
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.machine.nvml import gpu_memory
+from tunedeck.backend.runs.preflight import gpu_indices
+from tunedeck.backend.runs.smoke import smoke_spec
 from tunedeck.backend.spec import load_presets, load_spec_file, resolve_spec
 
 
 def gpu_memory_gb() -> float | None:
     """The smallest GPU's memory (GiB), or None without NVML."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - pynvml.NVMLError and ImportError alike
-        return None
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        return min(
-            pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total / 2**30 for i in range(count)
-        )
-    finally:
-        pynvml.nvmlShutdown()
+    return min((gpu.total_gb for gpu in gpu_memory()), default=None)
 
 
 def records(run_dir: Path) -> list[dict]:

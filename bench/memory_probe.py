@@ -6,7 +6,7 @@ Builds tiny random-weight Llama models with the installed transformers (and PEFT
 bf16 autocast as tunedeck's trainer does, and counts every tensor autograd saves for the backward pass once per
 storage (torch.autograd.graph.saved_tensors_hooks). One layer's share is the difference between a 3-layer and a
 2-layer model (the first layer keeps less: its input, the embeddings' output, needs no gradient). It prints bytes
-per token of one layer, measured and as backend/memory_activations.py counts them, in units of the hidden size h.
+per token of one layer, measured and as backend/estimate/memory_activations.py counts them, in units of the hidden size h.
 
 The probe runs on CPU, where two things differ from CUDA: dropout keeps its mask in the input's dtype (fp32 after
 PEFT's cast: 4 bytes) where CUDA's native_dropout keeps a 1-byte bool, and attention runs SDPA's CPU flash kernel,
@@ -15,7 +15,7 @@ therefore print the mask difference beside the totals.
 
     .venv/bin/python bench/memory_probe.py --litgpt PATH
 
-does the same for the layer of LitGPT's 2023 LoRA (the software of its resource tables, backend/memory_software.py:
+does the same for the layer of LitGPT's 2023 LoRA (the software of its resource tables, backend/estimate/memory_software.py:
 litgpt-2023) from a lit_gpt source folder (Lightning-AI/lit-gpt at 8641822: `git archive 8641822 lit_gpt`), in
 bf16 without autocast as bf16-true runs it, with attention keeping what CUDA's flash kernel keeps. What a layer keeps
 depends on torch: before 2.2, mean(dim) saved its input (pytorch/pytorch#109876), so LitGPT's RMSNorm kept x * x
@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tunedeck.backend.memory_activations import _per_layer_activation_bytes  # noqa: E402
-from tunedeck.backend.memory_job import Job, input_values  # noqa: E402
+from tunedeck.backend.estimate.memory_activations import _per_layer_activation_bytes  # noqa: E402
+from tunedeck.backend.estimate.memory_job import Job, input_values  # noqa: E402
 from tunedeck.backend.spec import JobSpec, set_paths  # noqa: E402
 
 TOY = {
@@ -93,7 +93,7 @@ def measured_layer_bytes(method: str, dropout: float, targets) -> float:
 
 
 def predicted_layer_bytes(method: str, dropout: float, targets, *, mask_bytes: int = 1) -> float:
-    """Bytes per token of one layer as backend/memory_activations.py counts them (CUDA's 1-byte dropout mask;
+    """Bytes per token of one layer as backend/estimate/memory_activations.py counts them (CUDA's 1-byte dropout mask;
     mask_bytes=4 counts the CPU's)."""
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(json.dumps({**TOY, "num_hidden_layers": 3}), encoding="utf-8")
@@ -178,7 +178,7 @@ def litgpt_layer_bytes(source: Path) -> float:
 
 
 def litgpt_predicted_bytes(*, mask_bytes: int = 1, torch_2_1: bool = True) -> float:
-    """One LitGPT 2023 layer as backend/memory_activations.py counts it (software litgpt-2023, torch 2.1.0's norms);
+    """One LitGPT 2023 layer as backend/estimate/memory_activations.py counts it (software litgpt-2023, torch 2.1.0's norms);
     mask_bytes=2 counts the CPU's dropout mask, torch_2_1=False a torch whose mean keeps nothing."""
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(json.dumps({**TOY, "num_hidden_layers": 3}), encoding="utf-8")

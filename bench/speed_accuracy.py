@@ -3,7 +3,7 @@
     .venv/bin/python bench/speed_accuracy.py
 
 Reads tests/data/measured_throughput.yaml, predicts the useful tokens/s per GPU of every run with
-backend/speed.py (its GPU, links, micro batch, accumulation, checkpointing, and how its rows fill a micro
+backend/estimate/speed.py (its GPU, links, micro batch, accumulation, checkpointing, and how its rows fill a micro
 batch: packed, or padded to the longest row of the batch), and prints the prediction beside the
 measurement per run, then the mean and largest absolute error on the rows the fit saw and on the third it
 never saw (`held_out`: the fixed split bench/fit_speed.py fits on the rest of).
@@ -22,12 +22,15 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tunedeck.backend import catalog  # noqa: E402
-from tunedeck.backend.memory_job import Job, input_values  # noqa: E402
-from tunedeck.backend.spec import JobSpec, set_paths  # noqa: E402
-from tunedeck.backend.speed import Hardware, predict, schedule_of  # noqa: E402
-from tunedeck.backend.speed_compute import FITTED, SpeedConstants  # noqa: E402
-from tunedeck.backend.speed_data import DataShape  # noqa: E402
+from tunedeck.backend.estimate.memory_job import Job, input_values  # noqa: E402
+from tunedeck.backend.estimate.speed import Hardware, predict, schedule_of  # noqa: E402
+from tunedeck.backend.estimate.speed_compute import FITTED, SpeedConstants  # noqa: E402
+from tunedeck.backend.estimate.speed_data import DataShape  # noqa: E402
+from tunedeck.backend.spec import (  # noqa: E402
+    JobSpec,
+    catalog,
+    set_paths,
+)
 
 TABLE = ROOT / "tests" / "data" / "measured_throughput.yaml"
 STAND_IN = "meta-llama/Llama-2-7b-hf"  # a catalog model for rows given by `arch` (replaced before predicting)

@@ -148,7 +148,7 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope="session")
 def demo_home() -> Path:
     """The built demo folder: model/, data/train.jsonl, data/eval.jsonl, formats/<format>.jsonl."""
-    from tunedeck.backend.demo import ensure_demo
+    from tunedeck.backend.data.demo import ensure_demo
 
     return ensure_demo()
 

@@ -28,16 +28,19 @@ from panel.browser import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parent.parent
-NOT_SOURCES = shutil.ignore_patterns(
-    ".*", "build", "dist", "*.egg-info", "__pycache__", "tests", "runs", "test-artifacts"
-)
+ANYWHERE = shutil.ignore_patterns(".*", "*.egg-info", "__pycache__")
+TOP_LEVEL = {"build", "dist", "tests", "runs", "test-artifacts"}  # at the top only: backend/runs/ is a package
+
+
+def not_sources(folder: str, names: list[str]) -> set[str]:
+    return ANYWHERE(folder, names) | (TOP_LEVEL & set(names) if Path(folder) == REPO else set())
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """The wheel, built from a copy of the checkout (a build in place could ship stale build/ files)."""
     work = tmp_path_factory.mktemp("wheel")
-    shutil.copytree(REPO, work / "src", ignore=NOT_SOURCES)
+    shutil.copytree(REPO, work / "src", ignore=not_sources)
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     built = subprocess.run([*pip_wheel, "-w", work / "dist", work / "src"], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
@@ -91,7 +94,9 @@ def test_the_wheel_holds_the_package_data_and_only_tunedeck(wheel):
     assert zipfile.ZipFile(wheel).read(f"{info}/top_level.txt").decode().split() == ["tunedeck"]
     shipped_data = [*REPO.glob("presets/*.yaml"), *(p for p in REPO.glob("assets/**/*") if p.is_file())]
     assert shipped_data and REPO / "assets/demo/recipe.yaml" in shipped_data
-    for path in [*shipped_data, REPO / "constraints.txt", REPO / "__main__.py", REPO / "backend/train.py"]:
+    recipe = sorted(REPO.glob("backend/recipe/*.py"))  # the training recipe every bundle carries
+    assert REPO / "backend/recipe/train_sft.py" in recipe
+    for path in [*shipped_data, REPO / "constraints.txt", REPO / "__main__.py", *recipe]:
         assert f"tunedeck/{path.relative_to(REPO)}" in names, path
     assert not any("/tests/" in n or n.startswith("tests/") for n in names)
     entry_points = zipfile.ZipFile(wheel).read(f"{info}/entry_points.txt").decode()
@@ -122,7 +127,9 @@ def test_presets_export_and_estimate_from_outside_the_repository(installed):
     exported = run(installed, installed["tunedeck"], "export", "7b-lora-ddp", "-o", "bundle")
     assert exported.returncode == 0, exported.stderr
     bundle = installed["cwd"] / "bundle"
-    assert (bundle / "train_sft.py").read_text() == (REPO / "backend" / "train.py").read_text()
+    assert "tunedeck_recipe.train_sft import main" in (bundle / "train_sft.py").read_text()
+    for path in REPO.glob("backend/recipe/*.py"):  # the recipe as the wheel installed it: this checkout's
+        assert (bundle / "tunedeck_recipe" / path.name).read_text() == path.read_text(), path.name
     pins = {
         line for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith(("trl==", "torch=="))
     }
@@ -165,3 +172,33 @@ def wait_for_page(url: str, panel: subprocess.Popen, deadline: float) -> tuple[i
         except OSError:
             time.sleep(0.5)
     return None
+
+
+def test_a_bundle_exported_from_the_wheel_trains_the_demo_where_tunedeck_cannot_be_imported(installed, demo_home):
+    """The bundle carries its recipe (tunedeck_recipe/ beside train_sft.py): exported by the installed wheel, its
+    launch.sh trains the demo on 2 CPU processes with packages named like tunedeck's that refuse to be imported."""
+    bundle = installed["cwd"] / "demo-bundle"
+    steps = ["--set", "training.max_steps=2", "--set", "training.save_steps=2", "--set", "training.eval_steps=2"]
+    exported = run(installed, installed["tunedeck"], "export", "demo", *steps, "-o", bundle)
+    assert exported.returncode == 0, exported.stderr
+    poison = installed["cwd"] / "poison"
+    for package in ("backend", "app", "tunedeck"):
+        (poison / package).mkdir(parents=True)
+        (poison / package / "__init__.py").write_text("raise ImportError('the bundle must not import tunedeck')\n")
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",  # accelerate, from the training stack
+        "HOME": os.environ.get("HOME", str(installed["cwd"])),
+        "PYTHONPATH": str(poison),
+        "HF_HUB_OFFLINE": "1",
+    }
+    result = subprocess.run(
+        ["bash", str(bundle / "launch.sh")], cwd=installed["cwd"], env=env, capture_output=True, text=True, timeout=400
+    )
+    logs = "".join(log.read_text(errors="replace")[-2000:] for log in sorted((bundle / "logs").glob("rank*.log")))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs
+    records = [json.loads(line) for line in (bundle / "metrics.jsonl").read_text().splitlines()]
+    start, end = records[0], records[-1]
+    assert start["event"] == "start" and start["world_size"] == 2 and start["gate"]["passed"]
+    assert [r["step"] for r in records if r["event"] == "log" and "loss" in r] == [1, 2]
+    assert end["event"] == "end" and end["status"] == "finished"
+    assert (bundle / "output" / "adapter_model.safetensors").is_file()

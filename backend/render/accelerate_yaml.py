@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import yaml
 
-from tunedeck.backend.engine_facts import fsdp_layer_cls
 from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.spec.engine_facts import fsdp_layer_cls
 
 DEEPSPEED_CONFIG_FILE = "ds_config.json"
 
@@ -21,15 +21,14 @@ _MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 def distributed_type(spec: JobSpec) -> str:
     """accelerate's distributed_type for the job: the strategy table's, or NO for one plain process."""
-    kind = spec.strategy.facts.distributed_type
-    if kind == "MULTI_GPU" and spec.launch.num_processes == 1:
+    if spec.layout.wrapper == "none":
         # `accelerate config` refuses MULTI_GPU with one process on one machine.
         return "NO"
-    return kind
+    return spec.strategy.facts.distributed_type
 
 
 def accelerate_config_dict(spec: JobSpec) -> dict:
-    launch = spec.launch
+    launch, layout = spec.launch, spec.layout
     kind = distributed_type(spec)
     config: dict = {
         "compute_environment": "LOCAL_MACHINE",
@@ -47,21 +46,21 @@ def accelerate_config_dict(spec: JobSpec) -> dict:
         "tpu_use_cluster": False,
         "tpu_use_sudo": False,
         # DeepSpeed on CPU runs with use_cpu false (the DeepSpeed CPU accelerator does the work).
-        "use_cpu": launch.use_cpu and kind in ("MULTI_GPU", "NO"),
+        "use_cpu": launch.use_cpu and layout.is_ddp,
     }
     if not launch.use_cpu:
         config["gpu_ids"] = launch.gpu_ids
     if launch.num_machines > 1:
         config["main_process_ip"] = launch.main_process_ip
         config["main_process_port"] = launch.main_process_port
-    if kind == "DEEPSPEED":
+    if layout.is_deepspeed:
         # No mixed_precision here: with deepspeed_config_file accelerate refuses it; ds_config.json decides.
         config["deepspeed_config"] = _deepspeed_section(spec)
-        if spec.sequence_parallel > 1:
+        if layout.sequence_parallel > 1:
             config["parallelism_config"] = _sequence_parallelism(spec)
     else:
         config["mixed_precision"] = _MIXED_PRECISION[spec.training.precision]
-    if kind == "FSDP":
+    if layout.is_fsdp:
         config["fsdp_config"] = _fsdp_section(spec)
         parallelism = _hybrid_shard_parallelism(spec)
         if parallelism:
@@ -71,7 +70,7 @@ def accelerate_config_dict(spec: JobSpec) -> dict:
 
 def _deepspeed_section(spec: JobSpec) -> dict:
     section: dict = {"deepspeed_config_file": DEEPSPEED_CONFIG_FILE}
-    if spec.strategy.zero_stage == 3:
+    if spec.layout.is_zero3:
         # Build a 16-bit model already sharded (deepspeed.zero.Init). transformers skips it for quantized
         # models, which load whole on every rank before ZeRO-3 shards them (modeling_utils.get_init_context).
         section["zero3_init_flag"] = True
@@ -95,7 +94,7 @@ def _fsdp_section(spec: JobSpec) -> dict:
     if s.fsdp_version == 2:
         # FSDP2 has no sharding-strategy enum: SHARD_GRAD_OP = keep parameters gathered after forward;
         # HYBRID_SHARD = FULL_SHARD inside a node + replication across nodes (parallelism_config).
-        section["fsdp_reshard_after_forward"] = s.fsdp_sharding_strategy != "SHARD_GRAD_OP"
+        section["fsdp_reshard_after_forward"] = spec.layout.gathers_per_layer
     else:
         section["fsdp_reshard_after_forward"] = s.fsdp_sharding_strategy
         # accelerate 1.15's launcher always exports FSDP_SHARDING_STRATEGY (default FULL_SHARD) and the
@@ -109,14 +108,14 @@ def _fsdp_section(spec: JobSpec) -> dict:
 
 
 def _hybrid_shard_parallelism(spec: JobSpec) -> dict:
-    s, launch = spec.strategy, spec.launch
-    if s.fsdp_version != 2 or s.fsdp_sharding_strategy != "HYBRID_SHARD":
+    layout = spec.layout
+    if layout.fsdp_version != 2 or not layout.hybrid:
         return {}
     prefix = "parallelism_config_"
     return {
-        prefix + "dp_replicate_size": launch.num_machines,
-        prefix + "dp_shard_size": launch.processes_per_machine,
-        prefix + "tp_size": 1,
+        prefix + "dp_replicate_size": layout.machines,
+        prefix + "dp_shard_size": layout.shard_group_size,
+        prefix + "tp_size": layout.tensor_parallel,
         prefix + "cp_size": 1,
     }
 

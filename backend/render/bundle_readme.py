@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.render.carried import DATA_CAP_WORDS, DataPlan, size_words
 from tunedeck.backend.render.carried import code_span as _code
 from tunedeck.backend.render.requirements import minimums
@@ -18,15 +19,10 @@ _FILE_ROLES = {
     "launch.sh": "the exact `accelerate launch` command",
     "slurm.sbatch": "the same job on a Slurm cluster: `sbatch slurm.sbatch` runs launch.sh once per node",
     "train_sft.py": "the training script (TRL {trainer}: the job's objective is {objective}); needs only the Hugging Face stack",
+    "tunedeck_recipe/": "the training recipe train_sft.py runs, a Python package of one module per job (its "
+    "train_sft.py says what a run does and writes); needs only the Hugging Face stack",
     "requirements.txt": "the training stack at the versions tunedeck was tested with",
     "README.md": "this file",
-}
-# What each objective trains with (train.py's OBJECTIVES: it ships alone, so it spells them itself).
-_TRL_CLASSES = {
-    "sft": ("SFTConfig", "SFTTrainer"),
-    "dpo": ("DPOConfig", "DPOTrainer"),
-    "kto": ("KTOConfig", "KTOTrainer"),
-    "grpo": ("GRPOConfig", "GRPOTrainer"),
 }
 
 
@@ -74,11 +70,12 @@ def _copy_line(path: str) -> str:
 
 def render_bundle_readme(spec: JobSpec, names: list[str], data: DataPlan | None = None) -> str:
     launch = spec.launch
-    config, trainer = _TRL_CLASSES.get(spec.objective, _TRL_CLASSES["sft"])
+    objective = OBJECTIVES[spec.objective]  # what it trains with: backend/recipe/objectives_table.py
+    config, trainer = objective.config, objective.trainer
     role = {"config": config, "trainer": trainer, "objective": spec.objective}
     device = "CPU processes (gloo)" if launch.use_cpu else "GPUs"
     lines = [
-        f"# {spec.method}{'' if spec.objective == 'sft' else ' ' + spec.objective.upper()} fine-tuning of "
+        f"# {spec.method}{'' if spec.objective == 'sft' else ' ' + objective.title} fine-tuning of "
         f"{_code(spec.model.name_or_path)}",
         "",
         f"- Strategy: {spec.strategy.facts.title}"

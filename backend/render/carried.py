@@ -1,6 +1,6 @@
 """What a bundle carries of the job's local files, and what it leaves on the machine that made it.
 
-Pure data: backend/bundle_data.py fills it from this machine's disk, bundle_readme.py lists it, and
+Pure data: backend/render/bundle_data.py fills it from this machine's disk, bundle_readme.py lists it, and
 zip_bundle / write_bundle copy the carried files into the bundle's data/ folder.
 """
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from tunedeck.backend.engine_facts import nvme_param_buffer_size
 from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.spec.engine_facts import nvme_param_buffer_size
 
 
 def _offload(device: str, nvme_path: str | None, buffer_size: int | None = None) -> dict:

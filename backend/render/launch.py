@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 
 from tunedeck.backend.spec import JobSpec
-from tunedeck.backend.spec_env import environment
-from tunedeck.backend.untrusted import unsafe_char
+from tunedeck.backend.spec.env import environment
+from tunedeck.backend.spec.untrusted import unsafe_char
 
 ACCELERATE_CONFIG = "accelerate_config.yaml"
 TRAIN_SCRIPT = "train_sft.py"
@@ -17,7 +17,7 @@ TRAINING_ARGS_FILE = "training_args.yaml"
 def shell_word(value: str) -> str:
     """A spec value as one quoted shell word on one line, for scripts and their comments alike.
 
-    The spec refuses line breaks and control characters in every text field (backend/spec.py);
+    The spec refuses line breaks and control characters in every text field (backend/spec/__init__.py);
     a spec built around that check must not turn into a script that runs part of a value.
     """
     if unsafe_char(value) is not None:

@@ -39,7 +39,8 @@ def minimums(spec: JobSpec) -> list[Minimum]:
             "transformers added in 5.23.0 (older versions refuse the key)",
         )
     ]
-    if spec.strategy.zero_stage in (1, 2) and spec.strategy.overlap_comm:
+    layout = spec.layout
+    if layout.is_deepspeed and not layout.shards_parameters and spec.strategy.overlap_comm:  # ZeRO-1/2
         needs.append(
             Minimum(
                 "deepspeed",

@@ -48,6 +48,32 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
     return [f"#SBATCH {option}" for option in options] + list(slurm.extra_directives)
 
 
+def restart_lines(spec: JobSpec) -> list[str]:
+    """After a failure: its class (tunedeck_recipe/failures.py, as the panel's supervisor classifies a local run's),
+    recorded in attempts.jsonl, and a requeue when a new attempt can cure it (launch.max_restarts; a job submitted
+    with --no-requeue, launch.slurm.requeue off, is never started again); the next start resumes from the newest
+    checkpoint (train_sft.py reads SLURM_RESTART_COUNT)."""
+    launch = spec.launch
+    classify = (
+        '"${PYTHON:-python3}" -m tunedeck_recipe.failures . --launcher-log "$log" --attempts attempts.jsonl '
+        f"--max-restarts {launch.max_restarts}" + ("" if launch.slurm.requeue else " --no-requeue")
+    )
+    doubled = f"({int(launch.restart_backoff_s)} << ${{SLURM_RESTART_COUNT:-0}})"
+    wait = f'sleep "$(( {doubled} > 600 ? 600 : {doubled} ))"'
+    return [
+        "# A failure: classified (attempts.jsonl); started again from the newest checkpoint when a new attempt can",
+        "# cure it (a lost rank or node, a timeout), never for out-of-memory, data or configuration errors.",
+        'if [ "$status" != 0 ] && [ "$time_limit_reached" = 0 ]; then',
+        '  log=$(scontrol show job "$SLURM_JOB_ID" | sed -n "s/^ *StdOut=//p")',
+        f"  if {classify}; then",
+        '    mv -f errors.jsonl "errors.attempt-${SLURM_RESTART_COUNT:-0}.jsonl" 2>/dev/null || true',
+        f"    {wait}  # launch.restart_backoff_s, doubled for each restart before, at most 10 min",
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "  fi",
+        "fi",
+    ]
+
+
 def render_slurm_sbatch(spec: JobSpec) -> str:
     launch = spec.launch
     return "\n".join(
@@ -97,6 +123,7 @@ def render_slurm_sbatch(spec: JobSpec) -> str:
                 if spec.launch.slurm.requeue
                 else []
             ),
+            *restart_lines(spec),
             'exit "$status"',
             "",
         ]

@@ -2,8 +2,8 @@
 
 The training entrypoint passes them as `SFTConfig(**kwargs)` unchanged, so this file
 is exactly what runs. The two configs share the Trainer's arguments; a field only one of
-them takes applies only with its objective (backend/applies.py). A spec field that is an SFTConfig argument says so itself (SftField
-in backend/spec_sections.py) and is copied here by name where it applies (backend/applies.py);
+them takes applies only with its objective (backend/spec/applies.py). A spec field that is an SFTConfig argument says so itself (SftField
+in backend/spec/sections.py) and is copied here by name where it applies (backend/spec/applies.py);
 only the keys derived from several fields, or from where the job runs, are written by hand.
 
 It carries the CPU specifics too (measured, docs/notes/cpu-distributed.md): DDP on CPU needs
@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import yaml
 
-from tunedeck.backend.applies import applies
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.spec import FIELD_PATHS, JobSpec, flat_values, sft_name
+from tunedeck.backend.spec.applies import applies
 
 # TRL's SFTTrainer tokenises on the global main process first, then on each node's local main, while
 # every other rank waits in a barrier (trl/trainer/utils.py, global_then_local_main_first). That
@@ -43,13 +44,14 @@ def training_args_dict(spec: JobSpec) -> dict:
     """The copied arguments, then the ones derived from several fields or from where the job runs."""
     t, d, s, launch = spec.training, spec.dataset, spec.strategy, spec.launch
     args = copied_arguments(spec)
+    args.update(OBJECTIVES[spec.objective].fixed)  # what the objective sets itself (SimPO: CPO's simpo loss)
     args["bf16"] = t.precision == "bf16"
     args["fp16"] = t.precision == "fp16"
     if t.gradient_checkpointing:
         # Non-reentrant checkpointing works with frozen inputs (LoRA), DDP and FSDP. Adapters on
         # ZeRO-3 are the exception: TRL's SFTTrainer forces reentrant there for correct gradients
         # (trl#2514), so the file says so rather than promise what does not run.
-        reentrant = spec.uses_adapter and s.zero_stage == 3
+        reentrant = spec.uses_adapter and spec.layout.is_zero3
         args["activation_checkpointing_kwargs"] = {"use_reentrant": reentrant}
     if not launch.use_cpu and spec.objective != "grpo":  # GRPO tokenises its prompts as it goes
         # GPU jobs only: CPU bundles (the demo, the tests) have small data, and their cores are the trainers.
@@ -62,6 +64,9 @@ def training_args_dict(spec: JobSpec) -> dict:
     if spec.sequence_parallel > 1:
         args["pad_to_multiple_of"] = sequence_padding(spec)
     args["logging_first_step"] = True  # a first point on the loss chart right away
+    # The Trainer logs a NaN or Inf step's loss as the window's mean by default: the health guard
+    # (training.health) and the chart must see it as it is.
+    args["logging_nan_inf_filter"] = False
     args["save_strategy"] = "steps"
     if d.eval_split:
         args["eval_strategy"] = "steps"

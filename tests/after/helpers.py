@@ -16,7 +16,7 @@ CHAT_SYSTEM = "Answer with the number."  # the chat run's data's system message
 
 def train_demo(runs_dir: Path, overrides: dict) -> tuple[Path, str]:
     """(runs_dir, run_id) of a finished demo run with these dotted-path overrides."""
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import resolve_spec, set_paths
 
     spec = resolve_spec("demo")

@@ -10,13 +10,14 @@ import pytest
 import yaml
 from runs.helpers import fake_run
 
-from tunedeck.app.after_view import AfterView, next_turns
+from tunedeck.app.after_view import AfterView
 from tunedeck.app.eval_display import EVAL_HEADERS
-from tunedeck.backend.checkpoints import AfterError
-from tunedeck.backend.eval_results import save_results
-from tunedeck.backend.examples import verdict
-from tunedeck.backend.prompting import SettingsError
-from tunedeck.backend.runs import RunManager
+from tunedeck.app.try_turns import next_turns
+from tunedeck.backend.after.eval_results import save_results
+from tunedeck.backend.after.examples import verdict
+from tunedeck.backend.after.prompting import SettingsError
+from tunedeck.backend.runs.checkpoints import AfterError
+from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.spec import resolve_spec, spec_to_dict
 
 from .helpers import CHAT_SYSTEM, gone
@@ -233,7 +234,7 @@ def test_a_chat_run_converses_each_model_seeing_its_own_earlier_turns(chat_run, 
                                   system=example["after.system"]))  # fmt: skip
         shown = [u["after.answer"] for u in framed if "after.answer" in u][-1]
         assert shown.startswith("> Subtract the numbers. 1 - 0\n1\n\n> Add the numbers. 9 + 0\n"), shown
-        row = json.loads(Path(view.manager.job(run_id)["dataset"]["path"]).read_text().splitlines()[1])["messages"]
+        row = json.loads(Path(view.manager.job(run_id).dataset.path).read_text().splitlines()[1])["messages"]
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(demo_home / "model")

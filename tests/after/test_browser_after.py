@@ -1,7 +1,7 @@
 """The Try · Evaluate · Export tab in headless Chromium, over a copy of the session's trained demo run.
 
 One panel for the module, with a short worker idle timeout; the tests run in order and the last
-one stops the panel. Worker processes are the panel's children running tunedeck.backend.worker.
+one stops the panel. Worker processes are the panel's children running tunedeck.backend.after.worker.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from panel.browser import EVENTS_TAP_JS, PanelServer, fill, plot_points, settle, wait_text
+from panel.browser import EVENTS_TAP_JS, PanelServer, fill, plot_points, settle, text_of, wait_text
 from runs.helpers import wait_for
 
 from .helpers import gone
@@ -67,7 +67,7 @@ def workers(server) -> list[int]:
     found = []
     for child in psutil.Process(server.proc.pid).children(recursive=True):
         try:
-            if "tunedeck.backend.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if "tunedeck.backend.after.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
                 found.append(child.pid)
         except psutil.NoSuchProcess:
             continue
@@ -185,6 +185,7 @@ def test_evaluate_says_in_its_status_line_what_to_do_without_held_out_rows(page,
     open_after(page, server)
     page.locator("#after-run input").click()
     page.locator(f'#after-run li[role=option][aria-label^="{run_id}"]').click()
+    settle(page)  # the pick's own answer (it says "not evaluated yet") comes before Evaluate's, as a person waits
     wait_text(page, "#after-eval-status", "not evaluated yet")
     page.click("#after-evaluate")
     wait_text(page, "#after-eval-status", "This run kept no held-out rows")
@@ -272,7 +273,11 @@ def test_workers_end_when_the_tab_closes_after_idle_timeout_and_with_the_panel(b
     assert time.monotonic() - started >= IDLE_S - 3  # ended by its timeout, not at once
 
     page.click("#after-ask")  # 3. the same prompt again: the model loads again; the panel exits: no orphan
-    pids = wait_for(lambda: workers(server), 120, what="a worker loaded again")
+    pids = wait_for(
+        lambda: workers(server),
+        120,
+        what=lambda: f"a worker loaded again; the status line says {text_of(page, '#after-status')!r}",
+    )
     wait_text(page, "#after-status", "the final adapter on cpu", timeout=240_000)
     assert not torch_loaded(server.proc.pid)
     context.close()

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tunedeck.backend.eval_answers import answers_jsonl, answers_path, answers_table, newest_answers
-from tunedeck.backend.eval_results import read_eval, save_results
-from tunedeck.backend.evaluate import judged
+from tunedeck.backend.after.eval_answers import answers_jsonl, answers_path, answers_table, newest_answers
+from tunedeck.backend.after.eval_results import read_eval, save_results
+from tunedeck.backend.after.scoring import judged
 
 
 def _answers(expected_and_answers, prompt=lambda i: f"Q: {i} + 1\nA:") -> list[dict]:

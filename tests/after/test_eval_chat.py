@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend.eval_results import read_eval
-from tunedeck.backend.examples import verdict
+from tunedeck.backend.after.eval_results import read_eval
+from tunedeck.backend.after.examples import verdict
 
 from .helpers import CHAT_SYSTEM, tunedeck
 

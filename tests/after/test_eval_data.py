@@ -13,24 +13,24 @@ import yaml
 from runs.helpers import fake_run
 
 from tunedeck.app.after_view import AfterView
-from tunedeck.backend.eval_data import NoEvalData, eval_source, sample_training_rows, seen_in_training
-from tunedeck.backend.evaluate import eval_rows
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.spec import resolve_spec, set_paths, spec_to_dict
+from tunedeck.backend.after.eval_data import NoEvalData, eval_source, sample_training_rows, seen_in_training
+from tunedeck.backend.after.scoring import eval_rows
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.spec import JobSpec, resolve_spec, set_paths, spec_to_dict
 
 RUN_ID = "20250101-120000-abcdef"
 ROWS = [{"prompt": f"Q: {i} + 1 =", "completion": f" {i + 1}"} for i in range(30)]
 
 
 @pytest.fixture
-def run(tmp_path) -> tuple[AfterView, Path, dict]:
+def run(tmp_path) -> tuple[AfterView, Path, JobSpec]:
     """A finished LoRA run with a final adapter, trained on data/train.jsonl with no held-out file beside it."""
     data = tmp_path / "data" / "train.jsonl"
     data.parent.mkdir()
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     folder = fake_run(tmp_path / "runs", RUN_ID, "finished", None)
-    job = spec_to_dict(set_paths(resolve_spec("demo"), {"dataset.path": str(data)}))
-    (folder / "job.yaml").write_text(yaml.safe_dump(job))
+    job = set_paths(resolve_spec("demo"), {"dataset.path": str(data)})
+    (folder / "job.yaml").write_text(yaml.safe_dump(spec_to_dict(job)))
     (folder / "output").mkdir()
     (folder / "output" / "adapter_model.safetensors").write_bytes(b"")
     return AfterView(RunManager(tmp_path / "runs")), folder, job
@@ -56,8 +56,8 @@ def test_an_evaluation_file_that_is_the_training_file_is_a_warning_when_picked(r
     view, _, job = run
     copy = tmp_path / "upload" / "mine.jsonl"
     copy.parent.mkdir()
-    copy.write_bytes(Path(job["dataset"]["path"]).read_bytes())  # another name, the same bytes
-    for picked in (job["dataset"]["path"], str(copy)):
+    copy.write_bytes(Path(job.dataset.path).read_bytes())  # another name, the same bytes
+    for picked in (job.dataset.path, str(copy)):
         note = view.eval_data_note(RUN_ID, picked)["after.eval_status"]
         assert note.startswith(f"⚠ {Path(picked).name} is the run's training file (train.jsonl, the same content)")
         assert "the model trained on these rows" in note and "`dataset.eval_split`" in note

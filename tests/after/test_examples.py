@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from tunedeck.backend import train
-from tunedeck.backend.checkpoints import AfterError
-from tunedeck.backend.evaluate import rouge_l
-from tunedeck.backend.examples import NoExamples, data_examples, pick, verdict
-from tunedeck.backend.prompting import answer_line, chat_messages, resolve_template, transcript, wrap_plain
+from tunedeck.backend import recipe
+from tunedeck.backend.after.examples import NoExamples, data_examples, pick, verdict
+from tunedeck.backend.after.prompting import answer_line, chat_messages, resolve_template, transcript, wrap_plain
+from tunedeck.backend.after.scoring import rouge_l
+from tunedeck.backend.runs.checkpoints import AfterError
+from tunedeck.backend.spec import JobSpec, parse_spec
 
 
 def _write(path, rows) -> None:
@@ -18,8 +19,8 @@ def _write(path, rows) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _job(path, fmt: str, **fields) -> dict:
-    return {"dataset": {"path": str(path), "format": fmt, "max_seq_length": 64, **fields}}
+def _job(path, fmt: str, **fields) -> JobSpec:
+    return parse_spec({"dataset": {"path": str(path), "format": fmt, "max_seq_length": 64, **fields}})
 
 
 def test_an_alpaca_example_wrapped_by_the_try_box_is_the_prompt_the_run_trained_on(tmp_path):
@@ -29,7 +30,8 @@ def test_an_alpaca_example_wrapped_by_the_try_box_is_the_prompt_the_run_trained_
     ]
     _write(tmp_path / "data" / "train.jsonl", rows)
     job = _job(tmp_path / "data" / "train.jsonl", "alpaca")
-    trained = train.to_trl_format(train.load_split(job["dataset"], "train"), job["dataset"], "text")
+    dataset = job.dataset.model_dump(mode="json")  # as the recipe reads job.yaml
+    trained = recipe.to_trl_format(recipe.load_split(dataset, "train"), dataset, "text")
     pairs, _, _ = data_examples(tmp_path, job)
     template = resolve_template("auto", "alpaca", has_chat_template=False)
     for number, row in enumerate(trained, start=1):

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from tunedeck.backend import evaluate
+from tunedeck.backend.after import scoring
+from tunedeck.backend.spec import parse_spec
 
 
 def test_prompt_only_rows_are_scored_against_their_answer_column_under_any_column_names(tmp_path):
@@ -17,18 +18,18 @@ def test_prompt_only_rows_are_scored_against_their_answer_column_under_any_colum
     rows = [{"q": "Q: 2 + 2\nA:", "ref": "4"}, {"q": "Q: reverse a b\nA:", "ref": "b a"}, {"q": "Q: anything\nA:"}]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     cfg = {"path": str(path), "format": "prompt-only", "prompt_field": "q", "answer_field": "ref"}
-    read = evaluate._read_rows(cfg, "train", str(path), None, answers_optional=True)
+    read = scoring._read_rows(cfg, "train", str(path), None, answers_optional=True)
     assert read == [
         {"prompt": "Q: 2 + 2\nA:", "completion": "4"},
         {"prompt": "Q: reverse a b\nA:", "completion": "b a"},
         {"prompt": "Q: anything\nA:", "completion": None},  # answered, not scored
     ]
-    assert [evaluate.has_answer(row) for row in read] == [True, True, False]
-    assert evaluate.question_and_answer(read[0]) == ("Q: 2 + 2\nA:", "4")
+    assert [scoring.has_answer(row) for row in read] == [True, True, False]
+    assert scoring.question_and_answer(read[0]) == ("Q: 2 + 2\nA:", "4")
     # A file of prompts without any answer column: every prompt is answered and none is scored.
     bare = tmp_path / "bare.jsonl"
     bare.write_text(json.dumps({"prompt": "Q: hi\nA:"}) + "\n")
-    read = evaluate._read_rows({"path": str(bare), "format": "prompt-only"}, "train", str(bare), None, True)
+    read = scoring._read_rows({"path": str(bare), "format": "prompt-only"}, "train", str(bare), None, True)
     assert read == [{"prompt": "Q: hi\nA:", "completion": None}]
 
 
@@ -39,11 +40,11 @@ def test_a_folder_of_split_files_is_evaluated_on_its_held_out_file(tmp_path):
     folder.mkdir()
     for split, answer in (("train", "1"), ("validation", "2")):
         (folder / f"{split}.jsonl").write_text(json.dumps({"prompt": f"Q: {split}\nA:", "answer": answer}) + "\n")
-    job = {"dataset": {"path": str(folder), "format": "prompt-only", "split": "train", "eval_split": None}}
-    rows, source = evaluate.eval_rows(tmp_path, job)
+    job = parse_spec({"dataset": {"path": str(folder), "format": "prompt-only", "split": "train", "eval_split": None}})
+    rows, source = scoring.eval_rows(tmp_path, job)
     assert source == str(folder / "validation.jsonl")
     assert rows == [{"prompt": "Q: validation\nA:", "completion": "2"}]
-    assert evaluate.training_rows(tmp_path, job)[0] == [{"prompt": "Q: train\nA:", "completion": "1"}]
+    assert scoring.training_rows(tmp_path, job)[0] == [{"prompt": "Q: train\nA:", "completion": "1"}]
 
 
 @pytest.mark.parametrize(
@@ -51,6 +52,6 @@ def test_a_folder_of_split_files_is_evaluated_on_its_held_out_file(tmp_path):
     [(" 7 ", "7", True), ("3 + 4 = 7 #### 7", "7", True), ("\\boxed{1,200}", "1200", True), (" 8", "7", False)],
 )
 def test_an_exact_match_is_the_same_final_answer_as_grpos_reward_scores_it(answer, expected, same):
-    from tunedeck.backend.evaluate import exact_match
+    from tunedeck.backend.after.scoring import exact_match
 
     assert exact_match(answer, expected) is same

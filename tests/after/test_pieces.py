@@ -13,12 +13,18 @@ import yaml
 from panel.fake_nvml import FakeNvml
 from runs.helpers import fake_run
 
-from tunedeck.backend import train
-from tunedeck.backend.eval_results import read_eval, save_results, table_rows
-from tunedeck.backend.prompting import GenerationSettings, SettingsError, StopTrimmer, resolve_template, wrap_plain
+from tunedeck.backend import recipe
+from tunedeck.backend.after.eval_results import read_eval, save_results, table_rows
+from tunedeck.backend.after.prompting import (
+    GenerationSettings,
+    SettingsError,
+    StopTrimmer,
+    resolve_template,
+    wrap_plain,
+)
+from tunedeck.backend.after.worker_device import inference_gb, place
 from tunedeck.backend.render.serve import render_serve_sh, vllm_max_lora_rank
-from tunedeck.backend.spec import load_presets, spec_to_dict
-from tunedeck.backend.worker_device import inference_gb, place
+from tunedeck.backend.spec import JobSpec, load_presets, set_paths, spec_to_dict
 
 from .helpers import tunedeck
 
@@ -57,7 +63,7 @@ def test_templates_follow_the_runs_dataset_format():
 def test_alpaca_prompt_is_the_one_the_run_trained_on():
     from datasets import Dataset
 
-    trained = train.to_trl_format(
+    trained = recipe.to_trl_format(
         Dataset.from_list([{"instruction": " Add 2 and 3. ", "output": "5"}]), {"format": "alpaca"}, "text"
     )
     assert wrap_plain("alpaca", "Add 2 and 3.") == trained[0]["prompt"]
@@ -66,8 +72,8 @@ def test_alpaca_prompt_is_the_one_the_run_trained_on():
 # ---------------------------------------------------------------- where the model runs
 
 
-def preset_job(preset: str) -> dict:
-    return spec_to_dict(load_presets()[preset].build())
+def preset_job(preset: str) -> JobSpec:
+    return load_presets()[preset].build()
 
 
 def gpus(*free_gb) -> FakeNvml:
@@ -91,7 +97,7 @@ def test_inference_estimates_are_in_the_right_range():
     assert 13.5 < inference_gb(preset_job("7b-lora-ddp")) < 20  # 7B in bf16: 13.5 GB of weights, fits a 24 GB card
     # Evaluation scores 8 full-length sequences at once: their KV cache and logits count too.
     assert inference_gb(preset_job("7b-lora-ddp"), batch=8) > inference_gb(preset_job("7b-lora-ddp")) + 8
-    assert inference_gb({"model": {"name_or_path": "nobody/unknown-model"}}) is None
+    assert inference_gb(set_paths(JobSpec(), {"model.name_or_path": "nobody/unknown-model"})) is None
 
 
 def test_a_gpu_that_a_live_run_holds_is_skipped(tmp_path):
@@ -175,7 +181,7 @@ def test_push_without_network_says_so(tmp_path):
 
 def finished_run(runs_dir: Path, method: str = "lora") -> Path:
     folder = fake_run(runs_dir, RUN_ID, "finished", None)
-    (folder / "job.yaml").write_text(yaml.safe_dump({**preset_job("demo"), "method": method}))
+    (folder / "job.yaml").write_text(yaml.safe_dump({**spec_to_dict(preset_job("demo")), "method": method}))
     (folder / "output").mkdir()
     (folder / "output" / "adapter_model.safetensors").write_bytes(b"")
     return folder
@@ -216,7 +222,7 @@ def test_a_run_that_saved_nothing_yet_says_when_it_will(tmp_path):
 
 
 def test_side_by_side_streams_both_answers_and_reports_a_failure():
-    from tunedeck.backend.worker_client import side_by_side
+    from tunedeck.app.worker_tasks import side_by_side
 
     def failing():
         yield "par"
@@ -230,7 +236,7 @@ def test_side_by_side_streams_both_answers_and_reports_a_failure():
 def test_leaving_side_by_side_early_closes_the_streams():
     import threading
 
-    from tunedeck.backend.worker_client import side_by_side
+    from tunedeck.app.worker_tasks import side_by_side
 
     closed = threading.Event()
 
@@ -250,7 +256,7 @@ def test_leaving_side_by_side_early_closes_the_streams():
 def test_side_by_side_also_answers_while_a_stream_is_still_loading():
     import time
 
-    from tunedeck.backend.worker_client import side_by_side
+    from tunedeck.app.worker_tasks import side_by_side
 
     def loading_then_answering():
         time.sleep(0.8)  # a model still loading: nothing to show yet

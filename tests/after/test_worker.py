@@ -13,9 +13,9 @@ import time
 import psutil
 import pytest
 
-from tunedeck.backend.prompting import GenerationSettings
-from tunedeck.backend.worker_client import Worker, WorkerError, WorkerPool
-from tunedeck.backend.worker_device import Placement
+from tunedeck.backend.after.prompting import GenerationSettings
+from tunedeck.backend.after.worker_client import Worker, WorkerError, WorkerPool
+from tunedeck.backend.after.worker_device import Placement
 
 from .helpers import gone
 
@@ -74,9 +74,9 @@ def test_worker_answers_errors_and_stays_up():
 PARENT = textwrap.dedent(
     f"""
     import json, sys, time
-    from tunedeck.backend.worker_client import ModelWorker, Worker
-    from tunedeck.backend.worker_device import Placement
-    from tunedeck.backend.prompting import GenerationSettings
+    from tunedeck.backend.after.worker_client import ModelWorker, Worker
+    from tunedeck.backend.after.worker_device import Placement
+    from tunedeck.backend.after.prompting import GenerationSettings
     if len(sys.argv) > 1:  # a loaded model, busy answering a long prompt
         worker = ModelWorker.open(sys.argv[1], sys.argv[2])
         # Near-uniform sampling rarely ends at once; when a draw does end on its first token, draw again.
@@ -176,8 +176,8 @@ def test_model_worker_streams_cancels_and_is_released(demo_run):
 def test_client_side_imports_no_training_stack():
     code = (
         "import sys, json\n"
-        "import tunedeck.backend.worker_client, tunedeck.backend.cli_after, tunedeck.backend.checkpoints\n"
-        "import tunedeck.backend.eval_results, tunedeck.backend.prompting, tunedeck.backend.hub\n"
+        "import tunedeck.backend.after.worker_client, tunedeck.backend.cli.after, tunedeck.backend.runs.checkpoints\n"
+        "import tunedeck.backend.after.eval_results, tunedeck.backend.after.prompting, tunedeck.backend.after.hub\n"
         "import tunedeck.backend.cli\n"
         "tunedeck.backend.cli.build_parser()\n"
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"

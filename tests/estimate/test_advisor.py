@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from tunedeck.backend.advisor import advise, gpu_memory_gb
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.memory_job import EstimateError
+from tunedeck.backend.estimate.advisor import advise
+from tunedeck.backend.estimate.gpu_fit import gpu_memory_gb
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import EstimateError
 from tunedeck.backend.spec import JobSpec, load_presets, set_paths
 from tunedeck.backend.validate import validate
 
@@ -199,7 +200,7 @@ def test_one_estimate_takes_well_under_10_ms():
 
 def test_the_estimator_and_its_view_import_no_training_stack():
     code = (
-        "import sys, tunedeck.backend.memory, tunedeck.backend.advisor, tunedeck.app.estimate_view; "
+        "import sys, tunedeck.backend.estimate.memory, tunedeck.backend.estimate.advisor, tunedeck.app.estimate_view; "
         "print([m for m in ('torch','transformers','trl','peft','deepspeed','bitsandbytes') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

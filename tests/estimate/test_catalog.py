@@ -21,7 +21,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from tunedeck.backend import catalog
+from tunedeck.backend.spec import catalog
 
 CONFIG_CLASSES = {
     "llama": LlamaConfig,

@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from tunedeck.backend import catalog
-from tunedeck.backend.advisor import advise
-from tunedeck.backend.spec import resolve_spec
+from tunedeck.backend.estimate.advisor import advise
+from tunedeck.backend.spec import catalog, resolve_spec
 
 QWEN3_8B = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -76,7 +75,7 @@ def test_hf_hub_cache_wins_and_odd_ids_are_not_paths(tmp_path, monkeypatch):
 
 
 def test_unknown_model_message_says_how_to_make_it_known():
-    from tunedeck.backend.memory_job import EstimateError, input_values
+    from tunedeck.backend.estimate.memory_job import EstimateError, input_values
 
     with pytest.raises(EstimateError, match="hf download ORG/NAME config.json"):
         input_values(resolve_spec("7b-lora-ddp", ["model.name_or_path=nobody/secret-model"]))

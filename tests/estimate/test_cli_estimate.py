@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import catalog
-from tunedeck.backend.spec import resolve_spec
+from tunedeck.backend.spec import catalog, resolve_spec
 
 TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
 

@@ -23,9 +23,9 @@ from tunedeck.app.estimate_view import (
     recommendation_markdown,
     table_headers,
 )
-from tunedeck.backend.advisor import advise
-from tunedeck.backend.memory import TERMS, estimate
-from tunedeck.backend.memory_load import LOAD_TERMS
+from tunedeck.backend.estimate.advisor import advise
+from tunedeck.backend.estimate.memory import TERMS, estimate
+from tunedeck.backend.estimate.memory_load import LOAD_TERMS
 from tunedeck.backend.spec import flat_values, load_presets, set_paths
 
 PRESETS = load_presets()
@@ -167,8 +167,8 @@ def test_the_advice_says_the_predicted_speed_and_on_which_gpu(lora13b):
 
 def test_a_price_per_gpu_hour_fills_the_cost_column_and_the_speed_line(lora13b):
     """The Cost column shows only once a price is given; the speed line then says what the whole job costs, the
-    figure `tunedeck estimate --price-per-gpu-hour` prints (backend/speed.py: hours x price x GPUs)."""
-    from tunedeck.backend.speed import hardware_for
+    figure `tunedeck estimate --price-per-gpu-hour` prints (backend/estimate/speed.py: hours x price x GPUs)."""
+    from tunedeck.backend.estimate.speed import hardware_for
 
     unpriced = compute_advice(lora13b, "H100", 512)
     headers, rows = estimate_table(unpriced)

@@ -8,13 +8,13 @@ from panel.fake_nvml import FakeNvml
 from tunedeck.app.estimate_panel import EstimatePanel
 from tunedeck.app.job_outputs import evaluate
 from tunedeck.app.registry import Registry
-from tunedeck.backend.advisor import advise
 from tunedeck.backend.cli import main
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.fit import fit_problems
-from tunedeck.backend.hardware import DEFAULT_GPU_GB, MachineValueError, machine_facts
-from tunedeck.backend.monitor import Monitor
+from tunedeck.backend.estimate.advisor import advise
+from tunedeck.backend.estimate.fit import fit_problems
+from tunedeck.backend.estimate.hardware import DEFAULT_GPU_GB, MachineValueError, machine_facts
+from tunedeck.backend.machine.monitor import Monitor
 from tunedeck.backend.spec import resolve_spec, set_paths
+from tunedeck.backend.spec.fields import values_from_spec
 
 QLORA_70B_DDP = ["strategy.kind=ddp", "quantization.bnb_4bit_quant_storage=uint8"]
 

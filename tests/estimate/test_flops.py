@@ -1,4 +1,4 @@
-"""FLOPs per token, the GPU peak table, and train.py's MFU records (backend/flops.py, backend/train.py)."""
+"""FLOPs per token, the GPU peak table, and the recipe's MFU records (backend/recipe/speed.py, backend/spec/flops.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tunedeck.backend import catalog, flops, train
-
-
-def test_train_carries_the_shared_block_verbatim():
-    train_text = flops.TRAIN_FILE.read_text(encoding="utf-8")
-    own = flops.shared_block(flops.Path(flops.__file__).read_text(encoding="utf-8"))
-    assert flops.shared_block(train_text) == own, "run `python -m tunedeck.backend.flops --sync`"
-    drifted = train_text.replace('"bf16": 989', '"bf16": 990', 1)
-    assert flops.shared_block(drifted) != own  # a one-number edit in train.py alone is caught
-    assert flops.synced_train_text(drifted) == train_text  # and --sync repairs it
+from tunedeck.backend import recipe
+from tunedeck.backend.spec import catalog, flops
 
 
 def test_flops_per_token_full_lora_and_checkpointing_by_hand():
@@ -94,8 +86,8 @@ def _recorder(tmp_path, monkeypatch, speed: dict):
     from transformers import TrainerControl
 
     clock = [1000.0]
-    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
-    recorder = train.make_callback(train.JsonlWriter(tmp_path / "metrics.jsonl"), train.StopRequest(), {}, None)
+    monkeypatch.setattr(recipe.recorder, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
+    recorder = recipe.make_callback(recipe.JsonlWriter(tmp_path / "metrics.jsonl"), recipe.StopRequest(), {}, None)
     recorder.speed = speed
     args = SimpleNamespace(device="cpu", per_device_train_batch_size=2, gradient_accumulation_steps=2)
     state = SimpleNamespace(global_step=0, max_steps=10, epoch=0.0)
@@ -168,19 +160,19 @@ def _tiny_trainer(trainable_adapter: bool):
 
 def test_speed_facts_count_the_live_model_and_never_make_up_a_peak(monkeypatch):
     monkeypatch.delenv(flops.PEAK_ENV, raising=False)
-    facts = train.speed_facts(_tiny_trainer(False), trainable=100, total=5000)
+    facts = recipe.speed_facts(_tiny_trainer(False), trainable=100, total=5000)
     assert facts["flops_inputs"] == {
         "matmul_params": 2 * 32 * 32 + 32 * 100, "layer_matmul_params": 2 * 32 * 32, "trainable_params": 100,
         "layers": 2, "attention_width": 32, "full": False, "checkpointing": True, "extra_forwards": 0,
         "sequences_per_row": 1,
     }  # fmt: skip
     assert facts["gpu_name"] is None and facts["peak_tflops"] is None
-    kto = train.speed_facts(_tiny_trainer(False), 100, 5000, "kto")["flops_inputs"]
+    kto = recipe.speed_facts(_tiny_trainer(False), 100, 5000, "kto")["flops_inputs"]
     assert (kto["extra_forwards"], kto["sequences_per_row"]) == (3, 1)
     assert facts["mfu_note"].startswith("MFU is not defined without a known peak: this run computes on CPU")
     monkeypatch.setenv(flops.PEAK_ENV, "12.5")
-    assert train.speed_facts(_tiny_trainer(False), 100, 5000)["peak_tflops"] == 12.5
+    assert recipe.speed_facts(_tiny_trainer(False), 100, 5000)["peak_tflops"] == 12.5
     for typo in ("twelve", "nan", "-3"):
         monkeypatch.setenv(flops.PEAK_ENV, typo)
-        facts = train.speed_facts(_tiny_trainer(False), 100, 5000)
+        facts = recipe.speed_facts(_tiny_trainer(False), 100, 5000)
         assert facts["peak_tflops"] is None and f"{flops.PEAK_ENV}={typo!r} is not a number" in facts["mfu_note"]

@@ -1,4 +1,4 @@
-"""GRPO's memory and step time as a user sees them (backend/memory_grpo.py, backend/speed_generation.py): the
+"""GRPO's memory and step time as a user sees them (backend/estimate/memory_grpo.py, backend/estimate/speed_generation.py): the
 answers written at once before each step hold a KV cache (and, under ZeRO-3, the whole model gathered), and
 writing them takes a decode step a token, bound by the GPU's memory bandwidth."""
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from estimate.gpu_runs import fake_gpu_run
-from tunedeck.backend import flops, speed
-from tunedeck.backend.memory import TERMS, estimate
-from tunedeck.backend.memory_job import GIB, Job, input_values
-from tunedeck.backend.presets import resolve_spec as load_preset
-from tunedeck.backend.run_speed import calibration
-from tunedeck.backend.spec import set_paths
-from tunedeck.backend.speed_generation import HBM_TBPS
+from tunedeck.backend.estimate import speed
+from tunedeck.backend.estimate.memory import TERMS, estimate
+from tunedeck.backend.estimate.memory_job import GIB, Job, input_values
+from tunedeck.backend.estimate.speed_generation import HBM_TBPS
+from tunedeck.backend.runs.speed import calibration
+from tunedeck.backend.spec import flops, set_paths
+from tunedeck.backend.spec.presets import resolve_spec as load_preset
 
 TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
 GRPO = {"objective": "grpo", "dataset.format": "prompt-only", "grpo.max_prompt_length": 2048}  # long prompts
@@ -154,7 +154,7 @@ def test_the_estimate_command_shows_generation_in_memory_and_step_time():
 
 def test_the_memory_chart_draws_every_term_grpo_included():
     from tunedeck.app.estimate_view import TERM_COLORS, estimate_figure
-    from tunedeck.backend.advisor import advise
+    from tunedeck.backend.estimate.advisor import advise
 
     assert set(TERMS) <= set(TERM_COLORS)  # a term without a colour would break the chart
     spec = grpo_spec(**{"training.gradient_accumulation_steps": 32, "strategy.kind": "zero3"})

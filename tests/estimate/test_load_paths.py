@@ -1,7 +1,7 @@
 """The load phase of the memory model matches what the installed libraries do, on two real ranks.
 
 tests/estimate/load_probe.py loads the demo model under torchrun (2 ranks, gloo) with each
-strategy's settings; each test checks one fact backend/memory_load.py relies on, and the
+strategy's settings; each test checks one fact backend/estimate/memory_load.py relies on, and the
 estimate that follows from it. When a library changes its loading, a test here fails and
 names the branch of memory_load.py to revisit.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.memory_job import GIB, Job, frozen_base_params, input_values, quant_stats_bytes
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import GIB, Job, frozen_base_params, input_values, quant_stats_bytes
 from tunedeck.backend.spec import set_paths
 
 PROBE = Path(__file__).with_name("load_probe.py")

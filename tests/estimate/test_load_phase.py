@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.advisor import advise
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.memory_job import GIB, Job, input_values
+from tunedeck.backend.estimate.advisor import advise
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import GIB, Job, input_values
 from tunedeck.backend.spec import JobSpec, load_presets, set_paths
 
 PRESETS = load_presets()

@@ -6,11 +6,10 @@ import pytest
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-from tunedeck.backend import catalog
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.memory_job import GIB
-from tunedeck.backend.memory_train import zero_model_state_bytes
-from tunedeck.backend.spec import JobSpec, set_paths
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import GIB
+from tunedeck.backend.estimate.memory_train import zero_model_state_bytes
+from tunedeck.backend.spec import JobSpec, catalog, set_paths
 
 MODELS = ["meta-llama/Llama-2-7b-hf", "meta-llama/Meta-Llama-3-70B", "Qwen/Qwen2.5-0.5B", "mistralai/Mixtral-8x7B-v0.1"]
 LAYOUTS = [(1, 1), (8, 1), (8, 4), (4, 2)]  # (GPUs per node, nodes)

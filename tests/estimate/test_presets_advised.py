@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.advisor import advise, gpu_memory_gb
-from tunedeck.backend.catalog import lookup
-from tunedeck.backend.demo import ensure_demo_if_used
-from tunedeck.backend.fit import fit_problems
-from tunedeck.backend.presets import load_presets
+from tunedeck.backend.data.demo import ensure_demo_if_used
+from tunedeck.backend.estimate.advisor import advise
+from tunedeck.backend.estimate.fit import fit_problems
+from tunedeck.backend.estimate.gpu_fit import gpu_memory_gb
+from tunedeck.backend.spec.catalog import lookup
+from tunedeck.backend.spec.presets import load_presets
 
 PRESETS = load_presets()
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from tunedeck.app.job_outputs import evaluate
-from tunedeck.backend.advisor import advise
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.preview import for_job, length_stats, measured_seq_len
+from tunedeck.backend.data.preview import for_job, length_stats, measured_seq_len
+from tunedeck.backend.data.truncation import measure_key
+from tunedeck.backend.estimate.advisor import advise
 from tunedeck.backend.spec import resolve_spec
-from tunedeck.backend.truncation import measure_key
+from tunedeck.backend.spec.fields import values_from_spec
 
 
 def test_length_stats_against_max_seq_length():

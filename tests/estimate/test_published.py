@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import catalog
-from tunedeck.backend.memory_allocator import FITTED
-from tunedeck.backend.memory_software import SOFTWARE
+from tunedeck.backend.estimate.memory_allocator import FITTED
+from tunedeck.backend.estimate.memory_software import SOFTWARE
+from tunedeck.backend.spec import catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 

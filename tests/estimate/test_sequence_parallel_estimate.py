@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import speed
-from tunedeck.backend.advisor import advise
-from tunedeck.backend.advisor_sequence import sequence_sizes
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.memory_job import Job, input_values
-from tunedeck.backend.presets import resolve_spec as load_preset
+from tunedeck.backend.estimate import speed
+from tunedeck.backend.estimate.advisor import advise
+from tunedeck.backend.estimate.advisor_sequence import sequence_sizes
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import Job, input_values
 from tunedeck.backend.spec import set_paths
+from tunedeck.backend.spec.presets import resolve_spec as load_preset
 from tunedeck.backend.validate import validate
 
 TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))

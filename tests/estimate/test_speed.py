@@ -1,5 +1,5 @@
-"""Predicted speed, time and cost per strategy (backend/speed.py), the advisor's use of it, and
-calibration from finished runs (backend/run_speed.py)."""
+"""Predicted speed, time and cost per strategy (backend/estimate/speed.py), the advisor's use of it, and
+calibration from finished runs (backend/runs/speed.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import gradio as gr
 import pytest
 
 from estimate.gpu_runs import fake_gpu_run
-from tunedeck.backend import speed
-from tunedeck.backend.advisor import advise
-from tunedeck.backend.memory_job import Job, input_values
-from tunedeck.backend.presets import resolve_spec as load_preset
-from tunedeck.backend.run_speed import calibration, compare_run
+from tunedeck.backend.estimate import speed
+from tunedeck.backend.estimate.advisor import advise
+from tunedeck.backend.estimate.memory_job import Job, input_values
+from tunedeck.backend.runs.speed import calibration, compare_run
 from tunedeck.backend.spec import set_paths
+from tunedeck.backend.spec.presets import resolve_spec as load_preset
 
 TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
 A100 = speed.Hardware.named("A100-80GB")
@@ -189,8 +189,8 @@ def test_one_page_edit_scans_the_runs_folder_once_and_a_new_run_is_seen_after(tm
     from tunedeck.app import estimate_panel
     from tunedeck.app.job_outputs import evaluate
     from tunedeck.app.registry import Registry
-    from tunedeck.backend.fields import values_from_spec
-    from tunedeck.backend.monitor import Monitor
+    from tunedeck.backend.machine.monitor import Monitor
+    from tunedeck.backend.spec.fields import values_from_spec
 
     scans = []
     monkeypatch.setattr(estimate_panel, "calibration", lambda *a: scans.append(a) or calibration(*a))
@@ -251,7 +251,7 @@ def test_runs_show_prints_mfu_and_measured_vs_predicted(tmp_path):
 
 def _measured(spec, lengths: list[int]) -> dict:
     """The page's measurements ({measure_key: measurement}) of rows of these token lengths, as the preview gives."""
-    from tunedeck.backend.truncation import measure_key
+    from tunedeck.backend.data.truncation import measure_key
 
     return {
         measure_key(spec): {"format": spec.dataset.format, "lengths": lengths, "answer_starts": [None] * len(lengths)}
@@ -264,7 +264,7 @@ def test_the_page_and_the_cli_count_the_padding_of_the_measured_rows(tmp_path):
     unmeasured, the estimate says what it assumed."""
     from tunedeck.app.estimate_view import recommendation_markdown
     from tunedeck.app.job_outputs import evaluate
-    from tunedeck.backend.fields import values_from_spec
+    from tunedeck.backend.spec.fields import values_from_spec
 
     padded = set_paths(load_preset("7b-lora-ddp"), {"dataset.packing": False, "training.group_by_length": False})
     packed = set_paths(padded, {"dataset.packing": True})
@@ -287,7 +287,7 @@ def test_the_page_and_the_cli_count_the_padding_of_the_measured_rows(tmp_path):
     assert "tokens/s per GPU trained (assumed: every row 2,048 tokens (dataset.max_seq_length)" in texts["unmeasured"]
 
     preview = tmp_path / "preview.json"
-    from tunedeck.backend.preview import for_job
+    from tunedeck.backend.data.preview import for_job
 
     preview.write_text(json.dumps(for_job(_measured(padded, lengths).popitem()[1], padded)))
     overrides = ["--set", "dataset.packing=false", "--set", "training.group_by_length=false", "--cpu-mem", "512"]
@@ -322,7 +322,7 @@ def test_a_short_micro_batch_waits_on_launches_not_on_flops():
 def test_a_finished_run_is_compared_with_the_prediction_for_the_rows_it_trained(tmp_path):
     """A run whose logged token count says 400 tokens a sequence (short rows, packed padding-free or not) is compared
     with the prediction for such rows, not for rows of max_seq_length: their micro batches run below the peak."""
-    from tunedeck.backend.speed_data import DataShape
+    from tunedeck.backend.estimate.speed_data import DataShape
 
     spec, job = _job("7b-lora-ddp")  # global batch 32, rows up to 2,048 tokens
     run_dir = fake_gpu_run(tmp_path, "20260101-000000-aaaaaa", spec, 1000.0, 20.0)

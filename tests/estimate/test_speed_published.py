@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import catalog, flops
-from tunedeck.backend.speed_compute import FITTED
+from tunedeck.backend.estimate.speed_compute import FITTED
+from tunedeck.backend.spec import catalog, flops
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,7 +104,7 @@ def test_the_fit_never_reads_the_held_out_rows(monkeypatch):
 
 def test_refitting_reproduces_the_constants_in_force():
     """`python bench/fit_speed.py` from constants half as large again (efficiencies 0.7x) lands on FITTED: the
-    constants backend/speed_compute.py holds are the fit's, not hand-tuned."""
+    constants backend/estimate/speed_compute.py holds are the fit's, not hand-tuned."""
     away = {k: v * (0.7 if k.startswith("efficiency") else 1.5) for k, v in FITTED.to_dict().items()}
     refit = fit_speed.fit(FIT_ROWS, dataclasses.replace(FITTED, **away))
     for name, value in FITTED.to_dict().items():

@@ -1,13 +1,13 @@
 """Which tensors meet at the training step's peak: the loss's backward or a layer's, gradients, gathered parameters,
-dequantized weights, and what the caching allocator keeps beside them (backend/memory_activations.py,
+dequantized weights, and what the caching allocator keeps beside them (backend/estimate/memory_activations.py,
 memory_train.py, memory_allocator.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.memory_job import GIB, Job, dequant_bytes_per_param, input_values
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import GIB, Job, dequant_bytes_per_param, input_values
 from tunedeck.backend.spec import JobSpec, set_paths
 
 

@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from tunedeck.app.job_outputs import evaluate, issues_markdown, read_uploaded_spec
-from tunedeck.backend.fields import FORM_FIELDS, values_from_form, values_from_spec
 from tunedeck.backend.render import zip_bundle
 from tunedeck.backend.spec import FIELD_PATHS, resolve_spec, spec_to_dict
-from tunedeck.backend.untrusted import unsafe_char
+from tunedeck.backend.spec.fields import FORM_FIELDS, values_from_form, values_from_spec
+from tunedeck.backend.spec.untrusted import unsafe_char
 
 from .helpers import RAW_ERRORS, cli, error_fields, install_stand_ins
 from .test_shell_payloads import TEXT_FIELDS

@@ -20,10 +20,10 @@ import pytest
 from markdown_it import MarkdownIt
 
 from tunedeck.app.data_upload import fill_from_upload
-from tunedeck.backend.data_sniff import MAX_COLUMNS, MAX_ROW_BYTES, TextScan, check_start
-from tunedeck.backend.data_uploads import DATASETS_DIR
-from tunedeck.backend.fields import values_from_spec
+from tunedeck.backend.data.sniff import MAX_COLUMNS, MAX_ROW_BYTES, TextScan, check_start
+from tunedeck.backend.data.uploads import DATASETS_DIR
 from tunedeck.backend.spec import resolve_spec
+from tunedeck.backend.spec.fields import values_from_spec
 
 from .helpers import RAW_ERRORS
 
@@ -233,7 +233,7 @@ def test_a_utf8_byte_order_mark_is_kept_and_the_first_column_read_without_it(tmp
 def test_the_job_an_upload_with_a_byte_order_mark_makes_reads_its_rows(tmp_path):
     """datasets 5.2 reads past a UTF-8 BOM in JSON Lines, a JSON array and CSV: the kept file stays as uploaded, and
     the job's format (read from its first column, without the BOM) turns its rows into what TRL trains on."""
-    from tunedeck.backend.train import load_split, to_trl_format
+    from tunedeck.backend.recipe import load_split, to_trl_format
 
     for name, data in [("bom.jsonl", b'{"text": "a"}\n'), ("bom.json", b'[{"text": "a"}]'), ("bom.csv", b"text\na\n")]:
         spec, _ = upload(tmp_path, name, codecs.BOM_UTF8 + data)

@@ -90,7 +90,7 @@ class PanelServer:
 
 def stop_live_runs(runs_dir: Path) -> None:
     """Stop every run still live in runs_dir and wait for it: a test module never leaves a run behind."""
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
 
     manager = RunManager(runs_dir)
     for run in manager.list_runs():
@@ -181,6 +181,18 @@ def fill(box, value: str) -> None:
     box.fill(str(value))
 
 
+def open_run(page, url: str, run_id: str, timeout: float = 60_000) -> None:
+    """A fresh page's Run tab showing `run_id`, picked from the Run box as a person does; settled."""
+    page.set_default_timeout(timeout)
+    page.goto(url)
+    page.click("#tab-run-button")
+    wait_text(page, "#runs-table", run_id, timeout)
+    page.locator("#run-select input").click()
+    page.locator(f'#run-select li[role=option][aria-label*="{run_id} · "]').click()  # not a run named after it
+    wait_text(page, "#run-state", run_id, timeout)
+    settle(page)
+
+
 def choose(page, path: str, option: str) -> None:
     """Pick an option of a dropdown field."""
     from tunedeck.app.form import element_id
@@ -229,7 +241,7 @@ def wait_text(page, selector: str, text: str, timeout: float = 20_000) -> None:
 
 def wait_no_errors(page, timeout: float = 20_000) -> None:
     """Until the problems beside the form show no error: "No problems", or warnings only (a GPU job on this
-    machine, which has no GPU, always has one: Start here would refuse it, backend/preflight.py)."""
+    machine, which has no GPU, always has one: Start here would refuse it, backend/runs/preflight.py)."""
     page.wait_for_function(
         "() => { const e = document.querySelector('#job-issues'); "
         "return !!e && /No problems|warning/.test(e.innerText) && !e.innerText.includes('✗'); }",
@@ -268,29 +280,40 @@ def plot_points(page, elem_id: str) -> dict[str, int]:
 
 def event_index(url: str, trigger: str, elem_id: str | None = None) -> int:
     """Gradio's fn_index of the page's listener for `trigger` on the component `elem_id` (None: the page)."""
+    found = event_indexes(url, trigger, elem_id)
+    if not found:
+        raise LookupError(f"no {trigger} listener on {elem_id or 'the page'}")
+    return found[0]
+
+
+def event_indexes(url: str, trigger: str, elem_id: str | None = None) -> list[int]:
+    """Every listener's fn_index for `trigger` on components with `elem_id` (None: also those without one, such
+    as the sections' timers)."""
     import json
 
     config = json.load(urllib.request.urlopen(url + "config", timeout=10))
     ids = {c["id"]: c.get("props", {}).get("elem_id") for c in config["components"]}
-    for dependency in config["dependencies"]:
-        if any(event == trigger and ids.get(target) == elem_id for target, event in dependency["targets"]):
-            return dependency["id"]
-    raise LookupError(f"no {trigger} listener on {elem_id or 'the page'}")
+    return [
+        dependency["id"]
+        for dependency in config["dependencies"]
+        if any(event == trigger and ids.get(target) == elem_id for target, event in dependency["targets"])
+    ]
 
 
 class HeldEvent:
     """Holds the browser's requests to run one listener (POST queue/join) until release():
     a slow network or a busy server, on demand, to put responses in a chosen order."""
 
-    def __init__(self, page, fn_index: int):
-        self.fn_index, self.held, self.released = fn_index, [], False
+    def __init__(self, page, fn_index: int | list[int]):
+        self.fn_indexes = set(fn_index) if isinstance(fn_index, list) else {fn_index}
+        self.held, self.released = [], False
         self.page = page
         page.route("**/queue/join*", self._route)
 
     def _route(self, route) -> None:
         import json
 
-        if not self.released and json.loads(route.request.post_data or "{}").get("fn_index") == self.fn_index:
+        if not self.released and json.loads(route.request.post_data or "{}").get("fn_index") in self.fn_indexes:
             self.held.append(route)
         else:
             route.continue_()
@@ -299,7 +322,7 @@ class HeldEvent:
         deadline = time.monotonic() + timeout
         while not self.held:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the page sent no request for event {self.fn_index}")
+                raise TimeoutError(f"the page sent no request for events {sorted(self.fn_indexes)}")
             self.page.wait_for_timeout(50)
 
     def release(self) -> None:

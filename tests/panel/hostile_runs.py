@@ -37,7 +37,7 @@ START = {"event": "start", "world_size": 2, "distributed_type": "MULTI_CPU", "me
 
 
 def _status(run_dir: Path, run_id: str, title: str) -> None:
-    from tunedeck.backend.supervisor import write_status
+    from tunedeck.backend.runs.supervisor import write_status
 
     now = time.time()
     write_status(run_dir, {"run_id": run_id, "state": "finished", "title": title, "created_at": now - 60,
@@ -53,7 +53,7 @@ def _job(preset: str, overrides: dict) -> dict:
 
 def grpo_run(runs_dir: Path) -> None:
     """A finished GRPO run: hostile title, name, custom reward file, reward names, answers and a startup phase."""
-    from tunedeck.backend.run_notes import write_notes
+    from tunedeck.backend.runs.notes import write_notes
 
     run_dir = runs_dir / GRPO_RUN
     (run_dir / "logs").mkdir(parents=True)

@@ -8,8 +8,8 @@ from tunedeck.app.advanced_counts import AdvancedCounts
 from tunedeck.app.form import build_form
 from tunedeck.app.job_outputs import evaluate
 from tunedeck.app.registry import Registry
-from tunedeck.backend.fields import FORM_FIELDS, values_from_spec, visible
 from tunedeck.backend.spec import JobSpec, load_presets, set_paths
+from tunedeck.backend.spec.fields import FORM_FIELDS, values_from_spec, visible
 
 
 def shown_advanced(values, section: str) -> int:
@@ -24,12 +24,14 @@ def test_advanced_counts_only_the_fields_shown_and_sends_a_label_only_when_its_c
         form = build_form({f.path: f.to_form(v) for f, v in zip(FORM_FIELDS, values_from_spec(JobSpec()).values())}, ui)
         counts = AdvancedCounts(ui, form)
     advanced = {title: sum(f.section == title and not f.basic for f in FORM_FIELDS) for title in form.advanced}
-    assert advanced["Training"] == 24  # what the label said whatever the job
+    assert (
+        advanced["Training"] == 32
+    )  # whatever the job (SimPO added preference.simpo_gamma, issue 34 training.health.*)
 
     values = values_from_spec(demo)
     first = counts.update(evaluate(values), {counts.shown: {}})
     labels = {title: first[accordion]["label"] for title, accordion in form.advanced.items()}
-    assert labels["Training"] == f"Advanced ({shown_advanced(values, 'Training')})" == "Advanced (15)"
+    assert labels["Training"] == f"Advanced ({shown_advanced(values, 'Training')})" == "Advanced (20)"
     assert first[form.advanced["Strategy"]]["visible"] is False  # DDP: none of its Advanced fields applies
     assert all(labels[t] == f"Advanced ({shown_advanced(values, t)})" for t in form.advanced)
 

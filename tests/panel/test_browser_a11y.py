@@ -19,9 +19,9 @@ from playwright.sync_api import expect
 from panel.browser import ARTIFACTS, EVENTS_TAP_JS, PanelServer, open_tab, settle, wait_file_text, wait_text
 from tunedeck.app.form import element_id, section_id
 from tunedeck.app.keyboard import SKIP_TEXT
-from tunedeck.backend.fields import FIELDS_BY_PATH, FORM_FIELDS
+from tunedeck.backend.runs.supervisor import write_status
 from tunedeck.backend.spec import load_presets, spec_to_dict
-from tunedeck.backend.supervisor import write_status
+from tunedeck.backend.spec.fields import FIELDS_BY_PATH, FORM_FIELDS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 

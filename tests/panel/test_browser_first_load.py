@@ -28,11 +28,13 @@ PRESET = "demo-kto"
 
 def expected_page(spec) -> dict:
     from tunedeck.app.job_outputs import batch_markdown
-    from tunedeck.backend.bundle_data import bundle_files
-    from tunedeck.backend.fields import values_from_spec
     from tunedeck.backend.render import render_bundle
+    from tunedeck.backend.render.bundle_data import bundle_files
+    from tunedeck.backend.spec.fields import values_from_spec
 
-    travelling, data = bundle_files(spec)  # the zip carries the demo's data file in data/ (backend/bundle_data.py)
+    travelling, data = bundle_files(
+        spec
+    )  # the zip carries the demo's data file in data/ (backend/render/bundle_data.py)
     return {
         "model": str(spec.model.name_or_path),
         "files": render_bundle(spec),
@@ -92,7 +94,7 @@ def first_screen(page, server) -> None:
 
 
 def test_preset_clicked_during_first_load_is_what_the_page_shows_and_what_start_runs(browser, tmp_path, demo_home):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import load_presets
 
     want = expected_page(load_presets()[PRESET].build())

@@ -24,9 +24,9 @@ from panel.browser import (
     wait_file_text,
     wait_text,
 )
-from tunedeck.backend import speed
-from tunedeck.backend.memory_job import Job, input_values
-from tunedeck.backend.presets import resolve_spec as load_preset
+from tunedeck.backend.estimate import speed
+from tunedeck.backend.estimate.memory_job import Job, input_values
+from tunedeck.backend.spec.presets import resolve_spec as load_preset
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -193,7 +193,7 @@ def test_downloaded_bundle_is_accepted_by_the_spine_checks(page, server, tmp_pat
         p.name for p in bundle.iterdir()
     }
 
-    from tunedeck.backend.bundle_check import check_bundle
+    from tunedeck.backend.render.bundle_check import check_bundle
 
     check_bundle(bundle)  # accelerate's loader + launch parser, SFTConfig; raises on a rejected file
 

@@ -14,6 +14,7 @@ from panel.browser import (
     HeldEvent,
     PanelServer,
     event_index,
+    event_indexes,
     field,
     fill,
     open_tab,
@@ -105,10 +106,13 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
     processes = run_processes(run_dir)  # the launcher and both ranks, while they run
     assert len(processes) >= 3
     # The end is shown when the stream says it, not at the next tick: the page presses the hidden refresh button.
+    # The ticks are held meanwhile (a busy server), so that only the stream's refresh can show it.
     refresh, events = event_index(server.url, "click", "run-refresh"), []
+    ticks_held = HeldEvent(page, event_indexes(server.url, "tick"))
     page.on("request", lambda r: "queue/join" in r.url and events.append(json.loads(r.post_data or "{}")))
     page.click("#stop-run")
     wait_text(page, "#run-state", "stopped", timeout=120_000)
+    ticks_held.release()
     assert json.loads((run_dir / "status.json").read_text())["state"] == "stopped"
     assert refresh in [e.get("fn_index") for e in events], "the stop was shown by a tick, not by the stream's refresh"
     wait_for(
@@ -118,7 +122,7 @@ def test_demo_run_grows_the_charts_and_log_then_stop_leaves_nothing_alive(page, 
 
 
 def test_reloading_the_page_reattaches_to_a_live_run(page, server):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import resolve_spec, set_paths
 
     # Started outside the page (as `tunedeck train` would): the disk is the message bus.
@@ -143,7 +147,7 @@ def test_reloading_the_page_reattaches_to_a_live_run(page, server):
 
 
 def test_past_runs_reopen_and_overlay_two_loss_curves(page, server):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import resolve_spec, set_paths
 
     manager = RunManager(server.runs_dir)
@@ -205,7 +209,7 @@ def test_a_refused_start_says_why_and_launches_nothing(page, server):
 
 
 def test_start_refuses_while_the_files_shown_are_not_the_forms(page, server):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
 
     load(page, server)
     before = {p.name for p in server.runs_dir.iterdir()}
@@ -274,7 +278,7 @@ def test_a_page_left_open_asks_for_no_frames_while_nothing_changes(page, server)
 
 
 def test_queue_waits_for_the_run_ahead_and_stop_takes_it_out_of_the_queue(page, server):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import resolve_spec, set_paths
 
     manager = RunManager(server.runs_dir)
@@ -297,8 +301,8 @@ def test_queue_waits_for_the_run_ahead_and_stop_takes_it_out_of_the_queue(page, 
 
 
 def test_a_sweep_from_the_page_queues_one_named_run_per_value(page, server):
-    from tunedeck.backend.run_notes import read_notes
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
+    from tunedeck.backend.runs.notes import read_notes
 
     load(page, server)
     page.click("#sweep")  # its fold

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from tunedeck.app.data_upload import fill_from_upload
-from tunedeck.backend.data_uploads import DATASETS_DIR
-from tunedeck.backend.fields import values_from_spec
+from tunedeck.backend.data.uploads import DATASETS_DIR
 from tunedeck.backend.spec import resolve_spec
+from tunedeck.backend.spec.fields import values_from_spec
 
 
 def _jsonl(path, rows) -> str:
@@ -63,7 +63,7 @@ def test_a_training_file_and_its_held_out_file_become_the_splits_of_one_folder(t
 
 @pytest.mark.slow  # imports the datasets library
 def test_the_datasets_library_reads_the_kept_folder_as_train_and_validation(tmp_path):
-    from tunedeck.backend.train import load_split
+    from tunedeck.backend.recipe import load_split
 
     spec, _ = _fill([_jsonl(tmp_path / "train.jsonl", QA), _jsonl(tmp_path / "test.jsonl", QA[:8])], tmp_path / "runs")
     config = spec.dataset.model_dump()
@@ -101,7 +101,7 @@ def test_a_file_name_cannot_lead_out_of_the_folder_and_unknown_columns_keep_the_
 def test_a_run_trains_on_the_uploaded_files_and_evaluates_on_the_held_out_one(demo_home, runs_dir, tmp_path):
     from runs.helpers import logs_tail, read_metrics
 
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import set_paths
 
     files = [str(demo_home / "data" / name) for name in ("train.jsonl", "eval.jsonl")]
@@ -129,7 +129,7 @@ import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
 resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
 from tunedeck.app.data_upload import fill_from_upload
-from tunedeck.backend.fields import values_from_spec
+from tunedeck.backend.spec.fields import values_from_spec
 from tunedeck.backend.spec import resolve_spec
 spec, message = fill_from_upload(values_from_spec(resolve_spec("demo")), [{str(upload)!r}], {str(tmp_path / "runs")!r})
 print(spec is None, message)
@@ -144,7 +144,7 @@ def test_an_upload_with_nothing_held_out_is_offered_a_fix_that_holds_rows_out(tm
     two slices are disjoint and together the whole file, as the datasets library reads them for the run."""
     from datasets import load_dataset
 
-    from tunedeck.backend.data_uploads import held_out_offer
+    from tunedeck.backend.data.uploads import held_out_offer
     from tunedeck.backend.spec import set_paths
 
     upload = tmp_path / "upload" / "qa.jsonl"

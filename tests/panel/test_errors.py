@@ -6,8 +6,9 @@ import gradio as gr
 import pytest
 
 from tunedeck.app.errors import shown_as_message
-from tunedeck.backend.runs import RunError
+from tunedeck.backend.runs.manager import RunError
 from tunedeck.backend.spec import SpecError
+from tunedeck.backend.spec.problem import error
 
 
 def test_known_errors_keep_their_message():
@@ -21,7 +22,7 @@ def test_known_errors_keep_their_message():
 
     @shown_as_message
     def bad_spec():
-        raise SpecError([("lora.r", "Input should be greater than or equal to 1")])
+        raise SpecError([error("lora.r", "Input should be greater than or equal to 1")])
 
     with pytest.raises(gr.Error) as err:
         bad_spec()

@@ -11,9 +11,9 @@ import pytest
 from tunedeck.app.estimate_panel import EstimatePanel, EstimateShown
 from tunedeck.app.job_outputs import evaluate
 from tunedeck.app.registry import Registry
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.monitor import Monitor
+from tunedeck.backend.machine.monitor import Monitor
 from tunedeck.backend.spec import load_presets
+from tunedeck.backend.spec.fields import values_from_spec
 
 PRESETS = load_presets()
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from tunedeck.backend.applies import applies
-from tunedeck.backend.fields import FORM_FIELDS, build_fields, section_titles
-from tunedeck.backend.presets import load_presets
 from tunedeck.backend.spec import JobSpec, flat_values, resolve_spec
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import FORM_FIELDS, build_fields, section_titles
+from tunedeck.backend.spec.presets import load_presets
 
 LONGEST_LABEL = 32  # characters: a label reads at a glance; details go in the help
 

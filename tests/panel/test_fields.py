@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.fields import (
+from tunedeck.backend.spec import FIELD_PATHS, JobSpec, SpecError, load_presets, set_paths
+from tunedeck.backend.spec.fields import (
     FIELDS_BY_PATH,
     FORM_FIELDS,
     applies,
@@ -13,7 +14,6 @@ from tunedeck.backend.fields import (
     values_from_form,
     values_from_spec,
 )
-from tunedeck.backend.spec import FIELD_PATHS, JobSpec, SpecError, load_presets, set_paths
 
 
 def visible(spec: JobSpec) -> set[str]:
@@ -91,7 +91,7 @@ def test_bad_widget_values_name_the_field():
     values["training.learning_rate"] = FIELDS_BY_PATH["training.learning_rate"].from_form("fast")
     with pytest.raises(SpecError) as err:
         spec_from_values(values)
-    assert {"lora.r", "training.learning_rate"} <= {path for path, _ in err.value.problems}
+    assert {"lora.r", "training.learning_rate"} <= {p.field for p in err.value.problems}
 
 
 def test_text_widgets_read_back_typed_values():

@@ -9,8 +9,8 @@ from __future__ import annotations
 from panel.fake_nvml import FakeNvml
 from tunedeck.app.first_screen import Here, first_preset, start_line
 from tunedeck.app.job_tab import ordered_presets
-from tunedeck.backend.hardware import machine_facts
-from tunedeck.backend.monitor import Monitor
+from tunedeck.backend.estimate.hardware import machine_facts
+from tunedeck.backend.machine.monitor import Monitor
 from tunedeck.backend.spec import load_presets
 
 PRESETS = load_presets()

@@ -29,13 +29,15 @@ from tunedeck.app.charts import (
 from tunedeck.app.data_upload import OBJECTIVE_SAID
 from tunedeck.app.run_index import TABLE_HEADERS
 from tunedeck.app.run_view import RunShown
-from tunedeck.backend import train
-from tunedeck.backend.cli_follow import ProgressBar, follow
-from tunedeck.backend.run_folder import parse_line, read_records
-from tunedeck.backend.run_summary import facts_line, report, summarize, verdict
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.supervisor import write_status
-from tunedeck.backend.vocabulary import OBJECTIVE_FORMATS
+from tunedeck.backend import recipe
+from tunedeck.backend.cli.follow import ProgressBar, follow
+from tunedeck.backend.recipe.objectives import objective_record
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.records import parse_line, read_records
+from tunedeck.backend.runs.summary import facts_line, report, summarize, verdict
+from tunedeck.backend.runs.supervisor import write_status
+from tunedeck.backend.spec import JobSpec, spec_to_yaml
 
 from .test_run_view import Drawn
 
@@ -73,7 +75,8 @@ def log_record(step: int, eval_: bool = False, kl: bool = False) -> dict:
         record["eval_loss"] = logs["eval_loss"]
     else:
         record.update(loss=logs["loss"], learning_rate=1e-3, grad_norm=0.5, tokens_per_second=5000.0)
-    record.update(train.grpo_record(logs))
+    record.update(objective_record("grpo", logs))  # its row's keys (backend/recipe/objectives_table.py)
+    record.update(recipe.grpo_record(logs))  # each reward's mean
     if kl:
         record[f"{'eval_' if eval_ else ''}kl"] = logs[f"{'eval_' if eval_ else ''}kl"]
     parsed = parse_line(json.dumps(record))
@@ -85,12 +88,13 @@ def grpo_records(kl: bool = False) -> list[dict]:
     return [log_record(step, kl=kl) for step in (1, 5, 10, 15, 20)] + [log_record(20, eval_=True, kl=kl)]
 
 
-def grpo_job(beta: float = 0.0) -> dict:
+def grpo_job(beta: float = 0.0) -> JobSpec:
+    """The demo GRPO job as its run folder's job.yaml reads back (backend/runs/job_file.py)."""
     from tunedeck.backend.render import render_bundle
-    from tunedeck.backend.spec import resolve_spec, set_paths
+    from tunedeck.backend.spec import parse_spec, resolve_spec, set_paths
 
     spec = set_paths(resolve_spec("demo-grpo"), {"grpo.beta": beta})
-    return yaml.safe_load(render_bundle(spec)["job.yaml"])
+    return parse_spec(yaml.safe_load(render_bundle(spec)["job.yaml"]))
 
 
 def test_the_reward_chart_comes_first_with_a_line_per_reward_and_the_loss_below_it():
@@ -147,14 +151,16 @@ def test_the_summary_says_the_reward_change_and_the_facts_the_objective_rewards_
     assert facts_line(with_reference, grpo_job(0.04)).endswith(
         "GRPO, rewards: exact_answer, close_answer · reference: adapters off (grpo.beta 0.04)"
     )
-    custom = {"grpo": {"rewards": ["exact_answer", "/home/me/rewards.py:score"], "beta": 0.0}}
+    from tunedeck.backend.spec import set_paths
+
+    custom = set_paths(grpo_job(), {"grpo.rewards": ["exact_answer", "/home/me/rewards.py:score"]})
     assert "GRPO, rewards: exact_answer, rewards.py:score ·" in facts_line(START, custom)
     run.end = {"event": "end", "status": "finished"}
     assert verdict(run).line.endswith("loss 0.001 -> 0.001, reward 0.400 -> 2.000 over 5 steps")
 
 
 def read_records_of(records: list[dict]):
-    from tunedeck.backend.run_folder import RunRecords
+    from tunedeck.backend.runs.records import RunRecords
 
     run = RunRecords()
     run.add([dict(START), *records])
@@ -173,14 +179,14 @@ def test_following_a_grpo_run_prints_its_reward_in_each_step():
     assert lines[-1] == "step 20/20  eval_loss 0.0010 · reward 2.000 · 40% of prompts scored alike"
 
 
-def grpo_run_folder(runs_dir: Path, records: list[dict], job: dict) -> None:
+def grpo_run_folder(runs_dir: Path, records: list[dict], job) -> None:
     run_dir = runs_dir / RUN_ID
     (run_dir / "logs").mkdir(parents=True)
     now = time.time()
     write_status(run_dir, {"run_id": RUN_ID, "state": "finished", "title": "demo/model-sft · lora grpo · ddp · 2xCPU",
                            "created_at": now - 60, "started_at": now - 50, "ended_at": now - 10, "exit_code": 0,
                            "error": None})  # fmt: skip
-    (run_dir / "job.yaml").write_text(yaml.safe_dump(job))
+    (run_dir / "job.yaml").write_text(spec_to_yaml(job))
     lines = [START, *records, {"event": "end", "status": "finished", "runtime_s": 40.0}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     (run_dir / "logs" / "rank0.log").write_text("training...\n")
@@ -191,7 +197,7 @@ def test_the_run_tab_shows_the_reward_chart_first_and_the_reward_in_its_summary(
     grpo_run_folder(tmp_path, grpo_records(), grpo_job())
     phases = [("importing the libraries", 100.0), ("joining the other processes", 108.2), ("loading the model", 108.4),
               ("building the trainer", 108.6), ("the first step", 109.9), ("training", 110.5)]  # fmt: skip
-    (tmp_path / RUN_ID / train.STARTUP_FILE).write_text(
+    (tmp_path / RUN_ID / recipe.STARTUP_FILE).write_text(
         json.dumps({"phases": [{"phase": p, "at": t} for p, t in phases]})
     )
     drawn = Drawn(RunManager(tmp_path)).render(RunShown())
@@ -219,7 +225,7 @@ def test_the_run_tab_shows_what_the_model_writes_best_first_with_its_rewards(tmp
     exact = [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
     latest = {"prompt": prompts, "completion": answers, "rewards": {"exact_answer": exact},
               "advantages": [0.7, -1.4, 0.7, 0.7, 0.7, -1.4, 0.0, 0.0, 0.0]}  # fmt: skip
-    train.write_answers(tmp_path / RUN_ID, 5, latest)
+    recipe.write_answers(tmp_path / RUN_ID, 5, latest)
     shown = drawn.render(RunShown())["answers"]
     assert shown.startswith("#### What the model writes (step 5)")
     assert "Q: 3 + 3" not in shown  # two prompts a step
@@ -254,7 +260,9 @@ def test_uploaded_prompts_say_what_grpo_does_with_them_and_the_bundle_names_grpo
     from tunedeck.backend.render import render_bundle
     from tunedeck.backend.spec import resolve_spec
 
-    assert set(OBJECTIVE_SAID) == set(OBJECTIVE_FORMATS)
+    # An upload switches to the first objective that reads its format (backend/data/uploads.py): each is said.
+    switched_to = {next(o for o, formats in OBJECTIVE_FORMATS.items() if f in formats) for f in DATASET_FORMATS}
+    assert set(OBJECTIVE_SAID) == switched_to
     assert "GRPO" in OBJECTIVE_SAID["grpo"] and "`answer`" in OBJECTIVE_SAID["grpo"]
     readme = render_bundle(resolve_spec("demo-grpo"))["README.md"]
     assert "- `train_sft.py`: the training script (TRL GRPOTrainer: the job's objective is grpo)" in readme
@@ -265,8 +273,8 @@ def test_uploaded_prompts_say_what_grpo_does_with_them_and_the_bundle_names_grpo
 
 @pytest.mark.slow  # datasets and transformers in a subprocess-free preview: over 5 s of imports
 def test_the_preview_lists_prompts_as_the_model_reads_them_and_their_reference_answers(demo_home, tmp_path):
-    from tunedeck.backend.cli_preview import stats_line
-    from tunedeck.backend.preview import measured_seq_len, preview
+    from tunedeck.backend.cli.preview import stats_line
+    from tunedeck.backend.data.preview import measured_seq_len, preview
     from tunedeck.backend.spec import resolve_spec, set_paths
 
     spec = resolve_spec("demo-grpo")
@@ -309,7 +317,7 @@ def test_the_preview_lists_prompts_as_the_model_reads_them_and_their_reference_a
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
     """The demo-grpo preset trained once, as `tunedeck train demo-grpo` trains it."""
-    from tunedeck.backend.demo import ensure_demo_if_used
+    from tunedeck.backend.data.demo import ensure_demo_if_used
     from tunedeck.backend.spec import resolve_spec
 
     spec = resolve_spec("demo-grpo")
@@ -351,7 +359,7 @@ def test_a_real_grpo_runs_records_draw_its_reward_and_say_its_change(real_run, c
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_a_real_grpo_run_is_evaluated_on_its_held_out_prompts_against_their_reference_answers(real_run, demo_home):
-    from tunedeck.backend.evaluate import evaluate_run
+    from tunedeck.backend.after.evaluate import evaluate_run
 
     manager, run_id = real_run
     held_out = demo_home / "prompts" / "validation.jsonl"

@@ -1,5 +1,5 @@
 """One set of rules: a field that implies others sets them the same way in the page's form and in the CLI's --set
-(backend/implied.py), so `tunedeck export PRESET --set ...` writes the bundle the page shows for the same edit."""
+(backend/spec/implied.py), so `tunedeck export PRESET --set ...` writes the bundle the page shows for the same edit."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from tunedeck.app.job_events import JobShown
 from tunedeck.app.job_view import JobView
 from tunedeck.app.registry import Registry
 from tunedeck.backend.cli import main
-from tunedeck.backend.fields import FORM_FIELDS, values_from_spec
-from tunedeck.backend.implied import RULES
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import JobSpec, flat_values, load_presets, set_paths
+from tunedeck.backend.spec.fields import FORM_FIELDS, values_from_spec
+from tunedeck.backend.spec.implied import RULES
 
-# (preset, the fields a person changes): between them every rule of backend/implied.py fires at least once
+# (preset, the fields a person changes): between them every rule of backend/spec/implied.py fires at least once
 # (test_every_rule_is_covered), in both directions where a rule has two.
 EDITS = [
     ("7b-lora-ddp", {"method": "qlora"}),  # QLoRA loads a 4-bit NF4 base
@@ -78,7 +78,8 @@ def test_the_cli_sets_what_the_page_sets(view, preset, changes, tmp_path, capsys
     assert main(["export", preset, *sets, "-o", str(tmp_path)]) == 0
     said = capsys.readouterr().err
     assert "Set for you:" in said  # on stderr, as the page's notice says it
-    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == page
+    written = {p.relative_to(tmp_path).as_posix(): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
+    assert written == page  # the recipe package's files too (tunedeck_recipe/...)
 
     assert main(["export", preset, *sets, "--no-implied", "-o", str(tmp_path / "as-given")]) in (0, 2)
     assert "Set for you:" not in capsys.readouterr().err

@@ -13,7 +13,7 @@ def test_panel_modules_import_no_training_stack():
     code = (
         "import sys, json, pkgutil, importlib, tunedeck.app\n"
         "for m in pkgutil.iter_modules(tunedeck.app.__path__): importlib.import_module('tunedeck.app.' + m.name)\n"
-        "import tunedeck.backend.monitor, tunedeck.backend.fields\n"
+        "import tunedeck.backend.machine.monitor, tunedeck.backend.spec.fields\n"
         "from tunedeck.app.page import build_page\n"
         "build_page(__import__('pathlib').Path(sys.argv[1]), 'demo')\n"
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"

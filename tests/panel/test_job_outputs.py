@@ -7,9 +7,9 @@ import zipfile
 
 from tunedeck.app.downloads import BundleWriter, zip_name_for
 from tunedeck.app.job_outputs import batch_markdown, evaluate, issues_markdown
-from tunedeck.backend.fields import values_from_spec
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import load_presets
+from tunedeck.backend.spec.fields import values_from_spec
 
 
 def preset_values(preset_id):

@@ -11,9 +11,9 @@ from tunedeck.app.job_events import JobEvent, JobShown
 from tunedeck.app.job_guard import NotShownYet, spec_as_shown
 from tunedeck.app.job_view import JobView
 from tunedeck.app.registry import Registry
-from tunedeck.backend.fields import FORM_FIELDS, values_from_spec
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import JobSpec, load_presets, set_paths
+from tunedeck.backend.spec.fields import FORM_FIELDS, values_from_spec
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_an_edit_sends_only_the_outputs_it_changed(job):
 
 def test_a_filled_job_shows_the_files_of_what_its_widgets_hold(job):
     """A float box holds 6 digits: an uploaded 1.2345678e-4 is shown, and run, as 0.000123457."""
-    from tunedeck.backend.fields import spec_from_values, values_from_form
+    from tunedeck.backend.spec.fields import spec_from_values, values_from_form
 
     uploaded = set_paths(JobSpec(), {"training.learning_rate": 1.2345678e-4})
     out = job.on_fill(uploaded, event(job, JobSpec(), JobShown(), 0))

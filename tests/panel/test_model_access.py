@@ -11,9 +11,9 @@ from tunedeck.app.job_events import JobShown
 from tunedeck.app.job_view import JobView
 from tunedeck.app.model_access import HUB, LOCAL, ModelAccessNote, access_markdown, model_source
 from tunedeck.app.registry import Registry
-from tunedeck.backend.fields import FORM_FIELDS, values_from_spec
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import set_paths
+from tunedeck.backend.spec.fields import FORM_FIELDS, values_from_spec
 from tunedeck.tests.panel.test_job_view import got
 
 

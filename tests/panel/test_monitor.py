@@ -8,7 +8,7 @@ import time
 import pynvml
 
 from panel.fake_nvml import FakeNvml, two_h100s
-from tunedeck.backend.monitor import Monitor
+from tunedeck.backend.machine.monitor import Monitor
 
 
 def test_without_a_gpu_the_monitor_says_so_and_still_samples_cpu_and_ram():
@@ -63,3 +63,17 @@ def test_sampler_thread_fills_a_bounded_ring_buffer():
 
 def test_fake_only_offers_names_the_real_module_has():
     assert issubclass(FakeNvml.NVMLError, Exception) and FakeNvml.NVMLError is pynvml.NVMLError
+
+
+def test_one_nvml_helper_reads_the_gpus_for_start_and_placement_and_shuts_down():
+    from tunedeck.backend.after import worker_device
+    from tunedeck.backend.machine.nvml import gpu_indices, gpu_memory
+    from tunedeck.backend.runs import preflight
+
+    fake = two_h100s(os.getpid())
+    assert gpu_indices(fake) == [0, 1] and not fake.initialised  # what it opened, it shut down
+    memory = gpu_memory(fake)
+    assert [(round(g.total_gb * 1024), round(g.free_gb * 1024)) for g in memory] == [(81559, 41559), (81559, 81059)]
+    assert worker_device._free_gb(fake) == {g.index: g.free_gb for g in memory}  # Try/Evaluate's placement
+    assert preflight.gpu_indices is gpu_indices  # Start's GPU check, and bench/gpu_smoke_check.py through it
+    assert gpu_indices() == [] and gpu_memory() == []  # the real pynvml: no driver on this machine

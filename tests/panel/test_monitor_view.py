@@ -8,7 +8,7 @@ import sys
 
 from panel.fake_nvml import two_h100s
 from tunedeck.app.monitor_view import monitor_html, sparklines
-from tunedeck.backend.monitor import Monitor
+from tunedeck.backend.machine.monitor import Monitor
 
 
 def test_no_gpu_state_is_plain_and_host_is_still_shown():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-import tunedeck.backend.advisor as advisor
+import tunedeck.backend.estimate.advisor as advisor
 from tunedeck.app.page import build_page
 from tunedeck.app.registry import Registry
 
@@ -85,7 +85,7 @@ def test_the_gpu_tab_redraws_only_for_a_new_sample_and_only_in_view():
 
     from tunedeck.app.monitor_view import SPARK_EVERY_S, MonitorShown, MonitorView
     from tunedeck.app.section import Page
-    from tunedeck.backend.monitor import Monitor
+    from tunedeck.backend.machine.monitor import Monitor
 
     monitor = Monitor()  # not started: a sample exists only when this test takes one
     view = MonitorView(monitor)

@@ -17,8 +17,8 @@ from tunedeck.app.registry import Registry
 from tunedeck.app.run_index import TABLE_HEADERS
 from tunedeck.app.run_view import RunShown, RunView
 from tunedeck.app.section import Page
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.supervisor import process_identity, update_status, write_status
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.supervisor import process_identity, update_status, write_status
 
 RUN_ID = "20250101-120000-a1b2c3"
 

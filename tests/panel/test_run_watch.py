@@ -6,7 +6,7 @@ import json
 
 from tunedeck.app.charts import MAX_POINTS, NO_MFU, downsample, ema, loss_figure, metrics_figure
 from tunedeck.app.run_watch import RunWatch
-from tunedeck.backend.run_summary import facts_line, measured_peaks, summarize
+from tunedeck.backend.runs.summary import facts_line, measured_peaks, summarize
 
 
 def append(path, *records):

@@ -80,7 +80,7 @@ def words(text: str) -> str:
 
 def assert_shown_as_text(value: str, context: str = "{}") -> None:
     if context.startswith("|"):
-        value = " ".join(value.split())  # a table cell is one line (backend/run_answers.py)
+        value = " ".join(value.split())  # a table cell is one line (backend/runs/answers.py)
     page = rendered(context.format(as_text(value)))
     plain = rendered(context.format("x"))
     drawn = Counter(t for t in page.tags if t != "br")
@@ -154,7 +154,7 @@ def test_a_fields_info_line_draws_no_link_code_or_emphasis(value):
 
 
 def test_the_run_tabs_markdown_of_a_hostile_run_draws_nothing_of_it(tmp_path, monkeypatch):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
 
     from .test_run_view import Drawn, RunShown
 
@@ -175,8 +175,11 @@ def test_errors_quoting_the_input_read_as_text_in_the_notice_and_the_toast():
 
     from tunedeck.app.errors import shown_as_message, user_message
     from tunedeck.backend.spec import SpecError
+    from tunedeck.backend.spec.problem import error as problem
 
-    error = SpecError([("training.learning_rate", f"not a number: {HOSTILE}"), (f"model.{IMG}", "unknown field")])
+    error = SpecError(
+        [problem("training.learning_rate", f"not a number: {HOSTILE}"), problem(f"model.{IMG}", "unknown field")]
+    )
     notice = rendered(f"✗ **Not started:** {user_message(error, markdown=True)}")
     assert notice.tags == ["p", "strong", "code"]  # the label's key as code, nothing of the input
     assert f"Learning rate (training.learning_rate): not a number: {HOSTILE}; model.{IMG}: unknown" in notice.words

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from tunedeck.backend.supervisor import process_identity
+from tunedeck.backend.runs.supervisor import process_identity
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

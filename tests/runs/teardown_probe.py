@@ -14,13 +14,13 @@ import torch.distributed as dist
 from deepspeed.runtime.sequence_parallel import parallel_state_sp
 from deepspeed.utils import groups
 
-from tunedeck.backend import train
+from tunedeck.backend.recipe import train_sft
 
 deepspeed.init_distributed(dist_backend="gloo")
 parallel_state_sp.initialize_sequence_parallel(2)  # as accelerate's Ulysses setup does (sp_size 2)
 total = torch.ones(1)
 dist.all_reduce(total, group=parallel_state_sp.get_sequence_parallel_group())
-train._close_process_group(clean=True)
+train_sft._close_process_group(clean=True)
 held = {
     "torch initialized": dist.is_initialized(),
     "sequence group": parallel_state_sp._SEQUENCE_PARALLEL_GROUP is not None,

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.runs.manager import RunError, RunManager
 
 from .helpers import fake_run, fill, tunedeck
 
@@ -74,12 +74,53 @@ def test_damaged_status_files_are_one_damaged_run_each_and_break_nothing(runs_di
     assert stop.returncode == 0 and "is not running (damaged)" in stop.stdout, stop.stderr
 
 
+# job.yaml files this version does not read as a job: an older version's flat `model:` (a str where a section
+# is now) with a field since renamed, a damaged file, none at all.
+OTHER_VERSION, DAMAGED_JOB, NO_JOB = "20250103-120000-00000a", "20250103-120000-00000b", "20250103-120000-00000c"
+ODD_JOBS = {OTHER_VERSION: "model: gpt2\nmethod: lora\nlora_rank: 8\n", DAMAGED_JOB: "model: [gpt2\n", NO_JOB: None}
+
+
+def test_a_job_yaml_of_another_version_is_named_and_breaks_no_listing(runs_dir):
+    from tunedeck.app.run_index import UNREADABLE_MARK, RunsIndex, table_row, unreadable_line
+    from tunedeck.backend.spec import resolve_spec, spec_to_yaml
+
+    (good_run(runs_dir) / "job.yaml").write_text(spec_to_yaml(resolve_spec("demo")))
+    for run_id, text in ODD_JOBS.items():
+        folder = good_run(runs_dir, run_id)
+        if text is not None:
+            (folder / "job.yaml").write_text(text)
+
+    listing = tunedeck("runs", "--runs-dir", runs_dir)
+    assert listing.returncode == 0 and "Traceback" not in listing.stderr, listing.stderr
+    lines = {line.split()[0]: line for line in listing.stdout.splitlines()[1:]}
+    assert "job.yaml not readable" not in lines[GOOD] and "3/3" in lines[GOOD]
+    assert all("(job.yaml not readable: see runs show)" in lines[run_id] for run_id in ODD_JOBS)
+
+    show = tunedeck("runs", "show", OTHER_VERSION, "--runs-dir", runs_dir)
+    assert show.returncode == 0 and "Traceback" not in show.stderr, show.stderr
+    (said,) = [line for line in show.stdout.splitlines() if line.startswith("job ")]
+    assert "is not a job this version of tunedeck can read: written by another version" in said
+    assert "model:" in said and "lora_rank: unknown field" in said  # each field named, with what is wrong
+    assert "state    finished" in show.stdout and "progress step 3/3" in show.stdout  # the rest as for any run
+    damaged = tunedeck("runs", "show", DAMAGED_JOB, "--runs-dir", runs_dir)
+    assert damaged.returncode == 0 and "could not be read as YAML" in damaged.stdout, damaged.stderr
+    missing = tunedeck("runs", "show", NO_JOB, "--runs-dir", runs_dir)
+    assert missing.returncode == 0 and "the file is missing" in missing.stdout, missing.stderr
+
+    index = RunsIndex(RunManager(runs_dir))  # the page's runs table and run view
+    rows = {run.run_id: (table_row(run, index.facts(run)), unreadable_line(index.facts(run))) for run in index.runs()}
+    assert rows[GOOD][0][3] == "demo/model · lora · ddp · 2xCPU" and rows[GOOD][1] == ""
+    for run_id in ODD_JOBS:
+        assert rows[run_id][0][3].endswith(UNREADABLE_MARK) and str(runs_dir / run_id / "job.yaml") in rows[run_id][1]
+    assert "lora_rank: unknown field" in rows[OTHER_VERSION][1]
+
+
 def test_a_start_on_a_full_disk_is_a_clear_error_and_leaves_no_run_folder(small_disk, demo_spec):
     disk = small_disk("1m")
     manager = RunManager(disk)
     for leave in (0, 40_000):  # nothing fits; part of the run folder fits
         filler = fill(disk, leave)
-        # The preflight sees it first: no room for the checkpoints the job keeps (backend/preflight_launch.py).
+        # The preflight sees it first: no room for the checkpoints the job keeps (backend/runs/preflight_launch.py).
         with pytest.raises(RunError, match=r"output_dir: .* free, and the job keeps 2 checkpoint\(s\).*free space"):
             manager.start(demo_spec())
         assert [p.name for p in disk.iterdir() if not p.name.startswith(("filler", ".start.lock"))] == []

@@ -19,8 +19,8 @@ import pytest
 
 from tunedeck.app.data_upload import fill_from_upload
 from tunedeck.app.downloads import BundleWriter, zip_name_for
-from tunedeck.backend.fields import values_from_spec
 from tunedeck.backend.render import render_bundle
+from tunedeck.backend.spec.fields import values_from_spec
 
 from .helpers import end_record, log_records, logs_tail, read_metrics, start_record
 

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from tunedeck.backend.run_folder import read_records
-from tunedeck.backend.run_summary import summarize
-from tunedeck.backend.runs import RunManager
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.records import read_records
+from tunedeck.backend.runs.summary import summarize
 
 from .helpers import log_records, logs_tail, wait_for
 
@@ -74,7 +74,7 @@ def test_a_run_just_queued_stays_queued_through_a_clock_step_and_an_abandoned_on
     """Between its folder written and its supervisor recorded, a run is queued with no supervisor; readers give it
     30 s on the monotonic clock (it was the wall clock: a step forward failed a fresh run, a step back kept a run
     whose supervisor never came queued for as long)."""
-    from tunedeck.backend.supervisor import update_status
+    from tunedeck.backend.runs.supervisor import update_status
 
     manager = RunManager(runs_dir)
     run_id = manager._write_run_folder(demo_spec(), ["true"], None, {})  # queued; no supervisor started

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import train
+from tunedeck.backend import recipe
 from tunedeck.backend.spec import resolve_spec
 
 from .helpers import start_record
@@ -39,21 +39,21 @@ def prompts(dataset) -> Counter:
 def test_rows_are_sampled_without_repeats_or_repeated_whole(split_demo):
     adds, subs = split_demo
     config = {"path": str(adds), "format": "prompt-completion", "mix": [f"{subs}#100", f"{subs}:train[:10]#25"]}
-    main = train.to_trl_format(train.load_split(config, "train"), config, "text")
-    mixed, rows = train.mixed_in(main, config, "text", seed=42)
+    main = recipe.to_trl_format(recipe.load_split(config, "train"), config, "text")
+    mixed, rows = recipe.mixed_in(main, config, "text", seed=42)
     assert rows == {"dataset.path": len(main), f"{subs}#100": 100, f"{subs}:train[:10]#25": 25}
     assert len(mixed) == len(main) + 125 and mixed.column_names == ["prompt", "completion"]
     sample = mixed.select(range(len(main), len(main) + 100))
     assert all(p.startswith("Q: Subtract") for p in sample["prompt"])
-    first_ten = train.to_trl_format(train.load_split({**config, "path": str(subs)}, "train[:10]"), config, "text")
+    first_ten = recipe.to_trl_format(recipe.load_split({**config, "path": str(subs)}, "train[:10]"), config, "text")
     repeated = prompts(mixed.select(range(len(main) + 100, len(mixed))))
     # 25 rows of a 10-row slice: every row twice, then 5 of them (each once) a third time
     twice = Counter({prompt: 2 * n for prompt, n in prompts(first_ten).items()})
     third = repeated - twice
     assert not twice - repeated and third.total() == 5 and not third - prompts(first_ten)
-    again, _ = train.mixed_in(main, config, "text", seed=42)
+    again, _ = recipe.mixed_in(main, config, "text", seed=42)
     assert again["prompt"] == mixed["prompt"]  # the same seed, the same rows
-    other, _ = train.mixed_in(main, config, "text", seed=7)
+    other, _ = recipe.mixed_in(main, config, "text", seed=7)
     assert other["prompt"] != mixed["prompt"]
 
 
@@ -62,9 +62,9 @@ def test_a_source_in_another_layout_is_refused_with_its_entry(split_demo, tmp_pa
     chats = tmp_path / "chats.jsonl"
     chats.write_text(json.dumps({"prompt": [{"role": "user", "content": "1 + 1"}], "completion": "2"}) + "\n")
     config = {"path": str(adds), "format": "prompt-completion", "mix": [str(chats)]}
-    main = train.to_trl_format(train.load_split(config, "train"), config, "text")
-    with pytest.raises(train.JobError, match=rf"^dataset.mix '{chats}': its rows do not have the main dataset's"):
-        train.mixed_in(main, config, "text", seed=42)
+    main = recipe.to_trl_format(recipe.load_split(config, "train"), config, "text")
+    with pytest.raises(recipe.JobError, match=rf"^dataset.mix '{chats}': its rows do not have the main dataset's"):
+        recipe.mixed_in(main, config, "text", seed=42)
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -77,8 +77,8 @@ def test_a_source_in_another_format_joins_converted(demo_home):
     formats = demo_home / "formats"
     alpaca, completions = formats / "alpaca.jsonl", formats / "prompt-completion.jsonl"
     chat = {"path": str(formats / "messages.jsonl"), "format": "messages", "mix": [f"{alpaca}#4", f"{completions}#4"]}
-    main = train.to_trl_format(train.load_split(chat, "train"), chat, "text")
-    mixed, rows = train.mixed_in(main, chat, "text", seed=42)
+    main = recipe.to_trl_format(recipe.load_split(chat, "train"), chat, "text")
+    mixed, rows = recipe.mixed_in(main, chat, "text", seed=42)
     assert mixed.column_names == ["messages"] and rows == {
         "dataset.path": len(main),
         f"{alpaca}#4": 4,
@@ -95,19 +95,19 @@ def test_a_source_in_another_format_joins_converted(demo_home):
         assert turn == [("user", asked), ("assistant", answers[asked])]
 
     text = {"path": str(formats / "text.jsonl"), "format": "text", "mix": [f"{completions}#3"]}
-    main = train.to_trl_format(train.load_split(text, "train"), text, "text")
-    mixed, _ = train.mixed_in(main, text, "text", seed=42)
+    main = recipe.to_trl_format(recipe.load_split(text, "train"), text, "text")
+    mixed, _ = recipe.mixed_in(main, text, "text", seed=42)
     assert mixed.column_names == ["text"]
     assert set(mixed["text"][len(main) :]) <= {r["prompt"] + r["completion"] for r in rows_of(completions)}
 
     completion_job = {"path": str(completions), "format": "prompt-completion", "mix": [str(formats / "messages.jsonl")]}
-    main = train.to_trl_format(train.load_split(completion_job, "train"), completion_job, "text")
+    main = recipe.to_trl_format(recipe.load_split(completion_job, "train"), completion_job, "text")
     refused = (
         "its columns \\(messages\\) are the messages format's, and messages rows cannot join a prompt-completion job"
     )
-    with pytest.raises(train.JobError, match=rf"^dataset.mix '.*messages.jsonl': {refused}; mix in rows of these "
+    with pytest.raises(recipe.JobError, match=rf"^dataset.mix '.*messages.jsonl': {refused}; mix in rows of these "
                        "formats: prompt-completion, alpaca$"):  # fmt: skip
-        train.mixed_in(main, completion_job, "text", seed=42)
+        recipe.mixed_in(main, completion_job, "text", seed=42)
 
 
 def test_a_chat_job_trains_on_alpaca_rows_mixed_in(demo_home, runs_dir):

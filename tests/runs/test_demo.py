@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tunedeck.backend.demo import FORMATS, PACKAGE_DIR, build_stamp, is_built
+from tunedeck.backend.data.demo import FORMATS, PACKAGE_DIR, build_stamp, is_built
 
 
 def digests(folder) -> dict[str, str]:
@@ -25,7 +25,7 @@ def test_demo_build_is_deterministic(demo_home, tmp_path):
     # A second build, in a fresh process with networking to the hub disabled, gives the same bytes.
     other = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-m", "tunedeck.backend.demo", "--home", str(other)],
+        [sys.executable, "-m", "tunedeck.backend.data.demo", "--home", str(other)],
         cwd=PACKAGE_DIR,
         capture_output=True,
         text=True,

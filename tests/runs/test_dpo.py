@@ -1,6 +1,6 @@
 """DPO on the demo's preference pairs: 2 real ranks learn to prefer the chosen answers.
 
-The demo's pairs (backend/demo.py) put each question's answer (chosen) against the question
+The demo's pairs (backend/data/demo.py) put each question's answer (chosen) against the question
 restated (rejected). The rewards DPOTrainer logs are the proof that the run learns from the
 pairs, not only that it runs: the share of pairs where chosen wins climbs from chance, on the
 training pairs and on held-out ones.

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.supervisor import final_state
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.supervisor import final_state
 
 from .helpers import log_records, logs_tail, read_metrics
 

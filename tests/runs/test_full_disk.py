@@ -16,8 +16,8 @@ import pytest
 from tunedeck.app.registry import Registry
 from tunedeck.app.run_view import RunShown, RunView
 from tunedeck.app.section import Page
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.supervisor import RESERVE_FILE, is_alive
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.supervisor import RESERVE_FILE, is_alive
 
 from .helpers import fill, log_records, logs_tail, status_json, tunedeck, wait_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend import train
+from tunedeck.backend import recipe
 from tunedeck.backend.spec import resolve_spec, spec_to_dict
 
 
@@ -23,29 +23,29 @@ def facts(**changes) -> dict:
 
 
 def expected(preset: str = "70b-qlora-zero3", *overrides: str, trainable: int | None = 32768) -> dict:
-    out = train.expected_run(job(preset, "launch.num_processes=2", *overrides))
+    out = recipe.expected_run(job(preset, "launch.num_processes=2", *overrides))
     out["trainable_params"] = trainable
     return out
 
 
 def test_what_each_preset_expects():
-    assert train.expected_run(job("70b-qlora-zero3")) == {
+    assert recipe.expected_run(job("70b-qlora-zero3")) == {
         "world_size": 8, "machines": 1, "engine": "deepspeed", "zero_stage": 3, "sequence_parallel": 1,
         "fsdp_version": None, "bits": 4, "trainable_params": None, "lora_scaling": 2.0, "neftune_noise_alpha": None,
     }  # fmt: skip
-    rslora = train.expected_run(job("70b-qlora-zero3", "lora.use_rslora=true"))["lora_scaling"]
+    rslora = recipe.expected_run(job("70b-qlora-zero3", "lora.use_rslora=true"))["lora_scaling"]
     assert rslora == pytest.approx(32 / 16**0.5)  # lora_alpha / sqrt(r)
-    assert train.expected_run(job("7b-full-zero2"))["lora_scaling"] is None
-    assert train.expected_run(job("demo", "training.neftune_noise_alpha=5"))["neftune_noise_alpha"] == 5
-    assert train.expected_run(job("demo-dpo", "training.neftune_noise_alpha=5"))["neftune_noise_alpha"] is None
-    assert train.expected_run(job("13b-lora-fsdp"))["engine"] == "fsdp"
-    assert train.expected_run(job("13b-lora-fsdp"))["fsdp_version"] == 2
-    assert train.expected_run(job("7b-lora-ddp"))["engine"] == "ddp"
-    assert train.expected_run(job("7b-lora-ddp", "launch.num_processes=1"))["engine"] == "none"
+    assert recipe.expected_run(job("7b-full-zero2"))["lora_scaling"] is None
+    assert recipe.expected_run(job("demo", "training.neftune_noise_alpha=5"))["neftune_noise_alpha"] == 5
+    assert recipe.expected_run(job("demo-dpo", "training.neftune_noise_alpha=5"))["neftune_noise_alpha"] is None
+    assert recipe.expected_run(job("13b-lora-fsdp"))["engine"] == "fsdp"
+    assert recipe.expected_run(job("13b-lora-fsdp"))["fsdp_version"] == 2
+    assert recipe.expected_run(job("7b-lora-ddp"))["engine"] == "ddp"
+    assert recipe.expected_run(job("7b-lora-ddp", "launch.num_processes=1"))["engine"] == "none"
 
 
 def test_a_run_that_got_what_it_asked_passes():
-    assert train.gate_problems(expected(), facts()) == []
+    assert recipe.gate_problems(expected(), facts()) == []
 
 
 @pytest.mark.parametrize(
@@ -85,18 +85,18 @@ def test_a_run_that_got_what_it_asked_passes():
     ],
 )
 def test_each_difference_is_named(changes, overrides, message):
-    problems = train.gate_problems(expected("70b-qlora-zero3", *overrides), facts(**changes))
+    problems = recipe.gate_problems(expected("70b-qlora-zero3", *overrides), facts(**changes))
     assert len(problems) == 1 and problems[0].startswith(message), problems
 
 
 def test_fsdp_that_became_ddp_is_named_once_the_model_is_wrapped():
     fsdp = expected("13b-lora-fsdp")
     early = {"world_size": 2, "nodes": ["n0", "n0"], "distributed_type": "MULTI_CPU"}
-    assert train.gate_problems(fsdp, early) == []  # before wrapping, FSDP ranks look like DDP ranks
+    assert recipe.gate_problems(fsdp, early) == []  # before wrapping, FSDP ranks look like DDP ranks
     ddp = facts(
         distributed_type="MULTI_CPU", zero_stage=None, model_class="DistributedDataParallel", quantized_modules={}
     )
-    (problem,) = train.gate_problems(fsdp, ddp)
+    (problem,) = recipe.gate_problems(fsdp, ddp)
     assert problem.startswith("asked FSDP2, got DDP (MULTI_CPU) (accelerate falls back to DDP")
     fsdp1 = facts(
         distributed_type="FSDP",
@@ -106,15 +106,15 @@ def test_fsdp_that_became_ddp_is_named_once_the_model_is_wrapped():
         model_class="FullyShardedDataParallel",
         quantized_modules={},
     )
-    assert train.gate_problems(fsdp, fsdp1) == ["asked FSDP2, got FSDP1"]
+    assert recipe.gate_problems(fsdp, fsdp1) == ["asked FSDP2, got FSDP1"]
 
 
 def test_the_launchers_environment_alone_catches_a_lone_process(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(train.GateError, match="^sanity gate: asked 2 processes on 1 machine, got 1: "):
-        train.check_processes(expected())
+    with pytest.raises(recipe.GateError, match="^sanity gate: asked 2 processes on 1 machine, got 1: "):
+        recipe.check_processes(expected())
     monkeypatch.setenv("WORLD_SIZE", "2")
-    train.check_processes(expected())  # the launcher started both: on to the process group
+    recipe.check_processes(expected())  # the launcher started both: on to the process group
 
 
 @pytest.mark.parametrize("preset", ["demo", "demo-full"])
@@ -125,15 +125,15 @@ def test_expected_trainable_is_what_peft_counts_on_the_real_model(preset, demo_h
 
     spec_job = job("demo", "method=full") if preset == "demo-full" else job("demo")
     model = AutoModelForCausalLM.from_pretrained(demo_home / "model")
-    adapter = train.peft_config(spec_job)
+    adapter = recipe.peft_config(spec_job)
     real = (
         get_peft_model(model, adapter).get_nb_trainable_parameters()[0]
         if adapter
         else sum(p.numel() for p in model.parameters())
     )
-    assert train.expected_trainable(spec_job) == real > 0
+    assert recipe.expected_trainable(spec_job) == real > 0
 
 
 def test_expected_trainable_of_an_unreadable_model_is_left_to_the_loader(capsys):
-    assert train.expected_trainable({"model": {"name_or_path": "/nonexistent/model"}, "method": "lora"}) is None
+    assert recipe.expected_trainable({"model": {"name_or_path": "/nonexistent/model"}, "method": "lora"}) is None
     assert "trainable parameters not checked" in capsys.readouterr().out

@@ -18,6 +18,7 @@ import yaml
 
 from tunedeck.backend.render import render_bundle, write_bundle
 from tunedeck.backend.render.launch import JOB_FILE, TRAIN_SCRIPT, TRAINING_ARGS_FILE
+from tunedeck.backend.render.recipe_files import RECIPE_PACKAGE
 
 from .helpers import end_record, logs_tail, read_metrics
 
@@ -130,16 +131,20 @@ def test_fsdp2_ranks_without_use_cpu_are_not_wrapped(tmp_path, demo_spec):
     assert_stopped_by_the_gate(folder, result, seconds, "asked FSDP2, got no data-parallel wrapper")
 
 
+def patch_recipe(folder: Path, old: str, new: str) -> None:
+    """Replace `old` (found once in the bundle's recipe package, tunedeck_recipe/) by `new`: a step taken out."""
+    found = [path for path in (folder / RECIPE_PACKAGE).glob("*.py") if old in path.read_text()]
+    assert len(found) == 1 and found[0].read_text().count(old) == 1, found
+    found[0].write_text(found[0].read_text().replace(old, new))
+
+
 def test_smoke_run_that_got_ddp_fails_the_gate(tmp_path):
-    """The FSDP preset's smoke run with train_sft.py's FSDP2-on-CPU step taken out: accelerate gives it DDP, the gate stops it."""
-    from tunedeck.backend.smoke import smoke_spec
+    """The FSDP preset's smoke run with the recipe's FSDP2-on-CPU step taken out: accelerate gives it DDP, the gate stops it."""
+    from tunedeck.backend.runs.smoke import smoke_spec
     from tunedeck.backend.spec import resolve_spec
 
     folder = bundle_for(tmp_path, smoke_spec(resolve_spec("13b-lora-fsdp")))
-    script = (folder / TRAIN_SCRIPT).read_text()
-    switch = "if _switch_cpu_ranks_to_fsdp2(self.accelerator):"
-    assert script.count(switch) == 1
-    (folder / TRAIN_SCRIPT).write_text(script.replace(switch, "if False:  # accelerate alone"))
+    patch_recipe(folder, "if _switch_cpu_ranks_to_fsdp2(self.accelerator):", "if False:  # accelerate alone")
     result, seconds = launch(folder, accelerate_launch(folder))
     assert_stopped_by_the_gate(folder, result, seconds, "asked FSDP2, got DDP")
     errors = [yaml.safe_load(line) for line in (folder / "errors.jsonl").read_text().splitlines()]

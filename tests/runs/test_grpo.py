@@ -1,6 +1,6 @@
 """GRPO on the demo: 2 real ranks write answers to the demo's questions, rewards score them, and it learns.
 
-The Demo GRPO preset starts from the demo model after a short supervised warm-up (backend/demo.py's model-sft:
+The Demo GRPO preset starts from the demo model after a short supervised warm-up (backend/data/demo.py's model-sft:
 about 1 answer in 5 right), writes 8 answers to each of 8 questions a step (64 across the 2 ranks), and scores
 each with exact_answer (1 for the reference answer) and close_answer (partial credit). The rewards TRL logs are
 the proof that the run learns from them, not only that it runs: they rise, and more and more of a question's
@@ -15,8 +15,8 @@ import re
 import pytest
 import yaml
 
-from tunedeck.backend.run_status import from_status_file
-from tunedeck.backend.runs import RunManager
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.status import from_status_file
 
 from .helpers import log_records, logs_tail, read_metrics, start_record
 from .test_dpo import mean, train_preset

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from tunedeck.backend import supervisor, train
-from tunedeck.backend.run_status import from_status_file
+from tunedeck.backend import recipe
+from tunedeck.backend.runs import supervisor
+from tunedeck.backend.runs.status import from_status_file
 
 CALL = {  # how TRL calls a reward: its columns by name, two answers to one prompt here
     "prompts": ["Q: 2+2?", "Q: 2+2?"],
@@ -38,7 +39,7 @@ def liar(tmp_path):
         encoding="utf-8",
     )
     rewards = ["exact_answer", f"{path}:liar", f"{path}:later"]
-    exact, lying, later = train.reward_functions({"grpo": {"rewards": rewards}})
+    exact, lying, later = recipe.reward_functions({"grpo": {"rewards": rewards}})
     return path, exact, lambda returned: lying(**CALL, returned=returned), later
 
 
@@ -59,7 +60,7 @@ def test_what_a_reward_returns_is_checked_and_a_bad_answer_names_the_reward_and_
         (math.inf, 0.0): f"{name} returned a float inf for answer 1 of 2",
     }
     for returned, message in wrong.items():
-        with pytest.raises(train.RewardError) as raised:
+        with pytest.raises(recipe.RewardError) as raised:
             calls(list(returned) if isinstance(returned, tuple) else returned)
         assert str(raised.value).startswith(message), (returned, str(raised.value))
     # What TRL itself takes stays as it is: None where a reward does not apply, numpy and torch scores, bools
@@ -72,11 +73,11 @@ def test_what_a_reward_returns_is_checked_and_a_bad_answer_names_the_reward_and_
 
 def test_a_reward_that_scores_none_of_a_steps_answers_is_a_warning_that_names_it():
     scores = torch.tensor([[1.0, math.nan, 0.2], [0.0, math.nan, math.nan], [1.0, math.nan, 0.4]])  # 3 answers
-    assert train.unscored_warning(["exact_answer", "abstains", "judge"], scores, step=3) == (
+    assert recipe.unscored_warning(["exact_answer", "abstains", "judge"], scores, step=3) == (
         "the reward abstains (grpo.rewards[1]) scored none of the 3 answers at step 3 (None for each): GRPO learned "
         "nothing from it there"
     )
-    assert train.unscored_warning(["exact_answer", "judge"], scores[:, [0, 2]], step=3) is None  # some None is fine
+    assert recipe.unscored_warning(["exact_answer", "judge"], scores[:, [0, 2]], step=3) is None  # some None is fine
 
 
 def test_the_supervisor_carries_the_runs_warning_to_its_state_line_and_marks_a_hung_reward_import_stalled(tmp_path):
@@ -99,7 +100,7 @@ def test_the_supervisor_carries_the_runs_warning_to_its_state_line_and_marks_a_h
     assert phase("loading the model", time.time()).get("stalled") is None  # the import ended: no longer stalled
 
     warning = "the reward abstains (grpo.rewards[1]) scored none of the 64 answers at step 3 (None for each): ..."
-    train.write_progress(tmp_path, 3, warning=warning)
+    recipe.write_progress(tmp_path, 3, warning=warning)
     watch.check(watch.checked_at + 2)
     status = json.loads((tmp_path / "status.json").read_text())
     assert from_status_file("r", status).where == f"⚠ {warning}"
@@ -110,9 +111,9 @@ def test_each_ranks_watchdog_writes_its_stack_when_a_reward_module_hangs_at_impo
     path = tmp_path / "slow_rewards.py"
     path.write_text("import time\ntime.sleep(3.5)\ndef score(completions, **_):\n    return [0.0] * len(completions)\n")
     job = {"launch": {"stall_minutes": 0.03}, "grpo": {"rewards": [f"{path}:score"]}}  # 1.8 s
-    startup = train.StartupPhases(tmp_path, rank=0)
-    with train.watched_phase(job, tmp_path, startup, train.IMPORTING_REWARDS):
-        train.reward_functions(job)
+    startup = recipe.StartupPhases(tmp_path, rank=0)
+    with recipe.watched_phase(job, tmp_path, startup, recipe.IMPORTING_REWARDS):
+        recipe.reward_functions(job)
     dump = capfd.readouterr().err
     assert "tunedeck: stalled: importing the reward functions for 0 min on rank 0; every thread's stack:" in dump
     assert "slow_rewards.py" in dump  # the stack shows where the import waits

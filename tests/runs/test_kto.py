@@ -1,6 +1,6 @@
 """KTO on the demo's answers labelled good or bad: 2 real ranks learn from them, with no pairs.
 
-Each row of the demo's unpaired data (backend/demo.py) holds one answer to a question: the answer (good)
+Each row of the demo's unpaired data (backend/data/demo.py) holds one answer to a question: the answer (good)
 or the question restated (bad), never both. The rewards KTOTrainer logs are the proof that the run learns
 from the labels, not only that it runs: the good answers' reward rises above the reference, the bad
 ones' falls below it, on the training rows and on held-out ones.

@@ -21,11 +21,11 @@ import pytest
 from panel.fake_nvml import FakeNvml
 
 from tunedeck.app.job_outputs import ThisMachine, evaluate, issues_markdown
-from tunedeck.backend import preflight
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.monitor import Monitor
-from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.machine.monitor import Monitor
+from tunedeck.backend.runs import preflight
+from tunedeck.backend.runs.manager import RunError, RunManager
 from tunedeck.backend.spec import load_presets
+from tunedeck.backend.spec.fields import values_from_spec
 
 from .helpers import fake_run
 
@@ -84,8 +84,8 @@ def case(name: str, runs_dir, tmp_path, request, monkeypatch) -> tuple[dict, lis
         monkeypatch.setenv("PATH", "/nonexistent")
         return {"launch.backend": "slurm"}, []
     if name == "accelerate not installed":
-        monkeypatch.setattr("tunedeck.backend.run_launch.accelerate_command", lambda: None)
-        monkeypatch.setattr("tunedeck.backend.runs.accelerate_command", lambda: None)
+        monkeypatch.setattr("tunedeck.backend.runs.launch.accelerate_command", lambda: None)
+        monkeypatch.setattr("tunedeck.backend.runs.manager.accelerate_command", lambda: None)
         return {}, []
     if name == "runs folder that is a file":
         runs_dir.rmdir()
@@ -172,13 +172,13 @@ def test_a_gpu_job_without_a_gpu_here_warns_and_offers_the_bundle(runs_dir):
 
 def test_the_checks_read_a_data_file_once_per_version(demo_spec, runs_dir, tmp_path, monkeypatch):
     """An edit costs stat calls: the first rows of the data are read again only when the file changes."""
-    from tunedeck.backend import train
+    from tunedeck.backend.recipe import checks
 
     data = tmp_path / "data.jsonl"
     jsonl(data, '{"prompt": "Q", "completion": "A"}')
     reads = []
-    real_rows = train._rows
-    monkeypatch.setattr(train, "_rows", lambda path, limit: reads.append(path) or real_rows(path, limit))
+    real_rows = checks._rows
+    monkeypatch.setattr(checks, "_rows", lambda path, limit: reads.append(path) or real_rows(path, limit))
     here = ThisMachine(runs_dir, Monitor(history=1))
     values = values_from_spec(demo_spec({"dataset.path": str(data)}))
     for rate in (1e-4, 2e-4, 3e-4):  # three edits of another field

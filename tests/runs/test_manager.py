@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tunedeck.backend import preflight
-from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.runs import preflight
+from tunedeck.backend.runs.manager import RunError, RunManager
 
 from .helpers import fake_run
 

@@ -18,8 +18,10 @@ import psutil
 import pytest
 
 from runs.helpers import log_records, logs_tail, run_processes, status_json, tunedeck, wait_for
-from tunedeck.backend import cli_runs, supervisor, train
-from tunedeck.backend.runs import RunManager
+from tunedeck.backend import recipe
+from tunedeck.backend.cli import train as cli_train
+from tunedeck.backend.runs import supervisor
+from tunedeck.backend.runs.manager import RunManager
 
 
 class Hook:
@@ -112,11 +114,11 @@ def _length(request: bytes) -> int:
 
 def test_a_webhook_that_trickles_its_answer_is_left_within_the_deadline(tmp_path, monkeypatch, capsys):
     hook = TricklingHook()
-    monkeypatch.setenv(train.NOTIFY_ENV, hook.url)
-    monkeypatch.setattr(train, "NOTIFY_DEADLINE_S", 2, raising=False)
+    monkeypatch.setenv(recipe.NOTIFY_ENV, hook.url)
+    monkeypatch.setattr(recipe.notifications, "NOTIFY_DEADLINE_S", 2, raising=False)
     try:
         began = time.monotonic()
-        posting = threading.Thread(target=train.notify, args=(tmp_path, "finished", None, 12.0), daemon=True)
+        posting = threading.Thread(target=recipe.notify, args=(tmp_path, "finished", None, 12.0), daemon=True)
         posting.start()
         posting.join(8)
         took = time.monotonic() - began
@@ -145,7 +147,7 @@ def test_a_queued_run_starts_on_time_while_the_supervisor_of_the_run_ahead_posts
         (run_dir / "status.json").write_text(json.dumps(status))
     states_when_posted = []
     hook = TricklingHook(lambda body: states_when_posted.append((body["run"], status_json(ahead)["state"])))
-    env = {**os.environ, train.NOTIFY_ENV: hook.url}
+    env = {**os.environ, recipe.NOTIFY_ENV: hook.url}
     supervisors = []
     try:
         for run_dir in (ahead, queued):  # the queued one once the run ahead is recorded as its supervisor's
@@ -169,21 +171,21 @@ def test_a_url_with_a_user_and_password_posts_with_basic_auth_and_never_prints_t
     hook, tmp_path, monkeypatch, capsys
 ):
     where = hook.url.split("//", 1)[1]
-    monkeypatch.setenv(train.NOTIFY_ENV, f"http://tune%40deck:pa%3Ass@{where}")
-    train.notify(tmp_path, "finished", None, 12.0)
+    monkeypatch.setenv(recipe.NOTIFY_ENV, f"http://tune%40deck:pa%3Ass@{where}")
+    recipe.notify(tmp_path, "finished", None, 12.0)
     assert hook.logins == ["Basic " + base64.b64encode(b"tune@deck:pa:ss").decode()]
     assert hook.received[0][0] == "/services/T000/B000/secret-token"  # the credentials are not in the URL sent
 
     refusing = Hook(status=401)
     try:
-        monkeypatch.setenv(train.NOTIFY_ENV, f"http://operator7:s3cret@{refusing.url.split('//', 1)[1]}")
-        train.notify(tmp_path, "failed", "boom", 3.0)
+        monkeypatch.setenv(recipe.NOTIFY_ENV, f"http://operator7:s3cret@{refusing.url.split('//', 1)[1]}")
+        recipe.notify(tmp_path, "failed", "boom", 3.0)
     finally:
         refusing.close()
     err = capsys.readouterr().err
     assert "warning: the notification to 127.0.0.1 failed: HTTP Error 401" in err
     assert "s3cret" not in err and "operator7" not in err
-    cli_runs._say_where_it_notifies()
+    cli_train._say_where_it_notifies()
     assert "s3cret" not in capsys.readouterr().out
 
 
@@ -194,8 +196,8 @@ def test_a_run_error_reaches_each_chat_service_as_text_it_shows_as_written(hook,
     base = hook.url.split("/services/")[0]
     paths = ["/services/T000/B000/tok", "/api/webhooks/123/tok", "/webhookb2/abc@def/IncomingWebhook/x/y", "/hook"]
     for path in paths:
-        monkeypatch.setenv(train.NOTIFY_ENV, base + path)
-        train.notify(tmp_path, "failed", HOSTILE, 5.0)
+        monkeypatch.setenv(recipe.NOTIFY_ENV, base + path)
+        recipe.notify(tmp_path, "failed", HOSTILE, 5.0)
     slack, discord, teams, other = (body for _, _, body in hook.received)
     # Slack: its three control characters as entities, nothing else (api.slack.com/reference/surfaces/formatting)
     assert slack["text"].endswith(
@@ -221,29 +223,29 @@ def test_a_run_error_reaches_each_chat_service_as_text_it_shows_as_written(hook,
         "https://contoso.webhook.office.com/webhookb2/a/IncomingWebhook/b/c": "teams",
         "https://ntfy.sh/runs": None,
     }
-    assert {url: train.webhook_service(url) for url in services} == services
+    assert {url: recipe.webhook_service(url) for url in services} == services
 
 
 def test_without_the_variable_nothing_is_sent_and_a_bad_url_or_a_refusing_endpoint_is_a_warning(
     hook, tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.delenv(train.NOTIFY_ENV, raising=False)
-    train.notify(tmp_path, "finished", None, 12.0)
+    monkeypatch.delenv(recipe.NOTIFY_ENV, raising=False)
+    recipe.notify(tmp_path, "finished", None, 12.0)
     assert hook.received == []
-    monkeypatch.setenv(train.NOTIFY_ENV, "file:///etc/passwd")
-    train.notify(tmp_path, "finished", None, 12.0)
+    monkeypatch.setenv(recipe.NOTIFY_ENV, "file:///etc/passwd")
+    recipe.notify(tmp_path, "finished", None, 12.0)
     assert "warning: TUNEDECK_NOTIFY_URL is not an http(s) URL: no notification will be sent" in capsys.readouterr().err
-    cli_runs._say_where_it_notifies()  # what `tunedeck train` says before it starts the run
+    cli_train._say_where_it_notifies()  # what `tunedeck train` says before it starts the run
     assert "warning: TUNEDECK_NOTIFY_URL is not an http(s) URL: no notification will be sent" in capsys.readouterr().err
-    monkeypatch.setenv(train.NOTIFY_ENV, hook.url)
-    cli_runs._say_where_it_notifies()
+    monkeypatch.setenv(recipe.NOTIFY_ENV, hook.url)
+    cli_train._say_where_it_notifies()
     out = capsys.readouterr().out
     assert out == "when it ends, how it ended is posted to 127.0.0.1 (TUNEDECK_NOTIFY_URL)\n"
 
     refusing = Hook(status=403)
     try:
-        monkeypatch.setenv(train.NOTIFY_ENV, refusing.url)
-        train.notify(tmp_path, "failed", "boom", 3725.0)  # never raises: the run's own end comes first
+        monkeypatch.setenv(recipe.NOTIFY_ENV, refusing.url)
+        recipe.notify(tmp_path, "failed", "boom", 3725.0)  # never raises: the run's own end comes first
     finally:
         refusing.close()
     err = capsys.readouterr().err
@@ -254,7 +256,7 @@ def test_without_the_variable_nothing_is_sent_and_a_bad_url_or_a_refusing_endpoi
 
 @pytest.mark.integration
 def test_a_finished_and_a_failed_run_each_post_once_how_they_ended(hook, runs_dir, demo_spec, monkeypatch):
-    monkeypatch.setenv(train.NOTIFY_ENV, hook.url)
+    monkeypatch.setenv(recipe.NOTIFY_ENV, hook.url)
     done = tunedeck("train", "demo", "--runs-dir", runs_dir, "--set", "training.max_steps=3", timeout=240)
     assert done.returncode == 0, done.stderr
     assert "when it ends, how it ended is posted to 127.0.0.1 (TUNEDECK_NOTIFY_URL)" in done.stdout
@@ -273,7 +275,7 @@ def test_a_finished_and_a_failed_run_each_post_once_how_they_ended(hook, runs_di
     assert body["text"].endswith(f" · step 3/3 · loss {body['loss']:.4f}")
 
     monkeypatch.setenv("TUNEDECK_FAULT", "rank=0,step=2")
-    failed = manager.start(demo_spec({"training.max_steps": 50}))
+    failed = manager.start(demo_spec({"training.max_steps": 50, "launch.max_restarts": 0}))  # one end, one post
     assert manager.wait(failed, timeout=180).state == "failed"
     body = hook.wait(2)[-1][2]
     assert len(hook.received) == 2 and (body["run"], body["state"]) == (failed, "failed")
@@ -284,9 +286,10 @@ def test_a_finished_and_a_failed_run_each_post_once_how_they_ended(hook, runs_di
 
 @pytest.mark.integration
 def test_a_run_whose_rank_0_was_killed_is_posted_by_its_supervisor(hook, runs_dir, demo_spec, monkeypatch):
-    monkeypatch.setenv(train.NOTIFY_ENV, hook.url)
+    monkeypatch.setenv(recipe.NOTIFY_ENV, hook.url)
     manager = RunManager(runs_dir)
-    run_id = manager.start(demo_spec({"training.max_steps": 2000, "training.save_steps": 1000}))
+    spec = demo_spec({"training.max_steps": 2000, "training.save_steps": 1000, "launch.max_restarts": 0})
+    run_id = manager.start(spec)  # not started again: its one end is posted
     run_dir = manager.run_dir(run_id)
     wait_for(lambda: log_records(run_dir), 180, what=f"training\n{logs_tail(run_dir)}")
     ranks = {p.environ().get("RANK"): p for p in run_processes(run_dir)[0].children()}

@@ -1,4 +1,4 @@
-"""Packing is on by default (backend/spec_sections.py): it must not change what is learned.
+"""Packing is on by default (backend/spec/sections.py): it must not change what is learned.
 
 TRL's best-fit-decreasing packing concatenates whole rows and sends their position_ids without an
 attention mask; transformers 5.24 turns those into a block-diagonal mask for SDPA, so no row

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend.preflight import preflight
 from tunedeck.backend.render import render_bundle, write_bundle
-from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.runs.manager import RunError, RunManager
+from tunedeck.backend.runs.preflight import preflight
 
 from .helpers import tunedeck
 

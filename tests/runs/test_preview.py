@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tunedeck.backend.cli import main
-from tunedeck.backend.presets import demo_home
+from tunedeck.backend.spec.presets import demo_home
 
 pytestmark = [pytest.mark.slow]  # imports datasets and transformers, tokenizes 2,000 rows
 

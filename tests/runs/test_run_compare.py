@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from runs.helpers import fake_run, tunedeck
-from tunedeck.backend.run_compare import MISSING, differences_line, job_differences
+from tunedeck.backend.runs.compare import MISSING, differences_line, job_differences
 from tunedeck.backend.spec import resolve_spec, set_paths, spec_to_dict
 
 

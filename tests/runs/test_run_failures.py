@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tunedeck.backend.runs import RunManager
+from tunedeck.backend.runs.manager import RunManager
 
 from .helpers import log_records, logs_tail, run_processes, still_alive, tunedeck, wait_for
 
@@ -65,7 +65,10 @@ def test_a_run_whose_folder_was_deleted_is_listed_and_stopped(runs_dir, demo_spe
 
 def test_a_rank_killed_by_a_signal_is_reported_as_the_cause(runs_dir, demo_spec):
     manager = RunManager(runs_dir)
-    run_id = manager.start(demo_spec({"training.max_steps": 2000, "training.save_steps": 1000}))
+    # Not started again (launch.max_restarts=0): the error it ends with (tests/runs/test_restarts.py: started again).
+    run_id = manager.start(
+        demo_spec({"training.max_steps": 2000, "training.save_steps": 1000, "launch.max_restarts": 0})
+    )
     run_dir = manager.run_dir(run_id)
     wait_for(lambda: log_records(run_dir), 180, what=f"training\n{logs_tail(run_dir)}")
     ranks = {p.environ().get("RANK"): p for p in run_processes(run_dir)[0].children()}
@@ -79,6 +82,11 @@ def test_a_rank_killed_by_a_signal_is_reported_as_the_cause(runs_dir, demo_spec)
         "or killed by hand; see logs/rank1.log"
     ), status.error
     assert "exitcode  : -9" in (run_dir / "logs" / "launcher.log").read_text()  # what torch's launcher said
+    assert status.failure == {
+        "kind": "comm",  # the kernel's OOM killer killed nothing (its count in the memory cgroup did not grow)
+        "reason": "rank 1 was lost: killed by SIGKILL from outside the run",
+        "not_retried": "it was started again 0 times already (launch.max_restarts=0)",
+    }
     if rest:  # the survivor's error, when it wrote one, comes after, as a consequence
         assert rest[0].startswith("then rank 0 failed:")
     assert still_alive(list(ranks.values())) == []

@@ -1,4 +1,4 @@
-"""The run-folder contract (backend/run_folder.py) against the two writers that cannot import it.
+"""The run-folder contract (backend/runs/folder.py) against the two writers that cannot import it.
 
 train.py (shipped as train_sft.py) and the supervisor run without tunedeck, so they spell the
 run folder's file names and record keys themselves. These tests read their source and compare
@@ -11,29 +11,37 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 
 from tunedeck.app import charts
-from tunedeck.backend import run_folder, run_startup, run_status, supervisor, train
-from tunedeck.backend.run_folder import (
-    EndRecord,
-    ErrorRecord,
-    GateVerdict,
-    LogRecord,
+from tunedeck.backend import recipe
+from tunedeck.backend.runs import folder as run_folder
+from tunedeck.backend.runs import records as run_records
+from tunedeck.backend.runs import startup as run_startup
+from tunedeck.backend.runs import status as run_status
+from tunedeck.backend.runs import supervisor
+from tunedeck.backend.runs.folder import (
     ProcessIdentity,
     Progress,
+    RestartSettings,
     Stalled,
     StallSettings,
-    StartRecord,
     StatusFile,
     StopRequest,
-    read_records,
 )
+from tunedeck.backend.runs.records import EndRecord, ErrorRecord, GateVerdict, LogRecord, StartRecord, read_records
 
-TRAIN = Path(inspect.getsourcefile(train)).read_text(encoding="utf-8")
+# The recipe's modules as one text (their __future__ lines left out: they may only open a file).
+TRAIN = "\n".join(
+    line
+    for path in sorted(Path(inspect.getsourcefile(recipe)).parent.glob("*.py"))
+    for line in path.read_text(encoding="utf-8").splitlines()
+    if line != "from __future__ import annotations"
+)
 SUPERVISOR = Path(inspect.getsourcefile(supervisor)).read_text(encoding="utf-8")
 
 
@@ -102,20 +110,20 @@ def _fstrings(tree: ast.AST) -> list[str]:
     ]
 
 
-def grpo_keys(tree: ast.AST) -> set[str]:
-    """The keys of GRPO's log records: GRPO_LOGS's (a dict built from literals: evaluated), and grpo_record's
-    `record[f"{prefix}rewards"]` for each prefix of its loop."""
-    built = next(
-        n.value
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "GRPO_LOGS"
-    )
-    # Literals and comprehensions, through train.py's own helpers (their definitions are run first).
-    called = {n.func.id for n in ast.walk(built) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    namespace: dict = {}
-    for helper in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in called):
-        exec(compile(ast.Module([helper], []), "train.py", "exec"), namespace)
-    keys = set(eval(compile(ast.Expression(built), "GRPO_LOGS", "eval"), namespace))
+def objective_keys(tree: ast.AST) -> set[str]:
+    """The keys of the objectives' log records: each row's record keys in the Objective table (its definitions, run
+    from the source), and GRPO's grpo_record's `record[f"{prefix}rewards"]` for each prefix of its loop."""
+    table = ("Objective", "SFT_FORMATS", "REWARDS", "WINS")
+    nodes = [
+        n
+        for n in tree.body
+        if (isinstance(n, ast.ClassDef) and n.name in table)
+        or (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) in table)
+        or (isinstance(n, ast.AnnAssign) and getattr(n.target, "id", None) == "OBJECTIVES")  # the table itself
+    ]
+    namespace: dict = {"dataclass": dataclass, "Any": Any}
+    exec(compile(ast.Module(nodes, []), "objectives_table.py", "exec"), namespace)
+    keys = {key for row in namespace["OBJECTIVES"].values() for key in row.record_keys}
     function = _function(tree, "grpo_record")
     for loop in (n for n in ast.walk(function) if isinstance(n, ast.For) and isinstance(n.iter, ast.Tuple)):
         prefixes = [_str(e) for e in loop.iter.elts]
@@ -134,8 +142,8 @@ def train_records(source: str) -> dict[str, set[str]]:
         for n in ast.walk(begin)
         if isinstance(n, ast.Assign) and any(_str(t.slice) == "gate" for t in _stores(n, "record"))
     )  # record["gate"] = {...}
-    on_log = _function(tree, "on_log")
-    grpo = any(getattr(n.func, "id", None) == "grpo_record" for n in ast.walk(on_log) if isinstance(n, ast.Call))
+    on_log = _function(tree, "_write_log")  # on_log's record
+    calls = {getattr(n.func, "id", None) for n in ast.walk(on_log) if isinstance(n, ast.Call)}
     return {
         "start": _returned_dict(_function(tree, "describe_run"))
         | _returned_dict(_function(tree, "load_peaks"))
@@ -144,21 +152,21 @@ def train_records(source: str) -> dict[str, set[str]]:
         "gate": _dicts(gate)[0],
         "log": _stored_keys(on_log)
         | set().union(*_dicts(_function(tree, "utilisation")), *_dicts(_function(tree, "_pace")))
-        | (grpo_keys(tree) if grpo else set()),  # record.update(grpo_record(logs))
+        | (objective_keys(tree) if {"objective_record", "grpo_record"} <= calls else set()),
         "end": next(keys for keys in _dicts(main) if "event" in keys),
         "error": next(keys for keys in _dicts(main) if "rank" in keys),
     }
 
 
 def train_files(source: str) -> set[str]:
-    """What train.py names in the run folder: `run_dir / "<name>"`."""
+    """What the recipe names in the run folder: `run_dir / "<name>"`, or `run_dir / NAME` by a constant."""
     return {
-        _str(n.right)
+        _str(n.right) or n.right.id
         for n in ast.walk(ast.parse(source))
         if isinstance(n, ast.BinOp)
         and isinstance(n.op, ast.Div)
         and getattr(n.left, "id", None) == "run_dir"
-        and _str(n.right)
+        and (_str(n.right) or isinstance(n.right, ast.Name))
     }
 
 
@@ -193,10 +201,10 @@ def test_a_key_renamed_in_train_alone_fails_the_contract():
     assert record_mismatches(dropped) == {"log": (set(), {"grad_norm"})}
 
 
-def test_grpos_keys_renamed_in_train_alone_fail_the_contract():
-    assert {"reward", "rewards", "eval_rewards", "groups_without_signal", "eval_completion_length"} <= grpo_keys(
-        ast.parse(TRAIN)
-    )
+def test_an_objectives_keys_renamed_in_train_alone_fail_the_contract():
+    keys = objective_keys(ast.parse(TRAIN))
+    assert {"reward", "rewards", "eval_rewards", "groups_without_signal", "eval_completion_length"} <= keys
+    assert {"reward_accuracy", "eval_kl", "log_odds_ratio", "eval_nll_loss"} <= keys  # DPO's, KTO's, ORPO's
     renamed = TRAIN.replace('("completion_length", "completions/mean_length")', '("length", "completions/mean_length")')
     assert record_mismatches(renamed) == {
         "log": ({"length", "eval_length"}, {"completion_length", "eval_completion_length"})
@@ -206,13 +214,15 @@ def test_grpos_keys_renamed_in_train_alone_fail_the_contract():
 
 
 def test_train_writes_the_files_of_the_contract():
-    assert train_files(TRAIN) == {run_folder.METRICS_FILE, run_folder.ERRORS_FILE, run_folder.LOGS_DIR}
-    assert train_files(TRAIN.replace('"errors.jsonl"', '"failures.jsonl"')) != {
-        run_folder.METRICS_FILE, run_folder.ERRORS_FILE, run_folder.LOGS_DIR
-    }  # fmt: skip
+    """The recipe names each file of the run folder by a constant of its records module, which the readers import."""
+    named = train_files(TRAIN)
+    assert {"METRICS_FILE", "ERRORS_FILE", "LOGS_DIR", "STOP_FILE", "PROGRESS_FILE", "STARTUP_FILE"} <= named
+    assert all(isinstance(getattr(recipe.records, name, None), str) for name in named), named  # no literal name
+    assert "errors.jsonl" in train_files(TRAIN.replace("run_dir / ERRORS_FILE", 'run_dir / "errors.jsonl"'))
+    shared = ("METRICS_FILE", "ERRORS_FILE", "LOGS_DIR", "STOP_FILE")
+    assert [getattr(run_folder, name) for name in shared] == [getattr(recipe.records, name) for name in shared]
     rank_log = Path(run_folder.rank_log(7)).name.replace("7", "{}")
     assert rank_log in _fstrings(ast.parse(TRAIN))  # logs / f"rank{rank}.log"
-    assert train.INCOMPLETE_DIR == run_folder.INCOMPLETE_DIR
 
 
 def test_train_end_statuses_are_the_contracts():
@@ -225,7 +235,13 @@ def test_train_end_statuses_are_the_contracts():
         and isinstance(n.targets[0], ast.Tuple)
         and getattr(n.targets[0].elts[0], "id", None) == "status"
     }
-    assert returned | preset == set(get_args(run_folder.EndStatus)) == {"finished", "stopped", "failed"}
+    rollback = {  # main: `status = "rollback"` when the health guard ends this attempt for a roll-back
+        _str(n.value)
+        for n in ast.walk(_function(tree, "main"))
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "status" and _str(n.value)
+    }
+    statuses = returned | preset | rollback
+    assert statuses == set(get_args(run_records.EndStatus)) == {"finished", "stopped", "failed", "rollback"}
 
 
 # ---------------------------------------------------------------- the supervisor
@@ -234,12 +250,12 @@ def test_train_end_statuses_are_the_contracts():
 def test_supervisor_names_the_files_of_the_contract():
     for name in ("STATUS_FILE", "STOP_FILE", "METRICS_FILE", "ERRORS_FILE", "LAUNCHER_LOG", "RESERVE_FILE"):
         assert getattr(supervisor, name) == getattr(run_folder, name), name
-    assert train.STOP_FILE == run_folder.STOP_FILE  # the ranks read the stop request too
-    assert train.PROGRESS_FILE == supervisor.PROGRESS_FILE == run_folder.PROGRESS_FILE  # rank 0 writes, it reads
-    assert train.STARTUP_FILE == run_startup.STARTUP_FILE  # rank 0 writes its phases before step 1; the panel reads
-    assert train.RANK_STARTUP_FILE == run_startup.RANK_STARTUP_FILE  # and the other ranks theirs, under logs/
-    assert supervisor.STALL_GAP_FACTOR == train.STALL_GAP_FACTOR  # it marks a stall when the ranks see one
-    assert supervisor.NOTIFY_ENV == train.NOTIFY_ENV  # it posts for a rank 0 killed before it could
+    assert recipe.STOP_FILE == run_folder.STOP_FILE  # the ranks read the stop request too
+    assert recipe.PROGRESS_FILE == supervisor.PROGRESS_FILE  # rank 0 writes, it reads
+    assert recipe.STARTUP_FILE == run_startup.STARTUP_FILE  # rank 0 writes its phases before step 1; the panel reads
+    assert recipe.RANK_STARTUP_FILE == run_startup.RANK_STARTUP_FILE  # and the other ranks theirs, under logs/
+    assert supervisor.STALL_GAP_FACTOR == recipe.STALL_GAP_FACTOR  # it marks a stall when the ranks see one
+    assert supervisor.NOTIFY_ENV == recipe.NOTIFY_ENV  # it posts for a rank 0 killed before it could
     # "see logs/rank3.log" in a failure's headline
     assert any(run_folder.rank_log(7).replace("7", "{}") in f for f in _fstrings(ast.parse(SUPERVISOR)))
 
@@ -255,9 +271,11 @@ def supervisor_keys(source: str) -> dict[str, set[str]]:
         for k in n.keywords
         if k.arg and k.arg not in ("tries", "retry_s")
     }
-    status |= _read_keys(_function(tree, "supervise")) | set().union(*_dicts(_function(tree, "record_end")))
+    attempt = _function(tree, "_attempt")  # one start of the launcher, watched
+    status |= _read_keys(_function(tree, "supervise")) | _read_keys(attempt)
+    status |= set().union(*_dicts(_function(tree, "record_end")))
     # process_identity's dict, and the launcher's {**identity, "pgid": ...}
-    identity = _returned_dict(_function(tree, "process_identity")) | set().union(*_dicts(_function(tree, "supervise")))
+    identity = _returned_dict(_function(tree, "process_identity")) | set().union(*_dicts(attempt))
     watch = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "StallWatch")
     check = _function(watch, "check")
     phase = _function(watch, "_check_phase")
@@ -268,6 +286,7 @@ def supervisor_keys(source: str) -> dict[str, set[str]]:
         "end": _read_keys(_function(tree, "end_record")) | _read_keys(_function(tree, "final_state")),
         "error": _read_keys(_function(tree, "first_failure")),
         "stall": _read_keys(_function(watch, "__init__")),
+        "restarts": _read_keys(_function(tree, "_restart_policy")),
         "progress": _read_keys(_function(watch, "_read"))
         | _read_keys(check)
         | _read_keys(_function(watch, "carry_warning")),
@@ -282,6 +301,7 @@ SUPERVISOR_TYPES = {
     "end": EndRecord,
     "error": ErrorRecord,
     "stall": StallSettings,
+    "restarts": RestartSettings,
     "progress": Progress,
     "stalled": Stalled,
 }
@@ -308,6 +328,7 @@ def test_supervisor_reads_and_writes_only_keys_of_the_contract():
         and {"stalled", "warning"} <= found["status"]
     )
     assert found["stalled"] == {"step", "since", "limit_s", "phase"}
+    assert found["restarts"] == {"max", "backoff_s"} and {"attempts", "restarting", "failure"} <= found["status"]
     assert unknown_supervisor_keys(SUPERVISOR) == {}
 
 

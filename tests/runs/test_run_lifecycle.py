@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.supervisor import is_alive
-from tunedeck.backend.tail import JsonlTail
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.supervisor import is_alive
+from tunedeck.backend.runs.tail import JsonlTail
 
 from .helpers import (
     end_record,
@@ -82,9 +82,10 @@ def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, 
     assert re.match(r'rank [01] failed first: ValueError: Unknown split "validation"', status.error), status.error
     assert status_json(manager.run_dir(missing))["error"] == status.error
 
-    # One rank raises mid-training; the other is blocked in a collective and must not hang the run.
+    # One rank raises mid-training; the other is blocked in a collective and must not hang the run. A failure of no
+    # known class is started again once (at once here), and fails the same way.
     monkeypatch.setenv("TUNEDECK_FAULT", "rank=1,step=2")
-    faulty = manager.start(demo_spec({"training.max_steps": 50}))
+    faulty = manager.start(demo_spec({"training.max_steps": 50, "launch.restart_backoff_s": 0}))
     status = manager.wait(faulty, timeout=120)
     run_dir = manager.run_dir(faulty)
     assert status.state == "failed" and status.exit_code != 0, f"{status}\n{logs_tail(run_dir)}"
@@ -94,6 +95,12 @@ def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, 
     failed_at = min(json.loads(line)["time"] for line in (run_dir / "errors.jsonl").read_text().splitlines())
     assert status.ended_at - failed_at < 15, "the failure took too long to be reported"
     assert processes_working_in(run_dir) == []
+    assert [(a["attempt"], a["end"], a["retried"]) for a in status.attempts] == [
+        (1, "unknown", True),
+        (2, "unknown", False),
+    ]
+    assert status.failure and status.failure["not_retried"] == "an unknown failure is retried once"
+    assert (run_dir / "errors.attempt-1.jsonl").exists()  # the first attempt's errors, set aside
     monkeypatch.delenv("TUNEDECK_FAULT")
 
     # The manager keeps working: the failed runs are listed and a new run trains.
@@ -106,7 +113,7 @@ def test_failures_are_reported_with_the_first_failing_rank(runs_dir, demo_spec, 
 MANAGER_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import resolve_spec, set_paths
     manager = RunManager(sys.argv[1])
     run_id = manager.start(set_paths(resolve_spec("demo"), {"training.max_steps": 150}))
@@ -143,7 +150,7 @@ def test_killed_manager_reattaches_and_every_step_is_logged_once(runs_dir, demo_
 def test_a_slow_rank_is_named_while_rank_0_waits_for_it(runs_dir, demo_home):
     """A slow node holds up the whole run before its first step: the page's progress line and `tunedeck train` name
     it, not only rank 0's phase."""
-    from tunedeck.backend.run_startup import phase_now, read_phases
+    from tunedeck.backend.runs.startup import phase_now, read_phases
 
     slow = {**os.environ, "TUNEDECK_FAULT": "rank=1,seconds=25,phase=loading the model"}  # rank 1 loads 25 s longer
     train = subprocess.Popen(

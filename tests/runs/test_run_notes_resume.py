@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from tunedeck.backend.run_folder import RunRecords
-from tunedeck.backend.run_notes import NotesError, read_notes, write_notes
-from tunedeck.backend.run_resume import resume_spec
-from tunedeck.backend.run_summary import report
-from tunedeck.backend.runs import RunError, RunManager
+from tunedeck.backend.runs.manager import RunError, RunManager
+from tunedeck.backend.runs.notes import NotesError, read_notes, write_notes
+from tunedeck.backend.runs.records import RunRecords
+from tunedeck.backend.runs.resume import resume_spec
+from tunedeck.backend.runs.summary import report
 from tunedeck.backend.spec import resolve_spec, spec_to_yaml
 
 from .helpers import fake_run, tunedeck
@@ -91,7 +91,7 @@ def _stopped_run(manager: RunManager, state: str = "stopped", checkpoints=(3, 12
 def test_resume_continues_the_same_job_from_the_newest_checkpoint_in_the_runs_own_folder(runs_dir):
     manager = RunManager(runs_dir)
     folder = _stopped_run(manager)
-    spec, step = resume_spec(manager, RUN_ID)
+    spec, step, _ = resume_spec(manager, RUN_ID)
     assert step == 12
     assert spec.training.resume_from_checkpoint is True
     assert spec.output_dir == str((folder / "output").resolve())  # absolute: the new run writes on in the same folder

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend.runs import RunManager
+from tunedeck.backend.runs.manager import RunManager
 
 from .helpers import end_record, log_records, logs_tail, start_record, tunedeck, wait_for
 

@@ -1,4 +1,4 @@
-"""One run summary (backend/run_summary.py) in every front end: `tunedeck runs`, `runs show`, train's progress line, the panel."""
+"""One run summary (backend/runs/summary.py) in every front end: `tunedeck runs`, `runs show`, train's progress line, the panel."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import re
 import time
 
 from tunedeck.app.run_watch import RunWatch
-from tunedeck.backend.cli_follow import ProgressBar
-from tunedeck.backend.run_folder import RunRecords, parse_record, read_records
-from tunedeck.backend.run_summary import summarize, verdict
+from tunedeck.backend.cli.follow import ProgressBar
+from tunedeck.backend.runs.records import RunRecords, parse_record, read_records
+from tunedeck.backend.runs.summary import summarize, verdict
 
 from .helpers import fake_run, tunedeck
 
@@ -103,10 +103,10 @@ def test_a_smoke_verdict_names_the_strategy_the_run_got(tmp_path):
 def test_a_starting_run_says_what_it_does_before_its_first_step(tmp_path):
     """train.py's StartupPhases writes startup.json; the progress line names the phase and its time, `runs show`
     and the page's summary how long each phase took once training began."""
-    from tunedeck.backend import train
-    from tunedeck.backend.run_startup import breakdown, phase_now, read_phases
+    from tunedeck.backend import recipe
+    from tunedeck.backend.runs.startup import breakdown, phase_now, read_phases
 
-    phases = train.StartupPhases(tmp_path, rank=0)
+    phases = recipe.StartupPhases(tmp_path, rank=0)
     phases.enter("joining the other processes")
     phases.enter("loading the model")
     (_, joined), (_, loading) = read_phases(tmp_path)
@@ -123,7 +123,7 @@ def test_a_starting_run_says_what_it_does_before_its_first_step(tmp_path):
     # How long each took, from the times the file holds.
     times = [("joining the other processes", 1000.0), ("loading the model", 1003.0), ("the first step", 1045.0),
              ("training", 1050.0)]  # fmt: skip
-    (tmp_path / train.STARTUP_FILE).write_text(json.dumps({"phases": [{"phase": p, "at": t} for p, t in times]}))
+    (tmp_path / recipe.STARTUP_FILE).write_text(json.dumps({"phases": [{"phase": p, "at": t} for p, t in times]}))
     assert breakdown(read_phases(tmp_path)) == (
         "0:50 (joining the other processes 0:03, loading the model 0:42, the first step 0:05)"
     )
@@ -134,9 +134,9 @@ def test_a_starting_run_says_what_it_does_before_its_first_step(tmp_path):
     )
     assert breakdown(read_phases(tmp_path), least_s=60) == "0:50 (each phase under 60 s)"
     # Another rank writes its own file, not startup.json; a folder without it, or with a broken one, has no phase.
-    train.StartupPhases(tmp_path / "other", rank=1).enter("loading the model")
+    recipe.StartupPhases(tmp_path / "other", rank=1).enter("loading the model")
     assert read_phases(tmp_path / "other") == [] and phase_now(tmp_path / "other") is None
-    (tmp_path / train.STARTUP_FILE).write_text('{"phases": [{"phase": "x"}]}')
+    (tmp_path / recipe.STARTUP_FILE).write_text('{"phases": [{"phase": "x"}]}')
     assert read_phases(tmp_path) == []
     # Ended, or once a step is logged, the line is the steps' again.
     ended = summarize(RunRecords(), started_at=990.0, ended_at=1000.0, phase="loading the model for 0:10")
@@ -144,14 +144,14 @@ def test_a_starting_run_says_what_it_does_before_its_first_step(tmp_path):
 
 
 def test_a_run_joining_for_long_says_what_to_check(tmp_path):
-    from tunedeck.backend import train
-    from tunedeck.backend.run_startup import phase_now, read_phases
+    from tunedeck.backend import recipe
+    from tunedeck.backend.runs.startup import phase_now, read_phases
     from tunedeck.backend.spec import resolve_spec, spec_to_yaml
 
     spec = resolve_spec("7b-lora-ddp", ["launch.num_machines=2", "launch.num_processes=8",
                                         "launch.main_process_ip=10.0.0.1", "launch.main_process_port=29501"])  # fmt: skip
     (tmp_path / "job.yaml").write_text(spec_to_yaml(spec))
-    train.StartupPhases(tmp_path, rank=0).enter("joining the other processes")
+    recipe.StartupPhases(tmp_path, rank=0).enter("joining the other processes")
     ((_, began),) = read_phases(tmp_path)
     assert phase_now(tmp_path, began + 30) == "joining the other processes for 0:30"  # seconds: nothing to say yet
     # Machines started by hand may keep their ranks' files in folders of their own: none is said not to have started.
@@ -169,15 +169,15 @@ def test_a_run_joining_for_long_says_what_to_check(tmp_path):
 def test_a_run_waiting_for_other_ranks_names_the_one_behind(tmp_path):
     """Each rank writes its phases; once rank 0 has waited a while, the line names the rank furthest behind, with
     its host when it is another machine, or the ranks that never started."""
-    from tunedeck.backend import train
-    from tunedeck.backend.run_startup import phase_now
+    from tunedeck.backend import recipe
+    from tunedeck.backend.runs.startup import phase_now
     from tunedeck.backend.spec import resolve_spec, spec_to_yaml
 
     (tmp_path / "job.yaml").write_text(spec_to_yaml(resolve_spec("7b-lora-ddp", ["launch.num_processes=4"])))
     (tmp_path / "logs").mkdir()
 
     def write(rank: int, host: str, *phases: tuple[str, float]) -> None:
-        path = tmp_path / train.STARTUP_FILE if rank == 0 else tmp_path / "logs" / f"rank{rank}.startup.json"
+        path = tmp_path / recipe.STARTUP_FILE if rank == 0 else tmp_path / "logs" / f"rank{rank}.startup.json"
         path.write_text(json.dumps({"host": host, "phases": [{"phase": p, "at": t} for p, t in phases]}))
 
     loaded = [("importing the libraries", 1000.0), ("joining the other processes", 1005.0),
@@ -209,12 +209,12 @@ def test_a_run_waiting_for_other_ranks_names_the_one_behind(tmp_path):
 def test_runs_lists_what_a_starting_run_does(tmp_path):
     import subprocess
 
-    from tunedeck.backend import train
+    from tunedeck.backend import recipe
 
     holder = subprocess.Popen(["sleep", "120"])  # a live process standing in for the run's supervisor
     try:
         folder = fake_run(tmp_path, RUN_ID, "running", holder)
-        phases = train.StartupPhases(folder, rank=0)
+        phases = recipe.StartupPhases(folder, rank=0)
         phases.enter("importing the libraries")
         phases.enter("loading the model")
         listing = tunedeck("runs", "--runs-dir", tmp_path).stdout

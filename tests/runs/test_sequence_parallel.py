@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.run_summary import facts_line
+from tunedeck.backend.runs.summary import facts_line
 from tunedeck.backend.spec import resolve_spec
 
 from .helpers import log_records, repeated_warnings, start_record

@@ -1,20 +1,19 @@
 """Regression: sharded QLoRA's load path, on the preset's smoke bundle, before and after the fix.
 
 The old load path (every quantized model loaded with device_map={"": device}, then
-prepare_model_for_kbit_training) is recreated by switching train_sft.py's one decision
-(`sharded = is_sharded_run()`) off in the bundle's copy.
+prepare_model_for_kbit_training) is recreated by switching the recipe's one decision
+(`sharded = is_sharded_run()`, tunedeck_recipe/models.py) off in the bundle's copy.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.render.launch import TRAIN_SCRIPT
-from tunedeck.backend.smoke import smoke_spec
+from tunedeck.backend.runs.smoke import smoke_spec
 from tunedeck.backend.spec import resolve_spec
 
 from .helpers import end_record, log_records, logs_tail, start_record
-from .test_gate_traps import accelerate_launch, bundle_for, launch
+from .test_gate_traps import accelerate_launch, bundle_for, launch, patch_recipe
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -24,9 +23,7 @@ DECISION = "    sharded = is_sharded_run()\n"
 def smoke_bundle(tmp_path, preset: str, old_load_path: bool):
     folder = bundle_for(tmp_path, smoke_spec(resolve_spec(preset)))
     if old_load_path:
-        script = (folder / TRAIN_SCRIPT).read_text()
-        assert script.count(DECISION) == 1
-        (folder / TRAIN_SCRIPT).write_text(script.replace(DECISION, "    sharded = False  # the old load path\n"))
+        patch_recipe(folder, DECISION, "    sharded = False  # the old load path\n")
     result, _ = launch(folder, accelerate_launch(folder))
     return folder, result
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import flops
-from tunedeck.backend.run_startup import read_phases
-from tunedeck.backend.spec import load_presets
+from tunedeck.backend.runs.startup import read_phases
+from tunedeck.backend.spec import flops, load_presets
 
 from .helpers import log_records, logs_tail, repeated_warnings, start_record
 
@@ -50,6 +49,8 @@ PROOF = {
     "demo-dpo": {**DDP, "method": "lora", "objective": "dpo", "reference": "adapters off"},
     "demo-kto": {**DDP, "method": "lora", "objective": "kto", "reference": "adapters off"},
     "demo-grpo": {**DDP, "method": "lora", "objective": "grpo", "reference": None},
+    "demo-orpo": {**DDP, "method": "lora", "objective": "orpo", "reference": None},
+    "demo-simpo": {**DDP, "method": "lora", "objective": "simpo", "reference": None},
 }
 
 
@@ -108,6 +109,8 @@ OBJECTIVE_DATA = {
     "dpo": ("objective=dpo", "dataset.format=preference"),
     "kto": ("objective=kto", "dataset.format=unpaired-preference", "training.per_device_train_batch_size=2"),
     "grpo": ("objective=grpo", "dataset.format=prompt-only"),
+    "orpo": ("objective=orpo", "dataset.format=preference"),
+    "simpo": ("objective=simpo", "dataset.format=preference"),
 }
 
 
@@ -162,6 +165,36 @@ def test_preference_smoke_runs_on_each_engine_with_its_reference(path, tmp_path)
         assert all(0 <= r["reward_accuracy"] <= 1 for r in logs)
     else:
         assert all(r["kl"] >= 0 and "reward_accuracy" not in r for r in logs)
+
+
+# ORPO and SimPO score no reference: each engine runs the pair's two answers through the model alone, full or with
+# adapters. DDP runs in the presets' smoke runs above (demo-orpo, demo-simpo); here ZeRO-3 and FSDP2.
+REFERENCE_FREE_PATHS = {
+    "orpo-full-zero3": ("7b-full-zero2", ("strategy.kind=zero3",), deepspeed(3)),
+    "orpo-lora-fsdp": ("13b-lora-fsdp", (), FSDP2),
+    "simpo-full-fsdp": ("7b-full-zero2", ("strategy.kind=fsdp",), {"fsdp_version": 2}),
+    # TRL's experimental trainers (ORPO, CPO) run peft's prepare_model_for_kbit_training on a 4-bit base
+    # (trl/experimental/cpo/cpo_trainer.py): the norms, embeddings and head (7 tensors here) turn float32.
+    "simpo-qlora-zero3": ("70b-qlora-zero3", (), {**deepspeed(3), "frozen_dtypes": {"float32": 7, "bfloat16": 14}}),
+}
+
+
+@pytest.mark.parametrize("path", REFERENCE_FREE_PATHS)
+def test_reference_free_smoke_runs_on_each_engine_with_no_reference(path, tmp_path):
+    preset, changes, proof = REFERENCE_FREE_PATHS[path]
+    objective, method = path.split("-")[:2]
+    result, run_dir = smoke(preset, tmp_path, *OBJECTIVE_DATA[objective], *changes)
+    assert result.stdout.strip().splitlines()[-1].startswith("smoke test passed: 2 ranks on 1 machine")
+    start = start_record(run_dir)
+    assert start["gate"]["passed"] and start["objective"] == objective and start["method"] == method
+    for key, value in {**proof, "reference": None}.items():
+        assert start[key] == value, f"{path}: {key} is {start[key]!r}, expected {value!r}"
+    assert start["flops_inputs"]["extra_forwards"] == 0 and start["flops_inputs"]["sequences_per_row"] == 2
+    assert "loading the reference model" not in [phase for phase, _ in read_phases(run_dir)]
+    logs = log_records(run_dir)
+    assert [r["step"] for r in logs] == [1, 2, 3]
+    assert all(0 <= r["reward_accuracy"] <= 1 and "kl" not in r for r in logs)
+    assert all(("log_odds_ratio" in r and "nll_loss" in r) == (objective == "orpo") for r in logs)
 
 
 # GRPO writes its answers with the model as each engine holds it: ZeRO-3 gathers the sharded weights for the

@@ -1,4 +1,4 @@
-"""The smoke job (backend/smoke.py) without training: what it keeps, what it shrinks, the tiny models, the verdict."""
+"""The smoke job (backend/runs/smoke.py) without training: what it keeps, what it shrinks, the tiny models, the verdict."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from tunedeck.backend import catalog
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.smoke import (
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.smoke import (
     SmokeError,
     Verdict,
     is_smoke_job,
@@ -17,7 +16,7 @@ from tunedeck.backend.smoke import (
     smoke_verdict,
     start_smoke_run,
 )
-from tunedeck.backend.spec import load_presets, resolve_spec, spec_to_dict
+from tunedeck.backend.spec import catalog, load_presets, resolve_spec, spec_to_dict
 from tunedeck.backend.validate import validate
 
 KEPT = ["method", "lora", "quantization", "strategy"]
@@ -38,7 +37,7 @@ def test_smoke_job_keeps_the_path_and_shrinks_the_size(preset, demo_home):
     assert (smoke.launch.use_cpu, smoke.launch.num_processes, smoke.launch.num_machines) == (True, 2, 1)
     assert (smoke.training.max_steps, smoke.training.save_steps, smoke.output_dir) == (3, 3, "output")
     assert smoke.model.name_or_path.startswith(str(smoke_home()))
-    assert is_smoke_job(after) and not is_smoke_job(before)
+    assert is_smoke_job(smoke) and not is_smoke_job(spec)
     assert not [p for p in validate(smoke) if p.level == "error"]
     # The FSDP wrap class resolves the same way for the tiny model as for the real one.
     arch, tiny = catalog.lookup(spec.model.name_or_path), catalog.lookup(smoke.model.name_or_path)

@@ -20,10 +20,11 @@ import pytest
 
 from tunedeck.app.run_actions import stacks_notice
 from tunedeck.app.run_shown import RunShown
-from tunedeck.backend import supervisor, train
-from tunedeck.backend.run_status import from_status_file
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.train import write_progress
+from tunedeck.backend import recipe
+from tunedeck.backend.recipe import write_progress
+from tunedeck.backend.runs import supervisor
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.status import from_status_file
 
 from .helpers import log_records, logs_tail, run_processes, start_record, still_alive, tunedeck, wait_for
 
@@ -94,7 +95,8 @@ def test_a_frozen_rank_stalls_the_run_each_rank_writes_its_stack_and_a_step_clea
 @LIVE[1]
 def test_a_run_that_stays_stalled_is_ended_as_failed_with_its_processes_killed(runs_dir, demo_spec):
     manager = RunManager(runs_dir)
-    spec = demo_spec({**LONG, "launch.stall_minutes": 0.05, "launch.stop_when_stalled": True})  # 3 s
+    # 3 s; not started again (a stall between steps is retried as a hung collective: tests/runs/test_restarts.py)
+    spec = demo_spec({**LONG, "launch.stall_minutes": 0.05, "launch.stop_when_stalled": True, "launch.max_restarts": 0})
     run_id = manager.start(spec)
     run_dir = manager.run_dir(run_id)
     wait_for(lambda: log_records(run_dir), 180, what=lambda: f"training\n{logs_tail(run_dir)}")
@@ -159,12 +161,12 @@ def test_a_step_of_many_micro_batches_longer_than_the_limit_is_no_stall(runs_dir
 
 
 def test_each_ranks_watchdog_writes_its_stacks_once_a_stall_outlasts_the_limit_and_never_during_a_save(tmp_path, capfd):
-    watchdog = train.StallWatchdog({"launch": {"stall_minutes": 0.03}}, tmp_path)  # 1.8 s
+    watchdog = recipe.StallWatchdog({"launch": {"stall_minutes": 0.03}}, tmp_path)  # 1.8 s
     watchdog.start(step=7)
     try:
-        train.CHECKPOINT_SAVING.set()  # a save longer than the limit
+        recipe.CHECKPOINT_SAVING.set()  # a save longer than the limit
         time.sleep(3.5)
-        train.CHECKPOINT_SAVING.clear()
+        recipe.CHECKPOINT_SAVING.clear()
         time.sleep(1.0)  # the wait starts again when the save ends
         assert HEADER not in capfd.readouterr().err
         time.sleep(2.5)
@@ -175,5 +177,5 @@ def test_each_ranks_watchdog_writes_its_stacks_once_a_stall_outlasts_the_limit_a
         assert HEADER not in capfd.readouterr().err  # once a stall
     finally:
         watchdog.done.set()
-        train.CHECKPOINT_SAVING.clear()
+        recipe.CHECKPOINT_SAVING.clear()
     assert not (tmp_path / "errors.jsonl").exists()  # without stop_when_stalled the run goes on

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from tunedeck.backend.run_notes import read_notes
-from tunedeck.backend.runs import RunManager
-from tunedeck.backend.sweep import MAX_RUNS, SweepError, combinations, label, preview
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.notes import read_notes
+from tunedeck.backend.runs.sweep import MAX_RUNS, SweepError, combinations, label, preview
 
 from .helpers import end_record, start_record, tunedeck
 

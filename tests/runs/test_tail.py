@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from tunedeck.backend.tail import JsonlTail, TextTail
+from tunedeck.backend.runs.tail import JsonlTail, TextTail
 
 
 def append(path, text: str) -> None:

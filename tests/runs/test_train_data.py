@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import train
+from tunedeck.backend import recipe
 
 FORMAT_SPECS = {
     "text": {"format": "text"},
@@ -47,7 +47,7 @@ def test_each_format_becomes_trl_input_with_the_answer_trained(fmt, demo_home, t
         "dataset": {"path": str(demo_home / "formats" / f"{fmt}.jsonl"), **FORMAT_SPECS[fmt]},
     }
     args = sft_args(tmp_path)
-    train_set, eval_set, _ = train.load_datasets(job, args, tokenizer)
+    train_set, eval_set, _ = recipe.load_datasets(job, args, tokenizer)
     assert eval_set is None
     expected = {
         "text": {"text"},
@@ -76,7 +76,7 @@ def test_alpaca_prompt_with_and_without_input(tmp_path, tokenizer):
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     job = {"model": {"name_or_path": "x"}, "dataset": {"path": str(path), "format": "alpaca"}}
-    data, *_ = train.load_datasets(job, sft_args(tmp_path), tokenizer)
+    data, *_ = recipe.load_datasets(job, sft_args(tmp_path), tokenizer)
     assert data[0]["prompt"] == "### Instruction:\nAdd the numbers.\n\n### Input:\n1 + 2\n\n### Response:\n"
     assert data[1]["prompt"] == "### Instruction:\nSay hi.\n\n### Response:\n"
     assert [data[0]["completion"], data[1]["completion"]] == ["3", "hi"]
@@ -101,7 +101,7 @@ def test_csv_parquet_json_files_and_custom_columns(suffix, demo_home, tokenizer,
             "eval_split": "train[90%:]",
         },
     }
-    train_set, eval_set, _ = train.load_datasets(job, sft_args(tmp_path), tokenizer)
+    train_set, eval_set, _ = recipe.load_datasets(job, sft_args(tmp_path), tokenizer)
     assert len(train_set) + len(eval_set) == len(source) and len(eval_set) == len(source) // 10
     assert train_set[0] == {"prompt": source[0]["question"], "completion": source[0]["answer"]}
 
@@ -109,20 +109,20 @@ def test_csv_parquet_json_files_and_custom_columns(suffix, demo_home, tokenizer,
 def test_data_errors_name_the_field(demo_home, tokenizer, tmp_path):
     args = sft_args(tmp_path)
     missing = {"model": {"name_or_path": "x"}, "dataset": {"path": str(tmp_path / "nope.jsonl"), "format": "text"}}
-    with pytest.raises(train.JobError, match=r"dataset.path: .*nope.jsonl does not exist"):
-        train.load_datasets(missing, args, tokenizer)
+    with pytest.raises(recipe.JobError, match=r"dataset.path: .*nope.jsonl does not exist"):
+        recipe.load_datasets(missing, args, tokenizer)
     wrong_column = {
         "model": {"name_or_path": "x"},
         "dataset": {"path": str(demo_home / "formats" / "text.jsonl"), "format": "prompt-completion"},
     }
     with pytest.raises(
-        train.JobError, match=r"dataset.prompt_field: column 'prompt' is not in the dataset \(columns: text\)"
+        recipe.JobError, match=r"dataset.prompt_field: column 'prompt' is not in the dataset \(columns: text\)"
     ):
-        train.load_datasets(wrong_column, args, tokenizer)
+        recipe.load_datasets(wrong_column, args, tokenizer)
     odd = tmp_path / "data.xml"
     odd.write_text("<x/>")
-    with pytest.raises(train.JobError, match=r"dataset.path: .* not a .json, .jsonl, .csv or .parquet file"):
-        train.load_datasets(
+    with pytest.raises(recipe.JobError, match=r"dataset.path: .* not a .json, .jsonl, .csv or .parquet file"):
+        recipe.load_datasets(
             {"model": {"name_or_path": "x"}, "dataset": {"path": str(odd), "format": "text"}}, args, tokenizer
         )
 
@@ -136,14 +136,14 @@ def test_messages_without_chat_template_is_refused(demo_home, tmp_path):
         "model": {"name_or_path": "plain-model"},
         "dataset": {"path": str(demo_home / "formats" / "messages.jsonl"), "format": "messages"},
     }
-    with pytest.raises(train.JobError, match="messages needs a chat template.*plain-model"):
-        train.load_datasets(job, sft_args(tmp_path), tokenizer)
+    with pytest.raises(recipe.JobError, match="messages needs a chat template.*plain-model"):
+        recipe.load_datasets(job, sft_args(tmp_path), tokenizer)
 
 
 def test_quantization_config_from_job():
     import torch
 
-    config = train.quantization_config(
+    config = recipe.quantization_config(
         {
             "quantization": {
                 "bits": 4,
@@ -156,8 +156,8 @@ def test_quantization_config_from_job():
     )
     assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4" and config.bnb_4bit_use_double_quant
     assert config.bnb_4bit_compute_dtype == torch.bfloat16 and config.bnb_4bit_quant_storage == torch.bfloat16
-    assert train.quantization_config({"quantization": {"bits": None}}) is None
-    assert train.quantization_config({"quantization": {"bits": 8}}).load_in_8bit
+    assert recipe.quantization_config({"quantization": {"bits": None}}) is None
+    assert recipe.quantization_config({"quantization": {"bits": 8}}).load_in_8bit
 
 
 # The bundle runs on cluster nodes without tunedeck: train.py may import only these.
@@ -174,14 +174,17 @@ ALLOWED_THIRD_PARTY = {
 }
 
 
-def test_train_py_imports_only_the_hugging_face_stack():
-    tree = ast.parse(Path(train.__file__).read_text())
+def test_the_recipe_imports_only_the_hugging_face_stack_and_itself():
+    package = Path(recipe.__file__).parent
+    siblings = {path.stem for path in package.glob("*.py")}
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative imports break the standalone bundle"
-            imported.add(node.module.split(".")[0])
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level:  # a sibling, by a name that works in any package
+                assert node.level == 1 and (node.module or "").split(".")[0] in siblings, (path.name, node.module)
+            elif isinstance(node, ast.ImportFrom):
+                imported.add(node.module.split(".")[0])
     third_party = {name for name in imported if name not in sys.stdlib_module_names and name != "__future__"}
     assert third_party <= ALLOWED_THIRD_PARTY, third_party - ALLOWED_THIRD_PARTY

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from tunedeck.backend import train
+from tunedeck.backend import recipe
 
 
 def test_evaluation_time_is_left_out_of_tokens_per_second(tmp_path, monkeypatch):
     from transformers import TrainerControl
 
     clock = [1000.0]
-    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
-    recorder = train.make_callback(train.JsonlWriter(tmp_path / "metrics.jsonl"), train.StopRequest(), {}, None)
+    monkeypatch.setattr(recipe.recorder, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0]))
+    recorder = recipe.make_callback(recipe.JsonlWriter(tmp_path / "metrics.jsonl"), recipe.StopRequest(), {}, None)
     args, control = SimpleNamespace(device="cpu"), TrainerControl()
     state = SimpleNamespace(global_step=0, max_steps=10, epoch=0.0)
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.backend import flops
-from tunedeck.backend.run_startup import read_phases
-from tunedeck.backend.runs import RunManager
+from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.startup import read_phases
+from tunedeck.backend.spec import flops
 
 from .helpers import end_record, log_records, logs_tail, read_metrics, start_record
 
@@ -55,7 +55,7 @@ def test_tunedeck_train_demo_as_a_new_user_runs_it(tmp_path):
     )
     wall = time.monotonic() - began
     assert result.returncode == 0, result.stdout + result.stderr
-    # What the run got: the same facts line as `runs show` and the panel (backend/run_summary.py)
+    # What the run got: the same facts line as `runs show` and the panel (backend/runs/summary.py)
     facts = r"^2 ranks · DDP · [\d.]+% of parameters trainable \([\d,]+ of [\d,]+\) · lora · DistributedDataParallel$"
     assert re.search(facts, result.stdout, re.M), result.stdout
     assert "step 60/60" in result.stdout and "finished in" in result.stdout

@@ -1,4 +1,4 @@
-"""Preflight of where a job runs (backend/preflight_launch.py): each problem names its field and
+"""Preflight of where a job runs (backend/runs/preflight_launch.py): each problem names its field and
 the fix, before anything starts or is submitted."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_full_disk_is_named_before_submission(slurm_cluster, shared_runs_dir, sm
 
 
 def test_node_local_runs_folder_is_a_named_warning_for_slurm(tmp_path):
-    from tunedeck.backend.preflight import preflight
+    from tunedeck.backend.runs.preflight import preflight
     from tunedeck.backend.spec import resolve_spec
 
     spec = resolve_spec("demo", ["launch.backend=slurm"])

@@ -3,13 +3,15 @@ sbatch, squeue, scontrol or scancel.
 
 Two training runs serve every assertion (the CI budget): the demo submitted from the CLI and
 followed to its end, and one run with a time limit and requeue on, which saves a checkpoint
-when its time limit nears, is requeued, resumes from that checkpoint, and is then stopped.
+when its time limit nears, is requeued, resumes from that checkpoint, loses a rank (SIGKILL), is
+requeued by its own classifier and resumes again, and is then stopped.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -60,6 +62,37 @@ def processes_of(run_dir: Path) -> list[str]:
     return found
 
 
+def release_when_requeued(job_id: str, story) -> None:
+    """Slurm holds a requeued job for 2 minutes before it may start again (BeginTime): release it now, with a
+    longer limit, so that its next start is ended by the test and not by its time limit again. Released only once
+    its last start has left both nodes, and in a later second of the clock: each slurmd revoked the job's
+    credential when that start ended, and refuses a new one made in the same second (slurm_cred.c: ctime <=
+    revoked, in whole seconds), so a job allocated then is not started but held."""
+    wait_for(
+        lambda: "BeginTime" in squeue(job_id, "%r") and nodes_idle(),
+        120,
+        1,
+        lambda: "the job back in the queue\n" + story(),
+    )
+    time.sleep(1.1 - time.time() % 1)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now", "TimeLimit=20"], check=True)
+
+
+def rank_pid(run_dir: Path, rank: int) -> int:
+    """The pid of a training rank of the run (on either "node": both are this machine)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") != str(run_dir):
+                continue
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"train_sft.py" in cmdline and b"accelerate" not in cmdline:
+            return int(pid)
+    raise AssertionError(f"no rank {rank} of {run_dir} is running")
+
+
 @pytest.fixture(scope="module")
 def cli_run(slurm_cluster, shared_runs_dir, demo_home):
     """The done-when command: the demo on two nodes, submitted and followed by `tunedeck train`."""
@@ -103,7 +136,7 @@ def test_cli_trains_the_demo_on_both_nodes(cli_run):
 
 
 def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_cluster, shared_runs_dir, demo_spec):
-    from tunedeck.backend.runs import RunManager
+    from tunedeck.backend.runs.manager import RunManager
 
     manager = RunManager(shared_runs_dir / "requeue")
     spec = demo_spec(
@@ -115,6 +148,7 @@ def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_clu
             "launch.slurm.time_limit": "3",  # minutes
             "launch.slurm.signal_before_s": 100,  # Slurm sends it up to 60 s early: after the start, still
             "launch.slurm.requeue": True,
+            "launch.restart_backoff_s": 1,
             "training.max_steps": 100000,
             "training.save_steps": 100000,  # no checkpoint of its own: each one comes from a signal
         }
@@ -136,19 +170,7 @@ def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_clu
     )
     saved_step = int(first[0].name.split("-")[1])
     assert saved_step > 0, logs_tail(run_dir)
-    # Slurm holds a requeued job for 2 minutes before it may start again (BeginTime): release it now, with
-    # a longer limit, so that this start is stopped by the Stop below and not by its time limit again.
-    # Released only once its last start has left both nodes, and in a later second of the clock: each slurmd
-    # revoked the job's credential when that start ended, and refuses a new one made in the same second
-    # (slurm_cred.c: ctime <= revoked, in whole seconds), so a job allocated then is not started but held.
-    wait_for(
-        lambda: "BeginTime" in squeue(job_id, "%r") and nodes_idle(),
-        120,
-        1,
-        lambda: "the job back in the queue\n" + story(),
-    )
-    time.sleep(1.1 - time.time() % 1)
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now", "TimeLimit=20"], check=True)
+    release_when_requeued(job_id, story)
     # The same job starts again and resumes from that checkpoint.
     wait_for(lambda: len(starts()) == 2, 300, 1, lambda: "the requeued job's start record\n" + story())
     assert starts()[1]["resumed_from_step"] == saved_step
@@ -156,6 +178,17 @@ def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_clu
     status = manager.status(run_id)
     assert status.state == "running" and status.slurm["job_id"] == job_id
     wait_for(lambda: log_records(run_dir)[-1]["step"] > saved_step, 120, 1, "a step after the resume")
+
+    # Rank 1 is lost (SIGKILL from outside): slurm.sbatch classifies the failure (comm), records the attempt and
+    # requeues the job, which resumes from the newest checkpoint again (launch.max_restarts, the panel's rule).
+    os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
+    wait_for(lambda: manager.status(run_id).attempts, 120, 1, lambda: "the classified attempt\n" + story())
+    [attempt] = manager.status(run_id).attempts
+    assert (attempt["attempt"], attempt["end"], attempt["retried"]) == (1, "comm", True), attempt
+    release_when_requeued(job_id, story)
+    wait_for(lambda: len(starts()) == 3, 300, 1, lambda: "the restarted job's start record\n" + story())
+    assert starts()[2]["resumed_from_step"] == saved_step and (run_dir / "errors.attempt-1.jsonl").exists()
+    wait_for(lambda: log_records(run_dir)[-1]["step"] > saved_step, 120, 1, "a step after the restart")
 
     # Stop: the ranks save a checkpoint and exit; nothing is left in the queue or on the machine.
     stopped_at = time.time()

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from tunedeck.backend.render import render_bundle, write_bundle
-from tunedeck.backend.slurm_jobs import expand_nodes
+from tunedeck.backend.runs.slurm_jobs import expand_nodes
 from tunedeck.backend.spec import SpecError, resolve_spec
 from tunedeck.backend.validate import validate
 
@@ -72,7 +72,7 @@ def test_slurm_time_formats(value, seconds):
 def test_bad_slurm_values_name_their_field(assignment, field):
     with pytest.raises(SpecError) as refused:
         resolve_spec("demo", [assignment])
-    assert [path for path, _ in refused.value.problems] == [field]
+    assert [p.field for p in refused.value.problems] == [field]
 
 
 def test_main_process_ip_is_not_asked_for_on_slurm():

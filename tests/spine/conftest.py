@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tunedeck.backend.recipe.vocabulary import STRATEGIES
 from tunedeck.backend.render import render_bundle, write_bundle
 from tunedeck.backend.spec import JobSpec, load_presets
-from tunedeck.backend.vocabulary import STRATEGIES
 
 PRESET_IDS = sorted(load_presets())
 STRATEGY_KINDS = list(STRATEGIES)
@@ -29,7 +29,7 @@ def export(tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def check():
-    """tunedeck.backend.bundle_check.check_bundle, imported once: accelerate, TRL and DeepSpeed load here."""
-    from tunedeck.backend.bundle_check import check_bundle
+    """tunedeck.backend.render.bundle_check.check_bundle, imported once: accelerate, TRL and DeepSpeed load here."""
+    from tunedeck.backend.render.bundle_check import check_bundle
 
     return check_bundle

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.applies import applies
-from tunedeck.backend.fields import FORM_FIELDS, visible
+from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.render.training_args import SFT_ARGUMENTS, training_args_dict
 from tunedeck.backend.spec import flat_values, resolve_spec
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import FORM_FIELDS, visible
 from tunedeck.backend.validate import validate
 
 from .conftest import PRESET_IDS
@@ -74,6 +75,8 @@ def test_sft_arguments_are_copied_by_name_exactly_where_they_apply(preset, overr
     for path, name in SFT_ARGUMENTS.items():
         if applies(path, values):
             assert args[name] == values[path], path
+        elif name in dict(OBJECTIVES[spec.objective].fixed):  # set by the objective itself (SimPO's loss_type)
+            assert args[name] == dict(OBJECTIVES[spec.objective].fixed)[name], path
         elif not any(applies(other, values) for other, same in SFT_ARGUMENTS.items() if same == name):
             # (DPO's and GRPO's beta are one argument name, each where its objective applies)
             assert name not in args, f"{name} is written although {path} does not apply"
@@ -88,5 +91,6 @@ def test_every_training_field_that_trl_takes_is_declared_as_one():
         "training.resume_from_checkpoint",
         "training.group_by_length",
     }
-    training = {f.path for f in FORM_FIELDS if f.path.startswith("training.")}
+    # training.health is the recipe's own section (its health guard), no SFTConfig argument
+    training = {f.path for f in FORM_FIELDS if f.path.startswith("training.") and ".health." not in f.path}
     assert training - set(SFT_ARGUMENTS) == derived

@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from tunedeck.backend import train
-from tunedeck.backend.fields import FIELDS_BY_PATH
-from tunedeck.backend.preflight import preflight
+from tunedeck.backend import recipe
+from tunedeck.backend.estimate.speed_schedule import dataset_rows
+from tunedeck.backend.runs.preflight import preflight
 from tunedeck.backend.spec import SpecError, resolve_spec
-from tunedeck.backend.spec_mix import MIX_ENTRY, MixSource, parse_entry
-from tunedeck.backend.speed_schedule import dataset_rows
+from tunedeck.backend.spec.fields import FIELDS_BY_PATH
+from tunedeck.backend.spec.mix import MixSource, parse_entry
 
 
 @pytest.mark.parametrize(
@@ -29,12 +29,11 @@ from tunedeck.backend.speed_schedule import dataset_rows
 )  # fmt: skip
 def test_entries_name_source_configuration_split_and_rows(entry, source):
     assert parse_entry(entry) == source
-    assert train.mix_sources({"mix": [entry]})[0][1:] == (
+    assert recipe.mix_sources({"mix": [entry]})[0][1:] == (
         {"mix": [entry], "path": source.path, "name": source.config},
         source.split,
         source.rows,
-    )  # train_sft.py reads the same (it ships alone, with its own copy of the pattern)
-    assert train.MIX_ENTRY.pattern == MIX_ENTRY.pattern
+    )  # the recipe reads the same in every run
 
 
 @pytest.mark.parametrize(
@@ -112,7 +111,7 @@ def test_the_estimate_counts_the_mixed_in_rows(demo_home):
 
 def test_the_preview_names_what_it_does_not_measure(demo_home):
     from tunedeck.app.dataset_preview import preview_markdown
-    from tunedeck.backend.preview import preview
+    from tunedeck.backend.data.preview import preview
 
     extra = f"{demo_home / 'formats' / 'prompt-completion.jsonl'}#300"
     result = preview(resolve_spec("demo", [f"dataset.mix={extra}"]), limit=50)

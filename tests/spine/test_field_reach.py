@@ -1,7 +1,7 @@
 """Every spec field does something: it reaches a generated file, or train_sft.py reads it from job.yaml.
 
 A field is changed, one at a time, to other values that still validate, in jobs where it
-applies (backend/applies.py); the bundle is rendered again, and some file other than job.yaml
+applies (backend/spec/applies.py); the bundle is rendered again, and some file other than job.yaml
 and the README must change. A field that changes no file must be read by train_sft.py: train.py
 looks its section up and names the field, or hands the whole section to a library
 (`LoraConfig(**job.get("lora"))`). A field that does neither is a knob wired to nothing.
@@ -14,12 +14,13 @@ import ast
 import pytest
 from pydantic import Field
 
-from tunedeck.backend.applies import applies
-from tunedeck.backend.fields import FormField, build_fields
-from tunedeck.backend.render import TRAIN_ENTRYPOINT, render_bundle
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS
+from tunedeck.backend.render import render_bundle
+from tunedeck.backend.render.recipe_files import recipe_files
 from tunedeck.backend.spec import JobSpec, SpecError, TrainingSpec, iter_fields, resolve_spec, set_dotted
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import FormField, build_fields
 from tunedeck.backend.validate import has_errors, validate
-from tunedeck.backend.vocabulary import DATASET_FORMATS
 
 NOT_A_USE = {"job.yaml", "README.md"}  # the spec itself, and the words about it
 
@@ -41,6 +42,7 @@ BASES = [
     ("7b-lora-ddp", ["objective=dpo", "dataset.format=preference"]),
     ("7b-lora-ddp", ["objective=grpo", "dataset.format=prompt-only", "training.per_device_train_batch_size=8"]),
     ("demo-kto", []),
+    ("demo-simpo", []),
 ]
 
 
@@ -51,6 +53,7 @@ def read_by_train_script(path: str, source: str) -> bool:
     section, _, name = path.rpartition(".")
     if not section:
         return name in strings
+    section = section.rpartition(".")[2]  # training.health: its own key, looked up in the training section
     return section in _sections_passed_whole(tree) or (section in _sections_looked_up(tree) and name in strings)
 
 
@@ -103,7 +106,7 @@ def other_values(field: FormField, value):
 def unreached_fields(model: type[JobSpec] = JobSpec, only: set[str] | None = None) -> dict[str, str]:
     """{field: why} for each field of `model` (or of `only`) that no tried change shows in a generated
     file, and that train.py does not read either."""
-    source = TRAIN_ENTRYPOINT.read_text(encoding="utf-8")
+    source = "\n".join(recipe_files().values())
     bases = [model.model_validate(resolve_spec(preset, overrides).model_dump()) for preset, overrides in BASES]
     rendered = [_used_files(base) for base in bases]
     out = {}
@@ -183,8 +186,9 @@ def test_a_field_wired_to_nothing_is_found():
         ("model.revision", True),  # looked up in the model section
         ("dataset.prompt_field", True),
         ("training.warmup_ratio_unused", False),
-        ("strategy.overlap_comm", False),  # ds_config.json's, not train.py's
+        ("strategy.allgather_bucket_size", False),  # ds_config.json's, not train.py's
+        ("training.health.lr_scale", True),  # the health guard's own section
     ],
 )
 def test_what_the_training_script_reads(path, reads):
-    assert read_by_train_script(path, TRAIN_ENTRYPOINT.read_text(encoding="utf-8")) is reads
+    assert read_by_train_script(path, "\n".join(recipe_files().values())) is reads

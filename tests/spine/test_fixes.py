@@ -1,11 +1,11 @@
-"""Fix it for me: choices that imply others (backend/implied.py) and problems with one fix (Problem.fix)."""
+"""Fix it for me: choices that imply others (backend/spec/implied.py) and problems with one fix (Problem.fix)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.implied import describe, implied
 from tunedeck.backend.spec import JobSpec, flat_values, load_presets, set_paths
+from tunedeck.backend.spec.implied import describe, implied
 from tunedeck.backend.validate import validate
 
 

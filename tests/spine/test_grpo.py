@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tunedeck.backend import train
-from tunedeck.backend.applies import applies
-from tunedeck.backend.data_uploads import dataset_changes
-from tunedeck.backend.fields import section_shown, values_from_spec
+from tunedeck.backend import recipe
+from tunedeck.backend.data.uploads import dataset_changes
+from tunedeck.backend.recipe.vocabulary import REWARDS
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import SpecError, flat_values, resolve_spec, set_paths
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import section_shown, values_from_spec
 from tunedeck.backend.validate import has_errors, validate
-from tunedeck.backend.vocabulary import REWARDS
 
 GRPO = {"objective": "grpo", "dataset.format": "prompt-only", "training.per_device_train_batch_size": 8}
 
@@ -107,11 +107,11 @@ def test_the_rewards_tab_and_fields_show_for_grpo_only():
 
 
 def test_train_sft_py_implements_exactly_the_rewards_tunedeck_offers():
-    assert set(train.REWARD_FUNCTIONS) == set(REWARDS)
+    assert set(recipe.REWARD_FUNCTIONS) == set(REWARDS)
     # train.py ships alone, so it keeps its own copy of the spec's way to name your own reward: the same one
-    from tunedeck.backend.spec_grpo import CUSTOM_REWARD
+    from tunedeck.backend.spec.grpo import CUSTOM_REWARD
 
-    assert train.CUSTOM_REWARD.pattern == CUSTOM_REWARD.pattern
+    assert recipe.CUSTOM_REWARD.pattern == CUSTOM_REWARD.pattern
 
 
 @pytest.mark.parametrize(
@@ -129,12 +129,12 @@ def test_train_sft_py_implements_exactly_the_rewards_tunedeck_offers():
     ],
 )
 def test_the_built_in_rewards_score_as_documented(completion, answer, exact, close):
-    assert train.exact_answer([completion], answer=[answer]) == [exact]
-    assert train.close_answer([completion], answer=[answer]) == [pytest.approx(close)]
+    assert recipe.exact_answer([completion], answer=[answer]) == [exact]
+    assert recipe.close_answer([completion], answer=[answer]) == [pytest.approx(close)]
 
 
 def test_a_row_without_a_reference_answer_gets_no_score():
-    assert train.exact_answer(["4", "5"], answer=["4", None]) == [1.0, None]
+    assert recipe.exact_answer(["4", "5"], answer=["4", None]) == [1.0, None]
 
 
 def _job(tmp_path: Path, rewards: list[str], rows: str = '{"prompt": "Q: 2+2\\nA:", "answer": "4"}\n') -> dict:
@@ -154,29 +154,29 @@ def _job(tmp_path: Path, rewards: list[str], rows: str = '{"prompt": "Q: 2+2\\nA
 def test_your_own_reward_file_is_checked_before_launch(tmp_path):
     rewards = tmp_path / "rewards.py"
     rewards.write_text("def brevity(completions, **kw):\n    return [-len(c) for c in completions]\n")
-    assert train.input_problems(_job(tmp_path, [f"{rewards}:brevity"]), tmp_path) == []
-    (problem,) = train.input_problems(_job(tmp_path, [f"{rewards}:length"]), tmp_path)
+    assert recipe.input_problems(_job(tmp_path, [f"{rewards}:brevity"]), tmp_path) == []
+    (problem,) = recipe.input_problems(_job(tmp_path, [f"{rewards}:length"]), tmp_path)
     assert problem[0] == "grpo.rewards" and "defines no function 'length' (it defines brevity)" in problem[1]
-    (problem,) = train.input_problems(_job(tmp_path, [f"{tmp_path}/none.py:score"]), tmp_path)
+    (problem,) = recipe.input_problems(_job(tmp_path, [f"{tmp_path}/none.py:score"]), tmp_path)
     assert "cannot be read" in problem[1] and "machine that trains" in problem[1]
     rewards.write_text("def brevity(completions:\n")
-    (problem,) = train.input_problems(_job(tmp_path, [f"{rewards}:brevity"]), tmp_path)
+    (problem,) = recipe.input_problems(_job(tmp_path, [f"{rewards}:brevity"]), tmp_path)
     assert "line 1" in problem[1] and "fix the reward file" in problem[1]
     (tmp_path / "ok.py").write_text("def short(completions, **kw):\n    return [1.0 for _ in completions]\n")
-    (loaded,) = train.reward_functions({"grpo": {"rewards": [f"{tmp_path}/ok.py:short"]}})
+    (loaded,) = recipe.reward_functions({"grpo": {"rewards": [f"{tmp_path}/ok.py:short"]}})
     assert loaded(["a", "b"]) == [1.0, 1.0]  # train_sft.py hands TRL your function itself
 
 
 def test_the_answer_rewards_need_the_answer_column(tmp_path):
     job = _job(tmp_path, ["exact_answer"], rows='{"prompt": "Q: 2+2\\nA:", "solution": "4"}\n')
-    (problem,) = train.input_problems(job, tmp_path)
+    (problem,) = recipe.input_problems(job, tmp_path)
     assert problem[0] == "dataset.answer_field" and "no column 'answer'" in problem[1]
     job["dataset"]["answer_field"] = "solution"
-    assert train.input_problems(job, tmp_path) == []
+    assert recipe.input_problems(job, tmp_path) == []
     rewards = tmp_path / "rewards.py"
     rewards.write_text("def brevity(completions, **kw):\n    return [-len(c) for c in completions]\n")
     # your own reward alone may not need a reference answer: the column stays optional then
-    assert train.input_problems(_job(tmp_path, [f"{rewards}:brevity"], rows='{"prompt": "Hi"}\n'), tmp_path) == []
+    assert recipe.input_problems(_job(tmp_path, [f"{rewards}:brevity"], rows='{"prompt": "Hi"}\n'), tmp_path) == []
 
 
 def test_an_upload_of_prompts_sets_grpo_and_their_columns(tmp_path):

@@ -14,16 +14,18 @@ import yaml
 
 from tunedeck.app.charts import PREFERENCE_PANELS, metrics_figure
 from tunedeck.app.dataset_preview import preview_markdown
-from tunedeck.backend import evaluate, speed, train
-from tunedeck.backend.applies import applies
-from tunedeck.backend.data_uploads import dataset_changes
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.memory_job import Job, input_values
-from tunedeck.backend.preview import preview
+from tunedeck.backend import recipe
+from tunedeck.backend.after import scoring
+from tunedeck.backend.data.preview import preview
+from tunedeck.backend.data.uploads import dataset_changes
+from tunedeck.backend.estimate import speed
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import Job, input_values
 from tunedeck.backend.render import render_bundle
-from tunedeck.backend.run_summary import facts_line, run_title
-from tunedeck.backend.spec import resolve_spec, set_paths
+from tunedeck.backend.runs.summary import facts_line, run_title
+from tunedeck.backend.spec import parse_spec, resolve_spec, set_paths
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import values_from_spec
 from tunedeck.backend.validate import has_errors, validate
 
 KTO = {"objective": "kto", "dataset.format": "unpaired-preference", "training.per_device_train_batch_size": 2}
@@ -77,7 +79,7 @@ def test_the_bundle_trains_with_ktoconfig_arguments():
     args = yaml.safe_load(render_bundle(spec)["training_args.yaml"])
     assert (args["beta"], args["desirable_weight"], args["undesirable_weight"]) == (0.2, 1.33, 1.0)
     assert not {"loss_type", "packing", "dataset_text_field", "train_sampling_strategy"} & set(args)
-    config_class, trainer_class = train.objective_classes({"objective": "kto"})
+    config_class, trainer_class = recipe.objective_classes({"objective": "kto"})
     assert (config_class.__name__, trainer_class.__name__) == ("KTOConfig", "KTOTrainer")
 
 
@@ -88,19 +90,19 @@ def test_labels_are_checked_before_launch_and_read_from_json_and_csv(tmp_path):
     good = tmp_path / "rated.jsonl"
     good.write_text("\n".join(json.dumps({"prompt": "2+2=", "completion": c, "thumbs_up": u}) for c, u in
                               ((" 4", True), (" 5", False))) + "\n")  # fmt: skip
-    assert train.dataset_problems({**cfg, "path": str(good)}, tmp_path) == []
+    assert recipe.dataset_problems({**cfg, "path": str(good)}, tmp_path) == []
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "2+2=", "completion": " 4", "thumbs_up": "maybe"}) + "\n")
-    ((field, message),) = train.dataset_problems({**cfg, "path": str(bad)}, tmp_path)
+    ((field, message),) = recipe.dataset_problems({**cfg, "path": str(bad)}, tmp_path)
     assert field == "dataset.label_field" and "'maybe'" in message and "true (a good answer) or false" in message
     csv = tmp_path / "rated.csv"
     csv.write_text("prompt,completion,thumbs_up\n2+2=, 4,1\n2+2=, 5,0\n")
-    assert train.dataset_problems({**cfg, "path": str(csv)}, tmp_path) == []
+    assert recipe.dataset_problems({**cfg, "path": str(csv)}, tmp_path) == []
     rows = Dataset.from_list([{"prompt": "a", "completion": "b", "thumbs_up": v} for v in ("True", "0")])
-    converted = train.to_trl_format(rows, cfg, "text")
+    converted = recipe.to_trl_format(rows, cfg, "text")
     assert converted.column_names == ["prompt", "completion", "label"] and converted["label"] == [True, False]
-    with pytest.raises(train.JobError, match=r"dataset.label_field: row 1 of column 'thumbs_up' holds 'no'"):
-        train.to_trl_format(Dataset.from_list([{**rows[0], "thumbs_up": "true"}, {**rows[0], "thumbs_up": "no"}]),
+    with pytest.raises(recipe.JobError, match=r"dataset.label_field: row 1 of column 'thumbs_up' holds 'no'"):
+        recipe.to_trl_format(Dataset.from_list([{**rows[0], "thumbs_up": "true"}, {**rows[0], "thumbs_up": "no"}]),
                             cfg, "text")  # fmt: skip
 
 
@@ -163,7 +165,7 @@ def test_evaluation_scores_the_answers_labelled_good(tmp_path):
     path.write_text("".join(json.dumps({"prompt": f"{n}+{n}=", "completion": c, "label": good}) + "\n"
                             for n, c, good in ((1, " 2", True), (2, " 5", False), (3, " 6", True))))  # fmt: skip
     cfg = {"format": "unpaired-preference", "path": str(path)}
-    assert evaluate._read_rows(cfg, "train", str(path), None) == [
+    assert scoring._read_rows(cfg, "train", str(path), None) == [
         {"prompt": "1+1=", "completion": " 2"},
         {"prompt": "3+3=", "completion": " 6"},
     ]
@@ -175,10 +177,10 @@ def test_a_kto_runs_charts_progress_line_and_title_say_kto():
     steps.append({"step": 3, "eval_loss": 0.3, "eval_reward_margin": 2.5, "eval_kl": 0.02})
     fig = metrics_figure(steps)
     titles = [a.text for a in fig.layout.annotations]
-    assert all(title in titles for _, title in PREFERENCE_PANELS["kl"])
-    assert not any(title in titles for _, title in PREFERENCE_PANELS["reward_accuracy"])
+    assert all(title in titles for _, title in PREFERENCE_PANELS["unpaired"])
+    assert not any(title in titles for _, title in PREFERENCE_PANELS["pairs"])
     assert {"kl", "eval kl", "reward margin", "eval reward margin"} <= {trace.name for trace in fig.data}
-    job = yaml.safe_load(render_bundle(resolve_spec("demo-kto"))["job.yaml"])
+    job = parse_spec(yaml.safe_load(render_bundle(resolve_spec("demo-kto"))["job.yaml"]))
     assert run_title(job) == "demo/model · lora kto · ddp · 2xCPU"
     start = {"world_size": 2, "objective": "kto", "reference": "adapters off"}
     assert facts_line(start).endswith("KTO, reference: adapters off")

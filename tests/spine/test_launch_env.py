@@ -10,10 +10,10 @@ import subprocess
 
 import pytest
 
-from tunedeck.backend.fields import FIELDS_BY_PATH
 from tunedeck.backend.render.launch import render_launch_sh
-from tunedeck.backend.run_launch import rank_env
+from tunedeck.backend.runs.launch import rank_env
 from tunedeck.backend.spec import SpecError, resolve_spec
+from tunedeck.backend.spec.fields import FIELDS_BY_PATH
 
 NCCL = "NCCL_SOCKET_IFNAME=eth0, NCCL_IB_HCA=mlx5_0,mlx5_1, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 ENTRIES = ["NCCL_SOCKET_IFNAME=eth0", "NCCL_IB_HCA=mlx5_0,mlx5_1", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]

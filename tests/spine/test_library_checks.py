@@ -2,7 +2,7 @@
 
 accelerate loads the YAML and resolves the launch line into the processes it would
 start; TRL builds the SFTConfig inside the ranks' environment; DeepSpeed parses its
-JSON after transformers resolved the "auto" values. See backend/bundle_check.py.
+JSON after transformers resolved the "auto" values. See backend/render/bundle_check.py.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import json
 
 import pytest
 
-from tunedeck.backend.applies import applies, when
-from tunedeck.backend.catalog import lookup
+from tunedeck.backend.recipe.vocabulary import OBJECTIVE_FORMATS, STRATEGIES
 from tunedeck.backend.render.training_args import SFT_ARGUMENTS
 from tunedeck.backend.spec import JobSpec, flat_values, resolve_spec
+from tunedeck.backend.spec.applies import applies, when
+from tunedeck.backend.spec.catalog import lookup
 from tunedeck.backend.validate import has_errors, validate
-from tunedeck.backend.vocabulary import OBJECTIVE_FORMATS, STRATEGIES
 
 from .conftest import PRESET_IDS, STRATEGY_KINDS
 
@@ -190,7 +190,7 @@ def test_fsdp1_sharding_strategy_and_offload(export, check):
 )
 def test_the_checks_refuse_broken_files(file, edit, words, export, check):
     """The checks are real: a broken file is refused, with the file named and the library's words."""
-    from tunedeck.backend.bundle_check import BundleCheckError
+    from tunedeck.backend.render.bundle_check import BundleCheckError
 
     folder = export(resolve_spec("70b-qlora-zero3"))
     path = folder / file
@@ -204,7 +204,7 @@ def test_the_checks_refuse_broken_files(file, edit, words, export, check):
 def test_every_declared_argument_is_one_of_its_objectives_config():
     import dataclasses
 
-    from tunedeck.backend.train import objective_classes
+    from tunedeck.backend.recipe import objective_classes
 
     defaults = flat_values(JobSpec())
     for objective in OBJECTIVE_FORMATS:
@@ -220,7 +220,7 @@ def test_every_declared_argument_is_one_of_its_objectives_config():
 def test_a_refused_zero3_config_leaves_no_deepspeed_config_behind_for_later_loads(export, check):
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
-    from tunedeck.backend.bundle_check import BundleCheckError
+    from tunedeck.backend.render.bundle_check import BundleCheckError
 
     folder = export(resolve_spec("70b-qlora-zero3"))
     path = folder / "ds_config.json"

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend import speed
-from tunedeck.backend.applies import applies
-from tunedeck.backend.bundle_check import check_bundle
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.memory import estimate
-from tunedeck.backend.memory_job import Job, input_values
-from tunedeck.backend.render import render_bundle
-from tunedeck.backend.run_summary import facts_line
+from tunedeck.backend.estimate import speed
+from tunedeck.backend.estimate.memory import estimate
+from tunedeck.backend.estimate.memory_job import Job, input_values
+from tunedeck.backend.render import render_bundle, write_bundle
+from tunedeck.backend.render.bundle_check import check_bundle
+from tunedeck.backend.runs.summary import facts_line
 from tunedeck.backend.spec import resolve_spec, set_paths
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import values_from_spec
 from tunedeck.backend.validate import validate
 
 PRECOMPUTED = {"preference.precompute_ref_log_probs": True}
@@ -38,9 +38,7 @@ def test_the_form_offers_it_for_dpo_and_kto_and_the_bundle_hands_it_to_trl(tmp_p
         spec = set_paths(lora, {**objective, **PRECOMPUTED})
         assert applies(FIELD, values_from_spec(spec))
         folder = tmp_path / spec.objective
-        folder.mkdir()
-        for name, text in render_bundle(spec).items():
-            (folder / name).write_text(text)
+        write_bundle(render_bundle(spec), folder)
         config = check_bundle(folder).sft_config  # TRL's own DPOConfig / KTOConfig, built from training_args.yaml
         assert type(config).__name__ == f"{spec.objective.upper()}Config" and config.precompute_ref_log_probs
     sft_args = render_bundle(set_paths(lora, PRECOMPUTED))["training_args.yaml"]

@@ -13,13 +13,14 @@ import pytest
 import yaml
 
 from tunedeck.app.charts import PREFERENCE_PANELS, metrics_figure
-from tunedeck.backend import evaluate, train
-from tunedeck.backend.applies import applies
-from tunedeck.backend.data_uploads import dataset_changes
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.memory import estimate
+from tunedeck.backend import recipe
+from tunedeck.backend.after import evaluate, scoring
+from tunedeck.backend.data.uploads import dataset_changes
+from tunedeck.backend.estimate.memory import estimate
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import resolve_spec, set_paths
+from tunedeck.backend.spec.applies import applies
+from tunedeck.backend.spec.fields import values_from_spec
 from tunedeck.backend.validate import has_errors, validate
 
 DPO = {"objective": "dpo", "dataset.format": "preference"}
@@ -84,17 +85,17 @@ def test_the_trainer_and_evaluation_read_pairs_under_any_column_names(tmp_path):
 
     rows = [{"q": "2+2=", "good": " 4", "bad": " 5", "extra": 1}]
     cfg = {"format": "preference", "prompt_field": "q", "chosen_field": "good", "rejected_field": "bad"}
-    converted = train.to_trl_format(Dataset.from_list(rows), cfg, "text")
+    converted = recipe.to_trl_format(Dataset.from_list(rows), cfg, "text")
     assert converted.column_names == ["prompt", "chosen", "rejected"] and converted[0]["chosen"] == " 4"
-    with pytest.raises(train.JobError, match=r"dataset.rejected_field: column 'rejected'"):
-        train.to_trl_format(Dataset.from_list(rows), {**cfg, "rejected_field": ""}, "text")
+    with pytest.raises(recipe.JobError, match=r"dataset.rejected_field: column 'rejected'"):
+        recipe.to_trl_format(Dataset.from_list(rows), {**cfg, "rejected_field": ""}, "text")
     # Evaluation scores a pair's chosen answer; a file of prompts alone is answered, not scored.
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps(rows[0]) + "\n")
-    read = evaluate._read_rows({**cfg, "path": str(path)}, "train", str(path), None)
+    read = scoring._read_rows({**cfg, "path": str(path)}, "train", str(path), None)
     assert read == [{"prompt": "2+2=", "completion": " 4", "rejected": " 5"}]
     path.write_text(json.dumps({"q": "3+3="}) + "\n")
-    read = evaluate._read_rows({**cfg, "path": str(path)}, "train", str(path), None, answers_optional=True)
+    read = scoring._read_rows({**cfg, "path": str(path)}, "train", str(path), None, answers_optional=True)
     assert read == [{"prompt": "3+3=", "completion": None}]
 
 
@@ -104,14 +105,14 @@ def test_a_dpo_runs_charts_add_its_rewards_below_the_training_metrics():
     steps.append({"step": 3, "eval_loss": 0.4, "eval_reward_accuracy": 0.75, "eval_reward_margin": 2.0})
     fig = metrics_figure(steps)
     titles = [a.text for a in fig.layout.annotations]
-    assert all(title in titles for _, title in PREFERENCE_PANELS["reward_accuracy"])
+    assert all(title in titles for _, title in PREFERENCE_PANELS["pairs"])
     names = {trace.name for trace in fig.data}
     assert {"reward accuracy", "eval reward accuracy", "reward chosen", "reward rejected"} <= names
     assert not any("reward" in (a.text or "") for a in metrics_figure([{"step": 1, "loss": 1.0}]).layout.annotations)
 
 
 def test_the_preview_shows_each_pair_as_the_model_reads_it_and_measures_its_longer_side(demo_home):
-    from tunedeck.backend.preview import preview
+    from tunedeck.backend.data.preview import preview
 
     result = preview(resolve_spec("demo-dpo"), rows=1, limit=50)
     (row,) = result["rows"]
@@ -137,8 +138,8 @@ def test_evaluation_scores_how_often_a_model_prefers_the_chosen_answer(demo_home
 
 
 def test_a_dpo_step_costs_two_sequences_and_a_reference_forward_pass():
-    from tunedeck.backend import speed
-    from tunedeck.backend.memory_job import Job, input_values
+    from tunedeck.backend.estimate import speed
+    from tunedeck.backend.estimate.memory_job import Job, input_values
 
     h100 = speed.Hardware.named("H100")
 

@@ -2,7 +2,7 @@
 
 Random specs mix every choice that changes the generated files (method, quantization,
 strategy, offload, FSDP knobs, precision, machines, CPU or GPU, ...). A spec without
-errors is rendered, then checked by accelerate, TRL and DeepSpeed (backend/bundle_check.py),
+errors is rendered, then checked by accelerate, TRL and DeepSpeed (backend/render/bundle_check.py),
 and must launch the distributed type and process count it asked for.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, STRATEGIES
 from tunedeck.backend.render import render_bundle, write_bundle
 from tunedeck.backend.spec import JobSpec, set_paths, spec_to_yaml
 from tunedeck.backend.validate import has_errors, validate
-from tunedeck.backend.vocabulary import DATASET_FORMATS, STRATEGIES
 
 DTYPES = ["bfloat16", "float16", "float32"]
 

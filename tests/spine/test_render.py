@@ -18,18 +18,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tunedeck.backend.render import TRAIN_ENTRYPOINT, render_bundle, zip_bundle
+from tunedeck.backend.render import render_bundle, write_bundle, zip_bundle
+from tunedeck.backend.render.recipe_files import ENTRY_SCRIPT, RECIPE_DIR, RECIPE_PACKAGE
 from tunedeck.backend.spec import resolve_spec, spec_from_yaml
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_PRESETS = ["70b-qlora-zero3", "7b-lora-ddp"]
-# train_sft.py is backend/train.py verbatim (checked below), not a generated file.
+# train_sft.py and the recipe package beside it are backend/recipe/ verbatim (checked below), not generated files.
 NOT_GOLDEN = {"train_sft.py"}
+
+
+def golden(name: str) -> bool:
+    return name not in NOT_GOLDEN and not name.startswith(f"{RECIPE_PACKAGE}/")
 
 
 @pytest.mark.parametrize("preset", GOLDEN_PRESETS)
 def test_golden_bundle(preset):
-    files = {name: text for name, text in render_bundle(resolve_spec(preset)).items() if name not in NOT_GOLDEN}
+    files = {name: text for name, text in render_bundle(resolve_spec(preset)).items() if golden(name)}
     folder = GOLDEN / preset
     if os.environ.get("TUNEDECK_UPDATE_GOLDEN"):
         folder.mkdir(parents=True, exist_ok=True)
@@ -47,9 +52,10 @@ def test_bundle_order_and_contents():
     files = render_bundle(resolve_spec("70b-qlora-zero3"))
     names = list(files)
     assert names[:5] == ["job.yaml", "accelerate_config.yaml", "ds_config.json", "training_args.yaml", "launch.sh"]
-    assert names[-1] == "README.md"
-    if TRAIN_ENTRYPOINT.is_file():
-        assert files["train_sft.py"] == TRAIN_ENTRYPOINT.read_text(encoding="utf-8")
+    assert names[names.index("README.md") + 1 :] == [
+        f"{RECIPE_PACKAGE}/{path.name}" for path in sorted(RECIPE_DIR.glob("*.py"))
+    ]
+    assert files["train_sft.py"] == ENTRY_SCRIPT
     assert "ds_config.json" not in render_bundle(resolve_spec("7b-lora-ddp"))
 
 
@@ -131,8 +137,7 @@ def test_multi_machine_launch_sh_takes_rank_and_address_from_the_environment(tmp
     acc = yaml.safe_load(files["accelerate_config.yaml"])
     assert (acc["num_machines"], acc["num_processes"], acc["main_process_ip"]) == (2, 8, "10.0.0.1")
     # Run launch.sh with a stand-in `accelerate` that prints its arguments and environment.
-    for name, text in files.items():
-        (tmp_path / name).write_text(text)
+    write_bundle(files, tmp_path)
     fake = tmp_path / "fake_accelerate"
     fake.write_text('#!/bin/sh\necho "OMP=$OMP_NUM_THREADS ARGS=$*"\n')
     fake.chmod(0o755)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from tunedeck.backend.applies import applies
 from tunedeck.backend.render.accelerate_yaml import accelerate_config_dict
 from tunedeck.backend.render.bundle_readme import render_bundle_readme
 from tunedeck.backend.render.training_args import training_args_dict
 from tunedeck.backend.spec import flat_values, resolve_spec
+from tunedeck.backend.spec.applies import applies
 from tunedeck.backend.validate import describe_global_batch, has_errors, validate
 
 ULYSSES = ["strategy.kind=zero3", "strategy.sequence_parallel=2", "dataset.packing=false"]

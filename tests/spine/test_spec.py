@@ -116,7 +116,7 @@ def test_set_paths_keeps_text_fields_as_typed():
 def test_bad_values_raise_spec_errors_naming_the_field():
     with pytest.raises(SpecError) as err:
         set_paths(JobSpec(), {"lora.lora_dropout": "1.5", "launch.num_processes": "0"})
-    fields = [path for path, _ in err.value.problems]
+    fields = [p.field for p in err.value.problems]
     assert fields == ["lora.lora_dropout", "launch.num_processes"]
     # inf passes `gt=0`, then the Trainer's math.ceil(epochs x steps) raises OverflowError at launch.
     with pytest.raises(SpecError) as err:
@@ -124,22 +124,22 @@ def test_bad_values_raise_spec_errors_naming_the_field():
             JobSpec(),
             {"training.num_train_epochs": ".inf", "training.warmup_steps": ".inf", "training.max_grad_norm": ".nan"},
         )
-    assert [path for path, _ in err.value.problems] == [
+    assert [p.field for p in err.value.problems] == [
         "training.num_train_epochs",
         "training.warmup_steps",
         "training.max_grad_norm",
     ]
-    assert "finite number" in err.value.problems[0][1]
+    assert "finite number" in err.value.problems[0].message
     with pytest.raises(SpecError) as err:
         spec_from_yaml(yaml.safe_dump({"training": {"learning_rat": 0.1}}))
-    assert err.value.problems[0][0] == "training.learning_rat"
+    assert err.value.problems[0].field == "training.learning_rat"
 
 
 def test_panel_side_modules_import_no_heavy_library():
     """Fresh interpreter: import the panel-side modules, render and validate, then look at sys.modules."""
     code = """
 import json, sys
-import tunedeck.backend.spec, tunedeck.backend.validate, tunedeck.backend.render, tunedeck.backend.catalog, tunedeck.backend.cli, tunedeck.backend.cli_spec, tunedeck.backend.bundle_check
+import tunedeck.backend.spec, tunedeck.backend.validate, tunedeck.backend.render, tunedeck.backend.spec.catalog, tunedeck.backend.cli, tunedeck.backend.cli.spec, tunedeck.backend.render.bundle_check
 from tunedeck.backend.cli import build_parser
 from tunedeck.backend.spec import resolve_spec
 build_parser()

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tunedeck.backend.spec import FIELD_PATHS
-from tunedeck.backend.spec_docs import DOC_PATH, spec_markdown
+from tunedeck.backend.spec.docs import DOC_PATH, spec_markdown
 
 DOC = Path(__file__).resolve().parents[2] / DOC_PATH
 TUNEDECK = str(Path(sys.executable).parent / "tunedeck")

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from tunedeck.backend import train
+from tunedeck.backend import recipe
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import resolve_spec, spec_to_dict
 from tunedeck.backend.validate import validate
@@ -74,10 +74,10 @@ def test_liger_refuses_a_model_type_it_has_no_kernels_for(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel is installed here")
 def test_a_missing_liger_package_is_named_before_the_model_loads(tmp_path):
     job = spec_to_dict(resolve_spec("7b-lora-ddp", ["training.use_liger_kernel=true"]))
-    problems = dict(train.input_problems(job, tmp_path))
+    problems = dict(recipe.input_problems(job, tmp_path))
     assert "pip install liger-kernel" in problems["training.use_liger_kernel"]
     assert "training.use_liger_kernel" not in dict(
-        train.input_problems(spec_to_dict(resolve_spec("7b-lora-ddp")), tmp_path)
+        recipe.input_problems(spec_to_dict(resolve_spec("7b-lora-ddp")), tmp_path)
     )
 
 

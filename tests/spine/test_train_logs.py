@@ -9,7 +9,7 @@ import textwrap
 SCRIPT = textwrap.dedent(
     """
     import warnings
-    from tunedeck.backend.train import show_each_warning_once
+    from tunedeck.backend.recipe import show_each_warning_once
 
     def collective():  # what DeepSpeed's ZeRO-3 calls every step
         warnings.warn("`reduce_scatter_tensor` is deprecated", FutureWarning)

@@ -13,10 +13,10 @@ from tunedeck.app.dataset_preview import MEASURING, preview_text
 from tunedeck.app.form_marks import fix_choices
 from tunedeck.app.job_outputs import evaluate, issues_markdown
 from tunedeck.backend.cli import main
-from tunedeck.backend.fields import values_from_spec
-from tunedeck.backend.preview import preview
+from tunedeck.backend.data.preview import preview
+from tunedeck.backend.data.truncation import measure_key
 from tunedeck.backend.spec import resolve_spec, set_paths
-from tunedeck.backend.truncation import measure_key
+from tunedeck.backend.spec.fields import values_from_spec
 
 FIELD = "dataset.max_seq_length"
 

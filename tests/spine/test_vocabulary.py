@@ -1,9 +1,6 @@
-"""One vocabulary: the strategy and dataset-format tables, and the copies that must agree with them.
-
-train_sft.py ships alone, so it keeps its own small copy of both tables (STRATEGY_ENGINES,
-FORMAT_COLUMNS); these tests fail when the copy and the table drift apart. The spec's
-choices, the dataset's column fields, the demo's data and what TRL gets all come from the
-tables too.
+"""One vocabulary: the strategy and dataset-format tables (backend/recipe/vocabulary.py, which the recipe reads in
+every run and tunedeck imports). The spec's choices, the dataset's column fields, the gate's engines, the demo's
+data and what TRL gets all come from the tables.
 """
 
 from __future__ import annotations
@@ -14,30 +11,28 @@ import typing
 import pytest
 import yaml
 
-from tunedeck.backend import train
-from tunedeck.backend.demo import RECIPE_PATH, as_format, make_examples
-from tunedeck.backend.fields import FIELDS_BY_PATH
+from tunedeck.backend import recipe
+from tunedeck.backend.data.demo import RECIPE_PATH, as_format, make_examples
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, STRATEGIES, column_fields
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.spec import DatasetSpec, resolve_spec
-from tunedeck.backend.vocabulary import DATASET_FORMATS, STRATEGIES, column_fields
-
-
-def test_the_training_script_knows_every_strategy_as_the_table_does():
-    assert {kind: (s.engine, s.zero_stage) for kind, s in STRATEGIES.items()} == train.STRATEGY_ENGINES
+from tunedeck.backend.spec.fields import FIELDS_BY_PATH
 
 
 @pytest.mark.parametrize("kind", STRATEGIES)
 def test_the_gate_expects_the_tables_engine(kind):
     job = {"strategy": {"kind": kind}, "launch": {"num_processes": 2}}
-    expected = train.expected_run(job)
+    expected = recipe.expected_run(job)
     assert (expected["engine"], expected["zero_stage"]) == (STRATEGIES[kind].engine, STRATEGIES[kind].zero_stage)
 
 
-def test_the_training_script_reads_every_format_as_the_table_does():
-    assert {
-        name: {c.field: (c.default, c.kind) for c in fmt.columns} for name, fmt in DATASET_FORMATS.items()
-    } == train.FORMAT_COLUMNS
-    assert {c.kind for fmt in DATASET_FORMATS.values() for c in fmt.columns} <= set(train.KIND_NEEDS)
+def test_the_gate_names_a_strategy_the_table_does_not_have():
+    with pytest.raises(recipe.JobError, match="strategy.kind: 'zero4' is not one of ddp"):
+        recipe.expected_run({"strategy": {"kind": "zero4"}})
+
+
+def test_the_words_say_every_kind_of_column():
+    assert {c.kind for fmt in DATASET_FORMATS.values() for c in fmt.columns} <= set(recipe.KIND_NEEDS)
 
 
 def test_the_spec_offers_the_tables_choices_and_columns():
@@ -62,9 +57,9 @@ def test_each_format_reaches_trl_as_the_table_says(name):
     # The demo writes the format under its default columns; train_sft.py turns it into what SFTTrainer reads.
     from datasets import Dataset
 
-    recipe = yaml.safe_load(RECIPE_PATH.read_text(encoding="utf-8"))["data"]
-    rows = [as_format(example, name) for example in make_examples(random.Random(0), 4, recipe)]
+    demo_recipe = yaml.safe_load(RECIPE_PATH.read_text(encoding="utf-8"))["data"]
+    rows = [as_format(example, name) for example in make_examples(random.Random(0), 4, demo_recipe)]
     fmt = DATASET_FORMATS[name]
     assert set(rows[0]) == {c.default for c in fmt.columns}
-    converted = train.to_trl_format(Dataset.from_list(rows), {"format": name}, "text")
+    converted = recipe.to_trl_format(Dataset.from_list(rows), {"format": name}, "text")
     assert tuple(converted.column_names) == fmt.trl_columns

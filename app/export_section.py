@@ -1,0 +1,81 @@
+"""The Export part of the Try · Evaluate · Export tab: its layout and events over AfterView.merge and push.
+
+A merge streams its progress into its status line and shows the serve.sh it wrote; a push names
+the merged folder and the Hub repo, and a Hub error (which may quote the repo id) is shown as text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gradio as gr
+
+from tunedeck.app.after_events import streamed
+from tunedeck.app.after_view import AfterView
+from tunedeck.app.registry import Got, Updates, listen
+from tunedeck.app.untrusted_text import as_text
+from tunedeck.backend.runs import AfterError
+
+DTYPES = ["bfloat16", "float16", "float32"]
+MERGE_IN = ("after.run", "after.merge_weights", "after.merge_name", "after.merge_dtype")
+
+
+def build_export(add) -> None:
+    gr.Markdown(
+        "### Export\nMerges the adapter into the base and saves a standalone model under the run folder "
+        "(`<run>/merged/<name>/`), with `serve.sh` for vLLM. A QLoRA adapter is merged into the base loaded "
+        "in 16 bit (or the dtype you pick), never into its 4-bit weights, so the merged model needs no bitsandbytes.",
+        elem_id="after-export-title",
+    )
+    with gr.Row():
+        add("after.merge_weights", gr.Dropdown(label="Adapter", choices=[], elem_id="after-merge-weights"))
+        add("after.merge_dtype", gr.Dropdown(DTYPES, value="bfloat16", label="dtype", elem_id="after-merge-dtype"))
+        add(
+            "after.merge_name",
+            gr.Textbox("model", label="folder name (under <run>/merged/)", elem_id="after-merge-name"),
+        )
+        add("after.merge", gr.Button("Merge", variant="primary", elem_id="after-merge"))
+    add("after.merge_status", gr.Markdown(elem_id="after-merge-status"))
+    add(
+        "after.serve",
+        gr.Code(label="serve.sh", language="shell", interactive=False, visible=False, elem_id="after-serve"),
+    )  # shown once a merge wrote serve.sh
+    with gr.Row():
+        add("after.repo_id", gr.Textbox(label="Hub repo id (user/name)", elem_id="after-repo-id"))
+        add("after.token", gr.Textbox(label="Hub token (write access)", type="password", elem_id="after-token"))
+        add("after.push", gr.Button("Push to the Hub", elem_id="after-push"))
+
+
+def wire_export(ui, view: AfterView) -> None:
+    run = ui["after.run"]
+
+    @streamed
+    def on_merge(got: Got) -> Iterator[Updates]:
+        args = [got[ui[i]] for i in MERGE_IN]
+        if not args[1]:
+            raise AfterError("adapter: the run has saved no adapter yet")
+        for updates in view.merge(args[0], args[1], (args[2] or "").strip(), args[3]):
+            if "after.serve" in updates:
+                text = updates.pop("after.serve")
+                updates["after.serve"] = gr.update(value=text, visible=bool(text))
+            yield {ui[k]: v for k, v in updates.items()}
+
+    gr.on(
+        [ui["after.merge"].click],
+        on_merge,
+        inputs={ui[i] for i in MERGE_IN},
+        outputs=[ui["after.merge_status"], ui["after.serve"]],
+        show_progress="minimal",
+        show_progress_on=[ui["after.merge"]],
+    )
+
+    def on_push(got: Got) -> Updates:
+        name, repo, token = (got[ui[i]] or "" for i in ("after.merge_name", "after.repo_id", "after.token"))
+        try:
+            done = view.push(got[run], name.strip(), repo, token)
+        except AfterError as exc:
+            return {ui["after.merge_status"]: f"✗ {as_text(exc)}"}  # a Hub error quotes the repo id
+        return {ui[k]: v for k, v in done.items()}
+
+    push_in = [run, *(ui[i] for i in ("after.merge_name", "after.repo_id", "after.token"))]
+    listen([ui["after.push"].click], on_push, push_in, [ui["after.merge_status"]], show_progress="minimal")

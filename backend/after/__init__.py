@@ -1,0 +1,62 @@
+"""After a run: try its model, evaluate it, merge its adapter, push it to the Hub; all read run folders.
+
+The face: the panel and the CLI import these names from `tunedeck.backend.after`, never its modules. The
+modules that import torch (worker.py, generate.py, merge.py's work, model_load.py, evaluate.py's scoring) run in
+the worker process (`python -m tunedeck.backend.after.worker`); nothing named here imports torch at import.
+"""
+
+from tunedeck.backend.after.eval_answers import ANSWERS_DIR, SHOW, answers_jsonl, answers_table, newest_answers
+from tunedeck.backend.after.eval_data import (
+    EvalDataError,
+    eval_source,
+    sample_training_rows,
+    seen_in_training,
+    seen_warning,
+)
+from tunedeck.backend.after.eval_results import read_eval, table_rows
+from tunedeck.backend.after.examples import Example, data_examples, pick, verdict
+from tunedeck.backend.after.hub import push_folder
+from tunedeck.backend.after.merge import check_output_dir
+from tunedeck.backend.after.prompting import (
+    MAX_NEW_TOKENS,
+    GenerationSettings,
+    SettingsError,
+    answer_line,
+    resolve_template,
+    transcript,
+)
+from tunedeck.backend.after.scoring import order_key
+from tunedeck.backend.after.worker_client import DEFAULT_IDLE_TIMEOUT_S, ModelWorker, WorkerError, WorkerPool, run_task
+
+__all__ = [
+    "ANSWERS_DIR",
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "MAX_NEW_TOKENS",
+    "SHOW",
+    "EvalDataError",
+    "Example",
+    "GenerationSettings",
+    "ModelWorker",
+    "SettingsError",
+    "WorkerError",
+    "WorkerPool",
+    "answer_line",
+    "answers_jsonl",
+    "answers_table",
+    "check_output_dir",
+    "data_examples",
+    "eval_source",
+    "newest_answers",
+    "order_key",
+    "pick",
+    "push_folder",
+    "read_eval",
+    "resolve_template",
+    "run_task",
+    "sample_training_rows",
+    "seen_in_training",
+    "seen_warning",
+    "table_rows",
+    "transcript",
+    "verdict",
+]

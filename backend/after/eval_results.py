@@ -1,0 +1,90 @@
+"""eval.json in the run folder: what `tunedeck eval` measured, kept so the run shows it again (no torch).
+
+    {"version": 1, "updated_at": 1733040000.0,
+     "results": {"base": {...}, "checkpoint-30": {...}, "final": {...}}}
+
+Each result: loss, perplexity (null when no row has an answer to score), tokens and examples scored,
+exact_match and contains_match (fractions), rouge_l (mean ROUGE-L F1; all three null when no prompt has
+the data's answer to judge by), preferred (of preference pairs: the share where the chosen answer is the more
+likely; null for other data), generated (how many answers were generated), answers_file (every answer,
+eval_answers.py), data (what it was measured on),
+device, seconds, evaluated_at, step. A new evaluation replaces the entries it measured and keeps
+the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from tunedeck.backend.after.eval_answers import save_answers
+from tunedeck.backend.after.scoring import order_key
+
+EVAL_FILE = "eval.json"
+VERSION = 1
+TABLE_COLUMNS = (
+    "model", "loss", "perplexity", "exact_match", "contains_match", "rouge_l", "preferred", "examples", "data",
+)  # fmt: skip
+
+
+def read_eval(run_dir: Path) -> dict:
+    """{"results": {...}} of the run, or empty results when nothing was measured; a damaged file says so in "error"."""
+    path = Path(run_dir) / EVAL_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {"version": VERSION, "results": {}}
+    except (OSError, ValueError) as exc:
+        return {
+            "version": VERSION,
+            "results": {},
+            "error": f"{path} cannot be read ({exc}); evaluate again to replace it",
+        }
+    if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+        return {
+            "version": VERSION,
+            "results": {},
+            "error": f"{path} is not an evaluation file; evaluate again to replace it",
+        }
+    return data
+
+
+def save_results(run_dir: Path, results: dict[str, dict]) -> dict:
+    """Merge these results into eval.json (written whole: a temporary file renamed over it), each one's answers
+    into its own file; returns eval.json's content."""
+    results = {name: dict(result) for name, result in results.items()}
+    for name, result in results.items():
+        if "answers" in result:
+            result["answers_file"] = save_answers(run_dir, name, result.pop("answers"))
+    data = read_eval(run_dir)
+    data.pop("error", None)
+    data["results"] = {**data["results"], **results}
+    data["updated_at"] = time.time()
+    path = Path(run_dir) / EVAL_FILE
+    staging = path.with_name(f".{EVAL_FILE}.{os.getpid()}")
+    staging.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(staging, path)
+    return data
+
+
+def table_rows(data: dict) -> list[list]:
+    """One row per measured model, in TABLE_COLUMNS order, for a table in the page or the terminal."""
+    rows = []
+    for name in sorted(data.get("results", {}), key=order_key):
+        r = data["results"][name]
+        rows.append(
+            [
+                name,
+                r.get("loss"),
+                r.get("perplexity"),
+                r.get("exact_match"),
+                r.get("contains_match"),
+                r.get("rouge_l"),
+                r.get("preferred"),
+                r.get("examples"),
+                r.get("data"),
+            ]
+        )
+    return rows

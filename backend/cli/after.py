@@ -1,0 +1,255 @@
+"""After training: `tunedeck eval RUN`, `tunedeck merge RUN -o DIR`, `tunedeck push DIR`, and what they share
+with `tunedeck chat RUN` (backend/cli/chat.py): the run and its weights, the worker's progress, errors as one line.
+
+The model work happens in a worker process (backend/after/worker.py), as it does for the panel; this
+module only picks the run and its weights (so a wrong --checkpoint fails at once, before anything
+loads), prints progress to stderr and the results to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from tunedeck.backend.cli.runs import _add_runs_dir, _manager
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="loss, perplexity, exact match and ROUGE-L of the base model and a run's adapter; saved in eval.json",
+    )
+    add_run_arguments(p)
+    p.add_argument("--all", action="store_true", help="also evaluate every checkpoint")
+    p.add_argument(
+        "--data",
+        metavar="FILE",
+        help="evaluate on this file (in the run's dataset format) instead of its eval data; "
+        "prompts without answers are answered, not scored",
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N rows")
+    p.add_argument("--json", action="store_true", help='print {"base": {...}, "adapter": {...}} as JSON')
+    p.set_defaults(handler=cmd_eval)
+
+    p = sub.add_parser(
+        "merge", help="merge a run's LoRA adapter into its base and save a standalone model (+ serve.sh)"
+    )
+    add_run_arguments(p)
+    p.add_argument(
+        "-o", "--output", dest="out_dir", type=Path, required=True, metavar="DIR", help="a new folder for the model"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        help="dtype of the saved weights (default: the run's model.dtype)",
+    )
+    p.set_defaults(handler=cmd_merge)
+
+    p = sub.add_parser(
+        "push", help="upload a merged model folder to the Hugging Face Hub (token from HF_TOKEN or --token-file)"
+    )
+    p.add_argument("folder", type=Path, metavar="DIR")
+    p.add_argument("--repo-id", required=True, metavar="OWNER/NAME")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="a file holding a write token (default: $HF_TOKEN, or huggingface-cli login)",
+    )
+    p.add_argument("--public", action="store_true", help="make a new repository public (default private)")
+    p.set_defaults(handler=cmd_push)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id", metavar="RUN", help="a run id, as `tunedeck runs` lists them")
+    parser.add_argument(
+        "--checkpoint", type=int, metavar="N", help="the checkpoint saved at step N (default: the final adapter)"
+    )
+    _add_runs_dir(parser)
+
+
+def fail(message: str, code: int = 2) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def resolve_run(args, base: bool = False):
+    """(runs_dir, job, weights) of RUN and --checkpoint; AfterError when they do not exist."""
+    from tunedeck.backend.runs import AfterError, RunError, UnreadableJob, select
+
+    manager = _manager(args)
+    try:
+        manager.status(args.run_id)
+    except RunError as exc:
+        raise AfterError(str(exc)) from None
+    job = manager.job(args.run_id)
+    if isinstance(job, UnreadableJob):
+        raise AfterError(f"run {args.run_id}: {job.explained()}")
+    weights = select(manager.run_dir(args.run_id), job, args.run_id, args.checkpoint, base)
+    return manager.runs_dir, job, weights
+
+
+class Progress:
+    """Progress events of the worker on stderr: one redrawn line on a terminal, a line per stage otherwise."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.stage = None
+        self.drawn = False
+
+    def __call__(self, event: dict) -> None:
+        if event.get("event") == "warning":
+            self._line(f"warning: {event['message']}")
+        elif event.get("event") == "progress":
+            stage, done, total = event["stage"], event["done"], event["total"]
+            if self.tty:
+                self.stream.write(f"\r\033[K{stage} {done}/{total}")
+                self.stream.flush()
+                self.drawn = True
+            elif stage != self.stage:
+                self._line(f"{stage}...")
+            self.stage = stage
+
+    def _line(self, text: str) -> None:
+        self.close()
+        print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.drawn = False
+
+
+def handled(run):
+    """Run a command body; AfterError/SettingsError are exit 2, WorkerError exit 1, each one clear line."""
+    from tunedeck.backend.after import SettingsError, WorkerError
+    from tunedeck.backend.runs import AfterError
+
+    try:
+        return run()
+    except (AfterError, SettingsError) as exc:
+        return fail(str(exc))
+    except WorkerError as exc:
+        return fail(str(exc), 130 if exc.cancelled else 1)
+
+
+# ---------------------------------------------------------------- eval
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    return handled(lambda: _eval(args))
+
+
+def _eval(args) -> int:
+    from tunedeck.backend.after import ANSWERS_DIR, eval_source, run_task
+    from tunedeck.backend.runs import RunManager, list_weights
+
+    if args.limit is not None and args.limit < 1:
+        return fail("--limit: give a positive number of rows")
+    runs_dir, job, weights = resolve_run(args)
+    run_dir = RunManager(runs_dir).run_dir(args.run_id)
+    names = [w.name for w in list_weights(run_dir, job)] if args.all else ["base", weights.name]
+    data = str(Path(args.data).resolve()) if args.data else None
+    eval_source(run_dir, job, data)  # no evaluation data: said before a model loads
+    progress = Progress()
+    outcome = run_task(
+        "evaluate", {"run_id": args.run_id, "names": names, "data": data, "limit": args.limit}, job, runs_dir, progress
+    )
+    progress.close()
+    results = outcome["results"]
+    if args.json:
+        report = {
+            "base": results["base"],
+            "adapter": {**results[weights.name], "name": weights.name},
+            "data": outcome["data"],
+        }
+        if args.all:
+            report["checkpoints"] = {n: r for n, r in results.items() if n.startswith("checkpoint-")}
+        print(json.dumps(report, indent=2))
+        return 0
+    _print_table(results, outcome["data"])
+    print(f"saved in {run_dir / 'eval.json'}")
+    if any(r.get("answers_file") for r in results.values()):
+        print(f"every answer, one file per model: {run_dir / ANSWERS_DIR}/<model>.jsonl")
+    return 0
+
+
+def _print_table(results: dict, data: str) -> None:
+    from tunedeck.backend.after import order_key
+
+    def pct(value):
+        return "-" if value is None else f"{100 * value:.1f}%"
+
+    def number(value, digits):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    pairs = any(r.get("preferred") is not None for r in results.values())  # preference data: chosen vs rejected
+    rows = [("MODEL", "LOSS", "PERPLEXITY", "EXACT", "CONTAINS", "ROUGE-L", *("PREFERRED",) * pairs, "EXAMPLES")]
+    for name in sorted(results, key=order_key):
+        r = results[name]
+        rows.append(
+            (
+                name,
+                number(r["loss"], 4),
+                number(r["perplexity"], 2),
+                pct(r["exact_match"]),
+                pct(r["contains_match"]),
+                number(r.get("rouge_l"), 3),
+                *(pct(r.get("preferred")),) * pairs,
+                str(r["examples"]),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print(f"evaluated on {data}")
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+# ---------------------------------------------------------------- merge and push
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    return handled(lambda: _merge(args))
+
+
+def _merge(args) -> int:
+    from tunedeck.backend.after import check_output_dir, run_task
+
+    runs_dir, job, weights = resolve_run(args)
+    out_dir = check_output_dir(args.out_dir)  # before anything loads
+    dtype = args.dtype or job.model.dtype
+    if job.method == "qlora":
+        print(
+            "QLoRA run: the adapter is merged into the base loaded in " + dtype + ", not into 4-bit weights",
+            file=sys.stderr,
+        )
+    progress = Progress()
+    request = {"run_id": args.run_id, "checkpoint": weights.step, "out_dir": str(out_dir), "dtype": dtype}
+    result = run_task("merge", request, job, runs_dir, progress)
+    progress.close()
+    print(f"merged {weights.describe()} of run {args.run_id} into {result['base_model']} ({dtype})")
+    print(f"saved to {result['out_dir']}: {', '.join(result['files'])}")
+    print(
+        f"serve it: bash {Path(result['out_dir']) / 'serve.sh'}   (or `bash serve.sh adapter` for the base + adapter)"
+    )
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from tunedeck.backend.after import push_folder
+
+    token = None
+    if args.token_file:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            return fail(f"--token-file: cannot read {args.token_file} ({exc.strerror or exc})")
+    token = token or os.environ.get("HF_TOKEN")
+    return handled(
+        lambda: print(f"pushed to {push_folder(args.folder, args.repo_id, token, private=not args.public)}") or 0
+    )

@@ -1,0 +1,79 @@
+"""Resume on another machine shape (`tunedeck runs resume ID --num-processes N [--num-machines M]`): the job that
+continues a run on a different number of processes keeps its global batch, re-solving gradient accumulation.
+
+global batch = per-device batch x data-parallel processes x gradient accumulation steps. On N processes the
+accumulation becomes global / (per-device x data-parallel size on N); a global batch it does not divide is said,
+with the batch sizes that would. Every optimizer step then sees the same rows as before: accelerate hands the
+processes consecutive batches of one sampler, so 2 processes x 1 accumulation step and 1 process x 2 steps
+take the same two batches in the same order.
+
+What loads on another shape: a DDP checkpoint holds the whole optimizer state (optimizer.pt), which any number of
+processes loads as it is (an RNG state per rank that is missing is started anew, and the Trainer says so). A ZeRO
+or FSDP checkpoint holds one shard of it per process, which another number of processes cannot load as it is
+(DeepSpeed: "The checkpoint being loaded used a DP world size of 2 but the current world size is 1"); until
+tunedeck converts them (DeepSpeed's universal checkpoint, torch's distributed checkpoint), such a resume is refused
+with what to do.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from tunedeck.backend.runs.manager import RunError
+from tunedeck.backend.spec import JobSpec, SpecError, set_paths
+
+
+class Shape(NamedTuple):
+    """The machine shape a resumed run asks for; None: as the run was."""
+
+    num_processes: int | None = None
+    num_machines: int | None = None
+
+
+AS_IT_WAS = Shape()
+
+
+def reshaped(job: JobSpec, num_processes: int | None, num_machines: int | None) -> tuple[JobSpec, str]:
+    """(the job on the new shape with the same global batch, a sentence on what changed); RunError says why not.
+    None for both: the job as it is, and ""."""
+    if num_processes is None and num_machines is None:
+        return job, ""
+    launch = job.launch
+    machines = num_machines or launch.num_machines
+    processes = num_processes or launch.num_processes
+    if processes % machines:
+        raise RunError(f"--num-processes {processes} does not divide over {machines} machines: give each the same")
+    if processes == launch.num_processes and machines == launch.num_machines:
+        return job, ""
+    try:
+        spec = set_paths(job, {"launch.num_processes": processes, "launch.num_machines": machines})
+    except SpecError as exc:
+        raise RunError(f"the job on {processes} processes is not valid: {exc}") from None
+    if spec.data_parallel_size != job.data_parallel_size and (job.layout.is_deepspeed or job.layout.is_fsdp):
+        raise RunError(
+            f"a {job.layout.kind} checkpoint is sharded over its {job.data_parallel_size} processes and does not "
+            f"load on {spec.data_parallel_size} yet: resume it on {launch.num_processes} processes, or start the "
+            "job again from the adapter or model it saved"
+        )
+    per_step = spec.training.per_device_train_batch_size * spec.data_parallel_size
+    wanted = job.global_batch_size
+    if wanted % per_step:
+        dp, rows = spec.data_parallel_size, spec.training.per_device_train_batch_size
+        if wanted % dp:
+            raise RunError(
+                f"the global batch of {wanted} rows does not divide over {dp} processes: resume on a number of "
+                f"processes that divides {wanted}"
+            )
+        raise RunError(
+            f"the global batch of {wanted} rows is {wanted // dp} per process on {dp}, which {rows} rows per step "
+            f"(training.per_device_train_batch_size) does not divide: set it to a divisor of {wanted // dp}"
+        )
+    accumulation = wanted // per_step
+    spec = set_paths(spec, {"training.gradient_accumulation_steps": accumulation})
+    said = (
+        f"on {processes} process{'es' * (processes > 1)} ({machines} machine{'s' * (machines > 1)}) instead of "
+        f"{launch.num_processes}, "
+        f"gradient accumulation {job.training.gradient_accumulation_steps} → {accumulation}: the global batch stays "
+        f"{wanted}"
+    )
+    return spec, said

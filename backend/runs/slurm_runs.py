@@ -1,0 +1,171 @@
+"""A run on Slurm: the same run folder and RunManager API as a local run, with Slurm as its supervisor.
+
+The run folder sits on a filesystem the nodes share. The manager writes it (queued), submits
+its slurm.sbatch with `sbatch --parsable` from it, and records the job id in status.json
+(`backend: slurm`, `slurm: {job_id, expected_start}`). No process of tunedeck follows the job:
+every status read asks Slurm (backend/runs/slurm_jobs.py) and folds the answer in: queued with
+Slurm's state and reason while it waits, running with its nodes, and once Slurm says it ended
+(or has forgotten it), the end worked out from the run's own records (the `end` record, the
+rank errors) and Slurm's last word, written to status.json once. So a panel restarted mid-run,
+or a `tunedeck runs` on another login node, finds the run where it is.
+
+Stop: stop.request in the shared folder (the run is "stopping"), which every rank reads at its
+next step: it saves a checkpoint and exits, and the job ends by itself; after the grace period
+`scancel` ends whatever is left. A job still waiting is cancelled at once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tunedeck.backend.render.slurm import SLURM_FILE
+from tunedeck.backend.runs import folder as run_folder
+from tunedeck.backend.runs import slurm_jobs, supervisor
+from tunedeck.backend.runs.folder import LAUNCHER_LOG, STOP_FILE
+from tunedeck.backend.runs.slurm_jobs import SlurmUnavailable
+
+BACKEND = "slurm"
+ATTEMPTS_FILE = "attempts.jsonl"  # slurm.sbatch's record of each failure it classified (render/slurm.py)
+# Why Slurm ended a job that did not finish, in words a user acts on.
+ENDED_BY_SLURM = {
+    "TIMEOUT": "Slurm ended the job at its time limit (launch.slurm.time_limit): resume it with "
+    "training.resume_from_checkpoint=true and a longer limit",
+    "PREEMPTED": "Slurm preempted the job for another one: turn on launch.slurm.requeue to have it start again "
+    "and resume by itself",
+    "NODE_FAIL": "a node of the job failed (Slurm: NODE_FAIL): resume from the last checkpoint",
+    "BOOT_FAIL": "a node of the job failed to boot (Slurm: BOOT_FAIL)",
+    "OUT_OF_MEMORY": "a node ran out of memory (Slurm: OUT_OF_MEMORY): raise launch.slurm.mem or lower the batch",
+    "DEADLINE": "Slurm ended the job at its deadline",
+    "CANCELLED": "the Slurm job was cancelled outside tunedeck (scancel)",
+}
+
+
+def is_slurm(data: dict) -> bool:
+    return data.get("backend") == BACKEND
+
+
+def sbatch_options(run_dir: Path) -> list[str]:
+    """What the manager adds to the script's own #SBATCH lines: its name and the run folder's launcher log."""
+    return [
+        f"--job-name=tunedeck-{run_dir.name}",
+        f"--output={run_dir / LAUNCHER_LOG}",
+        "--open-mode=append",  # a requeued job adds to it
+    ]
+
+
+def submit(run_dir: Path, env: dict[str, str]) -> str:
+    """Submit the run folder's slurm.sbatch; records the job id (and Slurm's expected start) in status.json."""
+    script, options = str(run_dir / SLURM_FILE), sbatch_options(run_dir)
+    start = slurm_jobs.expected_start(script, str(run_dir), options, env)
+    job_id = slurm_jobs.submit(script, str(run_dir), options, env)
+    try:
+        supervisor.update_status(run_dir, slurm={"job_id": job_id, "expected_start": start})
+    except OSError:
+        slurm_jobs.cancel(job_id)  # a job nobody can follow must not hold the cluster
+        raise
+    return job_id
+
+
+def follow(run_dir: Path, data: dict) -> dict:
+    """status.json's data with Slurm's present view folded in (an end is recorded once)."""
+    recorded = data.get("slurm") or {}
+    job_id = str(recorded.get("job_id") or "")
+    if not job_id:  # written, not yet submitted (or the submission failed before the id was recorded)
+        return data
+    try:
+        job = slurm_jobs.job(job_id)
+    except SlurmUnavailable as exc:
+        # Nothing to decide on: keep the recorded state and say why it may be stale.
+        return {**data, "slurm": {**recorded, "reason": f"Slurm does not answer: {exc}"}}
+    attempts = _attempts(run_dir)
+    data = {**data, "attempts": attempts} if attempts else data
+    if job is not None and job.live:
+        return _live(run_dir, data, recorded, job)
+    return _ended(run_dir, data, recorded, job)
+
+
+def _attempts(run_dir: Path) -> list[dict]:
+    """attempts.jsonl: the job's failures as slurm.sbatch classified them, and whether it was requeued for each."""
+    try:
+        lines = (run_dir / ATTEMPTS_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    return supervisor.json_objects(lines)
+
+
+def _live(run_dir: Path, data: dict, recorded: dict, job: slurm_jobs.SlurmJob) -> dict:
+    slurm = {**recorded, "state": job.state, "reason": job.reason, "nodes": job.nodes}
+    if job.waiting:
+        state = "queued"
+    else:
+        state = "stopping" if (run_dir / STOP_FILE).exists() else "running"
+        if data["state"] == "queued":  # first seen running: recorded, so a reader without Slurm sees it too
+            supervisor.update_status(run_dir, state="running", started_at=time.time(), slurm=slurm)
+            data = {**data, "started_at": time.time()}
+    return {**data, "state": state, "slurm": slurm}
+
+
+def _ended(run_dir: Path, data: dict, recorded: dict, job: slurm_jobs.SlurmJob | None) -> dict:
+    stop_requested = (run_dir / STOP_FILE).exists()
+    state, error = supervisor.final_state(run_dir, job.exit_code if job else None, stop_requested)
+    if job is not None and state != "finished" and not stop_requested and job.state in ENDED_BY_SLURM:
+        said = ENDED_BY_SLURM[job.state]
+        if state == "failed":
+            error = f"{said}\n{error}" if error else said
+        else:
+            error = said
+    if state == "stopped" and _stopped_by_time_limit(run_dir):
+        error = ENDED_BY_SLURM["TIMEOUT"].replace("ended the job at", "stopped the job before")
+    elif state == "stopped" and not stop_requested and not error:
+        error = (
+            "Slurm signalled the job to stop (its time limit was near, or an scancel): its last checkpoint is in "
+            "output_dir; resume with training.resume_from_checkpoint=true"
+        )
+    nodes = (job.nodes if job else []) or recorded.get("nodes") or []
+    slurm = {**recorded, "state": job.state if job else "gone", "reason": job.reason if job else "", "nodes": nodes}
+    ended = {
+        "state": state,
+        "ended_at": data.get("ended_at") or run_folder.last_written(run_dir),
+        "error": error,
+        "exit_code": job.exit_code if job else None,
+        "slurm": slurm,
+    }
+    last = (data.get("attempts") or [{}])[-1]
+    if state == "failed" and last.get("end") and not last.get("retried"):  # what slurm.sbatch made of it
+        ended["failure"] = {
+            "kind": last["end"],
+            "reason": last.get("reason", ""),
+            "not_retried": last.get("not_retried"),
+        }
+    problem = supervisor.record_end(run_dir, tries=2, retry_s=0, **ended)
+    if problem:
+        ended["error"] = f"{error or ''}\n(this end is not recorded in status.json: {problem})".strip()
+    return {**data, **ended}
+
+
+def _stopped_by_time_limit(run_dir: Path) -> bool:
+    """slurm.sbatch writes the stop request itself when the time limit nears ("by": "time_limit")."""
+    try:
+        return '"time_limit"' in (run_dir / STOP_FILE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+def stop(run_dir: Path, data: dict, grace_s: float, env: dict[str, str] | None = None) -> None:
+    """Ask the job to stop: stop.request for its ranks now, scancel after grace_s (at once when it still waits)."""
+    job_id = str((data.get("slurm") or {}).get("job_id") or "")
+    run_folder.write_stop_request(run_dir, grace_s)  # before the signal: the job script must not pass a second one
+    if not job_id:
+        return
+    job = slurm_jobs.job(job_id)
+    if job is None or not job.live:
+        return
+    if job.waiting:
+        slurm_jobs.cancel(job_id)  # nothing started, nothing to save
+        return
+    # No signal: every rank reads stop.request at its next step. Measured on the local cluster:
+    # `scancel --signal=TERM --full` also reaches srun in the job script, which answers "forcing job
+    # termination" and ends the job at once; a TERM to the steps alone reaches torch's elastic agent,
+    # which kills its ranks 30 s later, saved or not.
+    slurm_jobs.start_cancel_after(job_id, grace_s, env)
