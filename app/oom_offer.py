@@ -50,7 +50,8 @@ def job_with_offer(runs_dir: Path | None, shown: RunShown) -> tuple[JobSpec | No
     there is none."""
     if runs_dir is None or not shown.run:
         return None, "No run selected.", {}
-    status, job = RunManager(runs_dir).status(shown.run), RunManager(runs_dir).job(shown.run)
+    manager = RunManager(runs_dir)
+    status, job = manager.status(shown.run), manager.job(shown.run)
     offer = offer_for(status, job)
     if offer is None or not isinstance(job, JobSpec):
         return None, f"Nothing loaded: run `{shown.run}` did not run out of memory, or nothing needs less.", {}

@@ -17,6 +17,7 @@ import psutil
 from tunedeck.backend.render.launch import TRAIN_SCRIPT
 from tunedeck.backend.runs.folder import rank_log
 from tunedeck.backend.runs.status import RunStatus
+from tunedeck.backend.runs.supervisor import file_size
 
 STACK_HEADER = "most recent call first"  # faulthandler's line before each thread's frames
 
@@ -54,7 +55,7 @@ def dump_stacks(status: RunStatus, run_dir: Path, wait_s: float = 5.0) -> dict[i
     as a rank stopped by SIGSTOP or in uninterruptible I/O does not)."""
     ranks = rank_processes(status)
     logs = {rank: Path(run_dir) / rank_log(rank) for rank in ranks}
-    sizes = {rank: _size(path) for rank, path in logs.items()}
+    sizes = {rank: file_size(path) for rank, path in logs.items()}
     for process in ranks.values():
         try:
             process.send_signal(signal.SIGUSR1)
@@ -68,13 +69,6 @@ def dump_stacks(status: RunStatus, run_dir: Path, wait_s: float = 5.0) -> dict[i
             return {rank: _appended(path, sizes[rank]) for rank, path in logs.items()}
         time.sleep(0.1)
     return {rank: text if STACK_HEADER in text else "" for rank, text in written.items()}
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def _appended(path: Path, since: int) -> str:

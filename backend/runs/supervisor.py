@@ -236,7 +236,7 @@ def _records_since(run_dir: Path, since: int) -> list[dict]:
     path = run_dir / METRICS_FILE
     try:
         with open(path, "rb") as f:
-            f.seek(max(since, _size(path) - 65536))
+            f.seek(max(since, file_size(path) - 65536))
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return []
@@ -545,7 +545,7 @@ def supervise(run_dir: Path) -> int:
     started_at, attempts, extra_env = time.time(), [], {}
     max_restarts, backoff_s = _restart_policy(status.get("restarts"))
     while True:
-        since = _size(run_dir / METRICS_FILE)  # this attempt's records begin here
+        since = file_size(run_dir / METRICS_FILE)  # this attempt's records begin here
         attempt_started, kills_before = time.time(), _failures.oom_kills()
         outcome = _attempt(run_dir, status, stop_signal, extra_env, started_at, len(attempts) + 1)
         if outcome is None:
@@ -609,7 +609,8 @@ def _stopped_while_waiting(run_dir: Path, stop_signal: threading.Event, wait_s: 
     return True
 
 
-def _size(path: Path) -> int:
+def file_size(path: Path) -> int:
+    """A file's size in bytes, 0 when it is not there (yet)."""
     try:
         return path.stat().st_size
     except OSError:
