@@ -11,6 +11,7 @@ from pathlib import Path
 from .failures import ATTEMPT_ENV
 from .job import JobError
 from .records import write_progress
+from .restore import write_position
 from .watchdog import CHECKPOINT_SAVING
 
 INCOMPLETE_DIR = ".incomplete"  # under output_dir: checkpoints being written
@@ -51,6 +52,8 @@ def with_atomic_checkpoints(trainer_class):
             self._staging = staging  # the parent saves, and rotates (a no-op), there
             try:
                 super()._save_checkpoint(model, trial)
+                if self.args.should_save:
+                    write_position(self, os.path.join(staging, name))  # what a resume checks it got back
             except Exception as exc:
                 full = _disk_full(root, exc)
                 if self.args.should_save:

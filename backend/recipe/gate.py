@@ -18,6 +18,7 @@ from .job import JobError
 from .layout import Layout
 from .models import peft_config
 from .ranks import _world_size, gather_from_ranks, node_name
+from .restore import restore_problems
 from .vocabulary import STRATEGIES
 
 
@@ -111,7 +112,7 @@ def gate_problems(expected: dict, facts: dict) -> list[str]:
     if "distributed_type" in facts:
         problems += _engine_problems(expected, facts)
     if "model_class" in facts:
-        problems += _model_problems(expected, facts)
+        problems += _model_problems(expected, facts) + restore_problems(facts)
     return problems
 
 

@@ -17,6 +17,7 @@ from .health_actions import HealthActions
 from .objectives import grpo_record, objective_record
 from .ranks import _any_rank, _world_size, global_rank
 from .records import FAULT_ENV, JsonlWriter, StartupPhases, StopRequest, _parse_fault, write_progress
+from .restore import restored
 from .rewards import write_answers
 from .rollback import current_rollback, scale_learning_rate
 from .speed import speed_facts, utilisation
@@ -33,6 +34,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self.trainer: Any = None  # the Trainer, once train() has built it
             self.load_peaks: dict = {}  # train() fills it in right after the model loaded
             self.dataset_rows: dict = {}  # and this: the training rows each source gave (dataset.path, dataset.mix)
+            self.resumed: tuple[str | None, int | None] = (None, None)  # (checkpoint, the DP size it was saved on)
             self.stopped_early = False
             # Durations on the monotonic clock: a step of the wall clock (NTP, a VM resumed) must not bend them.
             self._last_log = (time.monotonic(), 0)
@@ -74,11 +76,13 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self._last_log, self._last_step = (time.monotonic(), 0), state.global_step
             record = {**describe_run(self.trainer, job), **self.load_peaks}
             record["dataset_rows"] = self.dataset_rows
+            optimizer, scheduler = kwargs.get("optimizer"), kwargs.get("lr_scheduler")
+            record["restored"] = restored(self.trainer, optimizer, scheduler, *self.resumed)  # before a roll-back
             self.health = HealthActions(job, metrics, terminal, state.global_step)
             rollback = current_rollback()
             if rollback:  # this attempt continues a roll-back: the learning rate it scales, the data it skipped
                 scale = float(rollback.get("lr_scale", 1.0))
-                scale_learning_rate(kwargs.get("optimizer"), kwargs.get("lr_scheduler"), args.learning_rate, scale)
+                scale_learning_rate(optimizer, scheduler, args.learning_rate, scale)
                 record["rollback"] = {
                     "rollbacks": rollback.get("rollbacks"),
                     "checkpoint_step": rollback.get("checkpoint_step"),

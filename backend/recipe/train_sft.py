@@ -74,6 +74,8 @@ from .objectives import REFERENCE_OBJECTIVES, fsdp_launch, objective_classes, tr
 from .ranks import global_rank
 from .recorder import make_callback
 from .records import ERRORS_FILE, METRICS_FILE, JsonlWriter, StartupPhases, StopRequest, redirect_output
+from .reshard import load_universal_if_reshaped
+from .restore import data_parallel_size, with_restored_position
 from .rewards import reward_functions
 from .rollback import ROLLBACK_EXIT, current_rollback, with_rollback_window
 from .watchdog import IMPORTING_REWARDS, watched_phase
@@ -123,7 +125,7 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     scoring = ", then scoring every row with the reference" if precomputed else ""
     startup.enter(("tokenizing the data" if job.get("objective") != "grpo" else "building the trainer") + scoring)
     rollback = current_rollback()  # an attempt after a roll-back: its checkpoint, the data window it skips
-    trainer_type = with_faults(with_atomic_checkpoints(trainer_class(trainer_base)))
+    trainer_type = with_faults(with_atomic_checkpoints(with_restored_position(trainer_class(trainer_base))))
     trainer = with_rollback_window(trainer_type, int((rollback or {}).get("skip_steps", 0)))(
         **extra,
         model=model,
@@ -141,7 +143,9 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
         trainer.ref_model = None
     recorder.trainer = trainer
     startup.enter("preparing the model and optimizer")  # DeepSpeed or FSDP wraps it; DeepSpeed may compile ops
-    trainer.train(resume_from_checkpoint=rollback["checkpoint"] if rollback else resume_checkpoint(args, job))
+    checkpoint = rollback["checkpoint"] if rollback else resume_checkpoint(args, job)
+    recorder.resumed = (checkpoint, load_universal_if_reshaped(trainer, checkpoint, data_parallel_size(trainer)))
+    trainer.train(resume_from_checkpoint=checkpoint)
     if recorder.stopped_early:
         return "stopped"
     if trainer.is_fsdp_enabled:

@@ -9,10 +9,11 @@ take the same two batches in the same order.
 
 What loads on another shape: a DDP checkpoint holds the whole optimizer state (optimizer.pt), which any number of
 processes loads as it is (an RNG state per rank that is missing is started anew, and the Trainer says so). A ZeRO
-or FSDP checkpoint holds one shard of it per process, which another number of processes cannot load as it is
-(DeepSpeed: "The checkpoint being loaded used a DP world size of 2 but the current world size is 1"); until
-tunedeck converts them (DeepSpeed's universal checkpoint, torch's distributed checkpoint), such a resume is refused
-with what to do.
+checkpoint holds one optimizer shard per process: the recipe converts it into DeepSpeed's universal checkpoint and
+loads that (backend/recipe/reshard.py). An FSDP checkpoint is torch distributed checkpoint, which reshards as it
+loads. What each resumed run got back (optimizer step, schedule position, data position) is in its start record
+and checked by its sanity gate (backend/recipe/restore.py). Refused: a ZeRO optimizer offloaded to NVMe, whose
+state is kept per process outside the checkpoint's shards.
 """
 
 from __future__ import annotations
@@ -49,11 +50,10 @@ def reshaped(job: JobSpec, num_processes: int | None, num_machines: int | None) 
         spec = set_paths(job, {"launch.num_processes": processes, "launch.num_machines": machines})
     except SpecError as exc:
         raise RunError(f"the job on {processes} processes is not valid: {exc}") from None
-    if spec.data_parallel_size != job.data_parallel_size and (job.layout.is_deepspeed or job.layout.is_fsdp):
+    if spec.data_parallel_size != job.data_parallel_size and job.strategy.offload_optimizer == "nvme":
         raise RunError(
-            f"a {job.layout.kind} checkpoint is sharded over its {job.data_parallel_size} processes and does not "
-            f"load on {spec.data_parallel_size} yet: resume it on {launch.num_processes} processes, or start the "
-            "job again from the adapter or model it saved"
+            "a ZeRO checkpoint whose optimizer state is offloaded to NVMe is kept per process and loads only on the "
+            f"{job.data_parallel_size} processes it was saved on: resume it on {launch.num_processes}"
         )
     per_step = spec.training.per_device_train_batch_size * spec.data_parallel_size
     wanted = job.global_batch_size

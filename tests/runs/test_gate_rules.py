@@ -137,3 +137,35 @@ def test_expected_trainable_is_what_peft_counts_on_the_real_model(preset, demo_h
 def test_expected_trainable_of_an_unreadable_model_is_left_to_the_loader(capsys):
     assert recipe.expected_trainable({"model": {"name_or_path": "/nonexistent/model"}, "method": "lora"}) is None
     assert "trainable parameters not checked" in capsys.readouterr().out
+
+
+def restored(**changes) -> dict:
+    """The "restored" facts of a run resumed from checkpoint-8 that got everything back."""
+    saved = {"step": 8, "learning_rate": 0.0019, "rows": 32, "global_batch": 4, "data_parallel": 2}
+    got = {
+        "checkpoint": "checkpoint-8", "step": 8, "optimizer_step": 8, "lr_schedule_step": 8, "learning_rate": 0.0019,
+        "data_rows": 32, "ignore_data_skip": False, "resharded_from": 2, "saved": saved,
+    }  # fmt: skip
+    return {**got, **changes}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"optimizer_step": 0}, "but the optimizer's state is at step 0: its moments were not restored"),
+        ({"lr_schedule_step": 0}, "but the learning-rate schedule is at step 0"),
+        ({"learning_rate": 0.002}, "but the learning rate is 0.002 where the checkpoint's schedule had 0.0019"),
+        ({"data_rows": 16}, "but its data position is row 16 where the checkpoint had seen 32"),
+    ],
+)
+def test_a_resume_that_did_not_get_its_position_back_is_named(changes, message):
+    assert recipe.gate_problems(expected(), facts(restored=restored())) == []
+    problems = recipe.gate_problems(expected(), facts(restored=restored(**changes)))
+    assert len(problems) == 1 and problems[0].startswith("resumed from checkpoint-8 (step 8), " + message.split(",")[0])
+    assert message in problems[0], problems
+
+
+def test_a_resume_from_a_checkpoint_without_its_position_checks_the_steps_alone():
+    old = restored(saved=None, data_rows=16, learning_rate=1.0)  # a checkpoint saved before position.json
+    assert recipe.gate_problems(expected(), facts(restored=old)) == []
+    assert recipe.gate_problems(expected(), facts(restored=restored(data_rows=16, ignore_data_skip=True))) == []

@@ -34,13 +34,18 @@ def test_the_same_shape_changes_nothing():
     [
         ({"launch.num_processes": 1, "training.gradient_accumulation_steps": 3}, 2, "set it to a divisor of 3"),
         ({"launch.num_processes": 1, "training.per_device_train_batch_size": 3}, 2, "on a number of processes that divides 3"),
-        ({"strategy.kind": "zero2"}, 1, "a zero2 checkpoint is sharded over its 2 processes and does not load on 1"),
-        ({"strategy.kind": "fsdp"}, 1, "a fsdp checkpoint is sharded over its 2 processes"),
+        ({"strategy.kind": "zero3", "strategy.offload_optimizer": "nvme", "strategy.nvme_path": "/tmp"}, 1, "offloaded to NVMe is kept per process and loads only on the 2 processes it was saved on: resume it on 2"),
     ],
 )  # fmt: skip
 def test_what_cannot_keep_its_batch_or_load_is_refused_with_its_fix(changes, processes, said):
     with pytest.raises(RunError, match=said):
         reshaped(demo(**changes), processes, None)
+
+
+@pytest.mark.parametrize("kind", ["zero2", "zero3", "fsdp"])
+def test_sharded_checkpoints_go_on_another_number_of_processes(kind):
+    one, said = reshaped(demo(**{"strategy.kind": kind}), 1, None)  # the recipe makes the shards load (reshard.py)
+    assert one.launch.num_processes == 1 and one.global_batch_size == 4 and "the global batch stays 4" in said
 
 
 def test_processes_divide_over_the_machines():

@@ -1,10 +1,19 @@
-"""Resume on another number of processes, on real demo runs (issue 34, part 3; backend/runs/reshape.py): a DDP run
-that failed on 2 processes goes on with `tunedeck runs resume ID --num-processes 1` and a 1-process run with
-`--num-processes 2`, each with the same global batch; the first losses after the resume are those the run had at
-those steps before it failed, within what two identical runs differ by (measured and printed)."""
+"""Resume on another number of processes, on real demo runs (issue 34, part 3; backend/runs/reshape.py,
+backend/recipe/reshard.py, backend/recipe/restore.py), for each strategy whose checkpoint is laid out otherwise:
+DDP (one whole optimizer state), ZeRO-2 and ZeRO-3 (one optimizer shard per process: resumed through DeepSpeed's
+universal checkpoint) and FSDP2 (torch distributed checkpoint, which reshards as it loads).
+
+Each is one chain of three runs in one output folder: a run on 2 processes fails after its checkpoint at step 8;
+`tunedeck runs resume ID --num-processes 1` goes on from it and fails after its checkpoint at step 16; `--num-
+processes 2` goes on from that and finishes. The global batch stays 4 (gradient accumulation 1 -> 2 -> 1); the
+losses of the steps trained again after each resume are those the run had at those steps before (the gaps and the
+noise of two identical runs are measured and printed); each resumed run's start record says what it restored
+(optimizer step, learning-rate schedule position, data position) and the sanity gate passed it. A resume that moves
+the data position (the same checkpoint on 1 process without re-solving the accumulation) is stopped by the gate."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -15,18 +24,23 @@ from .helpers import logs_tail, read_metrics, tunedeck
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-STEPS = {"training.max_steps": 14, "training.save_steps": 8, "launch.max_restarts": 0}
-FAIL_AT = 12  # after the checkpoint at step 8: steps 9 to 12 are trained before the failure and again after
+STEPS = {"training.max_steps": 20, "training.save_steps": 8, "launch.max_restarts": 0}
+FIRST_FAIL, SECOND_FAIL = 12, 19  # each after a checkpoint (8, 16): the steps after it are trained again
+STRATEGIES = {"ddp": "ddp", "zero2": "zero2", "zero3": "zero3", "fsdp2": "fsdp"}
 
 
 def losses(run_dir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r["event"] == "log" and "loss" in r}
 
 
-def failed_run(manager: RunManager, demo_spec, changes: dict) -> str:
-    os.environ["TUNEDECK_FAULT"] = f"rank=0,step={FAIL_AT}"  # its supervisor inherits it; the resumed run does not
+def start_record(run_dir) -> dict:
+    return next(r for r in read_metrics(run_dir) if r["event"] == "start")
+
+
+def failed_run(manager: RunManager, demo_spec, kind: str) -> str:
+    os.environ["TUNEDECK_FAULT"] = f"rank=0,step={FIRST_FAIL}"  # its supervisor inherits it; later runs do not
     try:
-        run_id = manager.start(demo_spec({**STEPS, **changes}))
+        run_id = manager.start(demo_spec({**STEPS, "strategy.kind": kind, "launch.num_processes": 2}))
     finally:
         del os.environ["TUNEDECK_FAULT"]
     status = manager.wait(run_id, timeout=300)
@@ -36,31 +50,104 @@ def failed_run(manager: RunManager, demo_spec, changes: dict) -> str:
     return run_id
 
 
-def test_a_ddp_run_goes_on_with_another_number_of_processes_and_the_same_global_batch(runs_dir, demo_spec):
-    manager = RunManager(runs_dir)
-    two = failed_run(manager, demo_spec, {"launch.num_processes": 2})  # 2 processes x 2 rows x 1 step = 4
-    twin = failed_run(manager, demo_spec, {"launch.num_processes": 2})  # the same job again: the noise
-    one = failed_run(manager, demo_spec, {"launch.num_processes": 1, "training.gradient_accumulation_steps": 2})
-    first, again = losses(manager.run_dir(two)), losses(manager.run_dir(twin))
-    noise = max(abs(first[s] - again[s]) for s in range(9, FAIL_AT) if s in first and s in again)
-    for run_id, before, after in ((two, 2, 1), (one, 1, 2)):
-        resumed = tunedeck("runs", "resume", run_id, "--num-processes", str(after), "--runs-dir", runs_dir, timeout=600)
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        accumulation = (1, 2) if before == 2 else (2, 1)
-        assert (
-            f"continues run {run_id} from its checkpoint at step 8, on {after} process{'es' * (after > 1)} "
-            f"(1 machine) instead of {before}, gradient accumulation {accumulation[0]} → {accumulation[1]}: the "
-            "global batch stays 4"
-        ) in resumed.stdout, resumed.stdout
-        new_id = resumed.stdout.split()[1].rstrip(":")
-        new_dir = manager.run_dir(new_id)
-        assert manager.status(new_id).state == "finished", logs_tail(new_dir)
-        start = next(r for r in read_metrics(new_dir) if r["event"] == "start")
-        assert start["resumed_from_step"] == 8 and start["world_size"] == after, start
-        old, new = losses(manager.run_dir(run_id)), losses(new_dir)
-        gaps = [abs(new[s] - old[s]) for s in range(9, FAIL_AT) if s in old]
-        print(
-            f"{before} -> {after} processes: loss gaps after the resume {[f'{g:.5f}' for g in gaps]}, noise {noise:.5f}"
+def resumed(manager: RunManager, run_id: str, processes: int, fault: str | None) -> tuple[str, str]:
+    """(the new run's id, what `tunedeck runs resume` said)."""
+    if fault:
+        os.environ["TUNEDECK_FAULT"] = fault
+    try:
+        result = tunedeck(
+            "runs", "resume", run_id, "--num-processes", str(processes), "--runs-dir", manager.runs_dir, timeout=600
         )
-        assert max(new) == STEPS["training.max_steps"] and min(new) == 9 and gaps
-        assert max(gaps) <= max(noise, 0.01 * old[9]), (gaps, noise)
+    finally:
+        os.environ.pop("TUNEDECK_FAULT", None)
+    assert "continues run" in result.stdout, result.stdout + result.stderr
+    return result.stdout.split()[1].rstrip(":"), result.stdout
+
+
+def check_restored(run_dir, step: int, processes: int, resharded: bool) -> dict:
+    start = start_record(run_dir)
+    restored = start["restored"]
+    assert start["world_size"] == processes and start["resumed_from_step"] == step, start
+    assert start["gate"] == {"passed": True, "problems": []}, start["gate"]
+    assert restored["optimizer_step"] == restored["lr_schedule_step"] == step, restored
+    assert restored["data_rows"] == restored["saved"]["rows"] == step * 4, restored
+    assert restored["learning_rate"] == pytest.approx(restored["saved"]["learning_rate"], rel=1e-6), restored
+    assert restored["saved"]["data_parallel"] == 3 - processes, restored
+    assert (restored["resharded_from"] == 3 - processes) if resharded else restored["resharded_from"] is None
+    return restored
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_run_goes_on_with_another_number_of_processes_and_the_same_global_batch(runs_dir, demo_spec, strategy):
+    manager = RunManager(runs_dir)
+    kind = STRATEGIES[strategy]
+    first = failed_run(manager, demo_spec, kind)
+    noise = None
+    if strategy == "ddp":  # the same job again: how much two identical runs differ
+        twin = failed_run(manager, demo_spec, kind)
+        one, two = losses(manager.run_dir(first)), losses(manager.run_dir(twin))
+        noise = max(abs(one[s] - two[s]) for s in one)
+    second, said = resumed(manager, first, 1, f"rank=0,step={SECOND_FAIL}")
+    assert (
+        f"continues run {first} from its checkpoint at step 8, on 1 process (1 machine) instead of 2, gradient "
+        "accumulation 1 → 2: the global batch stays 4"
+    ) in said, said
+    assert manager.status(second).state == "failed", logs_tail(manager.run_dir(second))
+    third, said = resumed(manager, second, 2, None)
+    assert (
+        "from its checkpoint at step 16, on 2 processes (1 machine) instead of 1, gradient accumulation 2 → 1" in said
+    )
+    assert manager.status(third).state == "finished", logs_tail(manager.run_dir(third))
+
+    sharded = strategy.startswith("zero")
+    check_restored(manager.run_dir(second), 8, 1, sharded)
+    check_restored(manager.run_dir(third), 16, 2, sharded)
+    start = start_record(manager.run_dir(third))
+    assert (start["zero_stage"], start["fsdp_version"]) == {
+        "ddp": (None, None),
+        "zero2": (2, None),
+        "zero3": (3, None),
+        "fsdp2": (None, 2),
+    }[strategy]
+    gaps = []
+    for before, after, steps in ((first, second, range(9, FIRST_FAIL)), (second, third, range(17, SECOND_FAIL))):
+        old, new = losses(manager.run_dir(before)), losses(manager.run_dir(after))
+        assert all(s in old and s in new for s in steps), (sorted(old), sorted(new))
+        gaps += [abs(new[s] - old[s]) for s in steps]
+        worst = max(abs(new[s] - old[s]) / old[s] for s in steps)
+        assert worst <= 0.01, f"{strategy}: after the resume the loss moved by {worst:.2%} of itself"
+    assert max(losses(manager.run_dir(third))) == STEPS["training.max_steps"]
+    noise_said = f", noise of two identical runs {noise:.5f}" if noise is not None else ""
+    print(f"{strategy} 2 -> 1 -> 2 processes: loss gaps after the resumes {[f'{g:.5f}' for g in gaps]}{noise_said}")
+
+
+def test_a_resume_that_moves_the_data_position_is_stopped_by_the_gate(runs_dir, demo_spec):
+    """The same checkpoint resumed by hand on 1 process with the accumulation left at 1: each step would take 2 rows
+    instead of 4, so step 8 would sit at row 16 where the checkpoint had seen 32; the gate says so before a step."""
+    manager = RunManager(runs_dir)
+    first = failed_run(manager, demo_spec, "ddp")
+    output = manager.run_dir(first) / "output"
+    job = manager.run_dir(first) / "job.yaml"
+    result = tunedeck(
+        "train",
+        job,
+        "--set",
+        "training.resume_from_checkpoint=true",
+        "--set",
+        f"output_dir={output}",
+        "--set",
+        "launch.num_processes=1",
+        "--runs-dir",
+        runs_dir,
+        timeout=600,
+    )
+    assert result.returncode != 0, result.stdout
+    run_dir = max((p for p in runs_dir.iterdir() if p.name != first), key=lambda p: p.stat().st_mtime)
+    start = start_record(run_dir)
+    assert not start["gate"]["passed"], start
+    problem = " ".join(start["gate"]["problems"])
+    assert (
+        "resumed from checkpoint-8 (step 8), but its data position is row 16 where the checkpoint had seen 32: the "
+        "global batch changed (4 rows a step then)"
+    ) in problem, problem
+    assert "step" not in json.dumps([r for r in read_metrics(run_dir) if r["event"] == "log"]), "it trained a step"
