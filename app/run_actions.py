@@ -9,6 +9,7 @@ from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.runs import (
     RunError,
     RunManager,
+    Shape,
     StacksError,
     combinations,
     dump_stacks,
@@ -52,15 +53,18 @@ def stop_run(manager: RunManager, index: RunsIndex, shown: RunShown) -> str:
     return ""
 
 
-def resume_shown(manager: RunManager, index: RunsIndex, shown: RunShown) -> tuple[str, RunShown]:
-    """Continue the run in view from its newest checkpoint, as a new run; the view then follows it."""
+def resume_shown(
+    manager: RunManager, index: RunsIndex, shown: RunShown, processes: float | None = None
+) -> tuple[str, RunShown]:
+    """Continue the run in view from its newest checkpoint, as a new run (on `processes` processes when given: the
+    same global batch, backend/runs/reshape.py); the view then follows it."""
     if not shown.run:
         raise RunError("no run selected")
-    new_id, step, _ = resume_run(manager, shown.run)
+    shape = Shape(int(processes)) if processes else Shape()
+    new_id, step, said = resume_run(manager, shown.run, shape)
     index.runs(fresh=True)
-    return f"Resumed run `{shown.run}` as run `{new_id}`, from its checkpoint at step {step}.", RunShown(
-        run=new_id, follow=False
-    )
+    notice = f"Resumed run `{shown.run}` as run `{new_id}`, from its checkpoint at step {step}"
+    return notice + (f", {said}." if said else "."), RunShown(run=new_id, follow=False)
 
 
 def stacks_notice(manager: RunManager, shown: RunShown) -> str:

@@ -82,6 +82,10 @@ class RunView(Section):
             self.resume = add(  # a stopped or failed run, from the newest checkpoint in its own folder
                 "run.resume", gr.Button("↻ Resume", elem_id="resume-run", interactive=False, scale=1)
             )
+            self.resume_processes = add(  # empty: as it ran; else on this many processes, the same global batch
+                "run.resume_processes",
+                gr.Number(label="Resume on processes", precision=0, minimum=1, elem_id="resume-processes", scale=1),
+            )
             self.stacks = add(  # a live run's ranks on this machine: where each one is, what it waits for
                 "run.stacks", gr.Button("Stacks", elem_id="stacks-run", interactive=False, scale=1)
             )
@@ -311,7 +315,7 @@ class RunView(Section):
 
         def on_resume(got: Got) -> Updates:
             try:
-                notice, shown = resume_shown(self.manager, self.index, got[self.shown])
+                notice, shown = resume_shown(self.manager, self.index, got[self.shown], got[self.resume_processes])
             except RunError as exc:
                 return {page.notice: f"✗ **Not resumed:** {as_text(exc)}"}
             return {page.notice: notice, **self.redraw(got, force=True, shown=shown)}
@@ -329,7 +333,7 @@ class RunView(Section):
         listen(
             [self.resume.click],
             on_resume,
-            inputs=self.inputs,
+            inputs=[*self.inputs, self.resume_processes],
             outputs=[page.notice, *self.outputs],
             concurrency_id="launch",  # one launch at a time, with Start and Smoke test (page.py)
             concurrency_limit=1,

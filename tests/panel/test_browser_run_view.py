@@ -11,7 +11,7 @@ import re
 import pytest
 from runs.helpers import wait_for
 
-from panel.browser import ARTIFACTS, PanelServer, plot_points, settle, stop_live_runs, text_of
+from panel.browser import ARTIFACTS, PanelServer, fill, plot_points, settle, stop_live_runs, text_of
 from panel.browser import wait_text as _wait_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -112,8 +112,6 @@ def test_a_run_is_named_and_noted_in_the_page_and_the_cli_shows_it(page, server,
     import sys
     from pathlib import Path
 
-    from panel.browser import fill
-
     run_id, _ = stopped_run
     open_run(page, server, run_id)
     fill(page.locator("#run-name textarea"), "lr 5e-3 baseline")
@@ -178,6 +176,26 @@ def test_resume_continues_at_the_step_after_the_checkpoint_and_stop_leaves_no_st
     state, notice = text_of(page, "#run-state"), page.inner_text("#notice")
     assert "stopping" not in state.lower() and "stopping" not in notice.lower(), (state, notice)
     assert "stopped at step" in state
+
+
+def test_resume_on_another_number_of_processes_keeps_the_global_batch(page, server, stopped_run):
+    """The Resume box's process count (issue 34 part 3): the demo's 2 processes go on as 1, accumulating twice."""
+    from tunedeck.backend.runs.records import read_records
+
+    run_id, _ = stopped_run
+    open_run(page, server, run_id)
+    fill(page.locator("#resume-processes input"), "1")
+    page.click("#resume-run")
+    wait_text(page, "#notice", "Resumed run", timeout=90_000)
+    assert (
+        "on 1 process (1 machine) instead of 2, gradient accumulation 1 → 2: the global batch stays 4"
+        in page.inner_text("#notice")
+    )
+    new_dir = server.runs_dir / shown_run_id(page)
+    start = wait_for(lambda: read_records(new_dir).start, 240, what="the resumed run's start record")
+    assert start["world_size"] == 1
+    page.click("#stop-run")
+    wait_text(page, "#run-state", "stopped", timeout=180_000)
 
 
 def test_a_broken_job_yaml_upload_keeps_its_line_and_column(page, server, tmp_path):
