@@ -60,7 +60,11 @@ def resume_shown(
     same global batch, backend/runs/reshape.py); the view then follows it."""
     if not shown.run:
         raise RunError("no run selected")
-    shape = Shape(int(processes)) if processes else Shape()
+    if processes is not None and processes < 0:
+        raise RunError(
+            f"Resume on processes: {processes:g} is no number of processes: give 1 or more, or leave it empty"
+        )
+    shape = Shape(int(processes)) if processes else Shape()  # empty (or 0): on the processes it ran on
     new_id, step, said = resume_run(manager, shown.run, shape)
     index.runs(fresh=True)
     notice = f"Resumed run `{shown.run}` as run `{new_id}`, from its checkpoint at step {step}"

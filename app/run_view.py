@@ -82,10 +82,10 @@ class RunView(Section):
             self.resume = add(  # a stopped or failed run, from the newest checkpoint in its own folder
                 "run.resume", gr.Button("↻ Resume", elem_id="resume-run", interactive=False, scale=1)
             )
-            self.resume_processes = add(  # empty: as it ran; else on this many processes, the same global batch
-                "run.resume_processes",
-                gr.Number(label="Resume on processes", precision=0, minimum=1, elem_id="resume-processes", scale=1),
-            )
+            # Empty: as it ran; else on this many processes, with the same global batch (backend/runs/reshape.py).
+            resume_on = gr.Number(label="Resume on processes", placeholder="as it ran", precision=0, scale=1)
+            resume_on.elem_id = "resume-processes"
+            self.resume_processes = add("run.resume_processes", resume_on)
             self.stacks = add(  # a live run's ranks on this machine: where each one is, what it waits for
                 "run.stacks", gr.Button("Stacks", elem_id="stacks-run", interactive=False, scale=1)
             )

@@ -22,7 +22,7 @@ both YAML files are taken from there):
   metrics.jsonl     rank 0 only: {"event": "start"} with what the run actually got (world
                     size, each rank's node, accelerate's distributed type, ZeRO stage, FSDP
                     version, wrapped model class, 4-bit modules, parameter counts, memory
-                    peaks after loading, the gate's verdict, the GPU's peak TFLOPS or why MFU is not
+                    peaks after loading, what a resume restored, the gate's verdict, the GPU's peak TFLOPS or why MFU is not
                     defined), one {"event": "log"} per logging step (with mfu and hfu when the peak
                     is known), and
                     {"event": "end"} with the status (finished | stopped | failed)

@@ -50,6 +50,30 @@ class RollbackFacts(TypedDict, total=False):
     skipped_steps: int  # optimizer steps of data skipped after the checkpoint
 
 
+class SavedPosition(TypedDict, total=False):
+    """A checkpoint's position.json (recipe/restore.py): where the run stood when it was saved."""
+
+    step: int
+    learning_rate: float | None
+    rows: int  # rows the optimizer steps had seen: step x global batch
+    global_batch: int
+    data_parallel: int  # the processes it was saved on (sequence-parallel groups counted once)
+
+
+class RestoredFacts(TypedDict, total=False):
+    """What a resumed run got back from its checkpoint, read from the live objects (recipe/restore.py)."""
+
+    checkpoint: str  # checkpoint-N
+    step: int
+    optimizer_step: int | None  # the optimizer's own step count (0: its moments were not restored)
+    lr_schedule_step: int | None
+    learning_rate: float | None
+    data_rows: int | None  # the rows the Trainer skips to reach its data position
+    ignore_data_skip: bool
+    resharded_from: int | None  # a ZeRO checkpoint of this many processes, loaded in universal form
+    saved: SavedPosition | None  # None: a checkpoint saved without position.json
+
+
 class StartRecord(TypedDict, total=False):
     """What the run got, read from the live objects after setup (train.py's describe_run)."""
 
@@ -80,6 +104,7 @@ class StartRecord(TypedDict, total=False):
     max_steps: int
     resumed_from_step: int | None
     rollback: RollbackFacts  # only after a roll-back
+    restored: RestoredFacts | None  # None on a fresh start
     load_gpu_peak_allocated_gb: list[float] | None  # per rank, right after loading
     load_host_peak_rss_gb: list[float]
     gate: GateVerdict

@@ -255,12 +255,14 @@ class RunReport:
     first_reward: float | None = None
     last_reward: float | None = None
     eval_reward: float | None = None
+    saved_on_processes: int | None = None  # a resume on another number of processes: the number it was saved on
 
     def line(self) -> str:
         """'final loss 1.083 · best 1.021 at step 52 · ...' ('latest loss' while live), the parts that are known."""
         wall = format_clock(self.wall_s) if self.wall_s is not None else None
         shown = (
             ("resumed from step {}", self.resumed_from_step or None),
+            ("saved on {} processes", self.saved_on_processes if self.resumed_from_step else None),
             ("reward {:.3f} → {:.3f}", self.first_reward, self.last_reward),
             ("eval reward {:.3f}", self.eval_reward),
             ("final loss {:.4f}" if self.ended else "latest loss {:.4f}", self.final_loss),
@@ -272,6 +274,13 @@ class RunReport:
             ("peak {:.2f} GB per GPU", self.peak_gb),
         )
         return " · ".join(text.format(*values) for text, *values in shown if values[0] is not None)
+
+
+def saved_on_other_processes(start: dict) -> int | None:
+    """The data-parallel processes a resumed run's checkpoint was saved on, when other than the run's own."""
+    saved = (start.get("restored") or {}).get("saved") or {}
+    here = start.get("world_size", 1) // (start.get("sequence_parallel") or 1)
+    return saved.get("data_parallel") if saved.get("data_parallel") not in (None, here) else None
 
 
 def report(run: RunRecords, started_at: float | None, ended_at: float | None, now: float | None = None) -> RunReport:
@@ -297,6 +306,7 @@ def report(run: RunRecords, started_at: float | None, ended_at: float | None, no
         tokens_per_s=sum(speeds) / len(speeds) if speeds else None,
         peak_gb=max(peaks) if peaks else None,
         resumed_from_step=(run.start or {}).get("resumed_from_step"),
+        saved_on_processes=saved_on_other_processes(run.start or {}),
         ended=ended_at is not None,
         first_reward=rewards[0] if rewards else None,
         last_reward=rewards[-1] if rewards else None,

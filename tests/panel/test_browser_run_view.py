@@ -191,9 +191,12 @@ def test_resume_on_another_number_of_processes_keeps_the_global_batch(page, serv
         "on 1 process (1 machine) instead of 2, gradient accumulation 1 → 2: the global batch stays 4"
         in page.inner_text("#notice")
     )
+    page.screenshot(path=str(ARTIFACTS / "run-view-resume-on-processes.png"))
     new_dir = server.runs_dir / shown_run_id(page)
     start = wait_for(lambda: read_records(new_dir).start, 240, what="the resumed run's start record")
     assert start["world_size"] == 1
+    wait_text(page, "#run-summary", "resumed from step")
+    assert "saved on 2 processes" in text_of(page, "#run-summary")
     page.click("#stop-run")
     wait_text(page, "#run-state", "stopped", timeout=180_000)
 

@@ -77,6 +77,13 @@ def test_the_report_gives_final_best_tokens_and_speed_and_skips_what_is_not_fini
     assert report(RunRecords(), None, None).line() == ""
     live = report(run, started_at=100.0, ended_at=None, now=130.0).line()  # a run still going: no final loss yet
     assert live.startswith("resumed from step 30 · latest loss 1.8000 · best") and "0:30 wall" in live
+    reshaped = RunRecords()  # resumed on 1 process from a checkpoint saved on 2 (tunedeck runs resume --num-processes)
+    reshaped.add(
+        [{"event": "start", "resumed_from_step": 8, "world_size": 1, "restored": {"saved": {"data_parallel": 2}}}]
+    )
+    assert report(reshaped, None, None).line() == "resumed from step 8 · saved on 2 processes"
+    reshaped.start["world_size"] = 2  # on the processes it was saved on: nothing more to say
+    assert report(reshaped, None, None).line() == "resumed from step 8"
 
 
 def _stopped_run(manager: RunManager, state: str = "stopped", checkpoints=(3, 12)):
