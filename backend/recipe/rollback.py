@@ -1,7 +1,8 @@
 """A roll-back of the training-health guard (health.py): the request the attempt that blew up writes
 (rollback.json: the checkpoint before the first bad step, the steps of data to skip, the learning rate's scale), and
 what the next attempt does with it (TUNEDECK_ROLLBACK names the file): load that checkpoint, scale the learning rate,
-skip the data window that preceded the blow-up.
+skip the data window that preceded the blow-up. An attempt started again after a failure (a lost rank) keeps the
+roll-back: the scaled learning rate and the skipped window stay, from the newest checkpoint saved since.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -44,6 +46,21 @@ def current_rollback() -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def rollback_checkpoint(rollback: dict, output_dir: str | Path, restarted: bool) -> str:
+    """The checkpoint an attempt after a roll-back loads: the roll-back's own; or, for an attempt started again after
+    a failure (restarted), the newest checkpoint the attempts since the roll-back saved, where there is one (never one
+    saved before it: those after the first bad step hold the blow-up)."""
+    if not restarted:
+        return rollback["checkpoint"]
+    since = float(rollback.get("written_at", 0.0))
+    later = []
+    for path in Path(output_dir).glob("checkpoint-*"):
+        match = re.fullmatch(r"checkpoint-(\d+)", path.name)
+        if match and path.is_dir() and path.stat().st_mtime > since:
+            later.append((int(match.group(1)), path))
+    return str(max(later)[1].resolve()) if later else rollback["checkpoint"]
+
+
 def plan_rollback(symptom: Symptom, job: dict, output_dir: str) -> tuple[dict | None, str]:
     """(rollback.json's content, why not) for a confirmed symptom under policy rollback."""
     settings = settings_of(job)
@@ -66,6 +83,7 @@ def plan_rollback(symptom: Symptom, job: dict, output_dir: str) -> tuple[dict | 
         "skip_steps": max(0, symptom.step - step),
         "lr_scale": float(settings["lr_scale"]) ** (done + 1),
         "symptom": asdict(symptom),
+        "written_at": time.time(),  # checkpoints saved after it belong to the attempts that rolled back
     }, ""
 
 

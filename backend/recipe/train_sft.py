@@ -64,6 +64,7 @@ from .checkpoints import resume_checkpoint, with_atomic_checkpoints
 from .checks import input_problems
 from .data import load_datasets
 from .describe import load_peaks
+from .failures import ATTEMPT_ENV
 from .faults import with_faults
 from .gate import check_processes, expected_run, expected_trainable
 from .health import Unhealthy
@@ -77,7 +78,7 @@ from .records import ERRORS_FILE, METRICS_FILE, JsonlWriter, StartupPhases, Stop
 from .reshard import load_universal_if_reshaped
 from .restore import data_parallel_size, with_restored_position
 from .rewards import reward_functions
-from .rollback import ROLLBACK_EXIT, current_rollback, with_rollback_window
+from .rollback import ROLLBACK_EXIT, current_rollback, rollback_checkpoint, with_rollback_window
 from .watchdog import IMPORTING_REWARDS, watched_phase
 
 
@@ -143,7 +144,10 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
         trainer.ref_model = None
     recorder.trainer = trainer
     startup.enter("preparing the model and optimizer")  # DeepSpeed or FSDP wraps it; DeepSpeed may compile ops
-    checkpoint = rollback["checkpoint"] if rollback else resume_checkpoint(args, job)
+    if rollback:  # after a failure too (TUNEDECK_ATTEMPT): the roll-back's scale and window stay
+        checkpoint = rollback_checkpoint(rollback, args.output_dir, restarted=bool(os.environ.get(ATTEMPT_ENV)))
+    else:
+        checkpoint = resume_checkpoint(args, job)
     recorder.resumed = (checkpoint, load_universal_if_reshaped(trainer, checkpoint, data_parallel_size(trainer)))
     trainer.train(resume_from_checkpoint=checkpoint)
     if recorder.stopped_early:

@@ -578,7 +578,8 @@ def supervise(run_dir: Path) -> int:
             state, error = "stopped", None
             break
         _set_aside(run_dir / ERRORS_FILE, len(attempts))  # the next attempt's failure watch starts clean
-        extra_env = {_failures.ATTEMPT_ENV: str(len(attempts) + 1)}
+        # A roll-back stays with the attempts after it: its scaled learning rate and skipped window (recipe/rollback.py).
+        extra_env = {**extra_env, _failures.ATTEMPT_ENV: str(len(attempts) + 1)}
     problem = record_end(run_dir, state=state, ended_at=time.time(), exit_code=exit_code, error=error, restarting=None)
     post_how_it_ended(
         run_dir, state, error, time.time() - started_at

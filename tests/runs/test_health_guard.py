@@ -7,7 +7,7 @@ import json
 import math
 
 from tunedeck.backend.recipe.health import HealthGuard
-from tunedeck.backend.recipe.rollback import checkpoint_before, plan_rollback
+from tunedeck.backend.recipe.rollback import checkpoint_before, plan_rollback, rollback_checkpoint
 from tunedeck.backend.runs import health_lines, read_records
 
 NAN = math.nan
@@ -92,6 +92,23 @@ def test_a_rollback_goes_to_the_newest_checkpoint_before_the_first_bad_step(tmp_
     early = guard(policy="rollback")
     (first,) = [s for s in [early.check(5, NAN, 0.5)] if s]
     assert "no checkpoint was saved at or before step 0" in plan_rollback(first, job, str(tmp_path / "none"))[1]
+
+
+def test_an_attempt_started_again_after_a_rollback_keeps_it_and_goes_on_from_what_it_saved_since(tmp_path):
+    """A lost rank after a roll-back: the next attempt keeps the roll-back (scaled learning rate, skipped window) and
+    loads the newest checkpoint saved since it, never one saved before it (past the first bad step: the blow-up)."""
+    import os
+    import time
+
+    for step in (20, 30):  # checkpoint-30 was saved after the bad step 25 by the attempt that blew up
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        os.utime(tmp_path / f"checkpoint-{step}", (time.time() - 60, time.time() - 60))
+    plan = {"checkpoint": str((tmp_path / "checkpoint-20").resolve()), "written_at": time.time() - 30}
+    assert rollback_checkpoint(plan, tmp_path, restarted=False) == plan["checkpoint"]
+    assert rollback_checkpoint(plan, tmp_path, restarted=True) == plan["checkpoint"]  # nothing saved since
+    (tmp_path / "checkpoint-25").mkdir()  # saved by the attempt that rolled back, then lost a rank
+    assert rollback_checkpoint(plan, tmp_path, restarted=True) == str((tmp_path / "checkpoint-25").resolve())
+    assert rollback_checkpoint(plan, tmp_path, restarted=False) == plan["checkpoint"]
 
 
 def test_after_a_rollback_the_curve_continues_from_the_checkpoint_and_the_lines_say_what_happened(tmp_path):
