@@ -276,8 +276,10 @@ class RunReport:
         return " · ".join(text.format(*values) for text, *values in shown if values[0] is not None)
 
 
-def saved_on_other_processes(start: dict) -> int | None:
+def saved_on_other_processes(start: StartRecord | None) -> int | None:
     """The data-parallel processes a resumed run's checkpoint was saved on, when other than the run's own."""
+    if start is None:
+        return None
     saved = (start.get("restored") or {}).get("saved") or {}
     here = start.get("world_size", 1) // (start.get("sequence_parallel") or 1)
     return saved.get("data_parallel") if saved.get("data_parallel") not in (None, here) else None
@@ -306,7 +308,7 @@ def report(run: RunRecords, started_at: float | None, ended_at: float | None, no
         tokens_per_s=sum(speeds) / len(speeds) if speeds else None,
         peak_gb=max(peaks) if peaks else None,
         resumed_from_step=(run.start or {}).get("resumed_from_step"),
-        saved_on_processes=saved_on_other_processes(run.start or {}),
+        saved_on_processes=saved_on_other_processes(run.start),
         ended=ended_at is not None,
         first_reward=rewards[0] if rewards else None,
         last_reward=rewards[-1] if rewards else None,
