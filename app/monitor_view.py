@@ -12,68 +12,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 import plotly.graph_objects as go
 import psutil
 from plotly.subplots import make_subplots
 
+from tunedeck.app.gauges import bar, gpu_card
 from tunedeck.app.registry import Got, Updates
+from tunedeck.app.run_machines import RunMachines
 from tunedeck.app.section import Page, Section
 from tunedeck.app.untrusted_text import as_html
-from tunedeck.backend.machine import GpuSample, Monitor, Sample
+from tunedeck.backend.machine import Monitor, Sample
 
 SPARK_SAMPLES = 120  # two minutes at one sample a second
 TICK_S = 1.0  # backend/machine/monitor.py samples once a second
 SPARK_EVERY_S = 5.0  # the sparklines span two minutes: five seconds late is a 4% shift
-
-
-def _bar(label: str, fraction: float | None, text: str) -> str:
-    width = 0 if fraction is None else max(0.0, min(1.0, fraction)) * 100
-    color = "#dc2626" if width > 90 else "#f59e0b" if width > 70 else "#4f46e5"
-    return (
-        f'<div class="td-gauge"><div class="td-gauge-label">{as_html(label)}<span>{as_html(text)}</span></div>'
-        f'<div class="td-gauge-track"><div class="td-gauge-fill" style="width:{width:.1f}%;background:{color}"></div></div></div>'
-    )
-
-
-def _process_label(pid: int) -> str:
-    """'pid 123 · rank 0 · python' when the process is a training rank (RANK in its environment)."""
-    try:
-        proc = psutil.Process(pid)
-        name = proc.name()
-        rank = proc.environ().get("RANK")
-    except (psutil.Error, OSError):
-        return f"pid {pid}"
-    return f"pid {pid} · rank {rank} · {name}" if rank is not None else f"pid {pid} · {name}"
-
-
-def gpu_card(gpu: GpuSample) -> str:
-    mem_fraction = gpu.memory_used_mb / gpu.memory_total_mb if gpu.memory_total_mb else None
-    rows = [
-        _bar(
-            "utilisation",
-            (gpu.utilization_pct or 0) / 100 if gpu.utilization_pct is not None else None,
-            f"{gpu.utilization_pct:.0f}%" if gpu.utilization_pct is not None else "n/a",
-        ),
-        _bar("memory", mem_fraction, f"{gpu.memory_used_mb / 1024:.1f} / {gpu.memory_total_mb / 1024:.1f} GB"),
-    ]
-    if gpu.power_w is not None:
-        limit = gpu.power_limit_w
-        rows.append(
-            _bar(
-                "power",
-                gpu.power_w / limit if limit else None,
-                f"{gpu.power_w:.0f} W" + (f" / {limit:.0f} W" if limit else ""),
-            )
-        )
-    temp = f" · {gpu.temperature_c:.0f} °C" if gpu.temperature_c is not None else ""
-    procs = "".join(
-        f"<li>{as_html(_process_label(p.pid))}" + (f" — {p.used_mb / 1024:.1f} GB" if p.used_mb else "") + "</li>"
-        for p in gpu.processes
-    )
-    procs_html = f"<ul class='td-procs'>{procs}</ul>" if procs else "<div class='td-procs'>no processes</div>"
-    return f"<div class='td-card'><b>GPU {gpu.index} · {as_html(gpu.name)}</b>{temp}{''.join(rows)}{procs_html}</div>"
 
 
 def monitor_html(monitor: Monitor, sample: Sample | None) -> str:
@@ -87,8 +42,8 @@ def monitor_html(monitor: Monitor, sample: Sample | None) -> str:
     if sample:
         parts.extend(gpu_card(g) for g in sample.gpus)
         host = [
-            _bar("CPU", sample.cpu_percent / 100, f"{sample.cpu_percent:.0f}% of {psutil.cpu_count()} cores"),
-            _bar(
+            bar("CPU", sample.cpu_percent / 100, f"{sample.cpu_percent:.0f}% of {psutil.cpu_count()} cores"),
+            bar(
                 "RAM",
                 sample.ram_used_gb / sample.ram_total_gb,
                 f"{sample.ram_used_gb:.1f} / {sample.ram_total_gb:.1f} GB",
@@ -149,9 +104,16 @@ class MonitorShown:
 class MonitorView(Section):
     id, title = "gpus", "GPUs"
 
-    def __init__(self, monitor: Monitor, cluster_runs: Callable[[], list] | None = None):
+    def __init__(
+        self,
+        monitor: Monitor,
+        cluster_runs: Callable[[], list] | None = None,
+        run_folder: Callable[[str], Path] | None = None,
+    ):
         self.monitor = monitor
         self.cluster_runs = cluster_runs  # live Slurm runs (RunStatus): their GPUs are on the nodes they hold
+        self.run_folder = run_folder  # a run's folder, where every machine of it writes its telemetry
+        self.run_machines = RunMachines()
 
     def build(self, page: Page) -> None:
         add = page.ui.add
@@ -182,18 +144,20 @@ class MonitorView(Section):
         return {**drawn, self.shown: MonitorShown(sample.time if sample else None, sparks_at)}
 
     def _cluster_html(self) -> str:
-        """One line per live Slurm run: the nodes it holds (their GPUs are there, not on this machine)."""
+        """Per live Slurm run: the nodes it holds, each with its GPUs and host as the run's telemetry says."""
         if self.cluster_runs is None:
             return ""
-        lines = []
+        parts = []
         for run in self.cluster_runs():
             nodes = (run.slurm or {}).get("nodes") or []
-            held = f"holds {', '.join(nodes)}" if nodes else "waits for nodes"
-            lines.append(
-                f"<div>Slurm job {as_html(str(run.slurm.get('job_id')))} (run {as_html(run.run_id)}) {as_html(held)}: "
-                "its GPUs are on those nodes, not shown here.</div>"
-            )
-        return f"<div class='td-card' id='slurm-nodes'><b>Slurm</b>{''.join(lines)}</div>" if lines else ""
+            title = f"Slurm job {run.slurm.get('job_id')} (run {run.run_id})"
+            if not nodes:
+                parts.append(f"<div>{as_html(title)} waits for nodes.</div>")
+            elif self.run_folder is None:
+                parts.append(f"<div>{as_html(title)} holds {as_html(', '.join(nodes))}.</div>")
+            else:
+                parts.append(self.run_machines.html(f"{title} on {', '.join(nodes)}", self.run_folder(run.run_id)))
+        return f"<div class='td-card' id='slurm-nodes'><b>Slurm</b>{''.join(parts)}</div>" if parts else ""
 
 
 CSS = """
@@ -205,4 +169,5 @@ CSS = """
 .td-gauge-track { height: 10px; border-radius: 5px; background: var(--background-fill-secondary); overflow: hidden; }
 .td-gauge-fill { height: 100%; }
 .td-procs { font-size: 0.8em; margin: 6px 0 0 0; }
+.td-warn { color: #b45309; font-weight: 600; margin: 4px 0; }
 """

@@ -119,7 +119,7 @@ def build_page(runs_dir: Path, preset_id: str | None = None, work_dir: Path | No
     sections = [
         job,
         runs,
-        MonitorView(shared_monitor(), cluster_runs=live_slurm_runs),
+        MonitorView(shared_monitor(), cluster_runs=live_slurm_runs, run_folder=runs.manager.run_dir),
         after_tab.AfterTab.for_runs(runs.manager, work_dir),
     ]
 

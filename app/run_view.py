@@ -223,6 +223,7 @@ class RunView(Section):
         facts = self.index.facts(status)
         # What the state line, progress and summary say (the Slurm `where`: queue state and reason, then nodes).
         sig = (run_id, watch.records_version, status.state, status.error, facts.notes, facts.checkpoint, status.where)
+        sig += watch.warnings
         summary = summarize(
             watch,
             status.started_at,
@@ -250,6 +251,7 @@ class RunView(Section):
                 out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
             results = results_line(watch, status)
             said = [*health_lines(watch), *status.attempt_lines(), restart_cost(watch, status.attempts) or ""]
+            said += watch.warnings
             live = status.state in ("running", "stopping") and status.backend == "local"
             out[self.status] = state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id), said)
             out[self.facts] = as_text(" · ".join(filter(None, (summary.facts, unreadable_line(facts)))))

@@ -15,7 +15,15 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
-from tunedeck.backend.runs import LAUNCHER_LOG, MetricsReader, RunRecords, TextTail, rank_log
+from tunedeck.backend.runs import (
+    LAUNCHER_LOG,
+    MetricsReader,
+    RunRecords,
+    RunTelemetry,
+    TextTail,
+    rank_log,
+    telemetry_warnings,
+)
 
 LOG_LINES = 200  # rank-0 log lines kept for the page
 MIN_REFRESH_S = 0.25  # sessions ticking together read the files once
@@ -29,6 +37,8 @@ class RunWatch(RunRecords):
         # Rank 0's log is shown once it has written; the launcher's until then.
         self._logs = {Path(path).name: TextTail(self.run_dir / path) for path in (rank_log(0), LAUNCHER_LOG)}
         self.lines: dict[str, deque[str]] = {name: deque(maxlen=LOG_LINES) for name in self._logs}
+        self.telemetry = RunTelemetry(self.run_dir)  # every machine's GPUs and host (telemetry/<host>.jsonl)
+        self.warnings: tuple[str, ...] = ()  # what the telemetry says to look at (throttling, ECC, XID, an idle GPU)
         self.version = 0
         self.records_version = 0  # changes when metrics records arrived: the charts need redrawing
         self.log_version = 0  # changes when the log grew: the log box needs redrawing
@@ -54,7 +64,10 @@ class RunWatch(RunRecords):
                     self.lines[name].extend(line.rsplit("\r", 1)[-1] for line in lines)
             if log_grew:
                 self.log_version += 1
-            if records or log_grew:
+            machines = self.telemetry.read()
+            if machines:
+                self.warnings = tuple(telemetry_warnings(self.telemetry.listed()))
+            if records or log_grew or machines:
                 self.version += 1
             return self.version
 

@@ -571,7 +571,9 @@ def test_rendering_reads_the_recipe_once():
 
 # What a recipe module may import where: it runs in bundles without tunedeck, and tunedeck's panel reads its tables
 # without the training stack (tests/panel/test_imports.py).
+# psutil comes with accelerate; pynvml (nvidia-ml-py) is in every bundle's requirements.txt for the telemetry
 TRAINING_STACK = {"yaml", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "deepspeed", "bitsandbytes"}
+TRAINING_STACK |= {"psutil", "pynvml"}
 
 
 def recipe_import_problems(name: str, source: str, siblings: set[str]) -> list[str]:

@@ -12,11 +12,13 @@ from tunedeck.backend.cli.follow import follow
 from tunedeck.backend.runs import (
     ACTIVE_STATES,
     RunSummary,
+    RunTelemetry,
     UnreadableJob,
     breakdown,
     format_clock,
     health_lines,
     job_fields,
+    machine_line,
     phase_now,
     read_notes,
     read_phases,
@@ -25,6 +27,7 @@ from tunedeck.backend.runs import (
     restart_cost,
     starting_phase,
     summarize,
+    telemetry_warnings,
 )
 from tunedeck.backend.spec import shown
 
@@ -192,6 +195,12 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         print(f"progress step 0 · {doing}")  # what it does before step 1, and the ranks rank 0 waits for
     for line in health_lines(run):
         print(f"health   {line}")
+    telemetry = RunTelemetry(manager.run_dir(args.run_id))
+    telemetry.read()
+    for machine in telemetry.listed():
+        print(f"machine  {machine_line(machine)}")
+    for line in telemetry_warnings(telemetry.listed()):
+        print(f"warning  {line}")
     for line in status.attempt_lines():
         print(f"attempt  {line.removeprefix('attempt ')}" if line.startswith("attempt ") else f"failure  {line}")
     if cost := restart_cost(run, status.attempts):

@@ -116,6 +116,7 @@ def write_progress(
     os.replace(tmp, run_dir / PROGRESS_FILE)
 
 
+TELEMETRY_DIR = "telemetry"  # telemetry/<host>.jsonl: each machine's GPUs and host (telemetry.py)
 STARTUP_FILE = "startup.json"  # rank 0's phases before its first step (backend/runs/startup.py)
 
 RANK_STARTUP_FILE = "rank{rank}.startup.json"  # under logs/: every other rank's

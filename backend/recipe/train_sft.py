@@ -38,6 +38,8 @@ both YAML files are taken from there):
                     prompts, each with its rewards and advantage ({"step", "groups": [{"prompt",
                     "answers": [{"text", "rewards", "advantage"}]}]})
   errors.jsonl      one line per rank that failed (rank, time, error, traceback)
+  telemetry/<host>.jsonl  the first process on each machine: its GPUs (NVML) and host every few seconds
+                    (telemetry.py)
   <output_dir>/     checkpoints and the final adapter or model
 
 SIGTERM or SIGINT: every rank finishes its current step, a checkpoint is saved, the run
@@ -79,6 +81,7 @@ from .reshard import load_universal_if_reshaped
 from .restore import data_parallel_size, with_restored_position
 from .rewards import reward_functions
 from .rollback import ROLLBACK_EXIT, current_rollback, rollback_checkpoint, with_rollback_window
+from .telemetry import TelemetrySampler
 from .watchdog import IMPORTING_REWARDS, watched_phase
 
 
@@ -188,6 +191,7 @@ def main(argv=None) -> int:
     metrics = JsonlWriter(run_dir / METRICS_FILE) if rank == 0 else None
     started = time.monotonic()
     status, error, health = "failed", None, None
+    telemetry = TelemetrySampler(run_dir).start()  # this machine's GPUs and host, from its first process
     try:
         job = read_yaml(job_path, "job spec")
         training_args = read_yaml(args_path, "training arguments")
@@ -218,6 +222,7 @@ def main(argv=None) -> int:
                 "health": vars(health) if health else None,  # the guard's symptom, when it ended the run
             }
         )
+    telemetry.stop()
     if terminal:
         print(f"run {status}" + (f": {error}" if error else ""), file=terminal)
     _close_process_group(clean=status != "failed")  # first: the other ranks never wait on a webhook

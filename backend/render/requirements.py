@@ -18,8 +18,9 @@ from tunedeck.backend.spec import PACKAGE_DIR, JobSpec
 REQUIREMENTS_FILE = "requirements.txt"
 CONSTRAINTS_FILE = PACKAGE_DIR / "constraints.txt"
 
-# What train_sft.py imports, in install order (torch first: it decides the CUDA build).
-_ALWAYS = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "PyYAML")
+# What train_sft.py imports, in install order (torch first: it decides the CUDA build); nvidia-ml-py for the
+# telemetry of each machine's GPUs (recipe/telemetry.py; psutil comes with accelerate).
+_ALWAYS = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "PyYAML", "nvidia-ml-py")
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from tunedeck.backend.runs.summary import (
 )
 from tunedeck.backend.runs.sweep import SweepError, combinations, label, preview, queue_sweep, sweep_specs
 from tunedeck.backend.runs.tail import TextTail
+from tunedeck.backend.runs.telemetry import Machine, RunTelemetry, machine_line, telemetry_warnings
 
 if TYPE_CHECKING:  # the lazy names' types, for the type checker
     from tunedeck.backend.runs.smoke import SmokeError, is_smoke_job, smoke_verdict, start_smoke_run
@@ -82,6 +83,7 @@ __all__ = [
     "HealthRecord",
     "Lineage",
     "LogRecord",
+    "Machine",
     "MetricsReader",
     "NotesError",
     "RunError",
@@ -90,6 +92,7 @@ __all__ = [
     "RunRecords",
     "RunStatus",
     "RunSummary",
+    "RunTelemetry",
     "Shape",
     "SmokeError",
     "StacksError",
@@ -117,6 +120,7 @@ __all__ = [
     "latest_answers",
     "list_weights",
     "live_phase",
+    "machine_line",
     "measured_peaks",
     "needs_gpus_here",
     "newest_checkpoint",
@@ -142,5 +146,6 @@ __all__ = [
     "starting_phase",
     "summarize",
     "sweep_specs",
+    "telemetry_warnings",
     "write_notes",
 ]

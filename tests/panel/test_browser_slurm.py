@@ -2,19 +2,24 @@
 
 One run serves the whole story: Where to run = slurm, Start while a blocking job holds both
 nodes (queued, with Slurm's reason), the blocker cancelled (running on n0 and n1, live curves
-and the rank-0 log, the GPU tab naming the nodes), the panel restarted mid-run (it
-re-attaches), then Stop (a checkpoint, no job in squeue, no process of the run left).
+and the rank-0 log), the GPUs tab showing each node's GPUs live from the run's telemetry (the
+fake NVML of tests/panel/fake_nvml.py on each node, n1's GPU throttled: a warning naming it there,
+on the state line and in `tunedeck runs show`), the panel restarted mid-run (it re-attaches),
+then Stop (a checkpoint, no job in squeue, no process of the run left).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
-from runs.helpers import processes_working_in, wait_for
+from runs.helpers import processes_working_in, tunedeck, wait_for
 
 from panel.browser import (
+    ARTIFACTS,
     PanelServer,
     choose,
     free_port,
@@ -38,10 +43,20 @@ def squeue(job_id: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
+H100 = {"name": "NVIDIA H100 80GB HBM3", "total_mb": 81559, "used_mb": 40000, "util": 97, "temp": 64, "power_w": 512}
+# Each node's GPUs for the run's telemetry (sbatch passes the panel's environment to the job): n1's is throttled.
+FAKE_GPUS = {
+    "TUNEDECK_NVML": str(Path(__file__).with_name("fake_nvml.py")),
+    "TUNEDECK_FAKE_GPUS": json.dumps({"n1": [{**H100, "throttle": 8}], "*": [H100]}),
+    "TUNEDECK_TELEMETRY_S": "1",
+}
+THROTTLED = "GPU 0 on n1 is throttled (hardware slowdown)"
+
+
 def test_slurm_run_from_the_page_queues_runs_reattaches_and_stops(page, slurm_cluster, shared_runs_dir, demo_home):
     runs = shared_runs_dir / "panel"
     runs.mkdir(exist_ok=True)
-    server = PanelServer(runs, "--preset", "demo")
+    server = PanelServer(runs, "--preset", "demo", env=FAKE_GPUS)
     blocker = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"],
         capture_output=True,
@@ -79,7 +94,19 @@ def test_slurm_run_from_the_page_queues_runs_reattaches_and_stops(page, slurm_cl
         wait_for(lambda: page.locator("#run-log textarea").input_value().strip(), 60, 1, "the rank-0 log")
 
         page.click("#tab-gpus-button")
-        wait_text(page, "#gpu-monitor", f"Slurm job {job_id} (run {run_id}) holds n0, n1", timeout=30_000)
+        wait_text(page, "#gpu-monitor", f"Slurm job {job_id} (run {run_id}) on n0, n1", timeout=30_000)
+        wait_text(page, "#gpu-monitor", THROTTLED, timeout=30_000)
+        for node in ("n0", "n1"):
+            card = text_of(page, f"#machine-{node}")
+            assert "GPU 0 · NVIDIA H100 80GB HBM3" in card and "97%" in card and "39.1 / 79.6 GB" in card, card
+        page.screenshot(path=str(ARTIFACTS / "gpus-tab-slurm-nodes.png"))
+        shown = tunedeck("runs", "show", run_id, "--runs-dir", runs)
+        machines = [line for line in shown.stdout.splitlines() if line.startswith("machine ")]
+        assert [line.split()[1] for line in machines] == ["n0", "n1"], shown.stdout
+        assert all("1 x NVIDIA H100 80GB HBM3 · util 97%" in line for line in machines), machines
+        assert f"warning  ⚠ {THROTTLED}" in shown.stdout, shown.stdout
+        page.click("#tab-run-button")
+        wait_text(page, "#run-state", THROTTLED, timeout=30_000)
 
         # The panel restarted mid-run finds the run where it is.
         server.stop()

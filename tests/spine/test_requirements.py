@@ -28,7 +28,17 @@ def test_every_bundle_pins_the_tested_stack_it_imports(preset):
     spec = resolve_spec(preset)
     reqs = requirements(render_bundle(spec))
     pins = parse_pins(CONSTRAINTS_FILE.read_text())
-    for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "pyyaml"):
+    for name in (
+        "torch",
+        "transformers",
+        "trl",
+        "peft",
+        "accelerate",
+        "datasets",
+        "tokenizers",
+        "pyyaml",
+        "nvidia-ml-py",
+    ):
         assert str(reqs[name].specifier) == f"=={pins[name]}", name
     assert ("deepspeed" in reqs) == spec.strategy.is_deepspeed
     assert ("bitsandbytes" in reqs) == (spec.quantization.bits is not None)
