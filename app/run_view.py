@@ -43,6 +43,7 @@ from tunedeck.backend.runs import (
     live_phase,
     measured_peaks,
     restart_cost,
+    slow_rank_line,
     summarize,
     write_notes,
 )
@@ -251,7 +252,7 @@ class RunView(Section):
                 out[self.name], out[self.notes] = facts.notes.name, facts.notes.notes
             results = results_line(watch, status)
             said = [*health_lines(watch), *status.attempt_lines(), restart_cost(watch, status.attempts) or ""]
-            said += watch.warnings
+            said += [*watch.warnings, slow_rank_line(watch.records) or ""]
             live = status.state in ("running", "stopping") and status.backend == "local"
             out[self.status] = state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id), said)
             out[self.facts] = as_text(" · ".join(filter(None, (summary.facts, unreadable_line(facts)))))

@@ -25,6 +25,7 @@ from tunedeck.backend.runs import (
     read_records,
     report,
     restart_cost,
+    slow_rank_line,
     starting_phase,
     summarize,
     telemetry_warnings,
@@ -199,8 +200,9 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     telemetry.read()
     for machine in telemetry.listed():
         print(f"machine  {machine_line(machine)}")
-    for line in telemetry_warnings(telemetry.listed()):
-        print(f"warning  {line}")
+    for line in [*telemetry_warnings(telemetry.listed()), slow_rank_line(run.records) or ""]:
+        if line:
+            print(f"warning  {line}")
     for line in status.attempt_lines():
         print(f"attempt  {line.removeprefix('attempt ')}" if line.startswith("attempt ") else f"failure  {line}")
     if cost := restart_cost(run, status.attempts):

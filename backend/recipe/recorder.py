@@ -34,6 +34,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self.trainer: Any = None  # the Trainer, once train() has built it
             self.load_peaks: dict = {}  # train() fills it in right after the model loaded
             self.dataset_rows: dict = {}  # and this: the training rows each source gave (dataset.path, dataset.mix)
+            self.rank_timing: Any = None  # and this: each rank's own part of a step (rank_timing.py)
             self.resumed: tuple[str | None, int | None] = (None, None)  # (checkpoint, the DP size it was saved on)
             self.stopped_early = False
             # Durations on the monotonic clock: a step of the wall clock (NTP, a VM resumed) must not bend them.
@@ -68,6 +69,8 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 self._progress(self._step)
 
         def on_substep_end(self, args, state, control, **kwargs):
+            if self.rank_timing:
+                self.rank_timing.micro_batch_done()
             self._micro += 1  # a micro-batch of gradient accumulation: a long step is progress as they come
             self._progress(state.global_step)
             self.watchdog.beat()
@@ -118,6 +121,8 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self._progress(state.global_step, saving=True)  # the final model's save follows: no stall either
 
         def on_step_end(self, args, state, control, **kwargs):
+            if self.rank_timing:
+                self.rank_timing.micro_batch_done()
             self._step_end = time.monotonic()  # evaluation, when due, runs after this
             self.startup.enter("training")  # once: the list closes with it
             self._micro += 1
@@ -159,12 +164,13 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             if "loss" not in logs and "eval_loss" not in logs:
                 return  # the trainer's closing summary; the end record covers it
             peaks = gpu_peaks_gb()  # collective: every rank takes part
+            ranks = self.rank_timing.gathered() if self.rank_timing and "loss" in logs else None  # collective too
             if metrics:
-                self._write_log(args, state, logs, peaks)
+                self._write_log(args, state, logs, peaks, ranks)
             if "loss" in logs:  # after the log record: the chart shows the step that set it off
                 self.health.on_log(args, state, control, logs)  # collective too
 
-        def _write_log(self, args, state, logs: dict, peaks) -> None:
+        def _write_log(self, args, state, logs: dict, peaks, ranks: list[dict] | None) -> None:
             """Rank 0: the log record of this logging step."""
             if not metrics:
                 return
@@ -198,6 +204,8 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             record.update(grpo_record(logs))  # GRPO: each reward's mean
             if peaks:
                 record["gpu_peak_allocated_gb"], record["gpu_peak_reserved_gb"] = peaks
+            if ranks:
+                record["ranks"] = ranks  # each rank's batch wait and forward time since the last log
             metrics.write(record)
             if "reward" in record:
                 write_answers(Path(metrics.path).parent, state.global_step, getattr(self.trainer, "_logs", None))

@@ -74,6 +74,7 @@ from .job import JobError, read_yaml
 from .models import load_model, load_tokenizer, peft_config
 from .notifications import notify
 from .objectives import REFERENCE_OBJECTIVES, fsdp_launch, objective_classes, trainer_class
+from .rank_timing import RankTiming
 from .ranks import global_rank
 from .recorder import make_callback
 from .records import ERRORS_FILE, METRICS_FILE, JsonlWriter, StartupPhases, StopRequest, redirect_output
@@ -146,6 +147,8 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
         extra.clear()
         trainer.ref_model = None
     recorder.trainer = trainer
+    if job.get("objective") != "grpo":  # GRPO's forward passes are mostly its answers being written
+        recorder.rank_timing = RankTiming(trainer)
     startup.enter("preparing the model and optimizer")  # DeepSpeed or FSDP wraps it; DeepSpeed may compile ops
     if rollback:  # after a failure too (TUNEDECK_ATTEMPT): the roll-back's scale and window stay
         checkpoint = rollback_checkpoint(rollback, args.output_dir, restarted=bool(os.environ.get(ATTEMPT_ENV)))

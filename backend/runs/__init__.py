@@ -23,6 +23,7 @@ from tunedeck.backend.runs.preflight import preflight as preflight_problems
 from tunedeck.backend.runs.records import HealthRecord, LogRecord, MetricsReader, RunRecords, is_number, read_records
 from tunedeck.backend.runs.reshape import Shape, reshaped
 from tunedeck.backend.runs.resume import RESUMABLE_STATES, newest_checkpoint, resume_run
+from tunedeck.backend.runs.slow_rank import slow_rank_line
 from tunedeck.backend.runs.speed import Calibration, calibration, compare_run
 from tunedeck.backend.runs.stacks import StacksError, dump_stacks
 from tunedeck.backend.runs.startup import (
@@ -141,6 +142,7 @@ __all__ = [
     "resume_run",
     "select",
     "shown_value",
+    "slow_rank_line",
     "smoke_verdict",
     "start_smoke_run",
     "starting_phase",

@@ -117,6 +117,15 @@ class StartRecord(TypedDict, total=False):
     flops_inputs: FlopsInputs
 
 
+class RankPart(TypedDict, total=False):
+    """One rank's own part of a step, its means since the last logging step (recipe/rank_timing.py)."""
+
+    rank: int
+    host: str
+    data_s: float  # waiting for its batch
+    forward_s: float  # its forward pass
+
+
 class LogRecord(TypedDict, total=False):
     """One logging step: training (loss ...) or evaluation (eval_loss ...)."""
 
@@ -167,6 +176,7 @@ class LogRecord(TypedDict, total=False):
     hfu: float  # hardware FLOPs utilisation: mfu plus activation checkpointing's recomputation
     gpu_peak_allocated_gb: list[float]  # per rank, highest so far (GPU runs only)
     gpu_peak_reserved_gb: list[float]
+    ranks: list[RankPart]  # each rank's own part of a step (2 processes or more)
 
 
 class HealthRecord(TypedDict, total=False):

@@ -2,7 +2,9 @@
 trained side by side once for the module: rank 1 of one is killed with SIGKILL mid-run (a lost rank: it starts again
 by itself from its newest checkpoint and finishes, its attempts listed, its loss curve continuing); one fails on a
 row of its data (never retried); one runs out of memory (never retried: the advisor's next strategy is offered, and
-one click loads it into the Job tab). Each is checked in its records, in `tunedeck runs show` and in the page."""
+one click loads it into the Job tab). A fourth run has its rank 1 slowed (each batch arrives 0.25 s late, as from a
+slow data loader): it is named as the rank that holds the others back (issue 35, part 2), which the runs that are
+not slowed are not. Each is checked in its records, in `tunedeck runs show` and in the page."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from panel.browser import (
     wait_file_text,
     wait_text,
 )
+from tunedeck.backend.runs import slow_rank_line
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -31,7 +34,7 @@ STEPS = {
     "training.save_total_limit": 3,
     "launch.restart_backoff_s": 1,
 }
-FAULTS = {"killed": None, "data": "data=12", "oom": "rank=0,oom=12"}
+FAULTS = {"killed": None, "data": "data=12", "oom": "rank=0,oom=12", "slow": "rank=1,slow=0.25,slow_from=5"}
 KILL_AFTER_STEP = 14  # after the checkpoint at step 10: the steps after the newest checkpoint are trained again
 
 
@@ -142,3 +145,20 @@ def test_an_oom_is_not_started_again_and_its_next_strategy_is_one_click_away(pag
     page.wait_for_function("document.querySelector('#tab-job-button').getAttribute('aria-selected') === 'true'")
     show_file(page, "job.yaml")
     wait_file_text(page, "method: qlora")  # the files Start would run: the run's job, with the next strategy
+
+
+def test_a_slowed_rank_is_named_within_a_minute_and_a_run_without_one_names_none(page, server, runs):
+    status, run_dir, show, _ = runs["slow"]
+    assert status.state == "finished", f"{status}\n{logs_tail(run_dir)}"
+    logged = [r for r in read_metrics(run_dir) if r["event"] == "log" and "loss" in r]
+    named_at = next(i for i in range(len(logged)) if slow_rank_line(logged[: i + 1]))
+    slowed_at = next(r for r in logged if r["step"] >= 5)
+    assert logged[named_at]["time"] - slowed_at["time"] < 60, (named_at, logged[named_at]["step"])
+    line = slow_rank_line(logged)
+    assert line and line.startswith("⚠ rank 1 on ") and "its data loader waits 0.2" in line, line
+    assert f"warning  {line}" in show, show
+    for name in ("data", "oom"):  # trained side by side with it, none of their ranks slowed
+        assert "arrives" not in runs[name][2], runs[name][2]
+    open_run(page, server.url, status.run_id)
+    wait_text(page, "#run-state", "⚠ rank 1 on", timeout=60_000)
+    assert "its data loader waits" in text_of(page, "#run-state")
