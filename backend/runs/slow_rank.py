@@ -2,7 +2,8 @@
 a step: its batch wait and its forward pass, recipe/rank_timing.py).
 
 Every rank's step lasts as long as the slowest one's under DDP, ZeRO and FSDP, so the step time names nobody; a rank
-whose own part stays more than LATE_BY above the median of the other ranks' for LATE_FOR logging steps in a row does:
+whose own part stays more than LATE_BY (and LATE_S) above the median of the other ranks' for LATE_FOR logging steps
+in a row does:
 "rank 1 on gpu-b arrives 38% after the median for 40 steps (its data loader waits 0.40 s a step)".
 """
 
@@ -14,7 +15,7 @@ from tunedeck.backend.runs.records import LogRecord, RankPart
 
 LATE_BY = 0.25  # a rank's own part 25% over the others' median
 LATE_FOR = 5  # logging steps in a row
-FLOOR_S = 0.005  # parts shorter than this are noise
+LATE_S = 0.05  # and at least 50 ms: a few milliseconds either way are the scheduler's noise, not a slow rank
 
 
 def own_part(part: RankPart) -> float:
@@ -22,13 +23,15 @@ def own_part(part: RankPart) -> float:
 
 
 def lateness(ranks: list[RankPart]) -> dict[int, float]:
-    """Each rank's own part over the median of the others' (0.38: 38% after them)."""
+    """The ranks whose own part is late on the median of the others' (by LATE_BY and LATE_S at least), each with
+    how much (0.38: 38% after them)."""
     late = {}
     for part in ranks:
         others = [own_part(p) for p in ranks if p is not part]
         median = statistics.median(others) if others else 0.0
-        if median >= FLOOR_S or own_part(part) >= FLOOR_S:
-            late[int(part.get("rank", 0))] = (own_part(part) - median) / max(median, FLOOR_S)
+        excess = own_part(part) - median
+        if excess >= LATE_S and excess > LATE_BY * median:
+            late[int(part.get("rank", 0))] = excess / max(median, 1e-3)
     return late
 
 
@@ -40,7 +43,7 @@ def slow_rank_line(records: list[LogRecord]) -> str | None:
     streak: dict[int, int] = {}
     for record in logged:
         late = lateness(record.get("ranks") or [])
-        streak = {rank: streak.get(rank, 0) + 1 for rank, by in late.items() if by > LATE_BY}
+        streak = {rank: streak.get(rank, 0) + 1 for rank in late}
     if not streak:
         return None
     rank, count = max(streak.items(), key=lambda item: item[1])
