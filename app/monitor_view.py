@@ -156,7 +156,8 @@ class MonitorView(Section):
             elif self.run_folder is None:
                 parts.append(f"<div>{as_html(title)} holds {as_html(', '.join(nodes))}.</div>")
             else:
-                parts.append(self.run_machines.html(f"{title} on {', '.join(nodes)}", self.run_folder(run.run_id)))
+                folder = self.run_folder(run.run_id)
+                parts.append(self.run_machines.html(f"{title} on {', '.join(nodes)}", folder, len(nodes)))
         return f"<div class='td-card' id='slurm-nodes'><b>Slurm</b>{''.join(parts)}</div>" if parts else ""
 
 

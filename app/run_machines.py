@@ -12,7 +12,7 @@ from pathlib import Path
 from tunedeck.app.gauges import bar, gpu_card
 from tunedeck.app.untrusted_text import as_html
 from tunedeck.backend.machine import GpuSample
-from tunedeck.backend.runs import Machine, RunTelemetry, telemetry_warnings
+from tunedeck.backend.runs import Machine, RunTelemetry, missing_machines, telemetry_warnings
 
 KEPT_RUNS = 16  # run folders whose readers are kept (each holds a few readings per machine)
 
@@ -31,12 +31,13 @@ class RunMachines:
         reader.read()
         return reader.listed()
 
-    def html(self, title: str, run_dir: Path) -> str:
-        """A card per machine of the run under `title`, its warnings first."""
+    def html(self, title: str, run_dir: Path, expected: int) -> str:
+        """A card per machine of the run under `title` (on `expected` machines), its warnings first."""
         machines = self.machines(run_dir)
         if not machines:
             return f"<div>{as_html(title)}: no readings from its machines yet.</div>"
-        warnings = "".join(f"<div class='td-warn'>{as_html(w)}</div>" for w in telemetry_warnings(machines))
+        said = [*telemetry_warnings(machines), missing_machines(machines, expected) or ""]
+        warnings = "".join(f"<div class='td-warn'>{as_html(w)}</div>" for w in said if w)
         cards = "".join(machine_card(machine) for machine in machines)
         return f"<div>{as_html(title)}:</div>{warnings}<div class='td-cards'>{cards}</div>"
 

@@ -19,6 +19,7 @@ from tunedeck.backend.runs import (
     health_lines,
     job_fields,
     machine_line,
+    missing_machines,
     phase_now,
     read_notes,
     read_phases,
@@ -200,6 +201,10 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     telemetry.read()
     for machine in telemetry.listed():
         print(f"machine  {machine_line(machine)}")
+    if not isinstance(job, UnreadableJob) and (
+        missing := missing_machines(telemetry.listed(), job.launch.num_machines)
+    ):
+        print(f"machine  {missing}")
     for line in [*telemetry_warnings(telemetry.listed()), slow_rank_line(run.records) or ""]:
         if line:
             print(f"warning  {line}")

@@ -48,7 +48,13 @@ from tunedeck.backend.runs.summary import (
 )
 from tunedeck.backend.runs.sweep import SweepError, combinations, label, preview, queue_sweep, sweep_specs
 from tunedeck.backend.runs.tail import TextTail
-from tunedeck.backend.runs.telemetry import Machine, RunTelemetry, machine_line, telemetry_warnings
+from tunedeck.backend.runs.telemetry import (
+    Machine,
+    RunTelemetry,
+    machine_line,
+    missing_machines,
+    telemetry_warnings,
+)
 
 if TYPE_CHECKING:  # the lazy names' types, for the type checker
     from tunedeck.backend.runs.smoke import SmokeError, is_smoke_job, smoke_verdict, start_smoke_run
@@ -123,6 +129,7 @@ __all__ = [
     "live_phase",
     "machine_line",
     "measured_peaks",
+    "missing_machines",
     "needs_gpus_here",
     "newest_checkpoint",
     "output_dir",

@@ -130,3 +130,13 @@ def _idle_warnings(machines: list[Machine]) -> list[str]:
         for (host, index), values in sorted(recent.items())
         if len(values) >= IDLE_READINGS and max(values) < IDLE_PCT
     ]
+
+
+def missing_machines(machines: list[Machine], expected: int) -> str | None:
+    """A run on more machines than have written telemetry here, in words; None when all have (or none was asked)."""
+    if expected <= 1 or len(machines) >= expected:
+        return None
+    return (
+        f"{len(machines)} of {expected} machines report here: the others have not written yet, or keep a run folder "
+        "of their own (their readings are in its telemetry/<host>.jsonl)"
+    )

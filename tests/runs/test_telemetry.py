@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tunedeck.backend.recipe.telemetry import GpuReader, TelemetrySampler, load_nvml
-from tunedeck.backend.runs.telemetry import RunTelemetry, machine_line, telemetry_warnings
+from tunedeck.backend.runs.telemetry import RunTelemetry, machine_line, missing_machines, telemetry_warnings
 
 FAKE_NVML = Path(__file__).parents[1] / "panel" / "fake_nvml.py"
 H100 = {"name": "NVIDIA H100 80GB HBM3", "total_mb": 81559, "used_mb": 40000, "util": 97, "temp": 64, "power_w": 512}
@@ -100,6 +100,11 @@ def test_each_machine_is_a_line_and_what_to_look_at_names_its_host_and_gpu(tmp_p
         "· 51.6 GB free"
     )
     assert telemetry_warnings([a, b]) == ["⚠ GPU 0 on node-b is throttled (hardware thermal slowdown)"]
+    assert missing_machines([a, b], 2) is None and missing_machines([a, b], 1) is None
+    assert missing_machines([a], 2) == (
+        "1 of 2 machines report here: the others have not written yet, or keep a run folder of their own (their "
+        "readings are in its telemetry/<host>.jsonl)"
+    )
     write(tmp_path, reading("node-a", 97, 98, ecc_uncorrected=3, xids=[48]), reading("node-a", 97, 98))
     assert telemetry.read() is True and telemetry.read() is False  # only what the files gained
     assert telemetry_warnings(telemetry.listed()) == [
