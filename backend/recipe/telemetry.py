@@ -8,7 +8,7 @@
 
 A machine without NVIDIA GPUs or driver writes its host readings with "gpus": [] and says why in gpu_error. Each
 GPU reading some boards do not support is null. The GPUs listed are those this machine's processes may use
-(CUDA_VISIBLE_DEVICES, as Slurm and the launcher set it; every GPU when unset). Where every machine writes to a
+(CUDA_VISIBLE_DEVICES, as Slurm and the launcher set it; every GPU when it names none). Where every machine writes to a
 shared run folder (one machine, Slurm), tunedeck reads every machine's file; a machine with a folder of its own
 keeps its file there.
 
@@ -157,11 +157,12 @@ class GpuReader:
 
 
 def visible(count: int) -> list[int]:
-    """The GPU indices this process may use: CUDA_VISIBLE_DEVICES's (numbers only; UUIDs: all), else all."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is None or not all(part.strip().isdigit() for part in listed.split(",") if part.strip()):
+    """The GPU indices this process may use: CUDA_VISIBLE_DEVICES's numbers; every GPU when it is unset, empty (a
+    CPU run: the machine's GPUs as they are) or names GPUs by UUID."""
+    listed = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    if not listed or not all(part.isdigit() for part in listed):
         return list(range(count))
-    return [int(part) for part in listed.split(",") if part.strip() and int(part) < count]
+    return [int(part) for part in listed if int(part) < count]
 
 
 def throttle_names(nvml: Any, reasons: int) -> list[str]:
