@@ -171,6 +171,8 @@ ALLOWED_THIRD_PARTY = {
     "accelerate",
     "deepspeed",
     "bitsandbytes",
+    "psutil",  # comes with accelerate: the telemetry's host readings
+    "pynvml",  # nvidia-ml-py, in every bundle's requirements.txt: the telemetry's GPU readings
 }
 
 
