@@ -21,13 +21,19 @@ ROLLBACK_ENV = "TUNEDECK_ROLLBACK"  # set by the supervisor for an attempt after
 ROLLBACK_EXIT = 3  # a rank's exit code when its attempt ends for a roll-back (1: failed)
 
 
-def checkpoint_before(output_dir: str | Path, step: int) -> tuple[Path, int] | None:
-    """The newest complete checkpoint-N in output_dir with N <= step."""
+def checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """(N, folder) of every complete checkpoint-N in output_dir."""
     found = []
     for path in Path(output_dir).glob("checkpoint-*"):
         match = re.fullmatch(r"checkpoint-(\d+)", path.name)
-        if match and path.is_dir() and int(match.group(1)) <= step:
+        if match and path.is_dir():
             found.append((int(match.group(1)), path))
+    return found
+
+
+def checkpoint_before(output_dir: str | Path, step: int) -> tuple[Path, int] | None:
+    """The newest complete checkpoint-N in output_dir with N <= step."""
+    found = [(number, path) for number, path in checkpoints(output_dir) if number <= step]
     if not found:
         return None
     number, path = max(found)
@@ -53,11 +59,7 @@ def rollback_checkpoint(rollback: dict, output_dir: str | Path, restarted: bool)
     if not restarted:
         return rollback["checkpoint"]
     since = float(rollback.get("written_at", 0.0))
-    later = []
-    for path in Path(output_dir).glob("checkpoint-*"):
-        match = re.fullmatch(r"checkpoint-(\d+)", path.name)
-        if match and path.is_dir() and path.stat().st_mtime > since:
-            later.append((int(match.group(1)), path))
+    later = [(number, path) for number, path in checkpoints(output_dir) if path.stat().st_mtime > since]
     return str(max(later)[1].resolve()) if later else rollback["checkpoint"]
 
 

@@ -40,9 +40,9 @@ def slow_rank_line(records: list[LogRecord]) -> str | None:
     logged = [r for r in records if r.get("ranks")]
     if len(logged) < LATE_FOR:
         return None
+    lates = [lateness(record.get("ranks") or []) for record in logged]  # once a record
     streak: dict[int, int] = {}
-    for record in logged:
-        late = lateness(record.get("ranks") or [])
+    for late in lates:
         streak = {rank: streak.get(rank, 0) + 1 for rank in late}
     if not streak:
         return None
@@ -51,7 +51,7 @@ def slow_rank_line(records: list[LogRecord]) -> str | None:
         return None
     recent = logged[-count:]
     parts = [next(p for p in r.get("ranks") or [] if int(p.get("rank", 0)) == rank) for r in recent]
-    by = statistics.mean(lateness(r.get("ranks") or [])[rank] for r in recent)
+    by = statistics.mean(late[rank] for late in lates[-count:])
     data = statistics.mean(float(p.get("data_s", 0.0)) for p in parts)
     forward = statistics.mean(float(p.get("forward_s", 0.0)) for p in parts)
     others = [p for r in recent for p in r.get("ranks") or [] if int(p.get("rank", 0)) != rank]
