@@ -11,7 +11,8 @@ import ipaddress
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
@@ -69,6 +70,41 @@ MAX_UPLOAD = "4gb"
 AUTH_MESSAGE = "Sign in with the user and password given to `tunedeck ui --auth`."
 
 
+def answers(url: str, wait_s: float = 60.0) -> bool:
+    """Whether the panel just started at `url` answers from this machine within `wait_s` seconds.
+
+    Gradio's own probe (gradio.networking.url_ok) gives up at the first 3-second timeout, and a panel started
+    beside runs that keep every core busy answered later than that: it refused to start, asking for share=True.
+    Proxies from the environment are not used: the panel is asked from the machine it runs on.
+    """
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            status = httpx.head(url, timeout=10, verify=False, trust_env=False).status_code
+            if status < 400 or status == 401:  # 401: behind --auth
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+
+
+@contextmanager
+def patient_startup_probe() -> Iterator[None]:
+    """Gradio's launch() asks gradio.networking.url_ok; answers() waits for a busy machine instead."""
+    from gradio import networking
+
+    impatient = networking.url_ok
+    networking.url_ok = answers
+    try:
+        yield
+    finally:
+        networking.url_ok = impatient
+
+
 def launch(
     page,
     host: str,
@@ -107,22 +143,23 @@ def launch(
         app_kwargs["middleware"].insert(1, Middleware(SignInGate, message=AUTH_MESSAGE))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup probes
-    app = page.launch(
-        server_name=host,
-        server_port=port,
-        auth=password_checker(credentials) if credentials else None,
-        auth_message=AUTH_MESSAGE,
-        app_kwargs=app_kwargs,
-        show_error=False,
-        ssr_mode=False,
-        max_file_size=MAX_UPLOAD,
-        footer_links=[],
-        prevent_thread_lock=True,
-        theme=getattr(page, "tunedeck_theme", None) or gradio.themes.Soft(),
-        css=getattr(page, "tunedeck_css", None),
-        js=getattr(page, "tunedeck_js", None),
-        quiet=True,
-    )
+    with patient_startup_probe():
+        app = page.launch(
+            server_name=host,
+            server_port=port,
+            auth=password_checker(credentials) if credentials else None,
+            auth_message=AUTH_MESSAGE,
+            app_kwargs=app_kwargs,
+            show_error=False,
+            ssr_mode=False,
+            max_file_size=MAX_UPLOAD,
+            footer_links=[],
+            prevent_thread_lock=True,
+            theme=getattr(page, "tunedeck_theme", None) or gradio.themes.Soft(),
+            css=getattr(page, "tunedeck_css", None),
+            js=getattr(page, "tunedeck_js", None),
+            quiet=True,
+        )
     calm_queue(page)
     where = f"[{host}]" if ":" in host else host
     print(f"tunedeck: the panel is at http://{where}:{port}/  (Ctrl-C stops the panel; runs keep going)", flush=True)

@@ -120,3 +120,36 @@ def test_the_served_page_takes_back_gradios_idle_costs():
             assert TRACKER_FRAMES_JS not in reply.read().decode()  # only the page itself
     finally:
         blocks.close()
+
+
+def test_a_panel_that_answers_slowly_on_a_busy_machine_still_starts(monkeypatch):
+    """Gradio's startup probe gave up at its first 3-second timeout and the panel refused to start (a CI run
+    beside training processes on 2 cores); answers() waits, and ignores proxies set for the outside world."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gradio import networking
+
+    from tunedeck.app.serving import answers
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            time.sleep(3.5)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        assert not networking.url_ok(url)  # why answers() exists
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+        assert answers(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not answers(url, wait_s=1)  # nothing answers now
