@@ -83,10 +83,8 @@ def measure_network(job: dict, nodes: list[str]) -> dict | None:
     if len(machines) > 1 and all(len(g) > 1 for g in groups):
         mine, _ = dist.new_subgroups_by_enumeration(groups)  # every rank takes part in making every group
         within = _sweep(mine, len(groups[machines.index(nodes[dist.get_rank()])]), device, started + BUDGET_S)
-        slowest = [None]
         value = torch.tensor([within[-1]["bus_gbps"] if within else float("inf")], device=device)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN)
-        slowest[0] = value.item()
-        record["within_machine_gbps"] = slowest[0] if slowest[0] != float("inf") else None
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)  # the slowest machine's
+        record["within_machine_gbps"] = value.item() if value.item() != float("inf") else None
     record["seconds"] = round(time.monotonic() - started, 2)
     return record
