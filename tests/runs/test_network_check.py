@@ -19,6 +19,19 @@ def test_bus_bandwidth_is_nccl_tests_and_the_check_is_on_for_several_machines():
     assert not wanted({"launch": {"num_machines": 4, "network_check": False}})
 
 
+def test_the_measured_bandwidth_is_said_beside_the_link_the_estimate_assumed():
+    from tunedeck.backend.runs import network_line
+
+    two_machines = {"network": {"ranks": 16, "machines": 2, "all_ranks_gbps": 9.0, "within_machine_gbps": 180.0}}
+    assert network_line({**two_machines, "gpu_name": "NVIDIA H100 80GB HBM3"}) == (
+        "measured 9.0 GB/s between machines; the estimate assumed HDR InfiniBand (20 GB/s): communication will take "
+        "about 2.2x longer than predicted · 180.0 GB/s within a machine"
+    )
+    fast = {"network": {"ranks": 16, "machines": 2, "all_ranks_gbps": 19.0}}
+    assert network_line(fast).endswith("the estimate assumed HDR InfiniBand (20 GB/s)")  # as assumed: nothing more
+    assert network_line({}) is None and network_line({"network": None}) is None
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_run_records_the_bandwidth_it_measured_before_loading_the_model(runs_dir, demo_spec):
