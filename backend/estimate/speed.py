@@ -271,6 +271,13 @@ def _data_shape(job: Job, schedule: Schedule) -> DataShape:
     return full_rows(job.seq_len)
 
 
+def assumed_ring_gbps(hw: Hardware, per_machine: int, machines: int) -> tuple[float, str]:
+    """(the bus bandwidth in GB/s an all-reduce over every rank gets on these links, as the estimate assumes it; the
+    link that sets it, in words): what a run's measured bandwidth (recipe/network.py) is compared with."""
+    link = hw.inter if machines > 1 else hw.intra
+    return _bandwidth(hw, per_machine, machines)[0] / 1e9, INTERCONNECTS[link][2].split(":")[0]
+
+
 def _bandwidth(hw: Hardware, per_machine: int, machines: int) -> tuple[float, float]:
     """(bytes/s per GPU on a ring over every rank, bytes/s per machine between machines)."""
     intra_rate, _, _ = INTERCONNECTS[hw.intra]

@@ -34,6 +34,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self.trainer: Any = None  # the Trainer, once train() has built it
             self.load_peaks: dict = {}  # train() fills it in right after the model loaded
             self.dataset_rows: dict = {}  # and this: the training rows each source gave (dataset.path, dataset.mix)
+            self.network: dict | None = None  # and this: the all-reduce sweep before the model loaded (network.py)
             self.rank_timing: Any = None  # and this: each rank's own part of a step (rank_timing.py)
             self.resumed: tuple[str | None, int | None] = (None, None)  # (checkpoint, the DP size it was saved on)
             self.stopped_early = False
@@ -79,6 +80,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self._last_log, self._last_step = (time.monotonic(), 0), state.global_step
             record = {**describe_run(self.trainer, job), **self.load_peaks}
             record["dataset_rows"] = self.dataset_rows
+            record["network"] = self.network
             optimizer, scheduler = kwargs.get("optimizer"), kwargs.get("lr_scheduler")
             record["restored"] = restored(self.trainer, optimizer, scheduler, *self.resumed)  # before a roll-back
             self.health = HealthActions(job, metrics, terminal, state.global_step)

@@ -72,10 +72,11 @@ from .gate import check_processes, expected_run, expected_trainable
 from .health import Unhealthy
 from .job import JobError, read_yaml
 from .models import load_model, load_tokenizer, peft_config
+from .network import measure_network
 from .notifications import notify
 from .objectives import REFERENCE_OBJECTIVES, fsdp_launch, objective_classes, trainer_class
 from .rank_timing import RankTiming
-from .ranks import global_rank
+from .ranks import gather_from_ranks, global_rank, node_name
 from .recorder import make_callback
 from .records import ERRORS_FILE, METRICS_FILE, JsonlWriter, StartupPhases, StopRequest, redirect_output
 from .reshard import load_universal_if_reshaped
@@ -102,6 +103,8 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     args = config_class(**training_args)  # the process group forms here: every rank waits for the others
     # The process group exists: wrong counts or a missing engine stop here, before the model loads.
     check_processes(expected, str(PartialState().distributed_type.value))
+    startup.enter("measuring the network")
+    network = measure_network(job, gather_from_ranks(node_name()))  # on several machines, or when asked
     extra = {}
     if job.get("objective") == "grpo":
         # The rewards score the answers the model writes; a KL weight (beta > 0) makes TRL load the reference itself.
@@ -122,6 +125,7 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     startup.enter("loading the data")
     train_set, eval_set, rows = load_datasets(job, args, tokenizer)
     recorder = make_callback(metrics, stop, job, terminal, expected)
+    recorder.network = network
     recorder.startup = startup
     recorder.load_peaks = load_peaks()
     recorder.dataset_rows = rows

@@ -17,6 +17,7 @@ from tunedeck.backend.runs.folder import ACTIVE_STATES, LAUNCHER_LOG, LOGS_DIR, 
 from tunedeck.backend.runs.job_file import UnreadableJob, job_fields, read_job
 from tunedeck.backend.runs.lineage import Lineage
 from tunedeck.backend.runs.manager import RunError, RunManager, RunStatus
+from tunedeck.backend.runs.network import network_line
 from tunedeck.backend.runs.notes import NAME_MAX_CHARS, NotesError, RunNotes, read_notes, write_notes
 from tunedeck.backend.runs.preflight import job_problems, needs_gpus_here, refusal_text
 from tunedeck.backend.runs.preflight import preflight as preflight_problems
@@ -131,6 +132,7 @@ __all__ = [
     "measured_peaks",
     "missing_machines",
     "needs_gpus_here",
+    "network_line",
     "newest_checkpoint",
     "output_dir",
     "phase_now",

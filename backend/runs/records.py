@@ -105,6 +105,7 @@ class StartRecord(TypedDict, total=False):
     resumed_from_step: int | None
     rollback: RollbackFacts  # only after a roll-back
     restored: RestoredFacts | None  # None on a fresh start
+    network: dict | None  # the all-reduce sweep before the model loaded (recipe/network.py); None when not run
     load_gpu_peak_allocated_gb: list[float] | None  # per rank, right after loading
     load_host_peak_rss_gb: list[float]
     gate: GateVerdict

@@ -241,6 +241,13 @@ class LaunchSpec(SpecSection):
         description="End a stalled run as failed (its processes end, its GPUs are freed) instead of waiting; "
         "keep stall_minutes above your longest step.",
     )
+    network_check: bool | None = Field(
+        default=None,
+        title="Measure the network first",
+        description="Before the model loads, all-reduce 1 to 64 MiB across the ranks for a few seconds and record "
+        "the bus bandwidth, over every rank and within each machine (nccl-tests' measure) in the start record; "
+        "empty: on for a job on more than one machine.",
+    )
     max_restarts: int = Field(
         default=2,
         ge=0,
