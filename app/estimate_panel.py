@@ -8,7 +8,7 @@ figures themselves come from app/estimate_view.py (pure builders).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gradio as gr
@@ -149,10 +149,13 @@ class EstimatePanel(DerivedView):
         """One scan of the runs folder per edit: the calibration corrects the speed (when ticked) and travels on
         the JobResult to the sentence under it."""
         found = self._calibration(got[self.gpu])
+        hardware = self.hardware(got[self.gpu], got[self.price])
+        if found and found.network_gbps and got[self.calibrate]:  # between machines: what your runs measured
+            hardware = replace(hardware, measured_ring_gbps=found.network_gbps)
         return {
             "gpu_text": got[self.gpu],
             "ram_text": got[self.ram],
-            "hardware": self.hardware(got[self.gpu], got[self.price]),
+            "hardware": hardware,
             "calibration": found,
             "correction": found.factor if found and got[self.calibrate] else 1.0,
         }

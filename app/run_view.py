@@ -255,7 +255,8 @@ class RunView(Section):
             said += [*watch.warnings, slow_rank_line(watch.records) or ""]
             live = status.state in ("running", "stopping") and status.backend == "local"
             out[self.status] = state_line(status, facts, summary.step, run_id, self.manager.run_dir(run_id), said)
-            out[self.facts] = as_text(" · ".join(filter(None, (summary.facts, unreadable_line(facts)))))
+            network = summary.network and f"network: {summary.network}"
+            out[self.facts] = as_text(" · ".join(filter(None, (summary.facts, network, unreadable_line(facts)))))
             out[self.summary] = f"**{'Summary' if status.state not in ACTIVE else 'So far'}:** {results}" * bool(
                 results
             )

@@ -4,6 +4,7 @@ memory per GPU, predicted speed (useful tokens/s), time and cost per strategy, a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -118,6 +119,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     schedule = schedule_of(spec, *dataset_rows(spec), lengths=lengths)
     calibrated = calibration(args.runs_dir, hardware.gpu)
     correction = calibrated.factor if args.calibrate and calibrated else 1.0
+    if args.calibrate and calibrated and calibrated.network_gbps:  # between machines: what your runs measured
+        hardware = dataclasses.replace(hardware, measured_ring_gbps=calibrated.network_gbps)
     try:
         advice = advise(
             spec,
@@ -134,7 +137,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     speed = {
         "gpu": hardware.gpu,
         "gpu_source": hardware.source or ("--gpu" if args.gpu else "NVML"),
-        "interconnect": {"inside_machine": hardware.intra, "between_machines": hardware.inter},
+        "interconnect": {
+            "inside_machine": hardware.intra,
+            "between_machines": hardware.inter,
+            "measured_between_machines_gbps": hardware.measured_ring_gbps,
+        },
         "price_per_gpu_hour": hardware.price_per_gpu_hour,
         "steps_source": schedule.steps_source,
         "lengths": "measured" if schedule.data is not None else "assumed: every row dataset.max_seq_length tokens",

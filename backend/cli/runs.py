@@ -20,7 +20,6 @@ from tunedeck.backend.runs import (
     job_fields,
     machine_line,
     missing_machines,
-    network_line,
     phase_now,
     read_notes,
     read_phases,
@@ -187,8 +186,8 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
         )
     if summary.facts:
         print(f"got      {summary.facts}")
-    if run.start and (network := network_line(dict(run.start))):
-        print(f"network  {network}")
+    if summary.network:
+        print(f"network  {summary.network}")
     startup = breakdown(read_phases(manager.run_dir(args.run_id)))
     if startup:
         print(f"startup  {startup} before step 1")

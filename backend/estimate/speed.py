@@ -95,6 +95,9 @@ class Hardware:
     inter: str = "infiniband"  # between machines
     price_per_gpu_hour: float | None = None
     source: str = ""  # where the GPU came from: NVML, --gpu, assumed
+    # Between machines, what your runs measured (recipe/network.py's all-reduce bus bandwidth over every rank, GB/s)
+    # in place of the link table's rate: `estimate --calibrate` sets it (backend/runs/speed.py's Calibration).
+    measured_ring_gbps: float | None = None
 
     @classmethod
     def named(cls, name: str | None, interconnect: str | None = None, **kwargs) -> Hardware:
@@ -286,6 +289,9 @@ def _bandwidth(hw: Hardware, per_machine: int, machines: int) -> tuple[float, fl
     inter_machine = inter_rate * 1e9 * NCCL_EFFICIENCY * (per_machine if scope == "nic-per-gpu" else 1)
     if machines <= 1:
         return intra, inter_machine
+    if hw.measured_ring_gbps:  # measured over every rank: the ring's pace itself
+        ring = hw.measured_ring_gbps * 1e9
+        return ring, ring * per_machine
     return min(intra, inter_machine / per_machine), inter_machine  # the ring's slowest link sets the pace
 
 

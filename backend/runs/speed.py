@@ -45,6 +45,9 @@ class RunComparison:
     # From the launch to the first step (startup.json): what the estimate models as startup, load and reference scoring.
     measured_to_step1_s: float | None = None
     predicted_to_step1_s: float | None = None
+    # Between machines, the all-reduce bus bandwidth the run measured before its model loaded (GB/s; the start
+    # record's "network"): its prediction used it, so the throughput ratio leaves the network out.
+    network_gbps: float | None = None
 
     @property
     def throughput_ratio(self) -> float:
@@ -88,6 +91,7 @@ class RunComparison:
                 "measured": None if self.measured_to_step1_s is None else round(self.measured_to_step1_s, 1),
                 "predicted": None if self.predicted_to_step1_s is None else round(self.predicted_to_step1_s, 1),
             },
+            "network_between_machines_gbps": self.network_gbps,
         }
 
 
@@ -138,7 +142,8 @@ def _compare_files(run_dir: Path, stamps: tuple) -> RunComparison | None:
         trained = _trained_rows(spec, run.records)
         if trained is not None:  # predict the rows the run trained, not rows of max_seq_length
             schedule = dataclasses.replace(schedule, data=trained)
-        speed = predict(job, Hardware.named(row[0]), schedule)
+        network = between_machines_gbps(run.start)
+        speed = predict(job, Hardware.named(row[0], measured_ring_gbps=network), schedule)
         memory = estimate(spec)
     except (SpecError, EstimateError, ValueError):
         return None
@@ -155,7 +160,15 @@ def _compare_files(run_dir: Path, stamps: tuple) -> RunComparison | None:
         objective=spec.objective,
         measured_to_step1_s=measured_to_step1(run_dir),
         predicted_to_step1_s=sum(speed.around_s.get(part, 0.0) for part in ("startup", "load", "reference")),
+        network_gbps=network,
     )
+
+
+def between_machines_gbps(start: Mapping[str, Any]) -> float | None:
+    """The bus bandwidth a run on several machines measured over every rank (recipe/network.py), else None."""
+    network = start.get("network") or {}
+    measured = network.get("all_ranks_gbps")
+    return float(measured) if is_number(measured) and measured > 0 and (network.get("machines") or 1) > 1 else None
 
 
 def _trained_rows(spec, records: Sequence[Mapping[str, Any]]) -> DataShape | None:
@@ -197,6 +210,12 @@ class Calibration:
         errors = [r.startup_error for r in self.runs if r.startup_error is not None]
         return statistics.median(errors) if errors else None
 
+    @property
+    def network_gbps(self) -> float | None:
+        """The bandwidth between machines your runs on several machines measured (the median), for --calibrate."""
+        measured = [r.network_gbps for r in self.runs if r.network_gbps]
+        return statistics.median(measured) if measured else None
+
     def sentence(self) -> str:
         count = len(self.runs)
         runs = "your last run" if count == 1 else f"your last {count} runs"
@@ -205,6 +224,8 @@ class Calibration:
             text += f", {self.memory_error:+.0%} in peak memory"
         if self.startup_error is not None:
             text += f", {self.startup_error:+.0%} in the time to step 1"
+        if self.network_gbps:
+            text += f"; they measured {self.network_gbps:.1f} GB/s between machines"
         return text
 
     def to_dict(self) -> dict:
@@ -213,6 +234,7 @@ class Calibration:
             "throughput_factor": round(self.factor, 3),
             "peak_memory_error": None if self.memory_error is None else round(self.memory_error, 3),
             "time_to_step_1_error": None if self.startup_error is None else round(self.startup_error, 3),
+            "network_between_machines_gbps": None if self.network_gbps is None else round(self.network_gbps, 2),
             "sentence": self.sentence(),
             "runs": [r.to_dict() for r in self.runs],
         }

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.runs.job_file import UnreadableJob
+from tunedeck.backend.runs.network import network_line
 from tunedeck.backend.runs.records import RunRecords, StartRecord
 from tunedeck.backend.spec import JobSpec
 
@@ -128,6 +129,7 @@ class RunSummary:
     last_loss: float | None  # the last training loss logged
     last_reward: float | None = None  # a GRPO run's last mean reward: its measure (its loss stays near 0)
     phase: str | None = None  # before the first step: what it does ("loading the model for 0:42"; run_startup.py)
+    network: str = ""  # the network the run measured beside the one the estimate assumed (network.py); "" if none
 
     @property
     def steps(self) -> str:
@@ -183,6 +185,7 @@ def summarize(
         last_loss=next((record["loss"] for record in reversed(run.records) if "loss" in record), None),
         last_reward=next((record["reward"] for record in reversed(run.records) if "reward" in record), None),
         phase=phase if ended_at is None and not run.records else None,
+        network=network_line(dict(run.start)) or "" if run.start else "",
     )
 
 

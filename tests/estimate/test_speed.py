@@ -18,7 +18,7 @@ from tunedeck.backend.estimate import speed
 from tunedeck.backend.estimate.advisor import advise
 from tunedeck.backend.estimate.memory_job import Job, input_values
 from tunedeck.backend.runs.speed import calibration, compare_run
-from tunedeck.backend.spec import set_paths
+from tunedeck.backend.spec import set_paths, spec_to_yaml
 from tunedeck.backend.spec.presets import resolve_spec as load_preset
 
 TUNEDECK = str(Path(sys.executable).with_name("tunedeck"))
@@ -213,6 +213,40 @@ def test_one_page_edit_scans_the_runs_folder_once_and_a_new_run_is_seen_after(tm
     assert (
         len(scans) == 2 and "Your last run on A100-80GB was -77% vs prediction" in text and "corrected by 0.23x" in text
     )
+
+
+def test_the_network_your_runs_measured_between_machines_is_what_calibrate_predicts_with(tmp_path):
+    """A run on 2 machines measured 2 GB/s between them (the estimate assumes HDR InfiniBand, 20 GB/s): its own
+    prediction takes the measured network, so the throughput factor is left to compute, and --calibrate predicts
+    the next job on several machines with the network measured."""
+    two = {"launch.num_machines": 2, "launch.num_processes": 16}
+    spec, job = _job("7b-full-zero2", **two)
+    slow = dataclasses.replace(A100, measured_ring_gbps=2.0)
+    schedule = speed.schedule_of(spec, None)
+    assumed, measured = (speed.predict(job, hw, schedule).tokens_per_s_per_gpu for hw in (A100, slow))
+    assert measured < assumed / 1.5  # full fine-tuning's gradients over a tenth of the assumed bandwidth
+    runs = tmp_path / "runs"
+    network = {"ranks": 16, "machines": 2, "all_ranks_gbps": 2.0}
+    fake_gpu_run(runs, "20260101-000000-aaaaaa", spec, measured * 1.1, 60.0, world=16, network=network)
+    comparison = compare_run(runs / "20260101-000000-aaaaaa")
+    assert comparison.network_gbps == 2.0 and comparison.throughput_ratio == pytest.approx(1.1)
+    found = calibration(runs, "A100-80GB")
+    assert found.network_gbps == 2.0 and found.sentence().endswith("; they measured 2.0 GB/s between machines")
+    one_machine = {"ranks": 8, "machines": 1, "all_ranks_gbps": 150.0}  # within a machine: not the link between
+    fake_gpu_run(runs, "20260102-000000-bbbbbb", spec, assumed * 1.1, 60.0, world=16, network=one_machine)
+    assert compare_run(runs / "20260102-000000-bbbbbb").throughput_ratio == pytest.approx(1.1)  # predicted as assumed
+    assert calibration(runs, "A100-80GB").network_gbps == 2.0
+
+    path = tmp_path / "job.yaml"
+    path.write_text(spec_to_yaml(spec))
+    args = (str(path), "--json", "--cpu-mem", "2000", "--gpu", "A100-80GB", "--runs-dir", str(runs))
+    plain, fixed = (json.loads(estimate(*args, *more).stdout) for more in ((), ("--calibrate",)))
+    assert fixed["speed"]["interconnect"]["measured_between_machines_gbps"] == 2.0
+    assert plain["speed"]["interconnect"]["measured_between_machines_gbps"] is None
+    # The network dominates this job: the compute factor (1.1) moves it a little, the measured network a lot.
+    corrected = speed.predict(job, slow, schedule, correction=1.1).tokens_per_s_per_gpu
+    assert fixed["current"]["tokens_per_s_per_gpu"] == pytest.approx(corrected, rel=0.01)
+    assert plain["current"]["tokens_per_s_per_gpu"] == pytest.approx(assumed, rel=0.01)
 
 
 def test_cpu_and_unfinished_runs_do_not_calibrate(tmp_path):

@@ -122,6 +122,11 @@ def test_cli_trains_the_demo_on_both_nodes(cli_run):
     assert "on n0, n1" in lines[running]
     start = next(r for r in read_metrics(run_dir) if r["event"] == "start")
     assert start["world_size"] == 2 and start["nodes"] == ["n0", "n1"], start
+    # Two machines: the network is measured before the model loads (launch.network_check unset = on), in seconds.
+    network = start["network"]
+    assert (network["machines"], network["ranks"]) == (2, 2) and network["all_ranks_gbps"] > 0, network
+    assert network["seconds"] < 10, network
+    print(f"2 nodes: {network['all_ranks_gbps']:.2f} GB/s between them, measured in {network['seconds']} s")
     losses = [r["loss"] for r in log_records(run_dir)]
     assert losses[-1] < losses[0] / 2, losses
     assert end_record(run_dir)["status"] == "finished"
@@ -132,6 +137,8 @@ def test_cli_trains_the_demo_on_both_nodes(cli_run):
         [TUNEDECK, "runs", "show", run_dir.name, "--runs-dir", str(runs)], capture_output=True, text=True
     )
     assert f"Slurm job {job_id} · COMPLETED" in shown.stdout, shown.stdout
+    said = f"network  measured {network['all_ranks_gbps']:.1f} GB/s between machines; the estimate assumed"
+    assert said in shown.stdout, shown.stdout
     assert not processes_of(run_dir)
 
 
