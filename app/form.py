@@ -25,6 +25,7 @@ from tunedeck.backend.spec import (
     FORM_FIELDS,
     FormField,
     Values,
+    choice_text,
     section_shown,
     section_titles,
     values_from_form,
@@ -69,7 +70,7 @@ def _component(field: FormField, value: Any) -> Component:
     if field.kind == "bool":
         return gr.Checkbox(value=value, **common)
     if field.kind == "choice":
-        choices = [("(none)" if c is None else str(c), "" if c is None else c) for c in field.choices]
+        choices = [("(none)", "") if c is None else (choice_text(c), field.to_form(c)) for c in field.choices]
         return gr.Dropdown(choices=choices, value=value, filterable=False, **common)
     if field.kind == "int":
         return gr.Number(value=value, precision=0, **common)

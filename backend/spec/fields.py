@@ -70,6 +70,8 @@ class FormField:
             return text[:-2] if text.endswith(".0") else text
         if self.kind == "text":
             return ", ".join(value) if isinstance(value, list) else str(value)
+        if self.kind == "choice" and isinstance(value, bool):
+            return choice_text(value)
         return value
 
     def from_form(self, raw: Any) -> Any:
@@ -91,7 +93,14 @@ class FormField:
             return int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 18 else text
         if self.kind == "text" and isinstance(raw, str):
             return raw.strip()
+        if self.kind == "choice" and any(c is True for c in self.choices) and raw in ("true", "false"):
+            return raw == "true"
         return raw
+
+
+def choice_text(choice: Any) -> str:
+    """A choice as its widget holds and shows it: YAML's spelling for true and false."""
+    return str(choice).lower() if isinstance(choice, bool) else str(choice)
 
 
 def _section_of(path: str) -> str:
@@ -113,8 +122,8 @@ def _describe_type(annotation: Any) -> tuple[FieldKind, tuple, bool, bool]:
     others = [m for m in members if typing.get_origin(m) is not Literal]
     if literal_values and not others:
         return "choice", ((None,) if optional else ()) + tuple(literal_values), optional, False
-    if others == [bool]:
-        return "bool", (), optional, False
+    if others == [bool]:  # a checkbox has no "unset": an optional bool (unset = decided by the job) is a choice
+        return ("choice", (None, True, False), True, False) if optional else ("bool", (), False, False)
     if others == [int] and not literal_values:
         return "int", (), optional, False
     if others == [float] and not literal_values:

@@ -105,8 +105,11 @@ def test_slurm_run_from_the_page_queues_runs_reattaches_and_stops(page, slurm_cl
         assert [line.split()[1] for line in machines] == ["n0", "n1"], shown.stdout
         assert all("1 x NVIDIA H100 80GB HBM3 · util 97%" in line for line in machines), machines
         assert f"warning  ⚠ {THROTTLED}" in shown.stdout, shown.stdout
+        assert re.search(r"^network  measured [\d.]+ GB/s between machines; the estimate assumed", shown.stdout, re.M)
         page.click("#tab-run-button")
         wait_text(page, "#run-state", THROTTLED, timeout=30_000)
+        wait_text(page, "#run-facts", "network: measured", timeout=30_000)  # beside the link the estimate assumed
+        assert " GB/s between machines; the estimate assumed " in text_of(page, "#run-facts")
 
         # The panel restarted mid-run finds the run where it is.
         server.stop()

@@ -45,6 +45,23 @@ def test_widget_kinds_follow_the_field_types():
     assert FIELDS_BY_PATH["strategy.reduce_bucket_size"].accepts_int
 
 
+def test_an_optional_yes_or_no_can_stay_unset_in_the_form():
+    """A checkbox cannot say "unset": launch.network_check (unset = on for several machines) was a checkbox, so every
+    job from the page turned the network check off. It is a choice of (none), true and false."""
+    from tunedeck.app.form import _component
+
+    field = FIELDS_BY_PATH["launch.network_check"]
+    widget = _component(field, field.to_form(None))
+    assert type(widget).__name__ == "Dropdown" and widget.choices == [
+        ("(none)", ""),
+        ("true", "true"),
+        ("false", "false"),
+    ]
+    assert [field.from_form(field.to_form(v)) for v in (None, True, False)] == [None, True, False]
+    optional_bools = [f.path for f in FORM_FIELDS if f.kind == "bool" and f.optional]
+    assert not optional_bools, optional_bools
+
+
 @pytest.mark.parametrize("preset_id", sorted(load_presets()))
 def test_form_round_trips_every_preset(preset_id):
     spec = load_presets()[preset_id].build()
