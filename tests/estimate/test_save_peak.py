@@ -105,6 +105,15 @@ def test_estimate_prints_the_save_peak_in_text_and_json():
     assert {s["strategy"]: s["save"]["adds_host_gb"] for s in json.loads(done.stdout)["strategies"]}["ZeRO-3"] < 15
 
 
+def test_the_page_says_what_saving_adds():
+    from tunedeck.app.estimate_view import recommendation_markdown
+
+    text = recommendation_markdown(advise(resolve_spec("13b-lora-fsdp"), 24, cpu_mem_gb=192))
+    assert "**Saving** adds 27.8 GB of host RAM per machine" in text
+    assert "the final save gathers the model with its frozen base on rank 0's host" in text
+    assert "Saving" not in recommendation_markdown(advise(resolve_spec("7b-lora-ddp"), 24, cpu_mem_gb=128))
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_fsdp_full_state_dict_save_measured_on_two_cpu_ranks(demo_spec, tmp_path):
