@@ -305,6 +305,11 @@ def recommendation_markdown(advice: Advice | Unavailable) -> str:
         if current.nvme_gb:
             lines[0] += f", and {current.nvme_gb:.0f} GB NVMe"
     lines[0] += "."
+    if current.save.host_gb >= 0.5:  # a save can fail where training fits (backend/estimate/memory_save.py)
+        lines.append(
+            f"**Saving** adds {format_gb(current.save.host_gb)} of host RAM per machine "
+            f"({format_gb(current.save_host_gb)} while it saves): {as_text(current.save.how)}."
+        )
     limit = limit_sentence(current, gb)
     if limit:
         lines.append(f"**Loading sets the peak:** {as_text(limit)}.")

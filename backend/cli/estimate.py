@@ -158,7 +158,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _print_report(spec, advice, gpu_source: str) -> None:
-    from tunedeck.backend.estimate import LOAD_TERMS, TERMS, format_gb, limit_sentence
+    from tunedeck.backend.estimate import LOAD_TERMS, TERMS, format_gb, limit_sentence, save_problems
 
     out = sys.stdout.write
     current, gpu_gb = advice.current, advice.gpu_mem_gb
@@ -193,6 +193,14 @@ def _print_report(spec, advice, gpu_source: str) -> None:
     if current.cpu_gb or current.nvme_gb:
         out(f", {current.cpu_gb:.1f} GB CPU RAM and {current.nvme_gb:.1f} GB NVMe while training")
     out("\n")
+    save = current.save
+    save = current.save
+    out(
+        f"  saving: {save.how}; it adds {format_gb(save.gpu_gb)} per GPU and {format_gb(save.host_gb)} of host RAM"
+        f" per machine ({format_gb(current.save_gpu_gb)} and {format_gb(current.save_host_gb)} while it saves)\n"
+    )
+    for problem in save_problems(spec, current, gpu_gb, advice.cpu_mem_gb):
+        out(f"  {problem.level}: {problem.message}\n")
     width = max(map(len, (*LOAD_TERMS.values(), *TERMS.values())))
     for title, labels, values in (("load", LOAD_TERMS, current.load_breakdown), ("training", TERMS, current.breakdown)):
         out(f"  {title}:\n")
@@ -204,7 +212,8 @@ def _print_report(spec, advice, gpu_source: str) -> None:
     names = [o.strategy + (" (current)" if o.current else "") for o in advice.options]
     col = max(34, *map(len, names))
     out(
-        f"\n{'STRATEGY':{col}s} {'GPU GB':>8s} {'LOAD':>7s} {'TRAIN':>7s}  {'FITS':4s} {'CPU GB':>7s} {'NVME GB':>8s}"
+        f"\n{'STRATEGY':{col}s} {'GPU GB':>8s} {'LOAD':>7s} {'TRAIN':>7s}  {'FITS':4s} {'CPU GB':>7s} {'SAVE GB':>8s}"
+        f" {'NVME GB':>8s}"
         f" {'STEP S':>8s} {'TOK/S/GPU':>10s} {'HOURS':>8s} {'COST':>9s}\n"
     )
     for name, o in zip(names, advice.options, strict=True):
@@ -212,7 +221,7 @@ def _print_report(spec, advice, gpu_source: str) -> None:
         load, train = e.phases["load"], e.phases["train"]
         out(
             f"{name:{col}s} {e.per_gpu_gb:8.1f} {load:7.1f} {train:7.1f}  {'yes' if o.fits else 'no':4s} "
-            f"{e.host_gb:7.1f} {e.nvme_gb:8.1f} {_speed_columns(o.speed)}\n"
+            f"{e.host_gb:7.1f} {e.save_host_gb:8.1f} {e.nvme_gb:8.1f} {_speed_columns(o.speed)}\n"
         )
     rec = advice.recommendation
     out(f"\n{rec.reason}\n")

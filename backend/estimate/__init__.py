@@ -2,7 +2,7 @@
 advisor that compares every sensible strategy for it.
 
 The face: the panel and the CLI import these names from `tunedeck.backend.estimate`, never its modules. The code
-lives by concern: memory*.py (the memory model, term by term), speed*.py (the step time), advisor*.py (the
+lives by concern: memory*.py (the memory model, term by term; memory_save.py: what a save adds), speed*.py (the step time), advisor*.py (the
 strategies compared), fit.py (fits-or-not as problems), hardware.py (the machine a job is checked against).
 """
 
@@ -14,6 +14,7 @@ from tunedeck.backend.estimate.hardware import Machine, MachineValueError, machi
 from tunedeck.backend.estimate.memory import TERMS, estimate
 from tunedeck.backend.estimate.memory_job import EstimateError
 from tunedeck.backend.estimate.memory_load import LOAD_TERMS
+from tunedeck.backend.estimate.save_fit import save_problems
 from tunedeck.backend.estimate.speed import Hardware, dataset_rows, hardware_for, schedule_of
 
 __all__ = [
@@ -37,5 +38,6 @@ __all__ = [
     "limit_sentence",
     "machine_facts",
     "next_after_oom",
+    "save_problems",
     "schedule_of",
 ]

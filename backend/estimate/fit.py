@@ -6,7 +6,8 @@ machine's RAM, for loading and CPU/NVMe offload): the job cannot fit at all. A w
 stays below but above FIT_FRACTION (advisor.py): against published measured peaks the runs the fit
 never saw were predicted from 2.6% below to 13.7% above (docs/estimates.md, "Memory"), and the
 cached part is the least regular, so such a job may or may not fit. Each problem carries the
-advisor's way out as `fix` (the recommendation's changes), which the page applies.
+advisor's way out as `fix` (the recommendation's changes), which the page applies. A job that trains
+within both is checked at its saves too (save_fit.py).
 CPU jobs are checked against this machine's RAM by validate_launch.py instead.
 """
 
@@ -16,6 +17,7 @@ from typing import Literal
 
 from tunedeck.backend.estimate.advisor import Advice
 from tunedeck.backend.estimate.gpu_fit import FIT_FRACTION, format_gb
+from tunedeck.backend.estimate.save_fit import save_problems
 from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.spec.problem import Problem
 
@@ -23,7 +25,7 @@ FIELD = "strategy.kind"  # what the way out changes first
 
 
 def fit_problems(spec: JobSpec, advice: Advice) -> list[Problem]:
-    """At most one problem: the GPU's, else the host RAM's."""
+    """At most one problem: the GPU's, else the host RAM's, else the saves'."""
     if spec.launch.use_cpu:
         return []
     est, gpu, ram = advice.current, advice.gpu_mem_gb, advice.cpu_mem_gb
@@ -38,7 +40,7 @@ def fit_problems(spec: JobSpec, advice: Advice) -> list[Problem]:
         if est.host_gb > ram:
             return [_problem("error", f"does not fit: it {need} and the machine has {ram:.0f} GB", advice)]
         return [_problem("warning", f"may not fit: it {need} of {ram:.0f} GB, above {FIT_FRACTION:.0%}", advice)]
-    return []
+    return save_problems(spec, est, gpu, ram)
 
 
 def _problem(level: Literal["error", "warning"], what: str, advice: Advice) -> Problem:

@@ -9,6 +9,7 @@ Units: "GB" here is GiB (2**30 bytes), the unit nvidia-smi and NVML report.
          model. With bitsandbytes every GPU first holds the whole quantized model, so a 70B
          QLoRA job needs about 35 GB per GPU whatever the number of GPUs.
   train  backend/estimate/memory_train.py: the peak of a training step, term by term.
+  save   backend/estimate/memory_save.py: what saving a checkpoint or the final model adds to training.
 The peak on a GPU is the larger phase: the caching allocator keeps what the load reserved
 (transformers reserves the whole model in one block first: caching_allocator_warmup), and
 nvidia-smi shows it through training.
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from tunedeck.backend.estimate.memory_allocator import FITTED, AllocatorConstants
 from tunedeck.backend.estimate.memory_job import GIB, Job, input_values
 from tunedeck.backend.estimate.memory_load import LOAD_TERMS, load_phase
+from tunedeck.backend.estimate.memory_save import SavePeak, save_peak
 from tunedeck.backend.estimate.memory_train import train_phase
 from tunedeck.backend.spec import JobSpec
 
@@ -58,6 +60,8 @@ TENSOR_TERMS = (
     "buckets",
 )
 LOAD_TENSOR_TERMS = ("weights", "reference", "adapter", "in_flight")
+# What a GPU still holds between steps, when a save runs: the step's activations and gathers are gone.
+SAVE_KEPT_TERMS = ("weights", "gradients", "optimizer", "adapter", "reference", "buckets", "cuda_context")
 PHASES = ("load", "train")
 
 
@@ -73,6 +77,17 @@ class Estimate:
     load_breakdown: dict[str, float] = field(default_factory=dict)  # load phase: GB per LOAD_TERMS, per GPU
     load_cpu_gb: float = 0.0  # host RAM per machine while the model loads
     load_path: str = ""  # how this job's strategy loads the model, in words
+    save: SavePeak = field(default_factory=lambda: SavePeak(0.0, 0.0, 0.0, ""))  # what a save adds to training
+
+    @property
+    def save_gpu_gb(self) -> float:
+        """GB on one GPU while a save runs: what stays between steps plus what the save gathers at once."""
+        return sum(self.breakdown.get(t, 0.0) for t in SAVE_KEPT_TERMS) + self.save.gpu_gb
+
+    @property
+    def save_host_gb(self) -> float:
+        """Host RAM per machine while a save runs: training's (offloaded states) plus the save's copy."""
+        return self.cpu_gb + self.save.host_gb
 
     @property
     def phases(self) -> dict[str, float]:
@@ -136,6 +151,11 @@ class Estimate:
             "params": self.params,
             "trainable_params": self.trainable_params,
             "notes": list(self.notes),
+            "save": {
+                **self.save.to_dict(),
+                "gpu_gb": round(self.save_gpu_gb, 2),
+                "host_gb": round(self.save_host_gb, 2),
+            },
         }
 
 
@@ -168,4 +188,5 @@ def estimate_values(v: dict, allocator: AllocatorConstants = FITTED) -> Estimate
         load_breakdown=load_breakdown,
         load_cpu_gb=load_host / GIB,
         load_path=how,
+        save=save_peak(job),
     )

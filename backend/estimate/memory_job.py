@@ -40,6 +40,7 @@ INPUT_PATHS = (
     "strategy.overlap_comm", "strategy.reduce_bucket_size", "strategy.stage3_prefetch_bucket_size",
     "strategy.stage3_max_reuse_distance",
     "strategy.fsdp_sharding_strategy", "strategy.fsdp_activation_checkpointing", "strategy.sequence_parallel",
+    "strategy.fsdp_version", "strategy.fsdp_state_dict_type", "strategy.stage3_gather_16bit_weights_on_model_save",
     "dataset.packing", "launch.num_processes", "launch.num_machines", "launch.use_cpu",
 )  # fmt: skip
 
@@ -118,6 +119,9 @@ class Job:
     # GPUs sharing each sequence (DeepSpeed Ulysses): the layout's, for SFT only (the validation refuses the others)
     sequence_parallel: int = 1
     packing: bool = True  # SFT rows packed into sequences of max_seq_length tokens
+    # How checkpoints are saved (backend/estimate/memory_save.py): FSDP's checkpoint layout, ZeRO-3's 16-bit gather
+    state_dict_type: str = "SHARDED_STATE_DICT"
+    gather_16bit: bool = True
 
     @property
     def varying_shapes(self) -> bool:
@@ -223,6 +227,8 @@ class Job:
             kl_weight=v["grpo.beta"] if v["objective"] == "grpo" else 0.0,
             sequence_parallel=sp,
             packing=v["dataset.packing"],
+            state_dict_type=v["strategy.fsdp_state_dict_type"],
+            gather_16bit=v["strategy.stage3_gather_16bit_weights_on_model_save"],
         )
 
     @property
