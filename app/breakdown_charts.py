@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from tunedeck.app.charts import _LAYOUT, _figure, _line, downsample, ema
-from tunedeck.backend.runs import LogRecord, is_number
+from tunedeck.backend.runs import LogRecord, is_number, source_label
 
 # One color per source or rank; a run mixes at most 16 sources (backend/spec/sections.py), colors then repeat.
 PALETTE = ("#4f46e5", "#ea580c", "#16a34a", "#db2777", "#0891b2", "#ca8a04", "#7c3aed", "#dc2626", "#65a30d")
@@ -32,11 +32,6 @@ def source_series(records: Sequence[LogRecord], key: str) -> dict[str, tuple[lis
     return out
 
 
-def source_name(name: str) -> str:
-    """A source as a legend shows it: the mix entry's file name and what follows it ("subs.jsonl#300")."""
-    return name if name == "dataset.path" else name.rsplit("/", 1)[-1]
-
-
 def source_loss_figure(records: Sequence[LogRecord], smoothing: float = 0.6, log_scale: bool = False):
     """Each source's training loss (a line; EMA-smoothed as the loss chart is) and held-out loss (dotted, markers);
     None when the run logged no loss by source."""
@@ -46,7 +41,7 @@ def source_loss_figure(records: Sequence[LogRecord], smoothing: float = 0.6, log
     names = list(dict.fromkeys([*train, *held_out]))
     data = []
     for index, name in enumerate(names):
-        color, label = PALETTE[index % len(PALETTE)], source_name(name)
+        color, label = PALETTE[index % len(PALETTE)], source_label(name)
         if name in train:
             steps, values = train[name]
             values = ema(values, smoothing) if smoothing > 0 else values

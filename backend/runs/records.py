@@ -333,3 +333,9 @@ def read_records(run_dir: Path | str) -> RunRecords:
     run = RunRecords()
     run.add(MetricsReader(run_dir).read_new())
     return run
+
+
+def source_label(source: str) -> str:
+    """A dataset.mix source as a chart or table names it: the entry's file name and what follows it
+    ("subtract.jsonl#300"); the job's own rows stay "dataset.path"."""
+    return source if source == "dataset.path" else source.rsplit("/", 1)[-1]
