@@ -211,8 +211,10 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 record["gpu_peak_allocated_gb"], record["gpu_peak_reserved_gb"] = peaks
             if ranks:
                 record["ranks"] = ranks  # each rank's batch wait and forward time since the last log
-            if by_source:  # each dataset.mix source's mean token loss since the last record of its kind
-                record["loss_by_source" if "loss" in logs else "eval_loss_by_source"] = by_source
+            if by_source and "loss" in logs:  # each dataset.mix source's mean token loss since the last log record
+                record["loss_by_source"] = by_source
+            elif by_source:  # and of its held-out rows, at an evaluation
+                record["eval_loss_by_source"] = by_source
             metrics.write(record)
             if "reward" in record:
                 write_answers(Path(metrics.path).parent, state.global_step, getattr(self.trainer, "_logs", None))
