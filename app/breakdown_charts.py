@@ -48,9 +48,9 @@ def source_loss_figure(records: Sequence[LogRecord], smoothing: float = 0.6, log
             data.append(_line(*downsample(steps, values), label, dict(color=color, width=2), legendgroup=name))
         if name in held_out:
             steps, values = held_out[name]
-            line = dict(color=color, dash="dot")
-            more = dict(mode="lines+markers", marker=dict(size=7), legendgroup=name)
-            data.append(_line(*downsample(steps, values), f"{label} eval", line, **more))
+            line, marker = dict(color=color, dash="dot"), dict(size=7)
+            x, y = downsample(steps, values)
+            data.append(_line(x, y, f"{label} eval", line, "lines+markers", marker=marker, legendgroup=name))
     return _figure(data, copy.deepcopy(_validated_breakdown_layout("source", log_scale)))
 
 
