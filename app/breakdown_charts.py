@@ -82,7 +82,7 @@ def rank_figure(records: Sequence[LogRecord]):
 
 
 TITLES = {
-    "source": "Loss by data source (dataset.mix): training, and held-out (dotted)",
+    "source": "Loss by data source (dataset.mix); held-out: dotted",
     "rank": "Each rank's own part of a step: batch wait + forward (s)",
 }
 
@@ -90,6 +90,8 @@ TITLES = {
 @functools.cache
 def _validated_breakdown_layout(kind: str, log_scale: bool) -> dict:
     fig = go.Figure()
-    fig.update_layout(title=TITLES[kind], xaxis_title="step", height=300, **_LAYOUT)
+    # The legend below: a line per source, named by its mix entry, would run over the title above the chart.
+    legend = dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0)
+    fig.update_layout(title=TITLES[kind], xaxis_title="step", height=340, **{**_LAYOUT, "legend": legend})
     fig.update_yaxes(type="log" if log_scale else "linear", rangemode="normal" if log_scale else "tozero")
     return fig.to_plotly_json()["layout"]

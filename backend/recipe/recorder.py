@@ -115,6 +115,10 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
         def on_prediction_step(self, args, state, control, **kwargs):
             self.watchdog.beat()  # an evaluation batch is progress too
 
+        def on_evaluate(self, args, state, control, **kwargs):
+            if self.rank_timing:  # the evaluation's time is no wait for the next training batch
+                self.rank_timing.micro_batch_done()
+
         def on_save(self, args, state, control, **kwargs):
             self.watchdog.saved()
             self._progress(state.global_step)
