@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING
 
 import gradio as gr
 
-from tunedeck.app.chart_marks import health_marks
-from tunedeck.app.charts import loss_figure, metrics_figure
 from tunedeck.app.live_progress import FOLLOW_LOG_JS, REFRESH_ID
 from tunedeck.app.oom_offer import BUTTON, next_updates
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.run_actions import resume_shown, stacks_notice, stop_run
-from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, compared_line, run_choices, table_row, unreadable_line
+from tunedeck.app.run_charts import RunCharts
+from tunedeck.app.run_index import TABLE_HEADERS, RunsIndex, run_choices, table_row, unreadable_line
 from tunedeck.app.run_shown import TICK_S, RunShown, charts_every_s
 from tunedeck.app.run_state_line import memory_line, progress_html, results_line, state_line
 from tunedeck.app.run_watch import RunWatches
@@ -53,9 +52,8 @@ if TYPE_CHECKING:
 
 # What a redraw may send, in the order of RunView.outputs (attributes the layout sets).
 OUTPUTS = (
-    "shown", "select", "overlay", "table", "status", "progress", "facts", "summary", "name", "notes", "error",
-    "next_line", "next_strategy", "compared", "loss_plot", "metrics_plot", "answers", "memory", "log", "stop",
-    "resume", "stacks",
+    "shown", "select", "table", "status", "progress", "facts", "summary", "name", "notes", "error", "next_line",
+    "next_strategy", "answers", "memory", "log", "stop", "resume", "stacks",
 )  # fmt: skip
 
 
@@ -66,7 +64,7 @@ class RunView(Section):
         self.manager = manager
         self.index = RunsIndex(manager)
         self.watches = RunWatches()
-        self.lineage = Lineage(manager)  # a resumed run's forebears, whose loss its chart draws before its own
+        self.charts = RunCharts(manager, Lineage(manager))
         # optional: (the run's job, measured peaks) -> markdown, set by the estimate view
         self.memory_hook: Callable[[JobSpec | UnreadableJob, dict], str] | None = None
 
@@ -127,21 +125,7 @@ class RunView(Section):
                 "run.next_strategy",
                 gr.Button(BUTTON, visible=False, elem_id="run-next-strategy", scale=0, min_width=300),
             )
-        with gr.Row():
-            self.smoothing = add(
-                "run.smoothing",
-                gr.Slider(0, 0.99, value=0.6, step=0.01, label="Smoothing (EMA weight)", elem_id="smoothing"),
-            )
-            self.log_scale = add("run.log_scale", gr.Checkbox(label="Log scale", value=False, elem_id="log-scale"))
-            self.overlay = add(
-                "run.overlay",
-                gr.Dropdown(
-                    label="Overlay the loss of", choices=[], value=None, elem_id="overlay-select", filterable=False
-                ),
-            )
-        self.compared = add("run.compared", gr.Markdown(elem_id="run-compared"))
-        self.loss_plot = add("run.loss_chart", gr.Plot(show_label=False, elem_id="loss-chart"))
-        self.metrics_plot = add("run.metrics_chart", gr.Plot(show_label=False, elem_id="metrics-chart"))
+        self.charts.build(add)  # the chart options, the loss and metrics charts, by source and by rank
         self.answers = add("run.answers", gr.Markdown(elem_id="run-answers"))  # GRPO's: what the model writes
         self.memory = add("run.memory", gr.Markdown(elem_id="run-memory"))
         self.log = add(
@@ -160,7 +144,7 @@ class RunView(Section):
 
     @property
     def outputs(self) -> list:
-        return [getattr(self, name) for name in OUTPUTS]
+        return [getattr(self, name) for name in OUTPUTS] + self.charts.outputs
 
     @property
     def details(self) -> list:
@@ -174,12 +158,13 @@ class RunView(Section):
     @property
     def inputs(self) -> list:
         """What a redraw reads: what the browser shows, and the chart options."""
-        return [self.shown, self.smoothing, self.log_scale, self.overlay]
+        return [self.shown, *self.charts.options]
 
     def redraw(self, got: Got, force: bool = False, shown: RunShown | None = None) -> Updates:
         """render() with a listener's inputs; `shown` stands in for the browser's RunShown."""
         shown = shown or got[self.shown]
-        return self.render(shown, got[self.smoothing], got[self.log_scale], got[self.overlay] or None, force=force)
+        smoothing, log_scale, overlay = (got[c] for c in self.charts.options)
+        return self.render(shown, smoothing, log_scale, overlay or None, force=force)
 
     def render(
         self, old: RunShown, smoothing: float, log_scale: bool, overlay: str | None, force: bool = False
@@ -211,7 +196,7 @@ class RunView(Section):
         if force or shown.runs_sig != runs_sig or shown.shown_run != shown.run:
             choices = run_choices(self.index, runs)
             out[self.select] = gr.update(choices=choices, value=shown.run)
-            out[self.overlay] = gr.update(choices=[("(none)", "")] + choices, value=overlay or "")
+            out[self.charts.overlay] = gr.update(choices=[("(none)", "")] + choices, value=overlay or "")
             out[self.table] = [table_row(r, self.index.facts(r)) for r in runs]
             shown.runs_sig = runs_sig
         if status is None or run_id is None:  # (no status without a run)
@@ -270,19 +255,12 @@ class RunView(Section):
             shown.bar_sig = bar_sig
             out[self.progress] = progress_html(summary.fraction, summary.progress, status.state, run_id)
         if charts_due:
-            if new_run or drawn[0] != plots[0]:  # another run or overlay: what the overlaid run did differently
-                out[self.compared] = compared_line(self.manager, run_id, other and overlay)
-            drawn_runs = [("this run", watch.records)] + ([(overlay, other.records)] if other and overlay else [])
-            before = self.lineage.records_before(run_id, facts.job, watch, self._records)
             shown.charts_sig, shown.charts_at = plots, time.monotonic()
-            out.update(
-                {
-                    self.loss_plot: loss_figure(drawn_runs, smoothing, log_scale, before, health_marks(watch.health)),
-                    self.metrics_plot: gr.update(value=metrics_figure(watch.records), visible=bool(watch.records)),
-                    self.answers: answers_markdown(latest_answers(self.manager.run_dir(run_id)), as_text),
-                    self.memory: self._memory_markdown(run_id, watch),
-                }
-            )
+            compare = new_run or drawn[0] != plots[0]  # another run or overlay: what the overlaid run did differently
+            options = dict(smoothing=smoothing, log_scale=log_scale, compare=compare)
+            self.charts.draw(out, run_id, watch, other, overlay, facts.job, self._records, **options)
+            out[self.answers] = answers_markdown(latest_answers(self.manager.run_dir(run_id)), as_text)
+            out[self.memory] = self._memory_markdown(run_id, watch)
         if log_due:
             shown.log_sig = (run_id, watch.log_version)
             log_name, log_text = watch.log_text()
@@ -369,7 +347,7 @@ class RunView(Section):
             show_progress="hidden",
             trigger_mode="always_last",
         )
-        options = [self.smoothing.input, self.log_scale.input, self.overlay.input]
+        options = [option.input for option in self.charts.options]
         listen(
             options,
             on_option,

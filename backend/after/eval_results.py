@@ -7,7 +7,9 @@ Each result: loss, perplexity (null when no row has an answer to score), tokens 
 exact_match and contains_match (fractions), rouge_l (mean ROUGE-L F1; all three null when no prompt has
 the data's answer to judge by), preferred (of preference pairs: the share where the chosen answer is the more
 likely; null for other data), generated (how many answers were generated), answers_file (every answer,
-eval_answers.py), data (what it was measured on),
+eval_answers.py), data (what it was measured on), by_source (a dataset.mix run's held-out rows: {source: loss,
+perplexity, tokens, examples, exact_match, contains_match, rouge_l} of each source's rows; the table shows a row
+each under its model),
 device, seconds, evaluated_at, step. A new evaluation replaces the entries it measured and keeps
 the others.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from tunedeck.backend.after.eval_answers import save_answers
 from tunedeck.backend.after.scoring import order_key
+from tunedeck.backend.runs.records import source_label
 
 EVAL_FILE = "eval.json"
 VERSION = 1
@@ -87,4 +90,7 @@ def table_rows(data: dict) -> list[list]:
                 r.get("data"),
             ]
         )
+        for source, m in (r.get("by_source") or {}).items():  # a mixed run's sources, each under its model
+            scores = [m.get(k) for k in ("loss", "perplexity", "exact_match", "contains_match", "rouge_l")]
+            rows.append([f"{name} · {source_label(source)}", *scores, None, m.get("examples"), source])
     return rows

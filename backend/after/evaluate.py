@@ -19,7 +19,7 @@ import math
 import time
 from pathlib import Path
 
-from tunedeck.backend.after.scoring import eval_rows, has_answer, judged, order_key, question_and_answer
+from tunedeck.backend.after.scoring import by_source, eval_rows, has_answer, judged, order_key, question_and_answer
 from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.runs.checkpoints import AfterError, Weights, list_weights
 from tunedeck.backend.spec import JobSpec
@@ -181,7 +181,8 @@ def score(
         result["preferred"] = chosen_preferred(
             model, tokenizer, pairs, chosen, max_length, say("pairs"), cancel, per_token
         )
-    pairs = [qa for qa in map(question_and_answer, rows) if qa is not None]
+    asked = [(row, qa) for row in rows if (qa := question_and_answer(row)) is not None]
+    pairs = [qa for _, qa in asked]
     result.update(exact_match=None, contains_match=None, rouge_l=None, generated=0, answers=[])
     if pairs:
         got = answers(model, tokenizer, pairs, say("generating answers"), cancel)
@@ -194,6 +195,9 @@ def score(
                 contains_match=sum(row["contains_match"] for row in with_answer) / len(with_answer),
                 rouge_l=sum(row["rouge_l"] for row in with_answer) / len(with_answer),
             )
+    sources = by_source(rows, scored, losses, list(zip([row for row, _ in asked], result["answers"])))
+    if sources:  # rows of a dataset.mix run's sources: the same measures of each
+        result["by_source"] = sources
     result["seconds"] = round(time.monotonic() - started, 2)
     return result
 

@@ -10,6 +10,7 @@ it. The models' order in every table: base, checkpoints by step, final.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tunedeck.backend.after.eval_data import eval_source, local
 from tunedeck.backend.runs.checkpoints import AfterError
 from tunedeck.backend.spec import JobSpec
 
+SOURCE_KEY = "data_source"  # a row's dataset.mix source ("dataset.path" for the job's own), when the run mixed data
 SCORES = ("exact_match", "contains_match", "rouge_l")  # of each answer; null where the data has none
 # Where a row's answers are: a preference pair's is its chosen one (unpaired ones: the answers labelled good).
 ANSWER_FIELDS = {
@@ -33,7 +35,27 @@ def eval_rows(
     """(rows in TRL's columns: prompt/completion, text or messages; where they came from). Which data:
     backend/after/eval_data.py (NoEvalData when the run has none)."""
     dataset_cfg, split, source = eval_source(run_dir, job, data_file)
-    return _read_rows(dataset_cfg, split, source, limit, answers_optional=True), source
+    rows = _read_rows(dataset_cfg, split, source, limit, answers_optional=True)
+    if data_file is None and job.dataset.eval_split and job.dataset.mix:  # each source's held-out rows, as trained
+        return with_mix_rows(run_dir, dataset_cfg, split, rows, source, limit)
+    return rows, source
+
+
+def with_mix_rows(run_dir: Path, dataset_cfg: dict, split: str, rows: list[dict], source: str, limit: int | None):
+    """(The rows of dataset.eval_split, then each dataset.mix source's rows of the same split, as the run evaluated
+    them in training (backend/recipe/data.py: mixed_eval), each row with its source under SOURCE_KEY (up to `limit`
+    rows of each source); where they came from). A source without that split adds none."""
+    rows = [{**row, SOURCE_KEY: "dataset.path"} for row in rows]
+    mixed = []
+    for entry, config, _, _ in recipe.mix_sources(dataset_cfg):
+        config["path"] = str(local(run_dir, config["path"]))
+        try:
+            part = _read_rows(config, split, entry, limit, answers_optional=True, convert=recipe.in_job_format)
+        except AfterError:  # no such split in this source: it was not evaluated in training either
+            continue
+        rows += [{**row, SOURCE_KEY: entry} for row in part]
+        mixed.append(entry)
+    return rows, source + "".join(f" + {entry} [{split}]" for entry in mixed)
 
 
 def training_rows(run_dir: Path, job: JobSpec, limit: int | None = None) -> tuple[list[dict], str]:
@@ -51,6 +73,7 @@ def _read_rows(
     limit: int | None,
     what: str = "evaluation data",
     answers_optional: bool = False,
+    convert=recipe.to_trl_format,
 ) -> list[dict]:
     """The rows in TRL's columns; with `answers_optional`, a file of prompts alone gives rows whose completion is None."""
     try:
@@ -58,7 +81,7 @@ def _read_rows(
         answer_columns = _missing_answer_columns(dataset, dataset_cfg) if answers_optional else []
         for answer_column in answer_columns:
             dataset = dataset.add_column(answer_column, [""] * len(dataset))
-        dataset = recipe.to_trl_format(dataset, dataset_cfg, "text")
+        dataset = convert(dataset, dataset_cfg, "text")  # a dataset.mix source's: in_job_format, converted
         if "label" in dataset.column_names:  # answers labelled good or bad
             dataset = dataset.filter(lambda row: row["label"]).remove_columns("label")
     except recipe.JobError as exc:
@@ -148,6 +171,25 @@ def judged(prompt: object, expected: str | None, answer: str) -> dict:
         return {"prompt": prompt, "expected": None, "answer": answer, **dict.fromkeys(SCORES)}
     scores = (exact_match(answer, expected), contains_match(answer, expected), round(rouge_l(answer, expected), 4))
     return {"prompt": prompt, "expected": expected, "answer": answer, **dict(zip(SCORES, scores, strict=True))}
+
+
+def by_source(rows: list[dict], scored: list[dict], losses: list, answered: list[tuple[dict, dict]]) -> dict:
+    """{source: its loss, perplexity, tokens, examples and mean answer scores} of rows that carry their source
+    (SOURCE_KEY); `losses` are the (summed loss, tokens) of the `scored` rows, `answered` (row, judged answer)."""
+    out = {}
+    for name in dict.fromkeys(row.get(SOURCE_KEY) for row in rows if SOURCE_KEY in row):
+        lost = [loss for row, loss in zip(scored, losses) if row.get(SOURCE_KEY) == name]
+        tokens = sum(n for _, n in lost)
+        loss = sum(total for total, _ in lost) / tokens if tokens else None
+        said = [answer for row, answer in answered if row.get(SOURCE_KEY) == name and answer["expected"] is not None]
+        out[name] = {
+            "loss": loss,
+            "perplexity": None if loss is None else math.exp(min(loss, 700)),
+            "tokens": tokens,
+            "examples": sum(row.get(SOURCE_KEY) == name for row in rows),
+            **{key: sum(a[key] for a in said) / len(said) if said else None for key in SCORES},
+        }
+    return out
 
 
 def order_key(name: str) -> tuple:

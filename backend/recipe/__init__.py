@@ -20,7 +20,7 @@ from .data import (
     mixed_in,
     prompts_within,
 )
-from .formats import ALPACA_PROMPT, FORMAT_COLUMNS, KIND_NEEDS, as_label, column, to_trl_format
+from .formats import ALPACA_PROMPT, FORMAT_COLUMNS, KIND_NEEDS, as_label, column, in_job_format, to_trl_format
 from .gate import GateError, check_processes, expected_run, expected_trainable, gate_problems
 from .job import JobError, read_yaml
 from .layout import Layout
@@ -96,6 +96,7 @@ __all__ = [
     "expected_trainable",
     "gate_problems",
     "grpo_record",
+    "in_job_format",
     "input_problems",
     "last_record",
     "load_datasets",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .formats import in_job_format, to_trl_format
 from .job import JobError
+from .source_loss import SOURCE_COLUMN, tracks_sources, with_source_column
 
 DATA_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -48,6 +49,11 @@ def load_datasets(job: dict, args, tokenizer):
     evaluation = None
     if dataset_cfg.get("eval_split"):
         evaluation = to_trl_format(load_split(dataset_cfg, dataset_cfg["eval_split"]), dataset_cfg, text_column)
+    tagged = tracks_sources(job) and len(rows) > 1  # each row says its source, for the loss of each (source_loss.py)
+    if tagged:
+        train = train.add_column(SOURCE_COLUMN, [i for i, count in enumerate(rows.values()) for _ in range(count)])
+    if evaluation is not None and len(rows) > 1:
+        evaluation = mixed_eval(evaluation, dataset_cfg, text_column, tagged)
     if job.get("objective") == "grpo":
         limit = int((job.get("grpo") or {}).get("max_prompt_length") or 512)
         train = prompts_within(train, tokenizer, limit, "dataset.split")
@@ -103,6 +109,29 @@ def mixed_in(train, dataset_cfg: dict, text_column: str, seed: int):
         rows_of[entry] = len(part)
     print(f"dataset: {sum(len(p) for p in parts):,} training rows: " + ", ".join(counts), flush=True)
     return concatenate_datasets(parts), rows_of
+
+
+def mixed_eval(evaluation, dataset_cfg: dict, text_column: str, tagged: bool):
+    """The held-out rows of dataset.eval_split, then each dataset.mix source's rows of the same split (tagged: every
+    row with its source's index); a source without that split is evaluated on none (the log says so). Evaluate
+    after training reads the same rows (backend/after/scoring.py: with_mix_rows)."""
+    from datasets import concatenate_datasets
+
+    split = dataset_cfg["eval_split"]
+    tag = with_source_column if tagged else (lambda part, _: part)
+    parts = [tag(evaluation, 0)]
+    for index, (entry, config, _, _) in enumerate(mix_sources(dataset_cfg), start=1):
+        try:
+            part = in_job_format(load_split(config, split), config, text_column)
+            part = part.cast(evaluation.features) if part.features != evaluation.features else part
+        except (JobError, ValueError, TypeError) as exc:  # datasets: "Unknown split", a slice out of range
+            print(
+                f"dataset.mix {entry!r}: no evaluation rows of split {split!r} ({exc}); its eval loss is not logged",
+                flush=True,
+            )
+            continue
+        parts.append(tag(part, index))
+    return concatenate_datasets(parts)
 
 
 def resampled(dataset, rows: int, seed: int):

@@ -36,6 +36,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
             self.dataset_rows: dict = {}  # and this: the training rows each source gave (dataset.path, dataset.mix)
             self.network: dict | None = None  # and this: the all-reduce sweep before the model loaded (network.py)
             self.rank_timing: Any = None  # and this: each rank's own part of a step (rank_timing.py)
+            self.source_losses: Any = None  # and this, in a mixed run: each source's loss (source_loss.py)
             self.resumed: tuple[str | None, int | None] = (None, None)  # (checkpoint, the DP size it was saved on)
             self.stopped_early = False
             # Durations on the monotonic clock: a step of the wall clock (NTP, a VM resumed) must not bend them.
@@ -114,6 +115,10 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
         def on_prediction_step(self, args, state, control, **kwargs):
             self.watchdog.beat()  # an evaluation batch is progress too
 
+        def on_evaluate(self, args, state, control, **kwargs):
+            if self.rank_timing:  # the evaluation's time is no wait for the next training batch
+                self.rank_timing.micro_batch_done()
+
         def on_save(self, args, state, control, **kwargs):
             self.watchdog.saved()
             self._progress(state.global_step)
@@ -167,12 +172,14 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 return  # the trainer's closing summary; the end record covers it
             peaks = gpu_peaks_gb()  # collective: every rank takes part
             ranks = self.rank_timing.gathered() if self.rank_timing and "loss" in logs else None  # collective too
+            mode = "train" if "loss" in logs else "eval"
+            by_source = self.source_losses.gathered(mode, args.device) if self.source_losses else None  # collective
             if metrics:
-                self._write_log(args, state, logs, peaks, ranks)
+                self._write_log(args, state, logs, peaks, ranks, by_source)
             if "loss" in logs:  # after the log record: the chart shows the step that set it off
                 self.health.on_log(args, state, control, logs)  # collective too
 
-        def _write_log(self, args, state, logs: dict, peaks, ranks: list[dict] | None) -> None:
+        def _write_log(self, args, state, logs: dict, peaks, ranks: list[dict] | None, by_source=None) -> None:
             """Rank 0: the log record of this logging step."""
             if not metrics:
                 return
@@ -208,6 +215,10 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 record["gpu_peak_allocated_gb"], record["gpu_peak_reserved_gb"] = peaks
             if ranks:
                 record["ranks"] = ranks  # each rank's batch wait and forward time since the last log
+            if by_source and "loss" in logs:  # each dataset.mix source's mean token loss since the last log record
+                record["loss_by_source"] = by_source
+            elif by_source:  # and of its held-out rows, at an evaluation
+                record["eval_loss_by_source"] = by_source
             metrics.write(record)
             if "reward" in record:
                 write_answers(Path(metrics.path).parent, state.global_step, getattr(self.trainer, "_logs", None))

@@ -83,6 +83,7 @@ from .reshard import load_universal_if_reshaped
 from .restore import data_parallel_size, with_restored_position
 from .rewards import reward_functions
 from .rollback import ROLLBACK_EXIT, current_rollback, rollback_checkpoint, with_rollback_window
+from .source_loss import SourceLosses, tracks_sources, with_source_loss
 from .telemetry import TelemetrySampler
 from .watchdog import IMPORTING_REWARDS, watched_phase
 
@@ -135,6 +136,9 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     startup.enter(("tokenizing the data" if job.get("objective") != "grpo" else "building the trainer") + scoring)
     rollback = current_rollback()  # an attempt after a roll-back: its checkpoint, the data window it skips
     trainer_type = with_faults(with_atomic_checkpoints(with_restored_position(trainer_class(trainer_base))))
+    by_source = tracks_sources(job) and len(rows) > 1
+    if by_source:
+        trainer_type = with_source_loss(trainer_type)
     trainer = with_rollback_window(trainer_type, int((rollback or {}).get("skip_steps", 0)))(
         **extra,
         model=model,
@@ -151,6 +155,8 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
         extra.clear()
         trainer.ref_model = None
     recorder.trainer = trainer
+    if by_source:  # each source's loss, at logging and evaluation steps
+        recorder.source_losses = SourceLosses(trainer, list(rows))
     if job.get("objective") != "grpo":  # GRPO's forward passes are mostly its answers being written
         recorder.rank_timing = RankTiming(trainer)
     startup.enter("preparing the model and optimizer")  # DeepSpeed or FSDP wraps it; DeepSpeed may compile ops

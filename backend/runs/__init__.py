@@ -21,7 +21,15 @@ from tunedeck.backend.runs.network import network_line
 from tunedeck.backend.runs.notes import NAME_MAX_CHARS, NotesError, RunNotes, read_notes, write_notes
 from tunedeck.backend.runs.preflight import job_problems, needs_gpus_here, refusal_text
 from tunedeck.backend.runs.preflight import preflight as preflight_problems
-from tunedeck.backend.runs.records import HealthRecord, LogRecord, MetricsReader, RunRecords, is_number, read_records
+from tunedeck.backend.runs.records import (
+    HealthRecord,
+    LogRecord,
+    MetricsReader,
+    RunRecords,
+    is_number,
+    read_records,
+    source_label,
+)
 from tunedeck.backend.runs.reshape import Shape, reshaped
 from tunedeck.backend.runs.resume import RESUMABLE_STATES, newest_checkpoint, resume_run
 from tunedeck.backend.runs.slow_rank import slow_rank_line
@@ -153,6 +161,7 @@ __all__ = [
     "shown_value",
     "slow_rank_line",
     "smoke_verdict",
+    "source_label",
     "start_smoke_run",
     "starting_phase",
     "summarize",

@@ -178,6 +178,9 @@ class LogRecord(TypedDict, total=False):
     gpu_peak_allocated_gb: list[float]  # per rank, highest so far (GPU runs only)
     gpu_peak_reserved_gb: list[float]
     ranks: list[RankPart]  # each rank's own part of a step (2 processes or more)
+    # A dataset.mix run's (SFT, unpacked): each source's mean token loss, by its dataset_rows name (source_loss.py)
+    loss_by_source: dict[str, float]
+    eval_loss_by_source: dict[str, float]
 
 
 class HealthRecord(TypedDict, total=False):
@@ -330,3 +333,9 @@ def read_records(run_dir: Path | str) -> RunRecords:
     run = RunRecords()
     run.add(MetricsReader(run_dir).read_new())
     return run
+
+
+def source_label(source: str) -> str:
+    """A dataset.mix source as a chart or table names it: the entry's file name and what follows it
+    ("subtract.jsonl#300"); the job's own rows stay "dataset.path"."""
+    return source if source == "dataset.path" else source.rsplit("/", 1)[-1]

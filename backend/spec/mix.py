@@ -5,7 +5,8 @@ An entry is SOURCE[@CONFIG][:SPLIT][#ROWS]: a local file or folder, or a hub dat
 hub configuration, the split (default train; slices work) and how many rows to take (fewer than the
 source has: a seeded sample; more: the source repeated, then sampled; none: all of them), like
 ms-swift's `dataset#N`. The rows join the main dataset's training rows, which the trainer shuffles;
-evaluation stays on the main dataset's eval_split. The pattern is the recipe's (backend/recipe/data.py), which
+with dataset.eval_split, each source's rows of that split join the held-out rows. An SFT run without packing logs
+each source's training and held-out loss (backend/recipe/source_loss.py), and Evaluate scores each source's rows. The pattern is the recipe's (backend/recipe/data.py), which
 reads the entries in every run.
 """
 

@@ -297,7 +297,9 @@ class DatasetSpec(_DatasetColumns):  # type: ignore[misc, valid-type]
         "/data/general.jsonl#2000 or HuggingFaceH4/ultrachat_200k:train_sft#5000. #ROWS samples that many "
         "(repeating a smaller source); without it, every row. In this job's format and columns, or in another "
         "its columns name (messages; instruction, input, output; prompt, completion; text), converted: a prompt "
-        "and its answer become a chat for a messages job, one text for a text job.",
+        "and its answer become a chat for a messages job, one text for a text job. With an evaluation split, each "
+        "source is also evaluated on its rows of that split (give the entry's own split, e.g. :train[:95%], to keep "
+        "them out of training); an SFT run without packing logs each source's loss.",
     )
 
     @field_validator("mix", mode="before")

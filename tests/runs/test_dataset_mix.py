@@ -14,7 +14,7 @@ import pytest
 from tunedeck.backend import recipe
 from tunedeck.backend.spec import resolve_spec
 
-from .helpers import start_record
+from .helpers import log_records, read_metrics, start_record
 from .test_training_runs import assert_finished, run_to_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -121,14 +121,21 @@ def test_a_chat_job_trains_on_alpaca_rows_mixed_in(demo_home, runs_dir):
     assert_finished(manager, run_id, status)
     start = start_record(manager.run_dir(run_id))
     assert start["dataset_rows"]["dataset.path"] > 0 and start["dataset_rows"][f"{formats / 'alpaca.jsonl'}#100"] == 100
+    # chats keep their source through TRL's chat template too
+    sources = [set(r["loss_by_source"]) for r in log_records(manager.run_dir(run_id))]
+    assert {"dataset.path", f"{formats / 'alpaca.jsonl'}#100"} in sources
 
 
-def test_a_run_trains_on_the_mixed_in_rows(split_demo, runs_dir):
+def test_a_run_trains_on_the_mixed_in_rows_and_logs_each_sources_loss(split_demo, runs_dir):
+    """One epoch of both sources; each source's training loss at every logging step and its held-out loss at every
+    evaluation (its own rows of the eval split), the logged loss a mean of them (source_loss.py)."""
     adds, subs = split_demo
+    mixed = f"{subs}:train[:90%]#300"
     spec = resolve_spec(
         "demo",
         [
-            f"dataset.path={adds}", f"dataset.mix={subs}#300", "dataset.packing=false",
+            f"dataset.path={adds}", f"dataset.mix={mixed}", "dataset.packing=false",
+            "dataset.split=train[:90%]", "dataset.eval_split=train[90%:]", "training.eval_steps=20",
             "training.max_steps=-1", "training.num_train_epochs=1", "training.per_device_train_batch_size=8",
             "training.gradient_accumulation_steps=1",
         ],
@@ -137,9 +144,28 @@ def test_a_run_trains_on_the_mixed_in_rows(split_demo, runs_dir):
     assert_finished(manager, run_id, status)
     run_dir = manager.run_dir(run_id)
     start = start_record(run_dir)
-    additions = len(adds.read_text().splitlines())
-    assert start["dataset_rows"] == {"dataset.path": additions, f"{subs}#300": 300}
+    additions = len(recipe.load_split({"path": str(adds)}, "train[:90%]"))
+    assert start["dataset_rows"] == {"dataset.path": additions, mixed: 300}
     # One epoch of both, 16 rows a step on 2 ranks: the trainer counted the mixed-in rows
     assert start["max_steps"] == -(-(additions + 300) // 16)
     log = (run_dir / "logs" / "rank0.log").read_text()
-    assert f"dataset: {additions + 300:,} training rows: {additions:,} from dataset.path, 300 from {subs}#300" in log
+    assert f"dataset: {additions + 300:,} training rows: {additions:,} from dataset.path, 300 from {mixed}" in log
+
+    names = {"dataset.path", mixed}
+    logs = log_records(run_dir)
+    assert [r["step"] for r in logs] == list(range(1, start["max_steps"] + 1))
+    assert all(r["loss_by_source"] and set(r["loss_by_source"]) <= names for r in logs)
+    for record in logs:  # a step's loss is its tokens' mean: its one source's, or between its sources' means
+        by_source = record["loss_by_source"].values()
+        assert min(by_source) - 1e-4 <= record["loss"] <= max(by_source) + 1e-4, record
+    both = [r["loss_by_source"] for r in logs if set(r["loss_by_source"]) == names]
+    assert len(both) > len(logs) / 2  # the sampler groups rows by length: a step may hold one source only
+    for name in names:  # both sources were learned
+        assert sum(b[name] for b in both[-5:]) / 5 < both[0][name] / 2, (both[0], both[-5:])
+    evals = [r for r in read_metrics(run_dir) if r["event"] == "log" and "eval_loss" in r]
+    assert [r["step"] for r in evals] == [20, 40, start["max_steps"]] and all(
+        set(r["eval_loss_by_source"]) == names for r in evals
+    )
+    for record in evals:  # the evaluation's loss is a mean over batches of both sources' rows
+        by_source = record["eval_loss_by_source"].values()
+        assert min(by_source) * 0.9 <= record["eval_loss"] <= max(by_source) * 1.1, record
