@@ -47,7 +47,9 @@ def with_mix_rows(run_dir: Path, dataset_cfg: dict, split: str, rows: list[dict]
     rows of each source); where they came from). A source without that split adds none."""
     rows = [{**row, SOURCE_KEY: "dataset.path"} for row in rows]
     mixed = []
-    for entry, config, _, _ in recipe.mix_sources(dataset_cfg):
+    for entry, config, trained, _ in recipe.mix_sources(dataset_cfg):
+        if recipe.trains_on(trained, split):  # its held-out rows are training rows: not evaluated in training either
+            continue
         config["path"] = str(local(run_dir, config["path"]))
         try:
             part = _read_rows(config, split, entry, limit, answers_optional=True, convert=recipe.in_job_format)

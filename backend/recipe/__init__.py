@@ -19,6 +19,7 @@ from .data import (
     mix_sources,
     mixed_in,
     prompts_within,
+    trains_on,
 )
 from .formats import ALPACA_PROMPT, FORMAT_COLUMNS, KIND_NEEDS, as_label, column, in_job_format, to_trl_format
 from .gate import GateError, check_processes, expected_run, expected_trainable, gate_problems
@@ -118,6 +119,7 @@ __all__ = [
     "speed_facts",
     "to_trl_format",
     "torch_dtype",
+    "trains_on",
     "unscored_warning",
     "watched_phase",
     "webhook_service",

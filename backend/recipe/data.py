@@ -111,6 +111,12 @@ def mixed_in(train, dataset_cfg: dict, text_column: str, seed: int):
     return concatenate_datasets(parts), rows_of
 
 
+def trains_on(trained: str, held_out: str) -> bool:
+    """Whether a mix source trained on split `trained` holds split `held_out`'s rows: all of a split holds every
+    slice of it ("train" holds "train[90%:]"). Slices of one split are taken as the user chose them."""
+    return "[" not in trained and held_out.split("[")[0].strip() == trained.strip()
+
+
 def mixed_eval(evaluation, dataset_cfg: dict, text_column: str, tagged: bool):
     """The held-out rows of dataset.eval_split, then each dataset.mix source's rows of the same split (tagged: every
     row with its source's index); a source without that split is evaluated on none (the log says so). Evaluate
@@ -120,7 +126,14 @@ def mixed_eval(evaluation, dataset_cfg: dict, text_column: str, tagged: bool):
     split = dataset_cfg["eval_split"]
     tag = with_source_column if tagged else (lambda part, _: part)
     parts = [tag(evaluation, 0)]
-    for index, (entry, config, _, _) in enumerate(mix_sources(dataset_cfg), start=1):
+    for index, (entry, config, trained, _) in enumerate(mix_sources(dataset_cfg), start=1):
+        if trains_on(trained, split):
+            print(
+                f"dataset.mix {entry!r}: its held-out loss is not logged: it trains on all of split {trained!r}, "
+                f"which holds {split!r}; give the entry a split without those rows, e.g. :{trained}[:90%]",
+                flush=True,
+            )
+            continue
         try:
             part = in_job_format(load_split(config, split), config, text_column)
             part = part.cast(evaluation.features) if part.features != evaluation.features else part

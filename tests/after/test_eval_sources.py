@@ -38,6 +38,11 @@ def test_the_held_out_rows_of_a_mixed_run_carry_their_source(mixed_job, tmp_path
     assert source.endswith(f" + {mixed} [train[90%:]]")
     plain = job.model_copy(update={"dataset": job.dataset.model_copy(update={"mix": []})})
     assert all(SOURCE_KEY not in row for row in eval_rows(tmp_path, plain, limit=5)[0])
+    # A source that trains on all of its split holds the held-out slice: its rows would be training rows.
+    whole = mixed.replace(":train[:90%]", "")
+    leaky = job.model_copy(update={"dataset": job.dataset.model_copy(update={"mix": [whole]})})
+    rows, source = eval_rows(tmp_path, leaky, limit=5)
+    assert [row[SOURCE_KEY] for row in rows] == ["dataset.path"] * 5 and whole not in source
 
 
 @pytest.mark.slow  # loads the demo model and generates answers: about 10 s of CPU
