@@ -12,11 +12,12 @@ launch.network_check: true, false, or unset (on for a job on more than one machi
 
 from __future__ import annotations
 
+import math
 import time
 
 SIZES_MB = (1, 4, 16, 64)
 BUDGET_S = 4.0  # the whole sweep, both scopes: a larger size is measured only while the budget allows
-MIN_REPEATS, MIN_SECONDS = 3, 0.1
+MIN_REPEATS, MIN_SECONDS, MAX_REPEATS = 3, 0.1, 50
 
 
 def wanted(job: dict) -> bool:
@@ -37,19 +38,26 @@ def _sweep(group, ranks: int, device, deadline: float) -> list[dict]:
     import torch.distributed as dist
 
     measured = []
+    root = dist.get_global_rank(group, 0) if group is not None else 0
     for size_mb in SIZES_MB:
         go = torch.tensor([1.0 if time.monotonic() < deadline else 0.0], device=device)
-        dist.broadcast(go, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        dist.broadcast(go, src=root, group=group)
         if not go.item():
             break
         tensor = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device)
         dist.all_reduce(tensor, group=group)  # warm-up: connections, buffers
-        repeats, started = 0, time.perf_counter()
-        while repeats < MIN_REPEATS or time.perf_counter() - started < MIN_SECONDS:
+        started = time.perf_counter()
+        dist.all_reduce(tensor, group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        # How many repeats fill MIN_SECONDS, by rank 0's clock, for every rank: a count each rank chose by its own
+        # clock differed between ranks, and the ranks waited on each other's all-reduce for ever (seen on 2 nodes).
+        once = max(time.perf_counter() - started, 1e-6)
+        count = torch.tensor([float(min(MAX_REPEATS, max(MIN_REPEATS, math.ceil(MIN_SECONDS / once))))], device=device)
+        dist.broadcast(count, src=root, group=group)
+        repeats, started = int(count.item()), time.perf_counter()
+        for _ in range(repeats):
             dist.all_reduce(tensor, group=group)
-            repeats += 1
-            if repeats >= 50:
-                break
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = (time.perf_counter() - started) / repeats

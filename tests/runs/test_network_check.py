@@ -3,6 +3,9 @@ run over gloo: the start record holds the all-reduce sweep's bus bandwidth, and 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from tunedeck.backend.recipe.network import bus_bandwidth, wanted
@@ -48,3 +51,38 @@ def test_a_run_records_the_bandwidth_it_measured_before_loading_the_model(runs_d
     print(
         f"2 gloo ranks: {network['all_ranks_gbps']:.2f} GB/s bus bandwidth at {sizes[-1]} MiB, {network['seconds']} s"
     )
+
+
+SKEWED_CLOCKS = """
+import sys, time
+import torch.distributed as dist
+from tunedeck.backend.recipe import network
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:  # this rank's clock runs 20 times fast: it would stop repeating long before rank 0
+    real = time.perf_counter
+    network.time = type("Clock", (), {"perf_counter": staticmethod(lambda: real() * 20), "monotonic": time.monotonic})
+record = network.measure_network({"launch": {"network_check": True}}, ["vm", "vm"])
+print("measured", dist.get_rank(), [m["size_mb"] for m in record["all_ranks"]], flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_ranks_whose_clocks_disagree_repeat_each_all_reduce_as_often(tmp_path):
+    """Each rank counted its repeats by its own clock: on 2 Slurm nodes the counts differed and both ranks waited for
+    ever (one in a broadcast, one in an all-reduce). Rank 0's count is every rank's now."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "skewed.py"
+    script.write_text(SKEWED_CLOCKS)
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    done = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(script)],
+        capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.stdout.count("measured") == 2, done.stdout
