@@ -155,7 +155,10 @@ def test_a_slowed_rank_is_named_within_a_minute_and_a_run_without_one_names_none
     slowed_at = next(r for r in logged if r["step"] >= 5)
     assert logged[named_at]["time"] - slowed_at["time"] < 60, (named_at, logged[named_at]["step"])
     line = slow_rank_line(logged)
-    assert line and line.startswith("⚠ rank 1 on ") and "its data loader waits 0.2" in line, line
+    assert line and line.startswith("⚠ rank 1 on "), line
+    waits = re.search(r"its data loader waits ([\d.]+) s a step, the others ([\d.]+) s", line)
+    # At least the 0.25 s injected a batch (a loaded machine adds to it), and the others well under it.
+    assert waits and float(waits[1]) >= 0.25 > float(waits[2]) * 2, line
     assert f"warning  {line}" in show, show
     for name in ("data", "oom"):  # trained side by side with it, none of their ranks slowed
         assert "arrives" not in runs[name][2], runs[name][2]
