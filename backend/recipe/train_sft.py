@@ -73,6 +73,7 @@ from .health import Unhealthy
 from .job import JobError, read_yaml
 from .models import load_model, load_tokenizer, peft_config
 from .network import measure_network
+from .network import wanted as network_wanted
 from .notifications import notify
 from .objectives import REFERENCE_OBJECTIVES, fsdp_launch, objective_classes, trainer_class
 from .rank_timing import RankTiming
@@ -104,8 +105,10 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     args = config_class(**training_args)  # the process group forms here: every rank waits for the others
     # The process group exists: wrong counts or a missing engine stop here, before the model loads.
     check_processes(expected, str(PartialState().distributed_type.value))
-    startup.enter("measuring the network")
-    network = measure_network(job, gather_from_ranks(node_name()))  # on several machines, or when asked
+    network = None
+    if network_wanted(job):  # on several machines, or when asked
+        startup.enter("measuring the network")
+        network = measure_network(job, gather_from_ranks(node_name()))
     extra = {}
     if job.get("objective") == "grpo":
         # The rewards score the answers the model writes; a KL weight (beta > 0) makes TRL load the reference itself.
