@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tunedeck.app.eval_display import evaluation
@@ -11,6 +9,7 @@ from tunedeck.backend.after.eval_results import table_rows
 from tunedeck.backend.after.evaluate import evaluate_run
 from tunedeck.backend.after.scoring import SOURCE_KEY, eval_rows
 from tunedeck.backend.spec import resolve_spec
+from tunedeck.tests.runs.helpers import split_demo_files
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -18,12 +17,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture
 def mixed_job(demo_home, tmp_path):
     """Additions as the job's data, subtractions mixed in; both keep their last 10% out of training."""
-    rows = [json.loads(line) for line in (demo_home / "data" / "train.jsonl").read_text().splitlines()]
-    paths = []
-    for kind in ("Add", "Subtract"):
-        path = tmp_path / f"{kind.lower()}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["prompt"].startswith(f"Q: {kind}")))
-        paths.append(path)
+    paths = split_demo_files(demo_home, tmp_path)
     mixed = f"{paths[1]}:train[:90%]#300"
     sets = [f"dataset.path={paths[0]}", f"dataset.mix={mixed}", "dataset.split=train[:90%]",
             "dataset.eval_split=train[90%:]", "dataset.packing=false"]  # fmt: skip

@@ -176,3 +176,14 @@ def run_bench(script: str, *args: str, folder: Path) -> tuple[dict, str]:
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return json.loads(report.read_text()), result.stderr
+
+
+def split_demo_files(demo_home: Path, folder: Path) -> tuple[Path, Path]:
+    """(additions, subtractions): the demo's training rows of each kind, in two files of `folder` (a dataset.mix)."""
+    rows = [json.loads(line) for line in (demo_home / "data" / "train.jsonl").read_text().splitlines()]
+    files = []
+    for kind in ("Add", "Subtract"):
+        path = folder / f"{kind.lower()}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["prompt"].startswith(f"Q: {kind}")))
+        files.append(path)
+    return files[0], files[1]

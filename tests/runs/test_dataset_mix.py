@@ -14,7 +14,7 @@ import pytest
 from tunedeck.backend import recipe
 from tunedeck.backend.spec import resolve_spec
 
-from .helpers import log_records, read_metrics, start_record
+from .helpers import log_records, read_metrics, split_demo_files, start_record
 from .test_training_runs import assert_finished, run_to_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -23,13 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 @pytest.fixture
 def split_demo(demo_home, tmp_path) -> tuple[Path, Path]:
     """(additions, subtractions): the demo's training rows of each kind, in two files."""
-    rows = [json.loads(line) for line in (demo_home / "data" / "train.jsonl").read_text().splitlines()]
-    files = []
-    for kind in ("Add", "Subtract"):
-        path = tmp_path / f"{kind.lower()}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["prompt"].startswith(f"Q: {kind}")))
-        files.append(path)
-    return files[0], files[1]
+    return split_demo_files(demo_home, tmp_path)
 
 
 def prompts(dataset) -> Counter:
