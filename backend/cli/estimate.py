@@ -194,7 +194,6 @@ def _print_report(spec, advice, gpu_source: str) -> None:
         out(f", {current.cpu_gb:.1f} GB CPU RAM and {current.nvme_gb:.1f} GB NVMe while training")
     out("\n")
     save = current.save
-    save = current.save
     out(
         f"  saving: {save.how}; it adds {format_gb(save.gpu_gb)} per GPU and {format_gb(save.host_gb)} of host RAM"
         f" per machine ({format_gb(current.save_gpu_gb)} and {format_gb(current.save_host_gb)} while it saves)\n"

@@ -49,7 +49,7 @@ def load_datasets(job: dict, args, tokenizer):
     evaluation = None
     if dataset_cfg.get("eval_split"):
         evaluation = to_trl_format(load_split(dataset_cfg, dataset_cfg["eval_split"]), dataset_cfg, text_column)
-    tagged = tracks_sources(job) and len(rows) > 1  # each row says its source, for the loss of each (source_loss.py)
+    tagged = tracks_sources(job, rows)  # each row says its source, for the loss of each (source_loss.py)
     if tagged:
         train = train.add_column(SOURCE_COLUMN, [i for i, count in enumerate(rows.values()) for _ in range(count)])
     if evaluation is not None and len(rows) > 1:

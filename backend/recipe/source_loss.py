@@ -17,10 +17,16 @@ from __future__ import annotations
 SOURCE_COLUMN = "tunedeck_source"  # the row's source, as an index into the run's source names
 
 
-def tracks_sources(job: dict) -> bool:
-    """Whether a run of this job records each source's loss: mixed SFT rows that are not packed."""
+def tracks_sources(job: dict, rows: dict) -> bool:
+    """Whether a run of this job records each source's loss: mixed SFT rows that are not packed, from more than one
+    source (`rows`: the training rows each source gave, recipe/data.py's mixed_in)."""
     dataset = job.get("dataset") or {}
-    return bool(dataset.get("mix")) and (job.get("objective") or "sft") == "sft" and not dataset.get("packing", True)
+    return (
+        len(rows) > 1
+        and bool(dataset.get("mix"))
+        and (job.get("objective") or "sft") == "sft"
+        and not dataset.get("packing", True)
+    )
 
 
 def with_source_column(dataset, source: int):

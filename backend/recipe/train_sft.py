@@ -139,7 +139,7 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     startup.enter(("tokenizing the data" if job.get("objective") != "grpo" else "building the trainer") + scoring)
     rollback = current_rollback()  # an attempt after a roll-back: its checkpoint, the data window it skips
     trainer_type = with_faults(with_atomic_checkpoints(with_restored_position(trainer_class(trainer_base))))
-    by_source = tracks_sources(job) and len(rows) > 1
+    by_source = tracks_sources(job, rows)
     if by_source:
         trainer_type = with_source_loss(trainer_type)
     trainer = with_rollback_window(trainer_type, int((rollback or {}).get("skip_steps", 0)))(
