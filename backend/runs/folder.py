@@ -154,6 +154,9 @@ class StatusFile(BaseModel):
     attempts: list[Attempt] | None = None  # the attempts of a run started again (the supervisor's)
     restarting: Restarting | None = None  # between two attempts: when the next one starts
     failure: Failure | None = None  # a failed run: the class of its failure, and why it was not started again
+    # A Slurm run reached over SSH (launch.slurm.ssh): {"ssh": the link, "folder": the run folder there,
+    # "unreachable_since": while the login node does not answer}; the local folder is its mirror.
+    remote: dict | None = None
 
 
 class DamagedStatus(Exception):

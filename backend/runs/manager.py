@@ -43,7 +43,6 @@ from tunedeck.backend.runs.folder import (
 )
 from tunedeck.backend.runs.job_file import UnreadableJob, read_job
 from tunedeck.backend.runs.launch import accelerate_command, inherited_env, launch_args, rank_env
-from tunedeck.backend.runs.slurm_jobs import SlurmUnavailable
 from tunedeck.backend.runs.status import RunError, RunStatus  # RunError: its home, which preflight imports too
 from tunedeck.backend.runs.summary import run_title
 from tunedeck.backend.runs.supervisor import is_alive, write_status
@@ -151,8 +150,8 @@ class RunManager:
             raise self._cannot_write(exc) from None
         run_dir = self.run_dir(run_id)
         try:
-            slurm_runs.submit(run_dir, {**inherited_env(), **env_changes})
-        except (SlurmUnavailable, OSError) as exc:
+            slurm_runs.submit(run_dir, inherited_env(), env_changes, spec.launch.slurm.ssh)
+        except (*slurm_runs.UNAVAILABLE, OSError) as exc:
             supervisor.record_end(run_dir, tries=2, retry_s=0, state="failed", ended_at=time.time(), error=str(exc))
             raise RunError(f"launch.backend: could not submit the run to Slurm: {exc}") from None
         return run_id
@@ -246,7 +245,7 @@ class RunManager:
         if status.backend == slurm_runs.BACKEND:
             try:
                 slurm_runs.stop(self.run_dir(run_id), self._read_quietly(self.run_dir(run_id)), grace_s)
-            except SlurmUnavailable as exc:
+            except slurm_runs.UNAVAILABLE as exc:
                 raise RunError(f"could not stop Slurm job {(status.slurm or {}).get('job_id')}: {exc}") from None
             return self.status(run_id)
         if status.folder_deleted:

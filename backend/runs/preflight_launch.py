@@ -20,6 +20,7 @@ import socket
 import time
 from pathlib import Path
 
+from tunedeck.backend.runs.preflight_ssh import ssh_problems
 from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.spec.problem import Problem, error, refused_here, warning
 
@@ -36,7 +37,9 @@ _resolved: dict[str, tuple[float, bool]] = {}  # host -> (when looked up, resolv
 def launch_problems(spec: JobSpec, runs_dir: Path, run_folder: Path) -> list[Problem]:
     """Problems of where the job runs; run_folder is where its relative paths will point."""
     problems = [*_rendezvous(spec), *_checkpoint_room(spec, run_folder)]
-    if spec.launch.backend == "slurm":
+    if spec.launch.backend == "slurm" and spec.launch.slurm.ssh.host:
+        problems += ssh_problems(spec.launch.slurm.ssh)  # sbatch and the shared folder are the login node's
+    elif spec.launch.backend == "slurm":
         problems += _slurm(runs_dir)
     return problems
 

@@ -3,7 +3,10 @@
     python backend/runs/slurm_jobs.py cancel-after JOB_ID GRACE_S   (the second half of a stop; stdlib only)
 
 Every command is an argv list (never a shell string) with a timeout: a client without a
-reachable controller retries for a minute, and a status read must not hang the panel.
+reachable controller retries for a minute, and a status read must not hang the panel. With
+`via` (an SshLink: launch.slurm.ssh) the same argv runs on the cluster's login node, the
+environment's changes and the working folder given to `env` there; an SshUnreachable from the
+link passes through untouched, so that callers tell "cannot reach" from "Slurm does not answer".
 What a job is doing comes from `squeue` while it is queued or running, then from `scontrol
 show job` while Slurm remembers it (MinJobAge, 5 minutes by default); never from `sacct`,
 which fails on clusters without accounting (slurmdbd). After that, the run folder's own
@@ -18,6 +21,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a bare script on the cluster (cancel-after) has no tunedeck: the link is only passed in
+    from tunedeck.backend.runs.ssh_link import SshLink
 
 TIMEOUT_S = 15.0
 CACHE_S = 2.0  # the panel polls every run often; Slurm's answer is fresh enough for this long
@@ -49,8 +56,14 @@ class SlurmJob:
 
 
 def run(
-    argv: list[str], env: dict[str, str] | None = None, timeout: float = TIMEOUT_S, cwd: str | None = None
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = TIMEOUT_S,
+    cwd: str | None = None,
+    via: SshLink | None = None,
 ) -> subprocess.CompletedProcess:
+    if via is not None:
+        return _run_there(via, argv, env, timeout, cwd)
     try:
         return subprocess.run(
             argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
@@ -61,6 +74,19 @@ def run(
         raise SlurmUnavailable(f"`{' '.join(argv[:2])}` did not answer within {timeout:.0f} s") from None
 
 
+def _run_there(
+    via: SshLink, argv: list[str], env: dict[str, str] | None, timeout: float, cwd: str | None
+) -> subprocess.CompletedProcess:
+    """argv on the login node: `env [--chdir=cwd] NAME=value... argv`, every word data for the remote shell."""
+    remote = ["env", *([f"--chdir={cwd}"] if cwd else []), *[f"{k}={v}" for k, v in (env or {}).items()], *argv]
+    done = via.run(remote, timeout=timeout + 15)  # the link's round trip on top of the command's own time
+    if done.returncode == 127 and b"No such file" in done.stderr:
+        raise SlurmUnavailable(f"`{argv[0]}` is not installed on {via.name}: is it the cluster's login node?")
+    return subprocess.CompletedProcess(
+        argv, done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+    )
+
+
 def _failure(done: subprocess.CompletedProcess) -> str:
     lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
     return lines[-1].strip() if lines else f"exit code {done.returncode}"
@@ -69,20 +95,22 @@ def _failure(done: subprocess.CompletedProcess) -> str:
 # ---------------------------------------------------------------- submit
 
 
-def submit(script: str, folder: str, extra: list[str], env: dict[str, str]) -> str:
+def submit(script: str, folder: str, extra: list[str], env: dict[str, str], via: SshLink | None = None) -> str:
     """`sbatch --parsable` from the folder; the job id. SlurmUnavailable with sbatch's own words when refused."""
     # From the folder: the script finds its bundle through SLURM_SUBMIT_DIR, sbatch's working folder.
-    done = run(["sbatch", "--parsable", f"--chdir={folder}", *extra, script], env=env, cwd=folder)
+    done = run(["sbatch", "--parsable", f"--chdir={folder}", *extra, script], env=env, cwd=folder, via=via)
     job_id = done.stdout.strip().split(";")[0]
     if done.returncode or not job_id.isdigit():
         raise SlurmUnavailable(f"sbatch refused the job: {_failure(done)}")
     return job_id
 
 
-def expected_start(script: str, folder: str, extra: list[str], env: dict[str, str]) -> str | None:
+def expected_start(
+    script: str, folder: str, extra: list[str], env: dict[str, str], via: SshLink | None = None
+) -> str | None:
     """When Slurm expects a job like this one to start (`sbatch --test-only`: submits nothing)."""
     try:
-        done = run(["sbatch", "--test-only", f"--chdir={folder}", *extra, script], env=env, cwd=folder)
+        done = run(["sbatch", "--test-only", f"--chdir={folder}", *extra, script], env=env, cwd=folder, via=via)
     except SlurmUnavailable:
         return None
     found = re.search(r"to start at (\S+)", done.stderr + done.stdout)
@@ -91,26 +119,27 @@ def expected_start(script: str, folder: str, extra: list[str], env: dict[str, st
 
 # ---------------------------------------------------------------- ask
 
-_cache: dict[str, tuple[float, SlurmJob | None]] = {}
+_cache: dict[tuple[str, str], tuple[float, SlurmJob | None]] = {}  # (login node or "", job id) -> answer
 
 
-def job(job_id: str) -> SlurmJob | None:
+def job(job_id: str, via: SshLink | None = None) -> SlurmJob | None:
     """The job as Slurm sees it now; None once Slurm has forgotten it. SlurmUnavailable when it cannot say."""
-    cached = _cache.get(job_id)
+    key = (via.name if via else "", job_id)
+    cached = _cache.get(key)
     if cached and time.monotonic() - cached[0] < CACHE_S:
         return cached[1]
-    found = _queued(job_id) or _remembered(job_id)
-    _cache[job_id] = (time.monotonic(), found)
+    found = _queued(job_id, via) or _remembered(job_id, via)
+    _cache[key] = (time.monotonic(), found)
     return found
 
 
-def forget(job_id: str) -> None:
+def forget(job_id: str, via: SshLink | None = None) -> None:
     """Drop the cached answer (after a stop or a submit, the next read asks Slurm again)."""
-    _cache.pop(job_id, None)
+    _cache.pop((via.name if via else "", job_id), None)
 
 
-def _queued(job_id: str) -> SlurmJob | None:
-    done = run(["squeue", "--noheader", "--jobs", job_id, "--format", "%i|%T|%r|%N"])
+def _queued(job_id: str, via: SshLink | None = None) -> SlurmJob | None:
+    done = run(["squeue", "--noheader", "--jobs", job_id, "--format", "%i|%T|%r|%N"], via=via)
     if done.returncode:
         if "Invalid job id" in done.stderr:  # ended and already purged from the queue
             return None
@@ -123,8 +152,8 @@ def _queued(job_id: str) -> SlurmJob | None:
     return None
 
 
-def _remembered(job_id: str) -> SlurmJob | None:
-    done = run(["scontrol", "--oneliner", "show", "job", job_id])
+def _remembered(job_id: str, via: SshLink | None = None) -> SlurmJob | None:
+    done = run(["scontrol", "--oneliner", "show", "job", job_id], via=via)
     if done.returncode:
         if "Invalid job id" in done.stderr:
             return None
@@ -165,9 +194,9 @@ def expand_nodes(node_list: str) -> list[str]:
 # ---------------------------------------------------------------- signal and cancel
 
 
-def cancel(job_id: str) -> None:
-    forget(job_id)
-    done = run(["scancel", job_id])
+def cancel(job_id: str, via: SshLink | None = None) -> None:
+    forget(job_id, via)
+    done = run(["scancel", job_id], via=via)
     if done.returncode and "already completing or completed" not in done.stderr:
         raise SlurmUnavailable(f"scancel: {_failure(done)}")
 

@@ -12,20 +12,37 @@ or a `tunedeck runs` on another login node, finds the run where it is.
 Stop: stop.request in the shared folder (the run is "stopping"), which every rank reads at its
 next step: it saves a checkpoint and exits, and the job ends by itself; after the grace period
 `scancel` ends whatever is left. A job still waiting is cancelled at once.
+
+Over SSH (launch.slurm.ssh.host): the run folder is uploaded to the login node's runs folder and
+submitted there; status.json's `remote` names the link and the folder. Every status read first
+pulls what changed there into the local folder (backend/runs/remote_folder.py, at most once a
+second), then asks Slurm through the same link, so everything that reads the local folder (the
+page, `tunedeck runs`, the charts) works unchanged. A link that fails keeps the last state with
+"cannot reach HOST since HH:MM": the job trains on whatever happens to this machine.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from tunedeck.backend.render.slurm import SLURM_FILE
 from tunedeck.backend.runs import folder as run_folder
-from tunedeck.backend.runs import slurm_jobs, supervisor
+from tunedeck.backend.runs import remote_folder, slurm_jobs, supervisor
 from tunedeck.backend.runs.folder import LAUNCHER_LOG, STOP_FILE
 from tunedeck.backend.runs.slurm_jobs import SlurmUnavailable
+from tunedeck.backend.runs.ssh_link import SshLink, SshUnreachable
 
 BACKEND = "slurm"
+CANCEL_AFTER = ".tunedeck-cancel-after.py"  # slurm_jobs.py, copied into a remote run folder: a stop's second half
+# Set by tunedeck for this machine's own processes: meaningless on the cluster, whose nodes find their own
+# (launch.slurm.setup activates the environment there).
+LOCAL_ONLY_ENV = ("PATH", "ACCELERATE", "TORCH_EXTENSIONS_DIR", "PYTHONPATH", "VIRTUAL_ENV")
+PULL_EVERY_S = 1.0
+# What a Slurm call can end in, short of a failed run: Slurm or the login node does not answer as it should.
+UNAVAILABLE = (SlurmUnavailable, SshUnreachable, remote_folder.RemoteFolderError)
+_pulled_at: dict[str, float] = {}  # local run folder -> when it was last pulled
 ATTEMPTS_FILE = "attempts.jsonl"  # slurm.sbatch's record of each failure it classified (render/slurm.py)
 # Why Slurm ended a job that did not finish, in words a user acts on.
 ENDED_BY_SLURM = {
@@ -45,26 +62,74 @@ def is_slurm(data: dict) -> bool:
     return data.get("backend") == BACKEND
 
 
-def sbatch_options(run_dir: Path) -> list[str]:
+def sbatch_options(run_dir: Path, folder: str | None = None) -> list[str]:
     """What the manager adds to the script's own #SBATCH lines: its name and the run folder's launcher log."""
     return [
         f"--job-name=tunedeck-{run_dir.name}",
-        f"--output={run_dir / LAUNCHER_LOG}",
+        f"--output={Path(folder or run_dir) / LAUNCHER_LOG}",
         "--open-mode=append",  # a requeued job adds to it
     ]
 
 
-def submit(run_dir: Path, env: dict[str, str]) -> str:
-    """Submit the run folder's slurm.sbatch; records the job id (and Slurm's expected start) in status.json."""
-    script, options = str(run_dir / SLURM_FILE), sbatch_options(run_dir)
-    start = slurm_jobs.expected_start(script, str(run_dir), options, env)
-    job_id = slurm_jobs.submit(script, str(run_dir), options, env)
+def submit(run_dir: Path, inherited: dict[str, str], changes: dict[str, str], ssh=None) -> str:
+    """Submit the run folder's slurm.sbatch (over SSH when ssh.host is set: launch.slurm.ssh); records the job id
+    (and Slurm's expected start) in status.json."""
+    via, folder, env = None, str(run_dir), {**inherited, **changes}
+    if ssh is not None and ssh.host:
+        via = SshLink.from_spec(ssh)
+        folder = remote_folder.upload(via, run_dir, f"{ssh.runs_dir.rstrip('/')}/{run_dir.name}")
+        remote_folder.put_file(via, folder, CANCEL_AFTER, Path(slurm_jobs.__file__).read_bytes())
+        supervisor.update_status(run_dir, remote={"ssh": via.record(), "folder": folder})
+        env = {k: v for k, v in changes.items() if k not in LOCAL_ONLY_ENV}
+    script, options = f"{folder}/{SLURM_FILE}", sbatch_options(run_dir, folder)
+    start = slurm_jobs.expected_start(script, folder, options, env, via)
+    job_id = slurm_jobs.submit(script, folder, options, env, via)
     try:
         supervisor.update_status(run_dir, slurm={"job_id": job_id, "expected_start": start})
     except OSError:
-        slurm_jobs.cancel(job_id)  # a job nobody can follow must not hold the cluster
+        slurm_jobs.cancel(job_id, via)  # a job nobody can follow must not hold the cluster
         raise
     return job_id
+
+
+def remote_of(data: dict) -> tuple[SshLink, str] | None:
+    """(link, folder there) of a run submitted over SSH; None for one submitted here."""
+    remote = data.get("remote") or {}
+    if not remote.get("ssh") or not remote.get("folder"):
+        return None
+    return SshLink.from_record(remote["ssh"]), str(remote["folder"])
+
+
+def _pull(run_dir: Path, data: dict, force: bool = False) -> dict:
+    """Bring the local mirror up to date (at most once a second unless forced); data with `remote` updated."""
+    link, folder = remote_of(data) or (None, "")
+    if link is None:
+        return data
+    now = time.monotonic()
+    if not force and now - _pulled_at.get(str(run_dir), -PULL_EVERY_S) < PULL_EVERY_S:
+        return data
+    _pulled_at[str(run_dir)] = now
+    remote = dict(data["remote"])
+    try:
+        remote_folder.pull(link, folder, run_dir)
+    except SshUnreachable:
+        if not remote.get("unreachable_since"):
+            remote["unreachable_since"] = time.time()
+            supervisor.update_status(run_dir, remote=remote)
+        raise
+    if remote.pop("unreachable_since", None):
+        supervisor.update_status(run_dir, remote=remote)
+    return {**data, "remote": remote}
+
+
+def unreachable_line(data: dict) -> str:
+    """ "cannot reach HOST since HH:MM" while a remote run's login node does not answer; else ""."""
+    remote = data.get("remote") or {}
+    since = remote.get("unreachable_since")
+    if not since:
+        return ""
+    host = (remote.get("ssh") or {}).get("host", "the login node")
+    return f"cannot reach {host} since {time.strftime('%H:%M', time.localtime(since))}: the job goes on there"
 
 
 def follow(run_dir: Path, data: dict) -> dict:
@@ -73,8 +138,20 @@ def follow(run_dir: Path, data: dict) -> dict:
     job_id = str(recorded.get("job_id") or "")
     if not job_id:  # written, not yet submitted (or the submission failed before the id was recorded)
         return data
+    via = (remote_of(data) or (None, ""))[0]
     try:
-        job = slurm_jobs.job(job_id)
+        data = _pull(run_dir, data)
+        job = slurm_jobs.job(job_id, via)
+        if via is not None and (job is None or not job.live):
+            data = _pull(run_dir, data, force=True)  # the end's records, before the end is decided
+    except SshUnreachable:
+        # Never a failed run: the last state holds, with the line that says why it may be stale.
+        reason = unreachable_line(read_quietly(run_dir) or data)
+        return {
+            **data,
+            "remote": (read_quietly(run_dir) or data).get("remote"),
+            "slurm": {**recorded, "reason": reason},
+        }
     except SlurmUnavailable as exc:
         # Nothing to decide on: keep the recorded state and say why it may be stale.
         return {**data, "slurm": {**recorded, "reason": f"Slurm does not answer: {exc}"}}
@@ -83,6 +160,13 @@ def follow(run_dir: Path, data: dict) -> dict:
     if job is not None and job.live:
         return _live(run_dir, data, recorded, job)
     return _ended(run_dir, data, recorded, job)
+
+
+def read_quietly(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / run_folder.STATUS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _attempts(run_dir: Path) -> list[dict]:
@@ -156,16 +240,24 @@ def stop(run_dir: Path, data: dict, grace_s: float, env: dict[str, str] | None =
     """Ask the job to stop: stop.request for its ranks now, scancel after grace_s (at once when it still waits)."""
     job_id = str((data.get("slurm") or {}).get("job_id") or "")
     run_folder.write_stop_request(run_dir, grace_s)  # before the signal: the job script must not pass a second one
+    link, folder = remote_of(data) or (None, "")
+    if link is not None:  # the ranks read the request in the folder on the cluster
+        remote_folder.put_file(link, folder, STOP_FILE, (run_dir / STOP_FILE).read_bytes())
     if not job_id:
         return
-    job = slurm_jobs.job(job_id)
+    job = slurm_jobs.job(job_id, link)
     if job is None or not job.live:
         return
     if job.waiting:
-        slurm_jobs.cancel(job_id)  # nothing started, nothing to save
+        slurm_jobs.cancel(job_id, link)  # nothing started, nothing to save
         return
     # No signal: every rank reads stop.request at its next step. Measured on the local cluster:
     # `scancel --signal=TERM --full` also reaches srun in the job script, which answers "forcing job
     # termination" and ends the job at once; a TERM to the steps alone reaches torch's elastic agent,
     # which kills its ranks 30 s later, saved or not.
-    slurm_jobs.start_cancel_after(job_id, grace_s, env)
+    if link is None:
+        slurm_jobs.start_cancel_after(job_id, grace_s, env)
+        return
+    # On the login node, detached there: the cancel happens whatever becomes of this machine or the link.
+    script = 'nohup python3 "$1" cancel-after "$2" "$3" >/dev/null 2>&1 &'
+    link.run(["sh", "-c", script, "sh", f"{folder}/{CANCEL_AFTER}", job_id, str(float(grace_s))])

@@ -33,6 +33,8 @@ FORMATTED = [
     "launch.slurm.time_limit",
     "launch.slurm.mem",
     "grpo.rewards",  # a built-in reward's name or /path/FILE.py:FUNCTION
+    "launch.slurm.ssh.host",  # a host name or ~/.ssh/config alias: the other ssh fields travel as data
+    "launch.slurm.ssh.user",  # (tests/slurm/test_ssh_link.py)
 ]
 # Each entry must be NAME=VALUE: the payload is the value, which launch.sh exports as one quoted word.
 ENVIRONMENT = "launch.env"

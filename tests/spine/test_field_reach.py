@@ -1,4 +1,5 @@
-"""Every spec field does something: it reaches a generated file, or train_sft.py reads it from job.yaml.
+"""Every spec field does something: it reaches a generated file, train_sft.py reads it from job.yaml, or
+the submission reads it (launch.slurm.ssh: where the bundle goes, not what it holds).
 
 A field is changed, one at a time, to other values that still validate, in jobs where it
 applies (backend/spec/applies.py); the bundle is rendered again, and some file other than job.yaml
@@ -10,11 +11,13 @@ looks its section up and names the field, or hands the whole section to a librar
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 from pydantic import Field
 
 from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS
+from tunedeck.backend import runs
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.render.recipe_files import recipe_files
 from tunedeck.backend.spec import JobSpec, SpecError, TrainingSpec, iter_fields, resolve_spec, set_dotted
@@ -55,6 +58,19 @@ def read_by_train_script(path: str, source: str) -> bool:
         return name in strings
     section = section.rpartition(".")[2]  # training.health: its own key, looked up in the training section
     return section in _sections_passed_whole(tree) or (section in _sections_looked_up(tree) and name in strings)
+
+
+def read_by_submission(path: str) -> bool:
+    """backend/runs/ reads the field as an attribute of its section (`ssh.host`): how the run is submitted."""
+    section, _, name = path.rpartition(".")
+    section = section.rpartition(".")[2]
+    for source in (Path(runs.__file__).parent).glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == name:
+                owner = node.value
+                if (getattr(owner, "id", None) or getattr(owner, "attr", None)) == section:
+                    return True
+    return False
 
 
 def _get_calls(tree: ast.AST):
@@ -114,7 +130,7 @@ def unreached_fields(model: type[JobSpec] = JobSpec, only: set[str] | None = Non
         if only is not None and field.path not in only:
             continue
         tried = _reaches(model, field, bases, rendered)
-        if tried is not True and not read_by_train_script(field.path, source):
+        if tried is not True and not read_by_train_script(field.path, source) and not read_by_submission(field.path):
             out[field.path] = "changes no generated file" if tried else "no tried value validates where it applies"
     return out
 
@@ -192,3 +208,11 @@ def test_a_field_wired_to_nothing_is_found():
 )
 def test_what_the_training_script_reads(path, reads):
     assert read_by_train_script(path, "\n".join(recipe_files().values())) is reads
+
+
+@pytest.mark.parametrize(
+    "path, reads",
+    [("launch.slurm.ssh.host", True), ("launch.slurm.ssh.runs_dir", True), ("launch.slurm.ssh.colour", False)],
+)
+def test_what_the_submission_reads(path, reads):
+    assert read_by_submission(path) is reads
