@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS
 from tunedeck.backend import runs
+from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS
 from tunedeck.backend.render import render_bundle
 from tunedeck.backend.render.recipe_files import recipe_files
 from tunedeck.backend.spec import JobSpec, SpecError, TrainingSpec, iter_fields, resolve_spec, set_dotted
