@@ -221,6 +221,17 @@ def slurm_cluster():
 
 
 @pytest.fixture(scope="session")
+def login_node(slurm_cluster):
+    """The cluster's login node: OpenSSH's server on 127.0.0.1 (tests/slurm/login_node.py), its sessions
+    pointed at the local cluster; one per session."""
+    from tunedeck.tests.slurm.login_node import LoginNode
+
+    node = LoginNode(slurm_cluster.conf)
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="session")
 def shared_runs_dir(tmp_path_factory) -> Path:
     """A runs folder both nodes see: not under /tmp (same host here, but the node-local warning looks at the path)."""
     base = Path(os.environ.get("TUNEDECK_SHARED_TMP", "/var/tmp"))

@@ -9,15 +9,6 @@ from tunedeck.tests.runs.conftest import small_disk  # noqa: F401 - a real tmpfs
 from tunedeck.tests.slurm.login_node import LoginNode
 
 
-@pytest.fixture(scope="session")
-def login_node(slurm_cluster):
-    """The cluster's login node: OpenSSH's server on 127.0.0.1 (tests/slurm/login_node.py), its sessions
-    pointed at the local cluster; one per session."""
-    node = LoginNode(slurm_cluster.conf)
-    yield node
-    node.stop()
-
-
 @pytest.fixture(scope="module")
 def bare_login_node(tmp_path_factory):
     """A login node without a cluster behind it, for the link's own tests."""

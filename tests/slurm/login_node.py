@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -117,7 +119,8 @@ class LoginNode:
         """Stop the server and every session of it (sshd's children hold the open connections)."""
         if self.process is None:
             return
-        subprocess.run(["pkill", "-TERM", "-P", str(self.process.pid)], check=False)
+        for child in psutil.Process(self.process.pid).children(recursive=True):
+            child.terminate()
         self.process.terminate()
         self.process.wait(timeout=20)
         self.process = None
