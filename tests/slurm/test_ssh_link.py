@@ -30,7 +30,9 @@ def test_every_word_reaches_the_login_node_as_data(ssh_link, tmp_path):
     assert folder == str(tmp_path / "runs" / words[0] / words[3])
     name = DANGEROUS["semicolon and comment"].format(marker="PWNED")  # a file name: no '/' in it
     remote_folder.put_file(ssh_link, folder, name, b"stop")
-    assert sorted(p.name for p in (tmp_path / "runs" / words[0] / words[3]).iterdir()) == sorted([name, "job.yaml", "logs"])
+    assert sorted(p.name for p in (tmp_path / "runs" / words[0] / words[3]).iterdir()) == sorted(
+        [name, "job.yaml", "logs"]
+    )
     assert not marker.exists()
 
 
