@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "runs",
         help="list runs; `runs show ID`, `runs stop ID`, `runs resume ID`, `runs note ID`, `runs diff ID ID`, "
-        "`runs stacks ID`",
+        "`runs stacks ID`, `runs fetch ID`",
     )
     _add_runs_dir(p)
     p.set_defaults(handler=cmd_runs_list)
@@ -81,6 +81,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     stacks.add_argument("run_id", metavar="ID")
     _add_runs_dir(stacks)
     stacks.set_defaults(handler=cmd_runs_stacks)
+    fetch = actions.add_parser(
+        "fetch", help="bring a run's final model (or --checkpoint N) from the cluster it ran on over SSH"
+    )
+    fetch.add_argument("run_id", metavar="ID")
+    fetch.add_argument("--checkpoint", type=int, metavar="N", help="the checkpoint of step N instead")
+    _add_runs_dir(fetch)
+    fetch.set_defaults(handler=cmd_runs_fetch)
     diff = actions.add_parser("diff", help="what two runs' jobs set differently (the fields that apply to either)")
     diff.add_argument("run_id", metavar="ID")
     diff.add_argument("other", metavar="OTHER")
@@ -326,6 +333,23 @@ def cmd_runs_resume(args: argparse.Namespace) -> int:
         return EXIT_CODES["stopped"]
     print(f"{status.state}" + (f": {status.error}" if status.state == "failed" and status.error else ""))
     return EXIT_CODES.get(status.state, 1)
+
+
+def cmd_runs_fetch(args: argparse.Namespace) -> int:
+    """A remote run's weights, copied into its local folder: Try, Evaluate and merge then find them there."""
+    from tunedeck.backend.runs import UNAVAILABLE, RunError, fetch_weights
+
+    manager = _manager(args)
+    try:
+        run_id = manager.status(args.run_id).run_id
+        path = fetch_weights(manager.run_dir(run_id), args.checkpoint)
+    except (RunError, *UNAVAILABLE) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"run {run_id}: {'checkpoint-' + str(args.checkpoint) if args.checkpoint else 'the final model'} is in {path}"
+    )
+    return 0
 
 
 def cmd_runs_note(args: argparse.Namespace) -> int:

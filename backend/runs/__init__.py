@@ -33,6 +33,7 @@ from tunedeck.backend.runs.records import (
 from tunedeck.backend.runs.reshape import Shape, reshaped
 from tunedeck.backend.runs.resume import RESUMABLE_STATES, newest_checkpoint, resume_run
 from tunedeck.backend.runs.slow_rank import slow_rank_line
+from tunedeck.backend.runs.slurm_runs import UNAVAILABLE, fetch_weights
 from tunedeck.backend.runs.speed import Calibration, calibration, compare_run
 from tunedeck.backend.runs.stacks import StacksError, dump_stacks
 from tunedeck.backend.runs.startup import (
@@ -94,6 +95,7 @@ __all__ = [
     "NOTES_FILE",
     "RESUMABLE_STATES",
     "TRAINING",
+    "UNAVAILABLE",
     "AfterError",
     "Calibration",
     "HealthRecord",
@@ -125,6 +127,7 @@ __all__ = [
     "differences_line",
     "dump_stacks",
     "facts_line",
+    "fetch_weights",
     "format_clock",
     "health_lines",
     "is_number",

@@ -139,10 +139,12 @@ def pull(link: SshLink, remote_dir: str, local_dir: Path) -> int:
         return len(done.stdout) - len(head) - 1
 
 
-def fetch(link: SshLink, remote_dir: str, local_dir: Path, sub: str) -> Path:
-    """Copy one folder of the run (a checkpoint, the final model) here whole, on demand; its local path."""
+def fetch(link: SshLink, remote_dir: str, local_dir: Path, sub: str, exclude: str | None = None) -> Path:
+    """Copy one folder of the run (a checkpoint, the final model) here whole, on demand; its local path.
+    `exclude`: a tar pattern of what stays there (the checkpoints, when the final model is fetched)."""
     target = _confined(local_dir, sub)
-    done = link.run(["tar", "-c", "-f", "-", "-C", remote_dir, "--", sub], timeout=3600)
+    leave = [f"--exclude={exclude}"] if exclude else []
+    done = link.run(["tar", "-c", "-f", "-", *leave, "-C", remote_dir, "--", sub], timeout=3600)
     if done.returncode:
         raise RemoteFolderError(f"cannot read {sub} of {remote_dir} on {link.name}: {_said(done)}")
     with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:

@@ -27,6 +27,9 @@ import json
 import time
 from pathlib import Path
 
+import yaml
+
+from tunedeck.backend.render.launch import JOB_FILE
 from tunedeck.backend.render.slurm import SLURM_FILE
 from tunedeck.backend.runs import folder as run_folder
 from tunedeck.backend.runs import remote_folder, slurm_jobs, supervisor
@@ -120,6 +123,24 @@ def _pull(run_dir: Path, data: dict, force: bool = False) -> dict:
     if remote.pop("unreachable_since", None):
         supervisor.update_status(run_dir, remote=remote)
     return {**data, "remote": remote}
+
+
+def fetch_weights(run_dir: Path, checkpoint: int | None) -> Path:
+    """Bring a run's final model (checkpoint None) or one checkpoint from the cluster into its local folder, where
+    the after-training tools find it as in any run; its local path. Weights never come with the mirror's ticks."""
+    remote = remote_of(read_quietly(run_dir) or {})
+    if remote is None:
+        raise remote_folder.RemoteFolderError(f"run {run_dir.name} was not submitted over SSH: its weights are here")
+    link, folder = remote
+    job = yaml.safe_load((run_dir / JOB_FILE).read_text(encoding="utf-8")) or {}
+    output = str(job.get("output_dir") or "output")
+    if Path(output).is_absolute():
+        raise remote_folder.RemoteFolderError(
+            f"output_dir is {output} on {link.name}, outside the run folder: copy it from there yourself"
+        )
+    if checkpoint is None:  # the final model: the output folder without its checkpoints
+        return remote_folder.fetch(link, folder, run_dir, output, exclude=f"{output}/checkpoint-*")
+    return remote_folder.fetch(link, folder, run_dir, f"{output}/checkpoint-{checkpoint}")
 
 
 def unreachable_line(data: dict) -> str:

@@ -11,6 +11,7 @@ bytes), the login node lost mid-run ("cannot reach", never a failed run; trainin
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -60,7 +61,8 @@ def test_slurm_over_ssh_from_the_page_queues_runs_survives_a_lost_link_and_stops
     page, slurm_cluster, login_node, shared_runs_dir, demo_home, tmp_path
 ):
     runs, there = tmp_path / "runs", shared_runs_dir / "ssh-remote"
-    server = PanelServer(runs, "--preset", "demo", env=outside_the_cluster(tmp_path / "bin"))
+    outside = outside_the_cluster(tmp_path / "bin")
+    server = PanelServer(runs, "--preset", "demo", env=outside)
     blocker = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"],
         capture_output=True,
@@ -124,6 +126,28 @@ def test_slurm_over_ssh_from_the_page_queues_runs_survives_a_lost_link_and_stops
         wait_for(lambda: not processes_working_in(remote_dir), 30, 1, "no process of the run")
         mirrored = (runs / run_id / "metrics.jsonl").read_text()
         assert mirrored == (remote_dir / "metrics.jsonl").read_text()  # the end record too: nothing lost
+
+        # The weights stayed there; the stop's checkpoint comes on demand, for Try, Evaluate and merge here.
+        [checkpoint] = (remote_dir / "output").glob("checkpoint-*")
+        assert not (runs / run_id / "output" / checkpoint.name).exists()
+        step = checkpoint.name.split("-")[1]
+        fetched = subprocess.run(
+            [
+                Path(sys.executable).parent / "tunedeck",
+                "runs",
+                "fetch",
+                run_id,
+                "--checkpoint",
+                step,
+                "--runs-dir",
+                runs,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **outside},
+        )
+        assert fetched.returncode == 0, fetched.stderr
+        assert (runs / run_id / "output" / checkpoint.name / "adapter_model.safetensors").is_file(), fetched.stdout
     finally:
         subprocess.run(["scancel", blocker], check=False)
         slurm_cluster.cancel_all()
