@@ -45,8 +45,11 @@ class SshLink:
     def from_record(cls, record: dict) -> SshLink:
         """From the `ssh` entry a submitted run keeps in status.json."""
         return cls(
-            **{k: record.get(k) for k in ("host", "user", "identity_file", "known_hosts_file")},
-            port=int(record.get("port") or 0),
+            str(record["host"]),
+            record.get("user"),
+            int(record.get("port") or 0),
+            record.get("identity_file"),
+            record.get("known_hosts_file"),
         )
 
     def record(self) -> dict:
