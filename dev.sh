@@ -101,6 +101,14 @@ lane() {
   return "$rc"
 }
 
+timed_lane() {
+  # A lane that says when it ended (seconds since dev.sh started): where CI's minutes go.
+  local rc=0
+  lane "$@" || rc=$?
+  echo "==> lane ended at ${SECONDS} s"
+  return "$rc"
+}
+
 heavy_lanes() {
   # The heavy tests in two lanes at once, each one test at a time: the training runs with the Slurm tests
   # (one local cluster a session: its tests stay in one lane), and the rest (the page's and the after-training
@@ -115,9 +123,9 @@ heavy_lanes() {
     [[ " ${lent[*]} " == *" $path "* ]] || own+=("$path")
   done
   for path in "${own[@]}"; do ignore+=("--ignore=$path"); done
-  lane -p no:cacheprovider "$@" "${own[@]}" 2>&1 | sed -u 's/^/[runs] /' &
+  timed_lane -p no:cacheprovider "$@" "${own[@]}" 2>&1 | sed -u 's/^/[runs] /' &
   runs=$!
-  lane -p no:cacheprovider "$@" "${ignore[@]}" 2>&1 | sed -u 's/^/[page] /' &
+  timed_lane -p no:cacheprovider "$@" "${ignore[@]}" 2>&1 | sed -u 's/^/[page] /' &
   page=$!
   wait "$runs" || rc=$?
   wait "$page" || rc=$?
@@ -132,11 +140,20 @@ case "${1:-}" in
     ;;
   test)
     shift
+    # Debian's packages and npm's (the network and dpkg) install while pip fills .venv: apart, the two took
+    # their sum; each writes its own log, printed whole only if it fails.
+    system_log=$(mktemp)
+    (setup_chromium && setup_axe && setup_slurm) >"$system_log" 2>&1 &
+    system=$!
     setup_venv
-    setup_chromium
-    setup_axe
-    setup_slurm
-    lint
+    if ! wait "$system"; then cat "$system_log" >&2; echo "dev.sh: installing the system's test tools failed (above)" >&2; exit 1; fi
+    cat "$system_log"
+    rm -f "$system_log"
+    echo "==> installed in ${SECONDS} s"
+    # The lint (mostly one core, waiting on the type checker) runs beside the first lane; its output comes after.
+    lint_log=$(mktemp)
+    lint >"$lint_log" 2>&1 &
+    linting=$!
     # The single-process tests on two workers at once (pytest-xdist: 110 s instead of 230 s on the 2-core
     # CI machine), then the multi-process runs, the browser and the slow tests in two lanes of their own
     # (heavy_lanes; one lane when arguments choose the tests). CI (CI=true, 2 cores, 45 minutes) leaves out
@@ -146,11 +163,18 @@ case "${1:-}" in
     if [ "${CI:-}" = true ]; then not_bench=" and not bench" durations=(--durations=40); fi
     rc=0
     lane -n 2 -m "not ($heavy)$not_bench" "$@" || rc=$?
+    lint_rc=0
+    wait "$linting" || lint_rc=$?
+    cat "$lint_log"
+    rm -f "$lint_log"
+    if [ "$lint_rc" != 0 ]; then echo "dev.sh: the lint failed (above)" >&2; exit "$lint_rc"; fi
+    echo "==> lint and the single-process tests done at ${SECONDS} s"
     if [ $# = 0 ]; then
       heavy_lanes -m "($heavy)$not_bench" "${durations[@]}" || rc=$?
     else
       lane -m "($heavy)$not_bench" "${durations[@]}" "$@" || rc=$?
     fi
+    echo "==> all tests done at ${SECONDS} s"
     exit "$rc"
     ;;
   test-fast)
