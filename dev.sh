@@ -118,7 +118,7 @@ heavy_lanes() {
   # Two run files go to the page lane to even the two out: a clean-clone CI on 2026-12-05 with four lent took
   # 37:11 in the runs lane and 39:58 in the page lane; test_notify.py and test_dataset_mix.py (about 1:30) went back.
   local lent=(tests/runs/test_smoke_load_path.py tests/runs/test_resume_shape.py)
-  local own=(tests/slurm tests/panel/test_browser_slurm.py tests/panel/test_browser_slurm_ssh.py) ignore=() rc=0 runs page path
+  local own=(tests/slurm tests/panel/test_browser_slurm_ssh.py) ignore=() rc=0 runs page path
   for path in tests/runs/test_*.py; do
     [[ " ${lent[*]} " == *" $path "* ]] || own+=("$path")
   done

@@ -1,16 +1,22 @@
-"""A Slurm run from a panel outside the cluster: over SSH to its login node (issue 36).
+"""A Slurm run from the page, on the real local 2-node cluster, from a panel outside it: over SSH (issue 36).
 
 The panel's PATH has no sbatch (only ssh): the login node is OpenSSH's real server on 127.0.0.1
 (tests/slurm/login_node.py: a key made for the test, its host key pinned), whose sessions reach the
-local 2-node cluster. One run tells the story: the form names the login node, Start uploads the run
-folder and submits it there while a blocking job holds both nodes (queued, with Slurm's reason), the
-blocker cancelled (running on n0 and n1, the loss curve and rank 0's log, mirrored by appended
-bytes), the login node lost mid-run ("cannot reach", never a failed run; training goes on) and back
-(the panel re-attaches and every record arrives), then Stop (a checkpoint there, no job, no process).
+local 2-node cluster (tests/slurm/local_cluster.py). One run tells the story (the CI budget: a
+submission from a panel beside sbatch goes through the same RunManager calls, and the CLI's Slurm
+tests in tests/slurm/test_slurm_runs.py submit there): the form names the login node, Start uploads
+the run folder and submits it while a blocking job holds both nodes (queued, with Slurm's reason),
+the blocker cancelled (running on n0 and n1, the loss curve and rank 0's log, mirrored by appended
+bytes), the GPUs tab showing each node's GPUs live from the run's telemetry (the fake NVML of
+tests/panel/fake_nvml.py on each node, n1's GPU throttled: a warning naming it there, on the state
+line and in `tunedeck runs show`), the panel restarted mid-run (it re-attaches), the login node lost
+mid-run ("cannot reach", never a failed run; training goes on) and back (the panel re-attaches and
+every record arrives), then Stop (a checkpoint there, no job, no process) and the checkpoint fetched.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -18,7 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs.helpers import processes_working_in, wait_for
+from runs.helpers import processes_working_in, tunedeck, wait_for
 
 from panel.browser import (
     ARTIFACTS,
@@ -45,6 +51,16 @@ def squeue(job_id: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
+H100 = {"name": "NVIDIA H100 80GB HBM3", "total_mb": 81559, "used_mb": 40000, "util": 97, "temp": 64, "power_w": 512}
+# Each node's GPUs for the run's telemetry, set for the ranks by launch.env: n1's is throttled.
+FAKE_GPUS = {
+    "TUNEDECK_NVML": str(Path(__file__).with_name("fake_nvml.py")),
+    "TUNEDECK_FAKE_GPUS": json.dumps({"n1": [{**H100, "throttle": 8}], "*": [H100]}),
+    "TUNEDECK_TELEMETRY_S": "1",
+}
+THROTTLED = "GPU 0 on n1 is throttled (hardware slowdown)"
+
+
 def records(run_dir: Path) -> int:
     """Lines rank 0 has written to metrics.jsonl (read while it writes: a last line may be half written)."""
     return (run_dir / "metrics.jsonl").read_text().count("\n")
@@ -57,7 +73,7 @@ def outside_the_cluster(folder: Path) -> dict[str, str]:
     return {"PATH": f"{Path(sys.executable).parent}:{folder}"}
 
 
-def test_slurm_over_ssh_from_the_page_queues_runs_survives_a_lost_link_and_stops(
+def test_slurm_run_from_the_page_over_ssh_queues_runs_reattaches_survives_a_lost_link_and_stops(
     page, slurm_cluster, login_node, shared_runs_dir, demo_home, tmp_path
 ):
     runs, there = tmp_path / "runs", shared_runs_dir / "ssh-remote"
@@ -80,7 +96,8 @@ def test_slurm_over_ssh_from_the_page_queues_runs_survives_a_lost_link_and_stops
         for path, value in {**login_node.spec_values(), "launch.slurm.ssh.runs_dir": str(there)}.items():
             set_field(page, path, str(value))
         # The nodes' own environment: this venv (on a real cluster, a module load or a venv of the cluster's).
-        set_field(page, "launch.env", f"PATH={Path(sys.executable).parent}:/usr/bin:/bin")
+        nodes_env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", **FAKE_GPUS}
+        set_field(page, "launch.env", ", ".join(f"{name}={value}" for name, value in nodes_env.items()))
         open_tab(page, "form-sections", "Training")
         set_field(page, "training.max_steps", "5000")
         settle(page)
@@ -100,6 +117,35 @@ def test_slurm_over_ssh_from_the_page_queues_runs_survives_a_lost_link_and_stops
         wait_text(page, "#run-state", "on n0, n1", timeout=120_000)
         wait_for(lambda: loss_points(page) >= 2, 300, 1, "the first loss points")
         wait_for(lambda: page.locator("#run-log textarea").input_value().strip(), 60, 1, "the rank-0 log")
+
+        # Each node's GPUs, live from the run's telemetry (mirrored from the cluster like every record).
+        page.click("#tab-gpus-button")
+        wait_text(page, "#gpu-monitor", f"Slurm job {job_id} (run {run_id}) on n0, n1", timeout=30_000)
+        wait_text(page, "#gpu-monitor", THROTTLED, timeout=30_000)
+        for node in ("n0", "n1"):
+            card = text_of(page, f"#machine-{node}")
+            assert "GPU 0 · NVIDIA H100 80GB HBM3" in card and "97%" in card and "39.1 / 79.6 GB" in card, card
+        page.screenshot(path=str(ARTIFACTS / "gpus-tab-slurm-nodes.png"))
+        shown = tunedeck("runs", "show", run_id, "--runs-dir", runs)
+        machines = [line for line in shown.stdout.splitlines() if line.startswith("machine ")]
+        assert [line.split()[1] for line in machines] == ["n0", "n1"], shown.stdout
+        assert all("1 x NVIDIA H100 80GB HBM3 · util 97%" in line for line in machines), machines
+        assert f"warning  ⚠ {THROTTLED}" in shown.stdout, shown.stdout
+        assert re.search(r"^network  measured [\d.]+ GB/s between machines; the estimate assumed", shown.stdout, re.M)
+        page.click("#tab-run-button")
+        wait_text(page, "#run-state", THROTTLED, timeout=30_000)
+        wait_text(page, "#run-facts", "network: measured", timeout=30_000)  # beside the link the estimate assumed
+        assert " GB/s between machines; the estimate assumed " in text_of(page, "#run-facts")
+
+        # The panel restarted mid-run finds the run where it is.
+        server.stop()
+        server = PanelServer(runs, "--preset", "demo", env=outside)
+        page.goto(server.url)
+        page.click("#tab-run-button")
+        wait_text(page, "#run-state", run_id, timeout=30_000)
+        wait_text(page, "#run-state", "running", timeout=30_000)
+        before = wait_for(lambda: loss_points(page), 60, 1, "the chart after the restart")
+        wait_for(lambda: loss_points(page) > before, 120, 1, "the chart to keep growing")
 
         # The login node is lost: the page says so and keeps the run running; the job trains on.
         login_node.cut()
@@ -128,7 +174,7 @@ def test_slurm_over_ssh_from_the_page_queues_runs_survives_a_lost_link_and_stops
         assert mirrored == (remote_dir / "metrics.jsonl").read_text()  # the end record too: nothing lost
 
         # The weights stayed there; the stop's checkpoint comes on demand, for Try, Evaluate and merge here.
-        [checkpoint] = (remote_dir / "output").glob("checkpoint-*")
+        checkpoint = max((remote_dir / "output").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
         assert not (runs / run_id / "output" / checkpoint.name).exists()
         step = checkpoint.name.split("-")[1]
         fetched = subprocess.run(

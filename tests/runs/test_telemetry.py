@@ -1,7 +1,7 @@
 """Telemetry from every machine (issue 35, part 1): the recipe's sampler (backend/recipe/telemetry.py) on the fake
 GPUs of tests/panel/fake_nvml.py, loaded as a run loads it (TUNEDECK_NVML), and the reader that turns the machines'
 files into lines and warnings (backend/runs/telemetry.py). A real 2-node Slurm run's telemetry, seen in the page and
-in `tunedeck runs show`: tests/panel/test_browser_slurm.py."""
+in `tunedeck runs show`: tests/panel/test_browser_slurm_ssh.py."""
 
 from __future__ import annotations
 
