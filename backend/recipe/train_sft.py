@@ -71,7 +71,7 @@ from .faults import with_faults
 from .gate import check_processes, expected_run, expected_trainable
 from .health import Unhealthy
 from .job import JobError, read_yaml
-from .models import load_model, load_tokenizer, peft_config
+from .models import leave_out_unused_bitsandbytes, load_model, load_tokenizer, peft_config
 from .network import measure_network
 from .network import wanted as network_wanted
 from .notifications import notify
@@ -211,6 +211,7 @@ def main(argv=None) -> int:
     try:
         job = read_yaml(job_path, "job spec")
         training_args = read_yaml(args_path, "training arguments")
+        leave_out_unused_bitsandbytes(job, training_args)
         status = train(job, training_args, metrics, stop, terminal, StartupPhases(run_dir, rank))
     except Unhealthy as exc:  # the health guard stopped the run, or ends this attempt for a roll-back
         status, error, health = "failed", str(exc), exc.symptom
