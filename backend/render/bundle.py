@@ -29,6 +29,7 @@ from tunedeck.backend.render.launch import (
 from tunedeck.backend.render.recipe_files import ENTRY_SCRIPT, RECIPE_PACKAGE, recipe_files
 from tunedeck.backend.render.requirements import REQUIREMENTS_FILE, render_requirements, tested_versions
 from tunedeck.backend.render.slurm import SLURM_FILE, render_slurm_sbatch
+from tunedeck.backend.render.slurm_env import SETUP_FILE, has_environment, render_setup_sh
 from tunedeck.backend.render.training_args import render_training_args
 from tunedeck.backend.spec import JobSpec, spec_to_yaml
 
@@ -49,6 +50,8 @@ def render_bundle(spec: JobSpec, data: DataPlan | None = None) -> dict[str, str]
     files[TRAINING_ARGS_FILE] = render_training_args(spec)
     files["launch.sh"] = render_launch_sh(spec)
     files[SLURM_FILE] = render_slurm_sbatch(spec)
+    if has_environment(spec):  # launch.slurm.setup / container: sourced on each node before launch.sh
+        files[SETUP_FILE] = render_setup_sh(spec)
     package = recipe_files()  # the recipe, under tunedeck_recipe/, which train_sft.py runs
     if package:
         files[TRAIN_SCRIPT] = ENTRY_SCRIPT

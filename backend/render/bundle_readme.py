@@ -8,6 +8,7 @@ from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.render.carried import DATA_CAP_WORDS, DataPlan, size_words
 from tunedeck.backend.render.carried import code_span as _code
 from tunedeck.backend.render.requirements import minimums
+from tunedeck.backend.render.slurm_env import readme_lines
 from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.validate import global_batch_terms
 
@@ -18,6 +19,7 @@ _FILE_ROLES = {
     "training_args.yaml": "TRL {config} keyword arguments, passed unchanged",
     "launch.sh": "the exact `accelerate launch` command",
     "slurm.sbatch": "the same job on a Slurm cluster: `sbatch slurm.sbatch` runs launch.sh once per node",
+    "setup.sh": "the lines each Slurm node runs before launch.sh (launch.slurm.setup), sourced by slurm.sbatch",
     "train_sft.py": "the training script (TRL {trainer}: the job's objective is {objective}); needs only the Hugging Face stack",
     "tunedeck_recipe/": "the training recipe train_sft.py runs, a Python package of one module per job (its "
     "train_sft.py says what a run does and writes); needs only the Hugging Face stack",
@@ -117,7 +119,7 @@ def render_bundle_readme(spec: JobSpec, names: list[str], data: DataPlan | None 
             f"On each of the {launch.num_machines} machines, with the same files, run "
             "`MACHINE_RANK=<0..N-1> MAIN_PROCESS_IP=<address of machine 0> bash launch.sh`.",
         ]
-    lines += ["", "On a Slurm cluster, submit from this folder instead: `sbatch slurm.sbatch`."]
+    lines += ["", "On a Slurm cluster, submit from this folder instead: `sbatch slurm.sbatch`.", *readme_lines(spec)]
     if "train_sft.py" not in names:
         lines += ["", "This bundle has no `train_sft.py` yet: add the training script next to these files."]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """slurm.sbatch: the bundle submitted to a Slurm cluster, one launch.sh per allocated node.
 
 The header comes from launch.slurm (partition, account, QOS, time limit, GPUs, CPUs, memory,
-exclusive, requeue, extra #SBATCH lines). A stop and the time limit both reach the ranks as
+exclusive, requeue, extra #SBATCH lines); each node's environment (setup lines, a container) from
+backend/render/slurm_env.py. A stop and the time limit both reach the ranks as
 a stop request, on which they save a checkpoint and exit: tunedeck's Stop writes stop.request
 into the run folder; before the time limit Slurm sends SIGTERM to this script alone
 (`--signal=B:TERM@<s>`), which writes stop.request. A requeued job (SLURM_RESTART_COUNT
@@ -15,6 +16,7 @@ from __future__ import annotations
 import re
 
 from tunedeck.backend.render.launch import shell_word
+from tunedeck.backend.render.slurm_env import node_line
 from tunedeck.backend.spec import JobSpec
 
 SLURM_FILE = "slurm.sbatch"
@@ -109,7 +111,8 @@ def render_slurm_sbatch(spec: JobSpec) -> str:
             "}",
             "trap forward_term TERM",
             # In the background: bash runs a trap only between commands, never while a foreground one runs.
-            "srun --kill-on-bad-exit=1 bash -c 'MACHINE_RANK=$SLURM_NODEID exec bash launch.sh' &",
+            # launch.slurm.setup (setup.sh, sourced first) and launch.slurm.container: backend/render/slurm_env.py.
+            node_line(spec) + " &",
             "steps=$!",
             "set +e  # the job's exit status is srun's",
             'wait "$steps"; status=$?',

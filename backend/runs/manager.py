@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tunedeck.backend.runs import folder as run_folder
-from tunedeck.backend.runs import slurm_runs, supervisor
+from tunedeck.backend.runs import preflight_nodes, slurm_runs, supervisor
 from tunedeck.backend.runs import status as run_status
 from tunedeck.backend.runs.folder import (
     ACTIVE_STATES,
@@ -150,6 +150,7 @@ class RunManager:
             raise self._cannot_write(exc) from None
         run_dir = self.run_dir(run_id)
         try:
+            preflight_nodes.check_before_submit(spec, run_dir, {**inherited_env(), **env_changes})
             slurm_runs.submit(run_dir, inherited_env(), env_changes, spec.launch.slurm.ssh)
         except (*slurm_runs.UNAVAILABLE, OSError) as exc:
             supervisor.record_end(run_dir, tries=2, retry_s=0, state="failed", ended_at=time.time(), error=str(exc))

@@ -79,6 +79,11 @@ _SLURM_GPUS = When(
     lambda v: v.get("launch.backend") == "slurm" and not v.get("launch.use_cpu"),
     "with launch.backend=slurm on GPUs (launch.use_cpu=false)",
 )
+_CONTAINER = When(
+    ("launch.backend", "launch.slurm.container.image"),
+    lambda v: v.get("launch.backend") == "slurm" and bool(v.get("launch.slurm.container.image")),
+    "with a container image (launch.backend=slurm, launch.slurm.container.image set)",
+)
 _GPUS = When(("launch.use_cpu",), lambda v: not v.get("launch.use_cpu"), "on GPUs (launch.use_cpu=false)")
 _SFT = When(("objective",), lambda v: v.get("objective", "sft") == "sft", "with objective=sft")
 
@@ -140,6 +145,8 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("training.health.max_rollbacks", _ROLLBACK),
     ("training.health.*", _HEALTH_WATCHED),
     ("launch.slurm.gpus_per_node", _SLURM_GPUS),
+    ("launch.slurm.container.runtime", _CONTAINER),
+    ("launch.slurm.container.mounts", _CONTAINER),
     ("launch.slurm.*", _SLURM),
 ]
 

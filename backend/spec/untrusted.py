@@ -126,13 +126,16 @@ def _bad_char(text: str, index: int, path: str) -> YamlRefused:
     )
 
 
-# Sections of a section (a job spec is otherwise section: {field: value}): their fields are three keys deep.
-SUBSECTIONS = {("launch", "slurm")}
+# Sections of a section (a job spec is otherwise section: {field: value}): their fields are a key deeper.
+SUBSECTIONS = {("launch", "slurm"), ("launch", "slurm", "ssh"), ("launch", "slurm", "container")}
 
 
 def _field_keys(keys: list[str]) -> list[str]:
     """The keys that name a spec field, out of the keys open around a too-deep value."""
-    return keys[:3] if tuple(keys[:2]) in SUBSECTIONS else keys[:2]
+    depth = 2
+    while tuple(keys[:depth]) in SUBSECTIONS:  # launch.slurm.container.image: four keys
+        depth += 1
+    return keys[:depth]
 
 
 class _Loader(yaml.SafeLoader):

@@ -47,6 +47,7 @@ RULES: list[Rule] = [
     validate_launch.cpu,
     validate_launch.cpu_processes,
     validate_launch.launch,
+    validate_launch.slurm_environment,
     validate_method.training,
     validate_speed.speed,
 ]

@@ -135,3 +135,41 @@ def launch(spec: JobSpec) -> Iterator[Problem]:
                 "launch.gpu_ids",
                 f"{len(ids)} GPUs listed but only {launch.processes_per_machine} processes per machine: the first ones are used.",
             )
+
+
+# ---------------------------------------------------------------- the Slurm nodes' environment
+
+# Images of the other runtime: enroot's REGISTRY#IMAGE spelling, Apptainer's SIF files and URI schemes.
+APPTAINER_SCHEMES = ("docker://", "library://", "oras://", "shub://", "docker-archive:")
+
+
+def slurm_environment(spec: JobSpec) -> Iterator[Problem]:
+    if spec.launch.backend != "slurm":
+        return  # the fields warn as ignored settings (validate.ignored_settings)
+    container = spec.launch.slurm.container
+    field, image = "launch.slurm.container.image", container.image
+    if not image:
+        return  # the runtime and mounts without an image warn as ignored settings (spec/applies.py)
+    if container.runtime == "apptainer" and "#" in image:
+        registry, _, rest = image.partition("#")
+        yield error(
+            field,
+            f"{image!r} is enroot's spelling (REGISTRY#IMAGE), which Apptainer does not read: write "
+            f"docker://{registry}/{rest}, or set launch.slurm.container.runtime=pyxis.",
+            {field: f"docker://{registry}/{rest}"},
+        )
+    if container.runtime == "pyxis" and image.endswith(".sif"):
+        yield error(
+            field,
+            f"{image!r} is an Apptainer image (SIF), which pyxis cannot run: set launch.slurm.container.runtime="
+            "apptainer, or give a registry image or an enroot .sqsh file.",
+            {"launch.slurm.container.runtime": "apptainer"},
+        )
+    elif container.runtime == "pyxis" and image.startswith(APPTAINER_SCHEMES):
+        scheme, _, rest = image.partition("://")
+        yield warning(
+            field,
+            f"pyxis names registry images REGISTRY#IMAGE:TAG (e.g. nvcr.io#nvidia/pytorch:24.05-py3), not {scheme}://: "
+            f"write {rest.replace('/', '#', 1) if '.' in rest.split('/')[0] else rest}, or set "
+            "launch.slurm.container.runtime=apptainer.",
+        )

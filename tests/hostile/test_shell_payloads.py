@@ -35,7 +35,12 @@ FORMATTED = [
     "grpo.rewards",  # a built-in reward's name or /path/FILE.py:FUNCTION
     "launch.slurm.ssh.host",  # a host name or ~/.ssh/config alias: the other ssh fields travel as data
     "launch.slurm.ssh.user",  # (tests/slurm/test_ssh_link.py)
+    "launch.slurm.container.image",  # an image name or path; it and the mounts reach srun as single words
+    "launch.slurm.container.mounts",  # (tests/hostile/test_job_environment.py)
 ]
+# Shell lines by design (module load, source ...): each node runs them; tests/hostile/test_job_environment.py
+# shows that they stay on their own lines of setup.sh and never reach srun's command.
+SHELL_LINES = "launch.slurm.setup"
 # Each entry must be NAME=VALUE: the payload is the value, which launch.sh exports as one quoted word.
 ENVIRONMENT = "launch.env"
 # A source of more rows: SOURCE[@CONFIG][:SPLIT][#ROWS].
@@ -71,7 +76,7 @@ def test_every_text_field_is_covered():
         TEXT_FIELDS
     )
     assert len(TEXT_FIELDS) >= 19
-    assert set(FORMATTED) | {DIRECTIVES, ENVIRONMENT, MIX} <= set(TEXT_FIELDS)
+    assert set(FORMATTED) | {DIRECTIVES, ENVIRONMENT, MIX, SHELL_LINES} <= set(TEXT_FIELDS)
 
 
 def _value(path: str, payload: str):
@@ -88,7 +93,7 @@ def _job_file(tmp_path, payload: str, refused: bool = False):
     """A job.yaml (the form a shared or uploaded job takes) with every text field set to payload."""
     data = spec_to_dict(resolve_spec("demo"))
     for path in TEXT_FIELDS:
-        if path in FORMATTED and not refused:
+        if (path in FORMATTED or path == SHELL_LINES) and not refused:
             continue
         *sections, leaf = path.split(".")
         target = data
