@@ -30,7 +30,8 @@ def leave_out_unused_bitsandbytes(job: dict, training_args: dict) -> None:
     """
     if (job.get("quantization") or {}).get("bits") or training_args.get("optim") in BNB_OPTIMIZERS:
         return
-    sys.modules.setdefault("bitsandbytes", None)
+    if "bitsandbytes" not in sys.modules:
+        sys.modules["bitsandbytes"] = None  # type: ignore[assignment]  # find_spec's own "not installed"
 
 
 def quantization_config(job: dict):

@@ -21,10 +21,20 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # a bare script on the cluster (cancel-after) has no tunedeck: the link is only passed in
-    from tunedeck.backend.runs.ssh_link import SshLink
+
+class SshLink(Protocol):
+    """What this module needs of backend/runs/ssh_link.py's link (not imported: on the cluster, as cancel-after,
+    this file runs without tunedeck)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def run(
+        self, remote: list[str], *, data: bytes | None = None, timeout: float = ...
+    ) -> subprocess.CompletedProcess: ...
+
 
 TIMEOUT_S = 15.0
 CACHE_S = 2.0  # the panel polls every run often; Slurm's answer is fresh enough for this long

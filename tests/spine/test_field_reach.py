@@ -41,6 +41,10 @@ BASES = [
     ("demo", []),
     ("7b-lora-ddp", ["dataset.packing=false"]),
     ("7b-lora-ddp", ["launch.backend=slurm", "launch.num_machines=2", "launch.num_processes=8"]),
+    (
+        "7b-lora-ddp",
+        ["launch.backend=slurm", "launch.slurm.container.image=docker://nvcr.io/nvidia/pytorch:24.05-py3"],
+    ),  # both runtimes read it
     *[("7b-lora-ddp", [f"dataset.format={name}"]) for name in DATASET_FORMATS],
     ("7b-lora-ddp", ["objective=dpo", "dataset.format=preference"]),
     ("7b-lora-ddp", ["objective=grpo", "dataset.format=prompt-only", "training.per_device_train_batch_size=8"]),
@@ -113,7 +117,12 @@ def other_values(field: FormField, value):
     formats = {"grpo.reward_weights": ["1, 0.5", "2"], "launch.env": ["NCCL_DEBUG=INFO"]}  # one weight a reward
     if field.path in formats:
         return formats[field.path]
-    slurm_formats = {"time_limit": ["90", "1-12:00:00"], "mem": ["64G", "0"], "extra_directives": ["#SBATCH --x=1"]}
+    slurm_formats = {
+        "time_limit": ["90", "1-12:00:00"],
+        "mem": ["64G", "0"],
+        "extra_directives": ["#SBATCH --x=1"],
+        "mounts": ["/data:/data:ro"],
+    }
     if field.path.startswith("launch.slurm.") and field.path.rsplit(".", 1)[1] in slurm_formats:
         return slurm_formats[field.path.rsplit(".", 1)[1]]  # Slurm's own formats: free text does not validate
     return [f"{value or 'x'}-changed", *([12_345_678] if field.accepts_int else [])]
