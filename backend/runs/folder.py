@@ -180,6 +180,14 @@ def read_status_file(run_dir: Path) -> dict:
         raise DamagedStatus(f"{STATUS_FILE} is not a run status ({wrong})") from None
 
 
+def read_status_quietly(run_dir: Path) -> dict:
+    """status.json as read_status_file gives it, or {} when it is missing or damaged (for a reader that goes on)."""
+    try:
+        return read_status_file(run_dir)
+    except (OSError, DamagedStatus):
+        return {}
+
+
 def queued_status(
     run_id: str,
     title: str,

@@ -230,7 +230,7 @@ class RunManager:
         while time.monotonic() < deadline:
             status = self.status(run_id)
             if status.state != "queued" or (
-                status.waits_for and self._read_quietly(self.run_dir(run_id)).get("supervisor")
+                status.waits_for and run_folder.read_status_quietly(self.run_dir(run_id)).get("supervisor")
             ):
                 return
             time.sleep(0.05)
@@ -245,7 +245,7 @@ class RunManager:
         self._stop_requested.add(run_id)
         if status.backend == slurm_runs.BACKEND:
             try:
-                slurm_runs.stop(self.run_dir(run_id), self._read_quietly(self.run_dir(run_id)), grace_s)
+                slurm_runs.stop(self.run_dir(run_id), run_folder.read_status_quietly(self.run_dir(run_id)), grace_s)
             except slurm_runs.UNAVAILABLE as exc:
                 raise RunError(f"could not stop Slurm job {(status.slurm or {}).get('job_id')}: {exc}") from None
             return self.status(run_id)
@@ -256,7 +256,7 @@ class RunManager:
                 run_status.ask_to_stop(found)
             return dataclasses.replace(status, state="stopping")
         run_dir = self.run_dir(run_id)
-        owner = self._read_quietly(run_dir).get("supervisor")
+        owner = run_folder.read_status_quietly(run_dir).get("supervisor")
         try:
             run_folder.write_stop_request(run_dir, grace_s)
         except OSError:  # a full disk: the request travels as a signal (an empty stop.request means the same)
@@ -266,18 +266,11 @@ class RunManager:
             self._stop_without_supervisor(run_dir, grace_s)
         return self.status(run_id)
 
-    @staticmethod
-    def _read_quietly(run_dir: Path) -> dict:
-        try:
-            return read_status_file(run_dir)
-        except (OSError, DamagedStatus):
-            return {}
-
     def _stop_without_supervisor(self, run_dir: Path, grace_s: float) -> None:
         # Only when the supervisor died (killed by hand): stop the launcher's tree ourselves, then settle the status.
         import psutil
 
-        launcher = self._read_quietly(run_dir).get("launcher")
+        launcher = run_folder.read_status_quietly(run_dir).get("launcher")
         if is_alive(launcher):
             root = psutil.Process(launcher["pid"])
             tree = [root, *root.children(recursive=True)]
@@ -318,7 +311,7 @@ class RunManager:
         proc = self._supervisors.get(run_id)
         if proc is not None:
             return proc.poll() is None
-        return is_alive(self._read_quietly(self.run_dir(run_id)).get("supervisor"))
+        return is_alive(run_folder.read_status_quietly(self.run_dir(run_id)).get("supervisor"))
 
     # ------------------------------------------------------------ read
 

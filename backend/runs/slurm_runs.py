@@ -23,7 +23,6 @@ page, `tunedeck runs`, the charts) works unchanged. A link that fails keeps the 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -128,7 +127,7 @@ def _pull(run_dir: Path, data: dict, force: bool = False) -> dict:
 def fetch_weights(run_dir: Path, checkpoint: int | None) -> Path:
     """Bring a run's final model (checkpoint None) or one checkpoint from the cluster into its local folder, where
     the after-training tools find it as in any run; its local path. Weights never come with the mirror's ticks."""
-    remote = remote_of(read_quietly(run_dir) or {})
+    remote = remote_of(run_folder.read_status_quietly(run_dir))
     if remote is None:
         raise remote_folder.RemoteFolderError(f"run {run_dir.name} was not submitted over SSH: its weights are here")
     link, folder = remote
@@ -167,12 +166,8 @@ def follow(run_dir: Path, data: dict) -> dict:
             data = _pull(run_dir, data, force=True)  # the end's records, before the end is decided
     except SshUnreachable:
         # Never a failed run: the last state holds, with the line that says why it may be stale.
-        reason = unreachable_line(read_quietly(run_dir) or data)
-        return {
-            **data,
-            "remote": (read_quietly(run_dir) or data).get("remote"),
-            "slurm": {**recorded, "reason": reason},
-        }
+        current = run_folder.read_status_quietly(run_dir) or data  # _pull recorded since when
+        return {**data, "remote": current.get("remote"), "slurm": {**recorded, "reason": unreachable_line(current)}}
     except SlurmUnavailable as exc:
         # Nothing to decide on: keep the recorded state and say why it may be stale.
         return {**data, "slurm": {**recorded, "reason": f"Slurm does not answer: {exc}"}}
@@ -181,13 +176,6 @@ def follow(run_dir: Path, data: dict) -> dict:
     if job is not None and job.live:
         return _live(run_dir, data, recorded, job)
     return _ended(run_dir, data, recorded, job)
-
-
-def read_quietly(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((run_dir / run_folder.STATUS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def _attempts(run_dir: Path) -> list[dict]:
