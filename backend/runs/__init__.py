@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from tunedeck.backend.runs.answers import answers_markdown, latest_answers
+from tunedeck.backend.runs.backends import UNAVAILABLE, fetch_weights
 from tunedeck.backend.runs.checkpoints import AfterError, list_weights, output_dir, select
 from tunedeck.backend.runs.compare import differences_line, job_differences, shown_value
 from tunedeck.backend.runs.folder import ACTIVE_STATES, LAUNCHER_LOG, LOGS_DIR, NOTES_FILE, rank_log
@@ -33,7 +34,6 @@ from tunedeck.backend.runs.records import (
 from tunedeck.backend.runs.reshape import Shape, reshaped
 from tunedeck.backend.runs.resume import RESUMABLE_STATES, newest_checkpoint, resume_run
 from tunedeck.backend.runs.slow_rank import slow_rank_line
-from tunedeck.backend.runs.slurm_runs import UNAVAILABLE, fetch_weights
 from tunedeck.backend.runs.speed import Calibration, calibration, compare_run
 from tunedeck.backend.runs.stacks import StacksError, dump_stacks
 from tunedeck.backend.runs.startup import (

@@ -3,10 +3,12 @@
 A run is a folder under the runs directory (its layout and records: backend/runs/folder.py):
 the job's bundle (job.yaml, accelerate_config.yaml, ds_config.json, training_args.yaml,
 launch.sh, train_sft.py), status.json, metrics.jsonl, logs/. The disk is the message bus: the
-manager keeps no state that a restart could lose. Each run is owned by a small
-supervisor process (backend/runs/supervisor.py) in its own session, which starts
+manager keeps no state that a restart could lose. Where the run's processes run is its
+backend's (backend/runs/backends.py): on this machine a small supervisor process
+(backend/runs/supervisor.py, started by local_runs.py) in its own session starts
 `accelerate launch` in its own process group, carries out stops and records the exit
-code; the manager only writes requests and reads status.json.
+code; on Slurm (slurm_runs.py) the scheduler does. The manager validates, writes the run
+folder, and starts, follows and stops each run through its backend.
 
 Bad state never breaks the tool: a damaged or foreign run folder is one run in state
 "damaged" (backend/runs/status.py), a live run whose folder was deleted is still listed and
@@ -20,24 +22,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import os
 import secrets
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tunedeck.backend.runs import backends, supervisor
 from tunedeck.backend.runs import folder as run_folder
-from tunedeck.backend.runs import preflight_nodes, slurm_runs, supervisor
 from tunedeck.backend.runs import status as run_status
 from tunedeck.backend.runs.folder import (
     ACTIVE_STATES,
     RUN_ID_PATTERN,
     STATUS_FILE,
-    STOP_FILE,
     DamagedStatus,
     read_status_file,
 )
@@ -50,15 +48,6 @@ from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.spec.problem import refuses_start
 
 DEFAULT_GRACE_S = 60.0
-QUEUED_GRACE_S = 30.0  # a queued run's folder is written before its supervisor starts and records itself
-
-
-def queued_for_s(status: dict) -> float:
-    """How long ago the run was queued: on the monotonic clock in the boot it was queued in (a step of the wall
-    clock must neither age a fresh run nor keep an abandoned one fresh), else on the wall clock."""
-    if status.get("created_monotonic") is not None and status.get("created_in_boot") == supervisor.boot_id():
-        return time.monotonic() - status["created_monotonic"]
-    return time.time() - (status.get("created_at") or 0)
 
 
 class RunManager:
@@ -90,8 +79,9 @@ class RunManager:
         problems = refuses_start(preflight.preflight(spec, self.runs_dir))
         if problems:
             raise preflight.refusal(problems, "the job's inputs have problems")
-        if spec.launch.backend == slurm_runs.BACKEND:
-            return self._submit(spec, accelerate)
+        backend = backends.named(spec.launch.backend)
+        if backend.prepare is not None:
+            return self._submit(spec, accelerate, backend)
         try:
             with self._start_lock():  # two starts at once must not both claim the same GPUs
                 runs = self.list_runs()
@@ -103,29 +93,9 @@ class RunManager:
         except OSError as exc:  # a full disk, a read-only one
             raise self._cannot_write(exc) from None
         run_dir = self.run_dir(run_id)
-        # From here on the supervisor is the only writer of status.json (it records itself first).
-        # It runs as a script (it needs only psutil), so it works whether or not tunedeck is installed.
-        try:
-            with open(run_dir / run_folder.SUPERVISOR_LOG, "ab") as log:
-                self._supervisors[run_id] = subprocess.Popen(
-                    [sys.executable, supervisor.__file__, str(run_dir)],
-                    cwd=run_dir,
-                    env={**inherited_env(), **env_changes},
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # survives the manager (and a Ctrl-C in its terminal)
-                )
-        except OSError as exc:
-            supervisor.record_end(
-                run_dir,
-                tries=2,
-                retry_s=0,
-                state="failed",
-                ended_at=time.time(),
-                error=f"could not start the supervisor: {exc}",
-            )
-            raise RunError(f"could not start the run: {exc}") from None
+        supervisor_process = backend.submit(spec, run_dir, inherited_env(), env_changes)
+        if isinstance(supervisor_process, subprocess.Popen):  # reaped by status() so it never lingers as a zombie
+            self._supervisors[run_id] = supervisor_process
         self._wait_until_launched(run_id)
         return run_id
 
@@ -135,26 +105,21 @@ class RunManager:
             "its disk, or choose another runs folder"
         )
 
-    def _submit(self, spec, accelerate: str) -> str:
-        """A Slurm run: write the run folder, submit its slurm.sbatch from it, record the job id."""
-        env_changes = rank_env(spec, None)
-        if not spec.launch.use_cpu:  # Slurm gives each node its GPUs, and launch.sh shares the node's cores
-            for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"):
-                env_changes.pop(name)
-        env_changes["ACCELERATE"] = accelerate  # the same environment on every node (a shared filesystem)
-        argv = ["sbatch", "--parsable", slurm_runs.SLURM_FILE]
+    def _submit(self, spec, accelerate: str, backend: backends.Backend) -> str:
+        """A run a scheduler outside tunedeck runs: write the run folder, have the backend check and submit it."""
+        assert backend.prepare is not None
+        argv, env_changes = backend.prepare(spec, accelerate, rank_env(spec, None))
         try:
             with self._start_lock():
-                run_id = self._write_run_folder(spec, argv, None, env_changes, backend=slurm_runs.BACKEND)
+                run_id = self._write_run_folder(spec, argv, None, env_changes, backend=backend.name)
         except OSError as exc:
             raise self._cannot_write(exc) from None
         run_dir = self.run_dir(run_id)
         try:
-            preflight_nodes.check_before_submit(spec, run_dir, {**inherited_env(), **env_changes})
-            slurm_runs.submit(run_dir, inherited_env(), env_changes, spec.launch.slurm.ssh)
-        except (*slurm_runs.UNAVAILABLE, OSError) as exc:
+            backend.submit(spec, run_dir, inherited_env(), env_changes)
+        except (*backend.unavailable, OSError) as exc:
             supervisor.record_end(run_dir, tries=2, retry_s=0, state="failed", ended_at=time.time(), error=str(exc))
-            raise RunError(f"launch.backend: could not submit the run to Slurm: {exc}") from None
+            raise RunError(f"launch.backend: could not submit the run to {backend.name}: {exc}") from None
         return run_id
 
     def _write_run_folder(
@@ -243,12 +208,6 @@ class RunManager:
         if status.state not in ACTIVE_STATES:
             return status
         self._stop_requested.add(run_id)
-        if status.backend == slurm_runs.BACKEND:
-            try:
-                slurm_runs.stop(self.run_dir(run_id), run_folder.read_status_quietly(self.run_dir(run_id)), grace_s)
-            except slurm_runs.UNAVAILABLE as exc:
-                raise RunError(f"could not stop Slurm job {(status.slurm or {}).get('job_id')}: {exc}") from None
-            return self.status(run_id)
         if status.folder_deleted:
             # No folder to drop the request into: its supervisor takes SIGTERM as the same request.
             found = run_status.live_supervisors(self.runs_dir).get(run_id)
@@ -256,28 +215,13 @@ class RunManager:
                 run_status.ask_to_stop(found)
             return dataclasses.replace(status, state="stopping")
         run_dir = self.run_dir(run_id)
-        owner = run_folder.read_status_quietly(run_dir).get("supervisor")
+        backend = backends.named(status.backend)
         try:
-            run_folder.write_stop_request(run_dir, grace_s)
-        except OSError:  # a full disk: the request travels as a signal (an empty stop.request means the same)
-            if is_alive(owner):
-                os.kill(owner["pid"], signal.SIGTERM)
-        if not is_alive(owner):
-            self._stop_without_supervisor(run_dir, grace_s)
+            backend.stop(run_dir, run_folder.read_status_quietly(run_dir), grace_s)
+        except backend.unavailable as exc:
+            job = (status.slurm or {}).get("job_id") or run_id
+            raise RunError(f"could not stop {backend.name} job {job}: {exc}") from None
         return self.status(run_id)
-
-    def _stop_without_supervisor(self, run_dir: Path, grace_s: float) -> None:
-        # Only when the supervisor died (killed by hand): stop the launcher's tree ourselves, then settle the status.
-        import psutil
-
-        launcher = run_folder.read_status_quietly(run_dir).get("launcher")
-        if is_alive(launcher):
-            root = psutil.Process(launcher["pid"])
-            tree = [root, *root.children(recursive=True)]
-            supervisor.kill_tree(root.children(), signal.SIGTERM, timeout=grace_s)
-            supervisor.kill_tree(tree)
-        state, error = supervisor.final_state(run_dir, None, stop_requested=True)
-        supervisor.record_end(run_dir, tries=2, retry_s=0, state=state, ended_at=time.time(), error=error)
 
     def wait(self, run_id: str, timeout: float | None = None, poll_s: float = 0.5) -> RunStatus:
         """Block until the run has ended (or timeout seconds pass); returns its status."""
@@ -333,8 +277,7 @@ class RunManager:
         try:
             data = read_status_file(run_dir)
             if data["state"] in ACTIVE_STATES:
-                reattach = slurm_runs.follow if slurm_runs.is_slurm(data) else self._reattach
-                data = reattach(run_dir, data)
+                data = backends.of(data).follow(run_dir, data)
         except DamagedStatus as exc:
             return run_status.damaged(run_id, run_dir, str(exc))
         except FileNotFoundError:
@@ -345,26 +288,6 @@ class RunManager:
                 return run_status.damaged(run_id, run_dir, f"it has no {STATUS_FILE}")
             raise RunError(f"there is no run {run_id} in {self.runs_dir}") from None
         return run_status.from_status_file(run_id, data)
-
-    @staticmethod
-    def _reattach(run_dir: Path, data: dict) -> dict:
-        """Trust an active state only while the supervisor that owns the run is alive (pid + start time)."""
-        if is_alive(data.get("supervisor")):
-            if data["state"] == "running" and (run_dir / STOP_FILE).exists():
-                data = {**data, "state": "stopping"}
-            return data
-        # Between write and spawn the supervisor is not recorded yet: a fresh queued run is still fine.
-        if data["state"] == "queued" and not data.get("supervisor") and queued_for_s(data) < QUEUED_GRACE_S:
-            return data
-        data = read_status_file(run_dir)  # it may have finished between our two reads
-        if data["state"] not in ACTIVE_STATES or is_alive(data.get("launcher")):
-            return data  # ended, or the supervisor was killed but training goes on: still running
-        state, error = supervisor.final_state(run_dir, None, (run_dir / STOP_FILE).exists())
-        ended = {"state": state, "ended_at": data.get("ended_at") or run_folder.last_written(run_dir), "error": error}
-        problem = supervisor.record_end(run_dir, tries=2, retry_s=0, **ended)
-        if problem:  # e.g. a full disk: every reader works the end out the same way until it can be written
-            ended["error"] = f"{error}\n(this end is not recorded in {STATUS_FILE}: {problem})"
-        return {**data, **ended}
 
     def list_runs(self) -> list[RunStatus]:
         """Every run, newest first: a damaged folder is one damaged run; a live run whose folder was deleted is listed too."""

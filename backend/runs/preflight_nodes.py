@@ -22,8 +22,12 @@ from pathlib import Path
 
 from tunedeck.backend.render.requirements import packages, tested_versions
 from tunedeck.backend.render.slurm_env import SETUP_FAILED, in_folder, node_argv
+from tunedeck.backend.runs import slurm_jobs
 from tunedeck.backend.runs.preflight import refusal
+from tunedeck.backend.runs.slurm_jobs import SlurmUnavailable
+from tunedeck.backend.runs.ssh_link import SshLink
 from tunedeck.backend.spec import JobSpec
+from tunedeck.backend.spec.env import environment
 from tunedeck.backend.spec.problem import Problem, error, warning
 
 NODES_FILE = "preflight_nodes.json"
@@ -63,8 +67,11 @@ def check_argv(spec: JobSpec, run_dir: str) -> list[str]:
         argv.append("--gpus=1")  # the job's node kind, and whether its torch sees the GPU
     wanted = {name: MODULES.get(name, name.replace("-", "_")) for name in packages(spec)}
     device = "cpu" if spec.launch.use_cpu else "gpu"
-    script = 'exec python3 -c "$1" "$2" "$3"'  # the check's code and data are arguments, never part of the script
-    options, command = node_argv(spec, script, "tunedeck-preflight", CHECK, json.dumps(wanted), device)
+    # launch.env as launch.sh exports it (a PATH there chooses the python3 that trains), as `env NAME=value` words.
+    # The check's code, its data and these words are arguments, never part of the script.
+    script = 'code=$1 wanted=$2 device=$3; shift 3; exec env "$@" python3 -c "$code" "$wanted" "$device"'
+    exports = [f"{name}={value}" for name, value in environment(spec.launch.env).items()]
+    options, command = node_argv(spec, script, "tunedeck-preflight", CHECK, json.dumps(wanted), device, *exports)
     return [*argv, *in_folder([*options, *command], run_dir)]
 
 
@@ -73,17 +80,16 @@ def field_to_fix(spec: JobSpec) -> str:
     return "launch.slurm.container.image" if spec.launch.slurm.container.image else "launch.slurm.setup"
 
 
-def check_nodes(spec: JobSpec, run_dir: Path, env: dict[str, str]) -> tuple[list[Problem], dict]:
-    """(problems, the node's report) of the environment on one node, checked from the run folder."""
+def check_nodes(
+    spec: JobSpec, folder: str, env: dict[str, str], via: SshLink | None = None
+) -> tuple[list[Problem], dict]:
+    """(problems, the node's report) of the environment on one node, checked from the run folder `folder` (on
+    the login node when `via` is a link: launch.slurm.ssh)."""
     timeout = CONTAINER_TIMEOUT_S if spec.launch.slurm.container.image else TIMEOUT_S
     try:
-        done = subprocess.run(
-            check_argv(spec, str(run_dir)), env=env, capture_output=True, text=True, timeout=timeout, cwd=run_dir
-        )
-    except subprocess.TimeoutExpired:
-        return [warning(field_to_fix(spec), f"the node check took over {timeout:.0f} s and was left")], {}
-    except OSError as exc:
-        return [warning("launch.slurm.preflight", f"the node check could not start srun: {exc}")], {}
+        done = slurm_jobs.run(check_argv(spec, folder), env=env, timeout=timeout, cwd=folder, via=via)
+    except SlurmUnavailable as exc:  # srun missing, or the check outlasted its timeout
+        return [warning("launch.slurm.preflight", f"the node check did not run to its end: {exc}")], {}
     report = next(
         (json.loads(line[len(REPORT_MARK) :]) for line in done.stdout.splitlines() if line.startswith(REPORT_MARK)),
         None,
@@ -159,17 +165,20 @@ def _tail(text: str, lines: int = 4) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())[-600:]
 
 
-def check_before_submit(spec: JobSpec, run_dir: Path, env: dict[str, str]) -> None:
+def check_before_submit(
+    spec: JobSpec, run_dir: Path, env: dict[str, str], folder: str | None = None, via: SshLink | None = None
+) -> None:
     """Start's refusal when the run's nodes cannot run it (launch.slurm.preflight), naming the field to fix; the
-    written run folder is then removed: nothing was submitted. A run bound for a login node over SSH is checked
-    there (launch.slurm.ssh: srun is not on this machine)."""
-    slurm = spec.launch.slurm
-    if not slurm.preflight or slurm.ssh.host:
+    written run folder is then removed (here, and at `folder` on the login node when `via` is a link): nothing
+    was submitted."""
+    if not spec.launch.slurm.preflight:
         return
-    problems, report = check_nodes(spec, run_dir, env)
+    problems, report = check_nodes(spec, folder or str(run_dir), env, via)
     errors = [p for p in problems if p.level == "error"]
     if errors:
         shutil.rmtree(run_dir, ignore_errors=True)
+        if via is not None and folder:
+            via.run(["rm", "-rf", "--", folder])
         raise refusal(errors, "the nodes cannot run the job")
     said = [{"field": p.field, "level": p.level, "message": p.message} for p in problems]
     (run_dir / NODES_FILE).write_text(json.dumps({"report": report, "problems": said}, indent=1) + "\n")

@@ -31,7 +31,7 @@ import yaml
 from tunedeck.backend.render.launch import JOB_FILE
 from tunedeck.backend.render.slurm import SLURM_FILE
 from tunedeck.backend.runs import folder as run_folder
-from tunedeck.backend.runs import remote_folder, slurm_jobs, supervisor
+from tunedeck.backend.runs import preflight_nodes, remote_folder, slurm_jobs, supervisor
 from tunedeck.backend.runs.folder import LAUNCHER_LOG, STOP_FILE
 from tunedeck.backend.runs.slurm_jobs import SlurmUnavailable
 from tunedeck.backend.runs.ssh_link import SshLink, SshUnreachable
@@ -73,16 +73,28 @@ def sbatch_options(run_dir: Path, folder: str | None = None) -> list[str]:
     ]
 
 
-def submit(run_dir: Path, inherited: dict[str, str], changes: dict[str, str], ssh=None) -> str:
-    """Submit the run folder's slurm.sbatch (over SSH when ssh.host is set: launch.slurm.ssh); records the job id
-    (and Slurm's expected start) in status.json."""
+def prepare(spec, accelerate: str, changes: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command status.json records for a Slurm run, and the environment tunedeck adds to the job's."""
+    changes = dict(changes)
+    if not spec.launch.use_cpu:  # Slurm gives each node its GPUs, and launch.sh shares the node's cores
+        for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"):
+            changes.pop(name, None)
+    changes["ACCELERATE"] = accelerate  # the same environment on every node (a shared filesystem)
+    return ["sbatch", "--parsable", SLURM_FILE], changes
+
+
+def submit(spec, run_dir: Path, inherited: dict[str, str], changes: dict[str, str]) -> str:
+    """Check the nodes (launch.slurm.preflight), then submit the run folder's slurm.sbatch (over SSH when
+    launch.slurm.ssh.host is set); records the job id (and Slurm's expected start) in status.json."""
+    ssh = spec.launch.slurm.ssh
     via, folder, env = None, str(run_dir), {**inherited, **changes}
-    if ssh is not None and ssh.host:
+    if ssh.host:
         via = SshLink.from_spec(ssh)
         folder = remote_folder.upload(via, run_dir, f"{ssh.runs_dir.rstrip('/')}/{run_dir.name}")
         remote_folder.put_file(via, folder, CANCEL_AFTER, Path(slurm_jobs.__file__).read_bytes())
         supervisor.update_status(run_dir, remote={"ssh": via.record(), "folder": folder})
         env = {k: v for k, v in changes.items() if k not in LOCAL_ONLY_ENV}
+    preflight_nodes.check_before_submit(spec, run_dir, env, folder, via)
     script, options = f"{folder}/{SLURM_FILE}", sbatch_options(run_dir, folder)
     start = slurm_jobs.expected_start(script, folder, options, env, via)
     job_id = slurm_jobs.submit(script, folder, options, env, via)
@@ -124,10 +136,10 @@ def _pull(run_dir: Path, data: dict, force: bool = False) -> dict:
     return {**data, "remote": remote}
 
 
-def fetch_weights(run_dir: Path, checkpoint: int | None) -> Path:
+def fetch(run_dir: Path, data: dict, checkpoint: int | None) -> Path:
     """Bring a run's final model (checkpoint None) or one checkpoint from the cluster into its local folder, where
     the after-training tools find it as in any run; its local path. Weights never come with the mirror's ticks."""
-    remote = remote_of(run_folder.read_status_quietly(run_dir))
+    remote = remote_of(data)
     if remote is None:
         raise remote_folder.RemoteFolderError(f"run {run_dir.name} was not submitted over SSH: its weights are here")
     link, folder = remote

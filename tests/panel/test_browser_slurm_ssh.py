@@ -5,7 +5,8 @@ The panel's PATH has no sbatch (only ssh): the login node is OpenSSH's real serv
 local 2-node cluster (tests/slurm/local_cluster.py). One run tells the story (the CI budget: a
 submission from a panel beside sbatch goes through the same RunManager calls, and the CLI's Slurm
 tests in tests/slurm/test_slurm_runs.py submit there): the form names the login node, Start uploads
-the run folder and submits it while a blocking job holds both nodes (queued, with Slurm's reason),
+the run folder, checks a node's environment there (launch.slurm.preflight) and submits it while a
+blocking job holds one of the two nodes (queued, with Slurm's reason),
 the blocker cancelled (running on n0 and n1, the loss curve and rank 0's log, mirrored by appended
 bytes), the GPUs tab showing each node's GPUs live from the run's telemetry (the fake NVML of
 tests/panel/fake_nvml.py on each node, n1's GPU throttled: a warning naming it there, on the state
@@ -80,7 +81,8 @@ def test_slurm_run_from_the_page_over_ssh_queues_runs_reattaches_survives_a_lost
     outside = outside_the_cluster(tmp_path / "bin")
     server = PanelServer(runs, "--preset", "demo", env=outside)
     blocker = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"],
+        # One node held: the 2-node run waits, and the node check before submit (one srun) gets the other one.
+        ["sbatch", "--parsable", "--nodes=1", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"],
         capture_output=True,
         text=True,
         check=True,
@@ -112,6 +114,10 @@ def test_slurm_run_from_the_page_over_ssh_queues_runs_reattaches_survives_a_lost
         assert re.search(r"PENDING \((Resources|Priority|Nodes)", text_of(page, "#run-state"))
         job_id = re.search(r"Slurm job (\d+)", text_of(page, "#run-state")).group(1)
         assert (remote_dir / "slurm.sbatch").is_file()  # the bundle went to the login node's runs folder
+        # Before the submission, the node check ran there: the nodes' python (launch.env's PATH) has the stack.
+        checked = json.loads((runs / run_id / "preflight_nodes.json").read_text())
+        assert checked["report"]["node"] in ("n0", "n1") and checked["report"]["missing"] == {}, checked
+        assert not [p for p in checked["problems"] if p["level"] == "error"], checked
 
         subprocess.run(["scancel", blocker], check=True)
         wait_text(page, "#run-state", "on n0, n1", timeout=120_000)
