@@ -2,7 +2,7 @@
 
 render_bundle(spec) -> {file name: text}, in display order; zip_bundle(files) -> zip bytes.
 Each file comes from one small module here (accelerate_yaml, deepspeed_json,
-training_args, launch, slurm, requirements). Only spec and catalog are imported: no torch, no accelerate.
+training_args, launch, slurm, sky, requirements). Only spec and catalog are imported: no torch, no accelerate.
 A bundle that carries the job's local data (backend/render/bundle_data.py) has them in data/ besides its files:
 zip_bundle and write_bundle copy them from this machine (carried.py: what a bundle carries).
 """
@@ -28,6 +28,7 @@ from tunedeck.backend.render.launch import (
 )
 from tunedeck.backend.render.recipe_files import ENTRY_SCRIPT, RECIPE_PACKAGE, recipe_files
 from tunedeck.backend.render.requirements import REQUIREMENTS_FILE, render_requirements, tested_versions
+from tunedeck.backend.render.sky import SKY_FILE, render_sky_yaml
 from tunedeck.backend.render.slurm import SLURM_FILE, render_slurm_sbatch
 from tunedeck.backend.render.slurm_env import SETUP_FILE, has_environment, render_setup_sh
 from tunedeck.backend.render.training_args import render_training_args
@@ -52,6 +53,7 @@ def render_bundle(spec: JobSpec, data: DataPlan | None = None) -> dict[str, str]
     files[SLURM_FILE] = render_slurm_sbatch(spec)
     if has_environment(spec):  # launch.slurm.setup / container: sourced on each node before launch.sh
         files[SETUP_FILE] = render_setup_sh(spec)
+    files[SKY_FILE] = render_sky_yaml(spec)  # the same bundle as a SkyPilot task (Kubernetes, clouds)
     package = recipe_files()  # the recipe, under tunedeck_recipe/, which train_sft.py runs
     if package:
         files[TRAIN_SCRIPT] = ENTRY_SCRIPT

@@ -19,6 +19,8 @@ _FILE_ROLES = {
     "training_args.yaml": "TRL {config} keyword arguments, passed unchanged",
     "launch.sh": "the exact `accelerate launch` command",
     "slurm.sbatch": "the same job on a Slurm cluster: `sbatch slurm.sbatch` runs launch.sh once per node",
+    "sky.yaml": "the same job as a SkyPilot task for Kubernetes and the clouds: `sky jobs launch sky.yaml` runs "
+    "launch.sh once per node",
     "setup.sh": "the lines each Slurm node runs before launch.sh (launch.slurm.setup), sourced by slurm.sbatch",
     "train_sft.py": "the training script (TRL {trainer}: the job's objective is {objective}); needs only the Hugging Face stack",
     "tunedeck_recipe/": "the training recipe train_sft.py runs, a Python package of one module per job (its "
@@ -120,6 +122,13 @@ def render_bundle_readme(spec: JobSpec, names: list[str], data: DataPlan | None 
             "`MACHINE_RANK=<0..N-1> MAIN_PROCESS_IP=<address of machine 0> bash launch.sh`.",
         ]
     lines += ["", "On a Slurm cluster, submit from this folder instead: `sbatch slurm.sbatch`.", *readme_lines(spec)]
+    lines += [
+        "",
+        "On Kubernetes or a cloud, through SkyPilot (`pip install skypilot`, then `sky check` to enable your infra),",
+        "from this folder: `sky jobs launch sky.yaml`. SkyPilot copies this folder to each node, installs",
+        "requirements.txt there and runs launch.sh with the node's rank; `sky jobs queue` and `sky jobs logs` follow it,",
+        "`sky jobs cancel` stops it. Checkpoints stay on the nodes unless output_dir is on storage that outlives them.",
+    ]
     if "train_sft.py" not in names:
         lines += ["", "This bundle has no `train_sft.py` yet: add the training script next to these files."]
     return "\n".join(lines) + "\n"

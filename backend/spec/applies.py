@@ -61,6 +61,12 @@ _MACHINES_BY_HAND = When(
     "with several machines started by hand (launch.num_machines > 1, launch.backend=local; Slurm picks them)",
 )
 _SLURM = When(("launch.backend",), lambda v: v.get("launch.backend") == "slurm", "with launch.backend=slurm")
+_SKYPILOT = When(("launch.backend",), lambda v: v.get("launch.backend") == "skypilot", "with launch.backend=skypilot")
+_SKYPILOT_GPUS = When(
+    ("launch.backend", "launch.use_cpu"),
+    lambda v: v.get("launch.backend") == "skypilot" and not v.get("launch.use_cpu"),
+    "with launch.backend=skypilot on GPUs (launch.use_cpu=false)",
+)
 _STALL_WATCHED = When(
     ("launch.stall_minutes",), lambda v: (v.get("launch.stall_minutes") or 0) > 0, "with launch.stall_minutes > 0"
 )
@@ -148,6 +154,8 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("launch.slurm.container.runtime", _CONTAINER),
     ("launch.slurm.container.mounts", _CONTAINER),
     ("launch.slurm.*", _SLURM),
+    ("launch.skypilot.accelerators", _SKYPILOT_GPUS),
+    ("launch.skypilot.*", _SKYPILOT),
 ]
 
 

@@ -29,6 +29,7 @@ from tunedeck.backend.spec.sections import (
     SpecSection,
     unique_entries,
 )
+from tunedeck.backend.spec.skypilot import SkyPilotSpec
 from tunedeck.backend.spec.slurm import SlurmSpec
 from tunedeck.backend.spec.training import PreferenceSpec, TrainingSpec
 
@@ -172,11 +173,12 @@ class StrategySpec(SpecSection):
 
 
 class LaunchSpec(SpecSection):
-    backend: Literal["local", "slurm"] = Field(
+    backend: Literal["local", "slurm", "skypilot"] = Field(
         default="local",
         title="Where to run",
         json_schema_extra=BASIC,
-        description="Where the run goes: local (this machine, or launch.sh on each machine) or slurm (submitted with sbatch).",
+        description="Where the run goes: local (this machine, or launch.sh on each machine), slurm (submitted with "
+        "sbatch) or skypilot (a SkyPilot managed job on Kubernetes or a cloud: sky jobs launch sky.yaml).",
     )
     num_machines: int = Field(
         default=1, ge=1, le=4096, title="Machines", json_schema_extra=BASIC, description="Nodes taking part in the run."
@@ -273,6 +275,11 @@ class LaunchSpec(SpecSection):
     )
     slurm: SlurmSpec = Field(
         default_factory=SlurmSpec, title="Slurm", description="Slurm submission (launch.backend=slurm)."
+    )
+    skypilot: SkyPilotSpec = Field(
+        default_factory=SkyPilotSpec,
+        title="SkyPilot",
+        description="The SkyPilot task (sky.yaml) and managed job (launch.backend=skypilot).",
     )
 
     @field_validator("env", mode="before")

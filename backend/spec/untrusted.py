@@ -127,7 +127,12 @@ def _bad_char(text: str, index: int, path: str) -> YamlRefused:
 
 
 # Sections of a section (a job spec is otherwise section: {field: value}): their fields are a key deeper.
-SUBSECTIONS = {("launch", "slurm"), ("launch", "slurm", "ssh"), ("launch", "slurm", "container")}
+SUBSECTIONS = {
+    ("launch", "slurm"),
+    ("launch", "slurm", "ssh"),
+    ("launch", "slurm", "container"),
+    ("launch", "skypilot"),
+}
 
 
 def _field_keys(keys: list[str]) -> list[str]:

@@ -48,6 +48,7 @@ RULES: list[Rule] = [
     validate_launch.cpu_processes,
     validate_launch.launch,
     validate_launch.slurm_environment,
+    validate_launch.skypilot,
     validate_method.training,
     validate_speed.speed,
 ]

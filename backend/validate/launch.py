@@ -11,6 +11,7 @@ import psutil
 
 from tunedeck.backend.spec import JobSpec
 from tunedeck.backend.spec.problem import Problem, error, warning
+from tunedeck.backend.spec.skypilot import accelerator_counts
 
 # ---------------------------------------------------------------- CPU traps (measured)
 
@@ -173,3 +174,27 @@ def slurm_environment(spec: JobSpec) -> Iterator[Problem]:
             f"write {rest.replace('/', '#', 1) if '.' in rest.split('/')[0] else rest}, or set "
             "launch.slurm.container.runtime=apptainer.",
         )
+
+
+# ---------------------------------------------------------------- SkyPilot's resources
+
+
+def skypilot(spec: JobSpec) -> Iterator[Problem]:
+    """Each node gets the job's processes per machine in GPUs (sky.yaml's accelerators): a count given with a GPU
+    type must say the same, or SkyPilot would start nodes the launch config does not fit."""
+    if spec.launch.backend != "skypilot" or spec.launch.use_cpu:
+        return  # the fields warn as ignored settings (spec/applies.py); sky.yaml writes the count itself
+    field, per_node = "launch.skypilot.accelerators", spec.launch.processes_per_machine
+    wrong = [f"{name}:{count}" for name, count in accelerator_counts(spec.launch.skypilot.accelerators) if count]
+    wrong = [item for item in wrong if int(item.rsplit(":", 1)[1]) != per_node]
+    if wrong:
+        fixed = [name for name, _ in accelerator_counts(spec.launch.skypilot.accelerators)]
+        yield error(
+            field,
+            f"{', '.join(wrong)} asks for another number of GPUs per node than the job's {per_node} processes per "
+            f"machine (launch.num_processes / launch.num_machines): give the GPU type alone, and sky.yaml asks for "
+            f"{per_node} of it per node, or change launch.num_processes.",
+            {field: fixed},
+        )
+    if not spec.launch.skypilot.accelerators:
+        yield error(field, "name a GPU type for the nodes, e.g. H100 (or set launch.use_cpu for CPU nodes).")

@@ -45,6 +45,7 @@ BASES = [
         "7b-lora-ddp",
         ["launch.backend=slurm", "launch.slurm.container.image=docker://nvcr.io/nvidia/pytorch:24.05-py3"],
     ),  # both runtimes read it
+    ("7b-lora-ddp", ["launch.backend=skypilot"]),
     *[("7b-lora-ddp", [f"dataset.format={name}"]) for name in DATASET_FORMATS],
     ("7b-lora-ddp", ["objective=dpo", "dataset.format=preference"]),
     ("7b-lora-ddp", ["objective=grpo", "dataset.format=prompt-only", "training.per_device_train_batch_size=8"]),
@@ -114,7 +115,11 @@ def other_values(field: FormField, value):
         return [base + 1, base * 2, 1, 10] if field.kind == "int" else [base / 2, base * 2 or 0.5, 0.5]
     if field.path.endswith("gpu_ids"):
         return ["0,1,2,3,4,5,6,7"]
-    formats = {"grpo.reward_weights": ["1, 0.5", "2"], "launch.env": ["NCCL_DEBUG=INFO"]}  # one weight a reward
+    formats = {
+        "grpo.reward_weights": ["1, 0.5", "2"],  # one weight a reward
+        "launch.env": ["NCCL_DEBUG=INFO"],
+        "launch.skypilot.accelerators": ["A100-80GB"],  # a GPU type SkyPilot knows
+    }
     if field.path in formats:
         return formats[field.path]
     slurm_formats = {
