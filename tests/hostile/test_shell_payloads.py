@@ -37,6 +37,9 @@ FORMATTED = [
     "launch.slurm.ssh.user",  # (tests/slurm/test_ssh_link.py)
     "launch.slurm.container.image",  # an image name or path; it and the mounts reach srun as single words
     "launch.slurm.container.mounts",  # (tests/hostile/test_job_environment.py)
+    "launch.skypilot.infra",  # SkyPilot's own shapes, YAML strings of sky.yaml's resources
+    "launch.skypilot.accelerators",  # (tests/hostile/test_skypilot_values.py)
+    "launch.skypilot.name",
 ]
 # Shell lines by design (module load, source ...): each node runs them; tests/hostile/test_job_environment.py
 # shows that they stay on their own lines of setup.sh and never reach srun's command.
