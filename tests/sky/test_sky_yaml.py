@@ -62,7 +62,7 @@ def test_every_preset_and_variant_parses_as_the_job_it_is(skypilot, tmp_path):
         specs[name] = resolve_spec(preset, overrides)
         write_bundle(render_bundle(specs[name]), tmp_path / name)
         folders.append(tmp_path / name)
-    tasks = read_by_skypilot(skypilot, folders)
+    tasks = read_by_skypilot(skypilot, folders, tmp_path / "home")
     assert len(tasks) == len(jobs)
     for task in tasks:
         name = Path(task["folder"]).name
