@@ -6,6 +6,7 @@ can be in has a line in sky_runs.STATES. SkyPilot's API server runs in a HOME of
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -58,9 +59,11 @@ def test_without_skypilot_start_is_refused_naming_the_backend(tmp_path, monkeypa
     assert "`sky` is not on PATH" in str(refused.value) and not folder.exists()
 
 
-def test_every_managed_job_state_of_skypilot_has_a_line(skypilot):  # noqa: F811
+def test_every_managed_job_state_of_skypilot_has_a_line(skypilot, tmp_path):  # noqa: F811
     program = "import json; from sky.jobs.state import ManagedJobStatus as S; print(json.dumps([s.value for s in S]))"
-    states = json.loads(subprocess.run([str(skypilot), "-c", program], capture_output=True, text=True).stdout)
+    env = {**os.environ, "HOME": str(tmp_path)}  # importing sky writes ~/.sky
+    done = subprocess.run([str(skypilot), "-c", program], capture_output=True, text=True, env=env, timeout=120)
+    states = json.loads(done.stdout)
     assert set(states) <= set(sky_runs.STATES), set(states) - set(sky_runs.STATES)
     # Provisioning is never a failure (transformerlab-app#1446): waiting states are queued, with what is happening.
     for name in ("PENDING", "STARTING"):

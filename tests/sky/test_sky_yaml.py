@@ -49,8 +49,10 @@ def skypilot() -> Path:
         raise
 
 
-def read_by_skypilot(skypilot: Path, folders: list[Path]) -> list[dict]:
-    done = subprocess.run([str(skypilot), str(PARSE), *map(str, folders)], capture_output=True, text=True, timeout=300)
+def read_by_skypilot(skypilot: Path, folders: list[Path], home: Path) -> list[dict]:
+    env = {**os.environ, "HOME": str(home)}  # importing sky writes ~/.sky: a HOME of the test's own
+    argv = [str(skypilot), str(PARSE), *map(str, folders)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return [json.loads(line) for line in done.stdout.splitlines()]
 
