@@ -9,7 +9,11 @@ processes 2` goes on from that and finishes. The global batch stays 4 (gradient 
 losses of the steps trained again after each resume are those the run had at those steps before (the gaps and the
 noise of two identical runs are measured and printed); each resumed run's start record says what it restored
 (optimizer step, learning-rate schedule position, data position) and the sanity gate passed it. A resume that moves
-the data position (the same checkpoint on 1 process without re-solving the accumulation) is stopped by the gate."""
+the data position (the same checkpoint on 1 process without re-solving the accumulation) is stopped by the gate.
+
+One failed DDP run serves the module twice (ddp_twin): the DDP chain's twin, to measure the noise of two identical
+runs, and the checkpoint the gate test resumes by hand (a 2-process run of 12 steps: 20 s in CI beside the other lane).
+The gate test resumes it into a runs folder of its own and leaves the twin's run folder as it was."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import os
 import pytest
 
 from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.spec import resolve_spec, set_paths
 
 from .helpers import logs_tail, read_metrics, tunedeck
 
@@ -50,6 +55,14 @@ def failed_run(manager: RunManager, demo_spec, kind: str) -> str:
     return run_id
 
 
+@pytest.fixture(scope="module")
+def ddp_twin(demo_home, tmp_path_factory) -> tuple[RunManager, str]:
+    """(its manager, its id) of a DDP run on 2 processes that failed after its checkpoint at step 8, made once for
+    the module in a runs folder of its own."""
+    manager = RunManager(tmp_path_factory.mktemp("resume-shape-twin"))
+    return manager, failed_run(manager, lambda overrides: set_paths(resolve_spec("demo"), overrides), "ddp")
+
+
 def resumed(manager: RunManager, run_id: str, processes: int, fault: str | None) -> tuple[str, str]:
     """(the new run's id, what `tunedeck runs resume` said)."""
     if fault:
@@ -78,14 +91,16 @@ def check_restored(run_dir, step: int, processes: int, resharded: bool) -> dict:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_a_run_goes_on_with_another_number_of_processes_and_the_same_global_batch(runs_dir, demo_spec, strategy):
+def test_a_run_goes_on_with_another_number_of_processes_and_the_same_global_batch(
+    runs_dir, demo_spec, strategy, request
+):
     manager = RunManager(runs_dir)
     kind = STRATEGIES[strategy]
     first = failed_run(manager, demo_spec, kind)
     noise = None
     if strategy == "ddp":  # the same job again: how much two identical runs differ
-        twin = failed_run(manager, demo_spec, kind)
-        one, two = losses(manager.run_dir(first)), losses(manager.run_dir(twin))
+        twin_manager, twin = request.getfixturevalue("ddp_twin")
+        one, two = losses(manager.run_dir(first)), losses(twin_manager.run_dir(twin))
         noise = max(abs(one[s] - two[s]) for s in one)
     second, said = resumed(manager, first, 1, f"rank=0,step={SECOND_FAIL}")
     assert (
@@ -121,11 +136,10 @@ def test_a_run_goes_on_with_another_number_of_processes_and_the_same_global_batc
     print(f"{strategy} 2 -> 1 -> 2 processes: loss gaps after the resumes {[f'{g:.5f}' for g in gaps]}{noise_said}")
 
 
-def test_a_resume_that_moves_the_data_position_is_stopped_by_the_gate(runs_dir, demo_spec):
+def test_a_resume_that_moves_the_data_position_is_stopped_by_the_gate(runs_dir, ddp_twin):
     """The same checkpoint resumed by hand on 1 process with the accumulation left at 1: each step would take 2 rows
     instead of 4, so step 8 would sit at row 16 where the checkpoint had seen 32; the gate says so before a step."""
-    manager = RunManager(runs_dir)
-    first = failed_run(manager, demo_spec, "ddp")
+    manager, first = ddp_twin
     output = manager.run_dir(first) / "output"
     job = manager.run_dir(first) / "job.yaml"
     result = tunedeck(
@@ -142,7 +156,7 @@ def test_a_resume_that_moves_the_data_position_is_stopped_by_the_gate(runs_dir, 
         timeout=600,
     )
     assert result.returncode != 0, result.stdout
-    run_dir = max((p for p in runs_dir.iterdir() if p.name != first), key=lambda p: p.stat().st_mtime)
+    run_dir = max(runs_dir.iterdir(), key=lambda p: p.stat().st_mtime)  # the twin's run is in another runs folder
     start = start_record(run_dir)
     assert not start["gate"]["passed"], start
     problem = " ".join(start["gate"]["problems"])
