@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunedeck.backend.runs import folder as run_folder
-from tunedeck.backend.runs import local_runs, slurm_runs
+from tunedeck.backend.runs import local_runs, sky_runs, slurm_runs
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,16 @@ SLURM = Backend(
     slurm_runs.UNAVAILABLE,
     slurm_runs.prepare,
 )
-BACKENDS = {backend.name: backend for backend in (LOCAL, SLURM)}
+SKYPILOT = Backend(
+    sky_runs.BACKEND,
+    sky_runs.submit,
+    sky_runs.follow,
+    sky_runs.stop,
+    sky_runs.fetch,
+    sky_runs.UNAVAILABLE,
+    sky_runs.prepare,
+)
+BACKENDS = {backend.name: backend for backend in (LOCAL, SLURM, SKYPILOT)}
 # What any backend's call can end in, short of a failed run.
 UNAVAILABLE = tuple(dict.fromkeys(error for backend in BACKENDS.values() for error in backend.unavailable))
 

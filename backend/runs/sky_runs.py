@@ -235,15 +235,3 @@ def fetch(run_dir: Path, data: dict, checkpoint: int | None) -> Path:
         f"run {run_dir.name} trained on SkyPilot's nodes: its weights are in output_dir there (set output_dir to a "
         "bucket the nodes mount to keep them)"
     )
-
-
-def where_line(skypilot: dict) -> str:
-    """'SkyPilot job 3 (tunedeck-x) · STARTING · provisioning: ...', for the run's one line (status.py)."""
-    line = f"SkyPilot job {skypilot.get('job_id', '…')}"
-    if skypilot.get("name"):
-        line += f" ({skypilot['name']})"
-    if skypilot.get("state"):
-        line += f" · {skypilot['state']}"
-    if skypilot.get("reason"):
-        line += f" · {skypilot['reason']}"
-    return line

@@ -45,8 +45,9 @@ class RunStatus:
     title: str  # one line: model, method, strategy
     gpu_ids: list[int] | None = None  # the GPUs the run holds (None: CPU, or unknown)
     folder_deleted: bool = False  # live, but its folder or status.json was deleted
-    backend: str = "local"  # where it runs: local | slurm
+    backend: str = "local"  # where it runs: local | slurm | skypilot (backend/runs/backends.py)
     slurm: dict | None = None  # a Slurm run: job_id, state, reason, nodes, expected_start (backend/runs/slurm_runs.py)
+    skypilot: dict | None = None  # a SkyPilot managed job: job_id, name, state, reason (backend/runs/sky_runs.py)
     waits_for: list[str] | None = None  # a queued run: the runs ahead of it, which it starts after
     stalled: dict | None = None  # a live run with no training step for too long (run_folder.Stalled)
     warning: str | None = None  # the run's own latest warning (a reward that scored no answer of a step)
@@ -89,6 +90,8 @@ class RunStatus:
             return f"↻ starts again from its newest checkpoint in {wait:.0f} s, after a {after} failure"
         if self.warning and not self.slurm:
             return f"⚠ {self.warning}"
+        if self.skypilot:
+            return skypilot_line(self.skypilot)
         if not self.slurm:
             return ""
         line = f"Slurm job {self.slurm.get('job_id')}"
@@ -101,6 +104,18 @@ class RunStatus:
         if self.state == "queued" and self.slurm.get("expected_start"):
             line += f" · expected start {self.slurm['expected_start']}"
         return line
+
+
+def skypilot_line(skypilot: dict) -> str:
+    """'SkyPilot job 3 (tunedeck-x) · STARTING · provisioning: ...', a SkyPilot run's `where`."""
+    line = f"SkyPilot job {skypilot.get('job_id', '…')}"
+    if skypilot.get("name"):
+        line += f" ({skypilot['name']})"
+    if skypilot.get("state"):
+        line += f" · {skypilot['state']}"
+    if skypilot.get("reason"):
+        line += f" · {skypilot['reason']}"
+    return line
 
 
 # ---------------------------------------------------------------- its processes
@@ -134,6 +149,7 @@ def from_status_file(run_id: str, data: dict) -> RunStatus:
         gpu_ids=data.get("gpu_ids"),
         backend=data.get("backend") or "local",
         slurm=data.get("slurm") if isinstance(data.get("slurm"), dict) else None,
+        skypilot=data.get("skypilot") if isinstance(data.get("skypilot"), dict) else None,
         waits_for=data.get("waits_for"),
         stalled=data.get("stalled") if isinstance(data.get("stalled"), dict) else None,
         warning=data.get("warning") if isinstance(data.get("warning"), str) else None,

@@ -40,13 +40,15 @@ def run_folder(tmp_path, overrides=()):
 
 
 @pytest.mark.slow  # starts SkyPilot's API server: about 40 s
-def test_no_enabled_infra_refuses_start_naming_the_field_and_sky_check(sky_home, tmp_path):
-    spec, folder = run_folder(tmp_path)
-    with pytest.raises(RunError) as refused:
-        sky_runs.check_before_submit(spec, folder)
+def test_no_enabled_infra_refuses_start_naming_the_field_and_sky_check(sky_home, tmp_path, demo_home):
+    from tunedeck.backend.runs import RunManager
+
+    runs = tmp_path / "runs"
+    with pytest.raises(RunError) as refused:  # Start, as the page and `tunedeck train` call it
+        RunManager(runs).start(resolve_spec("demo", ["launch.backend=skypilot"]))
     assert [p.field for p in refused.value.problems] == ["launch.skypilot.infra"]
     assert "no infra enabled" in str(refused.value) and "sky check" in str(refused.value)
-    assert not folder.exists()
+    assert [p.name for p in runs.iterdir() if not p.name.startswith(".")] == []  # nothing written, nothing submitted
 
 
 def test_without_skypilot_start_is_refused_naming_the_backend(tmp_path, monkeypatch):
