@@ -1,7 +1,8 @@
 """The Try · Evaluate · Export tab in headless Chromium, over a copy of the session's trained demo run.
 
-One panel for the module, with a short worker idle timeout; the tests run in order and the last
-one stops the panel. Worker processes are the panel's children running tunedeck.backend.after.worker.
+One panel for the module, with a short worker idle timeout; the tests run in order. The last one
+has a panel of its own with a shorter one still, which it stops. Worker processes are the panel's
+children running tunedeck.backend.after.worker.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from .tab_driver import answer_of, ask, eval_losses, open_after, pick
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
-IDLE_S = 30  # the panel's worker idle timeout in this module (TUNEDECK_WORKER_IDLE_S)
+IDLE_S = 30  # the module panel's worker idle timeout (TUNEDECK_WORKER_IDLE_S): above any pause of its tests
+# The idle test's own panel: its test waits this long for a worker to end by itself (it waited IDLE_S, 20 s more).
+SHORT_IDLE_S = 10
 
 
 @pytest.fixture(scope="module")
@@ -249,37 +252,50 @@ def test_merge_writes_the_folder_under_the_run_and_shows_its_path_and_serve_sh(p
 
 
 def test_workers_end_when_the_tab_closes_after_idle_timeout_and_with_the_panel(browser, server):
+    # Steps 2 and 3 on a panel of their own over the same runs folder, whose workers end after SHORT_IDLE_S idle;
+    # it boots while step 1 runs on the module's panel.
+    short = PanelServer(
+        server.runs_dir, env={"TUNEDECK_WORKER_IDLE_S": str(SHORT_IDLE_S), "GRADIO_HEARTBEAT_INTERVAL": "2"}, wait=False
+    )
+    short.run_id = server.run_id
+
     def fresh_page():
         context = browser.new_context(viewport={"width": 1440, "height": 1000})
         context.add_init_script(EVENTS_TAP_JS)  # for settle()
         return context, context.new_page()
 
-    def ask_alone(page):
-        open_after(page, server)
+    def ask_alone(page, panel):
+        open_after(page, panel)
         pick(page, "after-compare", "no comparison")
         ask(page, max_new_tokens=4)
         wait_text(page, "#after-status", "the final adapter on cpu", timeout=240_000)
-        return wait_for(lambda: workers(server), 30, what="a worker")
+        return wait_for(lambda: workers(panel), 30, what="a worker")
 
-    context, page = fresh_page()  # 1. the browser tab closes: its model goes
-    pids = ask_alone(page)
-    context.close()
-    wait_for(lambda: all(gone(p) for p in pids), 60, what="the worker of a closed tab to end")
+    try:
+        context, page = fresh_page()  # 1. the browser tab closes: its model goes, before its idle timeout could end it
+        pids = ask_alone(page, server)
+        context.close()
+        wait_for(lambda: all(gone(p) for p in pids), IDLE_S - 5, what="the worker of a closed tab to end")
 
-    context, page = fresh_page()  # 2. nobody asks for IDLE_S: the worker ends by itself
-    pids = ask_alone(page)
-    started = time.monotonic()
-    wait_for(lambda: all(gone(p) for p in pids), IDLE_S + 30, what="the idle worker to end")
-    assert time.monotonic() - started >= IDLE_S - 3  # ended by its timeout, not at once
+        short.wait_ready()
+        context, page = fresh_page()  # 2. nobody asks for SHORT_IDLE_S: the worker ends by itself
+        pids = ask_alone(page, short)
+        started = time.monotonic()
+        wait_for(lambda: all(gone(p) for p in pids), SHORT_IDLE_S + 30, what="the idle worker to end")
+        assert time.monotonic() - started >= SHORT_IDLE_S - 3  # ended by its timeout, not at once
 
-    page.click("#after-ask")  # 3. the same prompt again: the model loads again; the panel exits: no orphan
-    pids = wait_for(
-        lambda: workers(server),
-        120,
-        what=lambda: f"a worker loaded again; the status line says {text_of(page, '#after-status')!r}",
-    )
-    wait_text(page, "#after-status", "the final adapter on cpu", timeout=240_000)
-    assert not torch_loaded(server.proc.pid)
-    context.close()
-    server.stop()
-    wait_for(lambda: all(gone(p) for p in pids), 30, what="the workers to end with the panel")
+        page.click("#after-ask")  # 3. the same prompt again: the model loads again; the panel exits: no orphan
+        pids = wait_for(
+            lambda: workers(short),
+            120,
+            what=lambda: f"a worker loaded again; the status line says {text_of(page, '#after-status')!r}",
+        )
+        wait_text(page, "#after-status", "the final adapter on cpu", timeout=240_000)
+        assert not torch_loaded(short.proc.pid)
+        # Still loaded, its tab still open, when the panel exits: the exit is what ends them.
+        assert not any(gone(p) for p in pids)
+        short.stop()
+        wait_for(lambda: all(gone(p) for p in pids), 30, what="the workers to end with the panel")
+        context.close()
+    finally:
+        short.stop()
