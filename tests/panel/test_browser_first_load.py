@@ -128,7 +128,9 @@ def test_preset_clicked_during_first_load_is_what_the_page_shows_and_what_start_
                 wait_text(page, "#notice", "Started run", timeout=60_000)
                 run_id = re.search(r"\d{8}-\d{6}-[0-9a-f]{6}", text_of(page, "#notice")).group(0)
                 manager = RunManager(server.runs_dir)
-                manager.stop(run_id, grace_s=5)  # only its job.yaml matters here; stop before it trains
+                # Only its files matter here: killed at once (no grace), before accelerate and its ranks import
+                # the training stack, they no longer take CPU from the next panel's first load.
+                manager.stop(run_id, grace_s=0)
                 started.append((manager, run_id))
                 print(
                     f"round {round_}: boot wait {t1 - t0:.1f}s, load+settle {t2 - t1:.1f}s, zip {t3 - t2:.1f}s, start {time.monotonic() - t3:.1f}s",
