@@ -132,7 +132,8 @@ SUBSECTIONS = {
     ("launch", "slurm", "ssh"),
     ("launch", "slurm", "container"),
     ("launch", "skypilot"),
-}
+    ("training", "health"),
+}  # every one of the spec's sections of sections (tests/hostile/test_yaml_files.py checks)
 
 
 def _field_keys(keys: list[str]) -> list[str]:

@@ -130,3 +130,22 @@ def test_the_console_script_exits_2_with_the_field(tmp_path, command, name):
     assert result.returncode == 2, result.stderr[-2000:]
     assert_named(result.stderr, field, fragment)
     assert not (tmp_path / "bundle").exists()
+
+
+def test_a_too_deep_value_is_named_by_its_field_in_every_section_of_sections():
+    """The refusal of a value nested too deep names the field it was given for: the spec's sections of sections
+    (launch.slurm.ssh, training.health, ...) are all known to the loader that counts the keys."""
+    from tunedeck.backend.spec import FORM_FIELDS, SpecError, spec_from_yaml
+
+    nested = {tuple(f.path.split(".")[:-1]) for f in FORM_FIELDS if f.path.count(".") >= 2}
+    for section in sorted(nested):
+        field = next(f.path for f in FORM_FIELDS if tuple(f.path.split(".")[:-1]) == section)
+        keys = field.split(".")
+        text = "".join(f"{'  ' * depth}{key}:\n" for depth, key in enumerate(keys[:-1]))
+        text += f"{'  ' * (len(keys) - 1)}{keys[-1]}: {'[' * 20}{']' * 20}\n"
+        try:
+            spec_from_yaml(text)
+        except SpecError as exc:
+            assert [p.field for p in exc.problems] == [field], (field, exc.problems)
+        else:
+            raise AssertionError(f"{field}: a value nested 20 deep was accepted")
