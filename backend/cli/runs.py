@@ -148,7 +148,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
                 run.run_id,
                 shown(read_notes(manager.run_dir(run.run_id)).name, limit=30) or "-",
                 f"{run.state} (stalled)" if run.stalled else run.state,
-                f"slurm:{run.slurm.get('job_id')}" if run.slurm else "local",
+                run.place,
                 summary.steps if summary else _starting(manager, run),
                 (summary.measure if summary else "") or "-",  # a GRPO run's: its last reward
                 time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at)) if run.started_at else "-",
@@ -183,7 +183,12 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     if isinstance(job, UnreadableJob):
         print(f"job      {shown(job.explained(), limit=600)}")
     if status.where:
-        kinds = (("slurm", status.slurm), ("stalled", status.stalled), ("restart", status.restarting))
+        kinds = (
+            ("slurm", status.slurm),
+            ("skypilot", status.skypilot),
+            ("stalled", status.stalled),
+            ("restart", status.restarting),
+        )
         label = next((name for name, on in (*kinds, ("warning", status.warning)) if on), "queue")
         print(f"{label:<8} {status.where}")
     if status.started_at:

@@ -36,6 +36,8 @@ SKY_JOBS = str(Path(__file__).with_name("sky_jobs.py"))  # run with SkyPilot's p
 LAUNCH_FILE = "sky_launch.json"  # the detached launcher's answer: {"job_id": N} or {"error": ...}
 SKY_PYTHON_ENV = "TUNEDECK_SKY_PYTHON"  # the python of SkyPilot's environment, when `sky` is not on PATH
 LOGS_EVERY_S = 30.0
+ASK_EVERY_S = 10.0
+_asked: dict[str, tuple[float, dict]] = {}  # run folder -> (when SkyPilot was last asked, what follow made of it)
 CALL_TIMEOUT_S = 120.0
 INFRA = "launch.skypilot.infra"
 CHECK = "run `sky check` to see which infra SkyPilot can use and what each needs"
@@ -159,7 +161,18 @@ def _launched(run_dir: Path) -> dict:
 
 
 def follow(run_dir: Path, data: dict) -> dict:
-    """status.json's data with SkyPilot's present view folded in (an end is recorded once)."""
+    """status.json's data with SkyPilot's present view folded in (an end is recorded once). SkyPilot is asked at
+    most every ASK_EVERY_S per run: each question starts SkyPilot's python (seconds), and the page and `tunedeck
+    runs` read a run's status far more often; a stop request asks at once."""
+    now, last = time.monotonic(), _asked.get(str(run_dir))
+    if last is not None and now - last[0] < ASK_EVERY_S and not (run_dir / STOP_FILE).exists():
+        return {**data, **last[1]}
+    followed = _follow(run_dir, data)
+    _asked[str(run_dir)] = (now, {key: followed.get(key) for key in ("state", "skypilot")})
+    return followed
+
+
+def _follow(run_dir: Path, data: dict) -> dict:
     recorded = dict(data.get("skypilot") or {})
     if not recorded.get("job_id"):
         launched = _launched(run_dir)

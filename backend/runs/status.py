@@ -68,6 +68,15 @@ class RunStatus:
         return lines
 
     @property
+    def place(self) -> str:
+        """Where it runs, in a word: local, slurm:JOB_ID or skypilot:JOB_ID (`tunedeck runs`' WHERE)."""
+        if self.slurm:
+            return f"slurm:{self.slurm.get('job_id')}"
+        if self.skypilot:
+            return f"skypilot:{self.skypilot.get('job_id', '…')}"
+        return self.backend
+
+    @property
     def where(self) -> str:
         """One line on where the run is, for a Slurm run: 'Slurm job 12 · PENDING (Resources)'; for a run queued
         after others: 'waits for run 20261203-101500-ab12cd to end'; for a stalled run, what stalls; for a run that

@@ -13,7 +13,7 @@ import pytest
 
 from tunedeck.backend.render import render_bundle, write_bundle
 from tunedeck.backend.runs import sky_runs
-from tunedeck.backend.runs.status import RunError
+from tunedeck.backend.runs.status import RunError, from_status_file
 from tunedeck.backend.spec import resolve_spec
 
 from .test_sky_yaml import skypilot  # noqa: F401 - the fixture
@@ -71,3 +71,52 @@ def test_every_managed_job_state_of_skypilot_has_a_line(skypilot, tmp_path):  # 
     for name in ("PENDING", "STARTING"):
         state, line = sky_runs.STATES[name]
         assert state == "queued" and line.startswith("provisioning")
+
+
+def test_a_provisioning_job_is_queued_with_skypilots_words_and_skypilot_is_asked_once_per_interval(
+    tmp_path, monkeypatch
+):
+    """A job SkyPilot is still provisioning reads as queued with its details, never failed; `tunedeck runs` and the
+    page read a run's status every second or so, and each question starts SkyPilot's python (seconds): it is asked
+    once per ASK_EVERY_S, and at once after a stop request. A managed job on a cloud cannot exist here, so SkyPilot's
+    answers come from a stand-in of its python that records each question (the states are SkyPilot's own names,
+    checked against its ManagedJobStatus above)."""
+    asked = tmp_path / "asked.txt"
+    python = tmp_path / "sky-env" / "python"
+    python.parent.mkdir()
+    python.write_text(
+        "#!/bin/sh\n"
+        f'echo "$2 $3" >> {asked}\n'
+        'case "$2" in\n'
+        '  queue) echo \'{"job": {"job_id": 7, "status": "STARTING", "details": "Launching on kubernetes (H100:1)"}}\' ;;\n'
+        "  cancel) echo '{\"cancelled\": 7}' ;;\n"
+        "esac\n"
+    )
+    (python.parent / "sky").write_text("#!/bin/sh\necho 'the job log'\n")  # `sky jobs logs --no-follow 7`
+    for script in (python, python.parent / "sky"):
+        script.chmod(0o755)
+    monkeypatch.setenv(sky_runs.SKY_PYTHON_ENV, str(python))
+    _, folder = run_folder(tmp_path)
+    (folder / sky_runs.LAUNCH_FILE).write_text(json.dumps({"job_id": 7}))  # what the detached launcher writes
+    data = {"state": "queued", "backend": "skypilot", "skypilot": {"name": "tunedeck-x", "state": "", "reason": ""}}
+    (folder / "status.json").write_text(json.dumps(data))  # as the manager wrote it, with logs/
+    (folder / "logs").mkdir()
+
+    first = sky_runs.follow(folder, data)
+    assert first["state"] == "queued", first
+    assert first["skypilot"]["reason"] == (
+        "provisioning: SkyPilot is finding and starting the nodes: Launching on kubernetes (H100:1)"
+    )
+    again = sky_runs.follow(folder, data)
+    assert again["state"] == "queued" and again["skypilot"] == first["skypilot"]
+    assert asked.read_text().splitlines() == ["queue 7"]  # the second read did not start SkyPilot
+    shown = from_status_file(folder.name, {**data, **again})  # what `tunedeck runs` and the Run tab say
+    assert shown.place == "skypilot:7" and shown.where.startswith(
+        "SkyPilot job 7 (tunedeck-x) · STARTING · provisioning"
+    )
+    assert (folder / "logs" / "launcher.log").read_text() == "the job log\n"
+
+    sky_runs.stop(folder, again, grace_s=5)
+    assert asked.read_text().splitlines() == ["queue 7", "cancel 7"]
+    sky_runs.follow(folder, data)  # a stop request: SkyPilot is asked at once (and, still STARTING, told again)
+    assert asked.read_text().splitlines() == ["queue 7", "cancel 7", "queue 7", "cancel 7"]
