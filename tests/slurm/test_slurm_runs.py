@@ -153,7 +153,10 @@ def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_clu
             "launch.num_processes": 2,
             "launch.main_process_port": free_port(),
             "launch.slurm.time_limit": "3",  # minutes
-            "launch.slurm.signal_before_s": 100,  # Slurm sends it up to 60 s early: after the start, still
+            # 60 s before the limit, and Slurm sends it up to 60 s earlier still: 60 to 120 s after the job started,
+            # after its first step. With 100 (20 to 80 s) a CI under load had the signal before the first step: no
+            # checkpoint, and the requeued job started again from step 0.
+            "launch.slurm.signal_before_s": 60,
             "launch.slurm.requeue": True,
             "launch.restart_backoff_s": 1,
             "training.max_steps": 100000,
@@ -164,51 +167,54 @@ def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_clu
     run_dir = manager.run_dir(run_id)
     job_id = manager.status(run_id).slurm["job_id"]
     checkpoints = run_dir / "output"
+    try:
 
-    def starts() -> list[dict]:
-        return [r for r in read_metrics(run_dir) if r["event"] == "start"]
+        def starts() -> list[dict]:
+            return [r for r in read_metrics(run_dir) if r["event"] == "start"]
 
-    def stepped_since_the_last_start() -> bool:  # a record of the previous start would pass a plain "> saved_step"
-        records = read_metrics(run_dir)
-        last_start = max(i for i, r in enumerate(records) if r["event"] == "start")
-        return any(r["event"] == "log" and "loss" in r for r in records[last_start:])
+        def stepped_since_the_last_start() -> bool:  # a record of the previous start would pass a plain "> saved_step"
+            records = read_metrics(run_dir)
+            last_start = max(i for i, r in enumerate(records) if r["event"] == "start")
+            return any(r["event"] == "log" and "loss" in r for r in records[last_start:])
 
-    def story() -> str:  # read when a wait fails: the logs and the queue then
-        return job_story(slurm_cluster, run_dir, job_id)
+        def story() -> str:  # read when a wait fails: the logs and the queue then
+            return job_story(slurm_cluster, run_dir, job_id)
 
-    # The time limit nears: SIGTERM, a checkpoint, and (requeue on) the job goes back into the queue.
-    first = wait_for(
-        lambda: list(checkpoints.glob("checkpoint-*")), 300, 1, lambda: "the time limit's checkpoint\n" + story()
-    )
-    saved_step = int(first[0].name.split("-")[1])
-    assert saved_step > 0, logs_tail(run_dir)
-    release_when_requeued(job_id, story)
-    # The same job starts again and resumes from that checkpoint.
-    wait_for(lambda: len(starts()) == 2, 300, 1, lambda: "the requeued job's start record\n" + story())
-    assert starts()[1]["resumed_from_step"] == saved_step
-    assert not (run_dir / "stop.request").exists()  # the stop that ended the last start is done
-    status = manager.status(run_id)
-    assert status.state == "running" and status.slurm["job_id"] == job_id
-    wait_for(stepped_since_the_last_start, 120, 1, "a step after the resume")
+        # The time limit nears: SIGTERM, a checkpoint, and (requeue on) the job goes back into the queue.
+        first = wait_for(
+            lambda: list(checkpoints.glob("checkpoint-*")), 300, 1, lambda: "the time limit's checkpoint\n" + story()
+        )
+        saved_step = int(first[0].name.split("-")[1])
+        assert saved_step > 0, logs_tail(run_dir)
+        release_when_requeued(job_id, story)
+        # The same job starts again and resumes from that checkpoint.
+        wait_for(lambda: len(starts()) == 2, 300, 1, lambda: "the requeued job's start record\n" + story())
+        assert starts()[1]["resumed_from_step"] == saved_step
+        assert not (run_dir / "stop.request").exists()  # the stop that ended the last start is done
+        status = manager.status(run_id)
+        assert status.state == "running" and status.slurm["job_id"] == job_id
+        wait_for(stepped_since_the_last_start, 120, 1, "a step after the resume")
 
-    # Rank 1 is lost (SIGKILL from outside): slurm.sbatch classifies the failure (comm), records the attempt and
-    # requeues the job, which resumes from the newest checkpoint again (launch.max_restarts, the panel's rule).
-    os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
-    wait_for(lambda: manager.status(run_id).attempts, 120, 1, lambda: "the classified attempt\n" + story())
-    [attempt] = manager.status(run_id).attempts
-    assert (attempt["attempt"], attempt["end"], attempt["retried"]) == (1, "comm", True), attempt
-    release_when_requeued(job_id, story)
-    wait_for(lambda: len(starts()) == 3, 300, 1, lambda: "the restarted job's start record\n" + story())
-    assert starts()[2]["resumed_from_step"] == saved_step and (run_dir / "errors.attempt-1.jsonl").exists()
-    wait_for(stepped_since_the_last_start, 120, 1, "a step after the restart")
+        # Rank 1 is lost (SIGKILL from outside): slurm.sbatch classifies the failure (comm), records the attempt and
+        # requeues the job, which resumes from the newest checkpoint again (launch.max_restarts, the panel's rule).
+        os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
+        wait_for(lambda: manager.status(run_id).attempts, 120, 1, lambda: "the classified attempt\n" + story())
+        [attempt] = manager.status(run_id).attempts
+        assert (attempt["attempt"], attempt["end"], attempt["retried"]) == (1, "comm", True), attempt
+        release_when_requeued(job_id, story)
+        wait_for(lambda: len(starts()) == 3, 300, 1, lambda: "the restarted job's start record\n" + story())
+        assert starts()[2]["resumed_from_step"] == saved_step and (run_dir / "errors.attempt-1.jsonl").exists()
+        wait_for(stepped_since_the_last_start, 120, 1, "a step after the restart")
 
-    # Stop: the ranks save a checkpoint and exit; nothing is left in the queue or on the machine.
-    stopped_at = time.time()
-    manager.stop(run_id, grace_s=60)
-    final = manager.wait(run_id, timeout=120)
-    assert final.state == "stopped", (final, logs_tail(run_dir))
-    assert time.time() - stopped_at < 60  # the ranks saved and exited; no kill after the grace period
-    steps = sorted(int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*"))
-    assert steps[-1] > saved_step, steps
-    wait_for(lambda: squeue(job_id) == "", 60, 1, "the job to leave the queue")
-    wait_for(lambda: not processes_of(run_dir), 30, 1, "no process of the run")
+        # Stop: the ranks save a checkpoint and exit; nothing is left in the queue or on the machine.
+        stopped_at = time.time()
+        manager.stop(run_id, grace_s=60)
+        final = manager.wait(run_id, timeout=120)
+        assert final.state == "stopped", (final, logs_tail(run_dir))
+        assert time.time() - stopped_at < 60  # the ranks saved and exited; no kill after the grace period
+        steps = sorted(int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*"))
+        assert steps[-1] > saved_step, steps
+        wait_for(lambda: squeue(job_id) == "", 60, 1, "the job to leave the queue")
+        wait_for(lambda: not processes_of(run_dir), 30, 1, "no process of the run")
+    finally:  # a failed story must not leave its job training beside the next tests
+        subprocess.run(["scancel", job_id], capture_output=True)
