@@ -70,10 +70,6 @@ class SkyUnavailable(Exception):
 UNAVAILABLE = (SkyUnavailable,)
 
 
-def is_skypilot(data: dict) -> bool:
-    return data.get("backend") == BACKEND
-
-
 def sky_python() -> str:
     """The python of SkyPilot's environment: $TUNEDECK_SKY_PYTHON, else the interpreter of `sky` on PATH."""
     if os.environ.get(SKY_PYTHON_ENV):

@@ -60,10 +60,6 @@ ENDED_BY_SLURM = {
 }
 
 
-def is_slurm(data: dict) -> bool:
-    return data.get("backend") == BACKEND
-
-
 def sbatch_options(run_dir: Path, folder: str | None = None) -> list[str]:
     """What the manager adds to the script's own #SBATCH lines: its name and the run folder's launcher log."""
     return [
