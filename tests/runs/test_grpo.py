@@ -42,9 +42,10 @@ def test_demo_grpo_learns_from_its_rewards(runs_dir):
         assert set(record["rewards"]) == {"exact_answer", "close_answer"}
         assert record["reward"] == pytest.approx(sum(record["rewards"].values()), abs=1e-4)
         assert 0 <= record["rewards"]["exact_answer"] <= record["rewards"]["close_answer"] <= 1
-        # The warmed-up model ends its answers itself (EOS), a few tokens long: at most half of max_completion_length
-        # on average, and under 10% of them cut at it. A model that rambled would fill the 12 tokens and be cut.
-        assert 1 <= record["completion_length"] <= limit / 2, record
+        # The warmed-up model ends its answers itself (EOS), a few tokens long: more than the EOS alone (an empty
+        # answer is 1 token), at most half of max_completion_length on average, and under 10% of them cut at it.
+        # A model that rambled would fill the 12 tokens and be cut; one that wrote nothing would stay at 1.
+        assert 1 < record["completion_length"] <= limit / 2, record
         assert record["completions_clipped"] < 0.1, record
     first, last = logs[1:11], logs[-10:]  # steps 5-50 and 105-150 (step 1 alone is 8 questions)
     assert mean(r["reward"] for r in last) > mean(r["reward"] for r in first)
