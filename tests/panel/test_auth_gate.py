@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from tunedeck.app.auth_gate import LoginThrottle, password_checker
@@ -54,19 +53,30 @@ def test_password_check_accepts_only_a_known_pair():
     assert not check("ann", "s3cret ") and not check("", "")
 
 
-def test_password_check_takes_as_long_for_an_unknown_user_as_for_a_wrong_password():
-    """Measured: Gradio's own check (`user in table and compare_digest(...)`) answers an unknown
-    user in 42 ns and a wrong password in 139 ns here, which tells a guesser which users exist."""
-    check = password_checker([("ann", "a-long-enough-password"), ("bob", "another-password")])
-    cases = {"unknown user": ("zed", "x"), "wrong password": ("ann", "y"), "right": ("ann", "a-long-enough-password")}
-    samples: dict[str, list[float]] = {name: [] for name in cases}
+def _fastest_per_case(check, cases: dict[str, tuple[str, str]]) -> dict[str, float]:
+    """Each case's fastest of 25 interleaved batches: noise (a busy neighbour, a descheduled core) only
+    ever adds time, so the fastest batch is the check's own cost; the median is not (CI once saw one
+    case 3x faster than the others at the median, on a machine shared with a pytest worker)."""
+    fastest = dict.fromkeys(cases, float("inf"))
     for _ in range(25):  # interleaved, so a busy neighbour slows every case alike
         for name, (user, password) in cases.items():
             started = time.perf_counter()
             for _ in range(2000):
                 check(user, password)
-            samples[name].append(time.perf_counter() - started)
-    medians = {name: statistics.median(times) for name, times in samples.items()}
-    print({name: f"{1e9 * t / 2000:.0f} ns" for name, t in medians.items()})
-    # The leak this guards against was 3.3x; 1.5 leaves room for a machine loaded by other work.
-    assert max(medians.values()) / min(medians.values()) < 1.5, medians
+            fastest[name] = min(fastest[name], time.perf_counter() - started)
+    return fastest
+
+
+def test_password_check_takes_as_long_for_an_unknown_user_as_for_a_wrong_password():
+    """Measured: Gradio's own check (`user in table and compare_digest(...)`) answers an unknown
+    user in 42 ns and a wrong password in 139 ns here, which tells a guesser which users exist."""
+    check = password_checker([("ann", "a-long-enough-password"), ("bob", "another-password")])
+    cases = {"unknown user": ("zed", "x"), "wrong password": ("ann", "y"), "right": ("ann", "a-long-enough-password")}
+    # The leak this guards against was 3.3x, in every measurement; 1.5 leaves room for a loaded machine,
+    # and a second and third measurement for a burst of load that outlasts one (a leak fails all three).
+    for _ in range(3):
+        fastest = _fastest_per_case(check, cases)
+        print({name: f"{1e9 * t / 2000:.0f} ns" for name, t in fastest.items()})
+        if max(fastest.values()) / min(fastest.values()) < 1.5:
+            return
+    raise AssertionError(f"the check's time depends on which part is wrong: {fastest}")
