@@ -5,6 +5,7 @@ modules that import torch (worker.py, generate.py, merge.py's work, model_load.p
 the worker process (`python -m tunedeck.backend.after.worker`); nothing named here imports torch at import.
 """
 
+from tunedeck.backend.after.benchmarks import DEFAULT_LIMIT, check_task_dir, parse_tasks
 from tunedeck.backend.after.eval_answers import ANSWERS_DIR, SHOW, answers_jsonl, answers_table, newest_answers
 from tunedeck.backend.after.eval_data import (
     EvalDataError,
@@ -13,8 +14,9 @@ from tunedeck.backend.after.eval_data import (
     seen_in_training,
     seen_warning,
 )
-from tunedeck.backend.after.eval_results import read_eval, table_rows
+from tunedeck.backend.after.eval_results import read_eval, table_columns, table_rows
 from tunedeck.backend.after.examples import Example, data_examples, pick, verdict
+from tunedeck.backend.after.general_text import BUILTIN_NAME, forgetting_lines, read_general_text
 from tunedeck.backend.after.hub import push_folder
 from tunedeck.backend.after.merge import check_output_dir
 from tunedeck.backend.after.prompting import (
@@ -30,7 +32,9 @@ from tunedeck.backend.after.worker_client import DEFAULT_IDLE_TIMEOUT_S, ModelWo
 
 __all__ = [
     "ANSWERS_DIR",
+    "BUILTIN_NAME",
     "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_LIMIT",
     "MAX_NEW_TOKENS",
     "SHOW",
     "EvalDataError",
@@ -44,18 +48,23 @@ __all__ = [
     "answers_jsonl",
     "answers_table",
     "check_output_dir",
+    "check_task_dir",
     "data_examples",
     "eval_source",
+    "forgetting_lines",
     "newest_answers",
     "order_key",
+    "parse_tasks",
     "pick",
     "push_folder",
     "read_eval",
+    "read_general_text",
     "resolve_template",
     "run_task",
     "sample_training_rows",
     "seen_in_training",
     "seen_warning",
+    "table_columns",
     "table_rows",
     "transcript",
     "verdict",

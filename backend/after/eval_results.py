@@ -11,7 +11,13 @@ eval_answers.py), data (what it was measured on), by_source (a dataset.mix run's
 perplexity, tokens, examples, exact_match, contains_match, rouge_l} of each source's rows; the table shows a row
 each under its model),
 device, seconds, evaluated_at, step. A new evaluation replaces the entries it measured and keeps
-the others.
+the others. Asked for, two more (backend/after/benchmarks.py, general_text.py):
+
+    "benchmarks": {"demo_arith": {"metric": "exact_match", "score": 0.11, "scores": {...}, "samples": 20,
+                                  "of": 131, "limit": 20}}
+    "general_text": {"loss": 5.1, "perplexity": 164.0, "tokens": 5600, "source": "built-in"}
+
+The table gives each benchmark task a column (its score) and the general-text loss one.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ VERSION = 1
 TABLE_COLUMNS = (
     "model", "loss", "perplexity", "exact_match", "contains_match", "rouge_l", "preferred", "examples", "data",
 )  # fmt: skip
+GENERAL_TEXT_COLUMN = "general_text_loss"  # the forgetting check's (backend/after/general_text.py)
 
 
 def read_eval(run_dir: Path) -> dict:
@@ -72,25 +79,37 @@ def save_results(run_dir: Path, results: dict[str, dict]) -> dict:
     return data
 
 
+def benchmark_tasks(data: dict) -> list[str]:
+    """The benchmark tasks any model was measured on, in the order first met."""
+    results = data.get("results", {})
+    return list(
+        dict.fromkeys(task for name in sorted(results, key=order_key) for task in results[name].get("benchmarks") or {})
+    )
+
+
+def table_columns(data: dict) -> list[str]:
+    """TABLE_COLUMNS with a column per benchmark task and one for the general-text loss, where measured."""
+    extra = benchmark_tasks(data)
+    if any(r.get("general_text") for r in data.get("results", {}).values()):
+        extra.append(GENERAL_TEXT_COLUMN)
+    return [*TABLE_COLUMNS[:-2], *extra, *TABLE_COLUMNS[-2:]]
+
+
+def _extras(result: dict, tasks: list[str], general_text: bool) -> list:
+    scores = [((result.get("benchmarks") or {}).get(task) or {}).get("score") for task in tasks]
+    return scores + ([(result.get("general_text") or {}).get("loss")] if general_text else [])
+
+
 def table_rows(data: dict) -> list[list]:
-    """One row per measured model, in TABLE_COLUMNS order, for a table in the page or the terminal."""
+    """One row per measured model, in table_columns(data) order, for a table in the page or the terminal."""
     rows = []
+    tasks, general_text = benchmark_tasks(data), GENERAL_TEXT_COLUMN in table_columns(data)
     for name in sorted(data.get("results", {}), key=order_key):
         r = data["results"][name]
-        rows.append(
-            [
-                name,
-                r.get("loss"),
-                r.get("perplexity"),
-                r.get("exact_match"),
-                r.get("contains_match"),
-                r.get("rouge_l"),
-                r.get("preferred"),
-                r.get("examples"),
-                r.get("data"),
-            ]
-        )
+        measures = [r.get(k) for k in ("loss", "perplexity", "exact_match", "contains_match", "rouge_l", "preferred")]
+        rows.append([name, *measures, *_extras(r, tasks, general_text), r.get("examples"), r.get("data")])
         for source, m in (r.get("by_source") or {}).items():  # a mixed run's sources, each under its model
             scores = [m.get(k) for k in ("loss", "perplexity", "exact_match", "contains_match", "rouge_l")]
-            rows.append([f"{name} · {source_label(source)}", *scores, None, m.get("examples"), source])
+            extras = _extras({}, tasks, general_text)
+            rows.append([f"{name} · {source_label(source)}", *scores, None, *extras, m.get("examples"), source])
     return rows

@@ -19,6 +19,8 @@ import math
 import time
 from pathlib import Path
 
+from tunedeck.backend.after.benchmarks import Benchmarks, harness_scores, load_tasks, task_manager
+from tunedeck.backend.after.general_text import mean_text_loss, read_general_text, text_blocks
 from tunedeck.backend.after.scoring import by_source, eval_rows, has_answer, judged, order_key, question_and_answer
 from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.runs.checkpoints import AfterError, Weights, list_weights
@@ -73,11 +75,16 @@ def _check(cancel) -> None:
 
 def completion_losses(model, tokenizer, rows: list[dict], max_length: int, say, cancel) -> list[tuple[float, int]]:
     """(summed loss, tokens) of each row's scored tokens: its completion (or the whole text)."""
+    sequences = [scored_sequence(tokenizer, row, max_length) for row in rows]
+    return sequence_losses(model, tokenizer, sequences, say, cancel)
+
+
+def sequence_losses(model, tokenizer, sequences: list[tuple[list[int], list[int]]], say, cancel):
+    """(summed loss, tokens) of each (input_ids, loss mask): the loss of each masked token given those before it."""
     import torch
 
     device = next(model.parameters()).device
     out: list[tuple[float, int]] = []
-    sequences = [scored_sequence(tokenizer, row, max_length) for row in rows]
     for start in range(0, len(sequences), BATCH_SIZE):
         _check(cancel)
         batch = sequences[start : start + BATCH_SIZE]
@@ -203,9 +210,20 @@ def score(
 
 
 def evaluate_run(
-    run_dir: Path, job: JobSpec, names: list[str], device: str, data_file=None, limit=None, progress=None, cancel=None
+    run_dir: Path,
+    job: JobSpec,
+    names: list[str],
+    device: str,
+    data_file=None,
+    limit=None,
+    progress=None,
+    cancel=None,
+    benchmarks: Benchmarks | None = None,
+    general_text: str | None = None,
 ) -> dict:
-    """{"data": source, "results": {name: metrics}} for the named weights ("base", "final", "checkpoint-N")."""
+    """{"data": source, "results": {name: metrics}} for the named weights ("base", "final", "checkpoint-N");
+    with `benchmarks`, each model's lm-evaluation-harness scores too (backend/after/benchmarks.py), and with
+    `general_text` (a file, or "built-in") its loss on general text, the forgetting check (general_text.py)."""
     from tunedeck.backend.after.model_load import load_base, load_tokenizer, loaded_as, with_adapter
 
     every: dict[str, Weights] = {w.name: w for w in list_weights(run_dir, job)}
@@ -213,6 +231,7 @@ def evaluate_run(
     if missing:
         raise AfterError(f"the run has no {missing[0]} to evaluate (it has: {', '.join(every)})")
     rows, source = eval_rows(run_dir, job, data_file, limit)
+    checks = Checks(job, benchmarks, general_text, progress, cancel)  # bad names or files: said before a model loads
     max_length = job.dataset.max_seq_length
     per_token = OBJECTIVES[job.objective].answer_score == "mean"  # as the objective's trainer weighs an answer
     adapters = [every[n] for n in sorted(set(names), key=order_key) if not every[n].is_base]
@@ -223,14 +242,50 @@ def evaluate_run(
     results = {}
     if "base" in names:
         results["base"] = score(model, tokenizer, rows, max_length, progress, cancel, "base", per_token)
+        results["base"].update(checks.run(model, tokenizer, "base"))
     for index, weights in enumerate(adapters):
         _check(cancel)
         model = with_adapter(model, run_dir, job, weights, progress, adapter_name=f"a{index}")
         if index:
             model.delete_adapter(f"a{index - 1}")  # one adapter in memory at a time
         results[weights.name] = score(model, tokenizer, rows, max_length, progress, cancel, weights.name, per_token)
-        results[weights.name]["step"] = weights.step
+        results[weights.name].update(checks.run(model, tokenizer, weights.name), step=weights.step)
     stamp = time.time()
     for result in results.values():
         result.update(data=source, device=device, evaluated_at=stamp, loaded_as=loaded_as(model))
     return {"data": source, "results": results}
+
+
+class Checks:
+    """What an evaluation measures beside the data's scores: benchmarks and the general-text loss, each checked
+    (task names, the task data, the text file) when made, so a mistake is said before a model loads."""
+
+    def __init__(self, job: JobSpec, benchmarks: Benchmarks | None, general_text: str | None, progress, cancel):
+        self.benchmarks, self.progress, self.cancel = benchmarks, progress, cancel
+        self.block = job.dataset.max_seq_length
+        self.chat = job.dataset.format == "messages"  # a run that trained through its chat template is asked so
+        self.manager = None
+        if benchmarks:
+            if progress:
+                progress("finding the benchmark tasks", 0, 1)
+            self.manager = task_manager(benchmarks)
+            load_tasks(benchmarks, self.manager)
+        self.text, self.source = read_general_text(general_text) if general_text else (None, None)
+
+    def _say(self, stage: str):
+        return (lambda done, total: self.progress(stage, done, total)) if self.progress else (lambda *a: None)
+
+    def run(self, model, tokenizer, label: str) -> dict:
+        """{"benchmarks": {task: ...}, "general_text": {loss, perplexity, tokens, source}} of one model."""
+        out: dict = {}
+        if self.benchmarks:
+            say = self._say(f"{label}: benchmarks ({', '.join(self.benchmarks.tasks)})")
+            out["benchmarks"] = harness_scores(
+                model, tokenizer, self.benchmarks, self.manager, self.chat, say, lambda: _check(self.cancel)
+            )
+        if self.text is not None:
+            say = self._say(f"{label}: general-text loss")
+            blocks = [(ids, [1] * len(ids)) for ids in text_blocks(tokenizer, self.text, self.block)]
+            losses = sequence_losses(model, tokenizer, blocks, say, self.cancel)
+            out["general_text"] = {**mean_text_loss(losses), "source": self.source}
+        return out

@@ -4,7 +4,8 @@
 
 The caller (backend/after/worker_client.py) talks to it over the process's own stdin and stdout, one
 JSON object per line; the pipes are private to the two processes, so nothing listens on a port.
-Requests: {"id", "op", "args"} with op load | generate | evaluate | merge | exit, and
+Requests: {"id", "op", "args"} with op load | generate | evaluate | merge | exit (evaluate's args: run_id, names,
+data, limit, and optionally tasks, tasks_limit, task_dir, general_text), and
 {"op": "cancel", "id"} for the request in flight. Replies carry the request's id:
 {"event": "progress", "stage", "done", "total"}, {"event": "token", "text"} (streamed answers),
 {"event": "warning", "message"}, then one {"event": "result", "value"} or {"event": "error", "message"}.
@@ -151,12 +152,22 @@ class Worker:
                 return {**done.value, "template": template}
 
     def op_evaluate(self, args, progress, cancel):
+        from tunedeck.backend.after.benchmarks import Benchmarks
         from tunedeck.backend.after.eval_results import save_results
         from tunedeck.backend.after.evaluate import evaluate_run
 
         run_dir, job = self._run(args)
         outcome = evaluate_run(
-            run_dir, job, args["names"], args["device"], args.get("data"), args.get("limit"), progress, cancel
+            run_dir,
+            job,
+            args["names"],
+            args["device"],
+            args.get("data"),
+            args.get("limit"),
+            progress,
+            cancel,
+            Benchmarks.from_args(args),
+            args.get("general_text"),
         )
         saved = save_results(run_dir, outcome["results"])  # each model's answers go to their own file
         return {**outcome, "results": {name: saved["results"][name] for name in outcome["results"]}}

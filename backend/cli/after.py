@@ -18,9 +18,12 @@ from tunedeck.backend.cli.runs import _add_runs_dir, _manager
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from tunedeck.backend.after import DEFAULT_LIMIT
+
     p = sub.add_parser(
         "eval",
-        help="loss, perplexity, exact match and ROUGE-L of the base model and a run's adapter; saved in eval.json",
+        help="loss, perplexity, exact match and ROUGE-L of the base model and a run's adapter, optionally benchmarks "
+        "(lm-evaluation-harness) and a forgetting check; saved in eval.json",
     )
     add_run_arguments(p)
     p.add_argument("--all", action="store_true", help="also evaluate every checkpoint")
@@ -31,6 +34,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         "prompts without answers are answered, not scored",
     )
     p.add_argument("--limit", type=int, metavar="N", help="only the first N rows")
+    p.add_argument(
+        "--tasks",
+        metavar="NAMES",
+        help="also run these lm-evaluation-harness tasks on each model, comma-separated: demo_arith (the demo's, "
+        "offline), one of your --task-dir, or the harness's own (hellaswag, arc_easy...; their data from the Hub)",
+    )
+    p.add_argument(
+        "--tasks-limit",
+        default=str(DEFAULT_LIMIT),
+        metavar="N|all",
+        help=f"questions per task (default {DEFAULT_LIMIT}: a quick slice; all: the full task)",
+    )
+    p.add_argument("--task-dir", metavar="DIR", help="a folder of your own lm-evaluation-harness task YAMLs")
+    p.add_argument(
+        "--forgetting",
+        action="store_true",
+        help="also the loss on general text (a built-in sample of everyday English), base vs adapter: "
+        "a rise flags forgetting",
+    )
+    p.add_argument("--general-text", metavar="FILE", help="the forgetting check on this plain-text file instead")
     p.add_argument("--json", action="store_true", help='print {"base": {...}, "adapter": {...}} as JSON')
     p.set_defaults(handler=cmd_eval)
 
@@ -146,20 +169,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval(args) -> int:
-    from tunedeck.backend.after import ANSWERS_DIR, eval_source, run_task
+    from tunedeck.backend.after import ANSWERS_DIR, eval_source, forgetting_lines, run_task
     from tunedeck.backend.runs import RunManager, list_weights
 
     if args.limit is not None and args.limit < 1:
         return fail("--limit: give a positive number of rows")
+    checks = _checks(args)  # a bad flag: said before anything loads
     runs_dir, job, weights = resolve_run(args)
     run_dir = RunManager(runs_dir).run_dir(args.run_id)
     names = [w.name for w in list_weights(run_dir, job)] if args.all else ["base", weights.name]
     data = str(Path(args.data).resolve()) if args.data else None
     eval_source(run_dir, job, data)  # no evaluation data: said before a model loads
     progress = Progress()
-    outcome = run_task(
-        "evaluate", {"run_id": args.run_id, "names": names, "data": data, "limit": args.limit}, job, runs_dir, progress
-    )
+    request = {"run_id": args.run_id, "names": names, "data": data, "limit": args.limit, **checks}
+    outcome = run_task("evaluate", request, job, runs_dir, progress)
     progress.close()
     results = outcome["results"]
     if args.json:
@@ -170,13 +193,62 @@ def _eval(args) -> int:
         }
         if args.all:
             report["checkpoints"] = {n: r for n, r in results.items() if n.startswith("checkpoint-")}
+        if checks.get("general_text"):
+            report["forgetting"] = forgetting_lines(results)
         print(json.dumps(report, indent=2))
         return 0
     _print_table(results, outcome["data"])
+    _print_checks(results)
     print(f"saved in {run_dir / 'eval.json'}")
     if any(r.get("answers_file") for r in results.values()):
         print(f"every answer, one file per model: {run_dir / ANSWERS_DIR}/<model>.jsonl")
     return 0
+
+
+def _checks(args) -> dict:
+    """The worker's arguments for --tasks, --tasks-limit, --task-dir, --forgetting and --general-text."""
+    from tunedeck.backend.after import BUILTIN_NAME, check_task_dir, parse_tasks, read_general_text
+    from tunedeck.backend.runs import AfterError
+
+    checks: dict = {}
+    tasks = parse_tasks(args.tasks)
+    if args.tasks is not None and not tasks:
+        raise AfterError("--tasks: give one or more task names, e.g. --tasks demo_arith")
+    limit = args.tasks_limit.strip().lower()
+    if limit != "all" and not (limit.isdigit() and int(limit) > 0):
+        raise AfterError(f"--tasks-limit: {args.tasks_limit!r} is not a number of questions; give N > 0 or all")
+    if tasks:
+        checks.update(tasks=list(tasks), tasks_limit=None if limit == "all" else int(limit))
+        checks["task_dir"] = check_task_dir(args.task_dir)
+    elif args.task_dir:
+        raise AfterError("--task-dir: name the tasks to run from it with --tasks NAMES")
+    if args.general_text:
+        read_general_text(args.general_text)  # unreadable or empty: said now
+        checks["general_text"] = str(Path(args.general_text).expanduser().resolve())
+    elif args.forgetting:
+        checks["general_text"] = BUILTIN_NAME
+    return checks
+
+
+def _print_checks(results: dict) -> None:
+    """Each benchmark's score per model, and the forgetting check's losses and verdict."""
+    from tunedeck.backend.after import forgetting_lines, order_key
+
+    names = sorted(results, key=order_key)
+    tasks = dict.fromkeys(t for n in names for t in results[n].get("benchmarks") or {})
+    for task in tasks:
+        got = {n: results[n]["benchmarks"][task] for n in names if task in (results[n].get("benchmarks") or {})}
+        first = next(iter(got.values()))
+        questions = f"{first['samples']} of {first['of']} questions" if first.get("of") else "all questions"
+        scores = ", ".join(f"{n} {100 * r['score']:.1f}%" for n, r in got.items())
+        print(f"benchmark {task} ({first['metric']}, {questions}): {scores}")
+    measured = {n: results[n]["general_text"] for n in names if results[n].get("general_text")}
+    if measured:
+        source = next(iter(measured.values()))["source"]
+        losses = ", ".join(f"{n} {r['loss']:.4f}" for n, r in measured.items())
+        print(f"general-text loss ({source}, {next(iter(measured.values()))['tokens']} tokens): {losses}")
+        for line in forgetting_lines(results):
+            print(line)
 
 
 def _print_table(results: dict, data: str) -> None:
