@@ -33,6 +33,7 @@ from tunedeck.backend.after import (
     answers_jsonl,
     data_examples,
     eval_source,
+    forgetting_lines,
     newest_answers,
     pick,
     read_eval,
@@ -56,7 +57,8 @@ COMPONENTS = (
     "after.eval_scope", "after.eval_data", "after.eval_table", "after.eval_chart", "after.eval_status",
     "after.merge_weights", "after.merge_name", "after.merge_dtype", "after.merge_status", "after.repo_id", "after.token",
     "after.eval_limit", "after.serve", "after.expected", "after.example_note", "after.history", "after.system",
-    "after.answers", "after.answers_show", "after.answers_note", "after.answers_file",
+    "after.answers", "after.answers_show", "after.answers_note", "after.answers_file", "after.eval_tasks",
+    "after.eval_tasks_limit", "after.eval_forgetting", "after.eval_general_text",
 )  # fmt: skip
 Model = tuple  # (run id, checkpoint step or None, base?): one loaded model, one worker
 USER_ERRORS = (AfterError, WorkerError, SettingsError)  # their message is the whole story: show it as it is
@@ -263,6 +265,7 @@ class AfterView:
         status = evaluated_on(data)
         note = seen_line(seen_in_training(run_dir, job, newest_source(data) or ""))
         status += f"\n\n{note}" if note else ""
+        status += "".join(f"\n\n{as_text(line)}" for line in forgetting_lines(data.get("results") or {}))
         return {**evaluation(data), "after.eval_status": status, **self.answers_view(run_id, show, data)}
 
     def answers_view(self, run_id: str, show: str, data: dict | None = None) -> dict:
@@ -282,15 +285,17 @@ class AfterView:
         limit: int | None = None,
         show: str = "all",
         training_rows: int | None = None,
+        checks: dict | None = None,
     ) -> Iterator[dict]:
         """Evaluate in a worker; yield progress, then the table and chart; `training_rows`: on that many rows of
-        the run's training file. What stops it goes to the status line, in the page's words, not to a toast."""
+        the run's training file; `checks`: benchmarks and the forgetting check (eval_checks). What stops it goes to
+        the status line, in the page's words, not to a toast."""
         try:
-            yield from self._evaluate(run_id, scope, data_file, limit, show, training_rows)
+            yield from self._evaluate(run_id, scope, data_file, limit, show, training_rows, checks or {})
         except USER_ERRORS as exc:
             yield {"after.eval_status": refused(exc)}
 
-    def _evaluate(self, run_id, scope, data_file, limit, show, training_rows) -> Iterator[dict]:
+    def _evaluate(self, run_id, scope, data_file, limit, show, training_rows, checks) -> Iterator[dict]:
         run_dir, job = self._run(run_id)
         weights = [w.name for w in list_weights(run_dir, job)]
         names = weights if scope == "all" else ["base", weights[-1]]
@@ -303,7 +308,7 @@ class AfterView:
         _, _, source = eval_source(run_dir, job, data_file)  # no data: said before a worker starts
         note = seen_line(seen_in_training(run_dir, job, source))
         note = f"\n\n{note}" if note else ""
-        args = {"run_id": run_id, "names": names, "data": data_file, "limit": limit}
+        args = {"run_id": run_id, "names": names, "data": data_file, "limit": limit, **checks}
         for event in in_background(lambda on_event: run_task("evaluate", args, job, self.manager.runs_dir, on_event)):
             yield {"after.eval_status": as_text(event) + note}
         yield self.eval_view(run_id, show)

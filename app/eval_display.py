@@ -9,7 +9,17 @@ import plotly.graph_objects as go
 
 from tunedeck.app.charts import waiting_figure
 from tunedeck.app.untrusted_text import as_html, as_text, code_span
-from tunedeck.backend.after import EvalDataError, answers_table, order_key, seen_warning, table_rows
+from tunedeck.backend.after import (
+    BUILTIN_NAME,
+    EvalDataError,
+    answers_table,
+    order_key,
+    parse_tasks,
+    read_general_text,
+    seen_warning,
+    table_columns,
+    table_rows,
+)
 
 ANSWER_CHARS = 240  # of an answer in its cell: up to 256 new tokens for a prompt without the data's answer
 EVAL_HEADERS = [
@@ -17,11 +27,31 @@ EVAL_HEADERS = [
 ]  # fmt: skip
 
 
+HEADERS = dict(zip(table_columns({}), EVAL_HEADERS, strict=True)) | {"general_text_loss": "general-text loss"}
+
+
 def evaluation(data: dict) -> dict:
-    """The metrics table and the chart of eval.json's content; the data by its file name (and split), which keeps
-    the table within its half of the row (the status line and eval.json have the whole path)."""
+    """The metrics table ({"headers", "data"}: a column per benchmark task, named as the task, and one for the
+    general-text loss where measured) and the chart of eval.json's content; the data by its file name (and split),
+    which keeps the table within its half of the row (the status line and eval.json have the whole path)."""
+    headers = [HEADERS.get(column, column) for column in table_columns(data)]
     rows = [[*map(_fmt, row[:-1]), _file_name(row[-1])] for row in table_rows(data)]
-    return {"after.eval_table": rows, "after.eval_chart": eval_figure(data)}
+    return {"after.eval_table": {"headers": headers, "data": rows}, "after.eval_chart": eval_figure(data)}
+
+
+def eval_checks(tasks: str | None, tasks_limit: int | None, forgetting: bool, general_text: str | None) -> dict:
+    """The worker's arguments for the Benchmarks box (task names), its questions per task (0: all) and the
+    forgetting check (an uploaded text file, read now so a bad one is said at once; else the built-in sample)."""
+    checks: dict = {}
+    names = parse_tasks(tasks)
+    if names:
+        checks.update(tasks=list(names), tasks_limit=int(tasks_limit) if tasks_limit else None)
+    if general_text:
+        read_general_text(general_text)
+        checks["general_text"] = general_text
+    elif forgetting:
+        checks["general_text"] = BUILTIN_NAME
+    return checks
 
 
 def answers_shown(answers: dict[str, list[dict]], show: str) -> dict:
@@ -78,16 +108,21 @@ def _fmt(value):
 
 
 def eval_figure(data: dict) -> go.Figure:
-    """Loss, exact match and ROUGE-L per evaluated model, base first and checkpoints by step (a note before any)."""
+    """Loss, exact match and ROUGE-L per evaluated model, base first and checkpoints by step (a note before any);
+    the general-text loss and each benchmark's score where measured."""
     names = sorted(data.get("results", {}), key=order_key)
     if not names:
         return waiting_figure("Evaluate: the loss, exact match and ROUGE-L of each model appear here.", height=220)
     results = [data["results"][n] for n in names]
-    if all(r.get(key) is None for r in results for key in ("loss", "exact_match", "rouge_l")):
+    measured = ("loss", "exact_match", "rouge_l", "benchmarks", "general_text")
+    if all(r.get(key) is None for r in results for key in measured):
         return waiting_figure("No loss or score: the data had no answers to measure by. Each answer is below.", 220)
     names = [as_html(n) for n in names]  # eval.json's keys: Plotly draws the HTML in its axis labels
     figure = go.Figure()
     figure.add_bar(x=names, y=[r.get("loss") for r in results], name="loss", marker_color="#4f46e5")
+    if any(r.get("general_text") for r in results):  # the forgetting check's, beside the data's loss
+        losses = [(r.get("general_text") or {}).get("loss") for r in results]
+        figure.add_bar(x=names, y=losses, name="general-text loss", marker_color="#94a3b8")
     scores = (("exact_match", "exact match", "#ea580c"), ("rouge_l", "ROUGE-L", "#0d9488"),
               ("preferred", "chosen preferred", "#9333ea"))  # fmt: skip
     for key, label, color in scores:
@@ -100,11 +135,24 @@ def eval_figure(data: dict) -> go.Figure:
                 mode="lines+markers",
                 marker_color=color,
             )
+    for task in dict.fromkeys(t for r in results for t in r.get("benchmarks") or {}):  # each task's score
+        got = [(r.get("benchmarks") or {}).get(task) or {} for r in results]
+        metric = next(g["metric"] for g in got if g)
+        if not all(0 <= g["score"] <= 1 for g in got if g):  # a perplexity or a count: the table has it
+            continue
+        figure.add_scatter(
+            x=names,
+            y=[g.get("score") for g in got],
+            name=as_html(f"{task} ({metric})"),
+            yaxis="y2",
+            mode="lines+markers",
+            line=dict(dash="dot"),
+        )
     figure.update_layout(
         template="plotly_white",
         margin=dict(l=50, r=50, t=30, b=40),
         legend=dict(orientation="h", y=1.08),
         yaxis=dict(title="loss"),
-        yaxis2=dict(title="share of answers or pairs", overlaying="y", side="right", range=[0, 1]),
+        yaxis2=dict(title="share of answers, pairs or questions", overlaying="y", side="right", range=[0, 1]),
     )
     return figure

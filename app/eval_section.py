@@ -14,9 +14,9 @@ import gradio as gr
 
 from tunedeck.app.after_events import shown, streamed, uploaded
 from tunedeck.app.after_view import USER_ERRORS, AfterView
-from tunedeck.app.eval_display import ANSWER_CHARS, EVAL_HEADERS, answers_widths, refused
+from tunedeck.app.eval_display import ANSWER_CHARS, EVAL_HEADERS, answers_widths, eval_checks, refused
 from tunedeck.app.registry import Got, Updates, listen
-from tunedeck.backend.after import SHOW
+from tunedeck.backend.after import DEFAULT_LIMIT, SHOW
 
 ANSWERS_OUT = ("after.answers", "after.answers_note", "after.answers_file")
 TRAINING_ROWS = 50  # rows of the training file the page offers to evaluate on
@@ -63,6 +63,39 @@ def build_evaluate(add) -> None:
                 ),
             )
             add("after.evaluate_training", gr.Button("Evaluate on training rows", elem_id="after-evaluate-training"))
+    with gr.Row(equal_height=True):
+        add(
+            "after.eval_tasks",
+            gr.Textbox(
+                label="Benchmarks: lm-evaluation-harness tasks, comma-separated (demo_arith runs offline)",
+                placeholder="demo_arith",
+                scale=3,
+                elem_id="after-eval-tasks",
+            ),
+        )
+        add(
+            "after.eval_tasks_limit",
+            gr.Number(
+                DEFAULT_LIMIT, label="questions per task (0: all)", precision=0, minimum=0, elem_id="after-tasks-limit"
+            ),
+        )
+        add(
+            "after.eval_forgetting",
+            gr.Checkbox(
+                label="Forgetting check: loss on general text, base vs adapter",
+                elem_id="after-eval-forgetting",
+            ),
+        )
+        add(
+            "after.eval_general_text",
+            gr.File(
+                label="General text (.txt; default: the built-in sample)",
+                type="filepath",
+                file_types=[".txt", ".md"],
+                height=100,
+                elem_id="after-eval-general-text",
+            ),
+        )
     add("after.eval_status", gr.Markdown(elem_id="after-eval-status"))
     with gr.Row():
         add("after.eval_table", gr.Dataframe(headers=EVAL_HEADERS, interactive=False, elem_id="after-eval-table"))
@@ -103,11 +136,22 @@ def wire_evaluate(ui, view: AfterView) -> None:
 
     def evaluating(got: Got, **source) -> Iterator[Updates]:
         limit = got[ui["after.eval_limit"]]
+        try:
+            checks = eval_checks(
+                got[ui["after.eval_tasks"]],
+                got[ui["after.eval_tasks_limit"]],
+                got[ui["after.eval_forgetting"]],
+                uploaded(got[ui["after.eval_general_text"]]),
+            )
+        except USER_ERRORS as exc:
+            yield {status: refused(exc)}
+            return
         for updates in view.evaluate(
             got[run],
             got[ui["after.eval_scope"]],
             limit=int(limit) if limit else None,
             show=got[ui["after.answers_show"]],
+            checks=checks,
             **source,
         ):
             yield shown(ui, updates)
@@ -127,6 +171,7 @@ def wire_evaluate(ui, view: AfterView) -> None:
 
     eval_out = [ui[i] for i in ("after.eval_status", "after.eval_table", "after.eval_chart", *ANSWERS_OUT)]
     ids = ("after.eval_scope", "after.eval_data", "after.eval_limit", "after.answers_show", "after.training_rows")
+    ids += ("after.eval_tasks", "after.eval_tasks_limit", "after.eval_forgetting", "after.eval_general_text")
     eval_in = {run, *(ui[i] for i in ids)}
     for button, handler in (("after.evaluate", on_evaluate), ("after.evaluate_training", on_evaluate_training)):
         gr.on(

@@ -67,7 +67,7 @@ def mean_text_loss(losses: list[tuple[float, int]]) -> dict:
 
 def forgetting_lines(results: dict) -> list[str]:
     """One line per adapter measured on the same general text as the base: its loss against the base's, flagged
-    when it rose more than RISE_FLAGGED ("general-text loss rose 0.42 (3.10 -> 3.52, +14%): ...")."""
+    when it rose more than RISE_FLAGGED ("general-text loss rose 0.42 (3.10 → 3.52, +14%): ...")."""
     from tunedeck.backend.after.scoring import order_key
 
     base = (results.get("base") or {}).get("general_text")
@@ -80,7 +80,7 @@ def forgetting_lines(results: dict) -> list[str]:
             continue
         rise, before, after = mine["loss"] - base["loss"], base["loss"], mine["loss"]
         share = rise / before if before else 0.0
-        figures = f"({before:.2f} -> {after:.2f}, {share:+.0%})"
+        figures = f"({before:.2f} → {after:.2f}, {share:+.0%})"
         if share > RISE_FLAGGED:
             lines.append(
                 f"⚠ {name}: general-text loss rose {rise:.2f} {figures}: the adapter forgot some general language"

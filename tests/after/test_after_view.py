@@ -90,13 +90,53 @@ def test_evaluation_results_show_again_from_the_run_folder(sharded_run):
         },
     )
     view = sharded_run.eval_view(RUN_ID)
-    assert [row[:2] for row in view["after.eval_table"]] == [["base", 8.06], ["final", 1.0812]]
+    assert view["after.eval_table"]["headers"] == EVAL_HEADERS  # no benchmark or general-text column: none measured
+    rows = view["after.eval_table"]["data"]
+    assert [row[:2] for row in rows] == [["base", 8.06], ["final", 1.0812]]
     assert view["after.eval_status"] == "last evaluated on `/d/eval.jsonl` on cpu"  # the table says eval.jsonl
-    assert [row[-1] for row in view["after.eval_table"]] == [None, "eval.jsonl"]
-    assert [row[EVAL_HEADERS.index("ROUGE-L")] for row in view["after.eval_table"]] == ["—", 0.6123]  # not measured
+    assert [row[-1] for row in rows] == [None, "eval.jsonl"]
+    assert [row[EVAL_HEADERS.index("ROUGE-L")] for row in rows] == ["—", 0.6123]  # not measured
     chart = view["after.eval_chart"]
     assert list(chart.data[0].x) == ["base", "final"] and list(chart.data[1].y) == [0.0, 0.095]
     assert chart.data[2].name == "ROUGE-L" and list(chart.data[2].y) == [None, 0.61234]
+
+
+def test_benchmark_scores_and_the_general_text_loss_join_the_table_the_chart_and_the_status(sharded_run):
+    def measured(loss, score, text_loss):
+        bench = {"metric": "exact_match", "score": score, "scores": {"exact_match": score}, "samples": 20, "of": 131}
+        text = {"loss": text_loss, "perplexity": 1.0, "tokens": 4528, "source": "built-in"}
+        return {"loss": loss, "benchmarks": {"demo_arith": bench}, "general_text": text, "data": "/d/eval.jsonl"}
+
+    save_results(
+        sharded_run.manager.run_dir(RUN_ID), {"base": measured(8.1, 0.0, 8.34), "final": measured(1.3, 0.1, 10.61)}
+    )
+    view = sharded_run.eval_view(RUN_ID)
+    table = view["after.eval_table"]
+    assert table["headers"] == [*EVAL_HEADERS[:-2], "demo_arith", "general-text loss", *EVAL_HEADERS[-2:]]
+    assert [row[7:9] for row in table["data"]] == [[0.0, 8.34], [0.1, 10.61]]
+    assert "⚠ final: general-text loss rose 2.27 (8.34 → 10.61, +27%): the adapter forgot" in view["after.eval_status"]
+    traces = {trace.name: list(trace.y) for trace in view["after.eval_chart"].data}
+    assert traces["general-text loss"] == [8.34, 10.61] and traces["demo_arith (exact_match)"] == [0.0, 0.1]
+
+
+def test_the_pages_benchmark_boxes_become_the_workers_arguments_and_a_bad_text_file_is_said(tmp_path):
+    from tunedeck.app.eval_display import eval_checks, refused
+
+    assert eval_checks("", 20, False, None) == {}
+    assert eval_checks("demo_arith, demo_arith hellaswag", 0, True, None) == {
+        "tasks": ["demo_arith", "hellaswag"],
+        "tasks_limit": None,
+        "general_text": "built-in",
+    }
+    (tmp_path / "prose.txt").write_text("Some everyday prose.")
+    assert eval_checks(None, 20, False, str(tmp_path / "prose.txt")) == {"general_text": str(tmp_path / "prose.txt")}
+    (tmp_path / "blank.txt").write_text(" ")
+    with pytest.raises(AfterError) as bad:
+        eval_checks(None, 20, True, str(tmp_path / "blank.txt"))
+    assert (
+        refused(bad.value) == "✗ General text: blank.txt holds no text; upload a plain-text (UTF-8) file of "
+        "general prose, or clear the box for the built-in sample"
+    )
 
 
 @pytest.mark.integration
