@@ -133,18 +133,43 @@ def test_an_example_from_the_data_fills_the_prompt_and_its_answer_is_judged(page
     wait_text(page, "#after-status", "released")
 
 
-def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
+def test_evaluate_shows_the_table_benchmarks_and_forgetting_and_saves_eval_json(page, server, tmp_path):
     open_after(page, server)
     assert "not evaluated yet" in page.locator("#after-eval-status").inner_text()
     fill(page.locator("#after-eval-limit input"), "8")
+    fill(
+        page.locator("#after-eval-tasks textarea, #after-eval-tasks input").first, "demo_arith"
+    )  # 20 questions: the default slice
+    page.locator("#after-eval-forgetting input").check()
     page.click("#after-evaluate")
     wait_text(page, "#after-eval-table", "final", timeout=240_000)
     settle(page)
     loss = eval_losses(page)
     assert list(loss) == ["base", "final"] and loss["final"] < loss["base"]
-    assert {k: plot_points(page, "after-eval-chart").get(k) for k in ("loss", "ROUGE-L")} == {"loss": 2, "ROUGE-L": 2}
+    points = plot_points(page, "after-eval-chart")
+    assert {k: points.get(k) for k in ("loss", "ROUGE-L", "general-text loss", "demo_arith (exact_match)")} == {
+        "loss": 2,
+        "ROUGE-L": 2,
+        "general-text loss": 2,
+        "demo_arith (exact_match)": 2,
+    }
     saved = json.loads((server.runs_dir / server.run_id / "eval.json").read_text())
     assert set(saved["results"]) == {"base", "final"}
+
+    # The harness's score and the general-text loss of each model: a column each, and the verdict in the status.
+    results = saved["results"]
+    scores = [results[m]["benchmarks"]["demo_arith"] for m in ("base", "final")]
+    assert scores[0]["samples"] == 20 and scores[1]["score"] > scores[0]["score"]  # the adapter learned some
+    table = page.locator("#after-eval-table [role=row]")
+    header, *rows = [table.nth(i).locator("th, [role=gridcell]").all_inner_texts() for i in range(table.count())]
+    header = [cell.strip() for cell in header]
+    rows = [[cell.strip() for cell in row] for row in rows]
+    score_at, loss_at = header.index("demo_arith"), header.index("general-text loss")
+    text_losses = [results[m]["general_text"]["loss"] for m in ("base", "final")]
+    assert [float(row[score_at]) for row in rows] == [round(score["score"], 4) for score in scores]
+    assert [float(row[loss_at]) for row in rows] == [round(text_loss, 4) for text_loss in text_losses]
+    wait_text(page, "#after-eval-status", "final: general-text loss")
+    assert f"{text_losses[0]:.2f} → {text_losses[1]:.2f}" in page.locator("#after-eval-status").inner_text()
 
     # Each answer, the base's beside the adapter's and the data's; filtered; downloaded whole.
     wait_text(page, "#after-answers-note", "8 examples · the data's answer exactly")
@@ -168,6 +193,13 @@ def test_evaluate_shows_the_table_and_saves_eval_json(page, server):
     open_after(page, server)  # reopened: the table is read back from eval.json
     wait_text(page, "#after-eval-table", "final")
     assert eval_losses(page) == loss
+
+    # A general-text file that is not text: said in the status line, in the page's words, before a worker starts.
+    (tmp_path / "scan.txt").write_bytes(b"\xff\xfe\x00\x81" * 64)
+    page.locator("#after-eval-general-text input[type=file]").set_input_files(str(tmp_path / "scan.txt"))
+    page.click("#after-evaluate")
+    wait_text(page, "#after-eval-status", "General text: scan.txt cannot be read")
+    assert "clear the box for the built-in sample" in page.locator("#after-eval-status").inner_text()
 
 
 def test_evaluate_says_in_its_status_line_what_to_do_without_held_out_rows(page, server, tmp_path):
