@@ -159,7 +159,9 @@ def test_evaluate_shows_the_table_benchmarks_and_forgetting_and_saves_eval_json(
     # The harness's score and the general-text loss of each model: a column each, and the verdict in the status.
     results = saved["results"]
     scores = [results[m]["benchmarks"]["demo_arith"] for m in ("base", "final")]
-    assert scores[0]["samples"] == 20 and scores[1]["score"] > scores[0]["score"]  # the adapter learned some
+    # The default slice; that the adapter scores higher is test_benchmarks' (on all 131 questions: on 20 the
+    # adapter's 1 in 9 may well be 0 of 20).
+    assert scores[0]["samples"] == scores[1]["samples"] == 20
     table = page.locator("#after-eval-table [role=row]")
     header, *rows = [table.nth(i).locator("th, [role=gridcell]").all_inner_texts() for i in range(table.count())]
     header = [cell.strip() for cell in header]
