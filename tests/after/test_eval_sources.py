@@ -54,5 +54,5 @@ def test_evaluate_reports_each_sources_loss_and_scores(mixed_job, tmp_path):
         assert scores["exact_match"] == sum(a["exact_match"] for a in said) / 4
     shown = [row[0] for row in table_rows({"results": {"base": got}})]
     assert shown == ["base", "base · dataset.path", "base · subtract.jsonl:train[:90%]#300"]
-    table = evaluation({"results": {"base": got}})["after.eval_table"]
+    table = evaluation({"results": {"base": got}})["after.eval_table"]["data"]
     assert table[2][-1] == "subtract.jsonl:train[:90%]#300" and table[2][1] == round(sources[mixed]["loss"], 4)
