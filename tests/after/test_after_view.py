@@ -183,8 +183,8 @@ def test_answers_stream_side_by_side_and_merge_lands_in_the_run(demo_run, demo_h
 
         scored = list(view.evaluate(run_id, "final", limit=8))
         assert any(s.get("after.eval_status", "").startswith("base: loss") for s in scored)
-        assert [row[0] for row in scored[-1]["after.eval_table"]][:1] == ["base"]
-        assert "final" in [row[0] for row in scored[-1]["after.eval_table"]]
+        assert [row[0] for row in scored[-1]["after.eval_table"]["data"]][:1] == ["base"]
+        assert "final" in [row[0] for row in scored[-1]["after.eval_table"]["data"]]
         # Each answer beside the base's and the data's, for the 8 examples just evaluated; the file has them all.
         table = scored[-1]["after.answers"]
         assert table["headers"] == ["#", "prompt", "the data's answer", "base", "final"]
