@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import random
@@ -238,22 +239,16 @@ def _write_datasets(root: Path, recipe: dict) -> list[dict]:
 
 
 def _train_tokenizer(model_dir: Path, recipe: dict, examples: list[dict]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A SentencePiece BPE model (tokenizer.model), as Llama's own: llama.cpp's converter reads its vocabulary
+    as it is (GGUF export), where a byte-level BPE trained here is refused (its pre-tokenizer is recognized by
+    the hash of a known model's vocabulary only). Each digit its own token (numbers stay learnable), unknown
+    characters as bytes (any text encodes), text kept as it is (no normalization: newlines are the format)."""
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
 
     spec = recipe["tokenizer"]
-    # Each digit its own token (numbers stay learnable); byte-level so any text encodes.
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=spec["vocab_size"],
-        special_tokens=spec["special_tokens"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    control = {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "pad": "<pad>"}
+    roles = [token for token in spec["special_tokens"] if token not in control.values()]
     corpus = []
     for example in examples:
         # Only the SFT formats: the others hold the same texts, and the tokenizer (so the demo model) stays as
@@ -262,19 +257,37 @@ def _train_tokenizer(model_dir: Path, recipe: dict, examples: list[dict]):
             record = as_format(example, fmt)
             corpus.append(json.dumps(record, ensure_ascii=False))
             corpus.extend(str(v) for v in record.values() if isinstance(v, str))
-    tok.train_from_iterator(corpus, trainer, length=len(corpus))
-    bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=spec["vocab_size"],
+        hard_vocab_limit=False,  # the demo's texts hold fewer pieces than vocab_size allows
+        character_coverage=1.0,
+        split_digits=True,
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        user_defined_symbols=roles,
+        **{f"{name}_id": i for i, name in enumerate(control)},
+        **{f"{name}_piece": piece for name, piece in control.items()},
+        num_threads=1,  # the same model on every machine
+        minloglevel=2,
     )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        model_max_length=recipe["model"]["max_position_embeddings"],
-        chat_template=CHAT_TEMPLATE,
-    )
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "tokenizer.model").write_bytes(model.getvalue())
+    config = {
+        "tokenizer_class": "LlamaTokenizer",
+        **{f"{name}_token": piece for name, piece in control.items()},
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "legacy": False,
+        "model_max_length": recipe["model"]["max_position_embeddings"],
+    }
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(model_dir)
     return tokenizer
 

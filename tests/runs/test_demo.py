@@ -79,10 +79,10 @@ def test_tokenizer_and_chat_template(demo_home):
     ids = tokenizer(text)["input_ids"]
     assert ids[0] == tokenizer.bos_token_id
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
-    # Digits are single tokens: the arithmetic stays learnable for a tiny model.
-    assert [tokenizer.decode([i]).strip() for i in tokenizer("12345", add_special_tokens=False)["input_ids"]] == list(
-        "12345"
-    )
+    # Digits are single tokens: the arithmetic stays learnable for a tiny model. (A text begins with
+    # SentencePiece's word mark, a token of its own before a digit, as in Llama's tokenizer.)
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer("12345", add_special_tokens=False)["input_ids"])
+    assert pieces == ["▁", "1", "2", "3", "4", "5"]
     chat = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Reverse the letters. a b c"}, {"role": "assistant", "content": "c b a"}],
         tokenize=False,
