@@ -239,8 +239,12 @@ def _print_checks(results: dict) -> None:
     for task in tasks:
         got = {n: results[n]["benchmarks"][task] for n in names if task in (results[n].get("benchmarks") or {})}
         first = next(iter(got.values()))
-        questions = f"{first['samples']} of {first['of']} questions" if first.get("of") else "all questions"
-        scores = ", ".join(f"{n} {100 * r['score']:.1f}%" for n, r in got.items())
+        limit = f"up to {first['limit']} questions a task" if first.get("limit") else "all questions"
+        questions = f"{first['samples']} of {first['of']} questions" if first.get("of") else limit  # a group: no count
+        shares = all(0 <= r["score"] <= 1 for r in got.values())  # accuracy, exact match...; not a perplexity
+        scores = ", ".join(
+            f"{n} {100 * r['score']:.1f}%" if shares else f"{n} {r['score']:.4g}" for n, r in got.items()
+        )
         print(f"benchmark {task} ({first['metric']}, {questions}): {scores}")
     measured = {n: results[n]["general_text"] for n in names if results[n].get("general_text")}
     if measured:
