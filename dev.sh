@@ -70,6 +70,31 @@ setup_slurm() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q slurmctld slurmd slurm-client munge >/dev/null
 }
 
+setup_go() {
+  # tests/after/test_gguf_export.py renders the Ollama Modelfile's TEMPLATE with Go's text/template (Ollama's engine).
+  command -v go >/dev/null && return
+  [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null || return 0  # that test then fails, saying go is missing
+  echo "==> installing Debian's Go for the Modelfile test"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo -n"
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q golang-go >/dev/null
+}
+
+install_export() {
+  # GGUF export's extra (backend/after/gguf_tools.py): llama-cpp-python has no wheel on PyPI, so pip compiles
+  # llama.cpp: the CPU library alone here, without its multimodal library (LLAVA_BUILD). pip keeps the wheel it
+  # built, so a second install takes seconds. Then llama.cpp's converter, from the same version's sources on PyPI.
+  local stamp=.venv/.tunedeck-export-installed want
+  want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      .venv/bin/python -m pip install -q -c constraints.txt -e ".[export]"
+    echo "$want" >"$stamp"
+  fi
+  .venv/bin/tunedeck export-gguf --fetch-converter
+}
+
 build_deepspeed_ops() {
   # DeepSpeed compiles its CPU ops at first use, into the folder backend/runs/launch.py gives DeepSpeed runs
   # (TORCH_EXTENSIONS_DIR): shm_comm in every CPU run (a 2-rank ZeRO-3 test run: 85 s cold, 19 s warm), cpu_adam for an
@@ -168,15 +193,21 @@ case "${1:-}" in
     system_log=$(mktemp)
     # SkyPilot gets a venv of its own (.venv/sky: it pins older click and uvicorn), for the tests that read
     # sky.yaml with its loader (tests/sky/sky_env.py; about 40 s).
-    (setup_chromium && setup_axe && setup_slurm && "$PYTHON" tests/sky/sky_env.py >/dev/null) >"$system_log" 2>&1 &
+    (setup_chromium && setup_axe && setup_slurm && setup_go && "$PYTHON" tests/sky/sky_env.py >/dev/null) >"$system_log" 2>&1 &
     system=$!
     setup_venv
     if ! wait "$system"; then cat "$system_log" >&2; echo "dev.sh: installing the system's test tools failed (above)" >&2; exit 1; fi
     cat "$system_log"
     rm -f "$system_log"
     echo "==> installed in ${SECONDS} s"
+    # Beside the lint and the first lane, which need neither: DeepSpeed's CPU ops, then GGUF export's compiled
+    # llama.cpp (only the heavy lanes use them).
     ops_log=$(mktemp)
-    build_deepspeed_ops >"$ops_log" 2>&1 &
+    (
+      build_deepspeed_ops || echo "==> DeepSpeed's CPU ops failed to build (above): the runs that need them build them"
+      SECONDS=0
+      install_export && echo "==> llama.cpp for GGUF export installed in ${SECONDS} s"
+    ) >"$ops_log" 2>&1 &
     building=$!
     # The lint (mostly one core, waiting on the type checker) runs beside the first lane; its output comes after.
     lint_log=$(mktemp)
@@ -199,10 +230,12 @@ case "${1:-}" in
     echo "==> lint and the single-process tests done at ${SECONDS} s"
     if ! wait "$building"; then
       cat "$ops_log" >&2
-      echo "dev.sh: building DeepSpeed's CPU ops failed (above): the runs that need them build them themselves" >&2
+      echo "dev.sh: installing llama.cpp for GGUF export failed (above)" >&2
+      exit 1
     fi
+    grep "^==>" "$ops_log" || true
     rm -f "$ops_log"
-    echo "==> DeepSpeed's CPU ops built at ${SECONDS} s"
+    echo "==> DeepSpeed's CPU ops and llama.cpp built at ${SECONDS} s"
     if [ $# = 0 ]; then
       heavy_lanes -m "($heavy)$not_bench" "${durations[@]}" || rc=$?
     else

@@ -1,4 +1,5 @@
-"""After a run: try its model, evaluate it, merge its adapter, push it to the Hub; all read run folders.
+"""After a run: try its model, evaluate it, merge its adapter, export it to GGUF, push it to the Hub; all read run
+folders.
 
 The face: the panel and the CLI import these names from `tunedeck.backend.after`, never its modules. The
 modules that import torch (worker.py, generate.py, merge.py's work, model_load.py, evaluate.py's scoring) run in
@@ -17,6 +18,8 @@ from tunedeck.backend.after.eval_data import (
 from tunedeck.backend.after.eval_results import read_eval, table_columns, table_rows
 from tunedeck.backend.after.examples import Example, data_examples, pick, verdict
 from tunedeck.backend.after.general_text import BUILTIN_NAME, forgetting_lines, read_general_text
+from tunedeck.backend.after.gguf_export import EXPORT_FILE, QUANTS, parse_quants
+from tunedeck.backend.after.gguf_tools import converter as llama_cpp_converter
 from tunedeck.backend.after.hub import push_folder
 from tunedeck.backend.after.merge import check_output_dir
 from tunedeck.backend.after.prompting import (
@@ -35,7 +38,9 @@ __all__ = [
     "BUILTIN_NAME",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_LIMIT",
+    "EXPORT_FILE",
     "MAX_NEW_TOKENS",
+    "QUANTS",
     "SHOW",
     "EvalDataError",
     "Example",
@@ -52,8 +57,10 @@ __all__ = [
     "data_examples",
     "eval_source",
     "forgetting_lines",
+    "llama_cpp_converter",
     "newest_answers",
     "order_key",
+    "parse_quants",
     "parse_tasks",
     "pick",
     "push_folder",

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "tunedeck.backend.cli.preview",  # preview
     "tunedeck.backend.cli.chat",  # chat
     "tunedeck.backend.cli.after",  # eval, merge, push
+    "tunedeck.backend.cli.export",  # export-gguf
 ]
 
 

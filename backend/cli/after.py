@@ -86,8 +86,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_push)
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_id", metavar="RUN", help="a run id, as `tunedeck runs` lists them")
+def add_run_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument(
+        "run_id", metavar="RUN", nargs=None if required else "?", help="a run id, as `tunedeck runs` lists them"
+    )
     parser.add_argument(
         "--checkpoint", type=int, metavar="N", help="the checkpoint saved at step N (default: the final adapter)"
     )

@@ -270,8 +270,14 @@ def _train_tokenizer(model_dir: Path, recipe: dict, examples: list[dict]):
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,
         user_defined_symbols=roles,
-        **{f"{name}_id": i for i, name in enumerate(control)},
-        **{f"{name}_piece": piece for name, piece in control.items()},
+        unk_id=0,  # Llama's ids: <unk> 0, <s> 1, </s> 2
+        bos_id=1,
+        eos_id=2,
+        pad_id=3,
+        unk_piece=control["unk"],
+        bos_piece=control["bos"],
+        eos_piece=control["eos"],
+        pad_piece=control["pad"],
         num_threads=1,  # the same model on every machine
         minloglevel=2,
     )
