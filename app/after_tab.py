@@ -99,9 +99,14 @@ class AfterTab(Section):
             choices = self._choices(page, current, got[ui["after.answers_show"]] or "all")
             return {run: gr.update(choices=runs, value=current), **choices, **status}
 
-        # Another run: the last merge's status, serve.sh and example were the other one's.
+        # Another run: the last merge's and export's status, serve.sh, Modelfile and example were the other one's.
         def on_run(got: Got) -> Updates:
-            merged = {ui["after.merge_status"]: "", ui["after.serve"]: gr.update(value="", visible=False)}
+            merged = {
+                ui["after.merge_status"]: "",
+                ui["after.serve"]: gr.update(value="", visible=False),
+                ui["after.gguf_status"]: "",
+                ui["after.modelfile"]: gr.update(value="", visible=False),
+            }
             choices = self._choices(page, got[run], got[ui["after.answers_show"]] or "all")
             return {**choices, **merged, **no_example(ui)}
 
@@ -124,7 +129,8 @@ class AfterTab(Section):
             shown_out,
             show_progress="hidden",
         )
-        run_out = [ui[i] for i in (*picks, "after.merge_status", "after.serve", *EXAMPLE_OUT)]
+        exported = ("after.merge_status", "after.serve", "after.gguf_status", "after.modelfile")
+        run_out = [ui[i] for i in (*picks, *exported, *EXAMPLE_OUT)]
         listen([run.input], on_run, [run, ui["after.answers_show"]], run_out, show_progress="hidden")
 
         wire_try(ui, view)

@@ -58,7 +58,8 @@ COMPONENTS = (
     "after.merge_weights", "after.merge_name", "after.merge_dtype", "after.merge_status", "after.repo_id", "after.token",
     "after.eval_limit", "after.serve", "after.expected", "after.example_note", "after.history", "after.system",
     "after.answers", "after.answers_show", "after.answers_note", "after.answers_file", "after.eval_tasks",
-    "after.eval_tasks_limit", "after.eval_forgetting", "after.eval_general_text",
+    "after.eval_tasks_limit", "after.eval_forgetting", "after.eval_general_text", "after.gguf_quants",
+    "after.gguf_status", "after.modelfile",
 )  # fmt: skip
 Model = tuple  # (run id, checkpoint step or None, base?): one loaded model, one worker
 USER_ERRORS = (AfterError, WorkerError, SettingsError)  # their message is the whole story: show it as it is
@@ -78,7 +79,7 @@ class AfterView:
 
     # ------------------------------------------------------------ choices
 
-    def _run(self, run_id: str) -> tuple[Path, JobSpec]:
+    def run_and_job(self, run_id: str) -> tuple[Path, JobSpec]:
         if not run_id:
             raise AfterError("pick a run first")
         try:
@@ -105,7 +106,7 @@ class AfterView:
 
     def weights_choices(self, run_id: str) -> list[tuple[str, str]]:
         """(label, value) of what the run can be tried with: its final adapter, each checkpoint, its base."""
-        run_dir, job = self._run(run_id)
+        run_dir, job = self.run_and_job(run_id)
         found = list_weights(run_dir, job)
         labels = {
             "deepspeed": " · ZeRO shards, consolidated on first use",
@@ -124,7 +125,7 @@ class AfterView:
         return [("no comparison", NO_COMPARISON), ("the base model", "base"), *others]
 
     @staticmethod
-    def _choice(value: str) -> tuple[int | None, bool]:
+    def weights_choice(value: str) -> tuple[int | None, bool]:
         """(checkpoint step, base?) of a weights value: "final", "checkpoint-N" or "base"."""
         if value == "base":
             return None, True
@@ -156,7 +157,7 @@ class AfterView:
         settings_ok = GenerationSettings.from_dict(settings)
         if not prompt.strip():
             raise AfterError("prompt: type a prompt first")
-        models = {"after.answer": (run_id, *self._choice(weights))}
+        models = {"after.answer": (run_id, *self.weights_choice(weights))}
         if compare == "base":
             models["after.compare_answer"] = (run_id, None, True)
         elif compare.startswith("run:"):
@@ -165,7 +166,7 @@ class AfterView:
             "after.status": "loading the model" + ("s" if len(models) > 1 else "") + " (the first answer takes longer)"
         }
         for rid, _, _ in models.values():
-            self._run(rid)
+            self.run_and_job(rid)
         with self._held_lock:
             self._held.setdefault(session, set()).update(models.values())
         # Each model loads, then answers at once, in its own thread: a model loaded first does not sit
@@ -199,19 +200,19 @@ class AfterView:
 
     def converses(self, run_id: str) -> bool:
         """Whether the run trained on conversations (messages data, through the chat template)."""
-        return bool(run_id) and self._run(run_id)[1].dataset.format == "messages"
+        return bool(run_id) and self.run_and_job(run_id)[1].dataset.format == "messages"
 
     def example(self, run_id: str, number: int | None = None, conversing: bool = True) -> dict:
         """A prompt from the run's data (held out first) for the prompt box, and the data's answer beside it;
         of a conversation, its system message and (when `conversing`) its earlier turns: a new conversation."""
         if run_id not in self._examples:
-            self._examples[run_id] = data_examples(*self._run(run_id))
+            self._examples[run_id] = data_examples(*self.run_and_job(run_id))
         return for_the_try_box(pick(*self._examples[run_id], number), conversing)
 
     def evaluated_example(self, run_id: str, number: int, conversing: bool = True) -> dict:
         """Example `number` (the answers table's #) of the newest evaluation, for the Try box as example() gives
         one: a row a model got wrong, tried again with other settings or another checkpoint."""
-        run_dir, job = self._run(run_id)
+        run_dir, job = self.run_and_job(run_id)
         data = read_eval(run_dir)
         answers = newest_answers(run_dir, data)
         if not answers:
@@ -240,7 +241,7 @@ class AfterView:
     def release(self, run_id: str) -> dict:
         """Let every model of this run go: their worker processes end."""
         released = sum(
-            self.pool.release(self.manager.runs_dir, run_id, *self._choice(value))
+            self.pool.release(self.manager.runs_dir, run_id, *self.weights_choice(value))
             for _, value in self.weights_choices(run_id)
         )
         return {"after.status": f"released {released} model{'s' if released != 1 else ''} of run {run_id}"}
@@ -260,7 +261,7 @@ class AfterView:
     def eval_view(self, run_id: str, show: str = "all") -> dict:
         """The table and chart of what eval.json holds (shown again when the run is reopened), and the newest
         evaluation's answers side by side (`show`: eval_answers.SHOW)."""
-        run_dir, job = self._run(run_id)
+        run_dir, job = self.run_and_job(run_id)
         data = read_eval(run_dir)
         status = evaluated_on(data)
         note = seen_line(seen_in_training(run_dir, job, newest_source(data) or ""))
@@ -296,7 +297,7 @@ class AfterView:
             yield {"after.eval_status": refused(exc)}
 
     def _evaluate(self, run_id, scope, data_file, limit, show, training_rows, checks) -> Iterator[dict]:
-        run_dir, job = self._run(run_id)
+        run_dir, job = self.run_and_job(run_id)
         weights = [w.name for w in list_weights(run_dir, job)]
         names = weights if scope == "all" else ["base", weights[-1]]
         if len(names) < 2:
@@ -317,7 +318,7 @@ class AfterView:
         """An evaluation file just picked: a warning when it is the run's training file (by path or content)."""
         if not run_id or not data_file:
             return {}
-        run_dir, job = self._run(run_id)
+        run_dir, job = self.run_and_job(run_id)
         note = seen_line(seen_in_training(run_dir, job, str(Path(data_file).resolve())))
         return {"after.eval_status": note} if note else {}
 
@@ -331,8 +332,8 @@ class AfterView:
     def merge(self, run_id: str, weights: str, name: str, dtype: str) -> Iterator[dict]:
         """Merge in a worker into <run>/merged/<name>; yield progress, then where it is and how to serve it."""
         out_dir = self.merge_dir(run_id, name)
-        _, job = self._run(run_id)
-        checkpoint, base = self._choice(weights)
+        _, job = self.run_and_job(run_id)
+        checkpoint, base = self.weights_choice(weights)
         if base:
             raise AfterError("merge: pick an adapter (the final one or a checkpoint), not the base model")
         if out_dir.exists() and any(out_dir.iterdir()):

@@ -1,7 +1,9 @@
-"""The Export part of the Try · Evaluate · Export tab: its layout and events over AfterView.merge and push.
+"""The Export part of the Try · Evaluate · Export tab: its layout and events over AfterView.merge and push, and
+app/export_view.py's GGUF export.
 
-A merge streams its progress into its status line and shows the serve.sh it wrote; a push names
-the merged folder and the Hub repo, and a Hub error (which may quote the repo id) is shown as text.
+A merge streams its progress into its status line and shows the serve.sh it wrote; a GGUF export streams a bar of its
+steps, then lists its files (size, type, template, stop tokens) and shows the Modelfile; a push names the merged
+folder and the Hub repo, and a Hub error (which may quote the repo id) is shown as text.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import gradio as gr
 
 from tunedeck.app.after_events import streamed
 from tunedeck.app.after_view import AfterView
+from tunedeck.app.export_view import export_gguf
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.runs import AfterError
 
 DTYPES = ["bfloat16", "float16", "float32"]
 MERGE_IN = ("after.run", "after.merge_weights", "after.merge_name", "after.merge_dtype")
+GGUF_IN = ("after.run", "after.merge_weights", "after.merge_name", "after.gguf_quants")
+GGUF_QUANTS = ["f16", "q8_0", "q4_k_m"]
 
 
 def build_export(add) -> None:
@@ -40,6 +45,23 @@ def build_export(add) -> None:
         "after.serve",
         gr.Code(label="serve.sh", language="shell", interactive=False, visible=False, elem_id="after-serve"),
     )  # shown once a merge wrote serve.sh
+    gr.Markdown(
+        "GGUF for llama.cpp, Ollama and LM Studio: the adapter merged, converted and quantized by llama.cpp's own "
+        "tools into `<run>/gguf/<name>/`, with the run's chat template and stop tokens in each file and a "
+        "`Modelfile` in the run's prompt format.",
+        elem_id="after-gguf-title",
+    )
+    with gr.Row():
+        add(
+            "after.gguf_quants",
+            gr.CheckboxGroup(GGUF_QUANTS, value=["q4_k_m"], label="GGUF types", elem_id="after-gguf-quants"),
+        )
+        add("after.export_gguf", gr.Button("Export GGUF", elem_id="after-export-gguf"))
+    add("after.gguf_status", gr.Markdown(elem_id="after-gguf-status"))
+    add(
+        "after.modelfile",
+        gr.Code(label="Modelfile (Ollama)", interactive=False, visible=False, elem_id="after-modelfile"),
+    )  # shown once an export wrote it
     with gr.Row():
         add("after.repo_id", gr.Textbox(label="Hub repo id (user/name)", elem_id="after-repo-id"))
         add("after.token", gr.Textbox(label="Hub token (write access)", type="password", elem_id="after-token"))
@@ -67,6 +89,25 @@ def wire_export(ui, view: AfterView) -> None:
         outputs=[ui["after.merge_status"], ui["after.serve"]],
         show_progress="minimal",
         show_progress_on=[ui["after.merge"]],
+    )
+
+    @streamed
+    def on_export_gguf(got: Got) -> Iterator[Updates]:
+        run_id, weights, name, quants = (got[ui[i]] for i in GGUF_IN)
+        if not weights:
+            raise AfterError("adapter: the run has saved no adapter yet")
+        for updates in export_gguf(view, run_id, weights, (name or "").strip(), quants):
+            if "after.modelfile" in updates:
+                updates["after.modelfile"] = gr.update(value=updates["after.modelfile"], visible=True)
+            yield {ui[k]: v for k, v in updates.items()}
+
+    gr.on(
+        [ui["after.export_gguf"].click],
+        on_export_gguf,
+        inputs={ui[i] for i in GGUF_IN},
+        outputs=[ui["after.gguf_status"], ui["after.modelfile"]],
+        show_progress="minimal",
+        show_progress_on=[ui["after.export_gguf"]],
     )
 
     def on_push(got: Got) -> Updates:

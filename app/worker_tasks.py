@@ -8,8 +8,9 @@ import threading
 from collections.abc import Iterator
 
 
-def in_background(task) -> Iterator[str]:
-    """Run task(on_event) in a thread; yield a progress line per event; raise what it raised."""
+def in_background(task, bar: bool = False) -> Iterator[str]:
+    """Run task(on_event) in a thread; yield a progress line per event (led by a bar of its steps when `bar`);
+    raise what it raised."""
     events: queue.Queue = queue.Queue()
     failure: list[BaseException] = []
 
@@ -24,6 +25,9 @@ def in_background(task) -> Iterator[str]:
     threading.Thread(target=run, name="after-task", daemon=True).start()
     while (event := events.get()) is not None:
         line = progress_line(event)
+        if line and bar and event.get("event") == "progress":
+            done, total = int(event["done"]), max(1, int(event["total"]))
+            line = f"{'▰' * done}{'▱' * (total - done)} {line}"
         if line:
             yield line
     if failure:

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from panel.browser import EVENTS_TAP_JS, PanelServer, fill, plot_points, settle, text_of, wait_text
+from panel.browser import EVENTS_TAP_JS, PanelServer, code_text, fill, plot_points, settle, text_of, wait_text
 from runs.helpers import wait_for
 
 from .helpers import gone
@@ -283,6 +283,35 @@ def test_merge_writes_the_folder_under_the_run_and_shows_its_path_and_serve_sh(p
     page.click("#after-merge")
     wait_text(page, "body", "merge name: use letters")
     assert not (server.runs_dir / "escape").exists()
+
+
+def test_gguf_export_shows_a_bar_then_its_files_and_the_modelfile(page, server):
+    open_after(page, server)
+    assert not page.locator("#after-modelfile").is_visible()  # no Modelfile before an export wrote one
+    fill(page.locator("#after-merge-name textarea, #after-merge-name input").first, "for-ollama")
+    page.locator("#after-gguf-quants label", has_text="f16").click()  # with the default q4_k_m
+    page.evaluate(
+        """() => { window.__bars = []; new MutationObserver(() => {
+            const text = document.querySelector('#after-gguf-status').innerText;
+            if (text.includes('▰') || text.includes('▱')) window.__bars.push(text); })
+          .observe(document.querySelector('#after-gguf-status'), {childList: true, subtree: true, characterData: true}); }"""
+    )
+    page.click("#after-export-gguf")
+    out = server.runs_dir.resolve() / server.run_id / "gguf" / "for-ollama"
+    wait_text(page, "#after-gguf-status", f"saved to {out}", timeout=240_000)
+    bars = page.evaluate("window.__bars")
+    assert any("quantizing to q4_k_m" in bar and "▱" in bar for bar in bars), bars  # the steps as a bar
+    status = text_of(page, "#after-gguf-status")
+    for quant in ("f16", "q4_k_m"):
+        size = (out / f"for-ollama-{quant}.gguf").stat().st_size / 2**20
+        assert f"for-ollama-{quant}.gguf · {size:.1f} MiB · {quant} · the run's chat template · stops at </s>" in status
+    assert f"cd {out} && ollama create tunedeck-{server.run_id} -f Modelfile" in status
+    wait_text(page, "#after-modelfile", "FROM ./for-ollama-q4_k_m.gguf")
+    assert code_text(page, "after-modelfile").splitlines() == (out / "Modelfile").read_text().splitlines()
+
+    page.locator("#after-export-gguf").click()  # the same name again: refused, the export kept
+    wait_text(page, "body", "already holds an export; choose another name")
+    assert (out / "for-ollama-q4_k_m.gguf").is_file()
 
 
 def test_workers_end_when_the_tab_closes_after_idle_timeout_and_with_the_panel(browser, server):
