@@ -37,7 +37,7 @@ def build_export(add) -> None:
         add("after.merge_dtype", gr.Dropdown(DTYPES, value="bfloat16", label="dtype", elem_id="after-merge-dtype"))
         add(
             "after.merge_name",
-            gr.Textbox("model", label="folder name (under <run>/merged/)", elem_id="after-merge-name"),
+            gr.Textbox("model", label="folder name (under <run>/merged/ and <run>/gguf/)", elem_id="after-merge-name"),
         )
         add("after.merge", gr.Button("Merge", variant="primary", elem_id="after-merge"))
     add("after.merge_status", gr.Markdown(elem_id="after-merge-status"))
