@@ -10,13 +10,12 @@ a hidden name and renamed: a failure leaves nothing half-written.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
 from tunedeck.backend.after import gguf_tools
-from tunedeck.backend.after.merge import check_output_dir, merge_run
+from tunedeck.backend.after.merge import check_output_dir, merge_run, staged
 from tunedeck.backend.after.modelfile import TemplateNotConvertible, modelfile_text
 from tunedeck.backend.runs.checkpoints import AfterError, Weights
 from tunedeck.backend.spec import JobSpec
@@ -54,10 +53,7 @@ def export_gguf(
     gguf_tools.binding_version()  # missing pieces are said before minutes of merging
     gguf_tools.converter()
     steps = 3 + len(quants)
-    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with staged(out_dir, "the GGUF export") as staging:
         merged = staging / "merged"
         if job.method == "full" and weights.path is not None:  # the weights are the whole model already
             say(f"copying {weights.describe()}", 0, steps)
@@ -83,15 +79,6 @@ def export_gguf(
         info["modelfile"] = _write_modelfile(staging, merged, job, made, info)
         shutil.rmtree(merged)
         (staging / EXPORT_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above)
-        staging.rename(out_dir)
-    except OSError as exc:
-        raise AfterError(
-            f"-o: writing the GGUF export to {out_dir} failed ({exc.strerror or exc}); free space or choose another folder"
-        ) from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     say("done", steps, steps)
     return {**info, "out_dir": str(out_dir)}
 

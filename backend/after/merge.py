@@ -13,10 +13,12 @@ was merged). It is written under a hidden name and renamed: a failure leaves not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tunedeck.backend.render.serve import ADAPTER_SUBDIR, SERVE_FILE, render_serve_sh
@@ -43,6 +45,27 @@ def check_output_dir(out_dir: Path) -> Path:
     return out_dir
 
 
+@contextlib.contextmanager
+def staged(out_dir: Path, what: str) -> Iterator[Path]:
+    """A hidden folder beside out_dir to write into, renamed to out_dir (empty or absent: check_output_dir) when
+    the block ends well and removed otherwise: a failure leaves nothing half-written. AfterError naming -o when
+    the disk refuses."""
+    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+        yield staging
+        if out_dir.exists():
+            out_dir.rmdir()
+        staging.rename(out_dir)
+    except OSError as exc:
+        raise AfterError(
+            f"-o: writing {what} to {out_dir} failed ({exc.strerror or exc}); free space or choose another folder"
+        ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def merge_run(
     run_dir: Path, job: JobSpec, run_id: str, weights: Weights, out_dir: Path, dtype: str, device: str, progress=None
 ) -> dict:
@@ -60,9 +83,7 @@ def merge_run(
     base = load_base(run_dir, job, device, quantized=False, dtype=dtype)
     say(f"loading {weights.describe()}", 1, steps)
     model = with_adapter(base, run_dir, job, weights, progress)
-    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
+    with staged(out_dir, "the merged model") as staging:
         # The adapter as PEFT saves it (what vLLM's --lora-modules reads), before merging unloads it.
         model.save_pretrained(str(staging / ADAPTER_SUBDIR))
         say("merging the adapter into the weights", 2, steps)
@@ -75,15 +96,6 @@ def merge_run(
         serve = staging / SERVE_FILE
         serve.write_text(_serve_script(run_dir, job, run_id, dtype), encoding="utf-8")
         serve.chmod(0o755)
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above)
-        staging.rename(out_dir)
-    except OSError as exc:
-        raise AfterError(
-            f"-o: writing the merged model to {out_dir} failed ({exc.strerror or exc}); free space or choose another folder"
-        ) from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     say("done", steps, steps)
     return {**info, "out_dir": str(out_dir), "files": sorted(p.name for p in out_dir.iterdir())}
 
