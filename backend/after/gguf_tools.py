@@ -3,9 +3,10 @@
 
 The converter is not in any wheel: llama.cpp ships it beside its sources, and llama-cpp-python's source archive on
 PyPI holds the very llama.cpp its binding was built from. `converter()` takes convert_hf_to_gguf.py, its
-`conversion` package and llama.cpp's own gguf-py (newer than the `gguf` release on PyPI) from that archive once (the version installed here, so the converter writes what this
-quantizer and loader read) into $TUNEDECK_HOME/llama.cpp/<version>/, or uses a llama.cpp checkout named by
-$TUNEDECK_LLAMA_CPP. Imports no torch: the converter runs in a subprocess of its own.
+`conversion` package and llama.cpp's own gguf-py (newer than the `gguf` release on PyPI) from that archive once,
+for the version installed here (so the converter writes what this quantizer and loader read), into
+$TUNEDECK_HOME/llama.cpp/<version>/, or uses a llama.cpp checkout named by $TUNEDECK_LLAMA_CPP. Imports no torch:
+the converter runs in a subprocess of its own.
 """
 
 from __future__ import annotations
