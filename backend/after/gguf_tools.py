@@ -138,7 +138,7 @@ def quantize(source: Path, out_file: Path, quant: str) -> None:
     import ctypes
 
     binding_version()
-    import llama_cpp
+    import llama_cpp  # pyright: ignore[reportMissingImports] - dev.sh installs it beside the lint
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, QUANT_TYPES[quant])
@@ -151,7 +151,7 @@ def quantize(source: Path, out_file: Path, quant: str) -> None:
 def metadata_of(path: Path) -> dict:
     """What a GGUF file says, as llama.cpp reads it: its type, chat template and BOS/EOS/EOT tokens (id and text)."""
     binding_version()
-    from llama_cpp import Llama
+    from llama_cpp import Llama  # pyright: ignore[reportMissingImports] - as above
 
     model = Llama(model_path=str(path), vocab_only=True, verbose=False)
     try:

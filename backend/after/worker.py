@@ -4,8 +4,8 @@
 
 The caller (backend/after/worker_client.py) talks to it over the process's own stdin and stdout, one
 JSON object per line; the pipes are private to the two processes, so nothing listens on a port.
-Requests: {"id", "op", "args"} with op load | generate | evaluate | merge | export_gguf | exit (evaluate's args:
-run_id, names, data, limit, and optionally tasks, tasks_limit, task_dir, general_text), and
+Requests: {"id", "op", "args"} with op load | generate | evaluate | merge | export_gguf | check_export | exit
+(evaluate's args: run_id, names, data, limit, and optionally tasks, tasks_limit, task_dir, general_text), and
 {"op": "cancel", "id"} for the request in flight. Replies carry the request's id:
 {"event": "progress", "stage", "done", "total"}, {"event": "token", "text"} (streamed answers),
 {"event": "warning", "message"}, then one {"event": "result", "value"} or {"event": "error", "message"}.
@@ -189,6 +189,13 @@ class Worker:
         return export_gguf(
             run_dir, job, args["run_id"], weights, args["quants"], args["out_dir"], args["device"], progress
         )
+
+    def op_check_export(self, args, progress, cancel):
+        from tunedeck.backend.after.export_check import check_export
+
+        run_dir, job = self._run(args)
+        weights = self._weights(run_dir, job, args)
+        return check_export(run_dir, job, weights, args["target"], args["device"], args["prompts"], progress)
 
     def handle(self, request: dict, cancel: CancelToken) -> None:
         from tunedeck.backend.after.evaluate import Cancelled

@@ -1,4 +1,5 @@
-"""`tunedeck export-gguf RUN --quant q4_k_m`: a run as GGUF files for llama.cpp, Ollama and LM Studio, with a Modelfile.
+"""`tunedeck export-gguf RUN --quant q4_k_m`: a run as GGUF files for llama.cpp, Ollama and LM Studio, with a Modelfile;
+`tunedeck check-export RUN TARGET`: whether a merged folder or a GGUF answers as the adapter does.
 
 The work happens in the model worker (backend/after/gguf_export.py), as for merge; this module picks the run, its
 weights and the folder (so a wrong flag fails at once), prints the worker's progress on stderr and what was written.
@@ -42,6 +43,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=cmd_export_gguf)
 
+    p = sub.add_parser(
+        "check-export",
+        help="replay held-out prompts (greedy) through the adapter and an exported model as it will be served; "
+        "say how many answers agree and what did not travel",
+    )
+    add_run_arguments(p)
+    p.add_argument("target", type=Path, metavar="TARGET", help="a merged model folder or a .gguf file")
+    p.add_argument("--prompts", type=int, default=24, metavar="N", help="held-out prompts to replay (default 24)")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.set_defaults(handler=cmd_check_export)
+
 
 def cmd_export_gguf(args: argparse.Namespace) -> int:
     return handled(lambda: _export(args))
@@ -75,4 +87,36 @@ def _export(args) -> int:
     if modelfile.get("note"):
         print(f"  note: {modelfile['note']}")
     print(f"run it in Ollama: {result['ollama_create']}")
+    return 0
+
+
+def cmd_check_export(args: argparse.Namespace) -> int:
+    return handled(lambda: _check(args))
+
+
+def _check(args) -> int:
+    import json
+
+    from tunedeck.backend.after import run_task
+    from tunedeck.backend.runs import AfterError
+
+    if args.prompts < 1:
+        raise AfterError("--prompts: give a positive number of held-out prompts")
+    target = args.target.expanduser().resolve()
+    if not target.exists():
+        raise AfterError(f"TARGET: {target} does not exist; give a merged model folder or a .gguf file")
+    runs_dir, job, weights = resolve_run(args)
+    progress = Progress()
+    request = {"run_id": args.run_id, "checkpoint": weights.step, "target": str(target), "prompts": args.prompts}
+    report = run_task("check_export", request, job, runs_dir, progress)
+    progress.close()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(report["summary"])
+    for diff in report["differing"]:
+        print(
+            f"  differs from token {diff['first_differing_token']}: {diff['prompt'][:60]!r} -> "
+            f"adapter {diff['adapter'][:40]!r}, exported {diff['exported'][:40]!r}"
+        )
     return 0

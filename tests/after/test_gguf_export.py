@@ -37,8 +37,12 @@ def go_render(template: str, values: dict, scratch: Path) -> str:
     env = {**os.environ, "GOCACHE": str(scratch / "go-cache"), "GOPATH": str(scratch / "go")}
     done = subprocess.run(
         [go, "run", str(GO_RENDERER), str(scratch / "TEMPLATE")],
-        input=json.dumps(values), capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+        input=json.dumps(values),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -99,6 +103,19 @@ def test_demo_run_exports_to_f16_and_q4_k_m_that_llama_cpp_loads_and_runs(demo_r
         assert all(answer.strip() for answer in got)
         if quant == "f16":  # half precision of a float32 model: the greedy answers stay the adapter's
             assert same == len(prompts), (got, want)
+    # The export check says the same of the f16 file: llama.cpp with the GGUF's own template and EOS.
+    checked = tunedeck(
+        "check-export",
+        run_id,
+        folder / made["files"]["f16"]["file"],
+        "--prompts",
+        "8",
+        "--runs-dir",
+        runs_dir,
+        "--json",
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["summary"] == "8/8 answers identical after export"
     assert (folder / "Modelfile").read_text().splitlines()[0] == f"FROM ./{made['files']['q4_k_m']['file']}"
     assert 'PARAMETER stop "</s>"' in (folder / "Modelfile").read_text()
     # The run trained on prompt-completion rows: Ollama's prompt reaches the model as the row's prompt did.
