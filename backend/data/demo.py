@@ -293,6 +293,9 @@ def _train_tokenizer(model_dir: Path, recipe: dict, examples: list[dict]):
     }
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # from_pretrained records how it was called (HF_HUB_OFFLINE=1: "local_files_only": true), which would make the
+    # saved files depend on the environment of the build.
+    tokenizer.init_kwargs.pop("local_files_only", None)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(model_dir)
     return tokenizer
