@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunedeck.backend.after.examples import Example, data_examples, pick
-from tunedeck.backend.after.generate import encode_prompt
-from tunedeck.backend.after.prompting import chat_messages, resolve_template, wrap_plain
+from tunedeck.backend.after.generate import encode_prompt, sampling_kwargs
+from tunedeck.backend.after.prompting import GenerationSettings, chat_messages, resolve_template, wrap_plain
 from tunedeck.backend.runs.checkpoints import AfterError, Weights
 from tunedeck.backend.spec import JobSpec
 
@@ -89,17 +89,8 @@ def _answer_ids(model, tokenizer, template: str, example: Example) -> list[int]:
     inputs = encode_prompt(tokenizer, template, example.prompt, list(example.turns), example.system)
     device = next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in inputs.items()}
-    with torch.no_grad():
-        out = model.generate(
-            **inputs,
-            max_new_tokens=MAX_NEW_TOKENS,
-            do_sample=False,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
+    with torch.no_grad():  # greedy, as Try's default settings answer
+        out = model.generate(**inputs, **sampling_kwargs(GenerationSettings(max_new_tokens=MAX_NEW_TOKENS), tokenizer))
     ids = out[0, inputs["input_ids"].shape[1] :].tolist()
     return ids[: ids.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in ids else ids
 

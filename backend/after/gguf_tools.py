@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from tunedeck.backend.runs.checkpoints import AfterError
+from tunedeck.backend.spec import demo_home
 
 CONVERTER = "convert_hf_to_gguf.py"
 PACKAGE = "llama-cpp-python"
@@ -43,7 +44,8 @@ def binding_version() -> str:
 
 
 def home() -> Path:
-    return Path(os.environ.get("TUNEDECK_HOME") or Path.home() / ".cache" / "tunedeck") / "llama.cpp"
+    """Where converters are kept: next to the demo ($TUNEDECK_HOME/llama.cpp), as smoke runs keep their models."""
+    return demo_home().parent / "llama.cpp"
 
 
 def converter(fetch: bool = True) -> Path:
