@@ -22,7 +22,7 @@ from pathlib import Path
 from tunedeck.app.downloads import BundleWriter
 from tunedeck.app.eval_display import answers_shown, evaluated_on, evaluation, newest_source, refused, seen_line
 from tunedeck.app.try_turns import answer_status, for_the_try_box, next_turns
-from tunedeck.app.untrusted_text import as_text, code_span
+from tunedeck.app.untrusted_text import as_text
 from tunedeck.app.worker_tasks import in_background, side_by_side
 from tunedeck.backend.after import (
     GenerationSettings,
@@ -44,11 +44,9 @@ from tunedeck.backend.after import (
     verdict,
 )
 from tunedeck.backend.data import keep_upload
-from tunedeck.backend.render import SERVE_FILE
 from tunedeck.backend.runs import AfterError, RunError, RunManager, UnreadableJob, list_weights
 from tunedeck.backend.spec import JobSpec
 
-MERGED_DIR = "merged"  # under the run folder: where the page writes merged models
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 NO_COMPARISON = ""
 COMPONENTS = (
@@ -59,7 +57,7 @@ COMPONENTS = (
     "after.eval_limit", "after.serve", "after.expected", "after.example_note", "after.history", "after.system",
     "after.answers", "after.answers_show", "after.answers_note", "after.answers_file", "after.eval_tasks",
     "after.eval_tasks_limit", "after.eval_forgetting", "after.eval_general_text", "after.gguf_quants",
-    "after.gguf_status", "after.modelfile",
+    "after.gguf_status", "after.modelfile", "after.export_check",
 )  # fmt: skip
 Model = tuple  # (run id, checkpoint step or None, base?): one loaded model, one worker
 USER_ERRORS = (AfterError, WorkerError, SettingsError)  # their message is the whole story: show it as it is
@@ -321,49 +319,3 @@ class AfterView:
         run_dir, job = self.run_and_job(run_id)
         note = seen_line(seen_in_training(run_dir, job, str(Path(data_file).resolve())))
         return {"after.eval_status": note} if note else {}
-
-    # ------------------------------------------------------------ export
-
-    def merge_dir(self, run_id: str, name: str) -> Path:
-        if not NAME_PATTERN.match(name or ""):
-            raise AfterError("merge name: use letters, digits, '.', '_' and '-' (up to 64), e.g. merged-bf16")
-        return self.manager.run_dir(run_id) / MERGED_DIR / name
-
-    def merge(self, run_id: str, weights: str, name: str, dtype: str) -> Iterator[dict]:
-        """Merge in a worker into <run>/merged/<name>; yield progress, then where it is and how to serve it."""
-        out_dir = self.merge_dir(run_id, name)
-        _, job = self.run_and_job(run_id)
-        checkpoint, base = self.weights_choice(weights)
-        if base:
-            raise AfterError("merge: pick an adapter (the final one or a checkpoint), not the base model")
-        if out_dir.exists() and any(out_dir.iterdir()):
-            raise AfterError(f"merge name: {out_dir} already holds a merged model; choose another name")
-        note = (
-            " · QLoRA: merged into the base loaded in " + dtype + ", not into 4-bit weights"
-            if job.method == "qlora"
-            else ""
-        )
-        args = {"run_id": run_id, "checkpoint": checkpoint, "out_dir": str(out_dir), "dtype": dtype}
-        result = {}
-        for event in in_background(
-            lambda on_event: result.update(run_task("merge", args, job, self.manager.runs_dir, on_event))
-        ):
-            yield {"after.merge_status": as_text(event + note)}
-        serve = Path(result["out_dir"]) / SERVE_FILE
-        yield {
-            "after.merge_status": f"saved to {as_text(result['out_dir'] + note)}\n\n"
-            f"serve it: {code_span(f'bash {serve}')} (or {code_span(f'bash {serve} adapter')})",
-            "after.serve": serve.read_text(encoding="utf-8") if serve.is_file() else "",
-        }
-
-    def push(self, run_id: str, name: str, repo_id: str, token: str) -> dict:
-        from tunedeck.backend.after import push_folder
-
-        folder = self.merge_dir(run_id, name)
-        if not (folder / "config.json").is_file():
-            raise AfterError(f"merge name: {folder} holds no merged model yet; Merge first, then push")
-        try:
-            url = push_folder(folder, repo_id.strip(), token.strip() or None)
-        except AfterError as exc:  # its messages name the CLI's flag; the page's box is "Hub repo id"
-            raise AfterError(str(exc).replace("--repo-id:", "Hub repo id:", 1)) from None
-        return {"after.merge_status": f"pushed to {as_text(url)}"}

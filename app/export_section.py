@@ -2,7 +2,8 @@
 app/export_view.py's GGUF export.
 
 A merge streams its progress into its status line and shows the serve.sh it wrote; a GGUF export streams a bar of its
-steps, then lists its files (size, type, template, stop tokens) and shows the Modelfile; a push names the merged
+steps, then lists its files (size, type, template, stop tokens) and shows the Modelfile; either then replays held-out
+prompts through what it wrote (the export check, unless unticked) and says how many answers stayed the same; a push names the merged
 folder and the Hub repo, and a Hub error (which may quote the repo id) is shown as text.
 """
 
@@ -14,14 +15,15 @@ import gradio as gr
 
 from tunedeck.app.after_events import streamed
 from tunedeck.app.after_view import AfterView
-from tunedeck.app.export_view import export_gguf
+from tunedeck.app.export_view import export_gguf, merge, push
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.untrusted_text import as_text
+from tunedeck.backend.after import EXPORT_CHECK_PROMPTS
 from tunedeck.backend.runs import AfterError
 
 DTYPES = ["bfloat16", "float16", "float32"]
-MERGE_IN = ("after.run", "after.merge_weights", "after.merge_name", "after.merge_dtype")
-GGUF_IN = ("after.run", "after.merge_weights", "after.merge_name", "after.gguf_quants")
+MERGE_IN = ("after.run", "after.merge_weights", "after.merge_name", "after.merge_dtype", "after.export_check")
+GGUF_IN = ("after.run", "after.merge_weights", "after.merge_name", "after.gguf_quants", "after.export_check")
 GGUF_QUANTS = ["f16", "q8_0", "q4_k_m"]
 
 
@@ -40,6 +42,15 @@ def build_export(add) -> None:
             gr.Textbox("model", label="folder name (under <run>/merged/ and <run>/gguf/)", elem_id="after-merge-name"),
         )
         add("after.merge", gr.Button("Merge", variant="primary", elem_id="after-merge"))
+    add(
+        "after.export_check",
+        gr.Checkbox(
+            True,
+            label=f"then replay {EXPORT_CHECK_PROMPTS} held-out prompts (greedy) through what was written, as it will "
+            "be served, and compare its answers with the adapter's",
+            elem_id="after-export-check",
+        ),
+    )  # for Merge and Export GGUF alike
     add("after.merge_status", gr.Markdown(elem_id="after-merge-status"))
     add(
         "after.serve",
@@ -76,7 +87,7 @@ def wire_export(ui, view: AfterView) -> None:
         args = [got[ui[i]] for i in MERGE_IN]
         if not args[1]:
             raise AfterError("adapter: the run has saved no adapter yet")
-        for updates in view.merge(args[0], args[1], (args[2] or "").strip(), args[3]):
+        for updates in merge(view, args[0], args[1], (args[2] or "").strip(), args[3], bool(args[4])):
             if "after.serve" in updates:
                 text = updates.pop("after.serve")
                 updates["after.serve"] = gr.update(value=text, visible=bool(text))
@@ -93,10 +104,10 @@ def wire_export(ui, view: AfterView) -> None:
 
     @streamed
     def on_export_gguf(got: Got) -> Iterator[Updates]:
-        run_id, weights, name, quants = (got[ui[i]] for i in GGUF_IN)
+        run_id, weights, name, quants, check = (got[ui[i]] for i in GGUF_IN)
         if not weights:
             raise AfterError("adapter: the run has saved no adapter yet")
-        for updates in export_gguf(view, run_id, weights, (name or "").strip(), quants):
+        for updates in export_gguf(view, run_id, weights, (name or "").strip(), quants, bool(check)):
             if "after.modelfile" in updates:
                 updates["after.modelfile"] = gr.update(value=updates["after.modelfile"], visible=True)
             yield {ui[k]: v for k, v in updates.items()}
@@ -113,7 +124,7 @@ def wire_export(ui, view: AfterView) -> None:
     def on_push(got: Got) -> Updates:
         name, repo, token = (got[ui[i]] or "" for i in ("after.merge_name", "after.repo_id", "after.token"))
         try:
-            done = view.push(got[run], name.strip(), repo, token)
+            done = push(view, got[run], name.strip(), repo, token)
         except AfterError as exc:
             return {ui["after.merge_status"]: f"✗ {as_text(exc)}"}  # a Hub error quotes the repo id
         return {ui[k]: v for k, v in done.items()}

@@ -31,13 +31,22 @@ from tunedeck.backend.after.prompting import (
     transcript,
 )
 from tunedeck.backend.after.scoring import order_key
-from tunedeck.backend.after.worker_client import DEFAULT_IDLE_TIMEOUT_S, ModelWorker, WorkerError, WorkerPool, run_task
+from tunedeck.backend.after.worker_client import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    EXPORT_CHECK_PROMPTS,
+    ModelWorker,
+    WorkerError,
+    WorkerPool,
+    run_export,
+    run_task,
+)
 
 __all__ = [
     "ANSWERS_DIR",
     "BUILTIN_NAME",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_LIMIT",
+    "EXPORT_CHECK_PROMPTS",
     "EXPORT_FILE",
     "MAX_NEW_TOKENS",
     "QUANTS",
@@ -67,6 +76,7 @@ __all__ = [
     "read_eval",
     "read_general_text",
     "resolve_template",
+    "run_export",
     "run_task",
     "sample_training_rows",
     "seen_in_training",

@@ -15,10 +15,10 @@ from pathlib import Path
 from tunedeck.backend.after.examples import Example, data_examples, pick
 from tunedeck.backend.after.generate import encode_prompt, sampling_kwargs
 from tunedeck.backend.after.prompting import GenerationSettings, chat_messages, resolve_template, wrap_plain
+from tunedeck.backend.after.worker_client import EXPORT_CHECK_PROMPTS
 from tunedeck.backend.runs.checkpoints import AfterError, Weights
 from tunedeck.backend.spec import JobSpec
 
-PROMPTS = 24  # held-out prompts replayed by default
 MAX_NEW_TOKENS = 64
 
 
@@ -28,7 +28,7 @@ def check_export(
     weights: Weights,
     target: Path,
     device: str,
-    count: int = PROMPTS,
+    count: int = EXPORT_CHECK_PROMPTS,
     progress=None,
 ) -> dict:
     """Replay `count` held-out prompts through the adapter and through `target` (a merged folder or a .gguf file)."""
@@ -74,6 +74,7 @@ def check_export(
         "prompts": len(examples),
         "identical": same,
         "source": source,
+        "held_out": held_out,
         "template": template,
         "flags": flags,
         "differing": differing,

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -297,16 +298,46 @@ def run_task(
     """Start a worker, run one evaluate or merge request on the best device, and end the worker."""
     from tunedeck.backend.after.evaluate import BATCH_SIZE
 
-    placement = place(job, Path(runs_dir), frozenset(), batch=BATCH_SIZE if op == "evaluate" else 1)
+    batch = BATCH_SIZE if op == "evaluate" else 1
+    with task_worker(job, runs_dir, on_event, batch, idle_timeout_s) as call:
+        return call(op, args)
+
+
+@contextmanager
+def task_worker(
+    job: JobSpec, runs_dir, on_event=None, batch: int = 1, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+) -> Iterator[Callable[[str, dict], Any]]:
+    """A worker on the best device for requests made one after another (an export, then its check: one start and
+    one import of the stack); `call(op, args)` returns each result. The worker ends when the block does."""
+    placement = place(job, Path(runs_dir), frozenset(), batch=batch)
     worker = Worker(placement, idle_timeout_s)
     try:
         if placement.warning and on_event:
             on_event({"event": "warning", "message": placement.warning})
-        return worker.call(
+        yield lambda op, args: worker.call(
             op, {**args, "runs_dir": str(Path(runs_dir).resolve()), "device": placement.device}, on_event
         )
     finally:
         worker.release()
+
+
+EXPORT_CHECK_PROMPTS = 24  # held-out prompts an export check replays by default (backend/after/export_check.py)
+
+
+def run_export(
+    op: str, args: dict, job: JobSpec, runs_dir, check_prompts: int = 0, on_event=None
+) -> tuple[dict, list[dict]]:
+    """A merge or GGUF export (op "merge" or "export_gguf"), then, when check_prompts > 0, the export check of what it
+    wrote (each merged folder or .gguf file) in the same worker: (the export's result, a check report per target)."""
+    with task_worker(job, runs_dir, on_event) as call:
+        result = call(op, args)
+        if op == "merge":
+            targets = [result["out_dir"]]
+        else:
+            targets = [str(Path(result["out_dir"]) / made["file"]) for made in result["files"].values()]
+        check = {"run_id": args["run_id"], "checkpoint": args.get("checkpoint"), "prompts": check_prompts}
+        reports = [call("check_export", {**check, "target": target}) for target in targets] if check_prompts else []
+    return result, reports
 
 
 class WorkerPool:

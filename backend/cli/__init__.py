@@ -20,8 +20,8 @@ COMMAND_MODULES = [
     "tunedeck.backend.cli.estimate",  # estimate
     "tunedeck.backend.cli.preview",  # preview
     "tunedeck.backend.cli.chat",  # chat
-    "tunedeck.backend.cli.after",  # eval, merge, push
-    "tunedeck.backend.cli.export",  # export-gguf
+    "tunedeck.backend.cli.after",  # eval
+    "tunedeck.backend.cli.export",  # merge, push, export-gguf, check-export
 ]
 
 

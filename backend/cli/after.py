@@ -1,5 +1,5 @@
-"""After training: `tunedeck eval RUN`, `tunedeck merge RUN -o DIR`, `tunedeck push DIR`, and what they share
-with `tunedeck chat RUN` (backend/cli/chat.py): the run and its weights, the worker's progress, errors as one line.
+"""After training: `tunedeck eval RUN`, and what it shares with `tunedeck chat RUN` (backend/cli/chat.py) and the
+export commands (backend/cli/export.py): the run and its weights, the worker's progress, errors as one line.
 
 The model work happens in a worker process (backend/after/worker.py), as it does for the panel; this
 module only picks the run and its weights (so a wrong --checkpoint fails at once, before anything
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -56,34 +55,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--general-text", metavar="FILE", help="the forgetting check on this plain-text file instead")
     p.add_argument("--json", action="store_true", help='print {"base": {...}, "adapter": {...}} as JSON')
     p.set_defaults(handler=cmd_eval)
-
-    p = sub.add_parser(
-        "merge", help="merge a run's LoRA adapter into its base and save a standalone model (+ serve.sh)"
-    )
-    add_run_arguments(p)
-    p.add_argument(
-        "-o", "--output", dest="out_dir", type=Path, required=True, metavar="DIR", help="a new folder for the model"
-    )
-    p.add_argument(
-        "--dtype",
-        choices=("bfloat16", "float16", "float32"),
-        help="dtype of the saved weights (default: the run's model.dtype)",
-    )
-    p.set_defaults(handler=cmd_merge)
-
-    p = sub.add_parser(
-        "push", help="upload a merged model folder to the Hugging Face Hub (token from HF_TOKEN or --token-file)"
-    )
-    p.add_argument("folder", type=Path, metavar="DIR")
-    p.add_argument("--repo-id", required=True, metavar="OWNER/NAME")
-    p.add_argument(
-        "--token-file",
-        type=Path,
-        metavar="FILE",
-        help="a file holding a write token (default: $HF_TOKEN, or huggingface-cli login)",
-    )
-    p.add_argument("--public", action="store_true", help="make a new repository public (default private)")
-    p.set_defaults(handler=cmd_push)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -286,48 +257,3 @@ def _print_table(results: dict, data: str) -> None:
     print(f"evaluated on {data}")
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-
-
-# ---------------------------------------------------------------- merge and push
-
-
-def cmd_merge(args: argparse.Namespace) -> int:
-    return handled(lambda: _merge(args))
-
-
-def _merge(args) -> int:
-    from tunedeck.backend.after import check_output_dir, run_task
-
-    runs_dir, job, weights = resolve_run(args)
-    out_dir = check_output_dir(args.out_dir)  # before anything loads
-    dtype = args.dtype or job.model.dtype
-    if job.method == "qlora":
-        print(
-            "QLoRA run: the adapter is merged into the base loaded in " + dtype + ", not into 4-bit weights",
-            file=sys.stderr,
-        )
-    progress = Progress()
-    request = {"run_id": args.run_id, "checkpoint": weights.step, "out_dir": str(out_dir), "dtype": dtype}
-    result = run_task("merge", request, job, runs_dir, progress)
-    progress.close()
-    print(f"merged {weights.describe()} of run {args.run_id} into {result['base_model']} ({dtype})")
-    print(f"saved to {result['out_dir']}: {', '.join(result['files'])}")
-    print(
-        f"serve it: bash {Path(result['out_dir']) / 'serve.sh'}   (or `bash serve.sh adapter` for the base + adapter)"
-    )
-    return 0
-
-
-def cmd_push(args: argparse.Namespace) -> int:
-    from tunedeck.backend.after import push_folder
-
-    token = None
-    if args.token_file:
-        try:
-            token = args.token_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            return fail(f"--token-file: cannot read {args.token_file} ({exc.strerror or exc})")
-    token = token or os.environ.get("HF_TOKEN")
-    return handled(
-        lambda: print(f"pushed to {push_folder(args.folder, args.repo_id, token, private=not args.public)}") or 0
-    )

@@ -12,6 +12,7 @@ from runs.helpers import fake_run
 
 from tunedeck.app.after_view import AfterView
 from tunedeck.app.eval_display import EVAL_HEADERS
+from tunedeck.app.export_view import merge, merge_dir, push
 from tunedeck.app.try_turns import next_turns
 from tunedeck.backend.after.eval_results import save_results
 from tunedeck.backend.after.examples import verdict
@@ -52,13 +53,13 @@ def test_weights_are_offered_newest_first_with_how_they_are_stored(sharded_run):
 
 def test_merged_models_stay_inside_the_run_folder(sharded_run):
     assert (
-        sharded_run.merge_dir(RUN_ID, "merged-bf16") == sharded_run.manager.run_dir(RUN_ID) / "merged" / "merged-bf16"
+        merge_dir(sharded_run, RUN_ID, "merged-bf16") == sharded_run.manager.run_dir(RUN_ID) / "merged" / "merged-bf16"
     )
     for name in ("../escape", "a/b", "/abs", "", ".hidden", "x" * 65):
         with pytest.raises(AfterError, match="^merge name: "):
-            sharded_run.merge_dir(RUN_ID, name)
+            merge_dir(sharded_run, RUN_ID, name)
     with pytest.raises(AfterError, match="not the base model"):
-        next(sharded_run.merge(RUN_ID, "base", "ok", "float32"))
+        next(merge(sharded_run, RUN_ID, "base", "ok", "float32"))
 
 
 def test_bad_inputs_are_messages_before_any_worker_starts(sharded_run):
@@ -175,11 +176,14 @@ def test_answers_stream_side_by_side_and_merge_lands_in_the_run(demo_run, demo_h
         assert view.release(run_id)["after.status"] == f"released 2 models of run {run_id}"
         assert all(gone(pid) for pid in pids)
 
-        steps = list(view.merge(run_id, "checkpoint-30", "ckpt30", "float32"))
+        steps = list(merge(view, run_id, "checkpoint-30", "ckpt30", "float32"))
         assert any("merging the adapter" in s["after.merge_status"] for s in steps)
         out = runs_dir / run_id / "merged" / "ckpt30"
         assert steps[-1]["after.merge_status"].startswith(f"saved to {out}")
         assert (out / "model.safetensors").is_file() and (out / "serve.sh").is_file()
+        # then the export check, in the same worker: the merged float32 folder answers as checkpoint 30 does
+        assert any("held-out prompts" in s["after.merge_status"] for s in steps[:-1])
+        assert "✓ `ckpt30`: **24/24 answers identical after export**" in steps[-1]["after.merge_status"]
 
         scored = list(view.evaluate(run_id, "final", limit=8))
         assert any(s.get("after.eval_status", "").startswith("base: loss") for s in scored)
@@ -216,19 +220,19 @@ def test_the_run_list_offers_runs_that_saved_an_adapter_or_a_checkpoint(sharded_
 
 def test_a_merge_never_overwrites_and_push_without_network_says_so(sharded_run, monkeypatch):
     with pytest.raises(AfterError, match="^merge name: .* holds no merged model yet; Merge first"):
-        sharded_run.push(RUN_ID, "done", "someone/model", "")
-    out = sharded_run.merge_dir(RUN_ID, "done")
+        push(sharded_run, RUN_ID, "done", "someone/model", "")
+    out = merge_dir(sharded_run, RUN_ID, "done")
     out.mkdir(parents=True)
     (out / "config.json").write_text("{}")
     with pytest.raises(AfterError, match="^merge name: .* already holds a merged model"):
-        next(sharded_run.merge(RUN_ID, "final", "done", "float32"))
+        next(merge(sharded_run, RUN_ID, "final", "done", "float32"))
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: as without network
     with pytest.raises(AfterError, match="^push: cannot reach the Hugging Face Hub"):
-        sharded_run.push(RUN_ID, "done", "someone/model", "hf_not_a_real_token")
+        push(sharded_run, RUN_ID, "done", "someone/model", "hf_not_a_real_token")
     with pytest.raises(AfterError, match="^Hub repo id: "):
-        sharded_run.push(RUN_ID, "done", "no owner", "")
+        push(sharded_run, RUN_ID, "done", "no owner", "")
 
 
 def _prompt_tokens(status: str, model: str) -> int:

@@ -278,6 +278,8 @@ def test_merge_writes_the_folder_under_the_run_and_shows_its_path_and_serve_sh(p
     wait_text(page, "#after-merge-status", f"saved to {out}", timeout=240_000)
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     wait_text(page, "#after-serve", "vllm serve")
+    # the export check ran after it (the box is ticked by default): the merged folder answers as the adapter does
+    wait_text(page, "#after-merge-status", "✓ from-page: 24/24 answers identical after export")
 
     fill(page.locator("#after-merge-name textarea, #after-merge-name input").first, "../../escape")
     page.click("#after-merge")
@@ -306,6 +308,9 @@ def test_gguf_export_shows_a_bar_then_its_files_and_the_modelfile(page, server):
         size = (out / f"for-ollama-{quant}.gguf").stat().st_size / 2**20
         assert f"for-ollama-{quant}.gguf · {size:.1f} MiB · {quant} · the run's chat template · stops at </s>" in status
     assert f"cd {out} && ollama create tunedeck-{server.run_id} -f Modelfile" in status
+    assert any("held-out prompts" in bar for bar in bars), bars  # then the export check, in the same bar
+    for quant in ("f16", "q4_k_m"):  # llama.cpp answers as the adapter does, quantized to 4 bits too
+        assert f"✓ for-ollama-{quant}.gguf: 24/24 answers identical after export" in status
     wait_text(page, "#after-modelfile", "FROM ./for-ollama-q4_k_m.gguf")
     assert code_text(page, "after-modelfile").splitlines() == (out / "Modelfile").read_text().splitlines()
 
