@@ -106,6 +106,8 @@ class AfterTab(Section):
                 ui["after.serve"]: gr.update(value="", visible=False),
                 ui["after.gguf_status"]: "",
                 ui["after.modelfile"]: gr.update(value="", visible=False),
+                ui["after.ollama_status"]: "",
+                ui["after.ollama_create"]: gr.update(visible=False),
             }
             choices = self._choices(page, got[run], got[ui["after.answers_show"]] or "all")
             return {**choices, **merged, **no_example(ui)}
@@ -129,7 +131,14 @@ class AfterTab(Section):
             shown_out,
             show_progress="hidden",
         )
-        exported = ("after.merge_status", "after.serve", "after.gguf_status", "after.modelfile")
+        exported = (
+            "after.merge_status",
+            "after.serve",
+            "after.gguf_status",
+            "after.modelfile",
+            "after.ollama_status",
+            "after.ollama_create",
+        )
         run_out = [ui[i] for i in (*picks, *exported, *EXAMPLE_OUT)]
         listen([run.input], on_run, [run, ui["after.answers_show"]], run_out, show_progress="hidden")
 

@@ -57,7 +57,8 @@ COMPONENTS = (
     "after.eval_limit", "after.serve", "after.expected", "after.example_note", "after.history", "after.system",
     "after.answers", "after.answers_show", "after.answers_note", "after.answers_file", "after.eval_tasks",
     "after.eval_tasks_limit", "after.eval_forgetting", "after.eval_general_text", "after.gguf_quants",
-    "after.gguf_status", "after.modelfile", "after.export_check",
+    "after.gguf_status", "after.modelfile", "after.export_check", "after.ollama_host", "after.ollama_create",
+    "after.ollama_status",
 )  # fmt: skip
 Model = tuple  # (run id, checkpoint step or None, base?): one loaded model, one worker
 USER_ERRORS = (AfterError, WorkerError, SettingsError)  # their message is the whole story: show it as it is

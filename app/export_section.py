@@ -2,8 +2,9 @@
 app/export_view.py's GGUF export.
 
 A merge streams its progress into its status line and shows the serve.sh it wrote; a GGUF export streams a bar of its
-steps, then lists its files (size, type, template, stop tokens) and shows the Modelfile; either then replays held-out
-prompts through what it wrote (the export check, unless unticked) and says how many answers stayed the same; a push names the merged
+steps, then lists its files (size, type, template, stop tokens) and shows the Modelfile, and Create in Ollama while an
+Ollama server answers at the address given; either then replays held-out prompts through what it wrote (the export
+check, unless unticked) and says how many answers stayed the same; a push names the merged
 folder and the Hub repo, and a Hub error (which may quote the repo id) is shown as text.
 """
 
@@ -15,16 +16,18 @@ import gradio as gr
 
 from tunedeck.app.after_events import streamed
 from tunedeck.app.after_view import AfterView
-from tunedeck.app.export_view import export_gguf, merge, push
+from tunedeck.app.export_view import create_in_ollama, export_gguf, merge, ollama_offer, push
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.untrusted_text import as_text
 from tunedeck.backend.after import EXPORT_CHECK_PROMPTS
+from tunedeck.backend.after.ollama import default_host
 from tunedeck.backend.runs import AfterError
 
 DTYPES = ["bfloat16", "float16", "float32"]
 MERGE_IN = ("after.run", "after.merge_weights", "after.merge_name", "after.merge_dtype", "after.export_check")
 GGUF_IN = ("after.run", "after.merge_weights", "after.merge_name", "after.gguf_quants", "after.export_check")
 GGUF_QUANTS = ["f16", "q8_0", "q4_k_m"]
+OLLAMA_OUT = ("after.ollama_status", "after.ollama_create")
 
 
 def build_export(add) -> None:
@@ -74,6 +77,17 @@ def build_export(add) -> None:
         gr.Code(label="Modelfile (Ollama)", interactive=False, visible=False, elem_id="after-modelfile"),
     )  # shown once an export wrote it
     with gr.Row():
+        add(
+            "after.ollama_host",
+            gr.Textbox(
+                default_host(), label="Ollama server (asked once an export is written)", elem_id="after-ollama-host"
+            ),
+        )
+        add(
+            "after.ollama_create", gr.Button("Create in Ollama", visible=False, elem_id="after-ollama-create")
+        )  # shown while a server answers there
+    add("after.ollama_status", gr.Markdown(elem_id="after-ollama-status"))
+    with gr.Row():
         add("after.repo_id", gr.Textbox(label="Hub repo id (user/name)", elem_id="after-repo-id"))
         add("after.token", gr.Textbox(label="Hub token (write access)", type="password", elem_id="after-token"))
         add("after.push", gr.Button("Push to the Hub", elem_id="after-push"))
@@ -110,15 +124,52 @@ def wire_export(ui, view: AfterView) -> None:
         for updates in export_gguf(view, run_id, weights, (name or "").strip(), quants, bool(check)):
             if "after.modelfile" in updates:
                 updates["after.modelfile"] = gr.update(value=updates["after.modelfile"], visible=True)
+                updates.update(offered(run_id, name, got[ui["after.ollama_host"]]))
             yield {ui[k]: v for k, v in updates.items()}
 
     gr.on(
         [ui["after.export_gguf"].click],
         on_export_gguf,
-        inputs={ui[i] for i in GGUF_IN},
-        outputs=[ui["after.gguf_status"], ui["after.modelfile"]],
+        inputs={ui[i] for i in (*GGUF_IN, "after.ollama_host")},
+        outputs=[ui[i] for i in ("after.gguf_status", "after.modelfile", *OLLAMA_OUT)],
         show_progress="minimal",
         show_progress_on=[ui["after.export_gguf"]],
+    )
+
+    def offered(run_id: str, name: str | None, host: str | None) -> dict:
+        """Create in Ollama shown while a server answers at the address, for the export named in the folder box."""
+        offer = ollama_offer(view, run_id, (name or "").strip(), host or "")
+        return {
+            "after.ollama_status": offer["after.ollama_status"],
+            "after.ollama_create": gr.update(visible=offer["ready"]),
+        }
+
+    def on_ollama_host(got: Got) -> Updates:
+        return {
+            ui[k]: v for k, v in offered(got[run], got[ui["after.merge_name"]], got[ui["after.ollama_host"]]).items()
+        }
+
+    ollama_in = [run, ui["after.merge_name"], ui["after.ollama_host"]]
+    listen(
+        [ui["after.ollama_host"].submit, ui["after.ollama_host"].blur],
+        on_ollama_host,
+        ollama_in,
+        [ui[i] for i in OLLAMA_OUT],
+    )
+
+    @streamed
+    def on_create_in_ollama(got: Got) -> Iterator[Updates]:
+        name, host = (got[ui[i]] or "" for i in ("after.merge_name", "after.ollama_host"))
+        for updates in create_in_ollama(view, got[run], name.strip(), host):
+            yield {ui[k]: v for k, v in updates.items()}
+
+    gr.on(
+        [ui["after.ollama_create"].click],
+        on_create_in_ollama,
+        inputs=set(ollama_in),
+        outputs=[ui["after.ollama_status"]],
+        show_progress="minimal",
+        show_progress_on=[ui["after.ollama_create"]],
     )
 
     def on_push(got: Got) -> Updates:

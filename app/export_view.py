@@ -13,6 +13,7 @@ from tunedeck.app.after_view import NAME_PATTERN, AfterView
 from tunedeck.app.untrusted_text import as_text, code_span
 from tunedeck.app.worker_tasks import in_background
 from tunedeck.backend.after import EXPORT_CHECK_PROMPTS, parse_quants, run_export
+from tunedeck.backend.after.ollama import create_model, default_host, server_models
 from tunedeck.backend.render import SERVE_FILE
 from tunedeck.backend.runs import AfterError
 
@@ -80,7 +81,7 @@ def export_gguf(
         raise AfterError("folder name: use letters, digits, '.', '_' and '-' (up to 64), e.g. model-q4")
     quants = parse_quants(quants or [])
     _, job = view.run_and_job(run_id)
-    out_dir = view.manager.run_dir(run_id) / GGUF_DIR / name
+    out_dir = _export_dir(view, run_id, name)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise AfterError(f"folder name: {out_dir} already holds an export; choose another name")
     checkpoint, _ = view.weights_choice(weights)
@@ -94,6 +95,51 @@ def export_gguf(
         "after.gguf_status": files_markdown(done["result"]) + checks_markdown(done["reports"]),
         "after.modelfile": _modelfile(done["result"]),
     }
+
+
+def ollama_offer(view: AfterView, run_id: str, name: str, host: str) -> dict:
+    """Whether an Ollama server answers at `host` for the export <run>/gguf/<name>/: {"after.ollama_status": ...,
+    "ready": True when Create in Ollama can go}. Asked when an export ends and when the address changes."""
+    host = host.strip() or default_host()
+    if not run_id or not NAME_PATTERN.match(name or "") or not _export_dir(view, run_id, name).is_dir():
+        return {"after.ollama_status": "", "ready": False}
+    models = server_models(host)
+    if models is None:
+        return {
+            "after.ollama_status": f"No Ollama server answers at {code_span(host)}: run the `ollama create` command "
+            "above where Ollama runs, or give the address of one.",
+            "ready": False,
+        }
+    return {
+        "after.ollama_status": f"Ollama answers at {code_span(host)} ({len(models)} model{'s' * (len(models) != 1)}).",
+        "ready": True,
+    }
+
+
+def create_in_ollama(view: AfterView, run_id: str, name: str, host: str) -> Iterator[dict]:
+    """Upload the export's GGUF to the Ollama server at `host` and create its model; yield progress, then the model's
+    name and how to run it."""
+    host = host.strip() or default_host()
+    if not NAME_PATTERN.match(name or ""):
+        raise AfterError("folder name: use letters, digits, '.', '_' and '-' (up to 64), e.g. model-q4")
+    folder = _export_dir(view, run_id, name)
+    done = {}
+    for event in in_background(lambda on_event: done.update(create_model(folder, host, _events(on_event))), bar=True):
+        yield {"after.ollama_status": as_text(event)}
+    model = done["model"]
+    yield {
+        "after.ollama_status": f"✓ created {code_span(model)} in Ollama at {code_span(host)}, with the Modelfile's "
+        f"template and stop tokens: {code_span(f'ollama run {model}')}"
+    }
+
+
+def _export_dir(view: AfterView, run_id: str, name: str) -> Path:
+    return view.manager.run_dir(run_id) / GGUF_DIR / name
+
+
+def _events(on_event):
+    """create_model's say(stage, done, total) as the worker's progress events that in_background reads."""
+    return lambda stage, done, total: on_event({"event": "progress", "stage": stage, "done": done, "total": total})
 
 
 def files_markdown(result: dict) -> str:

@@ -97,6 +97,25 @@ def data_examples(run_dir: Path, job: JobSpec) -> tuple[list[tuple[object, str]]
     return pairs, source, held_out
 
 
+def shared_system_message(run_dir: Path, job: JobSpec) -> str:
+    """The system message every conversation of the run's first training rows opens with, or "" when they have
+    none or several (or the data cannot be read now): what the model learned to answer under, which a server should
+    send when a user gives none."""
+    try:
+        rows, _ = training_rows(run_dir, job, limit=ROWS_READ)
+    except (AfterError, OSError):
+        return ""
+    systems = set()
+    for found in map(question_and_answer, rows):
+        if found is None or not isinstance(found[0], list):
+            return ""
+        try:
+            systems.add(typed(found[0])["system"])
+        except NoExamples:
+            return ""
+    return systems.pop() if len(systems) == 1 else ""
+
+
 def pick(pairs: list[tuple[object, str]], source: str, held_out: bool, number: int | None = None) -> Example:
     """Example `number` (1-based), or one at random."""
     if number is None:

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from tunedeck.backend.after import gguf_tools
+from tunedeck.backend.after.examples import shared_system_message
 from tunedeck.backend.after.merge import check_output_dir, merge_run, staged
-from tunedeck.backend.after.modelfile import TemplateNotConvertible, modelfile_text
+from tunedeck.backend.after.modelfile import TemplateNotConvertible, modelfile_text, ollama_model
 from tunedeck.backend.runs.checkpoints import AfterError, Weights
 from tunedeck.backend.spec import JobSpec
 
@@ -76,7 +77,7 @@ def export_gguf(
             del made[source]
         say("writing the Modelfile", steps - 1, steps)
         info = _describe(run_dir, job, run_id, weights, made, out_dir)
-        info["modelfile"] = _write_modelfile(staging, merged, job, made, info)
+        info["modelfile"] = _write_modelfile(staging, merged, run_dir, job, made)
         shutil.rmtree(merged)
         (staging / EXPORT_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     say("done", steps, steps)
@@ -97,6 +98,7 @@ def _describe(run_dir: Path, job: JobSpec, run_id: str, weights: Weights, made: 
         "llama_cpp_python": gguf_tools.binding_version(),
         "files": files,
         "exported_at": time.time(),
+        "ollama_name": _ollama_name(run_id, weights),
         "ollama_create": f"cd {out_dir} && ollama create {_ollama_name(run_id, weights)} -f {MODELFILE}",
     }
 
@@ -105,8 +107,9 @@ def _ollama_name(run_id: str, weights: Weights) -> str:
     return f"tunedeck-{run_id}" + ("" if weights.step is None else f"-step{weights.step}")
 
 
-def _write_modelfile(folder: Path, merged: Path, job: JobSpec, made: dict[str, Path], info: dict) -> dict:
-    """The Modelfile FROM the smallest file, in the run's prompt format; what it holds, for export.json."""
+def _write_modelfile(folder: Path, merged: Path, run_dir: Path, job: JobSpec, made: dict[str, Path]) -> dict:
+    """The Modelfile FROM the smallest file, in the run's prompt format, with the system message all its training
+    conversations share (SYSTEM: Ollama sends it when a user gives none); what it holds, for export.json."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(merged)
@@ -118,13 +121,12 @@ def _write_modelfile(folder: Path, merged: Path, job: JobSpec, made: dict[str, P
 
     stops = [tokenizer.eos_token] if tokenizer.eos_token else []
     note = None
+    system = shared_system_message(run_dir, job)
     try:
-        text, kind = modelfile_text(
-            smallest.name, job.dataset.format, render if has_chat else None, tokenizer.bos_token, stops
-        )
+        renders = render if has_chat else None
+        model = ollama_model(smallest.name, job.dataset.format, renders, tokenizer.bos_token, stops, system)
     except TemplateNotConvertible as exc:  # the GGUF still carries the template; Ollama may read it from there
-        text, kind = modelfile_text(smallest.name, "text", None, tokenizer.bos_token, stops)
-        text = text.replace('TEMPLATE """{{ .Prompt }}"""\n', "")
+        model = {**ollama_model(smallest.name, "text", None, tokenizer.bos_token, stops, system), "template": None}
         note = f"no TEMPLATE: {exc}; Ollama falls back to the chat template in the GGUF's metadata"
-    (folder / MODELFILE).write_text(text, encoding="utf-8")
-    return {"file": MODELFILE, "from": smallest.name, "prompt_format": kind, "stops": stops, "note": note}
+    (folder / MODELFILE).write_text(modelfile_text(model), encoding="utf-8")
+    return {"file": MODELFILE, **model, "note": note}

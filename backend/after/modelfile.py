@@ -103,22 +103,36 @@ def plain_go_template(template: str) -> str:
     return "{{ .Prompt }}"
 
 
-def modelfile_text(
+def ollama_model(
     gguf_name: str,
     dataset_format: str,
     render: Callable[[list[dict], bool], str] | None,
     bos: str | None,
     stops: list[str],
     system: str = "",
-) -> tuple[str, str]:
-    """(the Modelfile, the prompt format it uses: chat, alpaca or plain)."""
+) -> dict:
+    """What Ollama is told of the model: {"from", "template", "stops", "system", "prompt_format"} (chat, alpaca or
+    plain); the Modelfile (modelfile_text) and the page's Create in Ollama (backend/after/ollama.py) say the same."""
     kind = resolve_template("auto", dataset_format, render is not None)
     template = chat_go_template(render, bos) if kind == "chat" and render else plain_go_template(kind)
-    lines = [f"FROM ./{gguf_name}", f'TEMPLATE """{template}"""']
-    lines += [f'PARAMETER stop "{_quoted(stop)}"' for stop in dict.fromkeys(s for s in stops if s)]
-    if system.strip():
-        lines.append(f'SYSTEM """{system}"""')
-    return "\n".join(lines) + "\n", kind
+    return {
+        "from": gguf_name,
+        "template": template,
+        "stops": list(dict.fromkeys(s for s in stops if s)),
+        "system": system.strip(),
+        "prompt_format": kind,
+    }
+
+
+def modelfile_text(model: dict) -> str:
+    """The Modelfile of ollama_model's answer (a None template: no TEMPLATE line)."""
+    lines = [f"FROM ./{model['from']}"]
+    if model["template"] is not None:
+        lines.append(f'TEMPLATE """{model["template"]}"""')
+    lines += [f'PARAMETER stop "{_quoted(stop)}"' for stop in model["stops"]]
+    if model["system"]:
+        lines.append(f'SYSTEM """{model["system"]}"""')
+    return "\n".join(lines) + "\n"
 
 
 def _quoted(text: str) -> str:

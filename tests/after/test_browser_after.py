@@ -19,6 +19,7 @@ from panel.browser import EVENTS_TAP_JS, PanelServer, code_text, fill, plot_poin
 from runs.helpers import wait_for
 
 from .helpers import gone
+from .ollama_standin import OllamaStandIn
 from .tab_driver import answer_of, ask, eval_losses, open_after, pick
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -287,9 +288,14 @@ def test_merge_writes_the_folder_under_the_run_and_shows_its_path_and_serve_sh(p
     assert not (server.runs_dir / "escape").exists()
 
 
-def test_gguf_export_shows_a_bar_then_its_files_and_the_modelfile(page, server):
+def ollama_host(page):
+    return page.locator("#after-ollama-host textarea, #after-ollama-host input").first
+
+
+def test_gguf_export_shows_a_bar_then_its_files_and_the_modelfile_and_creates_it_in_ollama(page, server, tmp_path):
     open_after(page, server)
     assert not page.locator("#after-modelfile").is_visible()  # no Modelfile before an export wrote one
+    fill(ollama_host(page), "http://127.0.0.1:9")  # nothing listens there
     fill(page.locator("#after-merge-name textarea, #after-merge-name input").first, "for-ollama")
     page.locator("#after-gguf-quants label", has_text="f16").click()  # with the default q4_k_m
     page.evaluate(
@@ -313,6 +319,25 @@ def test_gguf_export_shows_a_bar_then_its_files_and_the_modelfile(page, server):
         assert f"✓ for-ollama-{quant}.gguf: 24/24 answers identical after export" in status
     wait_text(page, "#after-modelfile", "FROM ./for-ollama-q4_k_m.gguf")
     assert code_text(page, "after-modelfile").splitlines() == (out / "Modelfile").read_text().splitlines()
+
+    # No Ollama server at the address given: said, and no Create button. One there: Create sends the export to it.
+    wait_text(page, "#after-ollama-status", "No Ollama server answers at http://127.0.0.1:9")
+    assert not page.locator("#after-ollama-create").is_visible()
+    standin = OllamaStandIn(tmp_path / "blobs")
+    try:
+        fill(ollama_host(page), standin.url)
+        ollama_host(page).press("Enter")
+        wait_text(page, "#after-ollama-status", f"Ollama answers at {standin.url} (0 models)")
+        page.click("#after-ollama-create")
+        name = f"tunedeck-{server.run_id}"
+        wait_text(page, "#after-ollama-status", f"✓ created {name} in Ollama at {standin.url}", timeout=120_000)
+        assert f"ollama run {name}" in text_of(page, "#after-ollama-status")
+        request = standin.models[name]["request"]
+        digest = request["files"]["for-ollama-q4_k_m.gguf"]  # the Modelfile's FROM
+        assert standin.blob(digest).read_bytes() == (out / "for-ollama-q4_k_m.gguf").read_bytes()
+        assert f'TEMPLATE """{request["template"]}"""' in (out / "Modelfile").read_text()
+    finally:
+        standin.close()
 
     page.locator("#after-export-gguf").click()  # the same name again: refused, the export kept
     wait_text(page, "body", "already holds an export; choose another name")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import CHAT_SYSTEM, eval_prompts, tunedeck
+from .ollama_standin import OllamaStandIn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 GO_RENDERER = Path(__file__).parent / "ollama_template" / "main.go"
@@ -141,6 +142,8 @@ def test_chat_run_modelfile_renders_a_conversation_as_its_chat_template_does(cha
     want = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     got = go_render(modelfile_template(folder), {"messages": conversation}, tmp_path)
     assert got == want.removeprefix(tokenizer.bos_token)  # llama.cpp puts the BOS itself
+    # Every training conversation opens with the same system message: Ollama sends it when a user gives none.
+    assert f'SYSTEM """{CHAT_SYSTEM}"""' in (folder / "Modelfile").read_text()
     # llama.cpp's binding builds its chat prompt from the template in the GGUF's metadata: the same text again.
     model = Llama(model_path=str(next(folder.glob("*-q8_0.gguf"))), n_ctx=128, verbose=False)
     try:
@@ -165,3 +168,40 @@ def test_export_refuses_an_unknown_quant_and_a_taken_folder(demo_run, tmp_path):
     result = tunedeck("export-gguf", run_id, "--runs-dir", runs_dir, "-o", taken)
     assert result.returncode == 2 and "-o:" in result.stderr and "already exists" in result.stderr
     assert (taken / "a-file").read_text() == "mine" and "Traceback" not in result.stderr
+
+
+def test_create_in_ollama_uploads_the_gguf_and_creates_the_model_as_its_modelfile_says(chat_run, tmp_path):
+    """Create in Ollama through Ollama's own client, against a stand-in server that checks what Ollama checks."""
+    from tunedeck.backend.after.ollama import create_model, server_models
+    from tunedeck.backend.runs import AfterError
+
+    runs_dir, run_id = chat_run
+    folder = Path(runs_dir) / run_id / "gguf" / "final"
+    if not folder.is_dir():  # the test above exported it; alone, this one exports
+        export(runs_dir, run_id, "q8_0")
+    made = json.loads((folder / "export.json").read_text())
+    nothing = "http://127.0.0.1:9"  # nothing listens there
+    assert server_models(nothing) is None
+    with pytest.raises(AfterError, match="^Ollama server: nothing answers at http://127.0.0.1:9; start `ollama serve`"):
+        create_model(folder, nothing)
+    standin = OllamaStandIn(tmp_path / "blobs")
+    try:
+        assert server_models(standin.url) == []
+        steps = []
+        assert create_model(folder, standin.url, lambda *step: steps.append(step)) == {
+            "model": made["ollama_name"],
+            "host": standin.url,
+        }
+        assert steps[0][0].startswith(f"uploading {made['modelfile']['from']} (") and steps[-1] == ("created", 2, 2)
+        assert ("Ollama: success", 1, 2) in steps  # the server's own progress lines
+        gguf = folder / made["modelfile"]["from"]
+        request = standin.models[made["ollama_name"]]["request"]
+        digest = request["files"][gguf.name]
+        assert standin.blob(digest).read_bytes() == gguf.read_bytes()  # the file itself, by its sha256
+        modelfile = (folder / "Modelfile").read_text()
+        assert request["template"] == modelfile_template(folder)
+        assert request["parameters"] == {"stop": ["</s>"]} and 'PARAMETER stop "</s>"' in modelfile
+        assert request["system"] == CHAT_SYSTEM
+        assert server_models(standin.url) == [made["ollama_name"]]
+    finally:
+        standin.close()
