@@ -5,7 +5,8 @@ Reading the data and tokenizing need datasets and transformers, which the panel 
 (tests/panel/test_imports.py): a measurement is `python -m tunedeck preview JOB --json --lengths` in a subprocess
 (backend/data/preview.py), 6-8 s on a 2-core machine, nearly all of it imports. Its rows and each row's token length
 stay in MEASUREMENTS, shared by every browser of this panel, under what they depend on (truncation.measure_key:
-the data, its format and columns, the tokenizer). Every job event reads the measurement again for the job as set
+the data, its format and columns, the tokenizer); of local data with a local tokenizer, on disk too, so that a
+restarted panel shows them at once. Every job event reads the measurement again for the job as set
 (preview.for_job: milliseconds for 5,000 rows), so a change of max_seq_length, packing or the batch redraws the
 numbers, the truncation warning (backend/data/truncation.py) and the memory estimate (which uses the longest measured
 row) without measuring again, and any other field costs nothing. When the data or the tokenizer change, the job
@@ -15,7 +16,9 @@ lands (`measured`) the job is evaluated again.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -30,12 +33,20 @@ from tunedeck.app.job_events import JOB_QUEUE, DerivedView
 from tunedeck.app.job_outputs import JobResult
 from tunedeck.app.registry import Got, Registry, Updates, handler, listen
 from tunedeck.app.untrusted_text import as_text, code_span
-from tunedeck.backend.data import for_job, measure_key, why_not_measured
-from tunedeck.backend.spec import JobSpec, SpecError, spec_from_values, spec_to_yaml, values_from_form
+from tunedeck.backend.data import for_job, measure_key, measured_locally, why_not_measured
+from tunedeck.backend.spec import JobSpec, SpecError, demo_home, spec_from_values, spec_to_yaml, values_from_form
 
 PREVIEW_TIMEOUT_S = 300  # importing datasets and transformers on a busy 2-core machine takes a while
 ROWS_SHOWN = 3
 KEPT = 16  # measurements kept (about 100 KB each for 5,000 rows): the last datasets and models tried
+KEPT_ON_DISK = 64  # of local data, in $TUNEDECK_HOME/preview/: the newest
+# What measures: the preview's code. A measurement kept on disk by other code is not read (a changed row format).
+MEASURER = hashlib.sha256(
+    b"".join(
+        (Path(__file__).parents[1] / part).read_bytes()
+        for part in ("backend/data/preview.py", "backend/recipe/formats.py")
+    )
+).hexdigest()
 # One measurement at a time in the whole panel, whoever asks: each is a process of 6-8 s of CPU.
 MEASURE_QUEUE = {"concurrency_id": "dataset-preview", "concurrency_limit": 1}
 FIX_FIRST = "✗ Fix the errors in the form first: the preview reads the job as set."
@@ -43,16 +54,23 @@ MEASURING = "Measuring the first rows with the model's tokenizer…"
 
 
 class Measurements(Mapping):
-    """The preview's measurements by measure_key, the last KEPT used; `version` counts those stored."""
+    """The preview's measurements by measure_key, the last KEPT used; `version` counts those stored.
 
-    def __init__(self, kept: int = KEPT):
+    With a folder, a measurement of local data with a local tokenizer (measured_locally: its key changes whenever
+    they do) is also kept there, so a restarted panel shows it at once instead of measuring again for seconds.
+    """
+
+    def __init__(self, kept: int = KEPT, folder: Path | None = None):
         self._kept = kept
+        self._folder = folder
         self._items: OrderedDict[str, dict] = OrderedDict()
         self._lock = threading.Lock()  # Gradio runs handlers in threads
         self.version = 0
 
     def __getitem__(self, key: str) -> dict:
         with self._lock:
+            if key not in self._items and (kept := self._read(key)) is not None:
+                self._items[key] = kept
             self._items.move_to_end(key)
             return self._items[key]
 
@@ -62,17 +80,46 @@ class Measurements(Mapping):
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, key: str, measured: dict) -> int:
+    def put(self, key: str, measured: dict, keep: bool = False) -> int:
+        """Store a measurement (`keep`: on disk too, when it is no error); the new version."""
         with self._lock:
             self._items[key] = measured
             self._items.move_to_end(key)
             while len(self._items) > self._kept:
                 self._items.popitem(last=False)
+            if keep and "error" not in measured:
+                self._write(key, measured)
             self.version += 1
             return self.version
 
+    def _file(self, key: str) -> Path | None:
+        if self._folder is None:
+            return None
+        return self._folder / (hashlib.sha256(f"{MEASURER}\n{key}".encode()).hexdigest()[:32] + ".json")
 
-MEASUREMENTS = Measurements()
+    def _read(self, key: str) -> dict | None:
+        path = self._file(key)
+        try:
+            return json.loads(path.read_text(encoding="utf-8")) if path is not None else None
+        except (OSError, ValueError):  # none kept, or a file cut short: measure again
+            return None
+
+    def _write(self, key: str, measured: dict) -> None:
+        path = self._file(key)
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staged = path.with_suffix(f".{os.getpid()}.tmp")
+            staged.write_text(json.dumps(measured), encoding="utf-8")
+            staged.replace(path)  # whole or not at all: another panel may read it now
+            for old in sorted(self._folder.glob("*.json"), key=lambda p: p.stat().st_mtime)[:-KEPT_ON_DISK]:
+                old.unlink(missing_ok=True)
+        except OSError:  # a read-only home: the measurement stays in memory only
+            pass
+
+
+MEASUREMENTS = Measurements(folder=demo_home().parent / "preview")
 
 
 def run_preview(spec: JobSpec, rows: int = ROWS_SHOWN) -> dict:
@@ -225,7 +272,7 @@ class DatasetPreview(DerivedView):
         """Measure the job's data unless it is measured already (`again`: measure anyway); MEASUREMENTS.version."""
         key = measure_key(spec)
         if again or key not in MEASUREMENTS:
-            MEASUREMENTS.put(key, run_preview(spec))
+            MEASUREMENTS.put(key, run_preview(spec), keep=measured_locally(spec))
         return MEASUREMENTS.version
 
     def wire(self, view, uploaded, notice) -> None:

@@ -14,6 +14,7 @@ from tunedeck.backend.data.preview import PreviewError, for_job, measured_seq_le
 from tunedeck.backend.data.preview import preview as preview_rows
 from tunedeck.backend.data.truncation import (
     measure_key,
+    measured_locally,
     measured_facts,
     measured_lengths,
     truncation_problems,
@@ -52,6 +53,7 @@ __all__ = [
     "is_built",
     "keep_upload",
     "measure_key",
+    "measured_locally",
     "measured_facts",
     "measured_lengths",
     "measured_seq_len",

@@ -63,6 +63,15 @@ def measure_key(spec: JobSpec) -> str:
     )
 
 
+def measured_locally(spec: JobSpec) -> bool:
+    """Whether the data and the tokenizer are local files, so measure_key changes whenever they do: a measurement
+    under that key holds for good (the panel keeps it on disk across restarts). A hub id's files may change
+    upstream without its key changing."""
+    model = spec.model.name_or_path
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+    return _stamp(spec.dataset.path) is not None and bool(_stamp(model, tokenizer_files))
+
+
 def _stamp(source: str, inside: tuple[str, ...] | None = None) -> list | None:
     """A local file's or folder's size and modification time (and of the named files in a folder, or of its
     first files): a changed file is a new measurement. None for a hub id."""
