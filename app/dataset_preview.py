@@ -113,7 +113,7 @@ class Measurements(Mapping):
             staged = path.with_suffix(f".{os.getpid()}.tmp")
             staged.write_text(json.dumps(measured), encoding="utf-8")
             staged.replace(path)  # whole or not at all: another panel may read it now
-            for old in sorted(self._folder.glob("*.json"), key=lambda p: p.stat().st_mtime)[:-KEPT_ON_DISK]:
+            for old in sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime)[:-KEPT_ON_DISK]:
                 old.unlink(missing_ok=True)
         except OSError:  # a read-only home: the measurement stays in memory only
             pass
