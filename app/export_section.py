@@ -19,8 +19,7 @@ from tunedeck.app.after_view import AfterView
 from tunedeck.app.export_view import create_in_ollama, export_gguf, merge, ollama_offer, push
 from tunedeck.app.registry import Got, Updates, listen
 from tunedeck.app.untrusted_text import as_text
-from tunedeck.backend.after import EXPORT_CHECK_PROMPTS
-from tunedeck.backend.after.ollama import default_host
+from tunedeck.backend.after import EXPORT_CHECK_PROMPTS, default_host
 from tunedeck.backend.runs import AfterError
 
 DTYPES = ["bfloat16", "float16", "float32"]

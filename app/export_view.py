@@ -12,8 +12,14 @@ from pathlib import Path
 from tunedeck.app.after_view import NAME_PATTERN, AfterView
 from tunedeck.app.untrusted_text import as_text, code_span
 from tunedeck.app.worker_tasks import in_background
-from tunedeck.backend.after import EXPORT_CHECK_PROMPTS, parse_quants, run_export
-from tunedeck.backend.after.ollama import create_model, default_host, server_models
+from tunedeck.backend.after import (
+    EXPORT_CHECK_PROMPTS,
+    create_model,
+    default_host,
+    parse_quants,
+    run_export,
+    server_models,
+)
 from tunedeck.backend.render import SERVE_FILE
 from tunedeck.backend.runs import AfterError
 

@@ -22,7 +22,9 @@ from tunedeck.backend.after.gguf_export import EXPORT_FILE, QUANTS, parse_quants
 from tunedeck.backend.after.gguf_tools import converter as llama_cpp_converter
 from tunedeck.backend.after.hub import push_folder
 from tunedeck.backend.after.merge import check_output_dir
+from tunedeck.backend.after.ollama import create_model, default_host, server_models
 from tunedeck.backend.after.prompting import (
+    EXPORT_CHECK_PROMPTS,
     MAX_NEW_TOKENS,
     GenerationSettings,
     SettingsError,
@@ -33,7 +35,6 @@ from tunedeck.backend.after.prompting import (
 from tunedeck.backend.after.scoring import order_key
 from tunedeck.backend.after.worker_client import (
     DEFAULT_IDLE_TIMEOUT_S,
-    EXPORT_CHECK_PROMPTS,
     ModelWorker,
     WorkerError,
     WorkerPool,
@@ -63,7 +64,9 @@ __all__ = [
     "answers_table",
     "check_output_dir",
     "check_task_dir",
+    "create_model",
     "data_examples",
+    "default_host",
     "eval_source",
     "forgetting_lines",
     "llama_cpp_converter",
@@ -81,6 +84,7 @@ __all__ = [
     "sample_training_rows",
     "seen_in_training",
     "seen_warning",
+    "server_models",
     "table_columns",
     "table_rows",
     "transcript",

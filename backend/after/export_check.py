@@ -14,8 +14,13 @@ from pathlib import Path
 
 from tunedeck.backend.after.examples import Example, data_examples, pick
 from tunedeck.backend.after.generate import encode_prompt, sampling_kwargs
-from tunedeck.backend.after.prompting import GenerationSettings, chat_messages, resolve_template, wrap_plain
-from tunedeck.backend.after.worker_client import EXPORT_CHECK_PROMPTS
+from tunedeck.backend.after.prompting import (
+    EXPORT_CHECK_PROMPTS,
+    GenerationSettings,
+    chat_messages,
+    resolve_template,
+    wrap_plain,
+)
 from tunedeck.backend.runs.checkpoints import AfterError, Weights
 from tunedeck.backend.spec import JobSpec
 

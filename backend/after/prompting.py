@@ -16,6 +16,7 @@ from tunedeck.backend.recipe import ALPACA_PROMPT
 
 TEMPLATES = ("auto", "chat", "alpaca", "plain")
 MAX_NEW_TOKENS = 4096
+EXPORT_CHECK_PROMPTS = 24  # held-out prompts an export check replays by default (backend/after/export_check.py)
 
 
 class SettingsError(ValueError):

@@ -321,9 +321,6 @@ def task_worker(
         worker.release()
 
 
-EXPORT_CHECK_PROMPTS = 24  # held-out prompts an export check replays by default (backend/after/export_check.py)
-
-
 def run_export(
     op: str, args: dict, job: JobSpec, runs_dir, check_prompts: int = 0, on_event=None
 ) -> tuple[dict, list[dict]]:

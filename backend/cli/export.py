@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from tunedeck.backend.after.worker_client import EXPORT_CHECK_PROMPTS
+from tunedeck.backend.after import EXPORT_CHECK_PROMPTS
 from tunedeck.backend.cli.after import Progress, add_run_arguments, fail, handled, resolve_run
 
 GGUF_DIR = "gguf"  # under the run folder: where exports go when -o is not given

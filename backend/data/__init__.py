@@ -14,9 +14,9 @@ from tunedeck.backend.data.preview import PreviewError, for_job, measured_seq_le
 from tunedeck.backend.data.preview import preview as preview_rows
 from tunedeck.backend.data.truncation import (
     measure_key,
-    measured_locally,
     measured_facts,
     measured_lengths,
+    measured_locally,
     truncation_problems,
     why_not_measured,
 )
@@ -53,9 +53,9 @@ __all__ = [
     "is_built",
     "keep_upload",
     "measure_key",
-    "measured_locally",
     "measured_facts",
     "measured_lengths",
+    "measured_locally",
     "measured_seq_len",
     "preview_rows",
     "truncation_problems",
