@@ -75,5 +75,7 @@ def create_model(export_dir: Path, host: str, say: Callable[[str, int, int], Non
         ) from None
     except ollama.ResponseError as exc:
         raise AfterError(f"Ollama refused the model ({exc.status_code}): {exc.error}") from None
+    except Exception as exc:  # noqa: BLE001 - an address httpx cannot use, a link lost mid-upload: said, not raised
+        raise AfterError(f"Ollama server at {host}: {type(exc).__name__}: {exc}") from None
     say("created", 2, 2)
     return {"model": info["ollama_name"], "host": host}
