@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import log_records, read_metrics, start_record
+from .preset_proof import assert_proves
 from .test_training_runs import assert_finished, run_to_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -43,7 +44,7 @@ def train_preset(runs_dir: Path, preset: str, changes: dict | None = None) -> tu
 def test_demo_dpo_learns_to_prefer_the_chosen_answers(runs_dir):
     run_id, run_dir = train_preset(runs_dir, "demo-dpo")
     start = start_record(run_dir)
-    assert (start["world_size"], start["objective"], start["reference"]) == (2, "dpo", "adapters off")
+    assert_proves("demo-dpo", start)  # DDP, LoRA, DPO against the base with the adapters off
 
     logs = log_records(run_dir)
     assert [r["step"] for r in logs] == list(range(1, STEPS + 1))

@@ -19,6 +19,7 @@ from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.runs.status import from_status_file
 
 from .helpers import log_records, logs_tail, read_metrics, start_record
+from .preset_proof import assert_proves
 from .test_dpo import mean, train_preset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -32,7 +33,7 @@ def test_demo_grpo_learns_from_its_rewards(runs_dir):
     }
     _, run_dir = train_preset(runs_dir, "demo-grpo", held_out)
     start = start_record(run_dir)
-    assert (start["world_size"], start["objective"], start["reference"]) == (2, "grpo", None)
+    assert_proves("demo-grpo", start)  # DDP, LoRA, GRPO without a reference
     assert start["flops_inputs"]["extra_forwards"] == 1  # writing the answers: a forward a token, no reference
 
     logs = log_records(run_dir)

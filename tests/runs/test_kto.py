@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from .helpers import log_records, read_metrics, start_record
+from .preset_proof import assert_proves
 from .test_dpo import STEPS, mean, train_preset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 def test_demo_kto_learns_good_answers_up_and_bad_answers_down(runs_dir):
     _, run_dir = train_preset(runs_dir, "demo-kto")
     start = start_record(run_dir)
-    assert (start["world_size"], start["objective"], start["reference"]) == (2, "kto", "adapters off")
+    assert_proves("demo-kto", start)  # DDP, LoRA, KTO against the base with the adapters off
     assert start["flops_inputs"]["extra_forwards"] == 3  # the reference's forward and the KL answer's two
 
     logs = log_records(run_dir)

@@ -14,7 +14,8 @@ from tunedeck.backend.runs.summary import facts_line
 from tunedeck.backend.spec import resolve_spec
 
 from .helpers import log_records, repeated_warnings, start_record
-from .test_smoke_presets import ONE_DTYPE, deepspeed, smoke
+from .preset_proof import ONE_DTYPE, deepspeed
+from .test_smoke_presets import smoke
 from .test_training_runs import assert_finished, run_to_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
