@@ -22,7 +22,7 @@ from tunedeck.backend.after.gguf_export import EXPORT_FILE, QUANTS, parse_quants
 from tunedeck.backend.after.gguf_tools import converter as llama_cpp_converter
 from tunedeck.backend.after.hub import push_folder
 from tunedeck.backend.after.merge import check_output_dir
-from tunedeck.backend.after.ollama import create_model, default_host, server_models
+from tunedeck.backend.after.ollama_create import create_model, default_host, server_models
 from tunedeck.backend.after.prompting import (
     EXPORT_CHECK_PROMPTS,
     MAX_NEW_TOKENS,

@@ -112,7 +112,7 @@ def ollama_model(
     system: str = "",
 ) -> dict:
     """What Ollama is told of the model: {"from", "template", "stops", "system", "prompt_format"} (chat, alpaca or
-    plain); the Modelfile (modelfile_text) and the page's Create in Ollama (backend/after/ollama.py) say the same."""
+    plain); the Modelfile (modelfile_text) and the page's Create in Ollama (backend/after/ollama_create.py) say the same."""
     kind = resolve_template("auto", dataset_format, render is not None)
     template = chat_go_template(render, bos) if kind == "chat" and render else plain_go_template(kind)
     return {

@@ -172,7 +172,7 @@ def test_export_refuses_an_unknown_quant_and_a_taken_folder(demo_run, tmp_path):
 
 def test_create_in_ollama_uploads_the_gguf_and_creates_the_model_as_its_modelfile_says(chat_run, tmp_path):
     """Create in Ollama through Ollama's own client, against a stand-in server that checks what Ollama checks."""
-    from tunedeck.backend.after.ollama import create_model, server_models
+    from tunedeck.backend.after.ollama_create import create_model, server_models
     from tunedeck.backend.runs import AfterError
 
     runs_dir, run_id = chat_run

@@ -26,7 +26,7 @@ def default_host() -> str:
 
 def _client(host: str, timeout_s: float | None):
     try:
-        import ollama
+        import ollama  # pyright: ignore[reportMissingImports] - the export extra, installed beside the lint
     except ImportError:
         raise AfterError("Create in Ollama needs Ollama's client: pip install 'tunedeck[export]'") from None
     return ollama.Client(host=host.strip() or default_host(), timeout=timeout_s)
@@ -44,7 +44,7 @@ def server_models(host: str) -> list[str] | None:
 
 def create_model(export_dir: Path, host: str, say: Callable[[str, int, int], None] | None = None) -> dict:
     """Upload the export's GGUF (its Modelfile's FROM) and create its model on the server: {"model", "host"}."""
-    import ollama
+    import ollama  # pyright: ignore[reportMissingImports] - the export extra, installed beside the lint
 
     say = say or (lambda *a: None)
     try:
