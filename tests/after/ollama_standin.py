@@ -109,6 +109,12 @@ class OllamaStandIn:
                 self._json(201)
 
             def _create(self, request: dict) -> None:
+                import sys
+
+                from tunedeck.backend.after import gguf_tools
+
+                # llama.cpp's own gguf-py, kept beside its converter (the `gguf` package is not installed)
+                sys.path.insert(0, str(gguf_tools.converter(fetch=False) / "gguf-py"))
                 from gguf import GGUFReader
 
                 name = request.get("model") or request.get("name") or ""
