@@ -114,7 +114,9 @@ class OllamaStandIn:
                 from tunedeck.backend.after import gguf_tools
 
                 # llama.cpp's own gguf-py, kept beside its converter (the `gguf` package is not installed)
-                sys.path.insert(0, str(gguf_tools.converter(fetch=False) / "gguf-py"))
+                gguf_py = str(gguf_tools.converter(fetch=False) / "gguf-py")
+                if gguf_py not in sys.path:  # once, not at every create
+                    sys.path.insert(0, gguf_py)
                 from gguf import GGUFReader
 
                 name = request.get("model") or request.get("name") or ""
