@@ -132,6 +132,8 @@ def pytest_runtest_setup(item):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    if report.failed:
+        item.failed_here = True  # the page fixture's screenshot reads it
     watcher = getattr(item.config, "_process_watcher", None)
     if call.when != "teardown" or watcher is None or not report.passed:
         return
@@ -267,9 +269,12 @@ def page(browser, request):
     page = context.new_page()
     page.set_default_timeout(20_000)
     yield page
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+    # The page as the test left it, to look at; in CI only a failed test's (a full-page screenshot of every test took
+    # about a minute of CI's page lane, and no one sees them there).
     try:
-        page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        if os.environ.get("CI") != "true" or getattr(request.node, "failed_here", False):
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+            page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
     finally:
         context.close()

@@ -5,6 +5,8 @@
     spike=30  the loss is multiplied by SPIKE_FACTOR from step 30 on
     oom=30    step 30 raises torch's own CUDA out-of-memory error, with its real text (on CPU too)
     data=30   the data loader fails on a row at step 30, inside the collator, as a malformed row does
+    pace=0.5  every micro-batch takes at least 0.5 s, the CPU idle for the rest, as a big model's on a GPU does: the
+              tests that train until they stop, kill or requeue a run leave the CPU to everything else meanwhile
 
 "rank=1,oom=30" limits a fault to one rank. The loss faults act in the first attempt only: an attempt after a
 roll-back (TUNEDECK_ROLLBACK) trains clean, as a run whose bad data window was skipped would. The other faults (a
@@ -14,6 +16,7 @@ rank failing, exiting, a slow phase) are records.py's. Unset in normal use.
 from __future__ import annotations
 
 import os
+import time
 
 from .ranks import global_rank
 from .records import FAULT_ENV, _fault_parts
@@ -43,8 +46,16 @@ def training_fault(text: str | None) -> tuple[str, int] | None:
     return kind, int(parts[kind])
 
 
+def step_pace(text: str | None) -> float:
+    """The seconds each micro-batch takes at least when TUNEDECK_FAULT says pace=SECONDS (0: as fast as it can)."""
+    return float(_fault_parts(text).get("pace", 0))
+
+
 def with_faults(trainer_class):
-    """trainer_class, with TUNEDECK_FAULT's training fault at its step (unchanged when unset)."""
+    """trainer_class, with TUNEDECK_FAULT's pace and its training fault at its step (unchanged when unset)."""
+    pace = step_pace(os.environ.get(FAULT_ENV))
+    if pace > 0:
+        trainer_class = _paced(trainer_class, pace)
     fault = training_fault(os.environ.get(FAULT_ENV))
     if fault is None:
         return trainer_class
@@ -71,6 +82,17 @@ def with_faults(trainer_class):
             return result
 
     return Faulty
+
+
+def _paced(trainer_class, pace: float):
+    class Paced(trainer_class):
+        def training_step(self, *args, **kwargs):
+            began = time.monotonic()
+            result = super().training_step(*args, **kwargs)
+            time.sleep(max(0.0, pace - (time.monotonic() - began)))
+            return result
+
+    return Paced
 
 
 def _failing_collator(collate, trainer, at: int):

@@ -7,7 +7,7 @@ import re
 import time
 
 import pytest
-from runs.helpers import processes_working_in, run_processes, still_alive, wait_for
+from runs.helpers import PACED, processes_working_in, run_processes, still_alive, wait_for
 
 from panel.browser import (
     ARTIFACTS,
@@ -34,7 +34,8 @@ LONG_RUN = 5000  # steps: long enough that the run is still going when the test 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, demo_home):
-    server = PanelServer(tmp_path_factory.mktemp("runs"), "--preset", "demo")
+    # Every run here trains until the test stops it (or fails at once): paced, it leaves the CPU to the page.
+    server = PanelServer(tmp_path_factory.mktemp("runs"), "--preset", "demo", env=dict([PACED]))
     yield server
     stop_live_runs(server.runs_dir)  # whatever failed
     server.stop()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from runs.helpers import wait_for
+from runs.helpers import PACED, wait_for
 
 from panel.browser import ARTIFACTS, PanelServer, fill, plot_points, settle, stop_live_runs, text_of
 from panel.browser import wait_text as _wait_text
@@ -21,7 +21,8 @@ LONG_RUN = 5000  # steps: the shared demo run is stopped long before
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, demo_home):
-    server = PanelServer(tmp_path_factory.mktemp("runs"), "--preset", "demo")
+    # Every run here trains until the test stops it (or fails at once): paced, it leaves the CPU to the page.
+    server = PanelServer(tmp_path_factory.mktemp("runs"), "--preset", "demo", env=dict([PACED]))
     yield server
     stop_live_runs(server.runs_dir)  # whatever failed
     server.stop()

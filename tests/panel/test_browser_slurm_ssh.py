@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs.helpers import processes_working_in, tunedeck, wait_for
+from runs.helpers import PACED, processes_working_in, tunedeck, wait_for
 
 from panel.browser import (
     ARTIFACTS,
@@ -97,8 +97,9 @@ def test_slurm_run_from_the_page_over_ssh_queues_runs_reattaches_survives_a_lost
         set_field(page, "launch.main_process_port", str(free_port()))  # both "nodes" are this machine
         for path, value in {**login_node.spec_values(), "launch.slurm.ssh.runs_dir": str(there)}.items():
             set_field(page, path, str(value))
-        # The nodes' own environment: this venv (on a real cluster, a module load or a venv of the cluster's).
-        nodes_env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", **FAKE_GPUS}
+        # The nodes' own environment: this venv (on a real cluster, a module load or a venv of the cluster's); the
+        # ranks paced, as they train until the test stops them (runs/helpers.py: PACED).
+        nodes_env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", **FAKE_GPUS, PACED[0]: PACED[1]}
         set_field(page, "launch.env", ", ".join(f"{name}={value}" for name, value in nodes_env.items()))
         open_tab(page, "form-sections", "Training")
         set_field(page, "training.max_steps", "5000")

@@ -16,6 +16,11 @@ import psutil
 
 from tunedeck.backend.runs.supervisor import process_identity
 
+# For a run a test trains until it stops, kills or requeues it: each micro-batch takes at least half a second, the
+# CPU idle for the rest (TUNEDECK_FAULT=pace, backend/recipe/faults.py), as a big model's step on a GPU leaves it.
+# Flat out, the demo's two ranks took both cores from the other lane's tests for as long as the test waited.
+PACED = ("TUNEDECK_FAULT", "pace=0.5")
+
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"

@@ -131,3 +131,20 @@ def test_the_kernels_oom_kills_are_read_from_the_memory_cgroup_v1_or_v2(tmp_path
     (tmp_path / "cgroup1").write_text("4:memory:/process_api/48ec\n1:cpu:/\n0::/\n")
     assert failures.oom_kills(tmp_path / "cgroup1", v1) == 5
     assert failures.oom_kills(tmp_path / "missing", v1) == 0
+
+
+def test_a_paced_step_takes_at_least_its_pace_and_an_unpaced_one_is_left_as_it_is(monkeypatch):
+    import time
+
+    from tunedeck.backend.recipe.faults import with_faults
+
+    class Trainer:
+        def training_step(self, model, inputs):
+            return inputs * 2
+
+    monkeypatch.delenv("TUNEDECK_FAULT", raising=False)
+    assert with_faults(Trainer) is Trainer
+    monkeypatch.setenv("TUNEDECK_FAULT", "pace=0.2")
+    began = time.monotonic()
+    assert [with_faults(Trainer)().training_step(None, i) for i in (1, 2)] == [2, 4]
+    assert time.monotonic() - began >= 0.4

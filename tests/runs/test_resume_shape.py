@@ -10,6 +10,8 @@ losses of the steps trained again after each resume are those the run had at tho
 noise of two identical runs are measured and printed); each resumed run's start record says what it restored
 (optimizer step, learning-rate schedule position, data position) and the sanity gate passed it. A resume that moves
 the data position (the same checkpoint on 1 process without re-solving the accumulation) is stopped by the gate.
+The first run of each DeepSpeed chain also proves what the run got on ZeRO-2 and ZeRO-3 (engine, optimizer) and its
+MFU against a stand-in peak (the GPU path of MFU on CPU; bench/gpu_check.sh checks the real one).
 
 One failed DDP run serves the module twice (ddp_twin): the DDP chain's twin, to measure the noise of two identical
 runs, and the checkpoint the gate test resumes by hand (a 2-process run of 12 steps: 20 s in CI beside the other lane).
@@ -23,15 +25,16 @@ import os
 import pytest
 
 from tunedeck.backend.runs.manager import RunManager
-from tunedeck.backend.spec import resolve_spec, set_paths
+from tunedeck.backend.spec import flops, resolve_spec, set_paths
 
-from .helpers import logs_tail, read_metrics, tunedeck
+from .helpers import log_records, logs_tail, read_metrics, tunedeck
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 STEPS = {"training.max_steps": 20, "training.save_steps": 8, "launch.max_restarts": 0}
 FIRST_FAIL, SECOND_FAIL = 12, 19  # each after a checkpoint (8, 16): the steps after it are trained again
 STRATEGIES = {"ddp": "ddp", "zero2": "zero2", "zero3": "zero3", "fsdp2": "fsdp"}
+STAND_IN_PEAK = "0.05"  # TFLOPS: MFU is defined on CPU too
 
 
 def losses(run_dir) -> dict[int, float]:
@@ -44,10 +47,11 @@ def start_record(run_dir) -> dict:
 
 def failed_run(manager: RunManager, demo_spec, kind: str) -> str:
     os.environ["TUNEDECK_FAULT"] = f"rank=0,step={FIRST_FAIL}"  # its supervisor inherits it; later runs do not
+    os.environ[flops.PEAK_ENV] = STAND_IN_PEAK
     try:
         run_id = manager.start(demo_spec({**STEPS, "strategy.kind": kind, "launch.num_processes": 2}))
     finally:
-        del os.environ["TUNEDECK_FAULT"]
+        del os.environ["TUNEDECK_FAULT"], os.environ[flops.PEAK_ENV]
     status = manager.wait(run_id, timeout=300)
     assert status.state == "failed" and (manager.run_dir(run_id) / "output" / "checkpoint-8").is_dir(), (
         f"{status}\n{logs_tail(manager.run_dir(run_id))}"
@@ -75,6 +79,26 @@ def resumed(manager: RunManager, run_id: str, processes: int, fault: str | None)
         os.environ.pop("TUNEDECK_FAULT", None)
     assert "continues run" in result.stdout, result.stdout + result.stderr
     return result.stdout.split()[1].rstrip(":"), result.stdout
+
+
+def deepspeed_run_and_mfu(run_dir, stage: int) -> None:
+    """A 2-rank LoRA run on ZeRO-`stage` got DeepSpeed's engine and ZeRO optimizer, and logged an MFU against the
+    stand-in peak that its throughput and the model's FLOPs per token account for."""
+    start = start_record(run_dir)
+    assert start["world_size"] == 2
+    assert start["distributed_type"] == "DEEPSPEED" and start["zero_stage"] == stage
+    assert start["model_class"] == "DeepSpeedEngine"
+    assert start["optimizer_class"] == ("DeepSpeedZeroOptimizer_Stage3" if stage == 3 else "DeepSpeedZeroOptimizer")
+    assert start["peak_tflops"] == float(STAND_IN_PEAK) and start["peak_source"] == flops.PEAK_ENV
+    inputs = start["flops_inputs"]
+    assert inputs["trainable_params"] == start["trainable_params"] and not inputs["full"]
+    model, _ = flops.flops_per_token(*[inputs[k] for k in ("matmul_params", "trainable_params", "layers")],
+                                     inputs["attention_width"], 1, False, False)  # fmt: skip
+    records = log_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, FIRST_FAIL))
+    for record in records:
+        assert 0 < record["mfu"] <= record["hfu"] < 1
+        assert record["mfu"] >= record["tokens_per_second"] / 2 * model / (float(STAND_IN_PEAK) * 1e12)  # + attention
 
 
 def check_restored(run_dir, step: int, processes: int, resharded: bool) -> dict:
@@ -113,8 +137,11 @@ def test_a_run_goes_on_with_another_number_of_processes_and_the_same_global_batc
         "from its checkpoint at step 16, on 2 processes (1 machine) instead of 1, gradient accumulation 2 → 1" in said
     )
     assert manager.status(third).state == "finished", logs_tail(manager.run_dir(third))
+    assert (manager.run_dir(first) / "output" / "adapter_model.safetensors").is_file()  # the chain's one output folder
 
     sharded = strategy.startswith("zero")
+    if sharded:
+        deepspeed_run_and_mfu(manager.run_dir(first), int(strategy[-1]))
     check_restored(manager.run_dir(second), 8, 1, sharded)
     check_restored(manager.run_dir(third), 16, 2, sharded)
     start = start_record(manager.run_dir(third))

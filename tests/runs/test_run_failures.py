@@ -21,13 +21,19 @@ import pytest
 
 from tunedeck.backend.runs.manager import RunManager
 
-from .helpers import log_records, logs_tail, run_processes, still_alive, tunedeck, wait_for
+from .helpers import PACED, log_records, logs_tail, run_processes, still_alive, tunedeck, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 # Long enough to still run when the test acts, and writing nothing into its folder after the first
 # log record (the first step is always logged).
 QUIET_LONG = {"training.max_steps": 100000, "training.logging_steps": 100000, "training.save_steps": 100000}
+
+
+@pytest.fixture(autouse=True)
+def paced(monkeypatch):
+    """Every run here trains until the test acts on it."""
+    monkeypatch.setenv(*PACED)
 
 
 def test_a_run_whose_folder_was_deleted_is_listed_and_stopped(runs_dir, demo_spec):

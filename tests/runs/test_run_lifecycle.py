@@ -18,6 +18,7 @@ from tunedeck.backend.runs.supervisor import is_alive
 from tunedeck.backend.runs.tail import JsonlTail
 
 from .helpers import (
+    PACED,
     end_record,
     log_records,
     logs_tail,
@@ -44,7 +45,8 @@ def wait_for_training(run_dir: Path, timeout: float = 120) -> None:
     )
 
 
-def test_stop_saves_a_checkpoint_and_leaves_no_process_five_times(runs_dir, demo_spec):
+def test_stop_saves_a_checkpoint_and_leaves_no_process_five_times(runs_dir, demo_spec, monkeypatch):
+    monkeypatch.setenv(*PACED)
     manager = RunManager(runs_dir)
     for attempt in range(5):
         run_id = manager.start(demo_spec(LONG))

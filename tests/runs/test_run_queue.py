@@ -12,14 +12,15 @@ import pytest
 
 from tunedeck.backend.runs.manager import RunManager
 
-from .helpers import end_record, log_records, logs_tail, start_record, tunedeck, wait_for
+from .helpers import PACED, end_record, log_records, logs_tail, start_record, tunedeck, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 QUIET_LONG = {"training.max_steps": 100000, "training.logging_steps": 100000, "training.save_steps": 100000}
 
 
-def test_a_queued_run_starts_by_itself_when_the_run_ahead_has_ended(runs_dir, demo_spec):
+def test_a_queued_run_starts_by_itself_when_the_run_ahead_has_ended(runs_dir, demo_spec, monkeypatch):
+    monkeypatch.setenv(*PACED)
     manager = RunManager(runs_dir)
     ahead = manager.start(demo_spec(QUIET_LONG))
     wait_for(lambda: log_records(manager.run_dir(ahead)), 180, what=f"training\n{logs_tail(manager.run_dir(ahead))}")

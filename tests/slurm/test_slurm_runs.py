@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.tests.runs.helpers import end_record, log_records, logs_tail, read_metrics, wait_for
+from tunedeck.tests.runs.helpers import PACED, end_record, log_records, logs_tail, read_metrics, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 TUNEDECK = str(Path(sys.executable).parent / "tunedeck")
@@ -142,8 +142,12 @@ def test_cli_trains_the_demo_on_both_nodes(cli_run):
     assert not processes_of(run_dir)
 
 
-def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(slurm_cluster, shared_runs_dir, demo_spec):
+def test_time_limit_saves_requeue_resumes_and_stop_leaves_a_checkpoint(
+    slurm_cluster, shared_runs_dir, demo_spec, monkeypatch
+):
     from tunedeck.backend.runs.manager import RunManager
+
+    monkeypatch.setenv(*PACED)  # sbatch passes it on: for minutes the job only waits for its time limit
 
     manager = RunManager(shared_runs_dir / "requeue")
     spec = demo_spec(
