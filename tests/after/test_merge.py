@@ -15,6 +15,8 @@ import subprocess
 import pytest
 from safetensors.torch import load_file
 
+from tunedeck.tests.runs.helpers import start_record
+
 from .helpers import eval_prompts, max_difference, merged_logits, peft_logits, tunedeck
 
 # Its ZeRO-3 fixture (a session-wide 2-rank run) took 192 s to set up in CI beside the other heavy lane.
@@ -93,6 +95,11 @@ def test_fsdp_sharded_checkpoint_is_consolidated_and_merged(fsdp_run, demo_home,
 
 def test_qlora_adapter_is_merged_into_the_16bit_base(qlora_run, demo_home, tmp_path):
     runs_dir, run_id = qlora_run
+    # What the run got (QLoRA on 2 DDP ranks; on 1 process: test_training_runs.py): the base's linear layers in 4 bits.
+    start = start_record(runs_dir / run_id)
+    assert (start["world_size"], start["method"], start["model_class"]) == (2, "qlora", "DistributedDataParallel")
+    assert start["quantized_modules"].get("Linear4bit", 0) >= 7, start["quantized_modules"]
+    assert 0 < start["trainable_params"] < start["total_params"]
     out = tmp_path / "merged"
     result = merge(runs_dir, run_id, out)
     assert "not into 4-bit weights" in result.stderr
