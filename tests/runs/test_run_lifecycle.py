@@ -118,14 +118,15 @@ MANAGER_SCRIPT = textwrap.dedent(
     from tunedeck.backend.runs.manager import RunManager
     from tunedeck.backend.spec import resolve_spec, set_paths
     manager = RunManager(sys.argv[1])
-    run_id = manager.start(set_paths(resolve_spec("demo"), {"training.max_steps": 150}))
+    run_id = manager.start(set_paths(resolve_spec("demo"), {"training.max_steps": 40}))
     print(run_id, flush=True)
     time.sleep(600)
     """
 )
 
 
-def test_killed_manager_reattaches_and_every_step_is_logged_once(runs_dir, demo_home):
+def test_killed_manager_reattaches_and_every_step_is_logged_once(runs_dir, demo_home, monkeypatch):
+    monkeypatch.setenv(*PACED)  # 40 steps of half a second: still training when the new manager looks
     manager_proc = subprocess.Popen(
         [sys.executable, "-c", MANAGER_SCRIPT, str(runs_dir)], stdout=subprocess.PIPE, text=True
     )
@@ -145,7 +146,7 @@ def test_killed_manager_reattaches_and_every_step_is_logged_once(runs_dir, demo_
     status = restarted.wait(run_id, timeout=120)
     assert status.state == "finished" and status.exit_code == 0, f"{status}\n{logs_tail(run_dir)}"
     assert start_record(run_dir)["world_size"] == 2
-    assert [r["step"] for r in log_records(run_dir)] == list(range(1, 151))
+    assert [r["step"] for r in log_records(run_dir)] == list(range(1, 41))
     assert restarted.active_run() is None
 
 
