@@ -51,17 +51,16 @@ def step_pace(text: str | None) -> float:
     return float(_fault_parts(text).get("pace", 0))
 
 
-def with_faults(trainer_class):
+def with_faults(trainer_class: type) -> type:
     """trainer_class, with TUNEDECK_FAULT's pace and its training fault at its step (unchanged when unset)."""
     pace = step_pace(os.environ.get(FAULT_ENV))
-    if pace > 0:
-        trainer_class = _paced(trainer_class, pace)
+    base = _paced(trainer_class, pace) if pace > 0 else trainer_class
     fault = training_fault(os.environ.get(FAULT_ENV))
     if fault is None:
-        return trainer_class
+        return base
     kind, at = fault
 
-    class Faulty(trainer_class):
+    class Faulty(base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             if kind == "data":
@@ -84,7 +83,7 @@ def with_faults(trainer_class):
     return Faulty
 
 
-def _paced(trainer_class, pace: float):
+def _paced(trainer_class: type, pace: float) -> type:
     class Paced(trainer_class):
         def training_step(self, *args, **kwargs):
             began = time.monotonic()
