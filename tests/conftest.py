@@ -270,7 +270,7 @@ def page(browser, request):
     page.set_default_timeout(20_000)
     yield page
     # The page as the test left it, to look at; in CI only a failed test's (a full-page screenshot of every test took
-    # about a minute of CI's page lane, and no one sees them there).
+    # tens of seconds of CI's page lane, and no one sees them there).
     try:
         if os.environ.get("CI") != "true" or getattr(request.node, "failed_here", False):
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
