@@ -76,14 +76,19 @@ def _what_the_source_reads(source: str) -> tuple[set[str], set[str], set[str]]:
 def read_by_submission(path: str) -> bool:
     """backend/runs/ reads the field as an attribute of its section (`ssh.host`): how the run is submitted."""
     section, _, name = path.rpartition(".")
-    section = section.rpartition(".")[2]
+    return (section.rpartition(".")[2], name) in _attributes_the_submission_reads()
+
+
+@functools.cache
+def _attributes_the_submission_reads() -> set[tuple[str | None, str]]:
+    """Every (owner, attribute) that backend/runs/ reads, as `owner.attribute`: its modules parsed once."""
+    found = set()
     for source in (Path(runs.__file__).parent).glob("*.py"):
         for node in ast.walk(ast.parse(source.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == name:
+            if isinstance(node, ast.Attribute):
                 owner = node.value
-                if (getattr(owner, "id", None) or getattr(owner, "attr", None)) == section:
-                    return True
-    return False
+                found.add((getattr(owner, "id", None) or getattr(owner, "attr", None), node.attr))
+    return found
 
 
 def _get_calls(tree: ast.AST):
