@@ -12,6 +12,8 @@ Section subclass and one line in page.py's SECTIONS.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Iterable
 
 import gradio as gr
@@ -21,6 +23,10 @@ from tunedeck.app.registry import Got, Registry, Updates, handler, unique
 TICK_S = 0.5  # the default; the Run tab ticks every 5 s, its progress bar streamed in between (app/live_progress.py)
 
 TickFn = Callable[[Got, str], Updates]  # (inputs, id of the section in view) -> updates
+
+# The page load as slow as a fresh panel's first one (4-6 s) on any page: the browser test of a preset clicked
+# during the first load (tests/panel/test_browser_first_load.py) then races it on every page, not on some.
+SLOW_LOAD_ENV = "TUNEDECK_SLOW_PAGE_LOAD_S"
 
 
 class Section:
@@ -92,8 +98,10 @@ class Page:
         for section in sections:
             section.wire(self)
         if self._load:
+            slow_s = float(os.environ.get(SLOW_LOAD_ENV) or 0)
 
             def load(got: Got) -> Updates:
+                time.sleep(slow_s)  # with the values the browser had when the load fired, as a slow load has them
                 return {k: v for fn, _, _ in self._load for k, v in fn(got).items()}
 
             blocks.load(

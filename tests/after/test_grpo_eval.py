@@ -1,6 +1,6 @@
 """Evaluating a GRPO run: its prompts (prompt-only) are answered and scored against their reference answers.
 
-A real GRPO run evaluated on the demo's held-out prompts is in tests/panel/test_grpo_view.py (it trains once).
+A real GRPO run evaluated on the demo's held-out prompts is in tests/runs/test_grpo.py (beside its learning test).
 """
 
 from __future__ import annotations

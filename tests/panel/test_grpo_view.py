@@ -2,9 +2,8 @@
 change in the summary, the objective and its rewards in the facts, reward in each followed step, prompts and their
 reference answers in the preview.
 
-The fast tests write records as train.py writes them (its grpo_record turns TRL's GRPOTrainer logs into a log
-record's keys); the integration tests train the demo-grpo preset once (2 CPU processes, about 40 s) and read the
-real run.
+These tests write records as train.py writes them (its grpo_record turns TRL's GRPOTrainer logs into a log
+record's keys); a real run's records, drawn and summed up, are in tests/runs/test_grpo.py, beside its learning test.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from tunedeck.backend.cli.follow import ProgressBar, follow
 from tunedeck.backend.recipe.objectives import objective_record
 from tunedeck.backend.recipe.vocabulary import DATASET_FORMATS, OBJECTIVE_FORMATS
 from tunedeck.backend.runs.manager import RunManager
-from tunedeck.backend.runs.records import parse_line, read_records
+from tunedeck.backend.runs.records import parse_line
 from tunedeck.backend.runs.summary import facts_line, report, summarize, verdict
 from tunedeck.backend.runs.supervisor import write_status
 from tunedeck.backend.spec import JobSpec, spec_to_yaml
@@ -309,65 +308,3 @@ def test_the_preview_lists_prompts_as_the_model_reads_them_and_their_reference_a
         == "prompt (the model writes its answers after it):\n<|user|>\nAdd 2 and 2.</s>\n<|assistant|>\n\n\n→ reference answer: 4"
     )
     assert shown[1].endswith("→ reference answer: none (only your own rewards can score this prompt)")
-
-
-# ---------------------------------------------------------------- a real GRPO run
-
-
-@pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
-    """The demo-grpo preset trained once, as `tunedeck train demo-grpo` trains it."""
-    from tunedeck.backend.data.demo import ensure_demo_if_used
-    from tunedeck.backend.spec import resolve_spec
-
-    spec = resolve_spec("demo-grpo")
-    ensure_demo_if_used(spec)
-    manager = RunManager(tmp_path_factory.mktemp("grpo-runs"))
-    run_id = manager.start(spec)
-    status = manager.wait(run_id, timeout=600)
-    assert status.state == "finished", f"{status.state}: {status.error}"
-    return manager, run_id
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(900)
-def test_a_real_grpo_runs_records_draw_its_reward_and_say_its_change(real_run, capsys):
-    from tunedeck.__main__ import main
-
-    manager, run_id = real_run
-    run = read_records(manager.run_dir(run_id))
-    assert run.start["objective"] == "grpo" and run.start["reference"] is None
-    logged = [r for r in run.records if "loss" in r]
-    assert all(
-        {"reward", "reward_std", "rewards", "completion_length", "groups_without_signal"} <= set(r) for r in logged
-    )
-    assert set(logged[0]["rewards"]) == {"exact_answer", "close_answer"}
-    fig = loss_figure([("this run", run.records)])
-    go.Figure(fig.to_plotly_json())
-    assert {"this run reward", "exact_answer", "close_answer"} <= {t.name for t in fig.data}
-    metrics = metrics_figure(run.records)
-    go.Figure(metrics.to_plotly_json())
-    assert {"completion length", "completions clipped", "groups without signal"} <= {t.name for t in metrics.data}
-    first, last = logged[0]["reward"], logged[-1]["reward"]
-    assert report(run, 0.0, 1.0).line().startswith(f"reward {first:.3f} → {last:.3f} · final loss ")
-    assert main(["runs", "show", run_id, "--runs-dir", str(manager.runs_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "· lora · DistributedDataParallel · GRPO, rewards: exact_answer, close_answer · reference: none" in out
-    assert f"summary  reward {first:.3f} → {last:.3f}" in out
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(900)
-def test_a_real_grpo_run_is_evaluated_on_its_held_out_prompts_against_their_reference_answers(real_run, demo_home):
-    from tunedeck.backend.after.evaluate import evaluate_run
-
-    manager, run_id = real_run
-    held_out = demo_home / "prompts" / "validation.jsonl"
-    run_dir = manager.run_dir(run_id)
-    # Its data is a folder (train.jsonl, validation.jsonl) without dataset.eval_split: the validation file is held out.
-    got = evaluate_run(run_dir, manager.job(run_id), ["final"], "cpu", limit=16)
-    assert got["data"] == str(held_out)
-    final = got["results"]["final"]
-    rows = [json.loads(line) for line in held_out.read_text().splitlines()[:16]]
-    assert final["generated"] == 16 and final["exact_match"] is not None and final["loss"] is not None
-    assert [(a["prompt"], a["expected"]) for a in final["answers"]] == [(r["prompt"], r["answer"]) for r in rows]

@@ -4,19 +4,25 @@ The Demo GRPO preset starts from the demo model after a short supervised warm-up
 about 1 answer in 5 right), writes 8 answers to each of 8 questions a step (64 across the 2 ranks), and scores
 each with exact_answer (1 for the reference answer) and close_answer (partial credit). The rewards TRL logs are
 the proof that the run learns from them, not only that it runs: they rise, and more and more of a question's
-answers agree (the model grows sure of them).
+answers agree (the model grows sure of them). The same run is then read as a person sees it (its reward drawn
+first, its change said in the summary and `tunedeck runs show`) and evaluated on its held-out prompts.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
+import plotly.graph_objects as go
 import pytest
 import yaml
 
+from tunedeck.app.charts import loss_figure, metrics_figure
 from tunedeck.backend.runs.manager import RunManager
+from tunedeck.backend.runs.records import read_records
 from tunedeck.backend.runs.status import from_status_file
+from tunedeck.backend.runs.summary import report
 
 from .helpers import log_records, logs_tail, read_metrics, start_record
 from .preset_proof import assert_proves
@@ -25,13 +31,18 @@ from .test_dpo import mean, train_preset
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-def test_demo_grpo_learns_from_its_rewards(runs_dir):
-    held_out = {
-        "dataset.eval_split": "validation[:32]",  # 32 held-out questions, 8 answers each, at the end
-        "training.eval_steps": 150,
-        "training.per_device_eval_batch_size": 8,
-    }
-    _, run_dir = train_preset(runs_dir, "demo-grpo", held_out)
+HELD_OUT = "validation[:32]"  # 32 held-out questions of the demo's prompts, 8 answers each, at the end
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory, demo_home) -> tuple[str, Path]:
+    """(run id, run folder) of the demo-grpo preset trained to its end (150 steps) on 2 ranks, evaluated at the end."""
+    held_out = {"dataset.eval_split": HELD_OUT, "training.eval_steps": 150, "training.per_device_eval_batch_size": 8}
+    return train_preset(tmp_path_factory.mktemp("grpo-runs"), "demo-grpo", held_out)
+
+
+def test_demo_grpo_learns_from_its_rewards(learned):
+    _, run_dir = learned
     start = start_record(run_dir)
     assert_proves("demo-grpo", start)  # DDP, LoRA, GRPO without a reference
     assert start["flops_inputs"]["extra_forwards"] == 1  # writing the answers: a forward a token, no reference
@@ -68,6 +79,46 @@ def test_demo_grpo_learns_from_its_rewards(runs_dir):
         assert group["prompt"].startswith("Q: ") and len(group["answers"]) == 8
         for answer in group["answers"]:
             assert set(answer["rewards"]) == {"exact_answer", "close_answer"} and answer["advantage"] is not None
+
+
+def test_the_learned_runs_records_draw_its_reward_and_say_its_change(learned, capsys):
+    from tunedeck.__main__ import main
+
+    run_id, run_dir = learned
+    run = read_records(run_dir)
+    assert run.start["objective"] == "grpo" and run.start["reference"] is None
+    logged = [r for r in run.records if "loss" in r]
+    assert all(
+        {"reward", "reward_std", "rewards", "completion_length", "groups_without_signal"} <= set(r) for r in logged
+    )
+    assert set(logged[0]["rewards"]) == {"exact_answer", "close_answer"}
+    fig = loss_figure([("this run", run.records)])
+    go.Figure(fig.to_plotly_json())
+    assert {"this run reward", "exact_answer", "close_answer"} <= {t.name for t in fig.data}
+    metrics = metrics_figure(run.records)
+    go.Figure(metrics.to_plotly_json())
+    assert {"completion length", "completions clipped", "groups without signal"} <= {t.name for t in metrics.data}
+    first, last = logged[0]["reward"], logged[-1]["reward"]
+    evaluated = next(r["eval_reward"] for r in run.records if "eval_reward" in r)
+    line = report(run, 0.0, 1.0).line()
+    assert line.startswith(f"reward {first:.3f} → {last:.3f} · eval reward {evaluated:.3f} · final loss "), line
+    assert main(["runs", "show", run_id, "--runs-dir", str(run_dir.parent)]) == 0
+    out = capsys.readouterr().out
+    assert "· lora · DistributedDataParallel · GRPO, rewards: exact_answer, close_answer · reference: none" in out
+    assert f"summary  reward {first:.3f} → {last:.3f}" in out
+
+
+def test_the_learned_run_is_evaluated_on_its_held_out_prompts_against_their_reference_answers(learned, demo_home):
+    from tunedeck.backend.after.evaluate import evaluate_run
+
+    run_id, run_dir = learned
+    prompts = demo_home / "prompts"
+    got = evaluate_run(run_dir, RunManager(run_dir.parent).job(run_id), ["final"], "cpu", limit=16)
+    assert got["data"] == f"{prompts} [{HELD_OUT}]"  # the split it was evaluated on while it trained
+    final = got["results"]["final"]
+    rows = [json.loads(line) for line in (prompts / "validation.jsonl").read_text().splitlines()[:16]]
+    assert final["generated"] == 16 and final["exact_match"] is not None and final["loss"] is not None
+    assert [(a["prompt"], a["expected"]) for a in final["answers"]] == [(r["prompt"], r["answer"]) for r in rows]
 
 
 def test_your_own_reward_function_scores_the_answers_and_one_that_scores_none_is_a_warning(tmp_path):
