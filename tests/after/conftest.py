@@ -24,18 +24,6 @@ def demo_run(demo_home, after_runs):
 
 
 @pytest.fixture(scope="session")
-def zero3_run(demo_home, after_runs):
-    """The demo under DeepSpeed ZeRO-3: checkpoints are parameter shards of 2 ranks."""
-    return train_demo(after_runs, {"strategy.kind": "zero3", "training.max_steps": 4, "training.save_steps": 2})
-
-
-@pytest.fixture(scope="session")
-def fsdp_run(demo_home, after_runs):
-    """The demo under FSDP2 with SHARDED_STATE_DICT: checkpoints are torch.distributed.checkpoint folders."""
-    return train_demo(after_runs, {"strategy.kind": "fsdp", "training.max_steps": 4, "training.save_steps": 2})
-
-
-@pytest.fixture(scope="session")
 def qlora_run(demo_home, after_runs):
     """The demo as QLoRA: the base loaded in 4 bits (bitsandbytes), 2 processes."""
     overrides = {"method": "qlora", "quantization.bits": 4, "quantization.bnb_4bit_compute_dtype": "float32"}

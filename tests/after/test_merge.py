@@ -1,25 +1,24 @@
 """`tunedeck merge`: a standalone model that transformers loads without PEFT, equal to base + adapter.
 
-Each case trains a real demo run on CPU (DDP, ZeRO-3, FSDP2, QLoRA), merges it with the CLI in
-float32, loads the result in a process where peft and bitsandbytes cannot be imported, and
-compares its logits on the demo's eval prompts with the base + adapter through PEFT.
+Each case trains a real demo run on CPU (DDP, QLoRA), merges it with the CLI in float32, loads
+the result in a process where peft and bitsandbytes cannot be imported, and compares its logits
+on the demo's eval prompts with the base + adapter through PEFT. The checkpoints of ZeRO-3 and
+FSDP2, consolidated from their shards, are merged in tests/runs/test_resume_shape.py (its runs
+save them).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
-from safetensors.torch import load_file
 
 from tunedeck.tests.runs.helpers import start_record
 
 from .helpers import eval_prompts, max_difference, merged_logits, peft_logits, tunedeck
 
-# Its ZeRO-3 fixture (a session-wide 2-rank run) took 192 s to set up in CI beside the other heavy lane.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 TOLERANCE = 1e-4
 
@@ -52,45 +51,6 @@ def test_demo_run_merges_into_a_model_equal_to_base_plus_adapter(demo_run, merge
     assert max_difference(reference, merged) < TOLERANCE
     # The adapter really changes the model, so the equality above says something.
     assert max_difference(peft_logits(demo_home / "model", None, prompts), merged) > 0.1
-
-
-def test_zero3_checkpoint_is_consolidated_from_its_shards(zero3_run, demo_home, tmp_path):
-    runs_dir, run_id = zero3_run
-    checkpoint = runs_dir / run_id / "output" / "checkpoint-2"
-    shards = sorted((checkpoint / "global_step2").glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
-    assert len(shards) == 2  # one per rank: a checkpoint no single process wrote whole
-    # The adapter the trainer gathered at save time is the reference; take it out of the checkpoint so the
-    # merge can only get the weights from the ZeRO shards.
-    reference_dir = tmp_path / "gathered"
-    reference_dir.mkdir()
-    for name in ("adapter_model.safetensors", "adapter_config.json"):
-        shutil.copy(checkpoint / name, reference_dir / name)
-    (checkpoint / "adapter_model.safetensors").unlink()
-
-    out = tmp_path / "merged"
-    merge(runs_dir, run_id, out, "--checkpoint", "2")
-    consolidated = load_file(runs_dir / run_id / "consolidated" / "checkpoint-2" / "adapter_model.safetensors")
-    gathered = load_file(reference_dir / "adapter_model.safetensors")
-    assert consolidated.keys() == gathered.keys()
-    assert all(bool((consolidated[k] == gathered[k]).all()) for k in gathered)
-
-    prompts = eval_prompts(demo_home)
-    merged, _ = merged_logits(out, prompts, tmp_path)
-    assert max_difference(peft_logits(demo_home / "model", reference_dir, prompts), merged) < TOLERANCE
-    assert json.loads((out / "tunedeck_merge.json").read_text())["weights"] == "checkpoint-2"
-
-
-def test_fsdp_sharded_checkpoint_is_consolidated_and_merged(fsdp_run, demo_home, tmp_path):
-    runs_dir, run_id = fsdp_run
-    checkpoint = runs_dir / run_id / "output" / "checkpoint-4"
-    assert (checkpoint / "pytorch_model_fsdp_0" / ".metadata").is_file()
-    assert not list(checkpoint.glob("adapter_model.*"))  # FSDP's sharded checkpoint holds no adapter file
-    out = tmp_path / "merged"
-    merge(runs_dir, run_id, out, "--checkpoint", "4")
-    # Step 4 is also the final save, which FSDP gathered into a plain adapter (FULL_STATE_DICT).
-    prompts = eval_prompts(demo_home)
-    merged, _ = merged_logits(out, prompts, tmp_path)
-    assert max_difference(peft_logits(demo_home / "model", runs_dir / run_id / "output", prompts), merged) < TOLERANCE
 
 
 def test_qlora_adapter_is_merged_into_the_16bit_base(qlora_run, demo_home, tmp_path):

@@ -11,7 +11,9 @@ noise of two identical runs are measured and printed); each resumed run's start 
 (optimizer step, learning-rate schedule position, data position) and the sanity gate passed it. A resume that moves
 the data position (the same checkpoint on 1 process without re-solving the accumulation) is stopped by the gate.
 The first run of each DeepSpeed chain also proves what the run got on ZeRO-2 and ZeRO-3 (engine, optimizer) and its
-MFU against a stand-in peak (the GPU path of MFU on CPU; bench/gpu_check.sh checks the real one).
+MFU against a stand-in peak (the GPU path of MFU on CPU; bench/gpu_check.sh checks the real one). The ZeRO-3 and
+FSDP2 chains' last checkpoints (saved by 2 processes at the final step) are then consolidated from their shards and
+merged by `tunedeck merge --checkpoint` (the merge tests at the end).
 
 One failed DDP run serves the module twice (ddp_twin): the DDP chain's twin, to measure the noise of two identical
 runs, and the checkpoint the gate test resumes by hand (a 2-process run of 12 steps: 20 s in CI beside the other lane).
@@ -21,17 +23,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
+from safetensors.torch import load_file
 
 from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.spec import flops, resolve_spec, set_paths
+from tunedeck.tests.after.helpers import eval_prompts, max_difference, merged_logits, peft_logits
 
 from .helpers import log_records, logs_tail, read_metrics, tunedeck
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-STEPS = {"training.max_steps": 20, "training.save_steps": 8, "launch.max_restarts": 0}
+STEPS = {"training.max_steps": 24, "training.save_steps": 8, "launch.max_restarts": 0}  # the last save is the final
 FIRST_FAIL, SECOND_FAIL = 12, 19  # each after a checkpoint (8, 16): the steps after it are trained again
 STRATEGIES = {"ddp": "ddp", "zero2": "zero2", "zero3": "zero3", "fsdp2": "fsdp"}
 STAND_IN_PEAK = "0.05"  # TFLOPS: MFU is defined on CPU too
@@ -114,27 +121,54 @@ def check_restored(run_dir, step: int, processes: int, resharded: bool) -> dict:
     return restored
 
 
+@dataclass
+class Chain:
+    """The three runs of a chain (2 -> 1 -> 2 processes, one output folder: the first's) and what each resume said."""
+
+    manager: RunManager
+    first: str
+    second: str
+    third: str
+    said_second: str
+    said_third: str
+
+
+@pytest.fixture(scope="module")
+def chains(demo_home, tmp_path_factory) -> Callable[[str], Chain]:
+    """Factory: a strategy's chain, run once for the module (the resume test asserts it; the merge tests below
+    consolidate its last checkpoint, saved by 2 processes at the final step)."""
+    manager = RunManager(tmp_path_factory.mktemp("resume-shape"))
+    built: dict[str, Chain] = {}
+
+    def chain(strategy: str) -> Chain:
+        if strategy not in built:
+            demo_spec = lambda overrides: set_paths(resolve_spec("demo"), overrides)  # noqa: E731
+            first = failed_run(manager, demo_spec, STRATEGIES[strategy])
+            second, said_second = resumed(manager, first, 1, f"rank=0,step={SECOND_FAIL}")
+            third, said_third = resumed(manager, second, 2, None)
+            built[strategy] = Chain(manager, first, second, third, said_second, said_third)
+        return built[strategy]
+
+    return chain
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_a_run_goes_on_with_another_number_of_processes_and_the_same_global_batch(
-    runs_dir, demo_spec, strategy, request
-):
-    manager = RunManager(runs_dir)
-    kind = STRATEGIES[strategy]
-    first = failed_run(manager, demo_spec, kind)
+def test_a_run_goes_on_with_another_number_of_processes_and_the_same_global_batch(chains, strategy, request):
+    chain = chains(strategy)
+    manager, first, second, third = chain.manager, chain.first, chain.second, chain.third
     noise = None
     if strategy == "ddp":  # the same job again: how much two identical runs differ
         twin_manager, twin = request.getfixturevalue("ddp_twin")
         one, two = losses(manager.run_dir(first)), losses(twin_manager.run_dir(twin))
         noise = max(abs(one[s] - two[s]) for s in one)
-    second, said = resumed(manager, first, 1, f"rank=0,step={SECOND_FAIL}")
     assert (
         f"continues run {first} from its checkpoint at step 8, on 1 process (1 machine) instead of 2, gradient "
         "accumulation 1 → 2: the global batch stays 4"
-    ) in said, said
+    ) in chain.said_second, chain.said_second
     assert manager.status(second).state == "failed", logs_tail(manager.run_dir(second))
-    third, said = resumed(manager, second, 2, None)
     assert (
-        "from its checkpoint at step 16, on 2 processes (1 machine) instead of 1, gradient accumulation 2 → 1" in said
+        "from its checkpoint at step 16, on 2 processes (1 machine) instead of 1, gradient accumulation 2 → 1"
+        in chain.said_third
     )
     assert manager.status(third).state == "finished", logs_tail(manager.run_dir(third))
     assert (manager.run_dir(first) / "output" / "adapter_model.safetensors").is_file()  # the chain's one output folder
@@ -192,3 +226,64 @@ def test_a_resume_that_moves_the_data_position_is_stopped_by_the_gate(runs_dir, 
         "global batch changed (4 rows a step then)"
     ) in problem, problem
     assert "step" not in json.dumps([r for r in read_metrics(run_dir) if r["event"] == "log"]), "it trained a step"
+
+
+# ---------------------------------------------------------------- merging a sharded checkpoint
+
+MERGE_TOLERANCE = 1e-4
+
+
+def merge(runs_dir, run_id, out, checkpoint: int) -> None:
+    result = tunedeck(
+        "merge", run_id, "-o", out, "--dtype", "float32", "--checkpoint", str(checkpoint), "--runs-dir", runs_dir
+    )
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stdout + result.stderr
+
+
+def test_a_zero3_checkpoint_is_consolidated_from_its_shards_and_merged(chains, demo_home, tmp_path):
+    """`tunedeck merge --checkpoint` of a ZeRO-3 checkpoint: the adapter is rebuilt from the ranks' parameter shards."""
+    chain = chains("zero3")
+    last = STEPS["training.max_steps"]
+    runs_dir = tmp_path / "runs"  # a copy of the chain's first run (its output folder), changed below
+    shutil.copytree(chain.manager.run_dir(chain.first), runs_dir / chain.first)
+    checkpoint = runs_dir / chain.first / "output" / f"checkpoint-{last}"
+    shards = sorted((checkpoint / f"global_step{last}").glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
+    assert len(shards) == 2  # one per rank: a checkpoint no single process wrote whole
+    # The adapter the trainer gathered at save time is the reference; take it out of the checkpoint so the
+    # merge can only get the weights from the ZeRO shards.
+    reference_dir = tmp_path / "gathered"
+    reference_dir.mkdir()
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        shutil.copy(checkpoint / name, reference_dir / name)
+    (checkpoint / "adapter_model.safetensors").unlink()
+
+    out = tmp_path / "merged"
+    merge(runs_dir, chain.first, out, last)
+    consolidated = load_file(
+        runs_dir / chain.first / "consolidated" / f"checkpoint-{last}" / "adapter_model.safetensors"
+    )
+    gathered = load_file(reference_dir / "adapter_model.safetensors")
+    assert consolidated.keys() == gathered.keys()
+    assert all(bool((consolidated[k] == gathered[k]).all()) for k in gathered)
+
+    prompts = eval_prompts(demo_home)
+    merged, _ = merged_logits(out, prompts, tmp_path)
+    assert max_difference(peft_logits(demo_home / "model", reference_dir, prompts), merged) < MERGE_TOLERANCE
+    assert json.loads((out / "tunedeck_merge.json").read_text())["weights"] == f"checkpoint-{last}"
+
+
+def test_an_fsdp_sharded_checkpoint_is_consolidated_and_merged(chains, demo_home, tmp_path):
+    """`tunedeck merge --checkpoint` of an FSDP2 checkpoint (SHARDED_STATE_DICT: torch.distributed.checkpoint)."""
+    chain = chains("fsdp2")
+    last = STEPS["training.max_steps"]
+    run_dir = chain.manager.run_dir(chain.first)
+    checkpoint = run_dir / "output" / f"checkpoint-{last}"
+    assert (checkpoint / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    assert not list(checkpoint.glob("adapter_model.*"))  # FSDP's sharded checkpoint holds no adapter file
+    out = tmp_path / "merged"
+    merge(chain.manager.runs_dir, chain.first, out, last)
+    # The last checkpoint's step is also the final save, which FSDP gathered into a plain adapter (FULL_STATE_DICT).
+    prompts = eval_prompts(demo_home)
+    merged, _ = merged_logits(out, prompts, tmp_path)
+    reference = peft_logits(demo_home / "model", run_dir / "output", prompts)
+    assert max_difference(reference, merged) < MERGE_TOLERANCE
