@@ -29,6 +29,17 @@ TickFn = Callable[[Got, str], Updates]  # (inputs, id of the section in view) ->
 SLOW_LOAD_ENV = "TUNEDECK_SLOW_PAGE_LOAD_S"
 
 
+def slow_load_s() -> float:
+    raw = os.environ.get(SLOW_LOAD_ENV, "")
+    try:
+        value = float(raw) if raw else 0.0
+    except ValueError:
+        raise ValueError(f"{SLOW_LOAD_ENV}: {raw!r} is not a number of seconds (e.g. 4)") from None
+    if value < 0:
+        raise ValueError(f"{SLOW_LOAD_ENV}: {raw!r} must be 0 seconds or more")
+    return value
+
+
 class Section:
     """One tab. `id` is its tab id (the page can select it); `title` its label."""
 
@@ -98,7 +109,7 @@ class Page:
         for section in sections:
             section.wire(self)
         if self._load:
-            slow_s = float(os.environ.get(SLOW_LOAD_ENV) or 0)
+            slow_s = slow_load_s()
 
             def load(got: Got) -> Updates:
                 time.sleep(slow_s)  # with the values the browser had when the load fired, as a slow load has them

@@ -185,3 +185,16 @@ def test_quiet_events_report_their_loading_status_to_one_component_not_to_their_
     # Gradio's page takes an event's progress targets from show_progress_on, else its outputs.
     assets = Path(gr.__file__).parent / "templates" / "frontend" / "assets"
     assert any("return this.show_progress_on||this.outputs" in f.read_text() for f in assets.glob("Blocks-*.js"))
+
+
+def test_the_slowed_page_load_reads_its_seconds_and_names_a_bad_value(monkeypatch):
+    from tunedeck.app.section import SLOW_LOAD_ENV, slow_load_s
+
+    monkeypatch.delenv(SLOW_LOAD_ENV, raising=False)
+    assert slow_load_s() == 0.0  # people's panels: the load as fast as it is
+    monkeypatch.setenv(SLOW_LOAD_ENV, "4")
+    assert slow_load_s() == 4.0
+    for bad, said in (("soon", "is not a number of seconds"), ("-1", "must be 0 seconds or more")):
+        monkeypatch.setenv(SLOW_LOAD_ENV, bad)
+        with pytest.raises(ValueError, match=f"{SLOW_LOAD_ENV}: '{bad}' {said}"):
+            slow_load_s()
