@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 
 from tunedeck.app.chart_marks import with_marks
 from tunedeck.app.untrusted_text import as_html
-from tunedeck.backend.recipe import OBJECTIVES
+from tunedeck.backend.recipe import GENERAL_TEXT_LOSS, OBJECTIVES
 from tunedeck.backend.runs import LogRecord, is_number
 
 MAX_POINTS = 2000
@@ -149,6 +149,11 @@ def loss_figure(
                     x, y, f"{label} eval loss", dict(color=color, dash="dot"), mode="lines+markers", marker=dict(size=7)
                 )
             )
+        steps, general = series(records, GENERAL_TEXT_LOSS)
+        if steps:  # dataset.general_text: rising, the model forgets general language
+            x, y = downsample(steps, general)
+            line = dict(color=color, dash="dashdot", width=1.5)
+            data.append(_line(x, y, f"{label} general-text loss", line, mode="lines+markers", marker=dict(size=6)))
     return _figure(data, with_marks(copy.deepcopy(_validated_loss_layout(log_scale)), marks))
 
 

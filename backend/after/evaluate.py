@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 from tunedeck.backend.after.benchmarks import Benchmarks, harness_scores, load_tasks, task_manager
-from tunedeck.backend.after.general_text import mean_text_loss, read_general_text, text_blocks
+from tunedeck.backend.after.general_text import mean_text_loss, read_general_text
 from tunedeck.backend.after.scoring import by_source, eval_rows, has_answer, judged, order_key, question_and_answer
+from tunedeck.backend.recipe.general_text import text_blocks
 from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.runs.checkpoints import AfterError, Weights, list_weights
 from tunedeck.backend.spec import JobSpec

@@ -15,12 +15,9 @@ import math
 from pathlib import Path
 
 from tunedeck.backend.after.eval_data import EvalDataError
-from tunedeck.backend.spec import PACKAGE_DIR
-
-BUILTIN = PACKAGE_DIR / "assets" / "eval" / "general-text.txt"
-BUILTIN_NAME = "built-in"  # what the page and the CLI pass for the built-in sample
-RISE_FLAGGED = 0.05  # a loss more than 5% above the base's: the adapter forgot some general language
-MAX_TOKENS = 20_000  # of the sample: enough to measure a rise, few enough to score in seconds
+from tunedeck.backend.recipe.general_text import BUILTIN as BUILTIN_NAME  # what the page and the CLI pass for it
+from tunedeck.backend.recipe.general_text import RISE_FLAGGED
+from tunedeck.backend.spec import GENERAL_TEXT_SAMPLE as BUILTIN
 
 
 def read_general_text(path: str | None) -> tuple[str, str]:
@@ -47,15 +44,6 @@ def _unreadable(file: Path, what: str) -> EvalDataError:
             "clear the box for the built-in sample",
         }
     )
-
-
-def text_blocks(tokenizer, text: str, block: int) -> list[list[int]]:
-    """The text's token ids in blocks of `block` (each after the BOS, where the tokenizer has one), up to MAX_TOKENS."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:MAX_TOKENS]
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    step = max(block - len(bos), 2)
-    blocks = [bos + ids[i : i + step] for i in range(0, len(ids), step)]
-    return [b for b in blocks if len(b) > 1]  # a block's first token is not predicted
 
 
 def mean_text_loss(losses: list[tuple[float, int]]) -> dict:

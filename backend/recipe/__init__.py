@@ -23,6 +23,9 @@ from .data import (
 )
 from .formats import ALPACA_PROMPT, FORMAT_COLUMNS, KIND_NEEDS, as_label, column, in_job_format, to_trl_format
 from .gate import GateError, check_processes, expected_run, expected_trainable, gate_problems
+from .general_text import BUILTIN as GENERAL_TEXT_BUILTIN
+from .general_text import METRIC as GENERAL_TEXT_LOSS
+from .general_text import sample_path as general_text_sample
 from .job import JobError, read_yaml
 from .layout import Layout
 from .models import load_tokenizer, peft_config, quantization_config, torch_dtype
@@ -65,6 +68,8 @@ __all__ = [
     "DATASET_FORMATS",
     "DATA_FILE_BUILDERS",
     "FORMAT_COLUMNS",
+    "GENERAL_TEXT_BUILTIN",
+    "GENERAL_TEXT_LOSS",
     "IMPORTING_REWARDS",
     "INCOMPLETE_DIR",
     "KIND_NEEDS",
@@ -96,6 +101,7 @@ __all__ = [
     "expected_run",
     "expected_trainable",
     "gate_problems",
+    "general_text_sample",
     "grpo_record",
     "in_job_format",
     "input_problems",

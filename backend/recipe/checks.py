@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .data import DATA_FILE_BUILDERS, _where, looks_local, missing_path, mix_sources
 from .formats import FORMAT_COLUMNS, KIND_NEEDS, _kind_of, as_label, cannot_join, column, format_by_columns, joins
+from .general_text import sample_problem
 from .job import JobError
 from .rewards import REWARD_FUNCTIONS, reward_problem
 
@@ -172,6 +173,8 @@ def input_problems(job: dict, base: Path) -> list[tuple[str, str]]:
         needed = ("answer_field",) if any(entry in REWARD_FUNCTIONS for entry in rewards) else ()
     dataset_cfg = job.get("dataset") or {}
     problems += dataset_problems(dataset_cfg, base, needed=needed)
+    if general := sample_problem(job, base):
+        problems.append(("dataset.general_text", general))
     try:
         sources = mix_sources(dataset_cfg)
     except JobError as exc:

@@ -206,7 +206,7 @@ def make_callback(metrics: JsonlWriter | None, stop: StopRequest, job: dict, ter
                 # Evaluation trains no tokens: leave its time out of the next tokens/s window.
                 last_time, last_tokens = self._last_log
                 self._last_log = (last_time + time.monotonic() - max(self._step_end, last_time), last_tokens)
-            for key in ("eval_loss", "eval_mean_token_accuracy"):
+            for key in ("eval_loss", "eval_mean_token_accuracy", "eval_general_text_loss"):  # the last: general_text.py
                 if key in logs:
                     record[key] = logs[key]
             record.update(objective_record(job.get("objective"), logs))  # rewards, KL, ORPO's odds ratio, GRPO's

@@ -69,6 +69,7 @@ from .describe import load_peaks
 from .failures import ATTEMPT_ENV
 from .faults import with_faults
 from .gate import check_processes, expected_run, expected_trainable
+from .general_text import general_text_set, with_general_text
 from .health import Unhealthy
 from .job import JobError, read_yaml
 from .models import leave_out_unused_bitsandbytes, load_model, load_tokenizer, peft_config
@@ -128,6 +129,7 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
         extra["ref_model"] = load_model(job, args)
     startup.enter("loading the data")
     train_set, eval_set, rows = load_datasets(job, args, tokenizer)
+    general_text = general_text_set(job, tokenizer, Path.cwd()) if eval_set is not None else None
     recorder = make_callback(metrics, stop, job, terminal, expected)
     recorder.network = network
     recorder.startup = startup
@@ -142,6 +144,8 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     by_source = tracks_sources(job, rows)
     if by_source:
         trainer_type = with_source_loss(trainer_type)
+    if general_text is not None:  # its loss at each evaluation, beside the held-out rows'
+        trainer_type = with_general_text(trainer_type)
     trainer = with_rollback_window(trainer_type, int((rollback or {}).get("skip_steps", 0)))(
         **extra,
         model=model,
@@ -158,6 +162,8 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
         extra.clear()
         trainer.ref_model = None
     recorder.trainer = trainer
+    if general_text is not None:
+        trainer.general_text = general_text
     if by_source:  # each source's loss, at logging and evaluation steps
         recorder.source_losses = SourceLosses(trainer, list(rows))
     if job.get("objective") != "grpo":  # GRPO's forward passes are mostly its answers being written

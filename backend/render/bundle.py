@@ -15,6 +15,8 @@ import shutil
 import zipfile
 from pathlib import Path
 
+from tunedeck.backend.recipe.general_text import BUILTIN as GENERAL_TEXT_BUILTIN
+from tunedeck.backend.recipe.general_text import FILE as GENERAL_TEXT_FILE
 from tunedeck.backend.render.accelerate_yaml import DEEPSPEED_CONFIG_FILE, render_accelerate_config
 from tunedeck.backend.render.bundle_readme import render_bundle_readme
 from tunedeck.backend.render.carried import DATA_NAME, DataPlan
@@ -32,7 +34,7 @@ from tunedeck.backend.render.sky import SKY_FILE, render_sky_yaml
 from tunedeck.backend.render.slurm import SLURM_FILE, render_slurm_sbatch
 from tunedeck.backend.render.slurm_env import SETUP_FILE, has_environment, render_setup_sh
 from tunedeck.backend.render.training_args import render_training_args
-from tunedeck.backend.spec import JobSpec, spec_to_yaml
+from tunedeck.backend.spec import GENERAL_TEXT_SAMPLE, JobSpec, spec_to_yaml
 
 EXECUTABLE_FILES = frozenset({"launch.sh"})
 
@@ -54,6 +56,8 @@ def render_bundle(spec: JobSpec, data: DataPlan | None = None) -> dict[str, str]
     if has_environment(spec):  # launch.slurm.setup / container: sourced on each node before launch.sh
         files[SETUP_FILE] = render_setup_sh(spec)
     files[SKY_FILE] = render_sky_yaml(spec)  # the same bundle as a SkyPilot task (Kubernetes, clouds)
+    if spec.dataset.general_text == GENERAL_TEXT_BUILTIN:  # the sample the general-text check scores
+        files[GENERAL_TEXT_FILE] = GENERAL_TEXT_SAMPLE.read_text(encoding="utf-8")
     package = recipe_files()  # the recipe, under tunedeck_recipe/, which train_sft.py runs
     if package:
         files[TRAIN_SCRIPT] = ENTRY_SCRIPT

@@ -4,9 +4,10 @@ the rest is named in its README.md with where to copy it.
 A bundle used to name this machine's paths (an upload kept under the runs folder, a local model folder)
 without carrying them or saying so, and a fresh cluster died at data loading (issue 31). Now:
 
-- dataset.path and each local dataset.mix source, a data file or a folder of data files that is here, rides
-  in data/ while they all stay within DATA_CAP_BYTES together; the bundle's job.yaml names it ./data/<name>,
-  relative to the bundle's folder, where train_sft.py runs (launch.sh and slurm.sbatch start it there).
+- dataset.path and each local dataset.mix source, a data file or a folder of data files that is here, and the
+  general-text check's own file (dataset.general_text), ride in data/ while they all stay within DATA_CAP_BYTES
+  together; the bundle's job.yaml names it ./data/<name>, relative to the bundle's folder, where train_sft.py runs
+  (launch.sh and slurm.sbatch start it there).
   Only the bundle's copy of the job is rewritten: Start runs the job as the form holds it, on this machine.
 - everything else the job reads from this machine's disk (the model's folder, data over the cap or not here,
   a folder that holds more than data files, a reward function's file) is listed in README.md.
@@ -22,7 +23,7 @@ import os
 import re
 from pathlib import Path
 
-from tunedeck.backend.recipe import CUSTOM_REWARD, DATA_FILE_BUILDERS, MIX_ENTRY
+from tunedeck.backend.recipe import CUSTOM_REWARD, DATA_FILE_BUILDERS, GENERAL_TEXT_BUILTIN, MIX_ENTRY
 from tunedeck.backend.render.bundle import render_bundle
 from tunedeck.backend.render.carried import (
     DATA_CAP_BYTES,
@@ -80,6 +81,8 @@ def plan_data(spec: JobSpec) -> DataPlan:
         left.append(_model_left(model, here))
     sources = [("dataset.path", spec.dataset.path)]
     sources += [("dataset.mix", m["path"].strip()) for e in spec.dataset.mix if (m := MIX_ENTRY.fullmatch(e.strip()))]
+    if _own_general_text(spec):
+        sources.append(("dataset.general_text", str(spec.dataset.general_text)))
     for field, source in sources:
         here = _on_this_machine(source)
         if here is None or _key(here) in carried:
@@ -118,7 +121,14 @@ def carried_spec(spec: JobSpec, plan: DataPlan) -> JobSpec:
     data = spec_to_dict(spec)
     data["dataset"]["path"] = where(spec.dataset.path)
     data["dataset"]["mix"] = [entry_where(entry) for entry in spec.dataset.mix]
+    if _own_general_text(spec):
+        data["dataset"]["general_text"] = where(str(spec.dataset.general_text))
     return parse_spec(data)
+
+
+def _own_general_text(spec: JobSpec) -> bool:
+    """Whether the job's general-text check reads a file of the user's (the built-in sample rides as a file)."""
+    return spec.dataset.general_text not in (None, GENERAL_TEXT_BUILTIN)
 
 
 def _on_this_machine(source: str) -> Path | None:
@@ -158,6 +168,9 @@ def _model_left(model: str, here: Path) -> LeftBehind:
 def _carried(field: str, source: str, here: Path, room: int, names: set[str]) -> Carried | str:
     """The source as the bundle carries it, or why it does not."""
     try:
+        prose = field == "dataset.general_text"  # a plain-text file of any name
+        if here.is_dir() and prose:
+            return "a folder, not the plain-text file the general-text check reads"
         if here.is_dir():
             files = _folder_files(here)
             if isinstance(files, str):
@@ -165,7 +178,7 @@ def _carried(field: str, source: str, here: Path, room: int, names: set[str]) ->
             name = _unique(f"{DATA_DIR}/{_plain(here.name)}", names)
             inside = [(f"{name}/{rel.as_posix()}", path) for rel, path in files]
         elif here.is_file():
-            if here.suffix.lower() not in DATA_FILE_BUILDERS:
+            if not prose and here.suffix.lower() not in DATA_FILE_BUILDERS:
                 return "not a JSON, JSONL, CSV or Parquet file (train_sft.py reads only those)"
             name = _unique(f"{DATA_DIR}/{_plain(here.name)}", names)
             inside = [(name, here)]

@@ -26,6 +26,8 @@ _FILE_ROLES = {
     "tunedeck_recipe/": "the training recipe train_sft.py runs, a Python package of one module per job (its "
     "train_sft.py says what a run does and writes); needs only the Hugging Face stack",
     "requirements.txt": "the training stack at the versions tunedeck was tested with",
+    "general-text.txt": "the general prose whose loss each evaluation measures too (dataset.general_text: built-in); "
+    "a rise means the model is forgetting general language",
     "README.md": "this file",
 }
 

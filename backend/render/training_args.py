@@ -71,6 +71,9 @@ def training_args_dict(spec: JobSpec) -> dict:
     if d.eval_split:
         args["eval_strategy"] = "steps"
         args["eval_steps"] = t.eval_steps or t.logging_steps
+        if d.general_text and applies("dataset.general_text", flat_values(spec)):
+            # the general-text loss before the first step: what the model knew, which later evaluations compare with
+            args["eval_on_start"] = True
     else:
         args["eval_strategy"] = "no"
     if launch.use_cpu:

@@ -70,6 +70,10 @@ def _take_missing(job: dict, base: Path, elsewhere: str) -> list[Problem]:
         else:
             kept.append(entry)
     dataset["mix"] = kept
+    sample = recipe.general_text_sample(job, base)
+    if sample is not None and dataset["general_text"] != recipe.GENERAL_TEXT_BUILTIN and not sample.exists():
+        gone("dataset.general_text", dataset["general_text"], dataset["general_text"])
+        dataset["general_text"] = None
     rewards = (job.get("grpo") or {}).get("rewards") if job.get("objective") == "grpo" else None
     for entry in rewards or []:  # reward files are absolute paths
         custom = recipe.CUSTOM_REWARD.match(str(entry))
@@ -123,6 +127,8 @@ def _stats(job: dict, base: Path) -> tuple:
     for entry in (job.get("grpo") or {}).get("rewards") or []:
         if custom := recipe.CUSTOM_REWARD.match(str(entry)):
             paths.append(Path(custom["file"]))
+    if (sample := recipe.general_text_sample(job, base)) is not None:
+        paths.append(sample)
     liger = bool((job.get("training") or {}).get("use_liger_kernel")) and importlib.util.find_spec("liger_kernel")
     return (*map(_stat, paths), bool(liger))
 

@@ -144,6 +144,7 @@ class LogRecord(TypedDict, total=False):
     seconds_per_step: float  # from the writing process's first log record on (monotonic clock): the ETA's pace
     eval_loss: float
     eval_mean_token_accuracy: float
+    eval_general_text_loss: float  # dataset.general_text: the loss on the general-text sample (recipe/general_text.py)
     # DPO and KTO, of the training rows and (eval_) the held-out ones: the implicit rewards beta*log(policy/reference)
     reward_chosen: float  # of the chosen answers (KTO: the good ones)
     reward_rejected: float  # of the rejected answers (KTO: the bad ones)

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunedeck.backend.recipe import GENERAL_TEXT_LOSS
+from tunedeck.backend.recipe.general_text import RISE_FLAGGED as GENERAL_RISE_FLAGGED
 from tunedeck.backend.recipe.objectives_table import OBJECTIVES
 from tunedeck.backend.runs.job_file import UnreadableJob
 from tunedeck.backend.runs.network import network_line
@@ -259,6 +261,17 @@ class RunReport:
     last_reward: float | None = None
     eval_reward: float | None = None
     saved_on_processes: int | None = None  # a resume on another number of processes: the number it was saved on
+    # dataset.general_text: the general-text loss at the first evaluation (before the first step) and the last
+    first_general: float | None = None
+    last_general: float | None = None
+
+    def general_text(self) -> str | None:
+        """'general text 3.10 → 3.52 (+14%) ⚠ forgetting general language' (the flag above RISE_FLAGGED), or None."""
+        if self.first_general is None or self.last_general is None or self.first_general <= 0:
+            return None
+        share = self.last_general / self.first_general - 1
+        said = f"general text {self.first_general:.3f} → {self.last_general:.3f} ({share:+.0%})"
+        return f"⚠ {said}: forgetting general language" if share > GENERAL_RISE_FLAGGED else said
 
     def line(self) -> str:
         """'final loss 1.083 · best 1.021 at step 52 · ...' ('latest loss' while live), the parts that are known."""
@@ -271,6 +284,7 @@ class RunReport:
             ("final loss {:.4f}" if self.ended else "latest loss {:.4f}", self.final_loss),
             ("best {:.4f} at step {}", self.best_loss, self.best_step),
             ("eval loss {:.4f}", self.eval_loss),
+            ("{}", self.general_text()),
             ("{:,} tokens", self.tokens),
             ("{} wall", wall),
             ("{:,.0f} tokens/s mean", self.tokens_per_s),
@@ -299,6 +313,7 @@ def report(run: RunRecords, started_at: float | None, ended_at: float | None, no
     peaks = measured_peaks(run).get("allocated")
     rewards = [r["reward"] for r in run.records if "reward" in r and math.isfinite(r["reward"])]
     eval_rewards = [r["eval_reward"] for r in run.records if "eval_reward" in r and math.isfinite(r["eval_reward"])]
+    general = [float(v) for r in run.records if math.isfinite(v := r.get(GENERAL_TEXT_LOSS, math.nan))]
     if rewards:  # GRPO's loss stays near 0 whatever the answers: its lowest says nothing
         best = (None, None)
     return RunReport(
@@ -316,6 +331,8 @@ def report(run: RunRecords, started_at: float | None, ended_at: float | None, no
         first_reward=rewards[0] if rewards else None,
         last_reward=rewards[-1] if rewards else None,
         eval_reward=eval_rewards[-1] if eval_rewards else None,
+        first_general=general[0] if len(general) > 1 else None,
+        last_general=general[-1] if len(general) > 1 else None,
     )
 
 

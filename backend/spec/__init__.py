@@ -54,6 +54,7 @@ from tunedeck.backend.spec.parse import (
     spec_to_yaml,
 )
 from tunedeck.backend.spec.presets import (
+    GENERAL_TEXT_SAMPLE,
     PACKAGE_DIR,
     PRESETS_DIR,
     Preset,
@@ -80,6 +81,7 @@ __all__ = [
     "FIELDS_BY_PATH",
     "FIELD_PATHS",
     "FORM_FIELDS",
+    "GENERAL_TEXT_SAMPLE",
     "MAX_ELEMENTS",
     "MAX_PROBLEMS",
     "MAX_STEPS",

@@ -107,6 +107,16 @@ _SFT_NOT_PACKING = When(
     lambda v: v.get("objective", "sft") == "sft" and not v.get("dataset.packing"),
     "with objective=sft and dataset.packing=false",
 )
+# The general-text loss is measured in the evaluation loop, with SFT's collator; not on a sequence split by Ulysses.
+_GENERAL_TEXT = When(
+    ("objective", "dataset.eval_split", "strategy.sequence_parallel"),
+    lambda v: (
+        v.get("objective", "sft") == "sft"
+        and bool(v.get("dataset.eval_split"))
+        and (v.get("strategy.sequence_parallel") or 1) == 1
+    ),
+    "with objective=sft, an evaluation split (dataset.eval_split) and strategy.sequence_parallel=1",
+)
 _NVME = When(
     ("strategy.offload_optimizer", "strategy.offload_params"),
     lambda v: "nvme" in (v.get("strategy.offload_optimizer"), v.get("strategy.offload_params")),
@@ -130,6 +140,7 @@ APPLIES_WHEN: list[tuple[str, When]] = [
     ("training.dataloader_num_workers", _GPUS),
     ("training.per_device_eval_batch_size", _EVALUATION),
     ("training.eval_steps", _EVALUATION),
+    ("dataset.general_text", _GENERAL_TEXT),
     ("training.ddp_find_unused_parameters", _kinds(lambda s: s.is_ddp)),
     ("strategy.kind", _ALWAYS),
     ("strategy.offload_optimizer", _kinds(lambda s: bool(s.offload_optimizer))),

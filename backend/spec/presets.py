@@ -30,6 +30,9 @@ from tunedeck.backend.spec.problem import error
 # Presets, assets and constraints.txt ship in it as package data.
 PACKAGE_DIR = Path(str(files("tunedeck")))
 PRESETS_DIR = PACKAGE_DIR / "presets"
+# The general-text sample: the forgetting check's after training (backend/after/general_text.py), and the file a
+# bundle carries for a job whose dataset.general_text is built-in (backend/recipe/general_text.py).
+GENERAL_TEXT_SAMPLE = PACKAGE_DIR / "assets" / "eval" / "general-text.txt"
 
 
 def deep_merge(base: dict, override: dict) -> dict:

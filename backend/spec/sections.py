@@ -302,6 +302,20 @@ class DatasetSpec(_DatasetColumns):  # type: ignore[misc, valid-type]
         "them out of training); an SFT run without packing logs each source's loss.",
     )
 
+    general_text: str | None = Field(
+        default=None,
+        title="General-text check",
+        description="At each evaluation, also the loss on general prose: built-in (a 6 KB sample shipped with "
+        "tunedeck) or a plain-text file of your own. A rise over the loss before the first step means the model is "
+        "forgetting general language (the run's summary flags more than +5%). SFT with an evaluation split; empty "
+        "for none.",
+    )
+
+    @field_validator("general_text", mode="before")
+    @classmethod
+    def _general_text_or_none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("mix", mode="before")
     @classmethod
     def _mix_from_text(cls, value: Any) -> Any:

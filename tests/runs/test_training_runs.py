@@ -18,7 +18,7 @@ import pytest
 from tunedeck.backend.runs.manager import RunManager
 from tunedeck.backend.runs.startup import read_phases
 
-from .helpers import end_record, log_records, logs_tail, read_metrics, start_record
+from .helpers import end_record, log_records, logs_tail, read_metrics, start_record, tunedeck
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -135,26 +135,39 @@ def test_neftune_noise_and_rslora_reach_the_model(runs_dir, demo_spec):
     assert losses[-1] < losses[0], losses
 
 
-def test_messages_dataset_with_evaluation(runs_dir, demo_spec, demo_home):
+def test_messages_dataset_with_evaluation_and_the_general_text_check_on_zero3(runs_dir, demo_spec, demo_home):
+    from tunedeck.backend.after.evaluate import evaluate_run
+
     spec = demo_spec(
         {
             "dataset.path": str(demo_home / "formats" / "messages.jsonl"),
             "dataset.format": "messages",
             "dataset.split": "train[:90%]",
             "dataset.eval_split": "train[90%:]",
+            "dataset.general_text": "built-in",
             "training.eval_steps": 2,
             "training.max_steps": 4,
-            "launch.num_processes": 1,
+            "strategy.kind": "zero3",
         }
     )
     manager, run_id, status = run_to_end(runs_dir, spec)
     assert_finished(manager, run_id, status)
     run_dir = manager.run_dir(run_id)
     start = start_record(run_dir)
-    assert start["world_size"] == 1 and start["distributed_type"] == "NO"
+    assert (start["world_size"], start["distributed_type"], start["zero_stage"]) == (2, "DEEPSPEED", 3)
     assert [r["step"] for r in log_records(run_dir)] == [1, 2, 3, 4]
     evaluated = [r for r in read_metrics(run_dir) if r["event"] == "log" and "eval_loss" in r]
-    assert [r["step"] for r in evaluated] == [2, 4] and all(r["eval_loss"] > 0 for r in evaluated)
+    # Before the first step too (the model as it started), then every 2 steps: the held-out rows and the general text.
+    assert [r["step"] for r in evaluated] == [0, 2, 4]
+    assert all(r["eval_loss"] > 0 and r["eval_general_text_loss"] > 0 for r in evaluated)
+    # The sample is scored as the forgetting check after training scores it: before the first step the adapters do
+    # nothing, so the ranks' loss on it is the base model's, as Evaluate measures it in one process.
+    base = evaluate_run(run_dir, manager.job(run_id), ["base"], "cpu", limit=2, general_text="built-in")
+    measured = base["results"]["base"]["general_text"]
+    assert evaluated[0]["eval_general_text_loss"] == pytest.approx(measured["loss"], rel=1e-3)
+    shown = tunedeck("runs", "show", run_id, "--runs-dir", runs_dir).stdout  # the summary compares the two ends
+    first, last = evaluated[0]["eval_general_text_loss"], evaluated[-1]["eval_general_text_loss"]
+    assert f" · general text {first:.3f} → {last:.3f} (" in shown, shown
 
 
 def test_resume_continues_the_step_count(runs_dir, demo_spec, tmp_path):
