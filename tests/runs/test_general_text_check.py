@@ -121,3 +121,12 @@ def test_the_loss_chart_draws_the_general_text_loss_beside_the_eval_loss():
     (general,) = [trace for trace in figure.data if trace.name == "this run general-text loss"]
     assert list(general.x) == [0, 10, 20] and list(general.y) == [3.10, 3.30, 3.52]
     assert {"this run eval loss", "this run loss"} <= {trace.name for trace in figure.data}
+
+
+def test_a_slurm_jobs_file_that_is_not_here_is_a_warning_for_its_nodes(demo_spec, runs_dir):
+    spec = demo_spec({**EVALUATED, "launch.backend": "slurm", "dataset.general_text": "/cluster/prose/general.txt"})
+    (problem,) = [p for p in preflight(spec, runs_dir) if p.field == "dataset.general_text"]
+    assert problem.level == "warning" and problem.message == (
+        "/cluster/prose/general.txt does not exist on this machine; it must exist on the cluster's nodes "
+        "(the same path on each, or storage they share)"
+    )
