@@ -16,7 +16,6 @@ The page's forgetting check after training (backend/after/general_text.py) cuts 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 BUILTIN = "built-in"  # dataset.general_text's value for the sample tunedeck ships
 FILE = "general-text.txt"  # the built-in sample's name in a bundle (and so in a run folder)
@@ -76,20 +75,19 @@ def general_text_set(job: dict, tokenizer, base: Path):
     return Dataset.from_dict({"input_ids": text_blocks(tokenizer, path.read_text(encoding="utf-8"), block)})
 
 
-def with_general_text(base):
-    """The trainer class, scoring the general-text sample at each evaluation and logging its loss with it."""
+def with_general_text(base, sample):
+    """The trainer class, scoring `sample` (general_text_set) at each evaluation and logging its loss with it."""
 
     class GeneralTextTrainer(base):
-        general_text: Any = None  # the tokenized sample (general_text_set): a datasets.Dataset
         _measured: dict | None = None
 
         def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
-            if self.general_text is not None and eval_dataset is None:
+            if eval_dataset is None:  # the held-out rows' evaluation, at an evaluation step
                 # TRL averages the metrics its loss computes (token accuracy, entropy) over every batch scored
                 # since the last log: the sample's batches must not count among the held-out rows'.
                 kept = {key: list(values) for key, values in self._metrics["eval"].items()}
                 loop = self.evaluation_loop(
-                    self.get_eval_dataloader(self.general_text),
+                    self.get_eval_dataloader(sample),
                     description="general text",
                     prediction_loss_only=True,
                     metric_key_prefix="eval_general_text",

@@ -145,7 +145,7 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
     if by_source:
         trainer_type = with_source_loss(trainer_type)
     if general_text is not None:  # its loss at each evaluation, beside the held-out rows'
-        trainer_type = with_general_text(trainer_type)
+        trainer_type = with_general_text(trainer_type, general_text)
     trainer = with_rollback_window(trainer_type, int((rollback or {}).get("skip_steps", 0)))(
         **extra,
         model=model,
@@ -162,8 +162,6 @@ def train(job: dict, training_args: dict, metrics, stop: StopRequest, terminal, 
         extra.clear()
         trainer.ref_model = None
     recorder.trainer = trainer
-    if general_text is not None:
-        trainer.general_text = general_text
     if by_source:  # each source's loss, at logging and evaluation steps
         recorder.source_losses = SourceLosses(trainer, list(rows))
     if job.get("objective") != "grpo":  # GRPO's forward passes are mostly its answers being written

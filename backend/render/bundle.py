@@ -13,6 +13,7 @@ import io
 import os
 import shutil
 import zipfile
+from functools import lru_cache
 from pathlib import Path
 
 from tunedeck.backend.recipe.general_text import BUILTIN as GENERAL_TEXT_BUILTIN
@@ -39,6 +40,12 @@ from tunedeck.backend.spec import GENERAL_TEXT_SAMPLE, JobSpec, spec_to_yaml
 EXECUTABLE_FILES = frozenset({"launch.sh"})
 
 
+@lru_cache(maxsize=1)
+def general_text_sample() -> str:
+    """The built-in general-text sample, read once: the panel renders a bundle on every change."""
+    return GENERAL_TEXT_SAMPLE.read_text(encoding="utf-8")
+
+
 def render_bundle(spec: JobSpec, data: DataPlan | None = None) -> dict[str, str]:
     """Every file of the job's bundle. Callers validate first: an invalid spec exports nothing.
 
@@ -57,7 +64,7 @@ def render_bundle(spec: JobSpec, data: DataPlan | None = None) -> dict[str, str]
         files[SETUP_FILE] = render_setup_sh(spec)
     files[SKY_FILE] = render_sky_yaml(spec)  # the same bundle as a SkyPilot task (Kubernetes, clouds)
     if spec.dataset.general_text == GENERAL_TEXT_BUILTIN:  # the sample the general-text check scores
-        files[GENERAL_TEXT_FILE] = GENERAL_TEXT_SAMPLE.read_text(encoding="utf-8")
+        files[GENERAL_TEXT_FILE] = general_text_sample()
     package = recipe_files()  # the recipe, under tunedeck_recipe/, which train_sft.py runs
     if package:
         files[TRAIN_SCRIPT] = ENTRY_SCRIPT
